@@ -1,0 +1,247 @@
+"""Small helpers shared by the entry scripts: atomic writes, JSON-lines logging, distributed set-up, seeding,
+precision. Nothing here runs at import time and nothing here knows about BERT.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+# --------------------------------------------------------------------------------------------------------------
+# Atomic writes: a temporary file in the destination folder, fsync, then rename. A reader (or a resumed job) sees
+# either the previous complete file or the new complete file, never a half-written one.
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[io.IOBase]:
+    """Open a temporary file beside `path`; on a clean exit fsync it and rename it onto `path`.
+
+    On an exception the temporary file is removed and `path` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename itself lives in the directory entry: fsync the folder so it survives a power cut.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """torch.save through a temporary file: a kill at any moment leaves the previous file usable."""
+    with atomic_open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# JSON-lines logging with dllogger-compatible keys: {"timestamp", "type": "LOG", "step", "data": {...}}.
+
+
+class JsonLogger:
+    """Appends one JSON object per event to a file (rank 0 only); optionally echoes to stdout.
+
+    `step` follows dllogger: an int, a tuple such as (epoch, step), or a string like "PARAMETER" / "FINAL".
+    """
+
+    def __init__(self, path: str | os.PathLike | None, enabled: bool = True, echo: bool = False):
+        self.enabled = enabled
+        self.echo = echo
+        self._file = None
+        if enabled and path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")
+
+    def log(self, step: Any, data: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"timestamp": time.time(), "type": "LOG", "step": step, "data": _jsonable(data)}
+        line = json.dumps(record, ensure_ascii=False)
+        if self._file:
+            self._file.write(line + "\n")
+            self._file.flush()
+        if self.echo:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, torch.Tensor):
+            value = value.item() if value.numel() == 1 else value.tolist()
+        elif isinstance(value, (np.generic,)):
+            value = value.item()
+        elif isinstance(value, Path):
+            value = str(value)
+        out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Distributed set-up: torchrun's environment, or Slurm's (srun with one task per GPU), or a single process.
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _slurm_to_torchrun_env() -> None:
+    """Translate Slurm's variables into the ones torch.distributed reads, when torchrun did not set them."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "MASTER_ADDR" not in os.environ:
+        nodelist = os.environ.get("SLURM_JOB_NODELIST", os.environ.get("SLURM_NODELIST", ""))
+        first = socket.gethostname()
+        if nodelist:
+            with contextlib.suppress(OSError, subprocess.CalledProcessError):
+                first = subprocess.check_output(["scontrol", "show", "hostnames", nodelist], text=True).split()[0]
+        os.environ["MASTER_ADDR"] = first
+    os.environ.setdefault("MASTER_PORT", "29500")
+
+
+def init_distributed(no_cuda: bool = False) -> DistEnv:
+    """Initialise torch.distributed from torchrun's or Slurm's environment; NCCL on GPU, gloo on CPU.
+
+    A plain `python script.py` gives a single-process DistEnv without touching torch.distributed.
+    """
+    _slurm_to_torchrun_env()
+    use_cuda = torch.cuda.is_available() and not no_cuda
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
+        torch.distributed.init_process_group(backend=backend, rank=rank, world_size=world_size)
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        torch.distributed.barrier()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Seeding and precision.
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state a resumed run needs, as tensors and plain Python objects (loadable with weights_only)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        # numpy's state holds an ndarray, which weights_only=True refuses: store the keys as a tensor.
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_python_state(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_python_state(state):
+    # After a save/load round trip the nested tuples of random.getstate() may come back as lists.
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype for a precision name: fp16 -> float16, bf16 -> bfloat16, fp32/tf32 -> None (no autocast)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """torch.autocast for fp16/bf16 on the given device; a no-op context for fp32/tf32."""
+    dtype = autocast_dtype(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def configure_tf32(enabled: bool) -> None:
+    """TF32 matmuls/convolutions on GPUs that have them (Ampere+); harmless elsewhere."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
