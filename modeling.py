@@ -566,8 +566,8 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], sour
         if key in source_state and key in target:
             source_state[key] = _fit_vocab_rows(source_state[key], target[key].shape[0])
 
-    missing = sorted(set(target) - set(source_state))
-    unexpected = sorted(set(source_state) - set(target))
+    missing = [k for k in target if k not in source_state]  # in the model's own order: weight before bias
+    unexpected = [k for k in source_state if k not in target]
     fresh = [k for k in missing if k.startswith(HEAD_PREFIXES)]
     left_out = [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
     missing = [k for k in missing if k not in fresh]

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up .venv (CPU torch + test requirements) and run the whole test suite.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/test_modeling.py -x`.
+# Under CI=true a skipped test fails the run (tests/conftest.py): CI has ../shared/data and every requirement.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_cpu.sh --test
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+exec .venv/bin/python -m pytest -ra --durations=20 "${@:-tests}"
