@@ -1,0 +1,1 @@
+"""Pre-training data pipeline: download, text formatting, sentence segmentation, sharding (see data/README.md)."""

@@ -1,0 +1,417 @@
+"""Pre-training data, stage by stage: download -> text_formatting -> sharding -> create_hdf5_files.
+
+The interface of NVIDIA's data/bertPrep.py. Run it from the repository root as a module:
+
+    export BERT_PREP_WORKING_DIR=/data/bert          # or DATA_DIR, or --working_dir
+    python -m data.bertPrep --action download --dataset wikicorpus_en --dump_date latest
+    python -m data.bertPrep --action text_formatting --dataset wikicorpus_en
+    python -m data.bertPrep --action sharding --dataset wikicorpus_en
+    python -m data.bertPrep --action create_hdf5_files --dataset wikicorpus_en --phase 1 --vocab_file vocab.txt
+    python -m data.bertPrep --action create_hdf5_files --dataset wikicorpus_en --phase 2 --vocab_file vocab.txt
+
+Datasets: wikicorpus_en (a pages-articles dump: the latest or --dump_date YYYYMMDD, verified against the dump's
+published sha1/md5 listing), bookscorpus (a folder of plain-text books, --books_dir, or --books_url_list to
+download them), books_wiki_en_corpus (both), custom (your own folder of .txt files, --input_dir), and
+google_pretrained_weights (download only: Google's BERT-Large uncased zip, for its vocab.txt).
+
+Folders under the working dir, as in the original:
+    download/<dataset>/                                                 raw downloads
+    formatted_one_article_per_line/<dataset>_one_article_per_line.txt   one document per line
+    sharded_training_shards_<N>_test_shards_<M>_fraction_<f>/<dataset>/<dataset>_{training,test}_<i>.txt
+    hdf5_lower_case_<0|1>_seq_len_<S>_max_pred_<P>_masked_lm_prob_<p>_random_seed_<r>_dupe_factor_<d>/<dataset>/
+A JSON-lines log of every stage goes to <working dir>/bertPrep_log.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATASETS = ("wikicorpus_en", "bookscorpus", "books_wiki_en_corpus", "custom", "google_pretrained_weights")
+ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files")
+# Phase presets of the original recipe; masked_lm_prob 0.15, dupe_factor 5, short_seq_prob 0.1 for both.
+PHASES = {1: {"max_seq_length": 128, "max_predictions_per_seq": 20},
+          2: {"max_seq_length": 512, "max_predictions_per_seq": 80}}
+WIKI_BASE_URL = "https://dumps.wikimedia.org"
+GOOGLE_WEIGHTS_URL = "https://storage.googleapis.com/bert_models/2018_10_18/uncased_L-24_H-1024_A-16.zip"
+
+
+def directories(args) -> dict[str, Path]:
+    work = Path(args.working_dir)
+    suffix = (f"_lower_case_{int(bool(args.do_lower_case))}_seq_len_{args.max_seq_length}"
+              f"_max_pred_{args.max_predictions_per_seq}_masked_lm_prob_{args.masked_lm_prob}"
+              f"_random_seed_{args.random_seed}_dupe_factor_{args.dupe_factor}")
+    return {
+        "download": work / "download",
+        "formatted": work / "formatted_one_article_per_line",
+        "sharded": work / (f"sharded_training_shards_{args.n_training_shards}_test_shards_{args.n_test_shards}"
+                           f"_fraction_{args.fraction_test_set}"),
+        "hdf5": work / f"hdf5{suffix}",
+    }
+
+
+def _parts(dataset: str) -> list[str]:
+    return ["bookscorpus", "wikicorpus_en"] if dataset == "books_wiki_en_corpus" else [dataset]
+
+
+def formatted_file(dirs: dict[str, Path], dataset: str) -> Path:
+    name = "bookscorpus_one_book_per_line.txt" if dataset == "bookscorpus" else f"{dataset}_one_article_per_line.txt"
+    return dirs["formatted"] / name
+
+
+# --------------------------------------------------------------------------------------------------------------
+# download
+
+
+def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki") -> dict:
+    """The URL and published checksum of `<wiki>-<date>-pages-articles.xml.bz2`.
+
+    'latest' is resolved to a dated dump through latest/'s checksum listing (its entries carry the real date), so
+    the file we fetch and the checksum we check always belong to the same dump.
+    """
+    from file_utils import DownloadError, fetch_text, parse_checksum_file
+
+    base_url = base_url.rstrip("/")
+    listing = None
+    for algo in ("sha1", "md5"):
+        try:
+            text = fetch_text(f"{base_url}/{wiki}/{dump_date}/{wiki}-{dump_date}-{algo}sums.txt")
+        except DownloadError:
+            continue
+        listing = (algo, parse_checksum_file(text))
+        break
+    if dump_date == "latest":
+        if listing is None:
+            raise SystemExit(f"error: cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): "
+                             f"give --dump_date YYYYMMDD")
+        names = [n for n in listing[1] if re.fullmatch(rf"{wiki}-\d{{8}}-pages-articles\.xml\.bz2", n)]
+        if not names:
+            raise SystemExit(f"error: the latest {wiki} checksum listing names no pages-articles dump: give "
+                             f"--dump_date YYYYMMDD")
+        dump_date = names[0].split("-")[1]
+    filename = f"{wiki}-{dump_date}-pages-articles.xml.bz2"
+    digest = listing[1].get(filename) if listing else None
+    return {"url": f"{base_url}/{wiki}/{dump_date}/{filename}", "filename": filename, "dump_date": dump_date,
+            "checksum": f"{listing[0]}:{digest}" if digest else None}
+
+
+def download_wikipedia(args, dest_dir: Path, logger) -> Path:
+    from file_utils import DownloadError, download
+    from utils import atomic_write_json
+
+    if args.dump_date != "latest" and not re.fullmatch(r"\d{8}", args.dump_date):
+        raise SystemExit(f"error: --dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
+    try:
+        dump = resolve_wiki_dump(args.base_url, args.dump_date)
+    except DownloadError as e:
+        raise SystemExit(f"error: {e}")
+    if dump["checksum"] is None:
+        print(f"warning: no published checksum found for {dump['filename']}; verifying its size only", file=sys.stderr)
+    logger.log("download", {"dataset": "wikicorpus_en", **dump})
+    try:
+        path = download(dump["url"], dest_dir / dump["filename"], checksum=dump["checksum"],
+                        progress=not args.no_progress)
+    except DownloadError as e:
+        raise SystemExit(f"error: {e}")
+    atomic_write_json(dest_dir / "download_manifest.json", {**dump, "file": path.name})
+    return path
+
+
+def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
+    """Each line of `url_list`: a URL, optionally followed by a checksum ('sha256:<hex>')."""
+    from file_utils import DownloadError, download
+
+    if not url_list.is_file():
+        raise SystemExit(f"error: URL list {url_list} does not exist")
+    paths = []
+    for i, line in enumerate(url_list.read_text(encoding="utf-8").splitlines()):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        url, *rest = line.split()
+        name = Path(url.split("?")[0]).name or f"file_{i}.txt"
+        try:
+            paths.append(download(url, dest_dir / f"{i:06d}_{name}", checksum=rest[0] if rest else None,
+                                  progress=progress))
+        except (DownloadError, ValueError) as e:
+            raise SystemExit(f"error: {url_list} line {i + 1}: {e}")
+    return paths
+
+
+def extract_zip(archive: Path, dest_dir: Path) -> None:
+    """Extract, refusing members that would land outside `dest_dir` (absolute paths, '..')."""
+    root = dest_dir.resolve()
+    with zipfile.ZipFile(archive) as zf:
+        for member in zf.namelist():
+            if not (root / member).resolve().is_relative_to(root):
+                raise SystemExit(f"error: {archive} holds an unsafe path {member!r}; not extracting")
+        zf.extractall(root)
+
+
+def action_download(args, dirs, logger) -> None:
+    from file_utils import DownloadError, download
+
+    for dataset in _parts(args.dataset):
+        dest = dirs["download"] / dataset
+        dest.mkdir(parents=True, exist_ok=True)
+        if dataset == "wikicorpus_en":
+            download_wikipedia(args, dest, logger)
+        elif dataset == "bookscorpus":
+            if args.books_url_list:
+                paths = download_urls(Path(args.books_url_list), dest, not args.no_progress)
+                logger.log("download", {"dataset": dataset, "files": len(paths)})
+            elif args.books_dir:
+                _require_dir(args.books_dir, "--books_dir")  # used in place by text_formatting, nothing to fetch
+            else:
+                raise SystemExit("error: bookscorpus has no public download: give --books_dir (a folder of .txt "
+                                 "books) or --books_url_list (a file of URLs)")
+        elif dataset == "custom":
+            _require_dir(args.input_dir, "--input_dir")
+        elif dataset == "google_pretrained_weights":
+            try:
+                archive = download(args.weights_url, dest / Path(args.weights_url).name, progress=not args.no_progress)
+            except DownloadError as e:
+                raise SystemExit(f"error: {e}")
+            extract_zip(archive, dest)
+            logger.log("download", {"dataset": dataset, "file": str(archive)})
+
+
+def _require_dir(path: str | None, flag: str) -> Path:
+    if not path:
+        raise SystemExit(f"error: {flag} is required for this dataset")
+    if not Path(path).is_dir():
+        raise SystemExit(f"error: {flag} {path} is not a folder")
+    return Path(path)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# text_formatting
+
+
+def find_wiki_dump(download_dir: Path) -> Path:
+    manifest = download_dir / "download_manifest.json"
+    if manifest.is_file():
+        path = download_dir / json.loads(manifest.read_text())["file"]
+        if path.is_file():
+            return path
+    dumps = sorted(download_dir.glob("*.xml.bz2")) if download_dir.is_dir() else []
+    if len(dumps) != 1:
+        raise SystemExit(f"error: expected one *.xml.bz2 dump in {download_dir}, found {len(dumps)}: run "
+                         f"--action download --dataset wikicorpus_en, or pass --wiki_dump PATH")
+    return dumps[0]
+
+
+def action_text_formatting(args, dirs, logger) -> None:
+    from data import text_formatting as tf
+
+    if args.dataset == "google_pretrained_weights":
+        raise SystemExit("error: google_pretrained_weights has no text to format")
+    progress = not args.no_progress
+    for dataset in _parts(args.dataset):
+        output = formatted_file(dirs, dataset)
+        start = time.time()
+        if dataset == "wikicorpus_en" and args.wikiextractor_dir:
+            files = tf.list_text_files([_require_dir(args.wikiextractor_dir, "--wikiextractor_dir")], "wiki_*")
+            counts = tf.format_text_files(files, output, "file", args.n_processes, progress)
+        elif dataset == "wikicorpus_en":
+            dump = Path(args.wiki_dump) if args.wiki_dump else find_wiki_dump(dirs["download"] / dataset)
+            counts = tf.format_wiki_dump(dump, output, args.n_processes, progress, logger)
+        else:
+            if dataset == "bookscorpus":
+                folder = Path(args.books_dir) if args.books_dir else dirs["download"] / dataset
+                folder = _require_dir(str(folder), "--books_dir")
+            else:
+                folder = _require_dir(args.input_dir, "--input_dir")
+            files = tf.list_text_files([folder], args.input_pattern)
+            counts = tf.format_text_files(files, output, args.doc_boundary, args.n_processes, progress)
+        logger.log("text_formatting", {"dataset": dataset, "output": str(output), **counts,
+                                       "elapsed_s": round(time.time() - start, 1)})
+        print(f"{dataset}: wrote {output} {dict(counts)}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sharding
+
+
+def action_sharding(args, dirs, logger) -> None:
+    from data.sharding import ShardingConfig, shard_corpus
+
+    if args.dataset == "google_pretrained_weights":
+        raise SystemExit("error: google_pretrained_weights has no text to shard")
+    if args.input_files:
+        inputs = args.input_files.split(",")
+    else:
+        inputs = [formatted_file(dirs, d) for d in _parts(args.dataset)]
+    cfg = ShardingConfig(n_training_shards=args.n_training_shards, n_test_shards=args.n_test_shards,
+                         fraction_test_set=args.fraction_test_set, segmenter=args.segmentation_method,
+                         seed=args.random_seed, num_workers=args.n_processes)
+    prefix = dirs["sharded"] / args.dataset / args.dataset
+    manifest = shard_corpus(inputs, prefix, cfg, progress=not args.no_progress, logger=logger)
+    print(f"{args.dataset}: {manifest['documents']} documents -> {len(manifest['training'])} training + "
+          f"{len(manifest['test'])} test shards in {prefix.parent}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# create_hdf5_files
+
+
+def list_shards(shard_dir: Path, dataset: str) -> list[Path]:
+    """Training shards then test shards, each in index order."""
+    def index(p: Path) -> int:
+        return int(p.stem.rsplit("_", 1)[1])
+
+    shards = []
+    for split in ("training", "test"):
+        shards += sorted(shard_dir.glob(f"{dataset}_{split}_*.txt"), key=index)
+    return shards
+
+
+def cpd_command(args, shard: Path, output: Path, seed: int, num_workers: int) -> list[str]:
+    return [sys.executable, str(REPO_ROOT / "create_pretraining_data.py"), "--input_file", str(shard),
+            "--output_file", str(output), "--vocab_file", str(args.vocab_file),
+            "--do_lower_case" if args.do_lower_case else "--no-do_lower_case",
+            "--max_seq_length", str(args.max_seq_length), "--max_predictions_per_seq", str(args.max_predictions_per_seq),
+            "--masked_lm_prob", str(args.masked_lm_prob), "--short_seq_prob", str(args.short_seq_prob),
+            "--dupe_factor", str(args.dupe_factor), "--random_seed", str(seed), "--num_workers", str(num_workers),
+            "--no_progress"]
+
+
+def action_create_hdf5_files(args, dirs, logger) -> None:
+    """create_pretraining_data.py over every shard, `--n_processes` at a time, each in its own process.
+
+    Shard i (its index among the shards' paths in sorted order) gets --random_seed random_seed + i, so shards do not
+    repeat one another's random choices, and the files equal those of one `create_pretraining_data.py
+    --input_file <shard folder> --output_dir ...` call. An output that already exists is kept (a rerun finishes what
+    an interrupted one left; --overwrite redoes it).
+    """
+    from tqdm.auto import tqdm
+
+    if not (REPO_ROOT / "create_pretraining_data.py").is_file():
+        raise SystemExit(f"error: {REPO_ROOT / 'create_pretraining_data.py'} is missing")
+    if not args.vocab_file or not Path(args.vocab_file).is_file():
+        raise SystemExit(f"error: --vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
+                         f"--action download --dataset google_pretrained_weights)")
+    shard_dir = dirs["sharded"] / args.dataset
+    shards = list_shards(shard_dir, args.dataset)
+    if not shards:
+        raise SystemExit(f"error: no shards in {shard_dir}: run --action sharding with the same shard flags first")
+    out_dir = dirs["hdf5"] / args.dataset
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    seed_index = {path: i for i, path in enumerate(sorted(str(s) for s in shards))}
+    todo = [(seed_index[str(s)], s, out_dir / f"{s.stem}.hdf5") for s in shards]
+    todo = [t for t in todo if args.overwrite or not t[2].exists()]
+    concurrency = max(1, min(args.n_processes, len(todo)))
+    workers_each = max(1, args.n_processes // concurrency)  # few shards: give each one several workers
+
+    def run(job) -> tuple[Path, int, dict]:
+        i, shard, output = job
+        log_path = out_dir / "logs" / f"{shard.stem}.log"
+        with open(log_path, "w") as log:
+            rc = subprocess.run(cpd_command(args, shard, output, args.random_seed + i, workers_each), cwd=REPO_ROOT,
+                                stdout=log, stderr=subprocess.STDOUT).returncode
+        summary = {}
+        if rc == 0:  # create_pretraining_data.py ends with a one-line JSON summary
+            with contextlib.suppress(ValueError, IndexError):
+                summary = json.loads(log_path.read_text().strip().splitlines()[-1])
+        return shard, rc, summary
+
+    start, failed = time.time(), []
+    with ThreadPoolExecutor(concurrency) as pool:
+        for shard, rc, summary in tqdm(pool.map(run, todo), total=len(todo), desc="hdf5 shards",
+                                       disable=args.no_progress):
+            logger.log("create_hdf5_files", {"shard": shard.name, "returncode": rc,
+                                             "instances": summary.get("instances"),
+                                             "elapsed_s": round(time.time() - start, 1)})
+            if rc:
+                failed.append(shard)
+    if failed:
+        log = out_dir / "logs" / f"{failed[0].stem}.log"
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        raise SystemExit(f"error: create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
+                         f"{' '.join(tail)} (full log: {log})")
+    print(f"{args.dataset}: {len(todo)} HDF5 files written ({len(shards) - len(todo)} already there) in {out_dir}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--action", required=True, choices=ACTIONS)
+    p.add_argument("--dataset", required=True, choices=DATASETS)
+    p.add_argument("--working_dir", default=os.environ.get("BERT_PREP_WORKING_DIR") or os.environ.get("DATA_DIR"),
+                   help="root of every stage's folder (default: $BERT_PREP_WORKING_DIR, else $DATA_DIR)")
+    g = p.add_argument_group("download")
+    g.add_argument("--dump_date", default="latest", help="Wikipedia dump date YYYYMMDD, or 'latest'")
+    g.add_argument("--base_url", default=WIKI_BASE_URL, help="Wikipedia dump mirror")
+    g.add_argument("--books_dir", help="bookscorpus: a folder of plain-text books (used in place)")
+    g.add_argument("--books_url_list", help="bookscorpus: a file with one URL per line (optional checksum after it)")
+    g.add_argument("--input_dir", help="custom: your folder of text files")
+    g.add_argument("--weights_url", default=GOOGLE_WEIGHTS_URL, help="google_pretrained_weights: the zip to fetch")
+    g = p.add_argument_group("text_formatting")
+    g.add_argument("--wiki_dump", help="a pages-articles .xml.bz2 to format (default: the downloaded one)")
+    g.add_argument("--wikiextractor_dir", help="format existing WikiExtractor output (wiki_* files) instead")
+    g.add_argument("--doc_boundary", choices=("file", "blank_line", "line"), default="file",
+                   help="plain text: a document per file (default), per blank-line-separated block, or per line")
+    g.add_argument("--input_pattern", default="*.txt", help="plain text: which files in the folder (default *.txt)")
+    g = p.add_argument_group("sharding")
+    g.add_argument("--input_files", help="comma-separated one-document-per-line files (default: the formatted ones)")
+    g.add_argument("--n_training_shards", type=int, default=256)
+    g.add_argument("--n_test_shards", type=int, default=256)
+    g.add_argument("--fraction_test_set", type=float, default=0.2, help="fraction of the bytes held out for test")
+    g.add_argument("--segmentation_method", choices=("blingfire", "pysbd"), default="blingfire")
+    g = p.add_argument_group("create_hdf5_files")
+    g.add_argument("--phase", type=int, choices=(1, 2), default=1,
+                   help="preset: 1 = seq 128 / 20 predictions, 2 = seq 512 / 80 predictions")
+    g.add_argument("--max_seq_length", type=int, help="overrides the phase preset")
+    g.add_argument("--max_predictions_per_seq", type=int, help="overrides the phase preset")
+    g.add_argument("--masked_lm_prob", type=float, default=0.15)
+    g.add_argument("--short_seq_prob", type=float, default=0.1)
+    g.add_argument("--dupe_factor", type=int, default=5)
+    g.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1, help="1 = uncased (default), 0 = cased")
+    g.add_argument("--vocab_file", help="WordPiece vocab.txt")
+    g.add_argument("--overwrite", action="store_true", help="redo HDF5 files that already exist")
+    p.add_argument("--random_seed", type=int, default=12345)
+    p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import file_utils  # noqa: F401  (top-level module: the repository root must be importable)
+    except ModuleNotFoundError:
+        raise SystemExit("error: run from the repository root as `python -m data.bertPrep ...`")
+    if not args.working_dir:
+        raise SystemExit("error: set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
+    if args.n_processes < 1:
+        raise SystemExit("error: --n_processes must be >= 1")
+    for key, value in PHASES[args.phase].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    from utils import JsonLogger
+
+    dirs = directories(args)
+    Path(args.working_dir).mkdir(parents=True, exist_ok=True)
+    logger = JsonLogger(Path(args.working_dir) / "bertPrep_log.jsonl")
+    logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
+    try:
+        {"download": action_download, "text_formatting": action_text_formatting, "sharding": action_sharding,
+         "create_hdf5_files": action_create_hdf5_files}[args.action](args, dirs, logger)
+    finally:
+        logger.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# From nothing to phase 1 and phase 2 HDF5 shards in one call: download -> text_formatting -> sharding ->
+# create_hdf5_files (seq 128 / 20 predictions, then seq 512 / 80 predictions), as NVIDIA's script of the same name.
+#
+# Usage: data/create_datasets_from_start.sh [DATASET] [DATA_DIR]
+#   DATASET   wiki_only (default, = wikicorpus_en) | wiki_books (= books_wiki_en_corpus) | custom
+#   DATA_DIR  the working folder (default: $DATA_DIR, else $BERT_PREP_WORKING_DIR, else ./bert_data)
+# Environment (all optional):
+#   DUMP_DATE=latest|YYYYMMDD   WIKI_BASE_URL=https://dumps.wikimedia.org
+#   BOOKS_DIR=folder of .txt books, or BOOKS_URL_LIST=file of URLs       (wiki_books)
+#   INPUT_DIR=folder of .txt files, DOC_BOUNDARY=file|blank_line|line    (custom)
+#   VOCAB_FILE=vocab.txt (default: downloads Google's uncased BERT-Large zip for its vocab.txt)
+#   DO_LOWER_CASE=1  N_PROCESSES=$(nproc)  N_TRAINING_SHARDS=256  N_TEST_SHARDS=256  FRACTION_TEST_SET=0.2
+#   DUPE_FACTOR=5  RANDOM_SEED=12345  PYTHON=python3
+# Rerunning keeps finished downloads (verified) and finished HDF5 files; formatting and sharding are redone.
+set -euo pipefail
+
+dataset_arg=${1:-wiki_only}
+export BERT_PREP_WORKING_DIR=${2:-${DATA_DIR:-${BERT_PREP_WORKING_DIR:-$PWD/bert_data}}}
+case "$dataset_arg" in
+  wiki_only|wikicorpus_en) DATASET=wikicorpus_en ;;
+  wiki_books|books_wiki_en_corpus) DATASET=books_wiki_en_corpus ;;
+  custom) DATASET=custom ;;
+  *) echo "error: unknown dataset '$dataset_arg' (wiki_only | wiki_books | custom)" >&2; exit 2 ;;
+esac
+
+PYTHON=${PYTHON:-python3}
+cd "$(dirname "${BASH_SOURCE[0]}")/.."  # the repository root: bertPrep runs as a module from there
+PREP=("$PYTHON" -m data.bertPrep --working_dir "$BERT_PREP_WORKING_DIR" --n_processes "${N_PROCESSES:-$(nproc)}"
+      --random_seed "${RANDOM_SEED:-12345}")
+SHARDS=(--n_training_shards "${N_TRAINING_SHARDS:-256}" --n_test_shards "${N_TEST_SHARDS:-256}"
+        --fraction_test_set "${FRACTION_TEST_SET:-0.2}")
+BOOKS=()
+[[ -n "${BOOKS_DIR:-}" ]] && BOOKS+=(--books_dir "$BOOKS_DIR")
+[[ -n "${BOOKS_URL_LIST:-}" ]] && BOOKS+=(--books_url_list "$BOOKS_URL_LIST")
+CUSTOM=(--input_dir "${INPUT_DIR:-}" --doc_boundary "${DOC_BOUNDARY:-file}")
+echo "dataset $DATASET, working dir $BERT_PREP_WORKING_DIR"
+
+# 1. Download (verified, resumable) and 2. format into one document per line.
+case "$DATASET" in
+  wikicorpus_en|books_wiki_en_corpus)
+    "${PREP[@]}" --action download --dataset wikicorpus_en --dump_date "${DUMP_DATE:-latest}" \
+      --base_url "${WIKI_BASE_URL:-https://dumps.wikimedia.org}"
+    "${PREP[@]}" --action text_formatting --dataset wikicorpus_en ;;
+esac
+if [[ "$DATASET" == books_wiki_en_corpus ]]; then
+  "${PREP[@]}" --action download --dataset bookscorpus "${BOOKS[@]}"
+  "${PREP[@]}" --action text_formatting --dataset bookscorpus "${BOOKS[@]}"
+fi
+if [[ "$DATASET" == custom ]]; then
+  "${PREP[@]}" --action download --dataset custom "${CUSTOM[@]}"
+  "${PREP[@]}" --action text_formatting --dataset custom "${CUSTOM[@]}"
+fi
+
+if [[ -z "${VOCAB_FILE:-}" ]]; then
+  "${PREP[@]}" --action download --dataset google_pretrained_weights
+  VOCAB_FILE=$BERT_PREP_WORKING_DIR/download/google_pretrained_weights/uncased_L-24_H-1024_A-16/vocab.txt
+fi
+
+# 3. Sentence segmentation and sharding.
+"${PREP[@]}" --action sharding --dataset "$DATASET" "${SHARDS[@]}"
+
+# 4. HDF5: phase 1 (seq 128, 20 predictions) and phase 2 (seq 512, 80 predictions).
+for phase in 1 2; do
+  "${PREP[@]}" --action create_hdf5_files --dataset "$DATASET" "${SHARDS[@]}" --phase "$phase" \
+    --vocab_file "$VOCAB_FILE" --do_lower_case "${DO_LOWER_CASE:-1}" --dupe_factor "${DUPE_FACTOR:-5}" \
+    --masked_lm_prob 0.15 --short_seq_prob 0.1
+done
+echo "done: HDF5 shards under $BERT_PREP_WORKING_DIR/hdf5_lower_case_*"
