@@ -1,6 +1,6 @@
 """Sentence splitters that need no model download at run time: blingfire (default) and pysbd.
 
-blingfire is a compiled finite-state splitter (C++ via ctypes): 60-90x faster than pysbd on WikiText-2, with a
+blingfire is a compiled finite-state splitter (C++ via ctypes): 50-90x faster than pysbd on WikiText-2, with a
 boundary F1 of 0.96 between the two on detokenized text (bench/bench_sentence_split.py; data/README.md has the
 numbers and the reasons).
 pysbd is a pure-Python rule-based splitter (Golden Rules), kept as an option.

@@ -255,3 +255,29 @@ def test_bertprep_downloads_books_from_a_url_list(server, tmp_path):
     books = sorted((tmp_path / "w" / "download" / "bookscorpus").glob("*.txt"))
     assert [b.read_bytes() for b in books] == [b"Book A.\n", b"Book B.\n"]
 
+
+
+def test_bertprep_google_weights_zip_is_extracted_safely(server, tmp_path):
+    import io
+    import zipfile
+
+    from data import bertPrep
+
+    def make_zip(members: dict[str, bytes]) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            for name, data in members.items():
+                zf.writestr(name, data)
+        return buf.getvalue()
+
+    server.files["/bert_models/uncased_L-24_H-1024_A-16.zip"] = make_zip(
+        {"uncased_L-24_H-1024_A-16/vocab.txt": b"[PAD]\n[UNK]\n", "uncased_L-24_H-1024_A-16/bert_config.json": b"{}"})
+    server.files["/bert_models/evil.zip"] = make_zip({"../../escaped.txt": b"x"})
+    base = ["--action", "download", "--dataset", "google_pretrained_weights", "--working_dir", str(tmp_path / "w"),
+            "--no_progress"]
+    bertPrep.main(base + ["--weights_url", server.url + "/bert_models/uncased_L-24_H-1024_A-16.zip"])
+    vocab = tmp_path / "w" / "download" / "google_pretrained_weights" / "uncased_L-24_H-1024_A-16" / "vocab.txt"
+    assert vocab.read_bytes() == b"[PAD]\n[UNK]\n"
+    with pytest.raises(SystemExit, match="unsafe path"):
+        bertPrep.main(base + ["--weights_url", server.url + "/bert_models/evil.zip"])
+    assert not list(tmp_path.rglob("escaped.txt"))
