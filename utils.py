@@ -1,5 +1,6 @@
 """Small helpers shared by the entry scripts: atomic writes, JSON-lines logging, distributed set-up, seeding,
-precision. Nothing here runs at import time and nothing here knows about BERT.
+precision. Nothing here runs at import time and nothing here knows about BERT. torch is imported inside the
+functions that need it, so the data scripts that only write files start in milliseconds.
 """
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import os
 import random
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
 # --------------------------------------------------------------------------------------------------------------
 # Atomic writes: a temporary file in the destination folder, fsync, then rename. A reader (or a resumed job) sees
@@ -33,6 +34,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions of a new file
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
@@ -44,6 +46,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -67,6 +75,8 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2)
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """torch.save through a temporary file: a kill at any moment leaves the previous file usable."""
+    import torch
+
     with atomic_open(path, "wb") as f:
         torch.save(obj, f)
 
@@ -107,9 +117,10 @@ class JsonLogger:
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    torch = sys.modules.get("torch")  # a tensor can only be here if torch was imported
     out = {}
     for key, value in data.items():
-        if isinstance(value, torch.Tensor):
+        if torch is not None and isinstance(value, torch.Tensor):
             value = value.item() if value.numel() == 1 else value.tolist()
         elif isinstance(value, (np.generic,)):
             value = value.item()
@@ -128,7 +139,7 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: Any = field(default_factory=lambda: __import__("torch").device("cpu"))
 
     @property
     def is_main(self) -> bool:
@@ -161,6 +172,8 @@ def init_distributed(no_cuda: bool = False) -> DistEnv:
 
     A plain `python script.py` gives a single-process DistEnv without touching torch.distributed.
     """
+    import torch
+
     _slurm_to_torchrun_env()
     use_cuda = torch.cuda.is_available() and not no_cuda
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -178,6 +191,8 @@ def init_distributed(no_cuda: bool = False) -> DistEnv:
 
 
 def barrier(env: DistEnv) -> None:
+    import torch
+
     if env.distributed:
         torch.distributed.barrier()
 
@@ -187,6 +202,8 @@ def barrier(env: DistEnv) -> None:
 
 
 def set_seed(seed: int) -> None:
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -194,6 +211,8 @@ def set_seed(seed: int) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Every RNG state a resumed run needs, as tensors and plain Python objects (loadable with weights_only)."""
+    import torch
+
     name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -208,6 +227,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     random.setstate(_as_python_state(state["python"]))
     n = state["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
@@ -228,6 +249,8 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
     """The autocast dtype for a precision name: fp16 -> float16, bf16 -> bfloat16, fp32/tf32 -> None (no autocast)."""
+    import torch
+
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
@@ -235,6 +258,8 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """torch.autocast for fp16/bf16 on the given device; a no-op context for fp32/tf32."""
+    import torch
+
     dtype = autocast_dtype(precision)
     if dtype is None:
         return contextlib.nullcontext()
@@ -243,5 +268,7 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 def configure_tf32(enabled: bool) -> None:
     """TF32 matmuls/convolutions on GPUs that have them (Ampere+); harmless elsewhere."""
+    import torch
+
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
