@@ -1,0 +1,289 @@
+"""create_pretraining_data.py against a straightforward single-process implementation of the same algorithm.
+
+Peers, each run as its own process on the shared WikiText-2 (valid + test, ~2.4 MB, made one sentence a line and
+one article a document), dupe_factor 5, max_seq_length 128, 20 predictions, in rounds with the order alternating:
+  * ours         create_pretraining_data.py --num_workers 2 (and once more with 1 worker, for the scaling);
+  * base_fast    bench/baseline_create_pretraining_data.py: Google's pipeline in plain Python lists, one line at a
+                 time through the same Rust tokenizer (so the comparison is about the pipeline);
+  * base_python  the same with the pure-Python WordPiece tokenizer (what the original scripts cost).
+Then memory as the corpus grows 10x (the corpus repeated ten times): ours on one 10x file (--output_file) and on
+ten shards of it (--output_dir), and ours at max_seq_length 512 / 80 predictions (phase 2) for the projection.
+
+Per run: wall seconds, CPU seconds of the whole process tree (from wait4), instances, instances/second, the largest
+single-process peak RSS (ru_maxrss from wait4: covers the workers, each on its own), and the peak of the whole tree
+sampled every 50 ms from /proc: the sum of RSS (counts shared pages once per process) and the sum of PSS (shares
+them out; the honest total). The machine is shared and has 2 cores: the load average is recorded; read the medians.
+
+    .venv/bin/python -m bench.bench_create_pretraining_data            # from the repository root
+    .venv/bin/python -m bench.bench_create_pretraining_data --rounds 1 --output results/x.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED = REPO_ROOT.parent / "shared" / "data"
+WIKIPEDIA_WORDS = 2.5e9  # English Wikipedia, as in the BERT paper
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Corpus
+
+
+def wikitext_documents(text: str) -> list[list[str]]:
+    """Articles (` = Title = `) -> documents, paragraphs split on ' . ' -> sentences, section headings dropped."""
+    documents, current = [], []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if re.fullmatch(r"= [^=].* =", line):
+            if current:
+                documents.append(current)
+            current = []
+        elif not line.startswith("= ="):
+            current.extend(part.strip() for part in line.split(" . ") if part.strip())
+    if current:
+        documents.append(current)
+    return documents
+
+
+def make_corpora(work: Path) -> dict:
+    text = "".join((SHARED / "wikitext-2" / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt"))
+    documents = wikitext_documents(text)
+    body = "\n\n".join("\n".join(doc) for doc in documents) + "\n"
+    one = work / "wikitext.txt"
+    one.write_text(body, encoding="utf-8")
+    ten = work / "wikitext_x10.txt"
+    ten.write_text("\n".join([body] * 10), encoding="utf-8")  # a blank line between the copies
+    shards = work / "shards_x10"
+    shards.mkdir()
+    for i in range(10):
+        (shards / f"wikitext_{i}.txt").write_text(body, encoding="utf-8")
+    words = sum(len(s.split()) for doc in documents for s in doc)
+    return {"x1": one, "x10": ten, "x10_shards": shards, "words": words, "documents": len(documents),
+            "bytes": one.stat().st_size}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Measuring one process tree
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo += _children(p)
+    return seen
+
+
+def _kib(path: str, key: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class TreeSampler(threading.Thread):
+    """Peak sum of RSS and of PSS over a process and all its descendants, sampled every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.05):
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak_rss_kib = self.peak_pss_kib = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            pids = _tree(self.pid)
+            rss = sum(_kib(f"/proc/{p}/status", "VmRSS:") for p in pids)
+            pss = sum(_kib(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
+            self.peak_rss_kib, self.peak_pss_kib = max(self.peak_rss_kib, rss), max(self.peak_pss_kib, pss)
+            self.done.wait(self.interval)
+
+
+def measure(name: str, cmd: list[str], log_dir: Path) -> dict:
+    out_path, err_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=err)
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)  # rusage of this child and the descendants it waited for
+        wall = time.perf_counter() - start
+        sampler.done.set()
+        sampler.join()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        tail = err_path.read_text(errors="replace").strip().splitlines()[-3:]
+        raise SystemExit(f"error: {name} failed ({proc.returncode}): {' | '.join(tail)}")
+    summary = json.loads(out_path.read_text().strip().splitlines()[-1])
+    return {"name": name, "wall_s": round(wall, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+            "instances": summary["instances"], "instances_per_s": round(summary["instances"] / wall, 1),
+            "max_process_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "tree_rss_mib": round(sampler.peak_rss_kib / 1024, 1), "tree_pss_mib": round(sampler.peak_pss_kib / 1024, 1),
+            "summary": summary}
+
+
+def commands(corpora: dict, vocab: Path, out: Path, dupe: int) -> dict[str, list[str]]:
+    py = sys.executable
+    common = ["--vocab_file", str(vocab), "--dupe_factor", str(dupe), "--max_seq_length", "128",
+              "--max_predictions_per_seq", "20", "--random_seed", "12345"]
+    ours = [py, "create_pretraining_data.py", "--input_file", str(corpora["x1"]), "--output_file",
+            str(out / "ours.hdf5"), "--no_progress", *common]
+    base = [py, "-m", "bench.baseline_create_pretraining_data", "--input_file", str(corpora["x1"]),
+            "--output_file", str(out / "base.hdf5"), *common]
+    return {"ours": ours + ["--num_workers", "2"], "ours_1worker": ours + ["--num_workers", "1"],
+            "base_fast": base, "base_python": base + ["--python_tokenizer"]}
+
+
+def shard_stats(path: Path) -> dict:
+    """Instance statistics, to see that both implementations make the same kind of data."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "r") as f:
+        mask, seg = f["input_mask"][:], f["segment_ids"][:]
+        positions, nsp = f["masked_lm_positions"][:], f["next_sentence_labels"][:]
+    length = mask.sum(1)
+    return {"mean_tokens": round(float(length.mean()), 2), "mean_len_b": round(float(seg.sum(1).mean() - 1), 2),
+            "random_next": round(float(nsp.mean()), 4), "mean_predictions": round(float((positions > 0).sum(1).mean()), 3),
+            "short_fraction": round(float((length < 100).mean()), 4)}
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three peers")
+    p.add_argument("--dupe_factor", type=int, default=5)
+    p.add_argument("--output", default=str(REPO_ROOT / "results" / "bench_create_pretraining_data.json"))
+    p.add_argument("--skip_python_tokenizer", action="store_true", help="leave out base_python (the slowest)")
+    args = p.parse_args(argv)
+    vocab = SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"
+    if not vocab.is_file():
+        raise SystemExit(f"error: {SHARED} (the shared WikiText-2 and vocabulary) is missing")
+
+    with tempfile.TemporaryDirectory(prefix="bench_cpd_") as tmp:
+        work = Path(tmp)
+        (work / "out").mkdir()
+        (work / "logs").mkdir()
+        corpora = make_corpora(work)
+        cmds = commands(corpora, vocab, work / "out", args.dupe_factor)
+        if args.skip_python_tokenizer:
+            cmds.pop("base_python")
+        load_before = os.getloadavg()
+        runs: dict[str, list[dict]] = {name: [] for name in cmds}
+        names = list(cmds)
+        for r in range(args.rounds):
+            order = names if r % 2 == 0 else names[::-1]  # alternate, so drifting load hits all peers alike
+            for name in order:
+                result = measure(f"{name}_{r}", cmds[name], work / "logs")
+                runs[name].append(result)
+                print(f"round {r} {name:13s} {result['wall_s']:7.2f} s  {result['instances_per_s']:8.0f} inst/s  "
+                      f"cpu {result['cpu_s']:6.2f} s  tree PSS {result['tree_pss_mib']:6.0f} MiB", flush=True)
+        stats = {"ours": shard_stats(work / "out" / "ours.hdf5"), "base": shard_stats(work / "out" / "base.hdf5")}
+
+        py = sys.executable
+        common = ["--vocab_file", str(vocab), "--dupe_factor", str(args.dupe_factor), "--num_workers", "2",
+                  "--no_progress", "--random_seed", "12345"]
+        extra = {
+            "ours_x10_one_file": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10"]),
+                                  "--output_file", str(work / "out" / "x10.hdf5"), *common],
+            "ours_x10_ten_shards": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10_shards"]),
+                                    "--output_dir", str(work / "out" / "x10_shards"), *common],
+            "ours_seq512": [py, "create_pretraining_data.py", "--input_file", str(corpora["x1"]), "--output_file",
+                            str(work / "out" / "seq512.hdf5"), "--max_seq_length", "512",
+                            "--max_predictions_per_seq", "80", *common],
+        }
+        single = {}
+        for name, cmd in extra.items():
+            single[name] = measure(name, cmd, work / "logs")
+            print(f"{name:20s} {single[name]['wall_s']:7.2f} s  tree PSS {single[name]['tree_pss_mib']:6.0f} MiB  "
+                  f"max process RSS {single[name]['max_process_rss_mib']:6.0f} MiB", flush=True)
+        load_after = os.getloadavg()
+
+    med = {name: {key: statistics.median(r[key] for r in rs) for key in
+                  ("wall_s", "cpu_s", "instances_per_s", "max_process_rss_mib", "tree_rss_mib", "tree_pss_mib")}
+           for name, rs in runs.items()}
+    for name, rs in runs.items():
+        med[name]["instances"] = rs[0]["instances"]
+    tokens = runs["ours"][0]["summary"]["tokens"]
+    words_per_s = corpora["words"] / med["ours"]["wall_s"]
+    projection = {
+        "assumption": "PROJECTION, not a measurement: time scales with words and linearly with workers; WikiText's "
+                      "<unk> and @-@ markup make its tokens/word ratio differ from real Wikipedia's",
+        "wikitext_words": corpora["words"], "wikitext_tokens": tokens, "tokens_per_word": round(tokens / corpora["words"], 3),
+        "phase1_ours_2workers_hours": round(WIKIPEDIA_WORDS / words_per_s / 3600, 2),
+        "phase1_ours_16workers_hours": round(WIKIPEDIA_WORDS / words_per_s / 3600 * 2 / 16, 2),
+        "phase2_ours_16workers_hours": round(WIKIPEDIA_WORDS / (corpora["words"] / single["ours_seq512"]["wall_s"])
+                                             / 3600 * 2 / 16, 2),
+        "phase1_base_fast_1process_hours": round(WIKIPEDIA_WORDS / (corpora["words"] / med["base_fast"]["wall_s"])
+                                                 / 3600, 1),
+    }
+    if "base_python" in med:
+        projection["phase1_base_python_1process_hours"] = round(
+            WIKIPEDIA_WORDS / (corpora["words"] / med["base_python"]["wall_s"]) / 3600, 1)
+    speedup = {f"ours_vs_{b}": round(med["ours"]["instances_per_s"] / med[b]["instances_per_s"], 2)
+               for b in med if b.startswith("base")}
+    report = {
+        "benchmark": "create_pretraining_data", "command": " ".join([Path(sys.executable).name, "-m",
+                                                                     "bench.bench_create_pretraining_data", *(argv or sys.argv[1:])]),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_average_before": load_before, "load_average_after": load_after},
+        "corpus": {"source": "WikiText-2 valid+test", "bytes": corpora["bytes"], "words": corpora["words"],
+                   "documents": corpora["documents"], "dupe_factor": args.dupe_factor, "max_seq_length": 128,
+                   "max_predictions_per_seq": 20},
+        "median": med, "speedup": speedup, "instance_stats": stats, "single_runs": single, "runs": runs,
+        "projection_full_wikipedia": projection,
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = Path(args.output).with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp_out, args.output)
+
+    print(f"\n| run (median of {args.rounds}) | wall s | instances/s | CPU s | max process RSS MiB | tree PSS MiB |"
+          " tree RSS MiB |\n|---|---:|---:|---:|---:|---:|---:|")
+    for name, m in med.items():
+        print(f"| {name} | {m['wall_s']:.2f} | {m['instances_per_s']:.0f} | {m['cpu_s']:.2f} | "
+              f"{m['max_process_rss_mib']:.0f} | {m['tree_pss_mib']:.0f} | {m['tree_rss_mib']:.0f} |")
+    for name, m in single.items():
+        print(f"| {name} (1 run) | {m['wall_s']:.2f} | {m['instances_per_s']:.0f} | {m['cpu_s']:.2f} | "
+              f"{m['max_process_rss_mib']:.0f} | {m['tree_pss_mib']:.0f} | {m['tree_rss_mib']:.0f} |")
+    print("\nspeed-up (instances/s):", ", ".join(f"{k} {v}x" for k, v in speedup.items()))
+    print("instance statistics:", json.dumps(stats))
+    print("projection (full English Wikipedia, 2.5e9 words):", json.dumps(projection))
+    print(f"load average before {load_before}, after {load_after}; results in {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
