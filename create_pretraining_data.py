@@ -800,7 +800,7 @@ def resolve_inputs(spec: str) -> list[str]:
             files.extend(found)
         elif os.path.isfile(part):
             files.append(part)
-        elif glob.has_magic(part) and glob.glob(part):
+        elif any(c in part for c in "*?[") and glob.glob(part):
             files.extend(sorted(p for p in glob.glob(part) if os.path.isfile(p)))
         else:
             raise SystemExit(f"error: --input_file {part} does not exist (a text file, a folder of .txt files, "
