@@ -1,0 +1,358 @@
+"""Answer questions about a context, or classify sentences, with a fine-tuned BERT; prints JSON.
+
+    python inference.py --init_checkpoint results/SQuAD/hf_model --question "Who ..." --context "..."
+    python inference.py --init_checkpoint results/SQuAD/model.pt --vocab_file vocab.txt --input_file q.jsonl
+    python inference.py --mode classify --init_checkpoint results/MRPC/hf_model --text_a "..." --text_b "..."
+
+Question answering (--mode qa, the default) covers a context of any length with overlapping windows
+(--max_seq_length / --doc_stride; the original truncated it), returns the n-best answers with probabilities and,
+for SQuAD 2.0 models (--version_2_with_negative), the empty answer when the null score wins. Classification
+(--mode classify) runs a GLUE model (run_glue.py's model.pt or hf_model/) on single sentences or pairs and prints
+the label with its probability (or the score of a regression model such as STS-B).
+
+--input_file: a JSON list or a JSON-lines file of {"id"?, "question", "context"} (qa) or {"id"?, "text_a",
+"text_b"?} (classify) objects, or, for qa, a SQuAD file. The device is the GPU when there is one (--no_cuda to
+stay on the CPU); --fp16/--bf16 run the model under autocast.
+
+Python callers use `answer_questions(model, tokenizer, items, ...)` and `classify(model, tokenizer, items, ...)`,
+which return the same JSON-ready lists.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+import utils
+from modeling import BertForQuestionAnswering, BertForSequenceClassification, CheckpointError, read_state_dict
+from processors import squad
+from tokenization import BertTokenizer
+
+# ----------------------------------------------------------------------------------------------------------------
+# The two tasks, as functions
+
+
+def _default_device(device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@torch.inference_mode()
+def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], *, max_seq_length: int = 384,
+                     doc_stride: int = 128, max_query_length: int = 64, n_best_size: int = 20,
+                     max_answer_length: int = 30, version_2_with_negative: bool = False,
+                     null_score_diff_threshold: float = 0.0, batch_size: int = 8,
+                     device: torch.device | str | None = None, precision: str = "fp32") -> list[dict[str, Any]]:
+    """Answer [{"id"?, "question", "context"}, ...] with a BertForQuestionAnswering (or any module with the same
+    forward(input_ids, token_type_ids, attention_mask) -> (start [B,S], end [B,S])).
+
+    Returns one dict per item: {"id", "question", "answer", "probability", "nbest": [{text, probability,
+    start_logit, end_logit}, ...]}, plus "null_score_diff" for v2.0 (the answer is "" when it exceeds the
+    threshold). The model is used on `device` (default: where its parameters are).
+    """
+    if device is None:
+        device = next(model.parameters()).device
+    device = torch.device(device)
+    examples = squad.examples_from_qa_pairs(items)
+    features = squad.convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
+                                                  is_training=False)
+    model.eval()
+    results = {}
+    for lo in range(0, len(features), batch_size):
+        chunk = features[lo:lo + batch_size]
+        longest = max(sum(f.input_mask) for f in chunk)  # no padding beyond the longest window of the batch
+        batch = [torch.tensor([getattr(f, k)[:longest] for f in chunk], device=device)
+                 for k in ("input_ids", "segment_ids", "input_mask")]
+        with utils.autocast(precision, device):
+            start, end = model(*batch)
+        start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
+        for row, f in enumerate(chunk):
+            results[f.unique_id] = squad.RawResult(f.unique_id, start[row], end[row])
+    predictions, nbest, null_odds = squad.get_predictions(
+        examples, features, results, n_best_size, max_answer_length, tokenizer.do_lower_case,
+        version_2_with_negative, null_score_diff_threshold)
+    out = []
+    for example in examples:
+        answer = predictions[example.qas_id]
+        entries = nbest[example.qas_id]
+        probability = next((e["probability"] for e in entries if e["text"] == answer), 0.0)
+        record = {"id": example.qas_id, "question": example.question_text, "answer": answer,
+                  "probability": probability, "nbest": entries}
+        if version_2_with_negative:
+            record["null_score_diff"] = null_odds[example.qas_id]
+        out.append(record)
+    return out
+
+
+def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], max_seq_length: int
+                 ) -> list[tuple[list[int], list[int]]]:
+    """[CLS] A [SEP] (B [SEP]) ids and token types per item, pairs cut longest-first to max_seq_length."""
+    from processors.glue import truncate_seq_pair
+
+    cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
+    ids_a = tokenizer.encode_batch([item["text_a"] for item in items])
+    with_b = [i for i, item in enumerate(items) if item.get("text_b") is not None]
+    ids_b = dict(zip(with_b, tokenizer.encode_batch([items[i]["text_b"] for i in with_b])))
+    encoded = []
+    for i, a in enumerate(ids_a):
+        b = ids_b.get(i)
+        if b is None:
+            a = a[:max_seq_length - 2]
+            encoded.append(([cls_id, *a, sep_id], [0] * (len(a) + 2)))
+            continue
+        truncate_seq_pair(a, b, max_seq_length - 3)
+        encoded.append(([cls_id, *a, sep_id, *b, sep_id], [0] * (len(a) + 2) + [1] * (len(b) + 1)))
+    return encoded
+
+
+@torch.inference_mode()
+def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], *, max_seq_length: int = 128,
+             batch_size: int = 8, device: torch.device | str | None = None, precision: str = "fp32",
+             labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Classify [{"id"?, "text_a", "text_b"?}, ...] with a BertForSequenceClassification.
+
+    Returns {"id", "label", "probability", "probabilities": {label: p}} per item, or {"id", "score"} for a
+    regression model (one output). `labels` names the classes (default "0", "1", ...).
+    """
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping) or not isinstance(item.get("text_a"), str):
+            raise ValueError(f"item {i} needs a string 'text_a' field (and optionally 'text_b'), got {item!r:.200}")
+    if device is None:
+        device = next(model.parameters()).device
+    device = torch.device(device)
+    num_labels = model.num_labels
+    labels = list(labels) if labels else [str(i) for i in range(num_labels)]
+    if num_labels > 1 and len(labels) != num_labels:
+        raise ValueError(f"{len(labels)} label names for a model with {num_labels} outputs")
+    encoded = encode_pairs(tokenizer, items, max_seq_length)
+    model.eval()
+    out = []
+    for lo in range(0, len(encoded), batch_size):
+        chunk = encoded[lo:lo + batch_size]
+        longest = max(len(ids) for ids, _ in chunk)
+        ids = torch.tensor([x + [0] * (longest - len(x)) for x, _ in chunk], device=device)
+        types = torch.tensor([t + [0] * (longest - len(t)) for _, t in chunk], device=device)
+        mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x, _ in chunk], device=device)
+        with utils.autocast(precision, device):
+            logits = model(ids, types, mask)[0].float().cpu()  # [B, num_labels]
+        for row, item_index in enumerate(range(lo, lo + len(chunk))):
+            out.append(_classification_record(items[item_index], item_index, logits[row], labels))
+    return out
+
+
+def _classification_record(item: Mapping, index: int, logits: torch.Tensor, labels: list[str]) -> dict[str, Any]:
+    record: dict[str, Any] = {"id": str(item.get("id", index))}
+    if logits.numel() == 1:
+        record["score"] = float(logits[0])
+        return record
+    probs = torch.softmax(logits, dim=-1).tolist()
+    best = int(np.argmax(probs))
+    record.update(label=labels[best], probability=probs[best],
+                  probabilities={name: p for name, p in zip(labels, probs)})
+    return record
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading models and inputs
+
+
+def _find_vocab(args) -> str:
+    if args.vocab_file:
+        return args.vocab_file
+    ckpt = Path(args.init_checkpoint)
+    candidate = ckpt / "vocab.txt" if ckpt.is_dir() else ckpt.parent / "vocab.txt"
+    if not candidate.is_file():
+        raise SystemExit(f"inference.py: no vocab.txt in or beside {ckpt}: pass --vocab_file")
+    return str(candidate)
+
+
+def checkpoint_labels(path: str | Path) -> tuple[int | None, list[str] | None]:
+    """(number of classes, label names) a classification checkpoint records: run_glue.py's model.pt keeps
+    "num_labels"/"labels", a Hugging Face directory id2label; else the classifier's rows."""
+    path = Path(path)
+    names = None
+    if path.is_file() and path.suffix in (".pt", ".bin"):
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(obj, dict) and isinstance(obj.get("labels"), list):
+            names = [str(x) for x in obj["labels"]]
+    state, config = read_state_dict(path)
+    if names is None and config and isinstance(config.get("id2label"), dict):
+        id2label = config["id2label"]
+        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    weight = state.get("classifier.weight")
+    if weight is None:
+        return None, names
+    return int(weight.shape[0]), names
+
+
+def load_model(args, log):
+    """The task model; a checkpoint without the task's head is refused (its answers would be random)."""
+    lines: list[str] = []
+    config = args.config_file
+    if args.mode == "qa":
+        model = BertForQuestionAnswering.from_pretrained(args.init_checkpoint, config=config, log=lines.append)
+        head = "qa_outputs"
+    else:
+        num_labels, names = checkpoint_labels(args.init_checkpoint)
+        if num_labels is None:
+            raise SystemExit(f"inference.py: {args.init_checkpoint} has no classifier head: fine-tune it with "
+                             "run_glue.py first")
+        model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, config=config,
+                                                              log=lines.append, num_labels=num_labels)
+        model.label_names = names
+        head = "classifier"
+    for line in lines:
+        log(line)
+    if any(line.split(": ", 1)[-1].startswith("initialised fresh") and f" {head}." in f" {line}" for line in lines):
+        task = "run_squad.py" if args.mode == "qa" else "run_glue.py"
+        raise SystemExit(f"inference.py: {args.init_checkpoint} has no {head} head (it would answer at random): "
+                         f"fine-tune it with {task} first")
+    return model
+
+
+def read_items(path: str) -> list[dict]:
+    """A JSON list, a JSON-lines file, or a SQuAD file (its questions with their contexts)."""
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"inference.py: --input_file {path} not found")
+    text = file.read_text(encoding="utf-8")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        obj = None
+    if obj is None:  # JSON lines
+        items = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"inference.py: --input_file {path} line {n} is not JSON ({e.msg}); expected a JSON "
+                                 "list or one JSON object per line") from None
+        return items
+    if isinstance(obj, dict) and "data" in obj:
+        items = []
+        for article in squad.squad_articles(obj):
+            for paragraph in article["paragraphs"]:
+                items.extend({"id": str(qa["id"]), "question": qa["question"], "context": paragraph["context"]}
+                             for qa in paragraph.get("qas", []))
+        return items
+    if isinstance(obj, dict):
+        return [obj]
+    if isinstance(obj, list):
+        return obj
+    raise SystemExit(f"inference.py: --input_file {path} holds {type(obj).__name__}, expected a list of objects")
+
+
+def items_from_args(args) -> list[dict]:
+    if args.input_file:
+        return read_items(args.input_file)
+    if args.mode == "qa":
+        if args.question is None or args.context is None:
+            raise SystemExit("inference.py: give --question and --context, or --input_file")
+        return [{"id": "0", "question": args.question, "context": args.context}]
+    if args.text_a is None:
+        raise SystemExit("inference.py: give --text_a (and --text_b for pairs), or --input_file")
+    return [{"id": "0", "text_a": args.text_a, "text_b": args.text_b}]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--mode", choices=("qa", "classify"), default="qa",
+                   help="qa: span answers (BertForQuestionAnswering); classify: labels (BertForSequenceClassification)")
+    g = p.add_argument_group("model")
+    g.add_argument("--init_checkpoint", required=True,
+                   help="a fine-tuned model.pt, an NVIDIA checkpoint or a Hugging Face directory")
+    g.add_argument("--config_file", default=None, help="bert_config.json; default: the checkpoint's own")
+    g.add_argument("--vocab_file", default=None, help="vocab.txt; default: vocab.txt in or beside the checkpoint")
+    g.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None,
+                   help="lower-case the input; default: yes when the vocabulary has no capital letters")
+    g = p.add_argument_group("input")
+    g.add_argument("--question", default=None, help="qa: the question")
+    g.add_argument("--context", default=None, help="qa: the text that holds the answer (any length)")
+    g.add_argument("--text_a", default=None, help="classify: the sentence (or the first of a pair)")
+    g.add_argument("--text_b", default=None, help="classify: the second sentence of a pair")
+    g.add_argument("--input_file", default=None, help="a JSON list, JSON lines, or (qa) a SQuAD file")
+    g.add_argument("--output_file", default=None, help="also write the JSON here")
+    g = p.add_argument_group("question answering")
+    g.add_argument("--max_seq_length", type=int, default=None,
+                   help="tokens per window (default 384 qa, 128 classify, at most the model's positions)")
+    g.add_argument("--doc_stride", type=int, default=128, help="tokens between the starts of consecutive windows")
+    g.add_argument("--max_query_length", type=int, default=64, help="questions are cut to this many tokens")
+    g.add_argument("--n_best_size", type=int, default=20, help="answers listed per question")
+    g.add_argument("--max_answer_length", type=int, default=30, help="longest answer, in WordPiece tokens")
+    g.add_argument("--version_2_with_negative", action="store_true", help="the model may answer \"\" (SQuAD 2.0)")
+    g.add_argument("--null_score_diff_threshold", type=float, default=0.0,
+                   help="v2.0: answer \"\" when null score - best span score exceeds this")
+    g = p.add_argument_group("classification")
+    g.add_argument("--labels", default=None,
+                   help="comma-separated class names; default: those the checkpoint records, else 0, 1, ...")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--batch_size", type=int, default=8, help="windows (or sentences) per forward pass")
+    prec = g.add_mutually_exclusive_group()
+    prec.add_argument("--fp16", action="store_true", help="float16 autocast")
+    prec.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
+    return p
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = build_parser().parse_args(argv)
+    if not Path(args.init_checkpoint).exists():
+        raise SystemExit(f"inference.py: --init_checkpoint {args.init_checkpoint} not found")
+    for name in ("batch_size", "doc_stride", "n_best_size", "max_answer_length"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"inference.py: --{name} must be positive, got {getattr(args, name)}")
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout carries the JSON only)
+    precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+    device = torch.device("cpu") if args.no_cuda else _default_device(None)
+    items = items_from_args(args)
+    vocab_file = _find_vocab(args)
+    try:
+        tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
+        if args.do_lower_case is None:
+            args.do_lower_case = not any(any("A" <= c <= "Z" for c in t) for t in tokenizer.vocab if t[:1] != "[")
+        tokenizer = BertTokenizer(vocab_file, do_lower_case=args.do_lower_case)
+        model = load_model(args, log).to(device)
+        limit = model.config.max_position_embeddings
+        if args.max_seq_length is not None and args.max_seq_length > limit:
+            raise SystemExit(f"inference.py: --max_seq_length {args.max_seq_length} exceeds the model's "
+                             f"max_position_embeddings {limit}")
+        if args.mode == "qa":
+            max_seq_length = args.max_seq_length or min(384, limit)
+            if max_seq_length < args.max_query_length + 4:
+                raise SystemExit(f"inference.py: --max_seq_length {max_seq_length} must be at least "
+                                 f"--max_query_length {args.max_query_length} + 4")
+            out = answer_questions(
+                model, tokenizer, items, max_seq_length=max_seq_length, doc_stride=args.doc_stride,
+                max_query_length=args.max_query_length, n_best_size=args.n_best_size,
+                max_answer_length=args.max_answer_length, version_2_with_negative=args.version_2_with_negative,
+                null_score_diff_threshold=args.null_score_diff_threshold, batch_size=args.batch_size, device=device,
+                precision=precision)
+        else:
+            labels = args.labels.split(",") if args.labels else model.label_names
+            out = classify(model, tokenizer, items, max_seq_length=args.max_seq_length or min(128, limit),
+                           batch_size=args.batch_size, device=device, precision=precision, labels=labels)
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"inference.py: error: {e}") from None
+    text = json.dumps(out, indent=2, ensure_ascii=False)
+    if args.output_file:
+        utils.atomic_write_text(args.output_file, text + "\n")
+    print(text, flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,560 @@
+"""Fine-tune BERT on SQuAD v1.1 / v2.0, predict answers, and score them with the official algorithm.
+
+    python run_squad.py --init_checkpoint ckpt_8601.pt --config_file bert_config.json --vocab_file vocab.txt \
+        --do_lower_case --train_file train-v1.1.json --predict_file dev-v1.1.json --do_train --do_predict \
+        --do_eval --output_dir results/SQuAD --bf16
+    torchrun --nproc_per_node=8 run_squad.py ...       (DistributedDataParallel, one process per GPU)
+
+--init_checkpoint takes a ckpt_<step>.pt of run_pretraining.py, an NVIDIA checkpoint, our model.pt, or a Hugging
+Face directory (then --config_file and --vocab_file default to the ones inside it).
+
+Outputs in --output_dir:
+    predictions.json        (--do_predict) question id -> answer text ("" = no answer, v2.0)
+    nbest_predictions.json  (--do_predict) question id -> [{text, probability, start_logit, end_logit}, ...]
+    null_odds.json          (--do_predict, v2.0) question id -> null score - best span score (the official
+                            evaluate-v2.0.py reads it with --na-prob-file)
+    eval_results.json       (--do_eval) exact match / F1 (v2.0: with the HasAns/NoAns breakdown and best
+                            thresholds), and the --eval_script's own output when one is given
+    model.pt                (--do_train) {"model": tensors under Hugging Face names, "config", "global_step"};
+                            loads with torch.load(..., weights_only=True) and BertForQuestionAnswering.from_pretrained
+    hf_model/               (--do_train) the same model as a transformers directory (config.json,
+                            model.safetensors, vocab.txt)
+    dllogger.json           JSON-lines log (--json-summary to move it)
+
+Features are cached in --cache_dir (default: beside the input file when that folder is writable, else
+<output_dir>/cache) as .npz files keyed by the input file's hash, the vocabulary's hash and every length.
+
+Differences from NVIDIA's run_squad.py, on purpose:
+- v2.0: the null answer is decided per example, from the smallest [CLS] score over that example's own windows (the
+  original appended the null logits of the last example it processed, `null_vals[ex.qas_id]` after its loop, to
+  every question, so each question's null score came from another example);
+- start/end candidates are ranked among valid document positions only, so invalid top-k positions (question,
+  padding) no longer crowd out valid spans;
+- dynamic padding: every batch is cut to its longest sequence; prediction runs over length-sorted windows;
+  --group_by_length does the same for training batches (shuffled within groups of 50 batches);
+- the number of optimizer steps is ceil(epochs * ceil(batches / accumulation)); a last partial accumulation group
+  is averaged over its own size; --max_steps stops after exactly max_steps steps; the learning-rate schedule is
+  stepped after the optimizer and only for steps the fp16 GradScaler did not skip;
+- no pickled cache, checkpoints load with weights_only=True, evaluation runs in-process (no subprocess needed).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+import utils
+from modeling import BertConfig, BertForQuestionAnswering, CheckpointError, export_state_dict, save_hf_directory
+from processors import squad
+from tokenization import BertTokenizer
+
+# ----------------------------------------------------------------------------------------------------------------
+# Arguments
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("data")
+    g.add_argument("--train_file", default=None, help="SQuAD json for training, e.g. train-v1.1.json")
+    g.add_argument("--predict_file", default=None, help="SQuAD json to predict (and evaluate), e.g. dev-v1.1.json")
+    g.add_argument("--output_dir", required=True, help="where predictions, results and the model go")
+    g.add_argument("--version_2_with_negative", action="store_true",
+                   help="SQuAD 2.0: questions may have no answer (predicted as \"\")")
+    g.add_argument("--cache_dir", default=None,
+                   help="feature cache folder (default: beside the input file if writable, else <output_dir>/cache)")
+    g.add_argument("--skip_cache", action="store_true", help="neither read nor write cached features")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--init_checkpoint", default=None,
+                   help="ckpt_<step>.pt, an NVIDIA .pt, our model.pt, or a Hugging Face directory; without it the "
+                        "model starts from random weights (--config_file needed)")
+    g.add_argument("--config_file", default=None,
+                   help="bert_config.json; default: the config inside or beside --init_checkpoint")
+    g.add_argument("--vocab_file", default=None, help="vocab.txt; default: vocab.txt in or beside --init_checkpoint")
+    g.add_argument("--do_lower_case", action="store_true", help="lower-case the input (uncased models)")
+    g.add_argument("--bert_model", default=None, help="accepted for compatibility with the original; unused")
+
+    g = p.add_argument_group("what to run")
+    g.add_argument("--do_train", action="store_true", help="fine-tune on --train_file")
+    g.add_argument("--do_predict", action="store_true", help="write predictions for --predict_file")
+    g.add_argument("--do_eval", action="store_true",
+                   help="score the predictions against --predict_file's answers (implies --do_predict)")
+    g.add_argument("--eval_script", default=None,
+                   help="also run this external script (e.g. the official evaluate-v1.1.py) on the predictions "
+                        "and log its output")
+    g.add_argument("--skip_checkpoint", action="store_true", help="do not save the fine-tuned model")
+
+    g = p.add_argument_group("features and answers")
+    g.add_argument("--max_seq_length", type=int, default=384, help="tokens per window: [CLS] question [SEP] doc [SEP]")
+    g.add_argument("--doc_stride", type=int, default=128, help="tokens between the starts of consecutive windows")
+    g.add_argument("--max_query_length", type=int, default=64, help="questions are cut to this many tokens")
+    g.add_argument("--n_best_size", type=int, default=20, help="answers kept per question in nbest_predictions.json")
+    g.add_argument("--max_answer_length", type=int, default=30, help="longest answer, in WordPiece tokens")
+    g.add_argument("--null_score_diff_threshold", type=float, default=0.0,
+                   help="v2.0: predict no answer when null score - best span score exceeds this")
+    g.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility; unused")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--train_batch_size", type=int, default=32,
+                   help="sequences per optimizer step per process (split into --gradient_accumulation_steps parts)")
+    g.add_argument("--predict_batch_size", type=int, default=64, help="windows per prediction batch")
+    g.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate of AdamW")
+    g.add_argument("--weight_decay", type=float, default=0.01, help="decoupled weight decay (not on biases/LayerNorm)")
+    g.add_argument("--max_grad_norm", type=float, default=1.0, help="global gradient-norm clip (<= 0: off)")
+    g.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs (fractions allowed)")
+    g.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides --num_train_epochs")
+    g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--group_by_length", action="store_true",
+                   help="training batches of similar lengths (less padding; batches still in random order)")
+    g.add_argument("--seed", type=int, default=42, help="random seed (answer head, dropout, shuffling)")
+    prec = g.add_mutually_exclusive_group()
+    prec.add_argument("--fp16", "--amp", action="store_true", help="float16 autocast with a GradScaler")
+    prec.add_argument("--bf16", action="store_true", help="bfloat16 autocast (no loss scaling needed)")
+    g.add_argument("--loss_scale", type=float, default=0.0,
+                   help="fp16: initial loss scale of the dynamic GradScaler (0: its default, 2**16)")
+
+    g = p.add_argument_group("runtime")
+    g.add_argument("--num_workers", type=int, default=0,
+                   help="DataLoader worker processes (the features are in-memory tensors: 0 is usually fastest)")
+    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
+    g.add_argument("--log_freq", type=int, default=50, help="log the training loss every N optimizer steps")
+    g.add_argument("--json-summary", dest="json_summary", default=None,
+                   help="JSON-lines log file (default: <output_dir>/dllogger.json)")
+    g.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
+    g.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
+    g.add_argument("--use_env", action="store_true",
+                   help="accepted for compatibility (the rank always comes from the environment)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    args.do_predict = args.do_predict or args.do_eval
+    if not (args.do_train or args.do_predict):
+        raise SystemExit("run_squad.py: nothing to do: pass --do_train and/or --do_predict (--do_eval)")
+    if args.do_train and not args.train_file:
+        raise SystemExit("run_squad.py: --do_train needs --train_file (a SQuAD json such as train-v1.1.json)")
+    if args.do_predict and not args.predict_file:
+        raise SystemExit("run_squad.py: --do_predict/--do_eval need --predict_file (a SQuAD json such as "
+                         "dev-v1.1.json)")
+    for name in ("train_file", "predict_file", "eval_script", "config_file", "vocab_file"):
+        value = getattr(args, name)
+        if value is not None and not Path(value).is_file():
+            raise SystemExit(f"run_squad.py: --{name} {value} not found")
+    if args.init_checkpoint is not None and not Path(args.init_checkpoint).exists():
+        raise SystemExit(f"run_squad.py: --init_checkpoint {args.init_checkpoint} not found: give a "
+                         "ckpt_<step>.pt, a model.pt or a Hugging Face directory")
+    if args.init_checkpoint is None and args.config_file is None:
+        raise SystemExit("run_squad.py: give --init_checkpoint, or --config_file to start from random weights")
+    if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
+        raise SystemExit(f"run_squad.py: --train_batch_size {args.train_batch_size} must be a positive multiple of "
+                         f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
+    for name in ("train_batch_size", "predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"run_squad.py: --{name} must be positive, got {getattr(args, name)}")
+    if args.max_seq_length < args.max_query_length + 4:
+        raise SystemExit(f"run_squad.py: --max_seq_length {args.max_seq_length} must be at least --max_query_length "
+                         f"{args.max_query_length} + 4 ([CLS], two [SEP] and one document token)")
+    if not 0.0 <= args.warmup_proportion <= 1.0:
+        raise SystemExit(f"run_squad.py: --warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
+    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise SystemExit("run_squad.py: --num_train_epochs must be positive (or give --max_steps)")
+    args.precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+    return args
+
+
+def resolve_vocab(args: argparse.Namespace) -> None:
+    """--vocab_file defaults to vocab.txt inside a checkpoint directory or beside a checkpoint file."""
+    if args.vocab_file is not None:
+        return
+    ckpt = Path(args.init_checkpoint) if args.init_checkpoint else None
+    candidates = [] if ckpt is None else [ckpt / "vocab.txt"] if ckpt.is_dir() else [ckpt.parent / "vocab.txt"]
+    found = [p for p in candidates if p.is_file()]
+    if not found:
+        raise SystemExit("run_squad.py: no vocab.txt in or beside --init_checkpoint: pass --vocab_file")
+    args.vocab_file = str(found[0])
+
+
+def vocab_is_uncased(vocab: dict[str, int]) -> bool:
+    """No token with an ASCII capital letter (special tokens aside): an uncased vocabulary."""
+    return not any(any("A" <= c <= "Z" for c in t) for t in vocab if not t.startswith("["))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+
+
+FEATURE_KEYS = ("input_ids", "segment_ids", "input_mask")
+
+
+def feature_tensors(features: list[squad.InputFeatures], with_positions: bool) -> dict[str, torch.Tensor]:
+    """[F, S] input_ids / segment_ids / input_mask (and [F] start/end positions for training), int64."""
+    out = {
+        "input_ids": torch.tensor([f.input_ids for f in features], dtype=torch.long),
+        "segment_ids": torch.tensor([f.segment_ids for f in features], dtype=torch.long),
+        "input_mask": torch.tensor([f.input_mask for f in features], dtype=torch.long),
+    }
+    if with_positions:
+        out["start_positions"] = torch.tensor([f.start_position for f in features], dtype=torch.long)
+        out["end_positions"] = torch.tensor([f.end_position for f in features], dtype=torch.long)
+    return out
+
+
+def trim_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Cut [B, S] tensors to the longest real sequence of the batch: padding beyond it changes nothing (it is
+    masked out of attention) and costs compute."""
+    longest = int(batch["input_mask"].sum(1).max())
+    return {k: v[:, :longest] if v.dim() == 2 else v for k, v in batch.items()}
+
+
+def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, rank: int,
+                           world_size: int) -> list[list[int]]:
+    """This process's training batches for one epoch: a seeded shuffle, cut into groups of 50 batches, each group
+    sorted by length and split into batches, then the batches shuffled. Every process gets the same number of
+    batches (the shuffle is padded by wrapping around, as DistributedSampler does)."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    per_rank = math.ceil(len(order) / world_size)
+    order = np.resize(order, per_rank * world_size)[rank::world_size]
+    group = batch_size * 50
+    batches = []
+    for lo in range(0, len(order), group):
+        chunk = order[lo:lo + group]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches.extend(chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def training_batches(tensors: dict[str, torch.Tensor], batch_size: int, args, env: utils.DistEnv,
+                     epoch: int) -> Iterator[dict[str, torch.Tensor]]:
+    """One epoch of this process's micro-batches, trimmed to their longest sequence."""
+    lengths = tensors["input_mask"].sum(1).numpy()
+    if args.group_by_length:
+        batches = length_grouped_batches(lengths, batch_size, args.seed, epoch, env.rank, env.world_size)
+    else:
+        rng = np.random.default_rng([args.seed, epoch])
+        order = rng.permutation(len(lengths))
+        per_rank = math.ceil(len(order) / env.world_size)
+        order = np.resize(order, per_rank * env.world_size)[env.rank::env.world_size]
+        batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    for indices in batches:
+        index = torch.tensor(indices)
+        yield trim_batch({k: v[index] for k, v in tensors.items()})
+
+
+def cache_dir_for(args: argparse.Namespace, input_file: str) -> Path | None:
+    if args.skip_cache:
+        return None
+    if args.cache_dir:
+        return Path(args.cache_dir)
+    beside = Path(input_file).resolve().parent
+    return beside if os.access(beside, os.W_OK) else Path(args.output_dir) / "cache"
+
+
+def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: utils.DistEnv, log):
+    """Features from the cache or built; in a distributed run process 0 builds and caches them first."""
+    cache_dir = cache_dir_for(args, input_file)
+    progress = None
+    if env.is_main and not args.disable_progress_bar:
+        from tqdm import tqdm
+
+        progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
+    if env.distributed and cache_dir is not None and not env.is_main:
+        utils.barrier(env)  # wait for process 0 to write the cache, then read it
+    features, how = squad.load_or_build_features(
+        input_file, examples, tokenizer, args.max_seq_length, args.doc_stride, args.max_query_length, is_training,
+        args.version_2_with_negative, cache_dir, write_cache=env.is_main, progress=progress)
+    if env.distributed and cache_dir is not None and env.is_main:
+        utils.barrier(env)
+    log(f"{input_file}: {len(examples)} questions -> {len(features)} windows ({how})")
+    return features
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: float, max_steps: float) -> int:
+    if max_steps > 0:
+        return int(max_steps)
+    return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
+
+
+def accumulation_groups(batches: Iterator[dict], accumulation: int) -> Iterator[list[dict]]:
+    """Consecutive micro-batches in groups of `accumulation` (the last group of an epoch may be shorter)."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == accumulation:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+@dataclass
+class TrainResult:
+    global_step: int
+    final_loss: float
+    seconds: float
+    sequences: int
+
+
+def train(args, model, ddp_model, tensors: dict[str, torch.Tensor], env: utils.DistEnv,
+          logger: utils.JsonLogger) -> TrainResult:
+    from optimization import BertAdam, param_groups_for_bert
+    from schedulers import LinearWarmUpScheduler
+
+    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
+    num_windows = len(tensors["input_ids"])
+    batches_per_epoch = math.ceil(math.ceil(num_windows / env.world_size) / micro_batch)
+    total_steps = count_optimizer_steps(batches_per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
+                                        args.max_steps)
+    optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
+                         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
+    scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
+    scaler_kwargs = {"init_scale": args.loss_scale} if args.loss_scale > 0 else {}
+    scaler = torch.amp.GradScaler(env.device.type, enabled=args.precision == "fp16", **scaler_kwargs)
+    logger.log("PARAMETER", {"train_windows": num_windows, "total_steps": total_steps, "micro_batch": micro_batch,
+                             "world_size": env.world_size, "precision": args.precision})
+    bar = None
+    if env.is_main and not args.disable_progress_bar:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total_steps, desc="training", unit="step", mininterval=2)
+
+    ddp_model.train()
+    step, epoch, sequences = 0, 0, 0
+    window_loss, window_steps, last_loss = 0.0, 0, float("nan")
+    start_time = time.time()
+    while step < total_steps:
+        for group in accumulation_groups(training_batches(tensors, micro_batch, args, env, epoch),
+                                         args.gradient_accumulation_steps):
+            loss = train_step(ddp_model, group, args.precision, scaler, env)
+            scale_before = scaler.get_scale() if scaler.is_enabled() else None
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            if scale_before is None or scaler.get_scale() >= scale_before:  # a skipped fp16 step lowers the scale
+                scheduler.step()
+            step += 1
+            sequences += sum(len(b["input_ids"]) for b in group) * env.world_size
+            window_loss, window_steps = window_loss + loss, window_steps + 1
+            if bar is not None:
+                bar.update(1)
+            if step % args.log_freq == 0 or step == total_steps:
+                last_loss = window_loss / window_steps
+                logger.log(step, {"loss": last_loss, "learning_rate": optimizer.param_groups[0]["lr"],
+                                  "epoch": epoch, "sequences_per_second": sequences / (time.time() - start_time)})
+                if bar is not None:
+                    bar.set_postfix(loss=f"{last_loss:.4f}")
+                window_loss, window_steps = 0.0, 0
+            if step >= total_steps:
+                break
+        epoch += 1
+    if bar is not None:
+        bar.close()
+    return TrainResult(step, last_loss, time.time() - start_time, sequences)
+
+
+def train_step(ddp_model, group: list[dict[str, torch.Tensor]], precision: str, scaler, env: utils.DistEnv) -> float:
+    """Forward and backward over a group of micro-batches, each loss weighted by 1/len(group). Gradients are
+    synchronised across processes only on the group's last micro-batch (DDP's no_sync). Returns the mean loss."""
+    total = 0.0
+    for i, batch in enumerate(group):
+        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
+        last = i == len(group) - 1
+        sync = ddp_model.no_sync() if env.distributed and not last else contextlib.nullcontext()
+        with sync:
+            with utils.autocast(precision, env.device):
+                loss, _, _ = ddp_model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                                       batch["start_positions"], batch["end_positions"])
+            scaler.scale(loss / len(group)).backward()
+        total += float(loss.detach())
+    return total / len(group)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prediction
+
+
+@torch.inference_mode()
+def predict_logits(model, features: list[squad.InputFeatures], batch_size: int, precision: str,
+                   device: torch.device, progress: bool = False) -> tuple[dict[int, squad.RawResult], float]:
+    """Start/end logits of every window: unique_id -> RawResult([n] start, [n] end), n = the window's length.
+    Windows run in length order, so each batch carries little padding. Returns (results, seconds)."""
+    model.eval()
+    tensors = feature_tensors(features, with_positions=False)
+    lengths = tensors["input_mask"].sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    chunks = order.split(batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        chunks = tqdm(chunks, desc="predicting", unit="batch", mininterval=2)
+    results: dict[int, squad.RawResult] = {}
+    start_time = time.time()
+    for index in chunks:
+        batch = trim_batch({k: v[index] for k, v in tensors.items()})
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with utils.autocast(precision, device):
+            start, end = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+        start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
+        for row, i in enumerate(index.tolist()):
+            n = int(lengths[i])
+            uid = features[i].unique_id
+            results[uid] = squad.RawResult(uid, start[row, :n], end[row, :n])
+    return results, time.time() - start_time
+
+
+def write_predictions(output_dir: Path, predictions, nbest, null_odds, version_2: bool) -> None:
+    utils.atomic_write_json(output_dir / "predictions.json", predictions)
+    utils.atomic_write_json(output_dir / "nbest_predictions.json", nbest)
+    if version_2:
+        utils.atomic_write_json(output_dir / "null_odds.json", null_odds)
+
+
+def run_eval_script(script: str, predict_file: str, output_dir: Path, version_2: bool) -> dict:
+    """The external evaluation script's JSON output (the official scripts print one JSON object)."""
+    command = [sys.executable, script, predict_file, str(output_dir / "predictions.json")]
+    if version_2:
+        command += ["--na-prob-file", str(output_dir / "null_odds.json")]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"run_squad.py: --eval_script {script} failed (exit {done.returncode}): "
+                         f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no message'}")
+    try:
+        return json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise SystemExit(f"run_squad.py: --eval_script {script} printed no JSON: {done.stdout[:200]!r}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model
+
+
+def load_model(args, log) -> BertForQuestionAnswering:
+    if args.init_checkpoint is None:
+        log("no --init_checkpoint: starting from random weights")
+        return BertForQuestionAnswering(BertConfig.from_json_file(args.config_file))
+    return BertForQuestionAnswering.from_pretrained(args.init_checkpoint, config=args.config_file, log=log)
+
+
+def save_model(model: BertForQuestionAnswering, output_dir: Path, vocab_file: str, global_step: int) -> None:
+    """model.pt (our format, weights_only-loadable) and hf_model/ (transformers' BertForQuestionAnswering)."""
+    utils.atomic_torch_save({"model": export_state_dict(model), "config": model.config.to_dict(),
+                             "global_step": global_step, "task": "squad"}, output_dir / "model.pt")
+    save_hf_directory(model, output_dir / "hf_model", vocab_file)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Main
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (squad.SquadFormatError, CheckpointError, FileNotFoundError) as e:
+        raise SystemExit(f"run_squad.py: error: {e}") from None
+
+
+def run(args: argparse.Namespace) -> dict:
+    resolve_vocab(args)
+    env = utils.init_distributed(no_cuda=args.no_cuda)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    logger = utils.JsonLogger(args.json_summary or output_dir / "dllogger.json", enabled=env.is_main)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
+    utils.configure_tf32(args.precision == "fp32")
+    utils.set_seed(args.seed)
+    logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
+
+    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+    if vocab_is_uncased(tokenizer.vocab) and not args.do_lower_case:
+        log(f"warning: {args.vocab_file} is an uncased vocabulary but --do_lower_case is not set; capitalised "
+            "words will become [UNK]")
+    model = load_model(args, log)
+    if len(tokenizer.vocab) > model.config.vocab_size:
+        raise SystemExit(f"run_squad.py: {args.vocab_file} has {len(tokenizer.vocab)} tokens but the model only "
+                         f"{model.config.vocab_size}: wrong --vocab_file or --config_file?")
+    if args.max_seq_length > model.config.max_position_embeddings:
+        raise SystemExit(f"run_squad.py: --max_seq_length {args.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings {model.config.max_position_embeddings}")
+    model.to(env.device)
+    utils.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
+    summary: dict = {}
+
+    if args.do_train:
+        examples = squad.read_squad_examples(args.train_file, True, args.version_2_with_negative)
+        features = build_features(args, args.train_file, examples, tokenizer, True, env, log)
+        tensors = feature_tensors(features, with_positions=True)
+        ddp_model = model
+        if env.distributed:
+            ddp_model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+        result = train(args, model, ddp_model, tensors, env, logger)
+        summary.update(e2e_train_time=result.seconds, global_step=result.global_step, final_loss=result.final_loss,
+                       training_sequences_per_second=result.sequences / max(result.seconds, 1e-9))
+        if env.is_main and not args.skip_checkpoint:
+            save_model(model, output_dir, args.vocab_file, result.global_step)
+            log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
+
+    if args.do_predict and env.is_main:  # process 0 predicts alone: the others wait at the barrier below
+        summary.update(predict(args, model, tokenizer, env, logger, log, output_dir))
+
+    utils.barrier(env)
+    if env.is_main:
+        logger.log("FINAL", summary)
+        print(json.dumps(summary, indent=2), flush=True)
+    logger.close()
+    return summary
+
+
+def predict(args, model, tokenizer, env, logger, log, output_dir: Path) -> dict:
+    examples = squad.read_squad_examples(args.predict_file, False, args.version_2_with_negative)
+    features = build_features(args, args.predict_file, examples, tokenizer, False, env, log)
+    results, seconds = predict_logits(model, features, args.predict_batch_size, args.precision, env.device,
+                                      progress=not args.disable_progress_bar)
+    predictions, nbest, null_odds = squad.get_predictions(
+        examples, features, results, args.n_best_size, args.max_answer_length, args.do_lower_case,
+        args.version_2_with_negative, args.null_score_diff_threshold)
+    write_predictions(output_dir, predictions, nbest, null_odds, args.version_2_with_negative)
+    out = {"e2e_inference_time": seconds, "inference_sequences_per_second": len(features) / max(seconds, 1e-9),
+           "predicted_questions": len(predictions)}
+    if not args.do_eval:
+        return out
+    gold = squad.read_gold_answers(args.predict_file)
+    metrics = squad.evaluate(gold, predictions, args.version_2_with_negative,
+                             null_odds if args.version_2_with_negative else None)
+    results_json = {"eval": metrics}
+    if args.eval_script:
+        results_json["eval_script"] = run_eval_script(args.eval_script, args.predict_file, output_dir,
+                                                      args.version_2_with_negative)
+    utils.atomic_write_json(output_dir / "eval_results.json", results_json)
+    logger.log("EVAL", metrics)
+    if "eval_script" in results_json:
+        logger.log("EVAL_SCRIPT", results_json["eval_script"])
+    if args.version_2_with_negative:
+        out.update(exact_match=metrics["exact"], F1=metrics["f1"])
+    else:
+        out.update(exact_match=metrics["exact_match"], F1=metrics["f1"])
+    return out
+
+
+if __name__ == "__main__":
+    main()

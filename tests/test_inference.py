@@ -1,0 +1,217 @@
+"""inference.py: sliding windows over long contexts, JSON output, classification with a GLUE checkpoint, bad input.
+
+References: a model whose logits the test controls (it points at one chosen token, wherever it is), the tokens of
+the context written out by the test, and transformers' BertForSequenceClassification on the same directory.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import inference
+from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, export_state_dict, \
+    save_hf_directory
+from processors import squad
+from tokenization import BertTokenizer
+
+TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=128)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(uncased_vocab) -> BertTokenizer:
+    return BertTokenizer(uncased_vocab, do_lower_case=True)
+
+
+@pytest.fixture(scope="module")
+def long_context(tokenizer):
+    """long_context(n_words, answer): n_words distinct whole-word tokens of the vocabulary (so the text of every
+    window occurs once in the context), then a sentence with the answer."""
+    words = [w for w in list(tokenizer.vocab)[2000:3000] if w.isalpha() and w not in ("madagascar", "lagos")]
+
+    def make(n_words: int, answer: str) -> str:
+        assert n_words <= len(words)
+        return " ".join(words[:n_words]) + f" until it reaches {answer} at last."
+    return make
+
+
+class PointingModel(nn.Module):
+    """A stand-in QA model: start and end logits 8 at every `target` token, 0 elsewhere; [CLS] gets `null`."""
+
+    def __init__(self, target: int, null: float = 0.0):
+        super().__init__()
+        self.target, self.null = target, null
+        self.dummy = nn.Parameter(torch.zeros(()))  # gives the module a device
+        self.windows = []  # (input_ids, token_type_ids) of every window it saw
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        self.windows.extend(zip(input_ids.tolist(), token_type_ids.tolist()))
+        logits = (input_ids == self.target).float() * 8.0
+        logits[:, 0] = self.null
+        return logits, logits.clone()
+
+
+def test_long_context_is_covered_by_windows_and_answer_in_last_window_found(tokenizer, long_context):
+    context = long_context(400, "Madagascar")  # ~410 tokens, far beyond one 64-token window
+    target = tokenizer.vocab["madagascar"]
+    model = PointingModel(target)
+    items = [{"id": "q1", "question": "Where does the river go?", "context": context}]
+    out = inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16,
+                                     n_best_size=5, batch_size=4)
+    assert out[0]["id"] == "q1" and out[0]["answer"] == "Madagascar"
+    assert out[0]["probability"] > 0.99 and out[0]["nbest"][0]["text"] == "Madagascar"
+    json.dumps(out)  # JSON-ready
+
+    # The windows the model saw cover every token of the context, in order, and only the last holds the answer.
+    doc_ids = tokenizer.encode(context)
+    question_len = len(tokenizer.tokenize(items[0]["question"]))
+    seen = set()
+    for ids, types in model.windows:
+        doc_part = [t for t, s in zip(ids, types) if s == 1 and t != 0][:-1]  # segment 1 without the final [SEP]
+        start = next(i for i in range(len(doc_ids)) if doc_ids[i:i + len(doc_part)] == doc_part)
+        seen.update(range(start, start + len(doc_part)))
+        assert len(ids) <= 64 and ids[0] == tokenizer.vocab["[CLS]"] and ids[question_len + 1] == tokenizer.vocab["[SEP]"]
+    assert seen == set(range(len(doc_ids))) and len(model.windows) > 10
+    assert [target in ids for ids, _ in model.windows] == [False] * (len(model.windows) - 1) + [True]
+
+
+def test_null_answer_for_v2_models(tokenizer, long_context):
+    context = long_context(50, "Madagascar")
+    model = PointingModel(tokenizer.vocab["madagascar"], null=20.0)  # [CLS] beats every span: no answer
+    item = [{"question": "Where?", "context": context}]
+    out = inference.answer_questions(model, tokenizer, item, max_seq_length=48, doc_stride=16, max_query_length=8,
+                                     version_2_with_negative=True)
+    assert out[0]["answer"] == "" and out[0]["null_score_diff"] > 0 and out[0]["id"] == "0"
+    out = inference.answer_questions(model, tokenizer, item, max_seq_length=48, doc_stride=16, max_query_length=8,
+                                     version_2_with_negative=False)
+    assert out[0]["answer"] == "Madagascar"
+
+
+def test_windows_match_the_feature_builder(tokenizer, long_context):
+    """The same features as processors.squad builds for training/evaluation (the Triton client reuses them)."""
+    items = [{"id": "a", "question": "Where does it go?", "context": long_context(120, "Lagos")}]
+    examples = squad.examples_from_qa_pairs(items)
+    features = squad.convert_examples_to_features(examples, tokenizer, 64, 24, 16, is_training=False)
+    covered = set()
+    for f in features:
+        covered.update(orig for pos, orig in f.token_to_orig_map.items())
+    assert covered == set(range(len(examples[0].doc_tokens)))
+    model = PointingModel(tokenizer.vocab["lagos"])
+    inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16)
+    assert [ids[:sum(1 for t in ids if t)] for ids, _ in model.windows] == \
+        [f.input_ids[:len(f.tokens)] for f in features]
+
+
+@pytest.fixture(scope="module")
+def qa_dir(tmp_path_factory, uncased_vocab):
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(BertConfig(**TINY))
+    path = tmp_path_factory.mktemp("qa") / "hf_model"
+    save_hf_directory(model, path, uncased_vocab)
+    return path
+
+
+def test_cli_question_and_context_prints_json(qa_dir, capsys, tmp_path, long_context):
+    context = long_context(300, "Madagascar")
+    out = inference.main(["--init_checkpoint", str(qa_dir), "--question", "Where does the river go?", "--context",
+                          context, "--max_seq_length", "64", "--max_query_length", "16", "--doc_stride", "24",
+                          "--n_best_size", "3", "--output_file", str(tmp_path / "answers.json"), "--bf16"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((tmp_path / "answers.json").read_text())
+    assert printed[0]["answer"] in context and len(printed[0]["nbest"]) == 3
+    assert printed[0]["answer"] == out[0]["answer"]
+
+
+def test_cli_input_file_json_lines_and_squad(qa_dir, capsys, tmp_path, shared_data):
+    lines = [{"id": "x", "question": "Who?", "context": "Alice met Bob."},
+             {"id": "y", "question": "What?", "context": "A cat sat on the mat."}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    inference.main(["--init_checkpoint", str(qa_dir), "--input_file", str(path), "--no_cuda"])
+    printed = json.loads(capsys.readouterr().out)
+    assert [p["id"] for p in printed] == ["x", "y"]
+    assert all(p["answer"] in item["context"] for p, item in zip(printed, lines))
+    inference.main(["--init_checkpoint", str(qa_dir), "--input_file",
+                    str(shared_data / "hf-test-fixtures/SQUAD/dev-v2.0.json"), "--version_2_with_negative"])
+    printed = json.loads(capsys.readouterr().out)
+    assert len(printed) == 14 and all("null_score_diff" in p for p in printed)
+
+
+@pytest.mark.parametrize("layout", ["pt", "hf"])
+def test_classification_mode_prints_labels(layout, tmp_path, capsys, uncased_vocab):
+    """A GLUE model as run_glue.py saves it: model.pt with "labels", or hf_model/ with id2label."""
+    torch.manual_seed(1)
+    model = BertForSequenceClassification(BertConfig(**TINY), num_labels=3).eval()
+    labels = ["entailment", "neutral", "contradiction"]
+    if layout == "pt":
+        path = tmp_path / "model.pt"
+        torch.save({"model": export_state_dict(model), "config": model.config.to_dict(), "num_labels": 3,
+                    "labels": labels}, path)
+        (tmp_path / "vocab.txt").write_bytes(uncased_vocab.read_bytes())
+    else:
+        path = tmp_path / "hf_model"
+        save_hf_directory(model, path, uncased_vocab)
+        config = json.loads((path / "config.json").read_text())
+        config["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        (path / "config.json").write_text(json.dumps(config))
+    pairs = [("A man is playing a guitar.", "Someone plays music."), ("The sky is green.", None)]
+    argv = ["--mode", "classify", "--init_checkpoint", str(path)]
+    inference.main(argv + ["--text_a", pairs[0][0], "--text_b", pairs[0][1]])
+    first = json.loads(capsys.readouterr().out)[0]
+    items = tmp_path / "items.json"
+    items.write_text(json.dumps([{"id": "p", "text_a": a, "text_b": b} for a, b in pairs]))
+    inference.main(argv + ["--input_file", str(items)])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed[0]["probabilities"] == first["probabilities"]
+
+    # Independent reference: transformers' model on the same weights and the same token ids.
+    from transformers.models.bert.modeling_bert import BertForSequenceClassification as HFBertForSequenceClassification
+
+    hf_dir = tmp_path / "reference"
+    save_hf_directory(model, hf_dir)
+    hf = HFBertForSequenceClassification.from_pretrained(hf_dir).eval()
+    tok = BertTokenizer(uncased_vocab, do_lower_case=True)
+    for record, (a, b) in zip(printed, pairs):
+        ids = [101, *tok.encode(a), 102] + ([*tok.encode(b), 102] if b else [])
+        types = [0] * (len(tok.encode(a)) + 2) + [1] * (len(ids) - len(tok.encode(a)) - 2)
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])).logits[0]
+        expected = torch.softmax(logits, -1)
+        assert record["label"] == labels[int(expected.argmax())]
+        got = torch.tensor([record["probabilities"][name] for name in labels])
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_help_lists_the_modes(repo_root):
+    done = subprocess.run([sys.executable, str(repo_root / "inference.py"), "--help"], capture_output=True, text=True,
+                          cwd=repo_root)
+    assert done.returncode == 0
+    for flag in ("--mode", "--question", "--context", "--input_file", "--doc_stride", "--version_2_with_negative",
+                 "--text_a", "--bf16"):
+        assert flag in done.stdout
+
+
+def test_bad_input_one_line_errors(qa_dir, tmp_path, minilm_dir):
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"question": "Who?", "context": ')
+    cases = [
+        (["--init_checkpoint", str(qa_dir), "--input_file", str(bad)], "is not JSON"),
+        (["--init_checkpoint", str(qa_dir), "--input_file", str(tmp_path / "none.json")], "not found"),
+        (["--init_checkpoint", str(tmp_path / "missing")], "not found"),
+        (["--init_checkpoint", str(qa_dir), "--question", "Who?"], "--context"),
+        (["--init_checkpoint", str(minilm_dir), "--question", "Who?", "--context", "Bob."], "no qa_outputs head"),
+        (["--init_checkpoint", str(qa_dir), "--mode", "classify", "--text_a", "Hi."], "no classifier head"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as e:
+            inference.main(argv)
+        assert message in str(e.value) and "\n" not in str(e.value), (argv, str(e.value))
+    bad.write_text(json.dumps([{"question": "Who?"}]))
+    with pytest.raises(SystemExit) as e:
+        inference.main(["--init_checkpoint", str(qa_dir), "--input_file", str(bad)])
+    assert "item 0 needs string 'question' and 'context'" in str(e.value)
