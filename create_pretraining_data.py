@@ -736,6 +736,14 @@ def _spill_buckets(cfg: InstanceConfig, tokens: int, token_bytes: int) -> int:
     return max(1, math.ceil(expected * record / BUCKET_BYTES))
 
 
+def _progress(iterable, enabled: bool, **kwargs):
+    if not enabled:  # tqdm is not even imported
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, **kwargs)
+
+
 def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, progress: bool,
                    compression: str | None, desc: str, is_subword: np.ndarray | None, threads: int = 1,
                    gzip_level: int = 1) -> dict:
@@ -744,8 +752,6 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
     The token ids and the finished instances go to a work folder beside the output (removed at the end), so
     memory does not grow with the corpus: the workers map the ids, the writer reads the instances back by rows.
     """
-    from tqdm import tqdm
-
     start = time.time()
     output.parent.mkdir(parents=True, exist_ok=True)
     folder = tempfile.mkdtemp(prefix=f".{output.name}.work.", dir=output.parent)
@@ -756,8 +762,8 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
             tasks.extend(byte_chunks(path))
         builder = CorpusBuilder(folder, cfg.vocab_size)
         pieces = pool.imap(_tokenize_chunk, tasks)
-        for k, piece in enumerate(tqdm(pieces, total=len(tasks), desc=f"{desc} tokenize", disable=not progress,
-                                       unit="chunk")):
+        for k, piece in enumerate(_progress(pieces, progress, total=len(tasks), desc=f"{desc} tokenize",
+                                            unit="chunk")):
             builder.add(piece, starts_file=k in file_starts)
         corpus = builder.finish()
         tokenized = time.time()
@@ -768,7 +774,7 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
                               np.random.default_rng(np.random.SeedSequence(cfg.random_seed,
                                                                            spawn_key=(_KEY_INSTANCE_SHUFFLE,))))
         results = pool.imap(_unit_task, [(folder, unit, cfg, is_subword) for unit in units])
-        for result in tqdm(results, total=len(units), desc=f"{desc} instances", disable=not progress, unit="unit"):
+        for result in _progress(results, progress, total=len(units), desc=f"{desc} instances", unit="unit"):
             spill.add(result)
         spill.close()
         made = time.time()
@@ -851,7 +857,6 @@ def _check_args(args) -> None:
     s, p = args.max_seq_length, args.max_predictions_per_seq
     problems = [
         (s < 5, f"--max_seq_length {s} must be at least 5 ([CLS] A [SEP] B [SEP])"),
-        (s > 1 << 20, f"--max_seq_length {s} is unreasonably large"),
         (p < 1 or p > s, f"--max_predictions_per_seq {p} must be in [1, max_seq_length={s}]"),
         (not 0.0 < args.masked_lm_prob <= 1.0, f"--masked_lm_prob {args.masked_lm_prob} must be in (0, 1]"),
         (not 0.0 <= args.short_seq_prob <= 1.0, f"--short_seq_prob {args.short_seq_prob} must be in [0, 1]"),
@@ -887,14 +892,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
     if missing:
         raise SystemExit(f"error: --vocab_file {args.vocab_file} lacks {missing}: is it a BERT vocab.txt?")
+    vocab_size = max(vocab.values()) + 1  # ids are line numbers of the vocabulary file
     cfg = InstanceConfig(
         max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
         masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
         random_seed=args.random_seed, do_whole_word_mask=args.do_whole_word_mask,
-        static_masking=not args.no_static_masking, vocab_size=len(vocab), cls_id=vocab["[CLS]"],
+        static_masking=not args.no_static_masking, vocab_size=vocab_size, cls_id=vocab["[CLS]"],
         sep_id=vocab["[SEP]"], mask_id=vocab["[MASK]"])
-    # "##" pieces by id, for whole-word masking (ids are line numbers of the vocabulary file).
-    is_subword = np.array([t.startswith("##") for t in vocab], dtype=bool) if args.do_whole_word_mask else None
+    is_subword = None  # "##" pieces by id, for whole-word masking
+    if args.do_whole_word_mask:
+        is_subword = np.zeros(vocab_size, dtype=bool)
+        is_subword[[i for t, i in vocab.items() if t.startswith("##")]] = True
     if args.output_file:
         jobs = [(files, Path(args.output_file), cfg)]
     else:

@@ -7,7 +7,8 @@ one article a document), dupe_factor 5, max_seq_length 128, 20 predictions, in r
                  time through the same Rust tokenizer (so the comparison is about the pipeline);
   * base_python  the same with the pure-Python WordPiece tokenizer (what the original scripts cost).
 Then memory as the corpus grows 10x (the corpus repeated ten times): ours on one 10x file (--output_file) and on
-ten shards of it (--output_dir), and ours at max_seq_length 512 / 80 predictions (phase 2) for the projection.
+ten shards of it (--output_dir), base_fast on the 10x file (--skip_baseline_x10 to leave it out: minutes), and ours
+at max_seq_length 512 / 80 predictions (phase 2) for the projection.
 
 Per run: wall seconds, CPU seconds of the whole process tree (from wait4), instances, instances/second, the largest
 single-process peak RSS (ru_maxrss from wait4: covers the workers, each on its own), and the peak of the whole tree
@@ -187,6 +188,7 @@ def main(argv=None) -> int:
     p.add_argument("--dupe_factor", type=int, default=5)
     p.add_argument("--output", default=str(REPO_ROOT / "results" / "bench_create_pretraining_data.json"))
     p.add_argument("--skip_python_tokenizer", action="store_true", help="leave out base_python (the slowest)")
+    p.add_argument("--skip_baseline_x10", action="store_true", help="leave out base_fast on the 10x corpus (minutes)")
     args = p.parse_args(argv)
     vocab = SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"
     if not vocab.is_file():
@@ -224,6 +226,11 @@ def main(argv=None) -> int:
                             str(work / "out" / "seq512.hdf5"), "--max_seq_length", "512",
                             "--max_predictions_per_seq", "80", *common],
         }
+        if not args.skip_baseline_x10:
+            extra["base_fast_x10_one_file"] = [py, "-m", "bench.baseline_create_pretraining_data", "--input_file",
+                                               str(corpora["x10"]), "--output_file", str(work / "out" / "b10.hdf5"),
+                                               "--vocab_file", str(vocab), "--dupe_factor", str(args.dupe_factor),
+                                               "--random_seed", "12345"]
         single = {}
         for name, cmd in extra.items():
             single[name] = measure(name, cmd, work / "logs")
@@ -254,6 +261,13 @@ def main(argv=None) -> int:
             WIKIPEDIA_WORDS / (corpora["words"] / med["base_python"]["wall_s"]) / 3600, 1)
     speedup = {f"ours_vs_{b}": round(med["ours"]["instances_per_s"] / med[b]["instances_per_s"], 2)
                for b in med if b.startswith("base")}
+    # CPU seconds per instance, a measure the other jobs on a shared machine disturb less than wall time.
+    cpu_per_instance = {name: m["cpu_s"] / m["instances"] for name, m in med.items()}
+    cpu_per_instance.update({name: r["cpu_s"] / r["instances"] for name, r in single.items()})
+    speedup_cpu = {f"{a}_vs_{b}": round(cpu_per_instance[b] / cpu_per_instance[a], 2)
+                   for a, b in (("ours", "base_fast"), ("ours_1worker", "base_fast"), ("ours", "base_python"),
+                                ("ours_x10_one_file", "base_fast_x10_one_file"))
+                   if a in cpu_per_instance and b in cpu_per_instance}
     report = {
         "benchmark": "create_pretraining_data", "command": " ".join([Path(sys.executable).name, "-m",
                                                                      "bench.bench_create_pretraining_data", *(argv or sys.argv[1:])]),
@@ -262,7 +276,7 @@ def main(argv=None) -> int:
         "corpus": {"source": "WikiText-2 valid+test", "bytes": corpora["bytes"], "words": corpora["words"],
                    "documents": corpora["documents"], "dupe_factor": args.dupe_factor, "max_seq_length": 128,
                    "max_predictions_per_seq": 20},
-        "median": med, "speedup": speedup, "instance_stats": stats, "single_runs": single, "runs": runs,
+        "median": med, "speedup": speedup, "speedup_cpu_per_instance": speedup_cpu, "instance_stats": stats, "single_runs": single, "runs": runs,
         "projection_full_wikipedia": projection,
     }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +292,8 @@ def main(argv=None) -> int:
     for name, m in single.items():
         print(f"| {name} (1 run) | {m['wall_s']:.2f} | {m['instances_per_s']:.0f} | {m['cpu_s']:.2f} | "
               f"{m['max_process_rss_mib']:.0f} | {m['tree_pss_mib']:.0f} | {m['tree_rss_mib']:.0f} |")
-    print("\nspeed-up (instances/s):", ", ".join(f"{k} {v}x" for k, v in speedup.items()))
+    print("\nspeed-up (instances/s, wall):", ", ".join(f"{k} {v}x" for k, v in speedup.items()))
+    print("speed-up (CPU seconds per instance):", ", ".join(f"{k} {v}x" for k, v in speedup_cpu.items()))
     print("instance statistics:", json.dumps(stats))
     print("projection (full English Wikipedia, 2.5e9 words):", json.dumps(projection))
     print(f"load average before {load_before}, after {load_after}; results in {args.output}")
