@@ -1,0 +1,113 @@
+"""Triton Python-backend model: raw question/context strings in, answers out, computed in the server.
+
+model_repository.py --text_model copies this file to <repository>/<model>_text/1/model.py, with vocab.txt and
+settings.json (tensor model name, input dtype, lower-casing, window and answer lengths) and qa_client.py (a copy of
+triton/client.py, for its batching and answer records) beside it.
+
+Per request row: question [1] and context [1] (BYTES, UTF-8). The model tokenizes and cuts windows with
+processors/squad.py's convert_examples_to_features, sends the windows to the tensor model (settings.json
+"tensor_model", e.g. bert_qa) through Triton's business-logic scripting (BLS) in batches of at most its
+max_batch_size, and turns the logits into answers with get_predictions, exactly as triton/client.py and
+inference.py do.
+Outputs per row: answer [1] (BYTES), probability [1] (FP32), nbest_json [1] (BYTES: the n-best list as JSON).
+"""
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _extend_sys_path() -> None:
+    """The stub's interpreter does not see the virtual environment nor the project (processors/, tokenization.py):
+    add the paths model_repository.py wrote to sys_path.json, and BERT_TRITON_SYS_PATH (os.pathsep-separated)."""
+    paths = [p for p in os.environ.get("BERT_TRITON_SYS_PATH", "").split(os.pathsep) if p]
+    listed = Path(__file__).with_name("sys_path.json")
+    if listed.is_file():
+        paths += json.loads(listed.read_text(encoding="utf-8"))
+    for path in paths:
+        if os.path.isdir(path) and path not in sys.path:
+            sys.path.append(path)
+
+
+_extend_sys_path()
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def _error(message: str):
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+
+
+def _strings(request, name: str) -> list[str]:
+    array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # [B, 1] object (bytes)
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from tokenization import BertTokenizer
+
+        folder = Path(__file__).parent
+        self.settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
+        self.tokenizer = BertTokenizer(folder / "vocab.txt", do_lower_case=self.settings["do_lower_case"])
+        self.np_dtype = np.int32 if self.settings["input_dtype"] == "int32" else np.int64
+        # triton/client.py, copied beside this file: the batching and answer records of the client and of
+        # inference.py, so the three give the same answers.
+        spec = importlib.util.spec_from_file_location("bert_qa_client", folder / "qa_client.py")
+        self.client = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = self.client
+        spec.loader.exec_module(self.client)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._answer(request))
+            except ValueError as e:  # a request the pipeline refuses (e.g. an empty question); others go on
+                responses.append(pb_utils.InferenceResponse(error=_error(str(e))))
+            except RuntimeError as e:  # the tensor model failed
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+        return responses
+
+    def _answer(self, request):
+        from processors.squad import convert_examples_to_features, examples_from_qa_pairs
+
+        s = self.settings
+        questions, contexts = _strings(request, "question"), _strings(request, "context")
+        if len(questions) != len(contexts) or not questions:
+            raise ValueError(f"question and context need the same number of rows (>= 1), got "
+                             f"{len(questions)} and {len(contexts)}")
+        items = [{"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(zip(questions, contexts))]
+        examples = examples_from_qa_pairs(items)
+        features = convert_examples_to_features(examples, self.tokenizer, s["max_seq_length"], s["doc_stride"],
+                                                s["max_query_length"], is_training=False)
+        results = {}
+        for chunk, arrays in self.client.feature_batches(features, s["batch_size"], self.np_dtype):
+            start_logits, end_logits = self._logits(arrays)
+            results.update((f.unique_id, (start_logits[i], end_logits[i])) for i, f in enumerate(chunk))
+        records = self.client.answers_from_logits(examples, features, results, s["n_best_size"],
+                                                  s["max_answer_length"], self.tokenizer.do_lower_case,
+                                                  s["version_2_with_negative"], s["null_score_diff_threshold"])
+        answers = np.array([[r["answer"].encode("utf-8")] for r in records], dtype=np.object_)
+        probabilities = np.array([[r["probability"]] for r in records], dtype=np.float32)
+        nbest_json = np.array([[json.dumps(r["nbest"], ensure_ascii=False).encode("utf-8")] for r in records],
+                              dtype=np.object_)
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("answer", answers), pb_utils.Tensor("probability", probabilities),
+            pb_utils.Tensor("nbest_json", nbest_json)])
+
+    def _logits(self, arrays: list) -> tuple[np.ndarray, np.ndarray]:
+        """One BLS request to the tensor model: input_ids, token_type_ids, attention_mask [b, L] -> logits."""
+        request = pb_utils.InferenceRequest(
+            model_name=self.settings["tensor_model"], requested_output_names=["start_logits", "end_logits"],
+            inputs=[pb_utils.Tensor(name, array) for name, array in zip(INPUT_NAMES, arrays)])
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(f"{self.settings['tensor_model']}: {response.error().message()}")
+        return (pb_utils.get_output_tensor_by_name(response, "start_logits").as_numpy(),
+                pb_utils.get_output_tensor_by_name(response, "end_logits").as_numpy())

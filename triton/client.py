@@ -1,0 +1,250 @@
+"""Answer questions through a Triton server: tokenize here, send batches of windows over HTTP or gRPC, turn the
+logits into answers exactly as inference.py does (the same processors/squad.py functions), print JSON.
+
+    PYTHONPATH=. .venv/bin/python triton/client.py --url 127.0.0.1:8000 --protocol http --export_dir DIR \
+        --question "Where do the Normans live?" --context "The Normans ... in Normandy, a region in France."
+    PYTHONPATH=. .venv/bin/python triton/client.py --url 127.0.0.1:8001 --protocol grpc --export_dir DIR \
+        --input_file questions.json --batch_size 8 --output answers.json
+
+--input_file: a JSON list or JSON lines of {"id"?, "question", "context"}, or a SQuAD file. --export_dir
+(export_model.py's output) supplies the vocabulary, lower-casing and max_seq_length; --vocab_file and
+--do_lower_case override it. --text_model sends the raw strings to the server-side `<model>_text` model instead
+(model_repository.py --text_model), which does the same work in the server with its repository's settings.
+
+Output: a JSON list with one {"id", "question", "answer", "probability", "nbest"} per question (inference.py's
+format), to stdout and to --output when given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from processors.squad import squad_articles
+from utils import atomic_write_json
+
+INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--url", required=True, help="host:port of the server's HTTP (--protocol http) or gRPC endpoint")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    p.add_argument("--model_name", default="bert_qa")
+    p.add_argument("--export_dir", default=None, help="export_model.py output: vocab.txt and export.json")
+    p.add_argument("--vocab_file", default=None)
+    p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--question", default=None)
+    p.add_argument("--context", default=None)
+    p.add_argument("--input_file", default=None,
+                   help="JSON list / JSON lines of {id?, question, context}, or a SQuAD file")
+    p.add_argument("--batch_size", type=int, default=8, help="windows per request (<= the model's max_batch_size)")
+    p.add_argument("--max_seq_length", type=int, default=None, help="default: export.json's, else 384")
+    p.add_argument("--doc_stride", type=int, default=128)
+    p.add_argument("--max_query_length", type=int, default=64)
+    p.add_argument("--n_best_size", type=int, default=20)
+    p.add_argument("--max_answer_length", type=int, default=30)
+    p.add_argument("--version_2_with_negative", action="store_true", help="the model may answer \"\" (SQuAD 2.0)")
+    p.add_argument("--null_score_diff_threshold", type=float, default=0.0,
+                   help="v2.0: answer \"\" when null score - best span score exceeds this")
+    p.add_argument("--text_model", action="store_true", help="send raw strings to <model_name>_text")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--output", default=None, help="also write the answers here (JSON)")
+    return p.parse_args(argv)
+
+
+def read_items(args: argparse.Namespace) -> list[dict]:
+    """The questions as [{"id", "question", "context"}]."""
+    if args.input_file:
+        path = Path(args.input_file)
+        if not path.is_file():
+            raise SystemExit(f"--input_file {path} not found")
+        text = path.read_text(encoding="utf-8")
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            try:  # JSON lines, as inference.py reads too
+                return [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"--input_file {path}: neither JSON nor JSON lines ({e})") from None
+        if isinstance(obj, list):
+            return obj
+        return [{"id": qa["id"], "question": qa["question"], "context": paragraph["context"]}
+                for article in squad_articles(obj) for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    if args.question is None or args.context is None:
+        raise SystemExit("give --question and --context, or --input_file")
+    return [{"id": "0", "question": args.question, "context": args.context}]
+
+
+def tokenizer_settings(args: argparse.Namespace) -> tuple[str, bool, int]:
+    """(vocab file, do_lower_case, max_seq_length) from the flags, else from --export_dir's export.json."""
+    info = {}
+    if args.export_dir:
+        path = Path(args.export_dir) / "export.json"
+        if not path.is_file():
+            raise SystemExit(f"--export_dir {args.export_dir} has no export.json: run triton/export_model.py")
+        info = json.loads(path.read_text(encoding="utf-8"))
+    vocab = args.vocab_file or (str(Path(args.export_dir) / info["vocab_file"]) if info.get("vocab_file") else None)
+    if vocab is None:
+        raise SystemExit("no vocabulary: pass --vocab_file, or --export_dir of an export with a vocab.txt")
+    lower = args.do_lower_case if args.do_lower_case is not None else info.get("do_lower_case", True)
+    return vocab, lower, args.max_seq_length or info.get("max_seq_length", 384)
+
+
+class TritonQA:
+    """A connection to the tensor model: `logits(features)` sends the windows in batches and returns
+    {unique_id: (start_logits [S], end_logits [S])}."""
+
+    def __init__(self, url: str, protocol: str, model_name: str, timeout: float = 120.0,
+                 expected_inputs: Sequence[str] = INPUT_NAMES):
+        if protocol == "http":
+            import tritonclient.http as module
+
+            self.client = module.InferenceServerClient(url, network_timeout=timeout, connection_timeout=timeout)
+            meta = self.client.get_model_metadata(model_name)
+        else:
+            import tritonclient.grpc as module
+
+            self.client = module.InferenceServerClient(url)
+            meta = self.client.get_model_metadata(model_name, as_json=True)
+        self.module, self.protocol, self.model_name, self.timeout = module, protocol, model_name, timeout
+        dtypes = {i["name"]: i["datatype"] for i in meta["inputs"]}
+        if set(dtypes) != set(expected_inputs):
+            raise SystemExit(f"model {model_name} takes {sorted(dtypes)}, not {list(expected_inputs)}")
+        self.dtype = dtypes[expected_inputs[0]]
+
+    def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str] = INPUT_NAMES, dtypes=None,
+              outputs: Sequence[str] = ("start_logits", "end_logits")) -> list[np.ndarray]:
+        """One request; raises tritonclient's InferenceServerException on a server-side error."""
+        inputs = []
+        for k, (name, array) in enumerate(zip(names, arrays)):
+            tensor = self.module.InferInput(name, list(array.shape), dtypes[k] if dtypes else self.dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        requested = [self.module.InferRequestedOutput(name) for name in outputs]
+        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+        result = self.client.infer(self.model_name, inputs, outputs=requested, **kwargs)
+        return [result.as_numpy(name) for name in outputs]
+
+    def logits(self, features: Sequence, batch_size: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """{unique_id: (start_logits [L], end_logits [L])} for the windows, sent batch_size at a time."""
+        results = {}
+        for chunk, arrays in feature_batches(features, batch_size, NP_DTYPES[self.dtype]):
+            start_logits, end_logits = self.infer(arrays)
+            results.update((f.unique_id, (start_logits[i], end_logits[i])) for i, f in enumerate(chunk))
+        return results
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def feature_batches(features: Sequence, batch_size: int, dtype) -> Iterator[tuple[Sequence, list[np.ndarray]]]:
+    """(windows, [input_ids, token_type_ids, attention_mask] each [b, L]) per batch, cut after the longest window
+    of the batch (L), as inference.answer_questions batches them: no padding beyond it is computed or sent."""
+    for start in range(0, len(features), batch_size):
+        chunk = features[start:start + batch_size]
+        longest = max(sum(f.input_mask) for f in chunk)
+        yield chunk, [np.array([getattr(f, k)[:longest] for f in chunk], dtype=dtype)
+                      for k in ("input_ids", "segment_ids", "input_mask")]
+
+
+def answers_from_logits(examples: Sequence, features: Sequence, results: dict, n_best_size: int = 20,
+                        max_answer_length: int = 30, do_lower_case: bool = True,
+                        version_2_with_negative: bool = False,
+                        null_score_diff_threshold: float = 0.0) -> list[dict[str, Any]]:
+    """inference.answer_questions' records from the windows' logits: get_predictions, then per question
+    {"id", "question", "answer", "probability" (of the answer's n-best entry), "nbest"} and, for SQuAD 2.0
+    models, "null_score_diff"."""
+    from processors.squad import get_predictions
+
+    predictions, nbest, null_odds = get_predictions(examples, features, results, n_best_size, max_answer_length,
+                                                    do_lower_case, version_2_with_negative,
+                                                    null_score_diff_threshold)
+    out = []
+    for example in examples:
+        answer = predictions[example.qas_id]
+        entries = nbest[example.qas_id]
+        probability = next((e["probability"] for e in entries if e["text"] == answer), 0.0)
+        record = {"id": example.qas_id, "question": example.question_text, "answer": answer,
+                  "probability": probability, "nbest": entries}
+        if version_2_with_negative:
+            record["null_score_diff"] = null_odds[example.qas_id]
+        out.append(record)
+    return out
+
+
+def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], max_seq_length: int = 384,
+                       doc_stride: int = 128, max_query_length: int = 64, n_best_size: int = 20,
+                       max_answer_length: int = 30, batch_size: int = 8, version_2_with_negative: bool = False,
+                       null_score_diff_threshold: float = 0.0) -> list[dict[str, Any]]:
+    """inference.answer_questions with the model on the server: the same windows, batches and post-processing."""
+    from processors.squad import convert_examples_to_features, examples_from_qa_pairs
+
+    examples = examples_from_qa_pairs(items)
+    features = convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
+                                            is_training=False)
+    results = connection.logits(features, batch_size)
+    return answers_from_logits(examples, features, results, n_best_size, max_answer_length,
+                               tokenizer.do_lower_case, version_2_with_negative, null_score_diff_threshold)
+
+
+def answer_with_text_model(connection: TritonQA, items: Sequence[dict], batch_size: int) -> list[dict[str, Any]]:
+    """Send raw strings to the server-side `<model>_text` model; the server tokenizes and post-processes."""
+    out = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        questions = np.array([[item["question"].encode("utf-8")] for item in chunk], dtype=object)
+        contexts = np.array([[item["context"].encode("utf-8")] for item in chunk], dtype=object)
+        answers, probabilities, nbest = connection.infer([questions, contexts], ("question", "context"),
+                                                         ("BYTES", "BYTES"), ("answer", "probability", "nbest_json"))
+        for i, item in enumerate(chunk):
+            out.append({"id": str(item.get("id", start + i)), "question": item["question"],
+                        "answer": answers[i][0].decode("utf-8"), "probability": float(probabilities[i][0]),
+                        "nbest": json.loads(nbest[i][0].decode("utf-8"))})
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    items = read_items(args)
+    if args.batch_size < 1:
+        raise SystemExit(f"--batch_size {args.batch_size} must be >= 1")
+    from tritonclient.utils import InferenceServerException
+
+    connection = None
+    try:
+        if args.text_model:
+            connection = TritonQA(args.url, args.protocol, f"{args.model_name}_text", args.timeout,
+                                  expected_inputs=("question", "context"))
+            answers = answer_with_text_model(connection, items, args.batch_size)
+        else:
+            from tokenization import BertTokenizer
+
+            vocab, lower, max_seq_length = tokenizer_settings(args)
+            connection = TritonQA(args.url, args.protocol, args.model_name, args.timeout)
+            answers = answer_with_triton(connection, BertTokenizer(vocab, do_lower_case=lower), items,
+                                         max_seq_length, args.doc_stride, args.max_query_length, args.n_best_size,
+                                         args.max_answer_length, args.batch_size, args.version_2_with_negative,
+                                         args.null_score_diff_threshold)
+    except InferenceServerException as e:
+        raise SystemExit(f"--url {args.url} ({args.protocol}): server error: {str(e).splitlines()[0]}") from None
+    except ValueError as e:  # a bad item in --input_file
+        raise SystemExit(f"bad input: {e}") from None
+    finally:
+        if connection is not None:
+            connection.close()
+    if args.output:
+        atomic_write_json(args.output, answers)
+    json.dump(answers, sys.stdout, indent=2, ensure_ascii=False)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

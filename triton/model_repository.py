@@ -1,0 +1,213 @@
+"""Write a Triton model repository for a model exported by triton/export_model.py.
+
+    PYTHONPATH=. .venv/bin/python triton/model_repository.py --export_dir results/triton_export \
+        --repository results/triton_repo [--backend onnxruntime|python] [--model_name bert_qa] \
+        [--max_batch_size 32] [--preferred_batch_sizes 8 16 32] [--max_queue_delay_us 2000] [--text_model]
+
+Backends:
+  onnxruntime  config.pbtxt with platform "onnxruntime_onnx": what an NGC Triton container (GPU) runs natively;
+               --instance_kind gpu (default for this backend) and, optionally, --tensorrt_fp16.
+  python       the same model.onnx served by a Python-backend model (backend/onnx_model.py) through ONNX Runtime,
+               for a Triton without the native ONNX backend, such as the `tritonserver` in the nvidia-pytriton
+               wheel on a CPU machine. The stub interpreter does not see the virtual environment, so the
+               environment's site-packages and the repository root are written to sys_path.json beside model.py.
+
+Both configurations declare the same inputs and outputs (names, dtypes, [-1] dims after the batch dimension), so a
+client works unchanged against either. --text_model adds `<model_name>_text` (Python backend), which takes raw
+question/context strings, tokenizes, calls <model_name> (BLS) and post-processes the answer on the server, with
+the functions inference.py uses.
+
+Layout written:
+    <repository>/<model_name>/config.pbtxt
+    <repository>/<model_name>/1/model.onnx          (+ model.py, sys_path.json for --backend python)
+    <repository>/<model_name>_text/config.pbtxt     (--text_model)
+    <repository>/<model_name>_text/1/model.py, sys_path.json, vocab.txt, settings.json, qa_client.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import site
+import sys
+import sysconfig
+from pathlib import Path
+
+from utils import atomic_open, atomic_write_json, atomic_write_text
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent
+TRITON_DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--export_dir", required=True, help="output_dir of export_model.py (export.json, model.onnx)")
+    p.add_argument("--repository", required=True, help="model repository folder to write (created if absent)")
+    p.add_argument("--model_name", default=None, help="default: bert_qa or bert_classifier by task")
+    p.add_argument("--backend", choices=("onnxruntime", "python"), default="onnxruntime")
+    p.add_argument("--max_batch_size", type=int, default=32)
+    p.add_argument("--preferred_batch_sizes", type=int, nargs="*", default=None,
+                   help="dynamic batcher's preferred sizes; default: powers of two up to max_batch_size from 4")
+    p.add_argument("--max_queue_delay_us", type=int, default=2000,
+                   help="how long the dynamic batcher may hold a request to form a bigger batch")
+    p.add_argument("--no_dynamic_batching", action="store_true")
+    p.add_argument("--instance_count", type=int, default=1)
+    p.add_argument("--instance_kind", choices=("cpu", "gpu"), default=None,
+                   help="default: gpu for onnxruntime (NGC container), cpu for python")
+    p.add_argument("--intra_op_num_threads", type=int, default=0,
+                   help="python backend: ONNX Runtime threads per instance (0 = all cores)")
+    p.add_argument("--tensorrt_fp16", action="store_true",
+                   help="onnxruntime backend on GPU: run through ONNX Runtime's TensorRT accelerator in FP16")
+    p.add_argument("--text_model", action="store_true",
+                   help="also write <model_name>_text: raw question/context strings in, answers out (qa only)")
+    p.add_argument("--doc_stride", type=int, default=128, help="text model: stride between context windows")
+    p.add_argument("--max_query_length", type=int, default=64, help="text model: longest question in tokens")
+    p.add_argument("--n_best_size", type=int, default=20, help="text model")
+    p.add_argument("--max_answer_length", type=int, default=30, help="text model: longest answer in tokens")
+    p.add_argument("--version_2_with_negative", action="store_true",
+                   help="text model: a SQuAD 2.0 model (may answer \"\")")
+    p.add_argument("--null_score_diff_threshold", type=float, default=0.0, help="text model, v2.0")
+    p.add_argument("--link", action="store_true", help="symlink model.onnx instead of copying it")
+    return p.parse_args(argv)
+
+
+def read_export(export_dir: str | Path) -> dict:
+    path = Path(export_dir) / "export.json"
+    if not path.is_file():
+        raise SystemExit(f"--export_dir {export_dir} has no export.json: run triton/export_model.py first")
+    info = json.loads(path.read_text(encoding="utf-8"))
+    if "onnx" not in info.get("files", {}):
+        raise SystemExit(f"--export_dir {export_dir} has no ONNX model: export with --format onnx")
+    return info
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config.pbtxt (protobuf text format, written by hand: no dependency on Triton's protobuf classes)
+
+
+def _tensor(name: str, dtype: str, dims: list[int]) -> str:
+    return f'  {{ name: "{name}" data_type: {dtype} dims: [ {", ".join(map(str, dims))} ] }}'
+
+
+def _parameters(params: dict[str, object]) -> str:
+    return "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in params.items())
+
+
+def _dynamic_batching(args: argparse.Namespace) -> str:
+    if args.no_dynamic_batching:
+        return ""
+    sizes = args.preferred_batch_sizes
+    if sizes is None:
+        sizes = [b for b in (4, 8, 16, 32, 64, 128, 256) if b <= args.max_batch_size] or [args.max_batch_size]
+    return (f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, sizes))} ]\n"
+            f"  max_queue_delay_microseconds: {args.max_queue_delay_us}\n}}\n")
+
+
+def model_config(info: dict, args: argparse.Namespace, name: str) -> str:
+    """The config.pbtxt of the tensor model: same inputs/outputs for both backends."""
+    dtype = TRITON_DTYPES[info["input_dtype"]]
+    out_dims = [-1] if info["task"] == "qa" else [info["num_labels"]]
+    kind = args.instance_kind or ("gpu" if args.backend == "onnxruntime" else "cpu")
+    lines = [f'name: "{name}"']
+    lines.append('platform: "onnxruntime_onnx"' if args.backend == "onnxruntime" else 'backend: "python"')
+    lines.append(f"max_batch_size: {args.max_batch_size}")
+    lines.append("input [\n" + ",\n".join(_tensor(n, dtype, [-1]) for n in info["input_names"]) + "\n]")
+    lines.append("output [\n" + ",\n".join(_tensor(n, "TYPE_FP32", out_dims) for n in info["output_names"]) + "\n]")
+    text = "\n".join(lines) + "\n" + _dynamic_batching(args)
+    text += f"instance_group [ {{ count: {args.instance_count} kind: KIND_{kind.upper()} }} ]\n"
+    if args.backend == "onnxruntime" and args.tensorrt_fp16:
+        text += ('optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
+                 'parameters { key: "precision_mode" value: "FP16" } } ] } }\n')
+    # Read by the Python backend to refuse bad requests early; harmless for the native backend.
+    text += _parameters({"max_seq_length": info["max_seq_length"], "vocab_size": info["vocab_size"],
+                         "type_vocab_size": info["type_vocab_size"],
+                         "intra_op_num_threads": args.intra_op_num_threads})
+    return text
+
+
+def text_model_config(name: str, args: argparse.Namespace) -> str:
+    """Strings in, strings out: question and context [1] per request row; answer, probability, nbest (JSON)."""
+    kind = args.instance_kind if args.instance_kind == "gpu" else "cpu"
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: {args.max_batch_size}\n'
+            "input [\n" + _tensor("question", "TYPE_STRING", [1]) + ",\n" + _tensor("context", "TYPE_STRING", [1])
+            + "\n]\noutput [\n" + _tensor("answer", "TYPE_STRING", [1]) + ",\n"
+            + _tensor("probability", "TYPE_FP32", [1]) + ",\n" + _tensor("nbest_json", "TYPE_STRING", [1])
+            + "\n]\n" + f"instance_group [ {{ count: 1 kind: KIND_{kind.upper()} }} ]\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def interpreter_paths() -> list[str]:
+    """Where this interpreter finds its packages, then the repository root (modeling.py, processors/, ...):
+    the Python-backend stub adds these to its own sys.path (see backend/onnx_model.py)."""
+    paths = list(site.getsitepackages()) + [sysconfig.get_paths()["purelib"], str(REPO_ROOT)]
+    return list(dict.fromkeys(p for p in paths if Path(p).is_dir()))
+
+
+def copy_file(src: Path, dst: Path, link: bool = False) -> None:
+    if link:
+        tmp = dst.with_name(f".{dst.name}.link")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(src.resolve())
+        tmp.replace(dst)
+        return
+    with open(src, "rb") as fin, atomic_open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 16 << 20)
+
+
+def write_python_model(folder: Path, source: Path) -> None:
+    """model.py (from triton/backend/) and sys_path.json into a version folder."""
+    with atomic_open(folder / "model.py", "w", encoding="utf-8") as f:
+        f.write(source.read_text(encoding="utf-8"))
+    atomic_write_json(folder / "sys_path.json", interpreter_paths())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    info = read_export(args.export_dir)
+    export_dir = Path(args.export_dir)
+    if args.max_batch_size < 1:
+        raise SystemExit(f"--max_batch_size {args.max_batch_size} must be >= 1")
+    if args.text_model and info["task"] != "qa":
+        raise SystemExit("--text_model serves question answering only; the export is a classification model")
+    if args.text_model and not info.get("vocab_file"):
+        raise SystemExit(f"--text_model needs a vocabulary: re-export with --vocab_file ({export_dir} has none)")
+    name = args.model_name or ("bert_qa" if info["task"] == "qa" else "bert_classifier")
+    repository = Path(args.repository)
+    version = repository / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    copy_file(export_dir / info["files"]["onnx"], version / "model.onnx", link=args.link)
+    if args.backend == "python":
+        write_python_model(version, HERE / "backend" / "onnx_model.py")
+    else:  # a leftover Python wrapper would not be loaded, but would confuse a reader
+        for stale in ("model.py", "sys_path.json"):
+            (version / stale).unlink(missing_ok=True)
+    atomic_write_text(repository / name / "config.pbtxt", model_config(info, args, name))
+    written = [name]
+
+    if args.text_model:
+        text_name = f"{name}_text"
+        text_version = repository / text_name / "1"
+        text_version.mkdir(parents=True, exist_ok=True)
+        write_python_model(text_version, HERE / "backend" / "qa_text_model.py")
+        copy_file(export_dir / info["vocab_file"], text_version / "vocab.txt")
+        copy_file(HERE / "client.py", text_version / "qa_client.py")
+        atomic_write_json(text_version / "settings.json", {
+            "tensor_model": name, "input_dtype": info["input_dtype"], "do_lower_case": info["do_lower_case"],
+            "max_seq_length": info["max_seq_length"], "doc_stride": args.doc_stride,
+            "max_query_length": args.max_query_length, "n_best_size": args.n_best_size,
+            "max_answer_length": args.max_answer_length, "batch_size": args.max_batch_size,
+            "version_2_with_negative": args.version_2_with_negative,
+            "null_score_diff_threshold": args.null_score_diff_threshold})
+        atomic_write_text(repository / text_name / "config.pbtxt", text_model_config(text_name, args))
+        written.append(text_name)
+    print(json.dumps({"repository": str(repository), "models": written, "backend": args.backend}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Latency and throughput of a model on a running Triton server, over batch sizes and concurrency levels
+(in the spirit of perf_analyzer, in Python with tritonclient, so it runs wherever the client does).
+
+    PYTHONPATH=. .venv/bin/python triton/perf.py --url 127.0.0.1:8000 --protocol http --model_name bert_qa \
+        --batch_sizes 1 8 32 --concurrency 1 2 4 --seq_length 384 --output results/triton_perf.json
+
+For every (batch size, concurrency) pair, `concurrency` threads, each with its own client connection, send requests
+back to back (a closed loop: each thread waits for its answer before the next request) for --seconds after
+--warmup requests per thread. Reported per pair: latency p50/p90/p99/mean in ms (client-side, request sent to
+answer received), throughput in sequences/s (sequences answered / wall time of the window), requests and errors.
+
+Inputs are synthetic (ids drawn uniformly from the vocabulary, no padding, second half segment B), the dtype taken
+from the server's model metadata. Writes JSON (--output), a table on stdout, and a plot (--plot, PNG).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from utils import atomic_open, atomic_write_json
+
+INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--url", required=True, help="host:port of the server's HTTP or gRPC endpoint")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    p.add_argument("--model_name", default="bert_qa")
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--seq_length", type=int, default=384)
+    p.add_argument("--seconds", type=float, default=10.0, help="measurement window per configuration")
+    p.add_argument("--min_requests", type=int, default=5,
+                   help="per configuration: keep measuring past --seconds until this many requests answered")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests per thread before each window")
+    p.add_argument("--vocab_size", type=int, default=30522, help="ids are drawn below this")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take")
+    p.add_argument("--output", default="results/triton_perf.json")
+    p.add_argument("--plot", default=None, help="PNG path; default: --output with .png")
+    p.add_argument("--no_plot", action="store_true")
+    return p.parse_args(argv)
+
+
+def client_module(protocol: str):
+    if protocol == "http":
+        import tritonclient.http as module
+    else:
+        import tritonclient.grpc as module
+    return module
+
+
+def input_dtype(module, url: str, model: str, protocol: str) -> str:
+    """The Triton dtype (INT64 / INT32) of input_ids from the server's model metadata."""
+    client = module.InferenceServerClient(url)
+    try:
+        meta = client.get_model_metadata(model) if protocol == "http" else \
+            client.get_model_metadata(model, as_json=True)
+    finally:
+        client.close()
+    by_name = {i["name"]: i["datatype"] for i in meta["inputs"]}
+    missing = [n for n in INPUT_NAMES if n not in by_name]
+    if missing:
+        raise SystemExit(f"--model_name {model} has no inputs {missing}: is it a BERT tensor model?")
+    return by_name["input_ids"]
+
+
+def make_inputs(module, batch: int, seq_len: int, dtype: str, vocab_size: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    np_dtype = np.int64 if dtype == "INT64" else np.int32
+    arrays = [rng.integers(1000 if vocab_size > 1000 else 1, vocab_size, (batch, seq_len)).astype(np_dtype),
+              np.zeros((batch, seq_len), np_dtype), np.ones((batch, seq_len), np_dtype)]
+    arrays[1][:, seq_len // 2:] = 1
+    inputs = []
+    for name, array in zip(INPUT_NAMES, arrays):
+        tensor = module.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def measure(module, args: argparse.Namespace, batch: int, concurrency: int, dtype: str) -> dict:
+    """One closed-loop window at this batch size and concurrency."""
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    first_error: list[str] = []
+    go = threading.Barrier(concurrency + 1)
+    stop = threading.Event()
+
+    def worker(k: int) -> None:
+        kwargs = {"network_timeout": args.timeout} if args.protocol == "http" else {}
+        client = module.InferenceServerClient(args.url, **kwargs)
+        inputs = make_inputs(module, batch, args.seq_length, dtype, args.vocab_size, seed=k)
+        try:
+            for _ in range(args.warmup):
+                client.infer(args.model_name, inputs)
+            go.wait()
+        except Exception as e:  # warm-up failed (or another thread's did): no window for this configuration
+            if not isinstance(e, threading.BrokenBarrierError):
+                errors[k] += 1
+                first_error.append(str(e).splitlines()[0])
+            go.abort()
+            client.close()
+            return
+        try:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    client.infer(args.model_name, inputs)
+                except Exception as e:  # counted and reported; the window goes on
+                    errors[k] += 1
+                    first_error.append(str(e).splitlines()[0])
+                    continue
+                latencies[k].append(time.perf_counter() - t0)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    start = time.perf_counter()
+    try:
+        go.wait(timeout=args.timeout * (args.warmup + 1))
+    except threading.BrokenBarrierError:
+        stop.set()
+    start = time.perf_counter()
+    while not stop.is_set():
+        time.sleep(0.05)
+        done = sum(len(x) for x in latencies)
+        elapsed = time.perf_counter() - start
+        if elapsed >= args.seconds and (done >= args.min_requests or elapsed >= args.timeout):
+            break
+    stop.set()
+    for t in threads:
+        t.join(timeout=args.timeout)
+    wall = time.perf_counter() - start  # includes the last in-flight requests, which are counted too
+    flat = np.array([x for per_thread in latencies for x in per_thread]) * 1e3
+    result = {"batch_size": batch, "concurrency": concurrency, "seq_length": args.seq_length,
+              "requests": int(flat.size), "errors": int(sum(errors)), "wall_s": round(wall, 3),
+              "throughput_seq_per_s": round(flat.size * batch / wall, 3)}
+    if flat.size:
+        result.update({f"latency_p{q}_ms": round(float(np.percentile(flat, q)), 3) for q in (50, 90, 99)})
+        result["latency_mean_ms"] = round(float(flat.mean()), 3)
+    if first_error:
+        result["first_error"] = first_error[0]
+    return result
+
+
+def table(rows: list[dict]) -> str:
+    head = "| batch | concurrency | p50 ms | p90 ms | p99 ms | seq/s | requests | errors |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        lines.append(f"| {r['batch_size']} | {r['concurrency']} | {r.get('latency_p50_ms', '-')} | "
+                     f"{r.get('latency_p90_ms', '-')} | {r.get('latency_p99_ms', '-')} | "
+                     f"{r['throughput_seq_per_s']} | {r['requests']} | {r['errors']} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Throughput and p90 latency against concurrency, one line per batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for batch in sorted({r["batch_size"] for r in rows}):
+        mine = [r for r in rows if r["batch_size"] == batch and r["requests"]]
+        conc = [r["concurrency"] for r in mine]
+        ax1.plot(conc, [r["throughput_seq_per_s"] for r in mine], marker="o", label=f"batch {batch}")
+        ax2.plot(conc, [r["latency_p90_ms"] for r in mine], marker="o", label=f"batch {batch}")
+    ax1.set(xlabel="concurrent requests", ylabel="sequences / s", title="throughput")
+    ax2.set(xlabel="concurrent requests", ylabel="ms", title="p90 latency", yscale="log")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if any(b < 1 for b in args.batch_sizes) or any(c < 1 for c in args.concurrency) or args.seq_length < 1:
+        raise SystemExit("--batch_sizes, --concurrency and --seq_length must be positive")
+    module = client_module(args.protocol)
+    try:
+        dtype = input_dtype(module, args.url, args.model_name, args.protocol)
+    except Exception as e:
+        if isinstance(e, SystemExit):
+            raise
+        raise SystemExit(f"--url {args.url} ({args.protocol}): cannot read model {args.model_name!r}: "
+                         f"{str(e).splitlines()[0]}") from None
+    rows = []
+    for batch in args.batch_sizes:
+        for concurrency in args.concurrency:
+            rows.append(measure(module, args, batch, concurrency, dtype))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    report = {"url": args.url, "protocol": args.protocol, "model": args.model_name, "input_dtype": dtype,
+              "seq_length": args.seq_length, "seconds_per_config": args.seconds, "results": rows}
+    atomic_write_json(args.output, report)
+    print(table(rows))
+    if not args.no_plot:
+        path = Path(args.plot) if args.plot else Path(args.output).with_suffix(".png")
+        plot(rows, path, f"{args.model_name} on Triton ({args.protocol}), sequence {args.seq_length}")
+        print(f"wrote {args.output} and {path}", file=sys.stderr)
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
