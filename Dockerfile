@@ -1,0 +1,18 @@
+# BERT pre-training and fine-tuning on NVIDIA GPUs. The NGC PyTorch image brings CUDA, cuDNN, NCCL and its own
+# PyTorch build (which requirements.txt deliberately leaves out); this adds the recipe's pure-Python dependencies
+# and the code, at /workspace/bert as in NVIDIA's recipe (scripts/configs/pretrain_config.sh expects it there).
+#
+#   bash scripts/docker/build.sh                 # docker build -t bert:latest .
+#   bash scripts/docker/launch.sh                # an interactive shell with data, checkpoints and results mounted
+ARG FROM_IMAGE_NAME=nvcr.io/nvidia/pytorch:25.01-py3
+FROM ${FROM_IMAGE_NAME}
+
+ENV BERT_PREP_WORKING_DIR=/workspace/data \
+    PYTHONUNBUFFERED=1
+WORKDIR /workspace/bert
+
+# Dependencies first: this layer is rebuilt only when requirements.txt changes.
+COPY requirements.txt .
+RUN pip install --no-cache-dir -r requirements.txt
+
+COPY . .

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Pre-training presets: each function echoes the 25 positional arguments of scripts/run_pretraining.sh.
+#
+#   source scripts/configs/pretrain_config.sh
+#   bash scripts/run_pretraining.sh $(dgxa100-80g_8gpu_bf16)
+#
+# Argument 1 (and 16) is the batch per GPU per optimizer step, all micro-batches together, as in NVIDIA's
+# HDF5-era scripts; micro-batch = argument 1 / argument 11. Every GPU preset trains with NVIDIA's published global
+# batch, 65536 sequences in phase 1 (seq 128) and 32768 in phase 2 (seq 512), for 7038 + 1563 steps; what differs
+# per machine is how a GPU's share is cut into micro-batches that fit in its memory. The DGX-1, DGX-2 and DGX A100
+# values are NVIDIA DeepLearningExamples' (scripts/configs/pretrain_config.sh; the A100 80 GB ones from its later
+# micro-batch form, converted: 256 x 32 = 8192). The H100 and bf16 presets are ours (see each one's comment).
+# Data folders follow data/bertPrep.py's naming under $BERT_PREP_WORKING_DIR (the Dockerfile and
+# scripts/docker/launch.sh set /workspace/data); CODEDIR is /workspace/bert, where the Dockerfile puts the code.
+# Sourcing this file only defines functions and two variables; it runs nothing.
+
+_pretrain_prep_dir="${BERT_PREP_WORKING_DIR:-/workspace/data}"
+_pretrain_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+# _pretrain_echo ARG1..ARG20: appends the data folders, CODEDIR, init_checkpoint and BERT_CONFIG of the GPU presets.
+_pretrain_echo() {
+  local p1="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/"
+  local p2="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/"
+  echo "$@" "$p1" "$p2" /workspace/bert None /workspace/bert/bert_config.json
+}
+
+# Arguments 1-20, in order:
+#   batch lr precision gpus warmup steps save resume logfile accumulate accum_steps seed job
+#   allreduce_post allreduce_fp16 batch2 lr2 warmup2 steps2 accum_steps2
+
+# ---- NVIDIA DGX-1 (8x V100 16 GB) --------------------------------------------------------------------------
+dgx1_8gpu_fp16() {
+  _pretrain_echo 8192 6e-3 fp16 8 0.2843 7038 200 false true true 512 42 bert_lamb_pretraining true true \
+                 4096 4e-3 0.128 1563 512
+}
+dgx1_8gpu_fp32() {
+  _pretrain_echo 8192 6e-3 fp32 8 0.2843 7038 200 false true true 1024 42 bert_lamb_pretraining true false \
+                 4096 4e-3 0.128 1563 1024
+}
+
+# ---- NVIDIA DGX-2H (16x V100 32 GB): half the per-GPU batch, same global batch ------------------------------
+dgx2_16gpu_fp16() {
+  _pretrain_echo 4096 6e-3 fp16 16 0.2843 7038 200 false true true 64 42 bert_lamb_pretraining true true \
+                 2048 4e-3 0.128 1563 128
+}
+dgx2_16gpu_fp32() {
+  _pretrain_echo 4096 6e-3 fp32 16 0.2843 7038 200 false true true 128 42 bert_lamb_pretraining true false \
+                 2048 4e-3 0.128 1563 256
+}
+
+# ---- NVIDIA DGX A100 40 GB (8x A100) -------------------------------------------------------------------------
+dgxa100-40g_8gpu_fp16() {
+  _pretrain_echo 8192 6e-3 fp16 8 0.2843 7038 200 false true true 128 42 bert_lamb_pretraining true true \
+                 4096 4e-3 0.128 1563 256
+}
+dgxa100-40g_8gpu_tf32() {
+  _pretrain_echo 8192 6e-3 tf32 8 0.2843 7038 200 false true true 128 42 bert_lamb_pretraining true false \
+                 4096 4e-3 0.128 1563 512
+}
+
+# ---- NVIDIA DGX A100 80 GB (8x A100): micro-batches 256 / 32 (fp16, bf16) and 128 / 16 (tf32) ---------------
+dgxa100-80g_8gpu_fp16() {
+  _pretrain_echo 8192 6e-3 fp16 8 0.2843 7038 200 false true true 32 42 bert_lamb_pretraining true true \
+                 4096 4e-3 0.128 1563 128
+}
+dgxa100-80g_8gpu_tf32() {
+  _pretrain_echo 8192 6e-3 tf32 8 0.2843 7038 200 false true true 64 42 bert_lamb_pretraining true false \
+                 4096 4e-3 0.128 1563 256
+}
+# bf16 (ours): bf16 activations take the memory of fp16 ones, so the fp16 micro-batches; no loss scaling needed,
+# and the all-reduce after accumulation runs in bf16 (run_pretraining.py uses the autocast dtype).
+dgxa100-80g_8gpu_bf16() {
+  _pretrain_echo 8192 6e-3 bf16 8 0.2843 7038 200 false true true 32 42 bert_lamb_pretraining true true \
+                 4096 4e-3 0.128 1563 128
+}
+
+# ---- NVIDIA DGX H100 (8x H100 80 GB), bf16 (ours) ------------------------------------------------------------
+# Same memory per GPU as the A100 80 GB, so the same micro-batches (256 at seq 128, 32 at seq 512) and NVIDIA's
+# global batches and learning rates; H100's extra speed shows up as throughput, not as a different recipe.
+dgxh100_8gpu_bf16() {
+  _pretrain_echo 8192 6e-3 bf16 8 0.2843 7038 200 false true true 32 42 bert_lamb_pretraining true true \
+                 4096 4e-3 0.128 1563 128
+}
+
+# ---- CPU demo (scripts/run_cpu_demo.sh): a small BERT on WikiText-2 shards, a few minutes on 2 cores ----------
+# configs/bert-small-cpu.json, 1 process, batch 32 (no accumulation), LAMB at 5e-3 with a short warm-up: the
+# masked-LM loss falls from ~10.4 within the first minute. Phase 2: a short sequence-512 continuation, batch 8.
+# Precision fp32: measured on this machine's AMD EPYC (AVX-512 BF16, no AMX), bf16 autocast was slower for this
+# small config (hidden 256: the per-op casts cost more than the bf16 matmuls save; see bench/bench_pretraining.py).
+# Data folders: $CPU_DEMO_DIR (default <repo>/results/cpu_demo), filled by scripts/run_cpu_demo.sh.
+cpu() {
+  local demo="${CPU_DEMO_DIR:-$_pretrain_repo/results/cpu_demo}"
+  echo 32 5e-3 fp32 1 0.05 300 100 false true false 1 42 bert_cpu_demo false false \
+       8 2e-3 0.1 40 1 "$demo/hdf5_seq128/" "$demo/hdf5_seq512/" "$_pretrain_repo" None \
+       "$_pretrain_repo/configs/bert-small-cpu.json"
+}
+
+# Every preset, for scripts and tests that iterate over them.
+PRETRAIN_PRESETS=(dgx1_8gpu_fp16 dgx1_8gpu_fp32 dgx2_16gpu_fp16 dgx2_16gpu_fp32 dgxa100-40g_8gpu_fp16
+                  dgxa100-40g_8gpu_tf32 dgxa100-80g_8gpu_fp16 dgxa100-80g_8gpu_tf32 dgxa100-80g_8gpu_bf16
+                  dgxh100_8gpu_bf16 cpu)

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Pre-train a small BERT on real text on the CPU, end to end, in a few minutes: the recipe's smallest real run.
+#
+#   bash scripts/run_cpu_demo.sh                       # WikiText-2 from ../shared/data
+#   bash scripts/run_cpu_demo.sh --corpus my_texts/    # any text: files, or folders of *.txt
+#   bash scripts/run_cpu_demo.sh --phase1_steps 50 --phase2_steps 5    # a quicker look
+#
+# Steps (everything under --out, default results/cpu_demo):
+#   1. text -> one sentence per line, a blank line between documents (scripts/text_to_documents.py, which splits
+#      sentences with data/sentence_segmentation.py); the last 5% of the documents are held out;
+#   2. HDF5 shards with create_pretraining_data.py and the uncased BERT vocabulary: sequence 128 (phase 1, and the
+#      held-out set) and 512 (phase 2);
+#   3. scripts/run_pretraining.sh with the `cpu` preset of scripts/configs/pretrain_config.sh (configs/bert-small-cpu.json),
+#      phase 1 then phase 2, evaluating held-out masked-LM accuracy during phase 1;
+#   4. a summary: masked-LM loss at the start and at the end, held-out accuracy, where logs and checkpoints are.
+#
+# Options: --corpus PATH (repeatable; default ../shared/data/wikitext-2/{valid,test}.txt), --vocab FILE (default
+# ../shared/data/bert-vocab/bert-base-uncased-vocab.txt, or $VOCAB_FILE), --out DIR, --phase1_steps N,
+# --phase2_steps N, -h. Environment: PYTHON (default .venv/bin/python if present, else python3).
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "run_cpu_demo.sh: $*" >&2; exit 1; }
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+shared="$(dirname "$repo")/shared/data"
+corpus=()
+vocab="${VOCAB_FILE:-}"
+out="$repo/results/cpu_demo"
+phase1_steps=""
+phase2_steps=""
+while (( $# )); do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --corpus) [[ $# -ge 2 ]] || die "--corpus needs a path"; corpus+=("$2"); shift 2 ;;
+    --vocab) [[ $# -ge 2 ]] || die "--vocab needs a file"; vocab="$2"; shift 2 ;;
+    --out) [[ $# -ge 2 ]] || die "--out needs a folder"; out="$2"; shift 2 ;;
+    --phase1_steps) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--phase1_steps needs a positive integer"
+                    phase1_steps="$2"; shift 2 ;;
+    --phase2_steps) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--phase2_steps needs a positive integer"
+                    phase2_steps="$2"; shift 2 ;;
+    *) die "unknown option '$1' (see -h)" ;;
+  esac
+done
+
+if (( ${#corpus[@]} == 0 )); then
+  [[ -d "$shared/wikitext-2" ]] || die "no corpus: $shared/wikitext-2 is absent; pass --corpus FILE_OR_DIR to pre-train on any text"
+  corpus=("$shared/wikitext-2/valid.txt" "$shared/wikitext-2/test.txt")
+fi
+if [[ -z "$vocab" ]]; then
+  vocab="$shared/bert-vocab/bert-base-uncased-vocab.txt"
+  [[ -f "$vocab" ]] || die "no vocabulary: $vocab is absent; pass --vocab with a BERT uncased vocab.txt"
+fi
+[[ -f "$vocab" ]] || die "vocabulary $vocab not found (--vocab)"
+for path in "${corpus[@]}"; do
+  [[ -e "$path" ]] || die "corpus $path not found (--corpus)"
+done
+if [[ -z "${PYTHON:-}" ]]; then
+  PYTHON=python3
+  [[ -x "$repo/.venv/bin/python" ]] && PYTHON="$repo/.venv/bin/python"
+fi
+export PYTHON
+cd "$repo"  # the helpers are modules of this repository (python -m scripts.text_to_documents)
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+# ---- 1. text ----------------------------------------------------------------------------------------------------
+echo "== 1/3 text -> sentences ($(printf '%s ' "${corpus[@]}"))"
+"$PYTHON" -m scripts.text_to_documents --input "${corpus[@]}" --sentences --test_fraction 0.05 \
+  --output "$out/text/train.txt" --test_output "$out/text/heldout.txt"
+
+# ---- 2. HDF5 shards ---------------------------------------------------------------------------------------------
+echo "== 2/3 HDF5 shards (create_pretraining_data.py)"
+make_shards() {  # input output seq max_pred dupe
+  "$PYTHON" "$repo/create_pretraining_data.py" --input_file "$1" --output_file "$2" --vocab_file "$vocab" \
+    --do_lower_case --max_seq_length "$3" --max_predictions_per_seq "$4" --masked_lm_prob 0.15 \
+    --dupe_factor "$5" --random_seed 12345 --num_workers 2 --no_progress
+}
+make_shards "$out/text/train.txt" "$out/hdf5_seq128/train.hdf5" 128 20 3
+make_shards "$out/text/heldout.txt" "$out/hdf5_heldout128/heldout.hdf5" 128 20 1
+make_shards "$out/text/train.txt" "$out/hdf5_seq512/train.hdf5" 512 80 1
+
+# ---- 3. pre-training --------------------------------------------------------------------------------------------
+# shellcheck source=configs/pretrain_config.sh
+source "$repo/scripts/configs/pretrain_config.sh"
+args=($(CPU_DEMO_DIR="$out" cpu))
+[[ -n "$phase1_steps" ]] && args[5]=$phase1_steps
+[[ -n "$phase2_steps" ]] && args[18]=$phase2_steps
+run_dir="$out/run_$(date +%y%m%d_%H%M%S)"
+export RESULTS_DIR="$run_dir" CHECKPOINTS_DIR="$run_dir/checkpoints"
+export EVAL_DIR_PHASE1="$out/hdf5_heldout128"
+export EXTRA_ARGS="--log_freq 10 --num_workers 1 --eval_steps 100 --max_eval_samples 2000"
+echo "== 3/3 pre-training: phase 1 ${args[5]} steps (seq 128), phase 2 ${args[18]} steps (seq 512); logs in $run_dir"
+bash "$repo/scripts/run_pretraining.sh" "${args[@]}"
+
+# ---- 4. summary -------------------------------------------------------------------------------------------------
+"$PYTHON" - "$run_dir" "${args[12]}" <<'EOF'
+import json, sys
+from pathlib import Path
+
+run_dir, job = Path(sys.argv[1]), sys.argv[2]
+for phase in (1, 2):
+    path = run_dir / f"{job}.phase{phase}.json"
+    if not path.is_file():
+        continue
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    losses = [(r["step"], r["data"]["mlm_loss"]) for r in records if isinstance(r["step"], int) and "mlm_loss" in r["data"]]
+    evals = [(r["step"], r["data"]) for r in records if "eval_mlm_accuracy" in r.get("data", {})]
+    final = next((r["data"] for r in reversed(records) if r["step"] == "FINAL"), {})
+    line = f"phase {phase}:"
+    if losses:
+        line += f" masked-LM loss {losses[0][1]:.3f} (step {losses[0][0]}) -> {losses[-1][1]:.3f} (step {losses[-1][0]})"
+    if evals:
+        line += f"; held-out masked-LM accuracy {evals[0][1]['eval_mlm_accuracy']:.3f} -> {evals[-1][1]['eval_mlm_accuracy']:.3f}"
+    if "training_sequences_per_second" in final:
+        line += f"; {final['training_sequences_per_second']:.1f} sequences/s"
+    print(line)
+EOF
+echo "logs (JSON lines, and the console output): $run_dir"
+echo "checkpoints: $run_dir/checkpoints"

@@ -1,0 +1,153 @@
+"""WikiText (or any plain text) -> documents: one per line (for `python -m data.sharding`), or one sentence per
+line with a blank line between documents (`--sentences`, the input of create_pretraining_data.py).
+
+The CPU demo (scripts/run_cpu_demo.sh) pre-trains on ../shared/data/wikitext-2, whose files look like
+
+     = Homarus gammarus =                      <- an article starts (one "=" on each side)
+     Homarus gammarus , known as ... @-@ ...   <- a paragraph, one line, pre-tokenized, rare words as <unk>
+     = = Description = =                       <- a section heading (two or more "=")
+
+The conversion, which is all this file does:
+  * a top-level heading " = Title = " starts a new document; section headings and blank lines are dropped;
+  * WikiText's escapes are undone: " @-@ " -> "-", " @,@ " -> ",", " @.@ " -> "."; "<unk>" is dropped (BERT's
+    tokenizer would cut it into "<", "un", "##k", ">", four tokens of noise);
+  * every paragraph of an article goes, space-joined, onto the article's one line.
+Any other text file (no WikiText headings found) is read as documents separated by blank lines.
+With --sentences each paragraph is split into sentences by data/sentence_segmentation.py (blingfire) when it is
+importable, else at " . ", " ? ", " ! " (right for WikiText's pre-tokenized text, rough for other text).
+--test_fraction F writes the last F of the documents (at least one) to a second file, for held-out evaluation.
+
+    python -m scripts.text_to_documents --input ../shared/data/wikitext-2/valid.txt --output docs.txt
+    python -m scripts.text_to_documents --input corpus/ --output train.txt --sentences \
+        --test_fraction 0.05 --test_output test.txt
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+_ARTICLE = re.compile(r"^ ?= [^=].* = ?$")  # " = Title = " (a section is " = = Title = = ")
+_SECTION = re.compile(r"^ ?(= ){2,}.*( =){2,} ?$")
+_ESCAPES = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+
+
+def clean_wikitext_line(line: str) -> str:
+    """Undo WikiText's number/hyphen escapes and drop <unk>; collapse whitespace."""
+    for escaped, plain in _ESCAPES:
+        line = line.replace(escaped, plain)
+    return " ".join(word for word in line.split() if word != "<unk>")
+
+
+def is_wikitext(lines: list[str]) -> bool:
+    """True when the text has WikiText article headings (" = Title = ") in its first 200 lines."""
+    return any(_ARTICLE.match(line.rstrip("\n")) for line in lines[:200])
+
+
+def iter_documents(path: str | Path) -> Iterator[list[str]]:
+    """Yield each document of a text file as a list of paragraphs (non-empty, cleaned for WikiText)."""
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    wikitext = is_wikitext(lines)
+    doc: list[str] = []
+    for raw in lines:
+        line = raw.rstrip()
+        if wikitext and _ARTICLE.match(line) and not _SECTION.match(line):
+            if doc:
+                yield doc
+            doc = []
+        elif wikitext and _SECTION.match(line):
+            continue
+        elif not line.strip():
+            if not wikitext and doc:  # plain text: a blank line ends a document
+                yield doc
+                doc = []
+        else:
+            text = clean_wikitext_line(line) if wikitext else " ".join(line.split())
+            if text:
+                doc.append(text)
+    if doc:
+        yield doc
+
+
+def sentence_splitter() -> Callable[[str], list[str]]:
+    """data/sentence_segmentation.py's blingfire splitter when importable, else a split at WikiText's " . "."""
+    try:
+        from data.sentence_segmentation import get_segmenter
+
+        return get_segmenter("blingfire")
+    except ImportError:
+        return lambda text: [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+_SENTENCE_END = re.compile(r"(?<= [.?!]) ")
+
+
+def list_inputs(inputs: Iterable[str | Path]) -> list[Path]:
+    """Files as given, and the *.txt files of folders (sorted, recursive)."""
+    files: list[Path] = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            files.extend(sorted(p for p in item.rglob("*.txt") if p.is_file()))
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise SystemExit(f"text_to_documents: input {item} does not exist: pass text files or folders")
+    return files
+
+
+def _write(docs: list[list[str]], output: str | Path, sentences: bool) -> None:
+    from utils import atomic_open
+
+    split = sentence_splitter() if sentences else None
+    with atomic_open(output, "w", encoding="utf-8") as out:
+        for doc in docs:
+            if split is None:
+                out.write(" ".join(doc) + "\n")
+                continue
+            lines = [s for paragraph in doc for s in split(paragraph)]
+            out.write("\n".join(lines) + "\n\n")
+
+
+def write_documents(inputs: Iterable[str | Path], output: str | Path, sentences: bool = False,
+                    test_fraction: float = 0.0, test_output: str | Path | None = None) -> tuple[int, int]:
+    """Write the documents of every input to `output`, the last `test_fraction` of them (at least one when > 0) to
+    `test_output`, atomically. Returns (training documents, test documents)."""
+    docs = [doc for path in list_inputs(inputs) for doc in iter_documents(path)]
+    test_documents = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0
+    if test_documents and len(docs) <= test_documents:
+        raise SystemExit(f"text_to_documents: {len(docs)} document(s) found, too few to hold out a test set: "
+                         f"give more text (documents are separated by blank lines) or --test_fraction 0")
+    train, test = (docs[:-test_documents], docs[-test_documents:]) if test_documents else (docs, [])
+    _write(train, output, sentences)
+    if test:
+        _write(test, test_output, sentences)
+    return len(train), len(test)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True,
+                   help="text files or folders of *.txt (WikiText, or documents separated by blank lines)")
+    p.add_argument("--output", required=True, help="the output file")
+    p.add_argument("--sentences", action="store_true",
+                   help="one sentence per line, a blank line between documents (create_pretraining_data.py's input)")
+    p.add_argument("--test_fraction", type=float, default=0.0,
+                   help="put the last this fraction of the documents (at least one) in --test_output")
+    p.add_argument("--test_output", help="where the --test_fraction documents go")
+    args = p.parse_args(argv)
+    if not 0.0 <= args.test_fraction < 1.0:
+        raise SystemExit(f"text_to_documents: --test_fraction must be in [0, 1), got {args.test_fraction}")
+    if args.test_fraction and not args.test_output:
+        raise SystemExit("text_to_documents: --test_fraction needs --test_output")
+    n_train, n_test = write_documents(args.input, args.output, args.sentences, args.test_fraction, args.test_output)
+    if n_train == 0:
+        raise SystemExit(f"text_to_documents: no text found in {' '.join(args.input)}")
+    print(f"text_to_documents: {n_train} documents -> {args.output}"
+          + (f", {n_test} -> {args.test_output}" if n_test else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""The launchers: scripts/run_pretraining.sh, the presets of scripts/configs/pretrain_config.sh, run.sub, the
+Docker scripts and the CPU demo.
+
+The commands the launchers build (DRY_RUN=1) are checked against run_pretraining.py itself: every flag must appear
+in its --help text and the whole command line must pass its own argument parser and checks (parse_args). The
+defaults are checked against NVIDIA DeepLearningExamples' run_pretraining.sh, whose values are written out below.
+One test runs the launcher for real (both phases, a tiny model, a few steps) to see the phase hand-off, the log
+file and the summary.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_SH = REPO / "scripts" / "run_pretraining.sh"
+PRESETS_SH = REPO / "scripts" / "configs" / "pretrain_config.sh"
+SHELL_SCRIPTS = sorted(REPO.glob("scripts/**/*.sh")) + [REPO / "run.sub"]
+PRECISIONS = {"fp16", "bf16", "tf32", "fp32"}
+EXPECTED_PRESETS = {"dgx1_8gpu_fp16", "dgx1_8gpu_fp32", "dgx2_16gpu_fp16", "dgx2_16gpu_fp32", "dgxa100-40g_8gpu_fp16",
+                    "dgxa100-40g_8gpu_tf32", "dgxa100-80g_8gpu_fp16", "dgxa100-80g_8gpu_tf32", "dgxa100-80g_8gpu_bf16",
+                    "dgxh100_8gpu_bf16", "cpu"}
+# NVIDIA's run_pretraining.sh (the HDF5-era version with 25 positional arguments): its defaults, arguments 1-20.
+NVIDIA_DEFAULTS = ["8192", "6e-3", "fp16", "8", "0.2843", "7038", "200", "false", "true", "true", "128", "12439",
+                   "bert_lamb_pretraining", "true", "true", "4096", "4e-3", "0.128", "1563", "512"]
+INT_ARGS = (1, 4, 6, 7, 11, 12, 16, 19, 20)
+FLOAT_ARGS = (2, 5, 17, 18)
+BOOL_ARGS = (8, 9, 10, 14, 15)
+
+
+def bash(script: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=cwd, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    out = subprocess.run([sys.executable, str(REPO / "run_pretraining.py"), "--help"], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def presets() -> dict[str, list[str]]:
+    """Every preset function's words, from a real `source` of the file."""
+    out = bash(f"source {shlex.quote(str(PRESETS_SH))}; for p in \"${{PRETRAIN_PRESETS[@]}}\"; do "
+               f"echo \"$p|$($p)\"; done; declare -F | awk '{{print \"FN \" $3}}'",
+               env={"BERT_PREP_WORKING_DIR": "/workspace/data"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    functions = {line[3:] for line in lines if line.startswith("FN ") and not line[3:].startswith("_")}
+    result = {name: words.split() for name, words in (line.split("|", 1) for line in lines if "|" in line)}
+    assert set(result) == functions, "PRETRAIN_PRESETS must list every preset function"
+    return result
+
+
+def run_pretraining_commands(stdout: str) -> list[list[str]]:
+    """The run_pretraining.py flags of every printed command line."""
+    commands = []
+    for line in stdout.splitlines():
+        words = shlex.split(line)
+        at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
+        commands.append(words[at + 1:])
+    return commands
+
+
+def check_flags_against_run_pretraining(flags: list[str], help_text: str):
+    """Every flag is documented in --help, and run_pretraining.py's own parser accepts the command line."""
+    import run_pretraining
+
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        assert re.search(rf"(^|[\s,\[]){re.escape(name)}([\s,=\]]|$)", help_text, re.M), f"{name} not in --help"
+    return run_pretraining.parse_args(flags)
+
+
+def flag_values(flags: list[str]) -> dict[str, str | bool]:
+    return {f.split("=", 1)[0]: (f.split("=", 1)[1] if "=" in f else True) for f in flags}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Syntax
+
+
+@pytest.mark.parametrize("path", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_shell_syntax(path):
+    out = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_expected_scripts_exist():
+    names = {str(p.relative_to(REPO)) for p in SHELL_SCRIPTS}
+    assert {"scripts/run_pretraining.sh", "scripts/configs/pretrain_config.sh", "scripts/docker/build.sh",
+            "scripts/docker/launch.sh", "scripts/run_cpu_demo.sh", "run.sub"} <= names
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Presets
+
+
+def test_every_expected_preset_is_defined(presets):
+    assert set(presets) == EXPECTED_PRESETS
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_preset_arguments_are_valid(presets, name):
+    words = presets[name]
+    assert len(words) == 25, f"{name} echoes {len(words)} words, not the 25 positional arguments"
+    arg = {i + 1: w for i, w in enumerate(words)}
+    for i in INT_ARGS:
+        assert re.fullmatch(r"[0-9]+", arg[i]), f"argument {i} = {arg[i]!r}"
+    for i in FLOAT_ARGS:
+        assert float(arg[i]) > 0, f"argument {i} = {arg[i]!r}"
+    for i in BOOL_ARGS:
+        assert arg[i] in ("true", "false"), f"argument {i} = {arg[i]!r}"
+    assert arg[3] in PRECISIONS
+    assert 0 < float(arg[5]) < 1 and 0 < float(arg[18]) < 1
+    assert int(arg[1]) % int(arg[11]) == 0 and int(arg[16]) % int(arg[20]) == 0, "batch not divisible by accumulation"
+    assert arg[21].startswith("/") and arg[22].startswith("/") and arg[25].endswith(".json")
+    assert arg[24] == "None" or Path(arg[24]).suffix in (".pt", "")
+    if arg[3] in ("fp32", "tf32"):
+        assert arg[15] == "false", "half-precision all-reduce in a full-precision preset"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS - {"cpu"}))
+def test_gpu_presets_keep_nvidias_global_batch(presets, name):
+    arg = {i + 1: w for i, w in enumerate(presets[name])}
+    gpus = int(arg[4])
+    assert int(arg[1]) * gpus == 65536 and int(arg[16]) * gpus == 32768
+    assert (arg[2], arg[6], arg[17], arg[19]) == ("6e-3", "7038", "4e-3", "1563")
+    assert arg[25] == "/workspace/bert/bert_config.json" and arg[23] == "/workspace/bert"
+    assert arg[3] == name.rsplit("_", 1)[1] and f"_{gpus}gpu_" in name
+
+
+def test_cpu_preset_uses_this_repository(presets):
+    arg = {i + 1: w for i, w in enumerate(presets["cpu"])}
+    assert arg[4] == "1" and arg[3] in ("fp32", "bf16")
+    assert Path(arg[23]) == REPO and Path(arg[25]) == REPO / "configs" / "bert-small-cpu.json"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
+def test_preset_makes_valid_run_pretraining_commands(presets, help_text, name, tmp_path):
+    words = presets[name]
+    out = bash(f"bash {shlex.quote(str(RUN_SH))} {' '.join(map(shlex.quote, words))}",
+               env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    commands = run_pretraining_commands(out.stdout)
+    assert len(commands) == 2, out.stdout
+    arg = {i + 1: w for i, w in enumerate(words)}
+    phase1, phase2 = (check_flags_against_run_pretraining(c, help_text) for c in commands)
+    assert (phase1.train_batch_size, phase1.max_steps, phase1.max_seq_length) == (int(arg[1]), int(arg[6]), 128)
+    assert phase1.gradient_accumulation_steps == (int(arg[11]) if arg[10] == "true" else 1)
+    assert (phase2.train_batch_size, phase2.max_steps, phase2.max_seq_length) == (int(arg[16]), int(arg[19]), 512)
+    assert phase2.phase2 and phase2.phase1_end_step == int(arg[6]) and phase2.resume_from_checkpoint
+    assert not phase1.phase2 and phase1.resume_from_checkpoint == (arg[8] == "true")
+    assert phase1.learning_rate == float(arg[2]) and phase2.learning_rate == float(arg[17])
+    assert phase1.seed == phase2.seed == int(arg[12])
+    assert phase1.precision == phase2.precision == {"fp16": "fp16", "bf16": "bf16"}.get(arg[3], "fp32")
+    assert phase1.input_dir == arg[21] and phase2.input_dir == arg[22] and phase1.config_file == arg[25]
+    assert phase1.output_dir == phase2.output_dir  # phase 2 finds phase 1's checkpoint there
+    assert phase1.allreduce_post_accumulation_fp16 == (arg[15] == "true")
+    launcher = out.stdout.splitlines()[0]
+    if int(arg[4]) > 1:
+        assert f"-m torch.distributed.run --standalone --nproc_per_node={arg[4]} " in launcher
+    else:
+        assert "torch.distributed.run" not in launcher
+    assert launcher.startswith("env NVIDIA_TF32_OVERRIDE=0 ") == (arg[3] == "fp32")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# run_pretraining.sh on its own
+
+
+def test_defaults_are_nvidias(help_text, tmp_path):
+    out = bash("bash " + shlex.quote(str(RUN_SH)), env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path),
+                                              "BERT_PREP_WORKING_DIR": "/prep"})
+    assert out.returncode == 0, out.stderr
+    phase1, phase2 = (flag_values(c) for c in run_pretraining_commands(out.stdout))
+    d = NVIDIA_DEFAULTS
+    assert phase1["--train_batch_size"] == d[0] and phase1["--learning_rate"] == d[1] and "--fp16" in phase1
+    assert phase1["--warmup_proportion"] == d[4] and phase1["--max_steps"] == d[5]
+    assert phase1["--num_steps_per_checkpoint"] == d[6] and "--resume_from_checkpoint" not in phase1
+    assert phase1["--gradient_accumulation_steps"] == d[10] and phase1["--seed"] == d[11]
+    assert "--allreduce_post_accumulation" in phase1 and "--allreduce_post_accumulation_fp16" in phase1
+    assert (phase2["--train_batch_size"], phase2["--learning_rate"], phase2["--warmup_proportion"],
+            phase2["--max_steps"], phase2["--gradient_accumulation_steps"]) == tuple(d[15:20])
+    assert phase1["--max_predictions_per_seq"] == "20" and phase2["--max_predictions_per_seq"] == "80"
+    assert phase1["--input_dir"].startswith("/prep/hdf5_lower_case_1_seq_len_128_max_pred_20_")
+    assert phase2["--input_dir"].startswith("/prep/hdf5_lower_case_1_seq_len_512_max_pred_80_")
+    assert phase1["--config_file"] == str(REPO / "bert_config.json")
+    assert "--nproc_per_node=8" in out.stdout.splitlines()[0]
+
+
+def test_help_lists_all_25_arguments():
+    out = bash(f"bash {shlex.quote(str(RUN_SH))} -h")
+    assert out.returncode == 0
+    for i, name in enumerate(["train_batch_size", "learning_rate", "precision", "num_gpus", "warmup_proportion",
+                              "train_steps", "save_checkpoint_steps", "resume_training", "create_logfile",
+                              "accumulate_gradients", "gradient_accumulation_steps", "seed", "job_name",
+                              "allreduce_post_accumulation", "allreduce_post_accumulation_fp16",
+                              "train_batch_size_phase2", "learning_rate_phase2", "warmup_proportion_phase2",
+                              "train_steps_phase2", "gradient_accumulation_steps_phase2", "DATA_DIR_PHASE1",
+                              "DATA_DIR_PHASE2", "CODEDIR", "init_checkpoint", "BERT_CONFIG"], start=1):
+        assert re.search(rf"^\s*{i} {name}\s", out.stdout, re.M), f"argument {i} {name} missing from -h"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["64", "1e-3", "fp8"], "argument 3 (precision)"),
+    (["6x4"], "argument 1 (train_batch_size)"),
+    (["64", "fast"], "argument 2 (learning_rate)"),
+    (["64", "1e-3", "fp32", "1", "0.1", "10", "5", "maybe"], "argument 8 (resume_training)"),
+    (["64", "1e-3", "fp32", "1", "0.1", "10", "5", "false", "false", "true", "3"], "not divisible"),
+])
+def test_bad_arguments_fail_in_one_line(args, message, tmp_path):
+    out = bash(" ".join(["bash", shlex.quote(str(RUN_SH))] + args), env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path)})
+    assert out.returncode == 1 and out.stdout == ""
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_missing_data_folder_is_an_error(tmp_path):
+    out = bash(f"bash {shlex.quote(str(RUN_SH))} 8 1e-3 fp32 1 0.1 2 1 false false false 1 1 job false false 8 1e-3 0.1 1 1 "
+               f"{tmp_path}/nowhere {tmp_path}/nowhere2", env={"RESULTS_DIR": str(tmp_path)})
+    assert out.returncode == 1 and "phase 1 data folder" in out.stderr and "argument 21" in out.stderr
+
+
+def test_phases_extra_args_and_cpu_processes(help_text, tmp_path):
+    out = bash(f"bash {shlex.quote(str(RUN_SH))} 64 1e-3 bf16 2", env={
+        "DRY_RUN": "1", "RESULTS_DIR": str(tmp_path), "PHASES": "2", "EXTRA_ARGS": "--log_freq=5 --num_workers 1",
+        "VOCAB_FILE": "/v/vocab.txt", "EVAL_DIR_PHASE2": "/eval", "MAX_SEQ_LENGTH_PHASE2": "256",
+        "MAX_PRED_PHASE2": "40"})
+    assert out.returncode == 0, out.stderr
+    (flags,) = run_pretraining_commands(out.stdout)
+    cfg = check_flags_against_run_pretraining(flags, help_text)
+    assert cfg.phase2 and cfg.log_freq == 5 and cfg.num_workers == 1 and cfg.vocab_file == "/v/vocab.txt"
+    assert cfg.eval_dir == "/eval" and cfg.max_seq_length == 256 and cfg.max_predictions_per_seq == 40 and cfg.bf16
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# run.sub
+
+
+def run_sub(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    return subprocess.run(["bash", str(REPO / "run.sub")], capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**clean, **env})
+
+
+@pytest.mark.parametrize("phase, nodes", [("1", "1"), ("2", "4")])
+def test_run_sub_builds_one_task_per_gpu(help_text, phase, nodes):
+    out = run_sub({"DRY_RUN": "1", "CONT": "registry/bert:latest", "DATADIR_PHASE1": "/lustre/p1",
+                   "DATADIR_PHASE2": "/lustre/p2", "CHECKPOINTDIR": "/lustre/ckpt", "PHASE": phase,
+                   "SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "1234"})
+    assert out.returncode == 0, out.stderr
+    words = shlex.split(out.stdout)
+    at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
+    srun = flag_values([w for w in words[:at] if w.startswith("--")])
+    assert words[0] == "srun" and srun["--ntasks-per-node"] == "8" and srun["--nodes"] == nodes
+    assert srun["--container-image"] == "registry/bert:latest"
+    mounts = dict(m.split(":") for m in srun["--container-mounts"].split(","))
+    assert mounts[f"/lustre/p{phase}"] == "/data" and mounts["/lustre/ckpt"] == "/checkpoints"
+    cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
+    world = int(nodes) * 8
+    assert cfg.input_dir == "/data" and cfg.output_dir == "/checkpoints" and cfg.resume_from_checkpoint
+    assert cfg.bf16 and cfg.allreduce_post_accumulation
+    if phase == "1":
+        assert cfg.train_batch_size * world == 65536 and cfg.micro_batch_size == 256 and cfg.max_seq_length == 128
+        assert not cfg.phase2
+    else:
+        assert cfg.train_batch_size * world == 32768 and cfg.micro_batch_size == 32 and cfg.max_seq_length == 512
+        assert cfg.phase2 and cfg.phase1_end_step == 7038
+
+
+def test_run_sub_takes_batch_lr_and_accumulation_from_the_environment(help_text):
+    out = run_sub({"DRY_RUN": "1", "CONT": "c", "DATADIR": "/d", "CHECKPOINTDIR": "/c", "BATCHSIZE": "96",
+                   "LR": "1e-3", "GRADIENT_STEPS": "3", "PRECISION": "fp16"})
+    assert out.returncode == 0, out.stderr
+    words = shlex.split(out.stdout)
+    at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
+    cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
+    assert (cfg.train_batch_size, cfg.learning_rate, cfg.gradient_accumulation_steps, cfg.fp16) == (96, 1e-3, 3, True)
+
+
+@pytest.mark.parametrize("missing", ["CONT", "CHECKPOINTDIR", "DATADIR"])
+def test_run_sub_requires_its_folders_and_image(missing):
+    env = {"CONT": "c", "DATADIR": "/d", "CHECKPOINTDIR": "/c", "DRY_RUN": "1"}
+    del env[missing]
+    out = run_sub(env)
+    assert out.returncode == 1 and missing in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Docker, the CPU demo
+
+
+def test_dockerfile_uses_an_ngc_pytorch_image_and_the_requirements():
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"nvcr\.io/nvidia/pytorch:2[5-9]\.\d\d-py3", text)
+    assert "pip install --no-cache-dir -r requirements.txt" in text
+    assert "torch" not in (REPO / "requirements.txt").read_text().split("#")[-1].split()  # the image brings torch
+    assert re.search(r"^\.venv$", (REPO / ".dockerignore").read_text(), re.M)
+
+
+def test_launch_sh_mounts_the_folders():
+    text = (REPO / "scripts" / "docker" / "launch.sh").read_text()
+    assert "--gpus all" in text
+    for target in ("/workspace/data", "/workspace/bert/checkpoints", "/workspace/bert/results"):
+        assert f':{target} ' in text or f':{target}"' in text or f":{target} \\" in text
+
+
+def test_cpu_demo_without_data_fails_in_one_line(tmp_path):
+    # A copy of the repository's scripts in a folder with no ../shared/data beside it.
+    repo = tmp_path / "checkout"
+    (repo / "scripts" / "configs").mkdir(parents=True)
+    for name in ("scripts/run_cpu_demo.sh", "scripts/configs/pretrain_config.sh"):
+        (repo / name).write_text((REPO / name).read_text())
+    out = bash(f"bash {repo}/scripts/run_cpu_demo.sh --out {tmp_path}/out")
+    assert out.returncode == 1 and "--corpus" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# For real: both phases through the launcher, a tiny model, a few steps.
+
+
+def test_two_phases_for_real(shared_data, tmp_path):
+    import create_pretraining_data
+
+    text = shared_data / "bert-sample-text" / "sample_text.txt"
+    vocab = shared_data / "bert-vocab" / "bert-base-uncased-vocab.txt"
+    for seq, pred, folder in ((32, 5, "p1"), (64, 10, "p2")):
+        create_pretraining_data.main(["--input_file", str(text), "--output_file", str(tmp_path / folder / "s.hdf5"),
+                                      "--vocab_file", str(vocab), "--max_seq_length", str(seq),
+                                      "--max_predictions_per_seq", str(pred), "--dupe_factor", "1",
+                                      "--num_workers", "1", "--no_progress"])
+    config = tmp_path / "tiny.json"
+    config.write_text('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
+                      '"intermediate_size": 64, "max_position_embeddings": 64}')
+    args = ["8", "1e-3", "fp32", "1", "0.5", "3", "2", "false", "true", "true", "2", "7", "tiny", "false", "false",
+            "4", "1e-3", "0.5", "2", "1", str(tmp_path / "p1"), str(tmp_path / "p2"), str(REPO), "None", str(config)]
+    results = tmp_path / "results"
+    out = bash(" ".join(["bash", shlex.quote(str(RUN_SH))] + args), env={
+        "RESULTS_DIR": str(results), "PYTHON": sys.executable, "MAX_SEQ_LENGTH_PHASE1": "32", "MAX_PRED_PHASE1": "5",
+        "MAX_SEQ_LENGTH_PHASE2": "64", "MAX_PRED_PHASE2": "10",
+        "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    checkpoints = sorted(p.name for p in (results / "checkpoints").glob("ckpt_*.pt"))
+    assert checkpoints == ["ckpt_2.pt", "ckpt_3.pt", "ckpt_5.pt"]  # phase 2 numbers its steps after phase 1's 3
+    logs = sorted(results.glob("tiny.pyt_bert_pretraining_phase*_fp32_gbs*.log"))
+    assert [p.name.split(".")[1] for p in logs] == ["pyt_bert_pretraining_phase1_fp32_gbs8",
+                                                     "pyt_bert_pretraining_phase2_fp32_gbs4"]
+    assert "--phase2" in logs[1].read_text().splitlines()[0]  # the command heads the log
+    assert "phase 2 finished" in out.stderr and '"FINAL"' in out.stderr
+    assert (results / "tiny.phase1.json").is_file() and (results / "tiny.phase2.json").is_file()
