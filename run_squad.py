@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("runtime")
     g.add_argument("--num_workers", type=int, default=0,
-                   help="DataLoader worker processes (the features are in-memory tensors: 0 is usually fastest)")
+                   help="DataLoader worker processes cutting training batches (the features are in-memory tensors, "
+                        "so 0 is usually fastest)")
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
     g.add_argument("--log_freq", type=int, default=50, help="log the training loss every N optimizer steps")
     g.add_argument("--json-summary", dest="json_summary", default=None,
@@ -239,6 +240,21 @@ def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int, epoc
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+class BatchedTensors(torch.utils.data.Dataset):
+    """dataset[list of indices] -> that batch of every tensor, trimmed to its longest sequence (so a DataLoader with
+    batch_size=None and a sampler of index lists hands out whole batches, in worker processes if asked)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors["input_ids"])
+
+    def __getitem__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices)
+        return trim_batch({k: v[index] for k, v in self.tensors.items()})
+
+
 def training_batches(tensors: dict[str, torch.Tensor], batch_size: int, args, env: utils.DistEnv,
                      epoch: int) -> Iterator[dict[str, torch.Tensor]]:
     """One epoch of this process's micro-batches, trimmed to their longest sequence."""
@@ -251,9 +267,8 @@ def training_batches(tensors: dict[str, torch.Tensor], batch_size: int, args, en
         per_rank = math.ceil(len(order) / env.world_size)
         order = np.resize(order, per_rank * env.world_size)[env.rank::env.world_size]
         batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
-    for indices in batches:
-        index = torch.tensor(indices)
-        yield trim_batch({k: v[index] for k, v in tensors.items()})
+    yield from torch.utils.data.DataLoader(BatchedTensors(tensors), sampler=batches, batch_size=None,
+                                           num_workers=args.num_workers, pin_memory=env.device.type == "cuda")
 
 
 def cache_dir_for(args: argparse.Namespace, input_file: str) -> Path | None:
@@ -265,20 +280,23 @@ def cache_dir_for(args: argparse.Namespace, input_file: str) -> Path | None:
     return beside if os.access(beside, os.W_OK) else Path(args.output_dir) / "cache"
 
 
-def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: utils.DistEnv, log):
-    """Features from the cache or built; in a distributed run process 0 builds and caches them first."""
+def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: utils.DistEnv, log,
+                   collective: bool):
+    """Features from the cache or built. `collective`: every process calls this; then process 0 builds and caches
+    the features first and the others read the cache (one tokenization instead of one per process)."""
     cache_dir = cache_dir_for(args, input_file)
+    sync = collective and env.distributed and cache_dir is not None
     progress = None
     if env.is_main and not args.disable_progress_bar:
         from tqdm import tqdm
 
         progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
-    if env.distributed and cache_dir is not None and not env.is_main:
+    if sync and not env.is_main:
         utils.barrier(env)  # wait for process 0 to write the cache, then read it
     features, how = squad.load_or_build_features(
         input_file, examples, tokenizer, args.max_seq_length, args.doc_stride, args.max_query_length, is_training,
         args.version_2_with_negative, cache_dir, write_cache=env.is_main, progress=progress)
-    if env.distributed and cache_dir is not None and env.is_main:
+    if sync and env.is_main:
         utils.barrier(env)
     log(f"{input_file}: {len(examples)} questions -> {len(features)} windows ({how})")
     return features
@@ -501,7 +519,7 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.do_train:
         examples = squad.read_squad_examples(args.train_file, True, args.version_2_with_negative)
-        features = build_features(args, args.train_file, examples, tokenizer, True, env, log)
+        features = build_features(args, args.train_file, examples, tokenizer, True, env, log, collective=True)
         tensors = feature_tensors(features, with_positions=True)
         ddp_model = model
         if env.distributed:
@@ -522,12 +540,14 @@ def run(args: argparse.Namespace) -> dict:
         logger.log("FINAL", summary)
         print(json.dumps(summary, indent=2), flush=True)
     logger.close()
+    if env.distributed:
+        torch.distributed.destroy_process_group()
     return summary
 
 
 def predict(args, model, tokenizer, env, logger, log, output_dir: Path) -> dict:
     examples = squad.read_squad_examples(args.predict_file, False, args.version_2_with_negative)
-    features = build_features(args, args.predict_file, examples, tokenizer, False, env, log)
+    features = build_features(args, args.predict_file, examples, tokenizer, False, env, log, collective=False)
     results, seconds = predict_logits(model, features, args.predict_batch_size, args.precision, env.device,
                                       progress=not args.disable_progress_bar)
     predictions, nbest, null_odds = squad.get_predictions(

@@ -192,7 +192,7 @@ def _make_example(qa: dict, words: list[str], char_to_word: list[int], is_traini
 
 def examples_from_qa_pairs(items: Sequence[Mapping[str, Any]]) -> list[SquadExample]:
     """Examples for inference from [{"id"?: str, "question": str, "context": str}, ...]; a missing id becomes the
-    item's index. Items with the same context object share one doc_tokens list."""
+    item's index. Items with the same context text share one doc_tokens list (WordPiece'd once)."""
     examples: list[SquadExample] = []
     split_cache: dict[str, list[str]] = {}
     for i, item in enumerate(items):

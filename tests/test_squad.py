@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import utils
 from processors import squad
 from tokenization import BertTokenizer
 
@@ -377,6 +378,35 @@ def test_run_squad_v2_writes_null_odds(shared_data, uncased_vocab, tmp_path):
     assert results["eval"] == results["eval_script"]
 
 
+def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, tmp_path, repo_root):
+    """DDP over 2 CPU processes (gloo) with 4 windows each per step = 1 process with 8 windows per step: every step
+    sees the same 8 windows (process r takes every 2nd window of the shuffle), so without dropout the weights
+    after 3 steps agree."""
+    import os
+
+    import run_squad
+
+    config_file = tmp_path / "bert_config.json"
+    config_file.write_text(json.dumps(dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
+    common = ["--config_file", str(config_file), "--vocab_file", str(uncased_vocab), "--do_lower_case",
+              "--train_file", str(squad_subset), "--do_train", "--max_steps", "3", "--max_seq_length", "96",
+              "--doc_stride", "32", "--max_query_length", "24", "--cache_dir", str(tmp_path / "cache"),
+              "--disable_progress_bar", "--learning_rate", "1e-3", "--seed", "5"]
+    run_squad.main(common + ["--train_batch_size", "8", "--output_dir", str(tmp_path / "one")])
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "run_squad.py", *common, "--train_batch_size", "4", "--output_dir", str(tmp_path / "two")],
+                          capture_output=True, text=True, cwd=repo_root, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)["model"]
+    two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)["model"]
+    utils.set_seed(5)  # the initial weights both runs started from
+    initial = run_squad.BertForQuestionAnswering(run_squad.BertConfig.from_json_file(config_file)).state_dict()
+    assert not torch.allclose(one["qa_outputs.weight"], initial["qa_outputs.weight"])  # 3 steps really trained
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4, msg=key)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--do_predict"], "--predict_file"),
     (["--do_train"], "--train_file"),
@@ -399,7 +429,8 @@ def test_run_squad_malformed_json_fails_in_one_line(uncased_vocab, tmp_path, rep
     config_file.write_text(json.dumps(TINY_CONFIG))
     done = subprocess.run([sys.executable, str(repo_root / "run_squad.py"), "--config_file", str(config_file),
                            "--vocab_file", str(uncased_vocab), "--do_predict", "--predict_file", str(bad),
-                           "--output_dir", str(tmp_path / "out"), "--disable_progress_bar"],
+                           "--max_seq_length", "96", "--max_query_length", "24", "--output_dir", str(tmp_path / "out"),
+                           "--disable_progress_bar"],
                           capture_output=True, text=True, cwd=repo_root)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
