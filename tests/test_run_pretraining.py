@@ -1,0 +1,560 @@
+"""run_pretraining.py: flags, the data stream, fp16 overflow handling, checkpoints and exact resume (also after
+SIGKILL at random moments and on SIGTERM), phase 1 -> phase 2, and learning on real text.
+
+Everything runs on the CPU with one intra-op thread: the shared 2-core machine is oversubscribed, and an exact
+resume compares runs that must use the same thread count. The data-parallel tests (2 real gloo processes) are in
+test_distributed_pretraining.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import run_pretraining as rp
+from modeling import BertConfig, BertForPreTraining, save_hf_directory
+
+REPO = Path(__file__).resolve().parent.parent
+SEQ, PRED, VOCAB = 32, 5, 100
+CLS, SEP, MASK = 2, 3, 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fixtures: tiny NVIDIA-layout shards written directly with h5py, tiny configs.
+
+
+def make_shards(folder: Path, n_shards: int = 3, n: int = 40, seq: int = SEQ, pred: int = PRED, vocab: int = VOCAB,
+                seed: int = 0, tag: bool = False, unmasked: bool = False, short_rows: int = 0) -> Path:
+    """Shards with random tokens: [CLS] ... [SEP] then padding, `pred` masked positions per row (sorted, never 0;
+    the last `short_rows` rows use only 2 of them, the rest of the slots 0 as in real shards). tag=True writes
+    the sample's identity (shard * n + row) at position 1, which is never masked. unmasked=True writes
+    create_pretraining_data's --no_static_masking layout (zero masked_lm_* and attrs masking=dynamic)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for s in range(n_shards):
+        lengths = rng.integers(seq // 2, seq + 1, n)
+        mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int8)
+        ids = rng.integers(5, vocab, (n, seq)).astype(np.int32)
+        ids[:, 0] = CLS
+        ids[np.arange(n), lengths - 1] = SEP
+        ids[mask == 0] = 0
+        if tag:
+            ids[:, 1] = s * n + np.arange(n)
+        segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int8)
+        positions = np.stack([np.sort(rng.choice(np.arange(2, length - 1), pred, replace=False))
+                              for length in lengths]).astype(np.int32)
+        if short_rows:
+            positions[-short_rows:, 2:] = 0
+        originals = np.where(positions > 0, np.take_along_axis(ids, positions, 1), 0).astype(np.int32)
+        if unmasked:
+            positions[:] = 0
+            originals[:] = 0
+        else:
+            rows, slots = np.nonzero(positions)
+            ids[rows, positions[rows, slots]] = MASK
+        with h5py.File(folder / f"shard_{s:02d}.hdf5", "w") as f:
+            f["input_ids"], f["input_mask"], f["segment_ids"] = ids, mask, segments
+            f["masked_lm_positions"], f["masked_lm_ids"] = positions, originals
+            f["next_sentence_labels"] = rng.integers(0, 2, n).astype(np.int8)
+            if unmasked:
+                f.attrs["masking"] = "dynamic"
+    return folder
+
+
+def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: int = 32) -> Path:
+    BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=2 * hidden, max_position_embeddings=64, hidden_dropout_prob=dropout,
+               attention_probs_dropout_prob=dropout).to_json_file(path)
+    return path
+
+
+def args_for(data: Path, config: Path, out: Path, *extra: str, seq: int = SEQ, pred: int = PRED) -> list[str]:
+    return ["--input_dir", str(data), "--config_file", str(config), "--output_dir", str(out), "--do_train",
+            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred), "--train_batch_size", "8",
+            "--learning_rate", "1e-2", "--warmup_proportion", "0.2", "--num_workers", "0",
+            "--disable_progress_bar", "--json-summary", str(out / "log.json"), *extra]
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    return write_config(tmp_path_factory.mktemp("config") / "bert_config.json")
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Flags
+
+
+ISSUE_FLAGS = ["--input_dir", "--config_file", "--vocab_file", "--output_dir", "--init_checkpoint", "--max_seq_length",
+               "--max_predictions_per_seq", "--train_batch_size", "--gradient_accumulation_steps", "--learning_rate",
+               "--warmup_proportion", "--max_steps", "--steps_this_run", "--seed", "--fp16", "--amp", "--bf16",
+               "--loss_scale", "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16", "--log_freq",
+               "--num_steps_per_checkpoint", "--skip_checkpoint", "--resume_from_checkpoint", "--resume_step",
+               "--phase2", "--phase1_end_step", "--do_train", "--json-summary", "--num_workers",
+               "--disable_progress_bar", "--checkpoint_activations", "--eval_dir", "--eval_steps",
+               "--num_steps_per_eval", "--dynamic_masking", "--compile"]
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        rp.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ISSUE_FLAGS:
+        assert flag in text, flag
+    assert "micro-batch = train_batch_size / gradient_accumulation_steps" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--train_batch_size", "8", "--gradient_accumulation_steps", "3"], "not divisible by --gradient_accumulation"),
+    (["--fp16", "--bf16"], "exclude each other"),
+    (["--resume_step", "3"], "--resume_step needs --resume_from_checkpoint"),
+    (["--max_seq_length", "64"], "has sequences of length 32 but --max_seq_length is 64"),
+    (["--max_predictions_per_seq", "3"], "5 masked positions per sequence but --max_predictions_per_seq is 3"),
+    (["--debug_inject_inf_at_step", "2"], "for --fp16 runs only"),
+])
+def test_bad_flags_give_one_line_errors(tmp_path, data, config, extra, message):
+    with pytest.raises(SystemExit) as exc:
+        rp.main(args_for(data, config, tmp_path / "out", *extra))
+    text = str(exc.value.code)
+    assert message in text and "\n" not in text and text.startswith("run_pretraining.py: error:")
+
+
+def test_unknown_flag_and_missing_data_are_one_line(tmp_path, config, capsys):
+    with pytest.raises(SystemExit) as exc:
+        rp.main(["--config_file", str(config), "--output_dir", str(tmp_path), "--do_train", "--input_dir",
+                 str(tmp_path), "--no_such_flag"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "unrecognized arguments: --no_such_flag" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as exc:
+        rp.main(["--config_file", str(config), "--output_dir", str(tmp_path / "o"), "--do_train", "--input_dir",
+                 str(tmp_path)])
+    assert "holds no .hdf5 shards" in str(exc.value.code) and "\n" not in str(exc.value.code)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def nvidia_labels(positions: np.ndarray, ids: np.ndarray, seq: int) -> np.ndarray:
+    """NVIDIA's pretraining_dataset.__getitem__ rule, written out: the slots before the first 0 after index 0."""
+    labels = np.full((len(positions), seq), -1, dtype=np.int64)
+    for row, (pos, tok) in enumerate(zip(positions, ids)):
+        zeros = np.nonzero(pos == 0)[0]
+        count = zeros[0] if len(zeros) else len(pos)
+        labels[row, pos[:count]] = tok[:count]
+    return labels
+
+
+def test_mlm_labels_follow_nvidia_rule_with_padded_slots(tmp_path):
+    folder = make_shards(tmp_path / "d", n_shards=1, short_rows=7)
+    with h5py.File(folder / "shard_00.hdf5") as f:
+        positions, ids = f["masked_lm_positions"][()], f["masked_lm_ids"][()]
+    labels = rp.mlm_labels(positions, ids, SEQ)
+    np.testing.assert_array_equal(labels, nvidia_labels(positions, ids, SEQ))
+    assert (labels[-7:] >= 0).sum() == 7 * 2 and (labels[:-7] >= 0).sum() == 33 * PRED
+
+
+def stream(folder: Path, micro: int, rank: int = 0, world: int = 1, workers: int = 0, position=None, masker=None):
+    shards = [rp.ShardInfo(p, 40, masker is not None) for p in sorted(folder.glob("*.hdf5"))]
+    return rp.PretrainingData(shards, seed=7, micro_batch=micro, rank=rank, world_size=world, num_workers=workers,
+                              masker=masker, position=position)
+
+
+def take(data: rp.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
+    it = iter(data)
+    return [next(it) for _ in range(count)]
+
+
+def test_stream_is_independent_of_the_process_split_and_resumes_exactly(tmp_path):
+    folder = make_shards(tmp_path / "d", n_shards=3, n=40, tag=True)  # G = 12: 3 full batches + 4 dropped/shard
+    one = stream(folder, 12)
+    single = take(one, 20)  # more than an epoch (3 shards x 3 batches)
+    ranks = [take(stream(folder, 6, rank=r, world=2), 20) for r in range(2)]
+    for k in range(20):
+        for key in single[k]:
+            torch.testing.assert_close(single[k][key], torch.cat([ranks[0][k][key], ranks[1][k][key]]), rtol=0, atol=0)
+    # Epoch 0 sees every sample at most once; only a remainder < G per shard is left out; epoch 1 is reshuffled.
+    ids = [int(i) for b in single[:9] for i in b["input_ids"][:, 1]]
+    assert len(set(ids)) == 9 * 12 and set(ids) <= set(range(120))
+    assert [int(i) for i in single[9]["input_ids"][:, 1]] != ids[:12]
+    # Resuming from the position after batch 5 gives batches 6, 7, ... again, with any worker count.
+    first = stream(folder, 12)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    resumed = take(stream(folder, 12, position=first.position, workers=2), 15)
+    for k in range(15):
+        for key in resumed[k]:
+            assert torch.equal(resumed[k][key], single[5 + k][key])
+    assert first.position == rp.DataPosition(epoch=0, shard_index=1, sample_offset=24)
+    first.close()
+
+
+def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
+    folder = make_shards(tmp_path / "d", n_shards=1, n=40, vocab=VOCAB, unmasked=True)
+    masker = rp.Masker(vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK, masked_lm_prob=0.15,
+                       max_predictions=PRED)
+    batches = take(stream(folder, 8, masker=masker), 10)  # 5 batches an epoch
+    with h5py.File(folder / "shard_00.hdf5") as f:
+        originals = {tuple(row) for row in f["input_ids"][()].tolist()}
+    masks = [{}, {}]  # per epoch: original row -> its labels
+    for k, b in enumerate(batches):
+        labels, inputs = b["masked_lm_labels"], b["input_ids"]
+        counts = (labels >= 0).sum(1)
+        expected = np.minimum(PRED, np.maximum(1, np.rint(b["attention_mask"].sum(1).numpy() * 0.15)))
+        assert counts.tolist() == expected.tolist()
+        assert not np.isin(labels[labels >= 0].numpy(), [CLS, SEP, MASK, 0]).any()
+        assert (inputs[labels >= 0] == MASK).float().mean() > 0.5  # ~80% [MASK]
+        restored = torch.where(labels >= 0, labels, inputs)
+        for row, label in zip(restored.tolist(), labels):
+            assert tuple(row) in originals  # masking only replaces tokens it labels
+            masks[k // 5][tuple(row)] = label
+    assert len(masks[0]) == len(masks[1]) == 40
+    assert sum(not torch.equal(masks[0][r], masks[1][r]) for r in masks[0]) > 30  # new masks in epoch 1
+    resumed = take(stream(folder, 8, masker=masker, position=rp.DataPosition(0, 0, 16)), 3)
+    for a, b in zip(resumed, batches[2:5]):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_unmasked_shards_need_dynamic_masking_and_train_with_it(tmp_path, config):
+    folder = make_shards(tmp_path / "d", n_shards=1, unmasked=True)
+    with pytest.raises(SystemExit, match="pass --dynamic_masking"):
+        rp.main(args_for(folder, config, tmp_path / "a", "--max_steps", "2"))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]) + "\n")
+    assert rp.main(args_for(folder, config, tmp_path / "b", "--max_steps", "2", "--dynamic_masking",
+                            "--vocab_file", str(vocab))) == 0
+    final = [r for r in read_log(tmp_path / "b" / "log.json") if r["step"] == "FINAL"][0]["data"]
+    assert np.isfinite(final["final_loss"]) and final["step"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fp16 overflow
+
+
+def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
+    from optimization import NVLAMB, param_groups_for_bert
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_json_file(config))
+    cfg = rp.parse_args(["--config_file", str(config), "--output_dir", "x", "--eval_dir", "x", "--fp16",
+                          "--init_loss_scale", "1024"])
+    from utils import DistEnv
+
+    model, precision = rp.apply_parallelism_and_precision(model, cfg, DistEnv())
+    optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
+    batch = rp.to_model_inputs({
+        "input_ids": np.full((2, 8), 7, np.int32), "input_mask": np.ones((2, 8), np.int8),
+        "segment_ids": np.zeros((2, 8), np.int8), "masked_lm_positions": np.array([[1, 3], [2, 0]], np.int32),
+        "masked_lm_ids": np.array([[9, 11], [12, 0]], np.int32), "next_sentence_labels": np.array([0, 1], np.int8)},
+        slice(0, 2))
+
+    def backward():
+        with precision.autocast():
+            loss = model(**batch)[0]
+        precision.scaler.scale(loss).backward()
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    backward()
+    rp._inject_inf(model)
+    assert rp.optimizer_step(optimizer, precision) is False
+    assert precision.loss_scale == 512.0  # halved
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert len(optimizer.state) == 0  # no moments, no step count: the step never happened
+    optimizer.zero_grad(set_to_none=True)
+    backward()
+    assert rp.optimizer_step(optimizer, precision) is True
+    assert precision.loss_scale == 512.0  # grows only after 2000 good steps
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(float(s["step"]) == 1 for s in optimizer.state.values())
+
+
+def test_fp16_run_counts_only_taken_steps_and_resumes_exactly(tmp_path, data, config):
+    # An initial scale of 2^20 (the default) overflows this tiny model's first steps by itself; start lower so
+    # that the injected overflow is the only one.
+    common = ["--fp16", "--init_loss_scale", "1024", "--debug_inject_inf_at_step", "2", "--max_steps", "5",
+              "--log_freq", "1", "--gradient_accumulation_steps", "2"]
+    assert rp.main(args_for(data, config, tmp_path / "full", *common)) == 0
+    log = [r for r in read_log(tmp_path / "full" / "log.json") if isinstance(r["step"], int)]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5]
+    assert [r["data"]["skipped_steps"] for r in log] == [0, 1, 1, 1, 1]
+    assert [r["data"]["loss_scale"] for r in log] == [1024.0] + [512.0] * 4
+    ckpt = torch.load(tmp_path / "full" / "ckpt_5.pt", weights_only=True)
+    assert ckpt["phase_step"] == 5 and ckpt["scheduler"]["last_epoch"] == 5 and ckpt["skipped_steps"] == 1
+    assert ckpt["grad_scaler"]["scale"] == 512.0
+    assert all(float(s["step"]) == 5 for s in ckpt["optimizer"]["state"].values())
+    # 6 optimizer attempts x 2 micro-batches x 8 sequences consumed: the skipped step's data is used up.
+    assert ckpt["data"]["epoch"] * 120 + ckpt["data"]["shard_index"] * 40 + ckpt["data"]["sample_offset"] >= 6 * 8
+    # The same run in two invocations (3 steps, then resume) ends with the same weights and loss scale.
+    part = tmp_path / "part"
+    assert rp.main(args_for(data, config, part, *common, "--steps_this_run", "3")) == 0
+    assert sorted(rp.list_checkpoints(part)) == [3]
+    assert rp.main(args_for(data, config, part, *common, "--resume_from_checkpoint")) == 0
+    resumed = torch.load(part / "ckpt_5.pt", weights_only=True)
+    assert max_diff(resumed["model"], ckpt["model"]) == 0.0
+    assert resumed["grad_scaler"] == ckpt["grad_scaler"] and resumed["data"] == ckpt["data"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints, output folder, resume
+
+
+def test_checkpoints_contents_rotation_refusal_and_resume_step(tmp_path, data, config):
+    out = tmp_path / "out"
+    assert rp.main(args_for(data, config, out, "--max_steps", "7", "--num_steps_per_checkpoint", "2")) == 0
+    assert sorted(rp.list_checkpoints(out)) == [4, 6, 7]  # every 2 steps and at the end, newest three kept
+    ckpt = torch.load(out / "ckpt_7.pt", map_location="cpu", weights_only=True)  # no pickled code needed
+    for key in ("model", "config", "optimizer", "scheduler", "grad_scaler", "rng", "data", "phase", "step"):
+        assert key in ckpt
+    assert ckpt["phase"] == 1 and ckpt["step"] == 7 and len(ckpt["rng"]) == 1
+    assert set(ckpt["data"]) >= {"epoch", "shard_order", "shard_index", "sample_offset"}
+    assert {"python", "numpy", "torch"} <= set(ckpt["rng"][0])
+    # The checkpoint is what BertForPreTraining.from_pretrained reads (Hugging Face names).
+    model = BertForPreTraining.from_pretrained(out / "ckpt_7.pt", log=None)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt["model"].items())
+    assert "bert.encoder.layer.1.attention.self.query.weight" in ckpt["model"]
+    # A used folder is refused without --resume_from_checkpoint, in one line.
+    with pytest.raises(SystemExit) as exc:
+        rp.main(args_for(data, config, out, "--max_steps", "9"))
+    assert "already holds checkpoints" in str(exc.value.code) and "--resume_from_checkpoint" in str(exc.value.code)
+    # --resume_step picks an older one; a missing one is a one-line error.
+    with pytest.raises(SystemExit, match="--resume_step 5"):
+        rp.main(args_for(data, config, out, "--max_steps", "9", "--resume_from_checkpoint", "--resume_step", "5"))
+    assert rp.main(args_for(data, config, out, "--max_steps", "9", "--resume_from_checkpoint", "--resume_step",
+                            "6", "--num_steps_per_checkpoint", "100")) == 0
+    first = [r for r in read_log(out / "log.json") if r["step"] == "PARAMETER"][-1]
+    assert first["data"]["start_step"] == 6
+    # A corrupt newest checkpoint (not one of ours: ours are atomic) is passed over for the previous one.
+    (out / "ckpt_9.pt").write_bytes(b"garbage")
+    (out / ".ckpt_10.pt.abc.tmp").write_bytes(b"half")
+    assert rp.main(args_for(data, config, out, "--max_steps", "10", "--resume_from_checkpoint")) == 0
+    assert not (out / ".ckpt_10.pt.abc.tmp").exists()
+    assert torch.load(out / "ckpt_10.pt", weights_only=True)["step"] == 10
+
+
+def test_init_checkpoint_accepts_a_hugging_face_folder(tmp_path, data, config):
+    torch.manual_seed(3)
+    source = BertForPreTraining(BertConfig.from_json_file(config))
+    save_hf_directory(source, tmp_path / "hf")
+    out = tmp_path / "out"
+    assert rp.main(args_for(data, config, out, "--max_steps", "1", "--learning_rate", "0",
+                            "--init_checkpoint", str(tmp_path / "hf"))) == 0
+    trained = weights(out / "ckpt_1.pt")
+    expected = {k: v for k, v in source.state_dict().items() if k in trained}
+    assert max_diff(trained, expected) == 0.0  # learning rate 0: the starting weights, untouched
+
+
+def test_phase1_to_phase2_handoff(tmp_path, data, config):
+    out = tmp_path / "out"
+    data512 = make_shards(tmp_path / "p2", n_shards=2, seq=64, pred=10, seed=1)
+    assert rp.main(args_for(data, config, out, "--max_steps", "4", "--num_steps_per_checkpoint", "1")) == 0
+    phase1 = weights(out / "ckpt_4.pt")
+    p2 = ["--phase2", "--phase1_end_step", "4", "--resume_from_checkpoint", "--num_steps_per_checkpoint", "1",
+          "--gradient_accumulation_steps", "2"]
+    # With learning rate 0 the phase-2 weights are exactly phase 1's: the hand-off loads ckpt_4.pt.
+    lr0 = tmp_path / "lr0"
+    lr0.mkdir()
+    (lr0 / "ckpt_4.pt").write_bytes((out / "ckpt_4.pt").read_bytes())
+    assert rp.main(args_for(data512, config, lr0, *p2, "--max_steps", "1", "--learning_rate", "0", seq=64,
+                            pred=10)) == 0
+    assert max_diff(weights(lr0 / "ckpt_5.pt"), phase1) == 0.0
+    # A real phase 2: 2 steps, then resumed (from its own checkpoint, not phase 1's) to 5.
+    assert rp.main(args_for(data512, config, out, *p2, "--max_steps", "5", "--steps_this_run", "2", seq=64,
+                            pred=10)) == 0
+    ckpt = torch.load(out / "ckpt_6.pt", weights_only=True)
+    assert ckpt["phase"] == 2 and ckpt["phase_step"] == 2 and ckpt["phase1_end_step"] == 4
+    assert all(float(s["step"]) == 2 for s in ckpt["optimizer"]["state"].values())  # fresh optimizer state
+    assert ckpt["scheduler"]["total_steps"] == 5 and ckpt["scheduler"]["last_epoch"] == 2
+    with pytest.raises(SystemExit, match="already holds checkpoints"):
+        rp.main(args_for(data512, config, out, "--phase2", "--phase1_end_step", "4", "--max_steps", "5", seq=64,
+                         pred=10))
+    assert rp.main(args_for(data512, config, out, *p2, "--max_steps", "5", seq=64, pred=10)) == 0
+    steps = sorted(rp.list_checkpoints(out))
+    assert steps[-3:] == [7, 8, 9] and 4 in steps  # phase 2 keeps its newest three, never phase 1's
+    logged = [r["step"] for r in read_log(out / "log.json") if isinstance(r["step"], int)]
+    assert logged[-3:] == [7, 8, 9]  # phase 2 logs continue the global count
+    with pytest.raises(SystemExit, match="phase 2 starts from phase 1's checkpoint"):
+        rp.main(args_for(data512, config, tmp_path / "empty", "--phase2", "--phase1_end_step", "4", seq=64,
+                         pred=10))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Preemption: SIGTERM, and SIGKILL at random moments
+
+
+# Runs run_pretraining.main with checkpoint writes slowed down (64 KiB chunks, 40 ms apart) through the same
+# utils.atomic_open, so that a SIGKILL can be aimed at the middle of a write.
+SLOW_WRITER = """
+import io, sys, time
+sys.path.insert(0, {repo!r})
+import torch, utils
+
+def slow_torch_save(obj, path):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    payload = buffer.getvalue()
+    with utils.atomic_open(path, "wb") as f:
+        for i in range(0, len(payload), 1 << 16):
+            f.write(payload[i:i + (1 << 16)])
+            f.flush()
+            time.sleep(0.04)
+
+utils.atomic_torch_save = slow_torch_save
+import run_pretraining
+sys.exit(run_pretraining.main(sys.argv[1:]))
+"""
+
+
+def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, config):
+    """SIGKILL in the middle of a checkpoint write, SIGKILL between writes (during the steps), then SIGTERM
+    (Slurm preemption: checkpoint, exit 0), then a run to the end: the weights equal an uninterrupted run's.
+    Dropout is on and each micro-batch comes from a DataLoader worker, so RNG and data positions must resume.
+    The signals go to the whole process group, workers included, as Slurm sends them."""
+    steps = 24
+    common = ["--max_steps", str(steps), "--gradient_accumulation_steps", "2", "--seed", "5"]
+    reference = tmp_path / "reference"  # uninterrupted, in this process, no worker, checkpoint only at the end
+    assert rp.main(args_for(data, config, reference, *common, "--num_steps_per_checkpoint", "1000")) == 0
+
+    out = tmp_path / "killed"
+    out.mkdir()
+    runner = tmp_path / "runner.py"
+    runner.write_text(SLOW_WRITER.format(repo=str(REPO)))
+    cmd = [sys.executable, str(runner), *args_for(data, config, out, *common, "--num_steps_per_checkpoint", "1",
+                                                  "--resume_from_checkpoint", "--num_workers", "1")]
+    rng = random.Random(time.time_ns())
+    events = []
+    for mode in ("kill-in-write", "kill-in-steps", "sigterm", "finish"):
+        before = max(rp.list_checkpoints(out), default=0)
+        proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        deadline = time.time() + 150
+        while proc.poll() is None and mode != "finish":  # wait for progress, then for the moment to strike
+            assert time.time() < deadline, "no progress"
+            progressed = max(rp.list_checkpoints(out), default=0) > before
+            writing = bool(list(out.glob(".ckpt_*.tmp")))
+            if progressed and (writing if mode == "kill-in-write" else not writing):
+                break
+            time.sleep(0.002)
+        if mode == "sigterm":
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.killpg(proc.pid, signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-2000:]
+            final = [r for r in read_log(out / "log.json") if r["step"] == "FINAL"][-1]["data"]
+            assert final["stopped_by_signal"] and final["step"] == max(rp.list_checkpoints(out)) < steps
+            assert torch.load(out / f"ckpt_{final['step']}.pt", weights_only=True)["step"] == final["step"]
+            events.append((mode, before, final["step"], []))
+        elif mode != "finish":
+            partial = sorted(p.name for p in out.glob(".ckpt_*.tmp"))
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            events.append((mode, before, max(rp.list_checkpoints(out)), partial))
+        else:
+            assert proc.wait(timeout=150) == 0, proc.stderr.read().decode()[-2000:]
+    print("(how, newest checkpoint at launch, newest at the end, temporary files at the kill):", events)
+    assert events[0][3] and not events[1][3]  # killed in the middle of a write, then between writes
+    assert max(rp.list_checkpoints(out)) == steps
+    assert max_diff(weights(out / f"ckpt_{steps}.pt"), weights(reference / f"ckpt_{steps}.pt")) <= 1e-6
+    a = torch.load(out / f"ckpt_{steps}.pt", weights_only=True)
+    b = torch.load(reference / f"ckpt_{steps}.pt", weights_only=True)
+    assert a["data"] == b["data"] and a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == steps
+    torch.testing.assert_close(a["optimizer"], b["optimizer"], rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Learning on real text
+
+
+def wikitext_documents(path: Path, limit_chars: int) -> str:
+    """WikiText-2 as create_pretraining_data's input: one sentence a line, a blank line between articles."""
+    lines, size = [], 0
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        text = raw.strip()
+        if text.startswith("= ") and not text.startswith("= ="):  # " = Title = " starts an article
+            lines.append("")
+            continue
+        if not text or text.startswith("="):
+            continue
+        for sentence in text.replace(" . ", " .\n").splitlines():
+            lines.append(sentence.strip())
+            size += len(sentence)
+        if size > limit_chars:
+            break
+    return "\n".join(lines) + "\n"
+
+
+def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
+    import create_pretraining_data as cpd
+
+    for split, chars in (("valid", 700_000), ("test", 60_000)):
+        (tmp_path / f"{split}.txt").write_text(wikitext_documents(shared_data / "wikitext-2" / f"{split}.txt", chars))
+        assert cpd.main(["--input_file", str(tmp_path / f"{split}.txt"), "--output_file",
+                         str(tmp_path / split / "wiki.hdf5"), "--vocab_file", str(uncased_vocab), "--max_seq_length",
+                         "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", "--random_seed", "1",
+                         "--num_workers", "1", "--no_progress"]) == 0
+    # Tuned to stay well under a minute of CPU: hidden 64, 2 layers, batch 16, 250 steps of LAMB at 2e-2, in bf16.
+    config = write_config(tmp_path / "bert_config.json", dropout=0.0, vocab=30522, hidden=64)
+    out = tmp_path / "out"
+    assert rp.main(["--input_dir", str(tmp_path / "valid"), "--config_file", str(config), "--output_dir", str(out),
+                    "--vocab_file", str(uncased_vocab), "--do_train", "--max_seq_length", "64",
+                    "--max_predictions_per_seq", "10", "--train_batch_size", "16", "--learning_rate", "2e-2",
+                    "--warmup_proportion", "0.05", "--max_steps", "250", "--num_workers", "0", "--log_freq", "25",
+                    "--bf16", "--eval_dir", str(tmp_path / "test"), "--eval_steps", "125", "--max_eval_samples", "512",
+                    "--skip_checkpoint", "--disable_progress_bar", "--json-summary", str(out / "log.json")]) == 0
+    log = read_log(out / "log.json")
+    train = [r["data"]["mlm_loss"] for r in log if isinstance(r["step"], int) and "mlm_loss" in r["data"]]
+    evals = [r["data"] for r in log if "eval_mlm_accuracy" in r["data"]]
+    # The unigram baseline: always predict the most frequent masked token of the held-out set.
+    with h5py.File(tmp_path / "test" / "wiki.hdf5") as f:
+        labels = rp.mlm_labels(f["masked_lm_positions"][:512], f["masked_lm_ids"][:512], 64)
+    counts = np.bincount(labels[labels >= 0])
+    baseline = counts.max() / counts.sum()
+    accuracy = [e["eval_mlm_accuracy"] for e in evals]
+    print(f"train MLM loss {train[0]:.3f} -> {train[-1]:.3f}; held-out accuracy {accuracy} (unigram baseline "
+          f"{baseline:.3f} over {counts.sum()} positions), held-out loss {[e['eval_mlm_loss'] for e in evals]}")
+    assert len(evals) == 2 and evals[-1]["eval_masked_positions"] == counts.sum()
+    assert train[-1] < train[0] - 3.0  # from ln(30522) = 10.3
+    assert accuracy[-1] > accuracy[0] and evals[-1]["eval_mlm_loss"] < evals[0]["eval_mlm_loss"]
+    assert accuracy[-1] > baseline + 0.03  # ~0.10 against ~0.05: 2 points of margin is ~4 standard errors
+    final = [r["data"] for r in log if r["step"] == "FINAL"][0]
+    assert final["training_sequences_per_second"] > 0 and final["e2e_train_time"] > 0
