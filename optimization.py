@@ -21,11 +21,12 @@ is no such guard: a non-finite G is not special-cased and propagates NaN into th
 Speed: per (group, device, dtype) bucket, a handful of multi-tensor ops, all in place on the optimizer state and on
 one persistent scratch buffer per parameter (1x the parameter memory, never checkpointed). The Adam part (moments,
 bias correction, m_hat / (sqrt(v_hat) + eps)) is one pass of PyTorch's own fused multi-tensor Adam kernel
-(`torch._fused_adam_`, the kernel behind `torch.optim.Adam(fused=True)`, on CPU and CUDA) run with lr=1 on the zeroed
-scratch buffer, so the buffer receives -(Adam direction); weight decay, the two norms and the trust-ratio update are
-`torch._foreach_*` ops. `fused=False` (or a device without the kernel) computes the Adam part with `_foreach_*` ops
-instead. On a CPU host a fresh 100 MB temporary costs more than the arithmetic on it (page faults), so nothing is
-allocated per step. The global norm and the trust ratios stay on the device (no host synchronisation).
+(`torch._fused_adam_`/`_fused_adamw_`, behind `torch.optim.AdamW(fused=True)`, on CPU and CUDA) run with lr=1 on
+the scratch buffer, which receives -u with the weight decay folded in (see `_neg_update_fused`); the two norms and
+the trust-ratio update are `torch._foreach_*` ops. `fused=False` (or a device without the kernel) computes the
+Adam part with `_foreach_*` ops instead. On a CPU host a fresh 100 MB temporary costs more than the arithmetic on
+it (page faults), so nothing is allocated per step. The global norm and the trust ratios stay on the device (no
+host synchronisation).
 """
 from __future__ import annotations
 
@@ -103,18 +104,20 @@ def _global_grad_norm(grads: list[torch.Tensor], max_grad_norm: float | None,
 
 
 def _fused_kernel_available(device: torch.device) -> bool:
-    return device.type in ("cpu", "cuda") and hasattr(torch, "_fused_adam_")
+    return device.type in ("cpu", "cuda") and hasattr(torch, "_fused_adam_") and hasattr(torch, "_fused_adamw_")
 
 
-def _neg_adam_direction_fused(d: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                              exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor],
-                              grad_divisor: torch.Tensor | None, beta1: float, beta2: float, eps: float) -> None:
-    """d = -(m_hat / (sqrt(v_hat) + eps)), m and v updated, grads divided by grad_divisor: one fused pass.
+def _neg_update_fused(d: list[torch.Tensor], params: list[torch.Tensor], grads: list[torch.Tensor],
+                      exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor],
+                      grad_divisor: torch.Tensor | None, beta1: float, beta2: float, eps: float,
+                      weight_decay: float) -> None:
+    """d = -u = -(m_hat / (sqrt(v_hat) + eps) + weight_decay * p); m, v updated; grads divided by grad_divisor.
 
-    torch's fused Adam with lr=1 and no weight decay on a zero "parameter" leaves exactly minus the Adam direction
-    in it. Its grad_scale argument divides the gradients in place (it is GradScaler's unscale), which is the clip.
+    One pass of torch's fused Adam kernel, used with lr=1 on d as its "parameter": with d = 0 and no decay it
+    leaves exactly -(Adam direction) in d. With decay, d starts as a copy of p and the decoupled (AdamW) kernel
+    scales it by 1 - lr * (1 + weight_decay) = -weight_decay before subtracting the direction: d = -u in the same
+    pass. The kernel's grad_scale divides the gradients in place (it is GradScaler's unscale): that is the clip.
     """
-    torch._foreach_zero_(d)
     device = d[0].device
     if device.type != "cpu":  # the CUDA kernel reads the step counts on the device
         steps = list(torch.stack(steps).to(device).unbind(0))
@@ -124,15 +127,21 @@ def _neg_adam_direction_fused(d: list[torch.Tensor], grads: list[torch.Tensor], 
         scale = None
     elif scale is not None:
         scale = scale.float()
-    torch._fused_adam_(d, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=1.0, beta1=beta1,
-                       beta2=beta2, weight_decay=0.0, eps=eps, maximize=False, grad_scale=scale, found_inf=None)
+    kwargs = dict(amsgrad=False, lr=1.0, beta1=beta1, beta2=beta2, eps=eps, maximize=False, grad_scale=scale,
+                  found_inf=None)
+    if weight_decay != 0:
+        torch._foreach_copy_(d, params)
+        torch._fused_adamw_(d, grads, exp_avgs, exp_avg_sqs, [], steps, weight_decay=1.0 + weight_decay, **kwargs)
+    else:
+        torch._foreach_zero_(d)
+        torch._fused_adam_(d, grads, exp_avgs, exp_avg_sqs, [], steps, weight_decay=0.0, **kwargs)
 
 
-def _neg_adam_direction_foreach(d: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                                exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor],
-                                grad_divisor: torch.Tensor | None, beta1: float, beta2: float, eps: float,
-                                bias_correction: bool) -> None:
-    """The same as `_neg_adam_direction_fused` with `_foreach_*` ops (and optionally without bias correction)."""
+def _neg_update_foreach(d: list[torch.Tensor], params: list[torch.Tensor], grads: list[torch.Tensor],
+                        exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor],
+                        grad_divisor: torch.Tensor | None, beta1: float, beta2: float, eps: float,
+                        weight_decay: float, bias_correction: bool) -> None:
+    """The same as `_neg_update_fused` with `_foreach_*` ops (and optionally without bias correction)."""
     if grad_divisor is not None:
         torch._foreach_div_(grads, grad_divisor.to(grads[0].device))
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
@@ -155,6 +164,8 @@ def _neg_adam_direction_foreach(d: list[torch.Tensor], grads: list[torch.Tensor]
     torch._foreach_div_(d, exp_avgs)
     torch._foreach_reciprocal_(d)
     torch._foreach_mul_(d, scale)
+    if weight_decay != 0:
+        torch._foreach_add_(d, params, alpha=-weight_decay)
 
 
 def _adam_lamb_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
@@ -170,12 +181,11 @@ def _adam_lamb_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp
     torch._foreach_add_(steps, 1.0)
     neg_u = scratch
     if fused and bias_correction:
-        _neg_adam_direction_fused(neg_u, grads, exp_avgs, exp_avg_sqs, steps, grad_divisor, beta1, beta2, eps)
+        _neg_update_fused(neg_u, params, grads, exp_avgs, exp_avg_sqs, steps, grad_divisor, beta1, beta2, eps,
+                          weight_decay)
     else:
-        _neg_adam_direction_foreach(neg_u, grads, exp_avgs, exp_avg_sqs, steps, grad_divisor, beta1, beta2, eps,
-                                    bias_correction)
-    if weight_decay != 0:
-        torch._foreach_add_(neg_u, params, alpha=-weight_decay)  # now -u, u = adam direction + weight_decay * p
+        _neg_update_foreach(neg_u, params, grads, exp_avgs, exp_avg_sqs, steps, grad_divisor, beta1, beta2, eps,
+                            weight_decay, bias_correction)
 
     if not trust_ratio:
         torch._foreach_add_(params, neg_u, alpha=lr)
@@ -289,8 +299,8 @@ class NVLAMB(_AdamFamily):
 
     State per parameter: `step` (0-d float32 CPU tensor, counts the steps it took; a parameter whose grad is None
     on a step is skipped and its count does not move), `exp_avg`, `exp_avg_sq` (in the parameter's dtype: keep
-    fp32 master weights under fp16 autocast, as the recipe does; fp16 state lets v = (1-b2)*g^2 underflow). `last_grad_norm` holds the
-    unclipped global norm G of the last step (a 0-d tensor on the device) for logging.
+    fp32 master weights under fp16 autocast, as the recipe does; fp16 state lets v = (1-b2)*g^2 underflow).
+    `last_grad_norm` holds the unclipped global norm G of the last step (a 0-d tensor on the device) for logging.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
