@@ -192,6 +192,30 @@ def test_prediction_count_positions_and_labels(shard):
         np.testing.assert_array_equal(shard["masked_lm_ids"][row, :count], ids[row, chosen])
 
 
+def test_prediction_cap_and_other_probability(small_corpus, uncased_vocab, tmp_path):
+    """min(P, max(1, round(L * p))) where the cap P binds (P = 12, p = 0.2: rows of 63+ tokens hit it)."""
+    arrays = run(tmp_path, "cap", small_corpus, uncased_vocab, "--dupe_factor", "1", "--num_workers", "1",
+                 "--max_predictions_per_seq", "12", "--masked_lm_prob", "0.2")
+    assert arrays["masked_lm_positions"].shape[1] == 12
+    lengths = arrays["input_mask"].sum(1)
+    counts = (arrays["masked_lm_positions"] > 0).sum(1)
+    expected = [min(12, max(1, round(int(n) * 0.2))) for n in lengths]
+    np.testing.assert_array_equal(counts, expected)
+    assert (counts == 12).mean() > 0.5 and (counts < 12).any()
+
+
+def test_help_and_import_have_no_side_effects(repo_root):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "create_pretraining_data.py", "--help"], cwd=repo_root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--no_static_masking" in done.stdout and "--output_dir" in done.stdout
+    done = subprocess.run([sys.executable, "-c", "import create_pretraining_data"], cwd=repo_root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
+
+
 def test_80_10_10(shard):
     rows, slots = np.nonzero(shard["masked_lm_positions"])
     assert len(rows) >= 10_000
