@@ -32,11 +32,24 @@ after index 0: the same for its sorted positions). With --dynamic_masking the st
 drawn by create_pretraining_data.dynamic_mask, seeded by (seed, epoch, shard, offset): every epoch differs, a
 resumed run draws the same masks.
 
+Loss. As NVIDIA's: per micro-batch, the mean MLM cross-entropy over its masked positions plus the NSP
+cross-entropy, divided by the accumulation steps; DDP averages the ranks. (So 2 processes equal 1 exactly when the
+ranks hold equally many masked positions, as in NVIDIA's recipe.)
+
 Checkpoints (ckpt_<step>.pt, torch.load(weights_only=True) safe, written by rank 0 through a temporary file, fsync
 and rename): model (Hugging Face names, what BertForPreTraining.from_pretrained reads), config, optimizer,
 scheduler, grad scaler, every RNG state of every rank, the data position, phase and step. Every
 --num_steps_per_checkpoint steps, at the end and on SIGTERM/SIGUSR1 (the current step finishes, a checkpoint is
-written, exit 0); the newest --keep_checkpoints of the phase are kept.
+written, exit 0); the newest --keep_checkpoints of the phase are kept. `--resume_from_checkpoint` continues from
+the newest checkpoint of the phase that loads (or starts fresh when there is none, so a requeued job can always
+pass it): with the same number of processes the run continues bit for bit as if never interrupted; with another
+number the weights, optimizer, schedule and data position continue exactly, and the dropout RNG is re-seeded.
+
+Logging (rank 0): dllogger-style JSON lines (--json-summary): a PARAMETER line, every --log_freq steps step,
+average_loss, mlm_loss, nsp_loss, learning_rate, skipped_steps, loss_scale (and mfu on a known GPU, from model
+FLOPs of real, non-padding tokens), eval_mlm_accuracy / eval_mlm_loss, and a FINAL line with final_loss,
+training_sequences_per_second (sequences trained, after --throughput_warmup_steps) and e2e_train_time.
+TensorBoard scalars in <output_dir>/tensorboard when the tensorboard package is installed. A tqdm bar.
 """
 from __future__ import annotations
 
@@ -44,7 +57,6 @@ import argparse
 import contextlib
 import dataclasses
 import math
-import os
 import re
 import signal
 import sys
@@ -71,6 +83,8 @@ def _flag(default: Any, help: str, *aliases: str, required: bool = False, choice
 
 @dataclass
 class PretrainConfig:
+    """Every flag of run_pretraining.py (the field name is the flag, e.g. --train_batch_size; help in metadata)."""
+
     # --- data and model
     input_dir: str | None = _flag(None, "folder of training shards: every *.hdf5 in it (NVIDIA's layout)")
     config_file: str | None = _flag(None, "the model's bert_config.json", required=True)
@@ -116,8 +130,8 @@ class PretrainConfig:
     allreduce_post_accumulation: bool = _flag(False, "all-reduce gradients once per optimizer step (DDP no_sync "
                                                      "on the other micro-batches) instead of after every "
                                                      "micro-batch")
-    allreduce_post_accumulation_fp16: bool = _flag(False, "all-reduce gradients in fp16 (bf16 with --bf16): "
-                                                          "half the bytes")
+    allreduce_post_accumulation_fp16: bool = _flag(False, "all-reduce gradients in fp16 (bf16 with --bf16 on "
+                                                          "GPUs): half the bytes")
     checkpoint_activations: bool = _flag(False, "recompute each layer's activations in the backward pass (less "
                                                 "memory, about 30%% more compute)")
     compile: bool = _flag(False, "torch.compile the model")
@@ -526,10 +540,11 @@ def apply_parallelism_and_precision(model: torch.nn.Module, cfg: PretrainConfig,
         model = DDP(model, device_ids=[env.local_rank] if cuda else None, broadcast_buffers=False,
                     gradient_as_bucket_view=True)
         # 5. The comm hook compresses each bucket to 16 bits for the all-reduce (and back): half the traffic.
+        #    bf16 (fp32's range) with --bf16 on GPUs; PyTorch's bf16 hook needs NCCL, so gloo (CPU) uses fp16.
         if cfg.allreduce_post_accumulation_fp16:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            hook = default_hooks.bf16_compress_hook if cfg.bf16 else default_hooks.fp16_compress_hook
+            hook = default_hooks.bf16_compress_hook if cfg.bf16 and cuda else default_hooks.fp16_compress_hook
             model.register_comm_hook(None, hook)
     # 6. torch.compile goes around DDP, so that its DDPOptimizer splits the graph at bucket boundaries and the
     #    all-reduces still overlap the backward pass.
@@ -606,9 +621,12 @@ def list_checkpoints(folder: str | Path) -> dict[int, Path]:
 
 
 def phase_checkpoints(cfg: PretrainConfig) -> dict[int, Path]:
-    """This phase's checkpoints: all of them in phase 1, those after phase1_end_step in phase 2."""
-    offset = cfg.phase1_end_step if cfg.phase2 else -1
-    return {s: p for s, p in list_checkpoints(cfg.output_dir).items() if s > offset}
+    """This phase's checkpoints: steps up to --max_steps in phase 1, steps after --phase1_end_step in phase 2 (so
+    re-running phase 1 with --resume_from_checkpoint after phase 2 began finds phase 1's last one)."""
+    found = list_checkpoints(cfg.output_dir).items()
+    if cfg.phase2:
+        return {s: p for s, p in found if s > cfg.phase1_end_step}
+    return {s: p for s, p in found if s <= cfg.max_steps}
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -796,15 +814,16 @@ class StopRequest:
     def _handler(self, signum, frame) -> None:
         self.requested = True
 
-    def __enter__(self) -> "StopRequest":
+    def install(self) -> "StopRequest":
         with contextlib.suppress(ValueError):  # signal handlers can only be set from the main thread
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
 
     def agreed(self, env) -> bool:
         """True when any rank was signalled: every rank stops after the same step."""
@@ -813,6 +832,37 @@ class StopRequest:
         flag = torch.tensor([int(self.requested)], device=env.device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return bool(flag.item())
+
+
+class RunLogger:
+    """utils.JsonLogger (dllogger-style JSON lines), plus TensorBoard scalars when the tensorboard package is
+    installed (optional); rank 0 only."""
+
+    def __init__(self, json_path: str, output_dir: str, enabled: bool):
+        from utils import JsonLogger
+
+        self.json = JsonLogger(json_path, enabled=enabled)
+        self.tensorboard = None
+        if enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is not a requirement
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self.tensorboard = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+
+    def log(self, step: Any, data: dict[str, Any]) -> None:
+        self.json.log(step, data)
+        if self.tensorboard is None or not isinstance(step, int):
+            return
+        for key, value in data.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.tensorboard.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.json.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 # Dense peak FLOP/s per GPU (tensor cores, no sparsity) by precision, for MFU.
@@ -835,37 +885,67 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
 
 
 class Meter:
-    """Sums losses over the steps between two log lines (on the device: no host sync per step), and model FLOPs
-    and sequences for throughput."""
+    """What the log lines report: losses summed on the device between two log lines (no host sync per step), and
+    throughput (sequences and model FLOPs) over the steps after the first --throughput_warmup_steps of this run
+    (start-up, compilation and cache warm-up are left out)."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.losses = torch.zeros(3, dtype=torch.float64, device=device)  # total, mlm, nsp
-        self.attempts = 0
-        self.flops = 0.0
+    def __init__(self, env, warmup_steps: int, sequences_per_step: int, peak_flops: float | None):
+        self.env, self.warmup_steps, self.sequences_per_step, self.peak = env, warmup_steps, sequences_per_step, \
+            peak_flops
+        self.losses = torch.zeros(3, dtype=torch.float64, device=env.device)  # total, mlm, nsp
+        self.attempts = 0  # optimizer steps attempted since the last flush (skipped ones included)
+        self.steps = 0  # optimizer steps taken in this run
+        self.run_start = self.start = time.perf_counter()
+        self.sequences, self.flops = 0, 0.0
 
-    def add(self, losses: torch.Tensor) -> None:
+    def add_batch(self, config, batch: dict[str, torch.Tensor]) -> None:
+        """Model FLOPs of one micro-batch of this rank, counting only real (non-padding) tokens (for MFU)."""
+        if self.peak:
+            from modeling import flops_per_sequence
+
+            lengths = batch["attention_mask"].sum(1).double()
+            masked = (batch["masked_lm_labels"] >= 0).sum(1).double()
+            self.flops += float(flops_per_sequence(config, lengths, masked).sum())
+
+    def add_attempt(self, losses: torch.Tensor) -> None:
         self.losses += losses
         self.attempts += 1
 
-    def flush(self, env) -> list[float]:
-        """Mean (total, mlm, nsp) loss per step since the last flush, over every rank."""
+    def step_taken(self) -> None:
+        self.steps += 1
+        if self.steps <= self.warmup_steps:  # still warming up: restart the clock
+            self._sync()
+            self.start, self.sequences, self.flops = time.perf_counter(), 0, 0.0
+        else:
+            self.sequences += self.sequences_per_step
+
+    def _sync(self) -> None:
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def mean_losses(self) -> list[float]:
+        """Mean (total, mlm, nsp) loss per attempted step since the last call, over every rank."""
         losses = self.losses / max(self.attempts, 1)
-        if env.distributed:
+        if self.env.distributed:
             torch.distributed.all_reduce(losses)
-            losses /= env.world_size
+            losses /= self.env.world_size
         self.losses.zero_()
         self.attempts = 0
         return losses.tolist()
 
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation of this rank since the warm-up, where the device's peak is known."""
+        if not (self.peak and self.sequences):
+            return None
+        return self.flops / (time.perf_counter() - self.start) / self.peak
 
-def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
-    """Model FLOPs of one micro-batch (forward + backward), counting only real (non-padding) tokens."""
-    from modeling import flops_per_sequence
-
-    lengths = batch["attention_mask"].sum(1).double()
-    masked = (batch["masked_lm_labels"] >= 0).sum(1).double()
-    return float(flops_per_sequence(config, lengths, masked).sum())
+    def sequences_per_second(self) -> float:
+        """Sequences trained (all ranks) per second after the warm-up; a run no longer than the warm-up is
+        timed whole, start-up included."""
+        self._sync()
+        if self.sequences == 0:
+            return self.steps * self.sequences_per_step / max(time.perf_counter() - self.run_start, 1e-9)
+        return self.sequences / max(time.perf_counter() - self.start, 1e-9)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -879,15 +959,12 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
 
     accum = cfg.gradient_accumulation_steps
     last_step = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, state.step + cfg.steps_this_run)
-    sequences_per_step = cfg.train_batch_size * env.world_size
-    peak = peak_flops(env.device, precision.name)
-    meter = Meter(env.device)
+    meter = Meter(env, cfg.throughput_warmup_steps, cfg.train_batch_size * env.world_size,
+                  peak_flops(env.device, precision.name))
     bar = tqdm(total=last_step, initial=state.step, unit="step", dynamic_ncols=True,
                disable=cfg.disable_progress_bar or not env.is_main)
     batches = iter(data)
-    steps_this_run, saved_at, last_loss, inject = 0, -1, math.nan, cfg.debug_inject_inf_at_step
-    run_start = timer_start = time.perf_counter()
-    timed_sequences, consecutive_skips = 0, 0
+    saved_at, last_loss, inject, consecutive_skips = -1, None, cfg.debug_inject_inf_at_step, 0
     model.train()
 
     while state.step < last_step and not stop.agreed(env):
@@ -896,7 +973,7 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
         losses = torch.zeros(3, dtype=torch.float64, device=env.device)
         for micro_step in range(accum):
             batch = next(batches)
-            meter.flops += batch_flops(raw_model.config, batch) if peak else 0.0
+            meter.add_batch(raw_model.config, batch)
             batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
             sync = micro_step == accum - 1 or not cfg.allreduce_post_accumulation
             losses += forward_backward(model, batch, precision, accum, sync)
@@ -906,8 +983,8 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
         lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
         taken = optimizer_step(optimizer, precision)
         optimizer.zero_grad(set_to_none=True)
-        meter.add(losses)
-        if not taken:  # fp16 overflow: nothing moved but the data and the loss scale
+        meter.add_attempt(losses)
+        if not taken:  # fp16 overflow: nothing moved but the data position and the loss scale
             state.skipped_steps += 1
             consecutive_skips += 1
             if consecutive_skips > 50:
@@ -917,29 +994,21 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
         consecutive_skips = 0
         scheduler.step()
         state.step += 1
-        steps_this_run += 1
+        meter.step_taken()
         bar.update(1)
-        if steps_this_run <= cfg.throughput_warmup_steps:  # start-up steps are not timed: restart the clock
-            if env.device.type == "cuda":
-                torch.cuda.synchronize()
-            timer_start, timed_sequences, meter.flops = time.perf_counter(), 0, 0.0
-        else:
-            timed_sequences += sequences_per_step
         done = state.step == last_step
 
         if state.step % cfg.log_freq == 0 or done:
-            average, mlm_loss, nsp_loss = meter.flush(env)
+            average, mlm_loss, nsp_loss = meter.mean_losses()
             if not math.isfinite(average):
                 fail(f"the loss is {average} at step {state.global_step}: training diverged (lower "
-                     f"--learning_rate{', or use --fp16/--bf16 with care' if precision.name == 'fp32' else ''})")
-            now = time.perf_counter()
-            record = {"average_loss": average, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
-                      "learning_rate": lr, "skipped_steps": state.skipped_steps,
-                      "loss_scale": precision.loss_scale, "phase": state.phase}
-            if peak and timed_sequences:
-                record["mfu"] = meter.flops / (now - timer_start) / peak
+                     f"--learning_rate)")
+            record = {"average_loss": average, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "learning_rate": lr,
+                      "skipped_steps": state.skipped_steps, "loss_scale": precision.loss_scale, "phase": state.phase}
+            if meter.mfu() is not None:
+                record["mfu"] = meter.mfu()
             logger.log(state.global_step, record)
-            bar.set_postfix(loss=f"{average:.4f}", lr=f"{record['learning_rate']:.2e}")
+            bar.set_postfix(loss=f"{average:.4f}", lr=f"{lr:.2e}")
             last_loss = average
         if eval_fn is not None and ((cfg.eval_steps and state.step % cfg.eval_steps == 0) or done):
             logger.log(state.global_step, eval_fn())
@@ -948,15 +1017,10 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
             saved_at = state.step
 
     stopped = state.step < last_step
-    if stopped and not cfg.skip_checkpoint and saved_at != state.step:
+    if stopped and not cfg.skip_checkpoint and meter.steps and saved_at != state.step:
         checkpoint_fn(state)  # preempted: save where we are, so that the requeued job continues from here
-    if env.device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - timer_start
     bar.close()
-    if timed_sequences == 0:  # a run no longer than the warm-up: time everything (start-up included)
-        timed_sequences, elapsed = steps_this_run * sequences_per_step, time.perf_counter() - run_start
-    return {"final_loss": last_loss if math.isfinite(last_loss) else None, "training_sequences_per_second": timed_sequences / max(elapsed, 1e-9),
+    return {"final_loss": last_loss, "training_sequences_per_second": meter.sequences_per_second(),
             "step": state.global_step, "phase_step": state.step, "skipped_steps": state.skipped_steps,
             "stopped_by_signal": stopped}
 
@@ -1011,12 +1075,13 @@ def main(argv: list[str] | None = None) -> int:
     from modeling import count_parameters, load_checkpoint_state
     from optimization import make_lamb, param_groups_for_bert
     from schedulers import get_scheduler
-    from utils import JsonLogger, init_distributed, set_seed
+    from utils import init_distributed, set_seed
 
     owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     env = init_distributed(no_cuda=cfg.no_cuda)
     log = (lambda msg: print(f"run_pretraining: {msg}", flush=True)) if env.is_main else (lambda msg: None)
-    logger = JsonLogger(cfg.json_summary, enabled=env.is_main)
+    logger = RunLogger(cfg.json_summary, cfg.output_dir, enabled=env.is_main)
+    stop = StopRequest().install()  # from the start: a preemption during set-up ends the run before its 1st step
     data = None
     try:
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
@@ -1024,7 +1089,8 @@ def main(argv: list[str] | None = None) -> int:
             remove_interrupted_writes(cfg.output_dir)
         shards = inspect_shards(list_shards(cfg.input_dir, "--input_dir"), cfg, "--input_dir") if cfg.do_train \
             else []
-        refuse_used_output_dir(cfg)
+        if cfg.do_train:  # evaluating alone writes nothing there
+            refuse_used_output_dir(cfg)
         resume = find_resume_checkpoint(cfg, log) if cfg.resume_from_checkpoint else None
         raw_model = build_model(cfg, resume, log)
         model, precision = apply_parallelism_and_precision(raw_model, cfg, env)
@@ -1057,15 +1123,15 @@ def main(argv: list[str] | None = None) -> int:
         restore_rng(resume, cfg, env, log)  # last: nothing after this may draw from the global RNGs
         checkpoint_fn = lambda st: save_checkpoint(cfg, env, st, raw_model, optimizer, scheduler, precision,  # noqa: E731
                                                    data, log)
-        with StopRequest() as stop:
-            summary = train(cfg, env, model, raw_model, precision, optimizer, scheduler, data, state, logger,
-                            eval_fn, checkpoint_fn, stop)
+        summary = train(cfg, env, model, raw_model, precision, optimizer, scheduler, data, state, logger, eval_fn,
+                        checkpoint_fn, stop)
         summary["e2e_train_time"] = time.perf_counter() - e2e_start
         logger.log("FINAL", summary)
         log(f"done: step {summary['step']}, final loss {summary['final_loss']}, "
             f"{summary['training_sequences_per_second']:.1f} sequences/s")
         return 0
     finally:
+        stop.restore()
         if data is not None:
             data.close()
         logger.close()

@@ -59,6 +59,9 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert rp.main(run_args("one_accum", 8, 2)) == 0
     # One process trains the first 3 steps; two processes resume its checkpoint for the rest.
     assert rp.main(run_args("handover", 8, 2, "--steps_this_run", "3")) == 0
+    fp16 = ["--allreduce_post_accumulation", "--fp16", "--init_loss_scale", "1024", "--debug_inject_inf_at_step", "2"]
+    assert rp.main(run_args("one_fp16", 8, 2, *fp16)) == 0
+    assert rp.main(run_args("one_bf16", 8, 2, "--bf16")) == 0
 
     two = {
         "two_plain": run_args("two_plain", 4, 1),
@@ -67,6 +70,9 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
         "two_no_sync_fp16": run_args("two_no_sync_fp16", 4, 2, "--allreduce_post_accumulation",
                                      "--allreduce_post_accumulation_fp16"),
         "handover": run_args("handover", 4, 2, "--resume_from_checkpoint"),
+        "two_fp16": run_args("two_fp16", 4, 2, *fp16),  # both ranks overflow at step 2 and skip it together
+        "two_bf16_compressed": run_args("two_bf16_compressed", 4, 2, "--bf16", "--allreduce_post_accumulation",
+                                        "--allreduce_post_accumulation_fp16"),
     }
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER.format(repo=str(REPO)))
@@ -77,13 +83,17 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
 
     final = f"ckpt_{STEPS}.pt"
     plain, accum = weights(tmp_path / "one_plain" / final), weights(tmp_path / "one_accum" / final)
-    diffs = {name: max_diff(weights(tmp_path / name / final), plain if name == "two_plain" else accum)
-             for name in two}
+    reference = {"two_plain": plain, "two_fp16": weights(tmp_path / "one_fp16" / final),
+                 "two_bf16_compressed": weights(tmp_path / "one_bf16" / final)}
+    diffs = {name: max_diff(weights(tmp_path / name / final), reference.get(name, accum)) for name in two}
     print("max |w_2proc - w_1proc| after", STEPS, "steps:", diffs)
     for name in ("two_plain", "two_accum_every_micro", "two_no_sync", "handover"):
         assert diffs[name] <= 1e-5, name
-    # Gradients rounded to fp16 on the wire: close, not equal (LAMB's normalised steps keep the error small).
-    assert diffs["two_no_sync_fp16"] <= 2e-3
+    # Gradients rounded to 16 bits on the wire, or computed in 16 bits on half the batch: close, not equal (LAMB's
+    # normalised steps keep the error small).
+    assert diffs["two_no_sync_fp16"] <= 2e-3 and diffs["two_fp16"] <= 2e-3 and diffs["two_bf16_compressed"] <= 1e-2
+    assert [r["data"]["skipped_steps"] for r in read_log(tmp_path / "two_fp16" / "log.json")
+            if isinstance(r["step"], int)] == [0, 1, 1, 1, 1, 1]
     assert max_diff(weights(tmp_path / "handover" / "ckpt_3.pt"), accum) > 1e-2  # steps 4-6 moved the weights
 
     # The logged losses are the means over both ranks: the same as the single process's.

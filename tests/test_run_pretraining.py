@@ -373,6 +373,36 @@ def test_checkpoints_contents_rotation_refusal_and_resume_step(tmp_path, data, c
     assert torch.load(out / "ckpt_10.pt", weights_only=True)["step"] == 10
 
 
+def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, data, config):
+    out = tmp_path / "out"
+    assert rp.main(args_for(data, config, out, "--max_steps", "3")) == 0
+    argv = ["--config_file", str(config), "--output_dir", str(out), "--eval_dir", str(data), "--resume_from_checkpoint",
+            "--max_seq_length", str(SEQ), "--max_predictions_per_seq", str(PRED), "--eval_batch_size", "7",
+            "--max_eval_samples", "100", "--json-summary", str(tmp_path / "eval.json")]
+    assert rp.main(argv) == 0
+    result = read_log(tmp_path / "eval.json")[-1]["data"]
+    # Reference: the model's full [B, S, V] scores (no labels given), argmax at every labelled position.
+    model = BertForPreTraining.from_pretrained(out / "ckpt_3.pt", log=None).eval()
+    correct = total = 0
+    loss = 0.0
+    for shard in sorted(data.glob("*.hdf5"))[:3]:
+        with h5py.File(shard) as f:
+            rows = {k: f[k][()] for k in rp.SHARD_KEYS}
+        take = min(40, 100 - total // PRED)
+        labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"][:take], rows["masked_lm_ids"][:take], SEQ))
+        with torch.no_grad():
+            scores, _ = model(torch.from_numpy(rows["input_ids"][:take]).long(),
+                              torch.from_numpy(rows["segment_ids"][:take]).long(),
+                              torch.from_numpy(rows["input_mask"][:take]).long())
+        picked = labels >= 0
+        correct += int((scores.argmax(-1)[picked] == labels[picked]).sum())
+        loss += float(torch.nn.functional.cross_entropy(scores[picked], labels[picked], reduction="sum"))
+        total += int(picked.sum())
+    assert result["eval_masked_positions"] == total == 100 * PRED
+    assert result["eval_mlm_accuracy"] == pytest.approx(correct / total, abs=1e-9)
+    assert result["eval_mlm_loss"] == pytest.approx(loss / total, rel=1e-5)
+
+
 def test_init_checkpoint_accepts_a_hugging_face_folder(tmp_path, data, config):
     torch.manual_seed(3)
     source = BertForPreTraining(BertConfig.from_json_file(config))
@@ -414,6 +444,11 @@ def test_phase1_to_phase2_handoff(tmp_path, data, config):
     assert steps[-3:] == [7, 8, 9] and 4 in steps  # phase 2 keeps its newest three, never phase 1's
     logged = [r["step"] for r in read_log(out / "log.json") if isinstance(r["step"], int)]
     assert logged[-3:] == [7, 8, 9]  # phase 2 logs continue the global count
+    # Re-running phase 1 with --resume_from_checkpoint (the launcher's resume_training=true) after phase 2 began
+    # finds phase 1 complete and leaves everything as it is.
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("ckpt_*.pt")}
+    assert rp.main(args_for(data, config, out, "--max_steps", "4", "--resume_from_checkpoint")) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("ckpt_*.pt")} == before
     with pytest.raises(SystemExit, match="phase 2 starts from phase 1's checkpoint"):
         rp.main(args_for(data512, config, tmp_path / "empty", "--phase2", "--phase1_end_step", "4", seq=64,
                          pred=10))
