@@ -172,6 +172,12 @@ class PretrainConfig:
         return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
 
 
+# --help lists the flags in these groups; each starts at the named field (fields are in this order above).
+FLAG_GROUPS = {"input_dir": "data and model", "train_batch_size": "optimisation", "fp16": "precision",
+               "allreduce_post_accumulation": "parallelism and memory",
+               "num_steps_per_checkpoint": "checkpoints and phases", "eval_dir": "evaluation", "json_summary": "logging"}
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """Errors as one line ("run_pretraining.py: error: ...") and exit status 2."""
 
@@ -183,16 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="run_pretraining.py", description=__doc__.split("\n\n")[0],
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = typing.get_type_hints(PretrainConfig)
+    group = parser
     for f in dataclasses.fields(PretrainConfig):
+        group = parser.add_argument_group(FLAG_GROUPS[f.name]) if f.name in FLAG_GROUPS else group
         meta = f.metadata
         names = [meta["flag"] or f"--{f.name}", *meta["aliases"]]
         kind = hints[f.name]
         if kind is bool:
-            parser.add_argument(*names, dest=f.name, action="store_true", help=meta["help"])
+            group.add_argument(*names, dest=f.name, action="store_true", help=meta["help"])
             continue
         if isinstance(kind, types.UnionType):  # "str | None"
             kind = next(t for t in typing.get_args(kind) if t is not type(None))
-        parser.add_argument(*names, dest=f.name, type=kind, default=f.default, help=meta["help"],
+        group.add_argument(*names, dest=f.name, type=kind, default=f.default, help=meta["help"],
                             choices=meta["choices"], required=meta["required"])
     return parser
 

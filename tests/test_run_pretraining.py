@@ -501,12 +501,13 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
     events = []
     for mode in ("kill-in-write", "kill-in-steps", "sigterm", "finish"):
         before = max(rp.list_checkpoints(out), default=0)
+        strike_after = before + rng.randint(1, 4)  # a random number of steps into this run
         proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         deadline = time.time() + 150
         while proc.poll() is None and mode != "finish":  # wait for progress, then for the moment to strike
             assert time.time() < deadline, "no progress"
-            progressed = max(rp.list_checkpoints(out), default=0) > before
+            progressed = max(rp.list_checkpoints(out), default=0) >= strike_after
             writing = bool(list(out.glob(".ckpt_*.tmp")))
             if progressed and (writing if mode == "kill-in-write" else not writing):
                 break
@@ -529,7 +530,9 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
     print("(how, newest checkpoint at launch, newest at the end, temporary files at the kill):", events)
     assert events[0][3] and not events[1][3]  # killed in the middle of a write, then between writes
     assert max(rp.list_checkpoints(out)) == steps
-    assert max_diff(weights(out / f"ckpt_{steps}.pt"), weights(reference / f"ckpt_{steps}.pt")) <= 1e-6
+    diff = max_diff(weights(out / f"ckpt_{steps}.pt"), weights(reference / f"ckpt_{steps}.pt"))
+    print(f"max |w_resumed - w_uninterrupted| = {diff}")
+    assert diff <= 1e-6
     a = torch.load(out / f"ckpt_{steps}.pt", weights_only=True)
     b = torch.load(reference / f"ckpt_{steps}.pt", weights_only=True)
     assert a["data"] == b["data"] and a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == steps
