@@ -11,7 +11,13 @@ import convert_checkpoint
 import modeling
 from modeling import BertConfig, CheckpointError
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """Inference only here; scoped to each test so other test modules keep autograd."""
+    with torch.no_grad():
+        yield
 
 
 def tiny_config(**overrides) -> BertConfig:

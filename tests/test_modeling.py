@@ -13,7 +13,13 @@ import modeling
 from modeling import BertConfig
 from tokenization import BertTokenizer
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """Inference only here; scoped to each test so other test modules keep autograd."""
+    with torch.no_grad():
+        yield
 
 SENTENCES = [
     "The tower is 324 metres tall, about the same height as an 81-storey building.",
