@@ -222,15 +222,20 @@ def trim_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v[:, :longest] if v.dim() == 2 else v for k, v in batch.items()}
 
 
+def shard(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Every world_size-th index from `rank` on, after wrapping `order` around to a multiple of world_size, so
+    every process gets the same number of windows (as DistributedSampler does)."""
+    per_rank = math.ceil(len(order) / world_size)
+    return np.resize(order, per_rank * world_size)[rank::world_size]
+
+
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, rank: int,
                            world_size: int) -> list[list[int]]:
     """This process's training batches for one epoch: a seeded shuffle, cut into groups of 50 batches, each group
     sorted by length and split into batches, then the batches shuffled. Every process gets the same number of
-    batches (the shuffle is padded by wrapping around, as DistributedSampler does)."""
+    batches (see `shard`)."""
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(lengths))
-    per_rank = math.ceil(len(order) / world_size)
-    order = np.resize(order, per_rank * world_size)[rank::world_size]
+    order = shard(rng.permutation(len(lengths)), rank, world_size)
     group = batch_size * 50
     batches = []
     for lo in range(0, len(order), group):
@@ -262,10 +267,7 @@ def training_batches(tensors: dict[str, torch.Tensor], batch_size: int, args, en
     if args.group_by_length:
         batches = length_grouped_batches(lengths, batch_size, args.seed, epoch, env.rank, env.world_size)
     else:
-        rng = np.random.default_rng([args.seed, epoch])
-        order = rng.permutation(len(lengths))
-        per_rank = math.ceil(len(order) / env.world_size)
-        order = np.resize(order, per_rank * env.world_size)[env.rank::env.world_size]
+        order = shard(np.random.default_rng([args.seed, epoch]).permutation(len(lengths)), env.rank, env.world_size)
         batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
     yield from torch.utils.data.DataLoader(BatchedTensors(tensors), sampler=batches, batch_size=None,
                                            num_workers=args.num_workers, pin_memory=env.device.type == "cuda")

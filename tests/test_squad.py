@@ -378,6 +378,21 @@ def test_run_squad_v2_writes_null_odds(shared_data, uncased_vocab, tmp_path):
     assert results["eval"] == results["eval_script"]
 
 
+def test_length_grouped_batches_cover_every_window_once():
+    import run_squad
+
+    lengths = np.random.default_rng(0).integers(20, 384, size=1001)
+    ranks = [run_squad.length_grouped_batches(lengths, 8, seed=1, epoch=0, rank=r, world_size=2) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1])
+    seen = [i for batches in ranks for batch in batches for i in batch]
+    assert len(seen) == 1002 and set(seen) == set(range(1001))  # one window wrapped round to even the shards
+    # Within a batch lengths are close (sorted groups): far less padding than random batches.
+    waste = np.mean([max(lengths[b]) * len(b) - sum(lengths[b]) for b in ranks[0]])
+    random_waste = np.mean([max(lengths[b]) * len(b) - sum(lengths[b]) for b in np.array_split(np.arange(1001), 125)])
+    assert waste < 0.2 * random_waste
+    assert ranks[0] != run_squad.length_grouped_batches(lengths, 8, seed=1, epoch=1, rank=0, world_size=2)
+
+
 def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, tmp_path, repo_root):
     """DDP over 2 CPU processes (gloo) with 4 windows each per step = 1 process with 8 windows per step: every step
     sees the same 8 windows (process r takes every 2nd window of the shuffle), so without dropout the weights

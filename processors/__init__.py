@@ -1,0 +1,1 @@
+"""Task readers for fine-tuning: GLUE (processors.glue) and SQuAD (processors.squad)."""
