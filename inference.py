@@ -74,20 +74,8 @@ def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[st
         start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
         for row, f in enumerate(chunk):
             results[f.unique_id] = squad.RawResult(f.unique_id, start[row], end[row])
-    predictions, nbest, null_odds = squad.get_predictions(
-        examples, features, results, n_best_size, max_answer_length, tokenizer.do_lower_case,
-        version_2_with_negative, null_score_diff_threshold)
-    out = []
-    for example in examples:
-        answer = predictions[example.qas_id]
-        entries = nbest[example.qas_id]
-        probability = next((e["probability"] for e in entries if e["text"] == answer), 0.0)
-        record = {"id": example.qas_id, "question": example.question_text, "answer": answer,
-                  "probability": probability, "nbest": entries}
-        if version_2_with_negative:
-            record["null_score_diff"] = null_odds[example.qas_id]
-        out.append(record)
-    return out
+    return squad.answers_from_logits(examples, features, results, n_best_size, max_answer_length,
+                                     tokenizer.do_lower_case, version_2_with_negative, null_score_diff_threshold)
 
 
 def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], max_seq_length: int

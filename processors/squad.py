@@ -650,6 +650,29 @@ def get_predictions(examples: Sequence[SquadExample], features: Sequence[InputFe
     return predictions, nbest_json, null_odds
 
 
+def answers_from_logits(examples: Sequence, features: Sequence, results: dict, n_best_size: int = 20,
+                        max_answer_length: int = 30, do_lower_case: bool = True,
+                        version_2_with_negative: bool = False,
+                        null_score_diff_threshold: float = 0.0) -> list[dict[str, Any]]:
+    """The answer records of inference.answer_questions and triton/client.py from the windows' logits:
+    get_predictions, then per question {"id", "question", "answer", "probability" (of the answer's n-best
+    entry), "nbest"} and, for SQuAD 2.0 models, "null_score_diff"."""
+    predictions, nbest, null_odds = get_predictions(examples, features, results, n_best_size, max_answer_length,
+                                                    do_lower_case, version_2_with_negative,
+                                                    null_score_diff_threshold)
+    out = []
+    for example in examples:
+        answer = predictions[example.qas_id]
+        entries = nbest[example.qas_id]
+        probability = next((e["probability"] for e in entries if e["text"] == answer), 0.0)
+        record = {"id": example.qas_id, "question": example.question_text, "answer": answer,
+                  "probability": probability, "nbest": entries}
+        if version_2_with_negative:
+            record["null_score_diff"] = null_odds[example.qas_id]
+        out.append(record)
+    return out
+
+
 def _example_nbest(example: SquadExample, features: list[InputFeatures], all_results, n_best_size: int,
                    max_answer_length: int, words: _NormalizedWords, version_2: bool
                    ) -> tuple[list[dict], float, tuple[float, str] | None]:

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from processors.squad import squad_articles
+from processors.squad import answers_from_logits, squad_articles
 from utils import atomic_write_json
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
@@ -152,31 +152,6 @@ def feature_batches(features: Sequence, batch_size: int, dtype) -> Iterator[tupl
         longest = max(sum(f.input_mask) for f in chunk)
         yield chunk, [np.array([getattr(f, k)[:longest] for f in chunk], dtype=dtype)
                       for k in ("input_ids", "segment_ids", "input_mask")]
-
-
-def answers_from_logits(examples: Sequence, features: Sequence, results: dict, n_best_size: int = 20,
-                        max_answer_length: int = 30, do_lower_case: bool = True,
-                        version_2_with_negative: bool = False,
-                        null_score_diff_threshold: float = 0.0) -> list[dict[str, Any]]:
-    """inference.answer_questions' records from the windows' logits: get_predictions, then per question
-    {"id", "question", "answer", "probability" (of the answer's n-best entry), "nbest"} and, for SQuAD 2.0
-    models, "null_score_diff"."""
-    from processors.squad import get_predictions
-
-    predictions, nbest, null_odds = get_predictions(examples, features, results, n_best_size, max_answer_length,
-                                                    do_lower_case, version_2_with_negative,
-                                                    null_score_diff_threshold)
-    out = []
-    for example in examples:
-        answer = predictions[example.qas_id]
-        entries = nbest[example.qas_id]
-        probability = next((e["probability"] for e in entries if e["text"] == answer), 0.0)
-        record = {"id": example.qas_id, "question": example.question_text, "answer": answer,
-                  "probability": probability, "nbest": entries}
-        if version_2_with_negative:
-            record["null_score_diff"] = null_odds[example.qas_id]
-        out.append(record)
-    return out
 
 
 def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], max_seq_length: int = 384,
