@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Fine-tune and evaluate on a GLUE task with run_glue.py, NVIDIA DeepLearningExamples' interface: the same 16
+# positional arguments in the same order, with its defaults (BERT-large, MRPC, 8 GPUs, fp16).
+#
+#   bash scripts/run_glue.sh                                         # all defaults
+#   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_dgxa100-80g_8gpu_bf16)
+#   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_cpu_1gpu_bf16)  # MiniLM on a CPU
+#   bash scripts/run_glue.sh -h                                      # this text
+#
+# Positional arguments (an empty string or a missing one takes the default; paths must not contain spaces):
+#    1 init_checkpoint           $CODEDIR/checkpoints/bert_uncased.pt   ckpt_<step>.pt, NVIDIA .pt or a Hugging
+#                                                                       Face folder
+#    2 data_dir                  $BERT_PREP_WORKING_DIR/download/glue/MRPC/   the task's GLUE folder
+#    3 vocab_file                $BERT_PREP_WORKING_DIR/download/google_pretrained_weights/uncased_L-24_H-1024_A-16/vocab.txt
+#                                (None: the vocab.txt inside a Hugging Face init_checkpoint folder)
+#    4 config_file               $CODEDIR/bert_config.json (BERT-large; None: the config of the checkpoint)
+#    5 out_dir                   $CODEDIR/results/MRPC
+#    6 task_name                 mrpc      cola | sst-2 | mrpc | sts-b | qqp | mnli | qnli | rte | wnli
+#    7 num_gpu                   8         processes: torchrun --nproc_per_node (1: plain python; on a machine
+#                                          without CUDA, >1 runs CPU processes with gloo)
+#    8 batch_size                16        sequences per process per optimizer step (train), per batch (eval)
+#    9 gradient_accumulation_steps 1       micro-batches per optimizer step (micro-batch = arg 8 / arg 9)
+#   10 learning_rate             2.4e-5
+#   11 warmup_proportion         0.1
+#   12 epochs                    3
+#   13 max_steps                 -1.0      > 0: stop after this many optimizer steps (overrides epochs)
+#   14 precision                 fp16      fp16 | bf16 | tf32 | fp32 (fp32 also turns TF32 off: NVIDIA_TF32_OVERRIDE=0)
+#   15 seed                      2
+#   16 mode                      "train eval"   any of train, eval, prediction (quote several: "train eval");
+#                                               eval alone runs on one process, as the original
+#
+# Environment (optional):
+#   DO_LOWER_CASE (true; false for cased vocabularies), MAX_SEQ_LENGTH (128), EXTRA_ARGS (more run_glue.py flags,
+#   e.g. "--max_train_examples 2000 --num_workers 4"), PYTHON ($CODEDIR/.venv/bin/python if present, else
+#   python3), CODEDIR (this repository), DRY_RUN=1 (print the command, one line, shell-quoted, and run nothing).
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  usage
+  exit 0
+fi
+die() { echo "run_glue.sh: $*" >&2; exit 1; }
+
+script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CODEDIR=${CODEDIR:-$(dirname "$script_dir")}
+prep_dir="${BERT_PREP_WORKING_DIR:-${DATA_DIR:-$CODEDIR/data}}"
+
+init_checkpoint=${1:-$CODEDIR/checkpoints/bert_uncased.pt}
+data_dir=${2:-$prep_dir/download/glue/MRPC/}
+vocab_file=${3:-$prep_dir/download/google_pretrained_weights/uncased_L-24_H-1024_A-16/vocab.txt}
+config_file=${4:-$CODEDIR/bert_config.json}
+out_dir=${5:-$CODEDIR/results/MRPC}
+task_name=${6:-mrpc}
+num_gpu=${7:-8}
+batch_size=${8:-16}
+gradient_accumulation_steps=${9:-1}
+learning_rate=${10:-2.4e-5}
+warmup_proportion=${11:-0.1}
+epochs=${12:-3}
+max_steps=${13:--1.0}
+precision=${14:-fp16}
+seed=${15:-2}
+mode=${16:-train eval}
+(( $# <= 16 )) || die "at most 16 positional arguments, got $# (see -h)"
+
+DO_LOWER_CASE=${DO_LOWER_CASE:-true}
+MAX_SEQ_LENGTH=${MAX_SEQ_LENGTH:-128}
+DRY_RUN=${DRY_RUN:-0}
+if [[ -z "${PYTHON:-}" ]]; then
+  PYTHON=python3
+  [[ -x "$CODEDIR/.venv/bin/python" ]] && PYTHON="$CODEDIR/.venv/bin/python"
+fi
+
+# ---- validate the arguments (one line each, naming the argument) ---------------------------------------------
+is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
+is_num() { [[ "$1" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; }
+for pair in "7 num_gpu $num_gpu" "8 batch_size $batch_size" "9 gradient_accumulation_steps $gradient_accumulation_steps" \
+            "15 seed $seed"; do
+  set -- $pair
+  is_int "$3" || die "argument $1 ($2) must be a non-negative integer, got '$3'"
+done
+for pair in "10 learning_rate $learning_rate" "11 warmup_proportion $warmup_proportion" "12 epochs $epochs" \
+            "13 max_steps $max_steps"; do
+  set -- $pair
+  is_num "$3" || die "argument $1 ($2) must be a number, got '$3'"
+done
+(( num_gpu >= 1 )) || die "argument 7 (num_gpu) must be at least 1"
+(( gradient_accumulation_steps >= 1 && batch_size % gradient_accumulation_steps == 0 )) \
+  || die "argument 8 (batch_size $batch_size) must be divisible by argument 9 (gradient_accumulation_steps $gradient_accumulation_steps)"
+case "$precision" in
+  fp16) prec_flags=(--fp16) ;;
+  bf16) prec_flags=(--bf16) ;;
+  tf32|fp32) prec_flags=() ;;  # run_glue.py enables TF32 where the GPU has it; fp32 turns it off below
+  *) die "argument 14 (precision) must be fp16, bf16, tf32 or fp32, got '$precision'" ;;
+esac
+do_train=false do_eval=false do_predict=false
+for word in $mode; do
+  case "$word" in
+    train) do_train=true ;;
+    eval) do_eval=true ;;
+    prediction|predict) do_predict=true ;;
+    *) die "argument 16 (mode) may contain train, eval and prediction, got '$mode'" ;;
+  esac
+done
+[[ "$do_train" == true || "$do_eval" == true || "$do_predict" == true ]] || die "argument 16 (mode) is empty"
+[[ "$do_train" == true ]] || num_gpu=1  # evaluation and prediction run on one process, as in the original
+[[ "$DO_LOWER_CASE" == true || "$DO_LOWER_CASE" == false ]] || die "DO_LOWER_CASE must be true or false"
+if [[ "$DRY_RUN" != 1 ]]; then
+  [[ -f "$CODEDIR/run_glue.py" ]] || die "no run_glue.py in CODEDIR $CODEDIR"
+  [[ -e "$init_checkpoint" ]] || die "init_checkpoint $init_checkpoint not found (argument 1)"
+  [[ -d "$data_dir" ]] || die "GLUE folder $data_dir not found (argument 2): the task's folder from GLUE's \
+download_glue_data.py, or set BERT_PREP_WORKING_DIR"
+  [[ "$vocab_file" == None || -f "$vocab_file" ]] || die "vocab_file $vocab_file not found (argument 3; None: the \
+checkpoint folder's vocab.txt)"
+  [[ "$config_file" == None || -f "$config_file" ]] || die "config_file $config_file not found (argument 4; None: \
+the checkpoint's config)"
+fi
+
+# ---- build the command ----------------------------------------------------------------------------------------
+launcher=("$PYTHON")
+if (( num_gpu > 1 )); then
+  launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpu")
+fi
+env_prefix=()
+[[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
+
+cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_glue.py" "--task_name=$task_name" "--data_dir=$data_dir"
+     "--init_checkpoint=$init_checkpoint" "--output_dir=$out_dir" "--max_seq_length=$MAX_SEQ_LENGTH"
+     "--seed=$seed" "--json-summary=$out_dir/dllogger.json" "${prec_flags[@]}")
+[[ "$do_train" == true ]] && cmd+=(--do_train "--train_batch_size=$batch_size"
+  "--gradient_accumulation_steps=$gradient_accumulation_steps" "--learning_rate=$learning_rate"
+  "--warmup_proportion=$warmup_proportion" "--num_train_epochs=$epochs" "--max_steps=$max_steps")
+[[ "$do_eval" == true ]] && cmd+=(--do_eval)
+[[ "$do_predict" == true ]] && cmd+=(--do_predict)
+[[ "$do_eval" == true || "$do_predict" == true ]] && cmd+=("--eval_batch_size=$batch_size")
+[[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
+[[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
+[[ "$config_file" != None ]] && cmd+=("--config_file=$config_file")
+if [[ -n "${EXTRA_ARGS:-}" ]]; then
+  read -r -a extra <<< "$EXTRA_ARGS"
+  cmd+=("${extra[@]}")
+fi
+
+if [[ "$DRY_RUN" == 1 ]]; then
+  printf '%q ' "${cmd[@]}" | sed 's/ $//'
+  echo
+  exit 0
+fi
+if (( num_gpu > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-smi > /dev/null; then
+  # CPU processes: torchrun would give each one thread; share the cores instead.
+  export OMP_NUM_THREADS=$(( $(nproc) / num_gpu > 0 ? $(nproc) / num_gpu : 1 ))
+fi
+mkdir -p "$out_dir"
+logfile="$out_dir/logfile"
+{ printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
+echo "run_glue.sh: $task_name, precision $precision, $num_gpu process(es), log $logfile" >&2
+"${cmd[@]}" 2>&1 | tee -a "$logfile"
+if [[ -f "$out_dir/results.json" ]]; then
+  echo "run_glue.sh: results in $out_dir/results.json" >&2
+fi
