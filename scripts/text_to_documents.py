@@ -31,14 +31,12 @@ from typing import Callable, Iterable, Iterator
 
 _ARTICLE = re.compile(r"^ ?= [^=].* = ?$")  # " = Title = " (a section is " = = Title = = ")
 _SECTION = re.compile(r"^ ?(= ){2,}.*( =){2,} ?$")
-_ESCAPES = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+_ESCAPE = re.compile(r"\s*@([-,.])@\s*")  # " @-@ " -> "-", " @,@ " -> ",", " @.@ " -> "."
 
 
 def clean_wikitext_line(line: str) -> str:
-    """Undo WikiText's number/hyphen escapes and drop <unk>; collapse whitespace."""
-    for escaped, plain in _ESCAPES:
-        line = line.replace(escaped, plain)
-    return " ".join(word for word in line.split() if word != "<unk>")
+    """Drop <unk>, undo WikiText's number/hyphen escapes; collapse whitespace."""
+    return _ESCAPE.sub(r"\1", " ".join(word for word in line.split() if word != "<unk>"))
 
 
 def is_wikitext(lines: list[str]) -> bool:

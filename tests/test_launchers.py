@@ -357,3 +357,57 @@ def test_two_phases_for_real(shared_data, tmp_path):
     assert "--phase2" in logs[1].read_text().splitlines()[0]  # the command heads the log
     assert "phase 2 finished" in out.stderr and '"FINAL"' in out.stderr
     assert (results / "tiny.phase1.json").is_file() and (results / "tiny.phase2.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scripts/text_to_documents.py, the CPU demo's text step
+
+
+WIKITEXT_SAMPLE = """ 
+ = First Article = 
+ 
+ The rock is 1 @,@ 000 m high , a well @-@ known <unk> . It was 2 @.@ 5 km away ! Then it fell . 
+ 
+ = = History = = 
+ 
+ Second paragraph here . 
+ 
+ = Second Article = 
+ 
+ Only one line . 
+"""
+
+
+def test_wikitext_becomes_documents_and_sentences(tmp_path):
+    from scripts.text_to_documents import main
+
+    source = tmp_path / "wiki.txt"
+    source.write_text(WIKITEXT_SAMPLE)
+    assert main(["--input", str(source), "--output", str(tmp_path / "docs.txt")]) == 0
+    assert (tmp_path / "docs.txt").read_text().splitlines() == [
+        "The rock is 1,000 m high , a well-known . It was 2.5 km away ! Then it fell . Second paragraph here .",
+        "Only one line ."]
+    assert main(["--input", str(source), "--output", str(tmp_path / "train.txt"), "--sentences",
+                 "--test_fraction", "0.5", "--test_output", str(tmp_path / "test.txt")]) == 0
+    train = (tmp_path / "train.txt").read_text().split("\n\n")
+    assert train[0].splitlines() == ["The rock is 1,000 m high , a well-known .", "It was 2.5 km away !",
+                                     "Then it fell .", "Second paragraph here ."]
+    assert (tmp_path / "test.txt").read_text() == "Only one line .\n\n"
+
+
+def test_plain_text_documents_are_blank_line_separated(tmp_path):
+    from scripts.text_to_documents import iter_documents
+
+    source = tmp_path / "mine.txt"
+    source.write_text("First doc, line one.\nLine two.\n\n\nSecond doc.\n")
+    assert list(iter_documents(source)) == [["First doc, line one.", "Line two."], ["Second doc."]]
+
+
+def test_real_wikitext_article_count(shared_data, tmp_path):
+    from scripts.text_to_documents import write_documents
+
+    valid = shared_data / "wikitext-2" / "valid.txt"
+    headings = [line for line in valid.read_text().splitlines() if re.fullmatch(r" = [^=].* = ", line)]
+    n_train, n_test = write_documents([valid], tmp_path / "docs.txt")
+    assert (n_train, n_test) == (len(headings), 0) and len(headings) == 60  # PROVENANCE.txt: 60 articles
+    assert "<unk>" not in (tmp_path / "docs.txt").read_text() and " @-@ " not in (tmp_path / "docs.txt").read_text()
