@@ -1,0 +1,413 @@
+"""Pre-training throughput: our BertForPreTraining + NVLAMB step against Hugging Face transformers' BertForPreTraining.
+
+Run from the repository root (5-10 minutes on 2 idle CPU cores; a loaded machine stretches it):
+
+    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_proto] [--out results/bench_pretraining.json]
+
+What is timed: one optimizer step = forward (masked-LM + next-sentence loss) + backward + NVLAMB step + zero_grad,
+wall clock, per model, in train mode (dropout 0.1 on, as in pre-training). The models get
+  * the same config (configs/bert-mini.json: 4 layers, hidden 256; configs/bert-base.json), sequence length 128;
+  * the same weights: Hugging Face's model is built first and its state dict is loaded into ours with
+    modeling.load_checkpoint_state; the step-0 loss of each (eval mode, same batch) is printed and must agree;
+  * the same batches of real data: WikiText-2 (../shared/data) made into an HDF5 shard by the recipe's own pipeline
+    (scripts/text_to_documents.py, then create_pretraining_data.py with the real uncased vocabulary: sequence
+    pairs of real lengths zero-padded to 128, 15% masked, at most 20 predictions); labels -1 (ours, NVIDIA's
+    convention) / -100 (Hugging Face's) where nothing is predicted;
+  * the same optimizer: our NVLAMB with param_groups_for_bert (lr 1e-3, weight decay 0.01, clip 1.0);
+  * the same precision: fp32, or torch.autocast(cpu, bfloat16).
+Runs alternate in one process (the order rotates every step); warm-up steps are left out; the median step time
+gives sequences per second, and the ratio is the median of the per-step ratios (transformers' step time over ours
+in the same round: the models of a round see the same machine load). "model only" leaves NVLAMB's time out of both
+(the same optimizer code, so it only dilutes the comparison of the models). The load average is recorded.
+
+Threads: one by default. On a 2-core machine shared with other jobs, torch's 2 OpenMP threads stall at every
+parallel op whenever the OS deschedules one of them: measured here, a mini step took 2.7-5.3 s with 2 threads
+(bimodal, NVLAMB alone 0.05 or 1.05 s) and a steady 1.8 s with one. One thread measures the models' work; on an
+idle machine pass --threads 0 for torch's default.
+
+"ours+unpad" is a prototype of a change to modeling.py, measured in the same alternation (--no_proto leaves it
+out): the same modules and weights, but the encoder's dense layers (QKV, projections, feed-forward, LayerNorm,
+dropout) run on the real tokens only, [T, H] with T = real tokens, and only attention sees the padded [B, N, S, D]
+layout. Its step-0 loss equals ours exactly. --compile adds torch.compile rows (both models compiled; mini config,
+fp32 unless --compile_precisions: one compile takes 1-6 minutes on 2 cores). --profile prints torch.profiler's top
+operators of each model (mini, fp32). Writes JSON (default results/bench_pretraining.json) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "data"
+GOALS = {("mini", "fp32"): 2.5, ("mini", "bf16"): 2.0, ("base", "fp32"): 1.3, ("base", "bf16"): 1.3}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Real data: a WikiText-2 shard from create_pretraining_data.py
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, S] int64, masked, zero-padded
+    token_type_ids: torch.Tensor  # [B, S]
+    attention_mask: torch.Tensor  # [B, S] 1 = real token
+    labels_ours: torch.Tensor  # [B, S] original id at masked positions, -1 elsewhere
+    labels_hf: torch.Tensor  # [B, S] the same with -100
+    next_sentence_labels: torch.Tensor  # [B] 1 = B is a random next
+
+
+def make_shard(data_dir: Path, vocab_file: Path, workdir: Path) -> Path:
+    """WikiText-2 valid + test -> sentences -> one HDF5 shard (seq 128, 20 predictions, dupe factor 1)."""
+    import create_pretraining_data
+    from scripts.text_to_documents import write_documents
+
+    text, shard = workdir / "wikitext2_sentences.txt", workdir / "wikitext2_seq128.hdf5"
+    write_documents([data_dir / "valid.txt", data_dir / "test.txt"], text, sentences=True)
+    with contextlib.redirect_stdout(sys.stderr):
+        create_pretraining_data.main(["--input_file", str(text), "--output_file", str(shard), "--vocab_file",
+                                      str(vocab_file), "--do_lower_case", "--max_seq_length", "128",
+                                      "--max_predictions_per_seq", "20", "--masked_lm_prob", "0.15",
+                                      "--dupe_factor", "1", "--random_seed", "12345", "--num_workers", "1",
+                                      "--no_progress"])
+    return shard
+
+
+def load_batches(shard: Path, n_batches: int, batch_size: int, start: int = 0) -> list[Batch]:
+    """Consecutive batches from the shard; labels from masked_lm_positions / masked_lm_ids (NVIDIA's layout:
+    unused slots are 0, and position 0 is [CLS], never masked)."""
+    import h5py
+
+    rows = slice(start, start + n_batches * batch_size)
+    with h5py.File(shard, "r") as f:
+        arrays = {k: torch.from_numpy(f[k][rows]).long() for k in
+                  ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
+                   "next_sentence_labels")}
+    if len(arrays["input_ids"]) < n_batches * batch_size:
+        raise SystemExit(f"bench_pretraining: {shard} holds too few sequences for {n_batches} x {batch_size}")
+    labels = torch.full_like(arrays["input_ids"], -1)
+    positions, ids = arrays["masked_lm_positions"], arrays["masked_lm_ids"]
+    labels.scatter_(1, positions, torch.where(positions > 0, ids, -1))  # slot 0 writes -1 onto [CLS]
+    batches = []
+    for i in range(n_batches):
+        part = slice(i * batch_size, (i + 1) * batch_size)
+        lab = labels[part]
+        batches.append(Batch(arrays["input_ids"][part], arrays["segment_ids"][part], arrays["input_mask"][part],
+                             lab, lab.masked_fill(lab < 0, -100), arrays["next_sentence_labels"][part]))
+    return batches
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The models, the same weights, one training step each.
+
+
+def build_pair(config_path: Path, seed: int):
+    """(hf_model, our_model) with identical weights: HF initialises, ours loads HF's state dict."""
+    import modeling
+    from transformers.models.bert.modeling_bert import BertConfig as HFConfig
+    from transformers.models.bert.modeling_bert import BertForPreTraining as HFBertForPreTraining
+
+    config = modeling.BertConfig.from_json_file(config_path)
+    torch.manual_seed(seed)
+    hf = HFBertForPreTraining(HFConfig(**config.to_hf_dict("BertForPreTraining")))
+    ours = modeling.BertForPreTraining(config)
+    report = modeling.load_checkpoint_state(ours, hf.state_dict(), source="transformers BertForPreTraining")
+    if report:
+        raise SystemExit(f"bench_pretraining: weights did not map one to one: {report}")
+    return hf, ours, hf.config._attn_implementation
+
+
+def clone_ours(model):
+    """A deep copy with its own parameters (the MLM decoder re-tied to the copy's word embeddings)."""
+    twin = copy.deepcopy(model)
+    twin.cls.predictions.decoder.weight = twin.bert.embeddings.word_embeddings.weight
+    return twin
+
+
+def autocast_ctx(precision: str):
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def hf_loss(model, batch: Batch) -> torch.Tensor:
+    return model(input_ids=batch.input_ids, token_type_ids=batch.token_type_ids, attention_mask=batch.attention_mask,
+                 labels=batch.labels_hf, next_sentence_label=batch.next_sentence_labels).loss
+
+
+def our_loss(model, batch: Batch) -> torch.Tensor:
+    return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.labels_ours,
+                 batch.next_sentence_labels)[0]
+
+
+def unpadded_loss(model, batch: Batch) -> torch.Tensor:
+    """PROTOTYPE for modeling.py: our BertForPreTraining's loss with the encoder run on real tokens only.
+
+    The modules and parameters are the model's own; only the routing differs. Embeddings, every Linear, LayerNorm,
+    GELU and dropout see x [T, H] (T = real tokens of the batch, flattened); attention pads q/k/v back to
+    [B, N, S, D] (zeros, masked out as keys) and unpads its output. Rows do not interact outside attention, so the
+    result equals the padded computation; the saving is the dense FLOPs of the padding (1 - T / (B S)).
+    """
+    bert = model.bert
+    B, S = batch.input_ids.shape
+    flat_mask = batch.attention_mask.reshape(-1)
+    keep = flat_mask.nonzero().squeeze(1)  # [T] flat indices of the real tokens
+    emb = bert.embeddings
+    positions = torch.arange(S).repeat(B)[keep]
+    x = (emb.word_embeddings(batch.input_ids.reshape(-1)[keep]) + emb.position_embeddings(positions)
+         + emb.token_type_embeddings(batch.token_type_ids.reshape(-1)[keep]))
+    x = emb.dropout(emb.LayerNorm(x))  # [T, H]
+    H = x.shape[-1]
+    key_mask = batch.attention_mask[:, None, None, :].bool()  # [B, 1, 1, S]
+    for layer in bert.encoder.layer:
+        att = layer.attention.self
+        weight = torch.cat([att.query.weight, att.key.weight, att.value.weight])
+        bias = torch.cat([att.query.bias, att.key.bias, att.value.bias])
+        qkv = F.linear(x, weight, bias)  # [T, 3H]
+        qkv = qkv.new_zeros(B * S, 3 * H).index_copy(0, keep, qkv)  # [B*S, 3H]
+        q, k, v = qkv.view(B, S, 3, att.num_heads, att.head_size).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
+                                           dropout_p=att.dropout_p if model.training else 0.0)
+        y = y.transpose(1, 2).reshape(B * S, H).index_select(0, keep)  # [T, H]
+        x = layer.attention.output(y, x)
+        x = layer.output(layer.intermediate(x), x)
+    labels = batch.labels_ours.reshape(-1)
+    predicted = (labels >= 0).nonzero().squeeze(1)  # flat positions, all real tokens
+    row_of = flat_mask.cumsum(0) - 1  # flat position -> row of x
+    scores = model.cls.predictions(x.index_select(0, row_of[predicted]))  # [M, V]
+    pooled = torch.tanh(bert.pooler.dense(x.index_select(0, row_of.view(B, S)[:, 0])))  # [CLS] rows, [B, H]
+    mlm = F.cross_entropy(scores.float(), labels.index_select(0, predicted))
+    nsp = F.cross_entropy(model.cls.seq_relationship(pooled).float(), batch.next_sentence_labels.reshape(-1))
+    return mlm + nsp
+
+
+LOSS_FNS = {"hf": hf_loss, "ours": our_loss, "ours_unpad": unpadded_loss}
+
+
+def train_step(model, loss_fn, optimizer, batch: Batch, precision: str) -> tuple[float, float]:
+    """One optimizer step; returns (loss, seconds spent in optimizer.step + zero_grad)."""
+    with autocast_ctx(precision):
+        loss = loss_fn(model, batch)
+    loss.backward()
+    start = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item(), time.perf_counter() - start
+
+
+def step_zero_loss(model, loss_fn, batch: Batch, precision: str) -> float:
+    """The loss on a batch in eval mode (no dropout), before any update."""
+    model.eval()
+    with torch.no_grad(), autocast_ctx(precision):
+        loss = loss_fn(model, batch).item()
+    model.train()
+    return loss
+
+
+def make_optimizer(model):
+    from optimization import NVLAMB, param_groups_for_bert
+
+    return NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
+
+
+def run_case(name: str, config_path: Path, precision: str, batches: list[Batch], steps: int, warmup: int,
+             compile_models: bool, proto: bool, seed: int) -> dict:
+    """Alternating timed steps of every model; returns one result row."""
+    hf, ours, attn = build_pair(config_path, seed)
+    models = {"hf": hf, "ours": ours}
+    if proto:
+        models["ours_unpad"] = clone_ours(ours)
+    tag = f"[{name} {precision}{' compiled' if compile_models else ''}]"
+    loss0 = {key: step_zero_loss(model, LOSS_FNS[key], batches[0], precision) for key, model in models.items()}
+    print(f"{tag} step-0 loss: " + "  ".join(f"{k} {v:.6f}" for k, v in loss0.items())
+          + f"  (|ours - transformers| {abs(loss0['hf'] - loss0['ours']):.2e}; transformers attention: {attn})",
+          flush=True)
+    runners = {}
+    for key, model in models.items():
+        optimizer = make_optimizer(model)
+        runners[key] = (torch.compile(model) if compile_models else model, optimizer)
+    keys = list(runners)
+    times: dict[str, list[float]] = {k: [] for k in keys}
+    opt_times: dict[str, list[float]] = {k: [] for k in keys}
+    first_step: dict[str, float] = {}
+    last_loss: dict[str, float] = {}
+    for i in range(warmup + steps):
+        for key in keys[i % len(keys):] + keys[:i % len(keys)]:  # rotate who goes first
+            model, optimizer = runners[key]
+            start = time.perf_counter()
+            last_loss[key], opt_s = train_step(model, LOSS_FNS[key], optimizer, batches[i % len(batches)], precision)
+            elapsed = time.perf_counter() - start
+            if i == 0:
+                first_step[key] = elapsed
+            if i >= warmup:
+                times[key].append(elapsed)
+                opt_times[key].append(opt_s)
+    batch_size = batches[0].input_ids.shape[0]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    row = {
+        "config": name, "precision": precision, "compile": compile_models, "batch_size": batch_size,
+        "seq_len": batches[0].input_ids.shape[1], "timed_steps": steps, "warmup_steps": warmup,
+        "real_token_fraction": float(torch.stack([b.attention_mask for b in batches]).float().mean()),
+        "hf_attn_implementation": attn, "goal": GOALS.get((name, precision)),
+        "loss0_abs_diff": abs(loss0["hf"] - loss0["ours"]), "first_step_s": first_step,
+    }
+    for key in keys:
+        row[f"{key}_seq_per_s"] = batch_size / med[key]
+        row[f"{key}_median_step_s"] = med[key]
+        row[f"{key}_median_optimizer_s"] = statistics.median(opt_times[key])
+        row[f"{key}_step_times_s"] = times[key]
+        row[f"loss0_{key}"] = loss0[key]
+        row[f"last_loss_{key}"] = last_loss[key]
+    # Ratios from pairs: the models of one iteration run back to back, so they see the same machine load; the median
+    # of the per-iteration ratios is far steadier on a shared machine than the ratio of the medians.
+    for key, label in (("ours", "ratio"), ("ours_unpad", "ratio_unpad")):
+        if key in times:
+            row[label] = statistics.median(h / o for h, o in zip(times["hf"], times[key]))
+            row[label + "_model_only"] = statistics.median(  # forward + backward only, NVLAMB left out
+                (h - ho) / (o - oo) for h, ho, o, oo in zip(times["hf"], opt_times["hf"], times[key], opt_times[key]))
+    print(f"{tag} " + ", ".join(f"{k} {row[f'{k}_seq_per_s']:.2f} seq/s (step {med[k]:.2f} s, NVLAMB "
+                                 f"{row[f'{k}_median_optimizer_s']:.2f} s)" for k in keys)
+          + f"; ratio {row['ratio']:.2f}x (model only {row['ratio_model_only']:.2f}x)"
+          + (f", unpad {row['ratio_unpad']:.2f}x" if proto else ""), flush=True)
+    return row
+
+
+def profile_case(config_path: Path, batches: list[Batch], seed: int, row_limit: int = 12) -> dict:
+    """torch.profiler's top operators (self CPU time) over 2 training steps of each model, fp32."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hf, ours, _ = build_pair(config_path, seed)
+    out = {}
+    for key, model in (("hf", hf), ("ours", ours)):
+        optimizer = make_optimizer(model)
+        train_step(model, LOSS_FNS[key], optimizer, batches[0], "fp32")  # first-touch allocations out of the profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(2):
+                train_step(model, LOSS_FNS[key], optimizer, batches[i % len(batches)], "fp32")
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events)
+        out[key] = [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3 / 2, "share": e.self_cpu_time_total / total,
+                     "calls_per_step": e.count / 2} for e in events[:row_limit]]
+        print(f"\nprofile ({key}, {config_path.stem} fp32, per step): total {total / 2e3:.0f} ms")
+        for e in out[key]:
+            print(f"  {e['op']:<45} {e['self_cpu_ms']:9.1f} ms  {100 * e['share']:5.1f}%  x{e['calls_per_step']:.0f}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Report
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| config | precision | compile | batch | ours seq/s | transformers seq/s | ratio | goal | "
+             "ratio, model only | ours+unpad seq/s (ratio) | step-0 loss ours / transformers |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        goal = f">= {r['goal']}x" if r["goal"] and not r["compile"] else "-"
+        met = "" if goal == "-" else (" (met)" if r["ratio"] >= r["goal"] else " (missed)")
+        unpad = f"{r['ours_unpad_seq_per_s']:.2f} ({r['ratio_unpad']:.2f}x)" if "ratio_unpad" in r else "-"
+        lines.append(f"| {r['config']} | {r['precision']} | {'yes' if r['compile'] else 'no'} | {r['batch_size']} | "
+                     f"{r['ours_seq_per_s']:.2f} | {r['hf_seq_per_s']:.2f} | {r['ratio']:.2f}x{met} | {goal} | "
+                     f"{r['ratio_model_only']:.2f}x | {unpad} | {r['loss0_ours']:.5f} / {r['loss0_hf']:.5f} |")
+    return "\n".join(lines)
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    import transformers
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="mini,base", help="comma-separated: mini, base (default: both)")
+    p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (default: both)")
+    p.add_argument("--batch_mini", type=int, default=32, help="sequences per step, mini config")
+    p.add_argument("--batch_base", type=int, default=8, help="sequences per step, BERT-base")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per model and case")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per model and case (the first allocates the "
+                   "optimizer state)")
+    p.add_argument("--no_proto", action="store_true", help="leave out the ours+unpad prototype")
+    p.add_argument("--compile", action="store_true", help="add torch.compile rows (mini config)")
+    p.add_argument("--compile_precisions", default="fp32", help="precisions of the --compile rows")
+    p.add_argument("--profile", action="store_true", help="print torch.profiler's top operators (mini, fp32)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1, see the module docstring; 0: torch's default)")
+    p.add_argument("--data_dir", default=str(SHARED / "wikitext-2"), help="WikiText-2 folder")
+    p.add_argument("--vocab_file", default=str(SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"))
+    p.add_argument("--out", default=str(REPO / "results" / "bench_pretraining.json"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    data_dir, vocab = Path(args.data_dir), Path(args.vocab_file)
+    if not (data_dir / "valid.txt").is_file() or not vocab.is_file():
+        raise SystemExit(f"bench_pretraining: need {data_dir}/valid.txt and {vocab} (../shared/data): "
+                         f"pass --data_dir and --vocab_file")
+    configs = {"mini": REPO / "configs" / "bert-mini.json", "base": REPO / "configs" / "bert-base.json"}
+    names = [c for c in args.configs.split(",") if c]
+    precisions = [p for p in args.precisions.split(",") if p]
+    compile_precisions = [p for p in args.compile_precisions.split(",") if p] if args.compile else []
+    bad = [c for c in names if c not in configs] + [p for p in precisions + compile_precisions
+                                                      if p not in ("fp32", "bf16")]
+    if bad:
+        raise SystemExit(f"bench_pretraining: unknown --configs/--precisions entries {bad}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from utils import atomic_write_json
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench_pretraining_") as tmp:
+        shard = make_shard(data_dir, vocab, Path(tmp))
+        data = {"mini": load_batches(shard, 4, args.batch_mini), "base": load_batches(shard, 4, args.batch_base)}
+    fill = float(torch.stack([b.attention_mask for b in data["mini"]]).float().mean())
+    preds = float(torch.stack([(b.labels_ours >= 0).sum(1) for b in data["mini"]]).float().mean())
+    print(f"data: WikiText-2 shard from create_pretraining_data.py; {100 * fill:.0f}% real tokens, {preds:.1f} "
+          f"predictions a sequence; batches of {args.batch_mini} (mini) and {args.batch_base} (base)", flush=True)
+    rows = []
+    for name in names:
+        for precision in precisions:
+            rows.append(run_case(name, configs[name], precision, data[name], args.steps, args.warmup, False,
+                                 not args.no_proto, args.seed))
+    for precision in compile_precisions:
+        rows.append(run_case("mini", configs["mini"], precision, data["mini"], args.steps, args.warmup + 1, True,
+                             False, args.seed))
+    profile = profile_case(configs["mini"], data["mini"], args.seed) if args.profile else None
+    result = {
+        "command": " ".join([".venv/bin/python -m bench.bench_pretraining"] + (sys.argv[1:] if argv is None else argv)),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine_info(),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "wall_s": time.perf_counter() - started, "optimizer": "NVLAMB lr 1e-3 wd 0.01 clip 1.0 (every model)",
+        "data": {"real_token_fraction": fill, "predictions_per_sequence": preds}, "rows": rows, "profile": profile,
+    }
+    atomic_write_json(args.out, result)
+    print("\n" + table(rows))
+    print(f"\nload average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (a shared machine slows every "
+          f"model alike; the runs alternate); wall {result['wall_s']:.0f} s; JSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
