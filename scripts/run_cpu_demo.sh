@@ -16,7 +16,9 @@
 #
 # Options: --corpus PATH (repeatable; default ../shared/data/wikitext-2/{valid,test}.txt), --vocab FILE (default
 # ../shared/data/bert-vocab/bert-base-uncased-vocab.txt, or $VOCAB_FILE), --out DIR, --phase1_steps N,
-# --phase2_steps N, -h. Environment: PYTHON (default .venv/bin/python if present, else python3).
+# --phase2_steps N, -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
+# (default: torch's; 1 when the machine is busy, i.e. the load average is at least the number of cores: on a shared
+# 2-core machine two OpenMP threads stall whenever one is descheduled, measured 4x slower than one thread).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -60,6 +62,12 @@ if [[ -z "${PYTHON:-}" ]]; then
   [[ -x "$repo/.venv/bin/python" ]] && PYTHON="$repo/.venv/bin/python"
 fi
 export PYTHON
+cores=$(nproc)  # before OMP_NUM_THREADS is set: nproc honours it
+if [[ -z "${OMP_NUM_THREADS:-}" ]] && awk -v n="$cores" '{ exit !($1 >= n) }' /proc/loadavg 2> /dev/null; then
+  export OMP_NUM_THREADS=1
+  echo "run_cpu_demo.sh: the machine is busy (load $(cut -d' ' -f1 /proc/loadavg) on $cores cores): one thread" \
+       "(OMP_NUM_THREADS=1) avoids OpenMP stalls; set OMP_NUM_THREADS to choose"
+fi
 cd "$repo"  # the helpers are modules of this repository (python -m scripts.text_to_documents)
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
