@@ -48,8 +48,8 @@ RUNS = {
     "sst-2": Run("sst-2", "glue-sst2", "acc", 0.85, [
         "--max_train_examples", "10000", "--num_train_epochs", "1", "--train_batch_size", "32",
         "--learning_rate", "1e-4", "--warmup_proportion", "0.1"]),
-    "cola": Run("cola", "glue-cola", "mcc", None, [
-        "--num_train_epochs", "3", "--train_batch_size", "32", "--learning_rate", "1e-4",
+    "cola": Run("cola", "glue-cola", "mcc", None, [  # batch 32 / 1e-4 gave MCC 0.224, 5 epochs of it 0.270
+        "--num_train_epochs", "3", "--train_batch_size", "16", "--learning_rate", "5e-5",
         "--warmup_proportion", "0.1"]),
 }
 
