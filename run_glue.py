@@ -15,7 +15,7 @@ Outputs in --output_dir:
     predictions.json   (--do_predict) example id -> label name (STS-B: the predicted score); `--predict_split
                        test` predicts GLUE's unlabeled test files instead of the dev set(s)
     model.pt           (--do_train) {"model": tensors under Hugging Face names, "config", "num_labels", "task",
-                       "labels"}; loads with BertForSequenceClassification.from_pretrained and torch.load(...,
+                       "labels"}; loads with BertForSequenceClassification.from_pretrained, or torch.load with
                        weights_only=True)
     hf_model/          (--do_train) the same model as a transformers directory (config.json with the label
                        names, model.safetensors, vocab.txt)
