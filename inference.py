@@ -289,9 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated class names; default: those the checkpoint records, else 0, 1, ...")
     g = p.add_argument_group("runtime")
     g.add_argument("--batch_size", type=int, default=8, help="windows (or sentences) per forward pass")
-    prec = g.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="float16 autocast")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    utils.add_precision_arguments(g)
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
     return p
 
@@ -304,8 +302,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if getattr(args, name) < 1:
             raise SystemExit(f"inference.py: --{name} must be positive, got {getattr(args, name)}")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout carries the JSON only)
-    precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
     device = torch.device("cpu") if args.no_cuda else _default_device(None)
+    precision = utils.setup_precision(args.precision, device, "inference.py").name
     items = items_from_args(args)
     vocab_file = _find_vocab(args)
     try:

@@ -104,9 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gradient_accumulation_steps", type=int, default=1,
                    help="micro-batches per optimizer step")
     g.add_argument("--seed", type=int, default=2, help="random seed (model head, dropout, shuffling)")
-    prec = g.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", "--amp", action="store_true", help="float16 autocast with a GradScaler")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 autocast (no loss scaling needed)")
+    utils.add_precision_arguments(g)
 
     g = p.add_argument_group("runtime")
     g.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
@@ -415,11 +413,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     task = get_task(args.task_name)
     resolve_model_files(args)
-    args.precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
 
     env = utils.init_distributed(no_cuda=args.no_cuda)
-    if env.device.type == "cuda":
-        utils.configure_tf32(True)
+    choice = utils.setup_precision(args.precision, env.device, "run_glue.py", show=env.is_main)
+    args.precision, args.precision_reason = choice.name, choice.reason
     output_dir = Path(args.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -120,9 +120,9 @@ class PretrainConfig:
     use_nvlamb: bool = _flag(False, "apply LAMB's trust ratio also to the no-decay group (NVIDIA's NVLAMB switch)")
     seed: int = _flag(42, "random seed: model init, data order, dropout (rank r uses seed + r for dropout)")
     # --- precision
-    fp16: bool = _flag(False, "mixed precision: autocast float16 and a GradScaler (overflow steps are skipped)",
-                       "--amp")
-    bf16: bool = _flag(False, "mixed precision: autocast bfloat16, no loss scaling (GPU and CPU)")
+    precision: str = _flag("auto", "fp16: autocast float16 and a GradScaler (overflow steps are skipped); bf16: "
+                                   "autocast bfloat16, no loss scaling. The old --fp16/--amp/--bf16 switches are "
+                                   "aliases")
     loss_scale: float = _flag(0.0, "fp16 loss scale: 0 = dynamic (starts at --init_loss_scale, halves on "
                                    "overflow), > 0 = this static scale")
     init_loss_scale: float = _flag(2.0 ** 20, "initial dynamic fp16 loss scale")
@@ -161,19 +161,16 @@ class PretrainConfig:
                                             "compilation)")
     disable_progress_bar: bool = _flag(False, "no tqdm progress bar")
     debug_inject_inf_at_step: int = _flag(-1, "TEST ONLY: put an inf into a gradient on the first attempt at "
-                                              "this step (with --fp16)")
+                                              "this step (with --precision fp16)")
 
     @property
     def micro_batch_size(self) -> int:
         return self.train_batch_size // self.gradient_accumulation_steps
 
-    @property
-    def precision(self) -> str:
-        return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
 
 
 # --help lists the flags in these groups; each starts at the named field (fields are in this order above).
-FLAG_GROUPS = {"input_dir": "data and model", "train_batch_size": "optimisation", "fp16": "precision",
+FLAG_GROUPS = {"input_dir": "data and model", "train_batch_size": "optimisation", "precision": "precision",
                "allreduce_post_accumulation": "parallelism and memory",
                "num_steps_per_checkpoint": "checkpoints and phases", "eval_dir": "evaluation", "json_summary": "logging"}
 
@@ -193,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(PretrainConfig):
         group = parser.add_argument_group(FLAG_GROUPS[f.name]) if f.name in FLAG_GROUPS else group
         meta = f.metadata
+        if f.name == "precision":  # --precision auto|fp32|tf32|fp16|bf16 and its aliases, as every entry script
+            from utils import add_precision_arguments
+
+            add_precision_arguments(group, meta["help"])
+            continue
         names = [meta["flag"] or f"--{f.name}", *meta["aliases"]]
         kind = hints[f.name]
         if kind is bool:
@@ -219,7 +221,6 @@ def parse_args(argv: list[str] | None = None) -> PretrainConfig:
         (cfg.train_batch_size % max(cfg.gradient_accumulation_steps, 1) != 0,
          f"--train_batch_size {cfg.train_batch_size} is not divisible by --gradient_accumulation_steps "
          f"{cfg.gradient_accumulation_steps}"),
-        (cfg.fp16 and cfg.bf16, "--fp16/--amp and --bf16 exclude each other: pick one"),
         (cfg.max_steps < 1, f"--max_steps {cfg.max_steps} must be at least 1"),
         (cfg.steps_this_run == 0 or cfg.steps_this_run < -1, "--steps_this_run must be positive (or -1: all)"),
         (not 0.0 <= cfg.warmup_proportion <= 1.0, f"--warmup_proportion {cfg.warmup_proportion} must be in [0, 1]"),
@@ -235,7 +236,8 @@ def parse_args(argv: list[str] | None = None) -> PretrainConfig:
         (cfg.resume_step != -1 and not cfg.resume_from_checkpoint,
          "--resume_step needs --resume_from_checkpoint"),
         (cfg.phase2 and cfg.phase1_end_step < 0, f"--phase1_end_step {cfg.phase1_end_step} must not be negative"),
-        (cfg.debug_inject_inf_at_step > 0 and not cfg.fp16, "--debug_inject_inf_at_step is for --fp16 runs only"),
+        (cfg.debug_inject_inf_at_step > 0 and cfg.precision != "fp16",
+         "--debug_inject_inf_at_step is for --precision fp16 runs only"),
         (cfg.dynamic_masking and not cfg.vocab_file, "--dynamic_masking needs --vocab_file (the [MASK] id and "
                                                      "the vocabulary size)"),
         (not 0.0 < cfg.masked_lm_prob <= 1.0, f"--masked_lm_prob {cfg.masked_lm_prob} must be in (0, 1]"),
@@ -515,6 +517,8 @@ class Precision:
     device: torch.device
     scaler: torch.amp.GradScaler
     static_loss_scale: float | None = None  # fp16 with --loss_scale > 0
+    reason: str = ""  # why this precision (what --precision auto saw), logged with the parameters
+    warning: str | None = None  # one line when the hardware only emulates the precision asked for
 
     def autocast(self) -> contextlib.AbstractContextManager:
         from utils import autocast
@@ -532,12 +536,15 @@ def apply_parallelism_and_precision(model: torch.nn.Module, cfg: PretrainConfig,
     The order matters; each step says why it comes where it does. Returns (model to call, Precision)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from utils import configure_tf32
+    from utils import configure_tf32, resolve_precision
 
     cuda = env.device.type == "cuda"
-    # 1. TF32: fp32 matmuls (the fp32 run, and what autocast leaves in fp32) on tensor cores, on GPUs that have
-    #    them; a no-op on CPU.
-    configure_tf32(cuda)
+    # 0. Which precision runs: --precision auto follows the hardware (bf16 only where it is native).
+    choice = resolve_precision(cfg.precision, env.device)
+    fp16 = choice.name == "fp16"
+    # 1. TF32: fp32 matmuls (the tf32 run, and what autocast leaves in fp32) on tensor cores, on GPUs that have
+    #    them, unless fp32 was asked for by name; a no-op on CPU.
+    configure_tf32(cuda and choice.name != "fp32")
     # 2. Activation checkpointing is a property of the bare encoder: set it before anything wraps the module.
     model.bert.encoder.checkpoint_activations = cfg.checkpoint_activations
     # 3. Weights to the device, and they stay fp32: autocast casts per op, the optimizer updates fp32 weights.
@@ -552,17 +559,17 @@ def apply_parallelism_and_precision(model: torch.nn.Module, cfg: PretrainConfig,
         if cfg.allreduce_post_accumulation_fp16:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            hook = default_hooks.bf16_compress_hook if cfg.bf16 and cuda else default_hooks.fp16_compress_hook
+            hook = default_hooks.bf16_compress_hook if choice.name == "bf16" and cuda \
+                else default_hooks.fp16_compress_hook
             model.register_comm_hook(None, hook)
     # 6. torch.compile goes around DDP, so that its DDPOptimizer splits the graph at bucket boundaries and the
     #    all-reduces still overlap the backward pass.
     if cfg.compile:
         model = torch.compile(model)
     # 7. Precision. fp16 needs loss scaling (its range is narrow); bf16 has fp32's range and needs none.
-    name = cfg.precision if cfg.precision != "fp32" or not cuda else "tf32"
-    static = cfg.loss_scale if cfg.fp16 and cfg.loss_scale > 0 else None
-    scaler = torch.amp.GradScaler(env.device.type, init_scale=static or cfg.init_loss_scale, enabled=cfg.fp16)
-    return model, Precision(name, env.device, scaler, static)
+    static = cfg.loss_scale if fp16 and cfg.loss_scale > 0 else None
+    scaler = torch.amp.GradScaler(env.device.type, init_scale=static or cfg.init_loss_scale, enabled=fp16)
+    return model, Precision(choice.name, env.device, scaler, static, choice.reason, choice.warning)
 
 
 def grad_sync(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -997,7 +1004,7 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
             consecutive_skips += 1
             if consecutive_skips > 50:
                 fail(f"50 fp16 overflows in a row at step {state.global_step}: the loss diverged (lower "
-                     f"--learning_rate, or use --bf16)")
+                     f"--learning_rate, or use --precision bf16)")
             continue
         consecutive_skips = 0
         scheduler.step()
@@ -1102,6 +1109,9 @@ def main(argv: list[str] | None = None) -> int:
         resume = find_resume_checkpoint(cfg, log) if cfg.resume_from_checkpoint else None
         raw_model = build_model(cfg, resume, log)
         model, precision = apply_parallelism_and_precision(raw_model, cfg, env)
+        log(f"precision {precision.name} ({precision.reason})")
+        if precision.warning:
+            log(f"warning: {precision.warning}")
         optimizer = make_lamb(param_groups_for_bert(raw_model, cfg.weight_decay), lr=cfg.learning_rate,
                               weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
                               use_nvlamb=cfg.use_nvlamb, prefer_fused=env.device.type == "cuda")
@@ -1117,7 +1127,9 @@ def main(argv: list[str] | None = None) -> int:
         eval_batch = cfg.eval_batch_size or cfg.micro_batch_size
         eval_fn = (lambda: evaluate(raw_model, eval_set, eval_batch, precision, env)) if eval_set else None
         logger.log("PARAMETER", {**dataclasses.asdict(cfg), "world_size": env.world_size, "device": str(env.device),
-                                 "precision": precision.name, "parameters": count_parameters(raw_model),
+                                 "precision_requested": cfg.precision, "precision": precision.name,
+                                 "precision_reason": precision.reason,
+                                 "parameters": count_parameters(raw_model),
                                  "start_step": state.global_step})
         if not cfg.do_train:
             logger.log(state.global_step, eval_fn())

@@ -120,9 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--group_by_length", action="store_true",
                    help="training batches of similar lengths (less padding; batches still in random order)")
     g.add_argument("--seed", type=int, default=42, help="random seed (answer head, dropout, shuffling)")
-    prec = g.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", "--amp", action="store_true", help="float16 autocast with a GradScaler")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 autocast (no loss scaling needed)")
+    utils.add_precision_arguments(g)
     g.add_argument("--loss_scale", type=float, default=0.0,
                    help="fp16: initial loss scale of the dynamic GradScaler (0: its default, 2**16)")
 
@@ -174,7 +172,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f"run_squad.py: --warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
     if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
         raise SystemExit("run_squad.py: --num_train_epochs must be positive (or give --max_steps)")
-    args.precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
     return args
 
 
@@ -500,7 +497,8 @@ def run(args: argparse.Namespace) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     logger = utils.JsonLogger(args.json_summary or output_dir / "dllogger.json", enabled=env.is_main)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
-    utils.configure_tf32(args.precision == "fp32")
+    choice = utils.setup_precision(args.precision, env.device, "run_squad.py", show=env.is_main)
+    args.precision, args.precision_reason = choice.name, choice.reason
     utils.set_seed(args.seed)
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
 

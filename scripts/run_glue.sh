@@ -4,7 +4,7 @@
 #
 #   bash scripts/run_glue.sh                                         # all defaults
 #   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_dgxa100-80g_8gpu_bf16)
-#   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_cpu_1gpu_bf16)  # MiniLM on a CPU
+#   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_cpu_1gpu_auto)  # MiniLM on a CPU
 #   bash scripts/run_glue.sh -h                                      # this text
 #
 # Positional arguments (an empty string or a missing one takes the default; paths must not contain spaces):
@@ -25,7 +25,7 @@
 #   11 warmup_proportion         0.1
 #   12 epochs                    3
 #   13 max_steps                 -1.0      > 0: stop after this many optimizer steps (overrides epochs)
-#   14 precision                 fp16      fp16 | bf16 | tf32 | fp32 (fp32 also turns TF32 off: NVIDIA_TF32_OVERRIDE=0)
+#   14 precision                 fp16      auto | fp16 | bf16 | tf32 | fp32 (auto: from the hardware, see --help of run_glue.py)
 #   15 seed                      2
 #   16 mode                      "train eval"   any of train, eval, prediction (quote several: "train eval");
 #                                               eval alone runs on one process, as the original
@@ -91,10 +91,8 @@ done
   || die "argument 8 (batch_size $batch_size) must be divisible by argument 9 \
 (gradient_accumulation_steps $gradient_accumulation_steps)"
 case "$precision" in
-  fp16) prec_flags=(--fp16) ;;
-  bf16) prec_flags=(--bf16) ;;
-  tf32|fp32) prec_flags=() ;;  # run_glue.py enables TF32 where the GPU has it; fp32 turns it off below
-  *) die "argument 14 (precision) must be fp16, bf16, tf32 or fp32, got '$precision'" ;;
+  auto|fp16|bf16|tf32|fp32) prec_flags=("--precision=$precision") ;;  # fp32 also sets NVIDIA_TF32_OVERRIDE=0 below
+  *) die "argument 14 (precision) must be auto, fp16, bf16, tf32 or fp32, got '$precision'" ;;
 esac
 do_train=false do_eval=false do_predict=false
 for word in $mode; do

@@ -10,7 +10,7 @@
 # Positional arguments (an empty string or a missing one takes the default; paths must not contain spaces):
 #    1 train_batch_size          8192      sequences per GPU per optimizer step, phase 1 (all micro-batches)
 #    2 learning_rate             6e-3      peak learning rate, phase 1
-#    3 precision                 fp16      fp16 | bf16 | tf32 | fp32 (fp32 also turns TF32 off: NVIDIA_TF32_OVERRIDE=0)
+#    3 precision                 fp16      auto | fp16 | bf16 | tf32 | fp32 (auto: from the hardware, see --help of run_pretraining.py)
 #    4 num_gpus                  8         processes on this node: torchrun --nproc_per_node (1: plain python;
 #                                          on a machine without CUDA, >1 runs CPU processes with gloo)
 #    5 warmup_proportion         0.2843    fraction of phase 1 spent warming the learning rate up
@@ -116,10 +116,8 @@ for pair in "8 resume_training $resume_training" "9 create_logfile $create_logfi
 done
 (( num_gpus >= 1 )) || die "argument 4 (num_gpus) must be at least 1"
 case "$precision" in
-  fp16) prec_flags=(--fp16) ;;
-  bf16) prec_flags=(--bf16) ;;
-  tf32|fp32) prec_flags=() ;;  # run_pretraining.py enables TF32 where the GPU has it; fp32 turns it off below
-  *) die "argument 3 (precision) must be fp16, bf16, tf32 or fp32, got '$precision'" ;;
+  auto|fp16|bf16|tf32|fp32) prec_flags=("--precision=$precision") ;;  # fp32 also sets NVIDIA_TF32_OVERRIDE=0 below
+  *) die "argument 3 (precision) must be auto, fp16, bf16, tf32 or fp32, got '$precision'" ;;
 esac
 for phase in $PHASES; do
   [[ "$phase" == 1 || "$phase" == 2 ]] || die "PHASES must list 1 and/or 2, got '$PHASES'"

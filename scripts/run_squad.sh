@@ -4,7 +4,7 @@
 #
 #   bash scripts/run_squad.sh                                              # all defaults
 #   bash scripts/run_squad.sh $(source scripts/configs/squad_config.sh && dgxa100_8gpu_bf16)
-#   bash scripts/run_squad.sh $(source scripts/configs/squad_config.sh && cpu_1gpu_bf16)   # MiniLM on a CPU
+#   bash scripts/run_squad.sh $(source scripts/configs/squad_config.sh && cpu_1gpu_auto)   # MiniLM on a CPU
 #   bash scripts/run_squad.sh -h                                           # this text
 #
 # Positional arguments (an empty string or a missing one takes the default; paths must not contain spaces):
@@ -13,7 +13,7 @@
 #    2 epochs            2.0
 #    3 batch_size        3         sequences per process per optimizer step (train), per batch (prediction)
 #    4 learning_rate     3e-5
-#    5 precision         fp16      fp16 | bf16 | tf32 | fp32 (fp32 also turns TF32 off: NVIDIA_TF32_OVERRIDE=0)
+#    5 precision         fp16      auto | fp16 | bf16 | tf32 | fp32 (auto: from the hardware, see --help of run_squad.py)
 #    6 num_gpu           8         processes: torchrun --nproc_per_node (1: plain python; on a machine without
 #                                  CUDA, >1 runs CPU processes with gloo)
 #    7 seed              1
@@ -83,10 +83,8 @@ is_num "$max_steps" || die "argument 13 (max_steps) must be a number, got '$max_
 is_int "$MAX_SEQ_LENGTH" || die "MAX_SEQ_LENGTH must be a positive integer, got '$MAX_SEQ_LENGTH'"
 is_int "$DOC_STRIDE" || die "DOC_STRIDE must be a positive integer, got '$DOC_STRIDE'"
 case "$precision" in
-  fp16) prec_flags=(--fp16) ;;
-  bf16) prec_flags=(--bf16) ;;
-  tf32|fp32) prec_flags=() ;;  # run_squad.py enables TF32 where the GPU has it; fp32 turns it off below
-  *) die "argument 5 (precision) must be fp16, bf16, tf32 or fp32, got '$precision'" ;;
+  auto|fp16|bf16|tf32|fp32) prec_flags=("--precision=$precision") ;;  # fp32 also sets NVIDIA_TF32_OVERRIDE=0 below
+  *) die "argument 5 (precision) must be auto, fp16, bf16, tf32 or fp32, got '$precision'" ;;
 esac
 do_train=false do_eval=false do_predict=false
 for word in ${mode//,/ }; do

@@ -54,6 +54,25 @@ def minilm_dir() -> Path:
     return path
 
 
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add up setup + call + teardown time per test file, for the table below."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Wall time of each test file (README: the suite should stay within 10 minutes on 2 cores)."""
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.section("wall time per test file")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f} s  in all")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Under CI a skipped test is a failure: CI always has ../shared and every test requirement."""
     if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):

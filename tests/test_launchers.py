@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 RUN_SH = REPO / "scripts" / "run_pretraining.sh"
 PRESETS_SH = REPO / "scripts" / "configs" / "pretrain_config.sh"
 SHELL_SCRIPTS = sorted(REPO.glob("scripts/**/*.sh")) + [REPO / "run.sub"]
-PRECISIONS = {"fp16", "bf16", "tf32", "fp32"}
+PRECISIONS = {"auto", "fp16", "bf16", "tf32", "fp32"}
 EXPECTED_PRESETS = {"dgx1_8gpu_fp16", "dgx1_8gpu_fp32", "dgx2_16gpu_fp16", "dgx2_16gpu_fp32", "dgxa100-40g_8gpu_fp16",
                     "dgxa100-40g_8gpu_tf32", "dgxa100-80g_8gpu_fp16", "dgxa100-80g_8gpu_tf32", "dgxa100-80g_8gpu_bf16",
                     "dgxh100_8gpu_bf16", "cpu"}
@@ -141,7 +141,7 @@ def test_gpu_presets_keep_nvidias_global_batch(presets, name):
 
 def test_cpu_preset_uses_this_repository(presets):
     arg = {i + 1: w for i, w in enumerate(presets["cpu"])}
-    assert arg[4] == "1" and arg[3] in ("fp32", "bf16")
+    assert arg[4] == "1" and arg[3] == "auto"  # bf16 only where the CPU has it natively
     assert Path(arg[23]) == REPO and Path(arg[25]) == REPO / "configs" / "bert-small-cpu.json"
 
 
@@ -162,7 +162,7 @@ def test_preset_makes_valid_run_pretraining_commands(presets, help_text, name, t
     assert not phase1.phase2 and phase1.resume_from_checkpoint == (arg[8] == "true")
     assert phase1.learning_rate == float(arg[2]) and phase2.learning_rate == float(arg[17])
     assert phase1.seed == phase2.seed == int(arg[12])
-    assert phase1.precision == phase2.precision == {"fp16": "fp16", "bf16": "bf16"}.get(arg[3], "fp32")
+    assert phase1.precision == phase2.precision == arg[3]
     assert phase1.input_dir == arg[21] and phase2.input_dir == arg[22] and phase1.config_file == arg[25]
     assert phase1.output_dir == phase2.output_dir  # phase 2 finds phase 1's checkpoint there
     assert phase1.allreduce_post_accumulation_fp16 == (arg[15] == "true")
@@ -239,7 +239,7 @@ def test_phases_extra_args_and_cpu_processes(help_text, tmp_path):
     (flags,) = run_pretraining_commands(out.stdout)
     cfg = check_flags_against_run_pretraining(flags, help_text)
     assert cfg.phase2 and cfg.log_freq == 5 and cfg.num_workers == 1 and cfg.vocab_file == "/v/vocab.txt"
-    assert cfg.eval_dir == "/eval" and cfg.max_seq_length == 256 and cfg.max_predictions_per_seq == 40 and cfg.bf16
+    assert cfg.eval_dir == "/eval" and cfg.max_seq_length == 256 and cfg.max_predictions_per_seq == 40 and cfg.precision == "bf16"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_run_sub_builds_one_task_per_gpu(help_text, phase, nodes):
     cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
     world = int(nodes) * 8
     assert cfg.input_dir == "/data" and cfg.output_dir == "/checkpoints" and cfg.resume_from_checkpoint
-    assert cfg.bf16 and cfg.allreduce_post_accumulation
+    assert cfg.precision == "bf16" and cfg.allreduce_post_accumulation
     if phase == "1":
         assert cfg.train_batch_size * world == 65536 and cfg.micro_batch_size == 256 and cfg.max_seq_length == 128
         assert not cfg.phase2

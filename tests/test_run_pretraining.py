@@ -126,7 +126,7 @@ def subprocess_env() -> dict[str, str]:
 
 ISSUE_FLAGS = ["--input_dir", "--config_file", "--vocab_file", "--output_dir", "--init_checkpoint", "--max_seq_length",
                "--max_predictions_per_seq", "--train_batch_size", "--gradient_accumulation_steps", "--learning_rate",
-               "--warmup_proportion", "--max_steps", "--steps_this_run", "--seed", "--fp16", "--amp", "--bf16",
+               "--warmup_proportion", "--max_steps", "--steps_this_run", "--seed", "--precision", "--fp16", "--amp", "--bf16",
                "--loss_scale", "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16", "--log_freq",
                "--num_steps_per_checkpoint", "--skip_checkpoint", "--resume_from_checkpoint", "--resume_step",
                "--phase2", "--phase1_end_step", "--do_train", "--json-summary", "--num_workers",
@@ -144,13 +144,20 @@ def test_help_lists_every_flag(capsys):
     assert "micro-batch = train_batch_size / gradient_accumulation_steps" in " ".join(text.split())
 
 
+@pytest.mark.parametrize("extra", [["--fp16", "--bf16"], ["--amp", "--precision", "fp32"]])
+def test_two_precisions_are_refused_in_one_line(tmp_path, data, config, capsys, extra):
+    with pytest.raises(SystemExit) as exc:
+        rp.main(args_for(data, config, tmp_path / "out", *extra))
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "\n" not in err and "not allowed with argument" in err
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--train_batch_size", "8", "--gradient_accumulation_steps", "3"], "not divisible by --gradient_accumulation"),
-    (["--fp16", "--bf16"], "exclude each other"),
     (["--resume_step", "3"], "--resume_step needs --resume_from_checkpoint"),
     (["--max_seq_length", "64"], "has sequences of length 32 but --max_seq_length is 64"),
     (["--max_predictions_per_seq", "3"], "5 masked positions per sequence but --max_predictions_per_seq is 3"),
-    (["--debug_inject_inf_at_step", "2"], "for --fp16 runs only"),
+    (["--debug_inject_inf_at_step", "2"], "for --precision fp16 runs only"),
 ])
 def test_bad_flags_give_one_line_errors(tmp_path, data, config, extra, message):
     with pytest.raises(SystemExit) as exc:
@@ -570,14 +577,15 @@ def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
                          str(tmp_path / split / "wiki.hdf5"), "--vocab_file", str(uncased_vocab), "--max_seq_length",
                          "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", "--random_seed", "1",
                          "--num_workers", "1", "--no_progress"]) == 0
-    # Tuned to stay well under a minute of CPU: hidden 64, 2 layers, batch 16, 250 steps of LAMB at 2e-2, in bf16.
+    # Tuned to stay well under a minute of CPU: hidden 64, 2 layers, batch 16, 250 steps of LAMB at 2e-2, in the
+    # precision --precision auto picks here (fp32 on a CPU without native bf16, bf16 on one with it).
     config = write_config(tmp_path / "bert_config.json", dropout=0.0, vocab=30522, hidden=64)
     out = tmp_path / "out"
     assert rp.main(["--input_dir", str(tmp_path / "valid"), "--config_file", str(config), "--output_dir", str(out),
                     "--vocab_file", str(uncased_vocab), "--do_train", "--max_seq_length", "64",
                     "--max_predictions_per_seq", "10", "--train_batch_size", "16", "--learning_rate", "2e-2",
                     "--warmup_proportion", "0.05", "--max_steps", "250", "--num_workers", "0", "--log_freq", "25",
-                    "--bf16", "--eval_dir", str(tmp_path / "test"), "--eval_steps", "125", "--max_eval_samples", "512",
+                    "--precision", "auto", "--eval_dir", str(tmp_path / "test"), "--eval_steps", "125", "--max_eval_samples", "512",
                     "--skip_checkpoint", "--disable_progress_bar", "--json-summary", str(out / "log.json")]) == 0
     log = read_log(out / "log.json")
     train = [r["data"]["mlm_loss"] for r in log if isinstance(r["step"], int) and "mlm_loss" in r["data"]]

@@ -3,13 +3,13 @@
 #
 #   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_dgxa100-80g_8gpu_bf16)
 #   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && sst-2_dgx1-32g_8gpu_fp16)
-#   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_cpu_1gpu_bf16)   # MiniLM-L6 on a CPU
+#   bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_cpu_1gpu_auto)   # MiniLM-L6 on a CPU
 #   source scripts/configs/glue_config.sh && glue_presets                                    # list every preset
 #
 # Names: <task>_<system>_<N>gpu_<precision>, as NVIDIA's glue_config.sh (mrpc_dgxa100-80g_8gpu_fp16, ...):
 #   task       cola sst-2 mrpc sts-b qqp mnli qnli rte wnli
 #   system     dgx1-32g (8x V100 32GB: fp16, fp32), dgx2-32g (16x V100 32GB: fp16, fp32),
-#              dgxa100-80g and dgxh100-80g (8 GPUs: bf16, fp16, tf32), cpu (1 process: bf16, fp32)
+#              dgxa100-80g and dgxh100-80g (8 GPUs: bf16, fp16, tf32), cpu (1 process: auto, bf16, fp32)
 #   N          1 2 4 8 (16 on dgx2-32g)
 # The global batch of a task is split over the GPUs; gradient accumulation doubles until one micro-batch fits
 # the system's capacity (sequences of 128 tokens of BERT-large per GPU).
@@ -65,7 +65,7 @@ system_commons() {
     dgx1-32g/fp32|dgx2-32g/fp32) batch_size_capacity=64 ;;
     dgxa100-80g/bf16|dgxa100-80g/fp16|dgxh100-80g/bf16|dgxh100-80g/fp16) batch_size_capacity=256 ;;
     dgxa100-80g/tf32|dgxh100-80g/tf32) batch_size_capacity=128 ;;
-    cpu/bf16|cpu/fp32) batch_size_capacity=32 ;;
+    cpu/auto|cpu/bf16|cpu/fp32) batch_size_capacity=32 ;;
     *) echo "glue_config.sh: no preset for $system with $precision" >&2; return 1 ;;
   esac
 }
@@ -120,7 +120,7 @@ _glue_define_presets() {
         dgx1-32g) gpus="1 2 4 8" precisions="fp16 fp32" ;;
         dgx2-32g) gpus="1 2 4 8 16" precisions="fp16 fp32" ;;
         dgxa100-80g|dgxh100-80g) gpus="1 2 4 8" precisions="bf16 fp16 tf32" ;;
-        cpu) gpus="1" precisions="bf16 fp32" ;;
+        cpu) gpus="1" precisions="auto bf16 fp32" ;;
       esac
       for n in $gpus; do
         for precision in $precisions; do

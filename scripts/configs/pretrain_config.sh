@@ -88,14 +88,14 @@ dgxh100_8gpu_bf16() {
 # the first 60 steps (5e-3: only to 9.5 by step 40; 2e-2: faster still, but closer to the edge); after 500 steps it
 # is 6.0 and held-out masked-LM accuracy 0.152 (always guessing "the", the most frequent target: 0.070). The
 # whole demo took 4.6 min here. Phase 2: 20 steps at sequence 512, batch 8.
-# Precision bf16: measured on this machine's AMD EPYC (AVX-512 BF16, no AMX), one thread, this config, batch 32
-# at sequence 128, alternating in one process: 0.44-0.47 s a step in bf16 autocast against 0.60-0.61 s in fp32 (0.60 s
-# against 0.75 s at sequence 512, batch 8). With two threads on the shared 2-core machine both took ~2.5 s (OpenMP
-# stalls; see run_cpu_demo.sh), too noisy to tell apart; the bf16 matmul kernels are what wins when the cores are free.
+# Precision auto (run_pretraining.py --precision auto): bf16 where the CPU has it natively (AMX or AVX512-BF16 in
+# its flags), fp32 otherwise. Measured with this config, batch 32 at sequence 128, one thread: on an AMD EPYC with
+# AVX512-BF16, bf16 autocast 0.44-0.47 s a step against 0.60-0.61 s in fp32; on an AMD EPYC with AVX2 only, bf16
+# 13 s against 0.64 s in fp32 (emulated bf16, 20x slower). So never bf16 by name on an unknown CPU.
 # Data folders: $CPU_DEMO_DIR (default <repo>/results/cpu_demo), filled by scripts/run_cpu_demo.sh.
 cpu() {
   local demo="${CPU_DEMO_DIR:-$_pretrain_repo/results/cpu_demo}"
-  echo 32 1e-2 bf16 1 0.05 500 250 false true false 1 42 bert_cpu_demo false false \
+  echo 32 1e-2 auto 1 0.05 500 250 false true false 1 42 bert_cpu_demo false false \
        8 5e-3 0.1 20 1 "$demo/hdf5_seq128/" "$demo/hdf5_seq512/" "$_pretrain_repo" None \
        "$_pretrain_repo/configs/bert-small-cpu.json"
 }

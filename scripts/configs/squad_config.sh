@@ -2,7 +2,7 @@
 # Presets for scripts/run_squad.sh: each function prints its 13 positional arguments in order.
 #
 #   bash scripts/run_squad.sh $(source scripts/configs/squad_config.sh && dgxa100_8gpu_bf16)
-#   bash scripts/run_squad.sh $(source scripts/configs/squad_config.sh && cpu_1gpu_bf16)     # MiniLM-L6 on a CPU
+#   bash scripts/run_squad.sh $(source scripts/configs/squad_config.sh && cpu_1gpu_auto)     # MiniLM-L6 on a CPU
 #   DRY_RUN=1 bash scripts/run_squad.sh $(source scripts/configs/squad_config.sh && dgx1_8gpu_fp16)  # the command
 #   source scripts/configs/squad_config.sh && squad_presets                                 # list every preset
 #
@@ -58,6 +58,7 @@ dgxa100 8 tf32 16
 dgxh100 8 bf16 32
 dgxh100 8 fp16 32
 dgxh100 8 tf32 16
+cpu 1 auto 32
 cpu 1 bf16 32
 cpu 1 fp32 32
 "
