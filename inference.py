@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 import utils
-from modeling import BertForQuestionAnswering, BertForSequenceClassification, CheckpointError, read_state_dict
+from checkpoint_io import CheckpointError, from_pretrained, read_state_dict
+from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
 from tokenization import BertTokenizer
 
@@ -184,15 +185,15 @@ def load_model(args, log):
     lines: list[str] = []
     config = args.config_file
     if args.mode == "qa":
-        model = BertForQuestionAnswering.from_pretrained(args.init_checkpoint, config=config, log=lines.append)
+        model = from_pretrained(BertForQuestionAnswering, args.init_checkpoint, config=config, log=lines.append)
         head = "qa_outputs"
     else:
         num_labels, names = checkpoint_labels(args.init_checkpoint)
         if num_labels is None:
             raise SystemExit(f"inference.py: {args.init_checkpoint} has no classifier head: fine-tune it with "
                              "run_glue.py first")
-        model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, config=config,
-                                                              log=lines.append, num_labels=num_labels)
+        model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, config=config,
+                                log=lines.append, num_labels=num_labels)
         model.label_names = names
         head = "classifier"
     for line in lines:

@@ -15,7 +15,7 @@ Outputs in --output_dir:
     predictions.json   (--do_predict) example id -> label name (STS-B: the predicted score); `--predict_split
                        test` predicts GLUE's unlabeled test files instead of the dev set(s)
     model.pt           (--do_train) {"model": tensors under Hugging Face names, "config", "num_labels", "task",
-                       "labels"}; loads with BertForSequenceClassification.from_pretrained, or torch.load with
+                       "labels"}; loads with checkpoint_io.from_pretrained, or torch.load with
                        weights_only=True)
     hf_model/          (--do_train) the same model as a transformers directory (config.json with the label
                        names, model.safetensors, vocab.txt)
@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 import utils
-from modeling import BertForSequenceClassification, export_state_dict, save_hf_directory
+from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
+from modeling import BertForSequenceClassification
 from processors.glue import (TASKS, EncodedExamples, GlueTask, InputExample, compute_metrics, encode_examples,
                              get_dev_examples, get_task, get_test_examples, get_train_examples)
 
@@ -312,8 +313,8 @@ def train_step(ddp_model, group: list[dict[str, torch.Tensor]], precision: str, 
         sync = ddp_model.no_sync() if env.distributed and not last else contextlib.nullcontext()
         with sync:
             with utils.autocast(precision, env.device):  # autocast the forward only, as torch.amp recommends
-                loss, _ = ddp_model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                                    batch["labels"])
+                loss = ddp_model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                                 batch["labels"]).loss
                 loss = loss / len(group)
             scaler.scale(loss).backward()
         total += loss.detach()
@@ -347,7 +348,7 @@ def predict_logits(model, dataset: GlueDataset, args, env: utils.DistEnv, desc: 
         batch = to_device(batch, env.device)
         tic = time.perf_counter()
         with utils.autocast(args.precision, env.device):
-            (out,) = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).logits
         out = out.float().cpu().numpy()  # the copy to the host synchronises the device
         batch_ms.append((time.perf_counter() - tic) * 1000)
         logits[index] = out
@@ -439,8 +440,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
     utils.set_seed(args.seed)  # the same fresh classifier on every process
     load_report: list[str] = []
-    model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, config=args.config_file,
-                                                          log=load_report.append, num_labels=task.num_labels)
+    model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, config=args.config_file,
+                            log=load_report.append, num_labels=task.num_labels)
     for line in load_report:
         log(line)
     if not args.do_train and any("initialised fresh" in line and "classifier." in line for line in load_report):

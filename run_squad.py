@@ -16,7 +16,7 @@ Outputs in --output_dir:
     eval_results.json       (--do_eval) exact match / F1 (v2.0: with the HasAns/NoAns breakdown and best
                             thresholds), and the --eval_script's own output when one is given
     model.pt                (--do_train) {"model": tensors under Hugging Face names, "config", "global_step"};
-                            loads with torch.load(..., weights_only=True) and BertForQuestionAnswering.from_pretrained
+                            loads with torch.load(..., weights_only=True) and checkpoint_io.from_pretrained
     hf_model/               (--do_train) the same model as a transformers directory (config.json,
                             model.safetensors, vocab.txt)
     dllogger.json           JSON-lines log (--json-summary to move it)
@@ -55,7 +55,8 @@ import numpy as np
 import torch
 
 import utils
-from modeling import BertConfig, BertForQuestionAnswering, CheckpointError, export_state_dict, save_hf_directory
+from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
+from modeling import BertConfig, BertForQuestionAnswering
 from processors import squad
 from tokenization import BertTokenizer
 
@@ -398,8 +399,8 @@ def train_step(ddp_model, group: list[dict[str, torch.Tensor]], precision: str, 
         sync = ddp_model.no_sync() if env.distributed and not last else contextlib.nullcontext()
         with sync:
             with utils.autocast(precision, env.device):
-                loss, _, _ = ddp_model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                                       batch["start_positions"], batch["end_positions"])
+                loss = ddp_model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                                 batch["start_positions"], batch["end_positions"]).loss
             scaler.scale(loss / len(group)).backward()
         total += float(loss.detach())
     return total / len(group)
@@ -429,7 +430,8 @@ def predict_logits(model, features: list[squad.InputFeatures], batch_size: int, 
         batch = trim_batch({k: v[index] for k, v in tensors.items()})
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with utils.autocast(precision, device):
-            start, end = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+            out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+            start, end = out.start_logits, out.end_logits
         start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
         for row, i in enumerate(index.tolist()):
             n = int(lengths[i])
@@ -468,7 +470,7 @@ def load_model(args, log) -> BertForQuestionAnswering:
     if args.init_checkpoint is None:
         log("no --init_checkpoint: starting from random weights")
         return BertForQuestionAnswering(BertConfig.from_json_file(args.config_file))
-    return BertForQuestionAnswering.from_pretrained(args.init_checkpoint, config=args.config_file, log=log)
+    return from_pretrained(BertForQuestionAnswering, args.init_checkpoint, config=args.config_file, log=log)
 
 
 def save_model(model: BertForQuestionAnswering, output_dir: Path, vocab_file: str, global_step: int) -> None:

@@ -95,11 +95,12 @@ def build(args: argparse.Namespace, workdir: Path):
     """The three callables (batch of numpy int64 arrays -> start logits as numpy) plus the model folder."""
     from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
-    from modeling import BertForQuestionAnswering, save_hf_directory
+    from checkpoint_io import from_pretrained, save_hf_directory
+    from modeling import BertForQuestionAnswering
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else minilm_dir()
     torch.manual_seed(0)
-    ours = BertForQuestionAnswering.from_pretrained(checkpoint, log=None).eval()  # a fresh QA head if none
+    ours = from_pretrained(BertForQuestionAnswering, checkpoint, log=None).eval()  # a fresh QA head if none
     hf_dir = workdir / "hf"
     save_hf_directory(ours, hf_dir)  # the very same weights, QA head included, for transformers
     hf = HFBertForQuestionAnswering.from_pretrained(str(hf_dir), attn_implementation=args.hf_attention).eval()
@@ -118,7 +119,7 @@ def build(args: argparse.Namespace, workdir: Path):
 
     def run_ours(batch):
         with torch.inference_mode():
-            return ours(*(torch.from_numpy(a) for a in batch))[0].numpy()
+            return ours(*(torch.from_numpy(a) for a in batch)).start_logits.numpy()
 
     def run_onnx(batch):
         feeds = dict(zip(("input_ids", "token_type_ids", "attention_mask"), batch))

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from modeling import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, nvidia_state_dict,
-                      save_hf_directory)
+from checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
+from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from tokenization import BertTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def squad_batches(shared_data, minilm_dir):
 def qa_model(minilm_dir):
     """MiniLM encoder (real weights) with a seeded QA head: what a briefly fine-tuned model looks like."""
     torch.manual_seed(0)
-    model = BertForQuestionAnswering.from_pretrained(minilm_dir, log=None).eval()
+    model = from_pretrained(BertForQuestionAnswering, minilm_dir, log=None).eval()
     with torch.no_grad():  # a head with a clear signal, so answers are not decided by near-ties
         model.qa_outputs.weight.normal_(0, 0.2)
     return model

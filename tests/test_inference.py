@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import inference
-from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, export_state_dict, \
-    save_hf_directory
+from checkpoint_io import export_state_dict, save_hf_directory
+from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
 from tokenization import BertTokenizer
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from modeling import BertForQuestionAnswering, save_hf_directory
+from checkpoint_io import from_pretrained, save_hf_directory
+from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def deployment(tmp_path_factory, minilm_dir):
     """(model, export dir, repository) for MiniLM with a seeded QA head."""
     tmp = tmp_path_factory.mktemp("triton")
     torch.manual_seed(0)
-    model = BertForQuestionAnswering.from_pretrained(minilm_dir, log=None).eval()
+    model = from_pretrained(BertForQuestionAnswering, minilm_dir, log=None).eval()
     with torch.no_grad():  # a head with a clear signal, so answers are not decided by near-ties
         model.qa_outputs.weight.normal_(0, 0.2)
     save_hf_directory(model, tmp / "hf", vocab_file=minilm_dir / "vocab.txt")
