@@ -89,41 +89,34 @@ def test_nvidia_checkpoint_loads_with_same_outputs(tmp_path, old_names):
 NV_H, NV_I, NV_P, NV_V = 32, 64, 64, 30528
 
 
+# Modules with a .weight and a .bias ([rows of the weight]), by their NVIDIA path: one encoder layer, then the rest.
+NV_LAYER = [("attention.self.query", (NV_H, NV_H)), ("attention.self.key", (NV_H, NV_H)),
+            ("attention.self.value", (NV_H, NV_H)), ("attention.output.dense", (NV_H, NV_H)),
+            ("attention.output.LayerNorm", (NV_H,)), ("intermediate.dense_act", (NV_I, NV_H)),
+            ("output.dense", (NV_H, NV_I)), ("output.LayerNorm", (NV_H,))]
+NV_POOLER = [("bert.pooler.dense_act", (NV_H, NV_H))]
+NV_PRETRAINING_HEADS = [("cls.predictions.transform.dense_act", (NV_H, NV_H)),
+                        ("cls.predictions.transform.LayerNorm", (NV_H,)), ("cls.seq_relationship", (2, NV_H))]
+
+
+def with_biases(modules: list[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    return {key: shape for path, weight in modules
+            for key, shape in ((f"{path}.weight", weight), (f"{path}.bias", weight[:1]))}
+
+
 def nvidia_encoder_keys(layers: int) -> dict[str, tuple[int, ...]]:
     keys = {"bert.embeddings.word_embeddings.weight": (NV_V, NV_H),
             "bert.embeddings.position_embeddings.weight": (NV_P, NV_H),
             "bert.embeddings.token_type_embeddings.weight": (2, NV_H),
-            "bert.embeddings.LayerNorm.weight": (NV_H,), "bert.embeddings.LayerNorm.bias": (NV_H,)}
+            **with_biases([("bert.embeddings.LayerNorm", (NV_H,))])}
     for n in range(layers):
-        layer = f"bert.encoder.layer.{n}"
-        for name in ("query", "key", "value"):
-            keys[f"{layer}.attention.self.{name}.weight"] = (NV_H, NV_H)
-            keys[f"{layer}.attention.self.{name}.bias"] = (NV_H,)
-        keys[f"{layer}.attention.output.dense.weight"] = (NV_H, NV_H)
-        keys[f"{layer}.attention.output.dense.bias"] = (NV_H,)
-        keys[f"{layer}.attention.output.LayerNorm.weight"] = (NV_H,)
-        keys[f"{layer}.attention.output.LayerNorm.bias"] = (NV_H,)
-        keys[f"{layer}.intermediate.dense_act.weight"] = (NV_I, NV_H)
-        keys[f"{layer}.intermediate.dense_act.bias"] = (NV_I,)
-        keys[f"{layer}.output.dense.weight"] = (NV_H, NV_I)
-        keys[f"{layer}.output.dense.bias"] = (NV_H,)
-        keys[f"{layer}.output.LayerNorm.weight"] = (NV_H,)
-        keys[f"{layer}.output.LayerNorm.bias"] = (NV_H,)
-    keys["bert.pooler.dense_act.weight"] = (NV_H, NV_H)
-    keys["bert.pooler.dense_act.bias"] = (NV_H,)
-    return keys
+        keys.update(with_biases([(f"bert.encoder.layer.{n}.{path}", shape) for path, shape in NV_LAYER]))
+    return {**keys, **with_biases(NV_POOLER)}
 
 
 def nvidia_pretraining_keys(layers: int) -> dict[str, tuple[int, ...]]:
-    return {**nvidia_encoder_keys(layers),
-            "cls.predictions.bias": (NV_V,),
-            "cls.predictions.transform.dense_act.weight": (NV_H, NV_H),
-            "cls.predictions.transform.dense_act.bias": (NV_H,),
-            "cls.predictions.transform.LayerNorm.weight": (NV_H,),
-            "cls.predictions.transform.LayerNorm.bias": (NV_H,),
-            "cls.predictions.decoder.weight": (NV_V, NV_H),
-            "cls.seq_relationship.weight": (2, NV_H),
-            "cls.seq_relationship.bias": (2,)}
+    return {**nvidia_encoder_keys(layers), "cls.predictions.bias": (NV_V,),
+            **with_biases(NV_PRETRAINING_HEADS), "cls.predictions.decoder.weight": (NV_V, NV_H)}
 
 
 def random_nvidia_state(keys: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, torch.Tensor]:

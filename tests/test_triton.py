@@ -10,7 +10,6 @@ The module skips only when no tritonserver binary can be found (nvidia-pytriton 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,21 +23,13 @@ import torch
 from checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
+from utils import load_triton_script as load_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "triton" / "scripts"
 MAX_SEQ = 128
 MAX_BATCH = 8
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
-
-
-def load_script(name: str):
-    """A triton/ script as a module: the folder is not importable as `triton` (see triton/__init__.py)."""
-    spec = importlib.util.spec_from_file_location(f"bert_triton_{name}", REPO_ROOT / "triton" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def script_env() -> dict:
