@@ -157,7 +157,9 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         positions = torch.arange(seq_len, device=input_ids.device)  # [S], broadcast over the batch
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        x = (self.word_embeddings(input_ids)  # [B, S, H]
+             + self.position_embeddings(positions)  # [S, H]
+             + self.token_type_embeddings(token_type_ids))  # [B, S, H]
         return self.dropout(self.LayerNorm(x))  # [B, S, H]
 
 
@@ -273,7 +275,7 @@ class BertPooler(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(sequence_output[:, 0]))  # [B, H]
+        return torch.tanh(self.dense(sequence_output[:, 0]))  # [B, H] from the [CLS] position
 
 
 def _init_weights(module: nn.Module, std: float) -> None:
@@ -320,6 +322,8 @@ class BertModel(nn.Module):
 
 
 class BertPredictionHeadTransform(nn.Module):
+    """dense + activation + LayerNorm before the vocabulary projection (NVIDIA fuses dense and GELU: dense_act)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
