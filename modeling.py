@@ -1,7 +1,8 @@
 """BERT in plain PyTorch: the config, the encoder, the pre-training and task heads, and checkpoint loading.
 
 Read top to bottom: BertConfig -> embeddings -> self-attention -> feed-forward -> layer -> encoder -> pooler ->
-BertModel -> heads (pre-training, question answering, sequence classification) -> checkpoint loading and saving.
+BertModel -> heads (pre-training, question answering, sequence classification, multiple choice) -> checkpoint
+loading and saving.
 
 The architecture is the original post-LayerNorm BERT. Parameter names are Hugging Face's
 (`bert.encoder.layer.0.attention.self.query.weight`, `cls.predictions.bias`, ...), so a checkpoint from
@@ -268,13 +269,18 @@ class BertEncoder(nn.Module):
         self.checkpoint_activations = False
         """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, output_hidden_states: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The last layer's output [B, S, H]; with output_hidden_states, (that, (input, layer 1, ..., layer L))."""
+        hidden_states = [x] if output_hidden_states else None
         for layer in self.layer:
             if self.checkpoint_activations and self.training:
                 x = checkpoint(layer, x, attn_mask, use_reentrant=False)
             else:
                 x = layer(x, attn_mask)
-        return x
+            if hidden_states is not None:
+                hidden_states.append(x)
+        return (x, tuple(hidden_states)) if hidden_states is not None else x
 
 
 class BertPooler(nn.Module):
@@ -303,7 +309,9 @@ class BertModel(nn.Module):
     """The BERT encoder.
 
     forward(input_ids [B,S], token_type_ids [B,S] = zeros, attention_mask [B,S] = ones (1 = real token))
-    returns (sequence_output [B,S,H], pooled_output [B,H] or None without a pooler).
+    returns (sequence_output [B,S,H], pooled_output [B,H] or None without a pooler); with
+    output_hidden_states=True a third item, the L + 1 tensors [B,S,H] of transformers' `hidden_states`: the
+    embeddings' output, then each layer's (the last one is sequence_output).
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -315,15 +323,20 @@ class BertModel(nn.Module):
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False) -> tuple:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         attn_mask = None  # None lets SDPA take its fastest path when nothing is padded
         if attention_mask is not None:
             attn_mask = attention_mask[:, None, None, :].bool()  # [B, 1, 1, S]: True = attend to this key
         x = self.embeddings(input_ids, token_type_ids)
-        sequence_output = self.encoder(x, attn_mask)  # [B, S, H]
+        if output_hidden_states:
+            sequence_output, hidden_states = self.encoder(x, attn_mask, output_hidden_states=True)
+        else:
+            sequence_output = self.encoder(x, attn_mask)  # [B, S, H]
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+        if output_hidden_states:
+            return sequence_output, pooled_output, hidden_states
         return sequence_output, pooled_output
 
 
@@ -464,11 +477,39 @@ class BertForSequenceClassification(nn.Module):
         return loss, logits
 
 
+class BertForMultipleChoice(nn.Module):
+    """One score per choice (SWAG): each choice is its own [CLS] context [SEP] ending [SEP] sequence, and dropout
+    and a linear layer (H -> 1) on its pooled output give its score; a softmax over the choices is the model's
+    distribution. Parameter names are transformers' BertForMultipleChoice (`classifier.weight` [1, H]).
+
+    forward(input_ids [B,C,S], token_type_ids [B,C,S], attention_mask [B,C,S]) -> (logits [B, C],);
+    with labels [B] (the right choice's index): (loss, logits), the loss being the cross-entropy over the choices.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        _init_weights(self.classifier, config.initializer_range)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        B, C, S = input_ids.shape
+        flat = [None if t is None else t.reshape(B * C, S) for t in (input_ids, token_type_ids, attention_mask)]
+        _, pooled_output = self.bert(*flat)  # [B*C, H]
+        logits = self.classifier(self.dropout(pooled_output)).float().view(B, C)  # [B, C]
+        if labels is None:
+            return (logits,)
+        return F.cross_entropy(logits, labels.long()), logits
+
+
 MODEL_CLASSES = {
     "BertModel": BertModel,
     "BertForPreTraining": BertForPreTraining,
     "BertForQuestionAnswering": BertForQuestionAnswering,
     "BertForSequenceClassification": BertForSequenceClassification,
+    "BertForMultipleChoice": BertForMultipleChoice,
 }
 
 

@@ -244,7 +244,8 @@ def accumulation_groups(loader, accumulation: int) -> Iterator[list[dict[str, to
         yield group
 
 
-def train(args, model, ddp_model, dataset: GlueDataset, env: utils.DistEnv, logger: utils.JsonLogger) -> TrainResult:
+def train(args, model, ddp_model, dataset: GlueDataset, env: utils.DistEnv, logger: utils.JsonLogger,
+          collate_fn=collate) -> TrainResult:
     from optimization import BertAdam, param_groups_for_bert
     from schedulers import LinearWarmUpScheduler
     from tqdm import tqdm
@@ -252,7 +253,7 @@ def train(args, model, ddp_model, dataset: GlueDataset, env: utils.DistEnv, logg
     micro_batch = args.train_batch_size // args.gradient_accumulation_steps
     sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=args.seed) if env.distributed
                else torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(args.seed)))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate,
+    loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate_fn,
                                          num_workers=args.num_workers, pin_memory=env.device.type == "cuda")
     total_steps = count_optimizer_steps(len(loader), args.gradient_accumulation_steps, args.num_train_epochs,
                                         args.max_steps)
