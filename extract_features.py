@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: from the --output_file suffix")
     g.add_argument("--layers", default="-1,-2,-3,-4",
                    help="comma-separated layer indices (Google's: -1 is the last encoder layer, 0 the first)")
-    g.add_argument("--decimals", type=int, default=6, help="jsonl: round values to this many decimals (-1: no rounding)")
+    g.add_argument("--decimals", type=int, default=6, help="jsonl: round values to N decimals (-1: no rounding)")
     g.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="npz/hdf5: the features' type")
 
     g = p.add_argument_group("model")
@@ -88,6 +88,18 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
         raise SystemExit(f"--layers {bad} out of range for a {num_layers}-layer model: use {-num_layers}.."
                          f"{num_layers - 1} (-1 is the last layer)")
     return layers
+
+
+def _attach_layers(argv: list[str]) -> list[str]:
+    """`--layers -1,-2` -> `--layers=-1,-2`: argparse takes a value starting with '-' for an option unless it is a
+    single negative number, and Google's documented spelling is `--layers -1,-2,-3,-4`."""
+    out = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--layers" and out and out[-1] == "--layers":
+            out[-1] = f"--layers={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def output_format(args) -> str:
@@ -256,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     from run_glue import resolve_model_files
     from tokenization import BertTokenizer
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
     for name in ("batch_size", "max_seq_length"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
