@@ -36,7 +36,8 @@ import torch.nn.functional as F
 import utils
 from modeling import BertForMultipleChoice, export_state_dict, save_hf_directory
 from processors.swag import EncodedChoices, SwagExample, accuracy, encode_examples, get_examples
-from run_glue import latency_summary, length_sorted_batches, resolve_model_files, to_device, train, warn_on_casing
+from run_glue import (latency_summary, length_sorted_batches, resolve_model_files, subset, to_device, train,
+                      warn_on_casing)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments
@@ -229,10 +230,6 @@ def save_model(model: BertForMultipleChoice, num_choices: int, output_dir: Path,
 
 # ----------------------------------------------------------------------------------------------------------------
 # main
-
-
-def subset(examples: list, limit: int | None) -> list:
-    return examples if limit is None else examples[:limit]
 
 
 def main(argv: list[str] | None = None) -> dict:
