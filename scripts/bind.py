@@ -28,7 +28,7 @@ launcher with `--launcher`:
   * torchrun with GPUs, numactl installed and a --numa-binding option (PyTorch 2.13 has it): torchrun
     --numa-binding=<mode> does the binding itself;
   * otherwise each rank starts through this file (`scripts/bind.py --mode M --run -- script.py args`), which
-    reads LOCAL_RANK and execs `numactl ... python script.py args`; without numactl it pins the process's CPUs
+    reads LOCAL_RANK (SLURM_LOCALID under srun) and execs `numactl ... python script.py args`; without numactl it pins the process's CPUs
     (os.sched_setaffinity, inherited through exec) and says that memory is left to the kernel's first-touch
     placement.
 On a machine with one NUMA node (or none in sysfs) binding changes nothing: the launcher is left as it was and a
@@ -307,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.run:
             if not rest:
                 raise BindError("--run needs a script (and its arguments) after --")
-            run_bound(rest, mode, nproc, topology, int(os.environ.get("LOCAL_RANK", "0")))
+            local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))  # torchrun, else srun
+            run_bound(rest, mode, nproc, topology, int(local_rank))
         if mode not in MODES:
             raise BindError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
         bindings = plan(topology, nproc, mode if mode in OWN_MODES else "node")
