@@ -28,9 +28,9 @@ launcher with `--launcher`:
   * torchrun with GPUs, numactl installed and a --numa-binding option (PyTorch 2.13 has it): torchrun
     --numa-binding=<mode> does the binding itself;
   * otherwise each rank starts through this file (`scripts/bind.py --mode M --run -- script.py args`), which
-    reads LOCAL_RANK (SLURM_LOCALID under srun) and execs `numactl ... python script.py args`; without numactl it pins the process's CPUs
-    (os.sched_setaffinity, inherited through exec) and says that memory is left to the kernel's first-touch
-    placement.
+    reads LOCAL_RANK (SLURM_LOCALID under srun) and execs `numactl ... python script.py args`; without numactl
+    it pins the process's CPUs (os.sched_setaffinity, inherited through exec) and says that memory is left to the
+    kernel's first-touch placement.
 On a machine with one NUMA node (or none in sysfs) binding changes nothing: the launcher is left as it was and a
 line on stderr says so.
 """
