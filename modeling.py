@@ -1,8 +1,8 @@
 """BERT in plain PyTorch: the architecture alone.
 
 Read top to bottom: BertConfig -> embeddings -> self-attention -> feed-forward -> layer -> encoder -> pooler ->
-BertModel -> heads (pre-training, question answering, sequence classification) -> the named tuples every
-forward returns -> parameter and FLOP counts.
+BertModel -> heads (pre-training, question answering, sequence classification, multiple choice) -> the named
+tuples every forward returns -> parameter and FLOP counts.
 
 The architecture is the original post-LayerNorm BERT. Parameter names are Hugging Face's
 (`bert.encoder.layer.0.attention.self.query.weight`, `cls.predictions.bias`, ...): checkpoint_io.py reads
@@ -258,13 +258,18 @@ class BertEncoder(nn.Module):
         self.checkpoint_activations = False
         """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, output_hidden_states: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The last layer's output [B, S, H]; with output_hidden_states, (that, (input, layer 1, ..., layer L))."""
+        hidden_states = [x] if output_hidden_states else None
         for layer in self.layer:
             if self.checkpoint_activations and self.training:
                 x = checkpoint(layer, x, attn_mask, use_reentrant=False)
             else:
                 x = layer(x, attn_mask)
-        return x
+            if hidden_states is not None:
+                hidden_states.append(x)
+        return (x, tuple(hidden_states)) if hidden_states is not None else x
 
 
 class BertPooler(nn.Module):
@@ -293,7 +298,9 @@ class BertModel(nn.Module):
     """The BERT encoder.
 
     forward(input_ids [B,S], token_type_ids [B,S] = zeros, attention_mask [B,S] = ones (1 = real token))
-    -> BertModelOutput(sequence_output [B,S,H], pooled_output [B,H] or None without a pooler).
+    -> BertModelOutput(sequence_output [B,S,H], pooled_output [B,H] or None without a pooler); with
+    output_hidden_states=True a BertModelOutputWithHiddenStates, whose third field holds the L + 1 tensors
+    [B,S,H] of transformers' `hidden_states`: the embeddings' output, then each layer's.
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -305,15 +312,21 @@ class BertModel(nn.Module):
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> BertModelOutput:
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                ) -> BertModelOutput | BertModelOutputWithHiddenStates:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         attn_mask = None  # None lets SDPA take its fastest path when nothing is padded
         if attention_mask is not None:
             attn_mask = attention_mask[:, None, None, :].bool()  # [B, 1, 1, S]: True = attend to this key
         x = self.embeddings(input_ids, token_type_ids)
-        sequence_output = self.encoder(x, attn_mask)  # [B, S, H]
+        if output_hidden_states:
+            sequence_output, hidden_states = self.encoder(x, attn_mask, output_hidden_states=True)
+        else:
+            sequence_output = self.encoder(x, attn_mask)  # [B, S, H]
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+        if output_hidden_states:
+            return BertModelOutputWithHiddenStates(sequence_output, pooled_output, hidden_states)
         return BertModelOutput(sequence_output, pooled_output)
 
 
@@ -461,6 +474,35 @@ class BertForSequenceClassification(nn.Module):
         return SequenceClassificationOutputWithLoss(loss, logits)
 
 
+class BertForMultipleChoice(nn.Module):
+    """One score per choice (SWAG): each choice is its own [CLS] context [SEP] ending [SEP] sequence, and dropout
+    and a linear layer (H -> 1) on its pooled output give its score; a softmax over the choices is the model's
+    distribution. Parameter names are transformers' BertForMultipleChoice (`classifier.weight` [1, H]).
+
+    forward(input_ids [B,C,S], token_type_ids [B,C,S], attention_mask [B,C,S]) -> MultipleChoiceOutput(logits
+    [B, C]); with labels [B] (the right choice's index) a MultipleChoiceOutputWithLoss, the loss being the
+    cross-entropy over the choices.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        _init_weights(self.classifier, config.initializer_range)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        B, C, S = input_ids.shape
+        # every choice is a sequence of its own: [B, C, S] -> [B*C, S]
+        flat = [None if t is None else t.reshape(B * C, S) for t in (input_ids, token_type_ids, attention_mask)]
+        pooled_output = self.bert(*flat).pooled_output  # [B*C, H]
+        logits = self.classifier(self.dropout(pooled_output)).float().view(B, C)  # [B*C, 1] -> [B, C]
+        if labels is None:
+            return MultipleChoiceOutput(logits)
+        return MultipleChoiceOutputWithLoss(F.cross_entropy(logits, labels.long()), logits)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Outputs: every forward returns a named tuple, so callers write `out.loss`, `out.start_logits`, and positional
 # unpacking (`start, end = model(...)`) keeps working. A head returns one type without labels and another with
@@ -471,6 +513,12 @@ class BertForSequenceClassification(nn.Module):
 class BertModelOutput(NamedTuple):
     sequence_output: torch.Tensor  # [B, S, H] the last layer at every position
     pooled_output: torch.Tensor | None  # [B, H] tanh(dense(first token)); None for BertModel(add_pooling_layer=False)
+
+
+class BertModelOutputWithHiddenStates(NamedTuple):
+    sequence_output: torch.Tensor  # [B, S, H]
+    pooled_output: torch.Tensor | None  # [B, H]
+    hidden_states: tuple[torch.Tensor, ...]  # L + 1 tensors [B, S, H]: the embeddings' output, then each layer's
 
 
 class PreTrainingOutput(NamedTuple):
@@ -506,6 +554,15 @@ class SequenceClassificationOutput(NamedTuple):
 class SequenceClassificationOutputWithLoss(NamedTuple):
     loss: torch.Tensor  # [] cross-entropy, or mean squared error for regression
     logits: torch.Tensor  # [B, num_labels]
+
+
+class MultipleChoiceOutput(NamedTuple):
+    logits: torch.Tensor  # [B, C] float32, one score per choice
+
+
+class MultipleChoiceOutputWithLoss(NamedTuple):
+    loss: torch.Tensor  # [] cross-entropy over the choices
+    logits: torch.Tensor  # [B, C]
 
 
 # ----------------------------------------------------------------------------------------------------------------

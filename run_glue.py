@@ -51,7 +51,7 @@ import training
 import utils
 from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertForSequenceClassification
-from processors.glue import (TASKS, EncodedExamples, GlueTask, InputExample, compute_metrics, encode_examples,
+from processors.glue import (TASKS, EncodedExamples, GlueTask, compute_metrics, encode_examples,
                              get_dev_examples, get_task, get_test_examples, get_train_examples)
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -109,25 +109,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def resolve_model_files(args: argparse.Namespace) -> None:
-    """Fill --vocab_file from a checkpoint directory; one-line errors for files that are not there."""
-    ckpt = Path(args.init_checkpoint)
-    if not ckpt.exists():
-        raise SystemExit(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging Face "
-                         "directory")
-    if args.vocab_file is None:
-        # a Hugging Face folder holds its vocab.txt; a model.pt of this script has one in hf_model/ beside it
-        folder = ckpt if ckpt.is_dir() else ckpt.parent
-        found = [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt") if p.is_file()]
-        if not found:
-            raise SystemExit(f"no vocab.txt in or beside {ckpt}: pass --vocab_file")
-        args.vocab_file = str(found[0])
-    if not Path(args.vocab_file).is_file():
-        raise SystemExit(f"--vocab_file {args.vocab_file} not found")
-    if args.config_file is not None and not Path(args.config_file).is_file():
-        raise SystemExit(f"--config_file {args.config_file} not found")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Batches: dynamic padding
 
@@ -165,12 +146,6 @@ def collate(items) -> dict[str, torch.Tensor]:
     return batch
 
 
-def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
-    """Evaluation batches of examples with similar lengths (longest first), so padding costs next to nothing."""
-    order = np.argsort(-lengths, kind="stable")
-    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -178,23 +153,6 @@ def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int
 def classification_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Cross-entropy over the classes (mean squared error for regression), from the classifier head."""
     return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["labels"]).loss
-
-
-def train(args, model, dataset: torch.utils.data.Dataset, env: utils.DistEnv,
-          logger: training.RunLogger) -> training.FitResult:
-    """Fine-tune `model` (bare; DDP and precision are applied here) on `dataset`, in shuffled micro-batches padded
-    to their longest sequence."""
-    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
-    epoch_batches, per_epoch = training.shuffled_epochs(dataset, micro_batch, collate, args.seed, env,
-                                                        args.num_workers)
-    total_steps = training.count_optimizer_steps(per_epoch, args.gradient_accumulation_steps,
-                                                 args.num_train_epochs, args.max_steps)
-    ddp_model, precision, optimizer, scheduler = training.finetuning_setup(model, args, env, total_steps)
-    logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
-                             "micro_batch": micro_batch, "world_size": env.world_size})
-    return training.fit(ddp_model, epoch_batches, classification_loss, optimizer, scheduler, precision, env, logger,
-                        total_steps=total_steps, accumulation=args.gradient_accumulation_steps,
-                        log_freq=args.log_freq)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -213,7 +171,7 @@ def predict_logits(model, dataset: GlueDataset, args, env: utils.DistEnv, desc: 
     from tqdm import tqdm
 
     model.eval()
-    batches = length_sorted_batches(dataset.encoded.lengths, args.eval_batch_size)
+    batches = training.length_sorted_batches(dataset.encoded.lengths, args.eval_batch_size)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
                                          num_workers=args.num_workers)
     logits = np.zeros((len(dataset), model.num_labels), dtype=np.float32)
@@ -229,14 +187,6 @@ def predict_logits(model, dataset: GlueDataset, args, env: utils.DistEnv, desc: 
         batch_ms.append((time.perf_counter() - tic) * 1000)
         logits[index] = out
     return EvalOutput(logits, batch_ms, time.perf_counter() - start)
-
-
-def latency_summary(batch_ms: list[float], sequences: int, seconds: float, batch_size: int) -> dict[str, float]:
-    ms = np.asarray(batch_ms)
-    return {"batch_size": batch_size, "batches": len(ms), "sequences": sequences,
-            "latency_ms_p50": float(np.percentile(ms, 50)), "latency_ms_p90": float(np.percentile(ms, 90)),
-            "latency_ms_p99": float(np.percentile(ms, 99)), "latency_ms_mean": float(ms.mean()),
-            "sequences_per_second": sequences / (ms.sum() / 1000), "wall_seconds": seconds}
 
 
 def predictions_from_logits(task: GlueTask, logits: np.ndarray) -> np.ndarray:
@@ -282,10 +232,6 @@ def save_model(model: BertForSequenceClassification, task: GlueTask, output_dir:
 # main
 
 
-def subset(examples: list[InputExample], limit: int | None) -> list[InputExample]:
-    return examples if limit is None else examples[:limit]
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     try:
@@ -296,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     task = get_task(args.task_name)
-    resolve_model_files(args)
+    training.resolve_model_files(args)
 
     env = utils.init_distributed(no_cuda=args.no_cuda)
     choice = utils.setup_precision(args.precision, env.device, "run_glue.py", show=env.is_main)
@@ -310,13 +256,13 @@ def run(args: argparse.Namespace) -> dict:
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
 
     # Read every file first: a missing dev.tsv should fail before minutes of training, not after.
-    train_examples = subset(get_train_examples(args.data_dir, task), args.max_train_examples) if args.do_train else []
+    train_examples = get_train_examples(args.data_dir, task)[:args.max_train_examples] if args.do_train else []
     needs_dev = args.do_eval or (args.do_predict and args.predict_split == "dev")
     dev_sets = get_dev_examples(args.data_dir, task) if needs_dev else {}
-    dev_sets = {name: subset(ex, args.max_eval_examples) for name, ex in dev_sets.items()}
+    dev_sets = {name: ex[:args.max_eval_examples] for name, ex in dev_sets.items()}
     test_sets = {}
     if args.do_predict and args.predict_split == "test":
-        test_sets = {n: subset(ex, args.max_eval_examples) for n, ex in get_test_examples(args.data_dir, task).items()}
+        test_sets = {n: ex[:args.max_eval_examples] for n, ex in get_test_examples(args.data_dir, task).items()}
 
     from tokenization import BertTokenizer, casing_warning
 
@@ -346,7 +292,7 @@ def run(args: argparse.Namespace) -> dict:
         log(f"{task.display_name} train: {len(encoded)} examples, mean length {encoded.lengths.mean():.1f} tokens, "
             f"{encoded.truncated} truncated to {args.max_seq_length}")
         utils.set_seed(args.seed + env.rank)  # different dropout masks on each process
-        result = train(args, model, GlueDataset(encoded), env, logger)
+        result = training.finetune(model, GlueDataset(encoded), collate, classification_loss, args, env, logger)
         results["train"] = {"examples": len(encoded), "steps": result.steps, "final_loss": result.loss,
                             "seconds": result.seconds, "sequences_per_second": result.sequences / result.seconds,
                             "train_batch_size": args.train_batch_size * env.world_size,
@@ -390,7 +336,7 @@ def evaluate_and_predict(args, task, model, tokenizer, dev_sets, test_sets, env,
             logger.log(("eval", name), metrics)
             shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
             log(f"{task.display_name} {name}: {shown} ({len(examples)} examples)")
-    out["inference"] = latency_summary(all_ms, all_sequences, all_seconds, args.eval_batch_size)
+    out["inference"] = training.latency_summary(all_ms, all_sequences, all_seconds, args.eval_batch_size)
     log(f"inference: p50 {out['inference']['latency_ms_p50']:.1f} ms/batch, "
         f"{out['inference']['sequences_per_second']:.1f} sequences/s")
     if args.do_predict:

@@ -333,13 +333,21 @@ def gather_objects(obj: Any, env) -> list[Any]:
 def save_checkpoint(cfg: PretrainConfig, env, state: TrainState, raw_model, optimizer, scheduler,
                     precision: Precision, data: PretrainingData, log) -> None:
     """Every rank contributes its RNG states; rank 0 writes ckpt_<global step>.pt atomically and drops the
-    oldest checkpoints of the phase beyond --keep_checkpoints."""
-    from checkpoint_io import REDUNDANT_KEYS
-    from utils import rng_state
+    oldest checkpoints of the phase beyond --keep_checkpoints; every rank returns when the file is complete."""
+    from utils import barrier, rng_state
 
     rngs = gather_objects(rng_state(), env)
-    if not env.is_main:
-        return
+    try:
+        if env.is_main:
+            _write_checkpoint(cfg, env, state, raw_model, optimizer, scheduler, precision, data, rngs, log)
+    finally:  # every rank leaves once the file is complete: a rank that exits first (after a stop signal)
+        barrier(env)  # could otherwise make the launcher (srun, torchrun) kill rank 0 in the middle of the write
+
+
+def _write_checkpoint(cfg: PretrainConfig, env, state: TrainState, raw_model, optimizer, scheduler,
+                      precision: Precision, data: PretrainingData, rngs: list, log) -> None:
+    from checkpoint_io import REDUNDANT_KEYS
+
     pos = data.position
     ckpt = {
         # The full trained tensors (the padded vocabulary rows too, for an exact resume), Hugging Face names.

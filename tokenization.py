@@ -37,8 +37,9 @@ def load_vocab(vocab_file: str | os.PathLike) -> "collections.OrderedDict[str, i
 
 
 def vocab_is_uncased(vocab: dict[str, int]) -> bool:
-    """No token with a capital letter (special tokens such as [CLS] aside): an uncased vocabulary."""
-    return not any(any(c.isupper() for c in token) for token in vocab if not token.startswith("["))
+    """No token with an ASCII capital letter (special tokens such as [CLS] aside): an uncased vocabulary. ASCII
+    only: bert-base-uncased's vocabulary keeps a few capitals of other scripts (lower-casing leaves them alone)."""
+    return not any(any("A" <= c <= "Z" for c in token) for token in vocab if not token.startswith("["))
 
 
 def casing_warning(vocab: dict[str, int], vocab_file: str, do_lower_case: bool) -> str | None:

@@ -488,6 +488,25 @@ def finetuning_setup(model: torch.nn.Module, args: argparse.Namespace, env: util
     return ddp_model, precision, optimizer, scheduler
 
 
+def resolve_model_files(args: argparse.Namespace) -> None:
+    """--init_checkpoint must exist; --vocab_file defaults to a vocab.txt inside a checkpoint directory or beside a
+    checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its model.pt)."""
+    ckpt = Path(args.init_checkpoint)
+    if not ckpt.exists():
+        raise utils.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
+                               "Face directory")
+    if args.vocab_file is None:
+        folder = ckpt if ckpt.is_dir() else ckpt.parent
+        found = [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt") if p.is_file()]
+        if not found:
+            raise utils.InputError(f"no vocab.txt in or beside {ckpt}: pass --vocab_file")
+        args.vocab_file = str(found[0])
+    if not Path(args.vocab_file).is_file():
+        raise utils.InputError(f"--vocab_file {args.vocab_file} not found")
+    if args.config_file is not None and not Path(args.config_file).is_file():
+        raise utils.InputError(f"--config_file {args.config_file} not found")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The fine-tuning loop
 
@@ -539,3 +558,41 @@ def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str
         epoch += 1
     bar.close()
     return FitResult(steps=step, loss=last_loss, seconds=meter.elapsed(), sequences=meter.run_sequences)
+
+
+def finetune(model: torch.nn.Module, dataset: torch.utils.data.Dataset, collate_fn, loss_fn: LossFn,
+             args: argparse.Namespace, env: utils.DistEnv, logger: RunLogger) -> FitResult:
+    """Fine-tune `model` (bare: DDP and precision are applied here) on `dataset` with the shared flags: shuffled
+    micro-batches padded by `collate_fn`, AdamW with the linear warm-up schedule, `fit`."""
+    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
+    epoch_batches, per_epoch = shuffled_epochs(dataset, micro_batch, collate_fn, args.seed, env, args.num_workers)
+    total_steps = count_optimizer_steps(per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
+                                        args.max_steps)
+    ddp_model, precision, optimizer, scheduler = finetuning_setup(model, args, env, total_steps)
+    logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
+                             "micro_batch": micro_batch, "world_size": env.world_size, "precision": precision.name})
+    return fit(ddp_model, epoch_batches, loss_fn, optimizer, scheduler, precision, env, logger,
+               total_steps=total_steps, accumulation=args.gradient_accumulation_steps, log_freq=args.log_freq)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Evaluation helpers of the fine-tuning scripts
+
+
+def length_sorted_batches(lengths, batch_size: int) -> list[list[int]]:
+    """Evaluation batches of examples with similar lengths (longest first), so padding costs next to nothing."""
+    import numpy as np
+
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+def latency_summary(batch_ms: list[float], sequences: int, seconds: float, batch_size: int) -> dict[str, float]:
+    """Per-batch latency percentiles and throughput of an evaluation pass (forward time only)."""
+    import numpy as np
+
+    ms = np.asarray(batch_ms)
+    return {"batch_size": batch_size, "batches": len(ms), "sequences": sequences,
+            "latency_ms_p50": float(np.percentile(ms, 50)), "latency_ms_p90": float(np.percentile(ms, 90)),
+            "latency_ms_p99": float(np.percentile(ms, 99)), "latency_ms_mean": float(ms.mean()),
+            "sequences_per_second": sequences / (ms.sum() / 1000), "wall_seconds": seconds}

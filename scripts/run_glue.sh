@@ -122,6 +122,10 @@ launcher=("$PYTHON")
 if (( num_gpu > 1 )); then
   launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpu")
 fi
+if [[ -n "${NUMA_BINDING:-}" ]]; then  # node | exclusive | socket | core-complex: per-rank binding, scripts/bind.py
+  mapfile -t launcher < <("$PYTHON" "$CODEDIR/scripts/bind.py" --mode "$NUMA_BINDING" --nproc "$num_gpu" --launcher \
+    -- "${launcher[@]}") && (( ${#launcher[@]} )) || die "NUMA_BINDING=$NUMA_BINDING: see the line above"
+fi
 env_prefix=()
 [[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
 

@@ -31,11 +31,13 @@ run_forwarding_signals() {
     "$@" &
   fi
   _job_pid=$!
-  while true; do  # `wait` returns early (status > 128) when a trapped signal arrives: wait again until it is gone
-    JOB_STATUS=0
-    wait "$_job_pid" || JOB_STATUS=$?
-    kill -0 "$_job_pid" 2> /dev/null || break
+  # `wait` returns early (status > 128) when a trapped signal arrives: wait again while the job lives; then ask
+  # once more for its status (bash keeps the status of a child it has reaped, so this is the job's real one).
+  while kill -0 "$_job_pid" 2> /dev/null; do
+    wait "$_job_pid" 2> /dev/null || true
   done
+  JOB_STATUS=0
+  wait "$_job_pid" 2> /dev/null || JOB_STATUS=$?
   _job_pid=""
   [[ -z "$logfile" ]] || wait 2> /dev/null || true  # let `tee` write the last lines before we print ours
   return 0

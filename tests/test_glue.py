@@ -307,7 +307,7 @@ def test_collate_pads_to_the_longest_in_the_batch():
     assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]
     assert batch["labels"].tolist() == [1, 0] and batch["index"].tolist() == [0, 1]
-    order = run_glue.length_sorted_batches(np.array([3, 9, 5, 7]), 2)
+    order = training.length_sorted_batches(np.array([3, 9, 5, 7]), 2)
     assert order == [[1, 3], [2, 0]]
 
 

@@ -136,3 +136,15 @@ def test_bad_vocabulary_files(tmp_path):
     (tmp_path / "v.txt").write_text("a\nb\n")
     with pytest.raises(ValueError, match=r"lacks the special tokens"):
         BertTokenizer(tmp_path / "v.txt")
+
+
+def test_casing_is_read_from_the_vocabulary(uncased_vocab, cased_vocab):
+    """One rule for every script: the real uncased vocabulary (which keeps a few non-ASCII capitals) is uncased,
+    the cased one is not, and only uncased-without-lower-casing warns."""
+    from tokenization import casing_warning, load_vocab, vocab_is_uncased
+
+    uncased, cased = load_vocab(uncased_vocab), load_vocab(cased_vocab)
+    assert any(c.isupper() for token in uncased for c in token if not token.startswith("["))  # why ASCII only
+    assert vocab_is_uncased(uncased) and not vocab_is_uncased(cased)
+    assert "--do_lower_case" in casing_warning(uncased, "v.txt", do_lower_case=False)
+    assert casing_warning(uncased, "v.txt", True) is None and casing_warning(cased, "v.txt", False) is None

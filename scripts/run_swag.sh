@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Fine-tune and evaluate on SWAG (multiple choice) with run_swag.py, in the style of scripts/run_glue.sh:
+# positional arguments, defaults for BERT-large on 8 GPUs, presets in scripts/configs/swag_config.sh.
+#
+#   bash scripts/run_swag.sh                                         # all defaults
+#   bash scripts/run_swag.sh $(source scripts/configs/swag_config.sh && dgxa100-80g_8gpu_bf16)
+#   bash scripts/run_swag.sh $(source scripts/configs/swag_config.sh && cpu_1gpu_auto)   # MiniLM on a CPU
+#   bash scripts/run_swag.sh -h                                      # this text
+#
+# Positional arguments (an empty string or a missing one takes the default; paths must not contain spaces):
+#    1 init_checkpoint           $CODEDIR/checkpoints/bert_uncased.pt   ckpt_<step>.pt, NVIDIA .pt or a Hugging
+#                                                                       Face folder
+#    2 data_dir                  $BERT_PREP_WORKING_DIR/download/swag/   SWAG's folder (train.csv, val.csv,
+#                                                                       test.csv from github.com/rowanz/swagaf)
+#    3 vocab_file                $BERT_PREP_WORKING_DIR/download/google_pretrained_weights/
+#                                uncased_L-24_H-1024_A-16/vocab.txt (None: the vocab.txt inside a Hugging Face
+#                                init_checkpoint folder)
+#    4 config_file               $CODEDIR/bert_config.json (BERT-large; None: the config of the checkpoint)
+#    5 out_dir                   $CODEDIR/results/SWAG
+#    6 num_gpu                   8         processes: torchrun --nproc_per_node (1: plain python; on a machine
+#                                          without CUDA, >1 runs CPU processes with gloo)
+#    7 batch_size                2         examples (4 sequences each) per process per optimizer step (train), per
+#                                          batch (eval)
+#    8 gradient_accumulation_steps 1       micro-batches per optimizer step (micro-batch = arg 7 / arg 8)
+#    9 learning_rate             2e-5
+#   10 warmup_proportion         0.1
+#   11 epochs                    3
+#   12 max_steps                 -1.0      > 0: stop after this many optimizer steps (overrides epochs)
+#   13 precision                 fp16      auto | fp16 | bf16 | tf32 | fp32 (auto: from the hardware, see
+#                                          --help of run_swag.py)
+#   14 seed                      42
+#   15 mode                      "train eval"   any of train, eval, prediction (quote several: "train eval");
+#                                               eval alone runs on one process
+#
+# Environment (optional):
+#   DO_LOWER_CASE (true; false for cased vocabularies), MAX_SEQ_LENGTH (128), EXTRA_ARGS (more run_swag.py flags,
+#   e.g. "--max_train_examples 2000 --predict_split test"), PYTHON ($CODEDIR/.venv/bin/python if present, else
+#   python3), CODEDIR (this repository), DRY_RUN=1 (print the command, one line, shell-quoted, and run nothing),
+#   NUMA_BINDING (node | exclusive, or socket | core-complex with torchrun's own option: bind each process to the
+#   cores and memory of its GPU's NUMA node; `python -m scripts.bind --help`).
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  usage
+  exit 0
+fi
+die() { echo "run_swag.sh: $*" >&2; exit 1; }
+
+script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CODEDIR=${CODEDIR:-$(dirname "$script_dir")}
+prep_dir="${BERT_PREP_WORKING_DIR:-${DATA_DIR:-$CODEDIR/data}}"
+
+init_checkpoint=${1:-$CODEDIR/checkpoints/bert_uncased.pt}
+data_dir=${2:-$prep_dir/download/swag/}
+vocab_file=${3:-$prep_dir/download/google_pretrained_weights/uncased_L-24_H-1024_A-16/vocab.txt}
+config_file=${4:-$CODEDIR/bert_config.json}
+out_dir=${5:-$CODEDIR/results/SWAG}
+num_gpu=${6:-8}
+batch_size=${7:-2}
+gradient_accumulation_steps=${8:-1}
+learning_rate=${9:-2e-5}
+warmup_proportion=${10:-0.1}
+epochs=${11:-3}
+max_steps=${12:--1.0}
+precision=${13:-fp16}
+seed=${14:-42}
+mode=${15:-train eval}
+(( $# <= 15 )) || die "at most 15 positional arguments, got $# (see -h)"
+
+DO_LOWER_CASE=${DO_LOWER_CASE:-true}
+MAX_SEQ_LENGTH=${MAX_SEQ_LENGTH:-128}
+DRY_RUN=${DRY_RUN:-0}
+if [[ -z "${PYTHON:-}" ]]; then
+  PYTHON=python3
+  [[ -x "$CODEDIR/.venv/bin/python" ]] && PYTHON="$CODEDIR/.venv/bin/python"
+fi
+
+# ---- validate the arguments (one line each, naming the argument) ---------------------------------------------
+is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
+is_num() { [[ "$1" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; }
+for pair in "6 num_gpu $num_gpu" "7 batch_size $batch_size" \
+            "8 gradient_accumulation_steps $gradient_accumulation_steps" "14 seed $seed"; do
+  set -- $pair
+  is_int "$3" || die "argument $1 ($2) must be a non-negative integer, got '$3'"
+done
+for pair in "9 learning_rate $learning_rate" "10 warmup_proportion $warmup_proportion" "11 epochs $epochs" \
+            "12 max_steps $max_steps"; do
+  set -- $pair
+  is_num "$3" || die "argument $1 ($2) must be a number, got '$3'"
+done
+(( num_gpu >= 1 )) || die "argument 6 (num_gpu) must be at least 1"
+(( batch_size >= 1 )) || die "argument 7 (batch_size) must be at least 1"
+(( gradient_accumulation_steps >= 1 && batch_size % gradient_accumulation_steps == 0 )) \
+  || die "argument 7 (batch_size $batch_size) must be divisible by argument 8 \
+(gradient_accumulation_steps $gradient_accumulation_steps)"
+case "$precision" in
+  auto|fp16|bf16|tf32|fp32) prec_flags=("--precision=$precision") ;;  # fp32 also sets NVIDIA_TF32_OVERRIDE=0 below
+  *) die "argument 13 (precision) must be auto, fp16, bf16, tf32 or fp32, got '$precision'" ;;
+esac
+do_train=false do_eval=false do_predict=false
+for word in $mode; do
+  case "$word" in
+    train) do_train=true ;;
+    eval) do_eval=true ;;
+    prediction|predict) do_predict=true ;;
+    *) die "argument 15 (mode) may contain train, eval and prediction, got '$mode'" ;;
+  esac
+done
+[[ "$do_train" == true || "$do_eval" == true || "$do_predict" == true ]] || die "argument 15 (mode) is empty"
+[[ "$do_train" == true ]] || num_gpu=1  # evaluation and prediction run on one process
+[[ "$DO_LOWER_CASE" == true || "$DO_LOWER_CASE" == false ]] || die "DO_LOWER_CASE must be true or false"
+if [[ "$DRY_RUN" != 1 ]]; then
+  [[ -f "$CODEDIR/run_swag.py" ]] || die "no run_swag.py in CODEDIR $CODEDIR"
+  [[ -e "$init_checkpoint" ]] || die "init_checkpoint $init_checkpoint not found (argument 1)"
+  [[ -d "$data_dir" ]] || die "SWAG folder $data_dir not found (argument 2): the data/ folder of \
+github.com/rowanz/swagaf (train.csv, val.csv), or set BERT_PREP_WORKING_DIR"
+  [[ "$vocab_file" == None || -f "$vocab_file" ]] || die "vocab_file $vocab_file not found (argument 3; None: the \
+checkpoint folder's vocab.txt)"
+  [[ "$config_file" == None || -f "$config_file" ]] || die "config_file $config_file not found (argument 4; None: \
+the checkpoint's config)"
+fi
+
+# ---- build the command ----------------------------------------------------------------------------------------
+launcher=("$PYTHON")
+if (( num_gpu > 1 )); then
+  launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpu")
+fi
+if [[ -n "${NUMA_BINDING:-}" ]]; then  # node | exclusive | socket | core-complex: per-rank binding, scripts/bind.py
+  mapfile -t launcher < <("$PYTHON" "$CODEDIR/scripts/bind.py" --mode "$NUMA_BINDING" --nproc "$num_gpu" --launcher \
+    -- "${launcher[@]}") && (( ${#launcher[@]} )) || die "NUMA_BINDING=$NUMA_BINDING: see the line above"
+fi
+env_prefix=()
+[[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
+
+cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_swag.py" "--data_dir=$data_dir"
+     "--init_checkpoint=$init_checkpoint" "--output_dir=$out_dir" "--max_seq_length=$MAX_SEQ_LENGTH"
+     "--seed=$seed" "--json-summary=$out_dir/dllogger.json" "${prec_flags[@]}")
+[[ "$do_train" == true ]] && cmd+=(--do_train "--train_batch_size=$batch_size"
+  "--gradient_accumulation_steps=$gradient_accumulation_steps" "--learning_rate=$learning_rate"
+  "--warmup_proportion=$warmup_proportion" "--num_train_epochs=$epochs" "--max_steps=$max_steps")
+[[ "$do_eval" == true ]] && cmd+=(--do_eval)
+[[ "$do_predict" == true ]] && cmd+=(--do_predict)
+[[ "$do_eval" == true || "$do_predict" == true ]] && cmd+=("--eval_batch_size=$batch_size")
+[[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
+[[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
+[[ "$config_file" != None ]] && cmd+=("--config_file=$config_file")
+if [[ -n "${EXTRA_ARGS:-}" ]]; then
+  read -r -a extra <<< "$EXTRA_ARGS"
+  cmd+=("${extra[@]}")
+fi
+
+if [[ "$DRY_RUN" == 1 ]]; then
+  printf '%q ' "${cmd[@]}" | sed 's/ $//'
+  echo
+  exit 0
+fi
+if (( num_gpu > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-smi > /dev/null; then
+  # CPU processes: torchrun would give each one thread; share the cores instead.
+  export OMP_NUM_THREADS=$(( $(nproc) / num_gpu > 0 ? $(nproc) / num_gpu : 1 ))
+fi
+mkdir -p "$out_dir"
+logfile="$out_dir/logfile"
+{ printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
+echo "run_swag.sh: SWAG, precision $precision, $num_gpu process(es), log $logfile" >&2
+"${cmd[@]}" 2>&1 | tee -a "$logfile"
+if [[ -f "$out_dir/results.json" ]]; then
+  echo "run_swag.sh: results in $out_dir/results.json" >&2
+fi

@@ -1,0 +1,142 @@
+"""training.py, the shared core: gradients are the same with activation checkpointing and under torch.compile as
+in plain eager mode; micro-batch accumulation equals one big batch; the checkpoint manager keeps the newest N, never
+deletes the file it just wrote, and falls back past a damaged newest file; the fine-tuning loop learns and logs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import training
+import utils
+from conftest import SEQ, VOCAB
+from modeling import BertConfig, BertForPreTraining
+
+
+def tiny_model(dropout: float = 0.0) -> BertForPreTraining:
+    torch.manual_seed(0)
+    return BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+
+
+def batch_of(n: int, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (n, SEQ), generator=g)
+    mask = torch.ones_like(ids)
+    mask[n // 2:, SEQ // 2:] = 0  # half the rows padded
+    labels = torch.full_like(ids, -1)
+    labels[:, 3:SEQ // 2:4] = ids[:, 3:SEQ // 2:4]
+    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask,
+            "masked_lm_labels": labels, "next_sentence_labels": torch.randint(0, 2, (n,), generator=g)}
+
+
+def loss_fn(model, batch):
+    out = model(**batch)
+    return torch.stack([out.loss, out.mlm_loss, out.nsp_loss])
+
+
+def grads(model, batches, precision, accum=1) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    for batch in batches:
+        training.forward_backward(model, batch, loss_fn, precision, accum, sync=True)
+    return {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_grads(a, b, atol):
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= atol, worst
+
+
+@pytest.fixture
+def fp32():
+    model, precision = training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32")
+    return precision
+
+
+def test_activation_checkpointing_gives_the_same_gradients(fp32):
+    """With dropout on: the recomputed forward must draw the same dropout masks (RNG state preserved)."""
+    plain = tiny_model(dropout=0.1).train()
+    checkpointed = tiny_model(dropout=0.1).train()
+    checkpointed, _ = training.apply_parallelism_and_precision(checkpointed, utils.DistEnv(), "fp32",
+                                                              checkpoint_activations=True)
+    assert checkpointed.bert.encoder.checkpoint_activations
+    batch = batch_of(8)
+    torch.manual_seed(5)
+    a = grads(plain, [batch], fp32)
+    torch.manual_seed(5)
+    b = grads(checkpointed, [batch], fp32)
+    assert_same_grads(a, b, atol=1e-6)
+
+
+def test_compiled_model_gives_the_same_gradients(fp32):
+    eager = tiny_model().train()
+    compiled, _ = training.apply_parallelism_and_precision(tiny_model().train(), utils.DistEnv(), "fp32",
+                                                          compile=True)
+    assert hasattr(compiled, "_orig_mod")
+    batch = batch_of(8)
+    assert_same_grads(grads(eager, [batch], fp32), grads(compiled, [batch], fp32), atol=1e-4)
+
+
+def test_accumulating_two_halves_equals_one_batch(fp32):
+    """Every row holds the same number of labelled positions, so the mean of the two halves' mean losses is the
+    whole batch's mean loss: the accumulated gradient must equal the big batch's."""
+    model = tiny_model().train()
+    batch = batch_of(8)
+    halves = [{k: v[:4] for k, v in batch.items()}, {k: v[4:] for k, v in batch.items()}]
+    assert_same_grads(grads(model, [batch], fp32), grads(model, halves, fp32, accum=2), atol=1e-6)
+
+
+def test_checkpoint_manager_keeps_newest_and_falls_back(tmp_path):
+    logged = []
+    manager = training.CheckpointManager(tmp_path, keep=2, log=logged.append)
+    for step in (1, 2, 3):
+        manager.save(step, {"model": {}, "step": step})
+    assert list(manager.all()) == [2, 3]  # the oldest went
+    (tmp_path / "ckpt_3.pt").write_bytes(b"\x00 truncated")
+    assert manager.newest_readable({"model", "step"})["step"] == 2
+    assert any("ckpt_3.pt cannot be read" in line for line in logged)
+    # Files numbered above a new run's step (an abandoned future) never push the file just written out.
+    (tmp_path / "ckpt_9.pt").write_bytes(b"junk")
+    manager.save(4, {"step": 4})
+    assert 4 in manager.all()
+    (tmp_path / ".ckpt_5.pt.abc.tmp").write_bytes(b"partial")
+    manager.remove_interrupted_writes()
+    assert not list(tmp_path.glob(".ckpt_*"))
+
+
+def test_fit_learns_and_logs_on_the_device(tmp_path):
+    """A linear classifier trained by fit() with accumulation: the loss falls, every log line has the shared keys,
+    and the step count follows epochs, batches and accumulation."""
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = (x[:, 0] > 0).long()
+    batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]  # 8 micro-batches
+    model = Linear()
+    env = utils.DistEnv()
+    _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    ce = lambda m, b: torch.nn.functional.cross_entropy(m(b["input_ids"]), b["labels"])  # noqa: E731
+    total = training.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
+    assert total == 6  # ceil(8 / 3) = 3 steps an epoch (the last one of 2 micro-batches)
+    result = training.fit(model, lambda epoch: batches, ce, optimizer, scheduler, precision, env, logger,
+                          total_steps=total, accumulation=3, log_freq=2)
+    logger.close()
+    records = [json.loads(line) for line in (tmp_path / "log.json").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6]
+    assert all({"loss", "learning_rate", "epoch", "loss_scale"} <= r["data"].keys() for r in records)
+    assert records[-1]["data"]["loss"] < records[0]["data"]["loss"]
+    assert result.steps == 6 and result.sequences == 2 * 64 and result.loss == records[-1]["data"]["loss"]
