@@ -10,7 +10,11 @@ checkpoints of `transformers`, NVIDIA's DeepLearningExamples and this project in
 (`checkpoint_io.from_pretrained(BertForQuestionAnswering, path)`) and writes them back out.
 
 Notation in shape comments: B batch, S sequence length, H hidden size, N heads, D head size (H / N),
-I intermediate size, V vocabulary size (padded), M number of masked (predicted) positions in the batch.
+I intermediate size, V vocabulary size (padded), M number of masked (predicted) positions in the batch,
+P prediction slots per sequence (fixed-slot head), T real (non-padding) tokens of the batch.
+
+The speed path lives beside it in bert_padding.py (pure PyTorch, the only module of ours imported here):
+unpadding, the variable-length attention call and the fixed-slot masked-LM gather.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from bert_padding import gather_indexes
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -381,6 +387,12 @@ class BertForPreTraining(nn.Module):
     (gathered before the vocabulary projection: for small models that projection is most of the compute) and
     nsp_loss is None without next_sentence_labels. loss = mean MLM cross-entropy over the M positions + NSP
     cross-entropy. Two types, because prediction_scores has another shape in each.
+
+    The fixed-slot head (Google's gather_indexes, compile-friendly): instead of masked_lm_labels pass the shards'
+    masked_lm_positions [B,P] and masked_lm_ids [B,P] (P = max_predictions_per_seq; position 0 marks an unused
+    slot, [CLS] is never masked). The P slots of every sequence are gathered and scored, prediction_scores is
+    [B,P,V] (unused slots included), and the loss ignores unused slots: the same mean over the labelled positions
+    as the sparse head, with static shapes and no host sync (no nonzero), so torch.compile(fullgraph=True) works.
     """
 
     def __init__(self, config: BertConfig):
@@ -392,17 +404,30 @@ class BertForPreTraining(nn.Module):
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # re-tie after init
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_labels=None,
-                next_sentence_labels=None) -> PreTrainingOutput | PreTrainingOutputWithLoss:
+                next_sentence_labels=None, masked_lm_positions=None, masked_lm_ids=None,
+                ) -> PreTrainingOutput | PreTrainingOutputWithLoss:
+        fixed_slots = masked_lm_positions is not None
+        if fixed_slots and (masked_lm_ids is None or masked_lm_labels is not None):
+            raise ValueError("BertForPreTraining: pass masked_lm_positions together with masked_lm_ids, and not "
+                             "with masked_lm_labels")
         sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
         seq_relationship_score = self.cls.seq_relationship(pooled_output)  # [B, 2]
-        if masked_lm_labels is None:
+        if masked_lm_labels is None and not fixed_slots:
             return PreTrainingOutput(self.cls.predictions(sequence_output), seq_relationship_score)  # [B, S, V]
 
-        labels = masked_lm_labels.reshape(-1)  # [B*S]
-        predicted = (labels >= 0).nonzero().squeeze(1)  # [M] flat indices of the labelled positions
-        hidden = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, predicted)  # [M, H]
-        prediction_scores = self.cls.predictions(hidden)  # [M, V]
-        mlm_loss = F.cross_entropy(prediction_scores.float(), labels.index_select(0, predicted))
+        if fixed_slots:  # P slots per sequence, static shapes
+            hidden = gather_indexes(sequence_output, masked_lm_positions)  # [B, P, H]
+            prediction_scores = self.cls.predictions(hidden)  # [B, P, V]
+            # Unused slots (position 0) get the ignored label: cross_entropy's mean is then over the used slots.
+            labels = torch.where(masked_lm_positions > 0, masked_lm_ids.long(), -100)  # [B, P]
+            mlm_loss = F.cross_entropy(prediction_scores.flatten(0, 1).float(), labels.reshape(-1),
+                                       ignore_index=-100)  # [B*P, V] against [B*P]
+        else:  # the labelled positions only: M depends on the data (nonzero, a host sync)
+            labels = masked_lm_labels.reshape(-1)  # [B*S]
+            predicted = (labels >= 0).nonzero().squeeze(1)  # [M] flat indices of the labelled positions
+            hidden = sequence_output.reshape(-1, sequence_output.shape[-1]).index_select(0, predicted)  # [M, H]
+            prediction_scores = self.cls.predictions(hidden)  # [M, V]
+            mlm_loss = F.cross_entropy(prediction_scores.float(), labels.index_select(0, predicted))
         nsp_loss = None
         loss = mlm_loss
         if next_sentence_labels is not None:
@@ -532,7 +557,8 @@ class PreTrainingOutputWithLoss(NamedTuple):
     loss: torch.Tensor  # [] mlm_loss + nsp_loss (mlm_loss alone without next_sentence_labels)
     mlm_loss: torch.Tensor  # [] mean cross-entropy over the M labelled positions
     nsp_loss: torch.Tensor | None  # [] next-sentence cross-entropy; None without next_sentence_labels
-    prediction_scores: torch.Tensor  # [M, V] at the labelled positions, in row-major (batch, position) order
+    prediction_scores: torch.Tensor  # [M, V] at the labelled positions, in row-major (batch, position) order;
+    # [B, P, V] at the P slots with masked_lm_positions (unused slots included)
     seq_relationship_score: torch.Tensor  # [B, 2]
 
 

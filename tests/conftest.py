@@ -61,6 +61,38 @@ def minilm_dir() -> Path:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Model-parity helpers shared by the test files (imported as `from conftest import ...`)
+
+SENTENCES = [
+    "The tower is 324 metres tall, about the same height as an 81-storey building.",
+    "Hello world.",
+    "Robert Boulter is an English film, television and theatre actor who had a guest-starring role in 2000.",
+    "Its base is square, measuring 125 metres on each side.",
+]
+
+
+def padded_batch(tokenizer, sentences: list[str], pair: bool = False, max_len: int | None = None):
+    """[CLS] A [SEP] (B [SEP]) with zero padding: input_ids, token_type_ids, attention_mask, each [B, S].
+    max_len cuts every row to at most that many tokens (its last one stays [SEP])."""
+    rows, types = [], []
+    for i, s in enumerate(sentences):
+        a = tokenizer.encode(s)
+        ids, tt = [tokenizer.vocab["[CLS]"], *a, tokenizer.vocab["[SEP]"]], [0] * (len(a) + 2)
+        if pair:
+            b = tokenizer.encode(sentences[(i + 1) % len(sentences)])
+            ids += [*b, tokenizer.vocab["[SEP]"]]
+            tt += [1] * (len(b) + 1)
+        if max_len is not None and len(ids) > max_len:
+            ids, tt = ids[:max_len - 1] + [tokenizer.vocab["[SEP]"]], tt[:max_len]
+        rows.append(ids)
+        types.append(tt)
+    width = max(map(len, rows))
+    input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    token_type_ids = torch.tensor([t + [0] * (width - len(t)) for t in types])
+    return input_ids, token_type_ids, (input_ids != 0).long()
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Pre-training helpers shared by the test files (imported as `from conftest import ...`; no test file imports
 # another): tiny NVIDIA-layout shards written directly with h5py, tiny configs, run_pretraining argument lists.
 

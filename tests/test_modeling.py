@@ -11,9 +11,9 @@ from transformers.models.bert.configuration_bert import BertConfig as HFConfig
 
 import checkpoint_io
 import modeling
+from conftest import SENTENCES, padded_batch
 from modeling import BertConfig
 from tokenization import BertTokenizer
-
 
 
 @pytest.fixture(autouse=True)
@@ -21,31 +21,6 @@ def _no_grad():
     """Inference only here; scoped to each test so other test modules keep autograd."""
     with torch.no_grad():
         yield
-
-SENTENCES = [
-    "The tower is 324 metres tall, about the same height as an 81-storey building.",
-    "Hello world.",
-    "Robert Boulter is an English film, television and theatre actor who had a guest-starring role in 2000.",
-    "Its base is square, measuring 125 metres on each side.",
-]
-
-
-def padded_batch(tokenizer: BertTokenizer, sentences: list[str], pair: bool = False):
-    """[CLS] A [SEP] (B [SEP]) with zero padding: input_ids, token_type_ids, attention_mask, each [B, S]."""
-    rows, types = [], []
-    for i, s in enumerate(sentences):
-        a = tokenizer.encode(s)
-        ids, tt = [tokenizer.vocab["[CLS]"], *a, tokenizer.vocab["[SEP]"]], [0] * (len(a) + 2)
-        if pair:
-            b = tokenizer.encode(sentences[(i + 1) % len(sentences)])
-            ids += [*b, tokenizer.vocab["[SEP]"]]
-            tt += [1] * (len(b) + 1)
-        rows.append(ids)
-        types.append(tt)
-    width = max(map(len, rows))
-    input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-    token_type_ids = torch.tensor([t + [0] * (width - len(t)) for t in types])
-    return input_ids, token_type_ids, (input_ids != 0).long()
 
 
 def small_hf_config(**overrides) -> HFConfig:

@@ -1,0 +1,145 @@
+"""The speed path beside modeling.py: unpadding, variable-length attention and the fixed-slot masked-LM gather.
+
+What it holds, in order: `Unpadded` (where a batch's real tokens are: flat indices, int32 cumulative sequence
+offsets `cu_seqlens`, the longest length) with `unpad` / `pad` ([B, S, ...] <-> [T, ...], T = real tokens);
+`choose_kernel`, the rule that picks the variable-length attention kernel; `varlen_attention`, the attention call
+over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot gather for the masked-LM head.
+
+Kernels (checked against torch 2.13): `torch.nn.attention.varlen.varlen_attn` (CUDA, fp16/bf16, has no dropout
+argument: it is chosen only when the effective attention dropout is 0, i.e. a config with
+attention_probs_dropout_prob 0 or eval mode), `flash_attn.flash_attn_varlen_qkvpacked_func` (CUDA, fp16/bf16,
+applies dropout; when the package is importable), else `padded_sdpa`: pad q/k/v back to [B, N, S, D] around one
+F.scaled_dot_product_attention call with the key-padding mask and the configured dropout (every device; the CPU
+path). The first use of each choice is logged in one line saying which kernel runs and why.
+
+Notation as in modeling.py: B batch, S sequence length, T real tokens of the batch, N heads, D head size.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------------------------------------------
+# Unpad / pad
+
+
+class Unpadded(NamedTuple):
+    """Where the real tokens of a [B, S] batch are; passed to every layer in place of the attention mask."""
+    indices: torch.Tensor  # [T] int64 flat (row-major) positions of the real tokens in [B * S]
+    cu_seqlens: torch.Tensor  # [B + 1] int32 offsets: sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1] of [T, ...]
+    max_seqlen: int  # the longest sequence of the batch (a Python int: varlen kernels size their grid with it)
+    batch: int  # B
+    seqlen: int  # S
+    key_mask: torch.Tensor  # [B, 1, 1, S] bool, True = a real key: the padded fallback's SDPA mask
+
+
+def has_padding(attention_mask: torch.Tensor | None) -> bool:
+    """True when some position is padding (one host sync)."""
+    return attention_mask is not None and not bool(attention_mask.bool().all())
+
+
+def unpad_info(attention_mask: torch.Tensor) -> Unpadded:
+    """The Unpadded description of a [B, S] mask (1 = real token). Real tokens need not be left-aligned."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be [batch, seq], got shape {tuple(attention_mask.shape)}")
+    mask = attention_mask.bool()
+    B, S = mask.shape
+    lengths = mask.sum(1, dtype=torch.int32)  # [B]
+    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1], starts at 0
+    indices = mask.reshape(-1).nonzero().squeeze(1)  # [T]
+    return Unpadded(indices, cu_seqlens, int(lengths.max()), B, S, mask[:, None, None, :])
+
+
+def unpad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
+    """[B, S, ...] -> [T, ...]: the rows of the real tokens, in row-major order."""
+    return x.reshape(info.batch * info.seqlen, *x.shape[2:]).index_select(0, info.indices)
+
+
+def pad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
+    """[T, ...] -> [B, S, ...] with zeros at the padding positions (the inverse of unpad on the real tokens)."""
+    out = x.new_zeros(info.batch * info.seqlen, *x.shape[1:]).index_copy(0, info.indices, x)  # [B * S, ...]
+    return out.view(info.batch, info.seqlen, *x.shape[1:])  # [B, S, ...]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Variable-length attention: which kernel, and the call
+
+
+class Kernel(NamedTuple):
+    name: str  # "varlen_attn", "flash_attn" or "padded_sdpa"
+    reason: str  # one line: why this kernel and not a faster one
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> Kernel:
+    """The kernel for attention over [T, N, D] sequences on this device and dtype with this *effective* attention
+    dropout (0 in eval mode). A configured dropout is never dropped: dropout_p > 0 never picks varlen_attn."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    if device_type != "cuda":
+        return Kernel("padded_sdpa", f"{device_type}: the varlen kernels are CUDA-only, so attention pads around "
+                                     f"one SDPA call and every other op runs on the real tokens")
+    if not half:
+        return Kernel("padded_sdpa", f"cuda {dtype}: the varlen kernels need fp16/bf16")
+    if dropout_p == 0.0 and _importable("torch.nn.attention.varlen"):
+        return Kernel("varlen_attn", "cuda, attention dropout 0 (config or eval): torch's varlen_attn, which has no "
+                                     "dropout")
+    if _importable("flash_attn"):
+        return Kernel("flash_attn", f"cuda, attention dropout {dropout_p}: flash_attn's varlen kernel applies it "
+                                    f"(torch's varlen_attn has no dropout)")
+    return Kernel("padded_sdpa", f"cuda, attention dropout {dropout_p}: torch's varlen_attn has no dropout and "
+                                 f"flash_attn is not installed, so attention pads around SDPA, which applies it")
+
+
+@functools.lru_cache(maxsize=None)
+def _announce(kernel: Kernel) -> None:
+    log.info("variable-length attention: %s (%s)", kernel.name, kernel.reason)
+
+
+def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float) -> torch.Tensor:
+    """Bidirectional attention of every sequence over its own real tokens.
+
+    qkv [T, 3, N, D] (the query/key/value projections of the real tokens), dropout_p the effective attention
+    dropout (0 in eval) -> [T, N, D]."""
+    kernel = choose_kernel(qkv.device.type, qkv.dtype, float(dropout_p))
+    _announce(kernel)
+    if kernel.name == "varlen_attn":
+        from torch.nn.attention.varlen import varlen_attn
+
+        q, k, v = qkv.unbind(1)  # each [T, N, D]
+        return varlen_attn(q, k, v, info.cu_seqlens, info.cu_seqlens, info.max_seqlen, info.max_seqlen)
+    if kernel.name == "flash_attn":
+        from flash_attn import flash_attn_varlen_qkvpacked_func
+
+        return flash_attn_varlen_qkvpacked_func(qkv, info.cu_seqlens, info.max_seqlen, dropout_p=dropout_p)
+    # padded_sdpa: one [T, 3H] -> [B, S, 3H] copy, SDPA with the key mask, then back to the real tokens.
+    _, _, N, D = qkv.shape
+    padded = pad(qkv, info)  # [B, S, 3, N, D], zeros at padding (masked out as keys)
+    q, k, v = padded.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, N, S, D]
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=info.key_mask, dropout_p=dropout_p)  # [B, N, S, D]
+    return unpad(y.transpose(1, 2), info)  # [B, S, N, D] -> [T, N, D]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fixed-slot masked-LM gather
+
+
+def gather_indexes(sequence_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Google's gather_indexes: the hidden states at P positions per sequence, a static shape (no nonzero, no host
+    sync). sequence_output [B, S, H], positions [B, P] int -> [B, P, H]; unused slots (position 0) gather [CLS] and
+    are given weight 0 by the caller."""
+    index = positions.long()[:, :, None].expand(-1, -1, sequence_output.shape[-1])  # [B, P, H]
+    return sequence_output.gather(1, index)  # [B, P, H]
