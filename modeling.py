@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import gather_indexes
+from bert_padding import Unpadded, gather_indexes, has_padding, pad, unpad, unpad_info, varlen_attention
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -66,7 +66,11 @@ class BertConfig:
     """LayerNorm epsilon (1e-12 in the original, not PyTorch's 1e-5)."""
     pad_vocab_size_multiple: int = 1
     """Pad the embedding and output rows to a multiple of this (8 for tensor cores); exports keep vocab_size."""
+    unpad: str = "auto"
+    """Run the encoder on the real tokens only ([T, H]) when a batch has padding: auto (where no output at a padding
+    position is read: pre-training with labels; never under torch.compile or tracing), always, never."""
 
+    _UNPAD = ("auto", "always", "never")
     _ACTIVATIONS = ("gelu", "bias_gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
     def __post_init__(self):
@@ -97,6 +101,8 @@ class BertConfig:
                 raise ValueError(f"{source}: {name} must be in [0, 1), got {getattr(self, name)!r}")
         if self.hidden_act not in self._ACTIVATIONS:
             raise ValueError(f"{source}: hidden_act {self.hidden_act!r} is not one of {self._ACTIVATIONS}")
+        if self.unpad not in self._UNPAD:
+            raise ValueError(f"{source}: unpad {self.unpad!r} is not one of {self._UNPAD}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "BertConfig":
@@ -127,6 +133,8 @@ class BertConfig:
         d = dataclasses.asdict(self)
         if d["pad_vocab_size_multiple"] == 1:  # keep Google's key set unless padding is asked for
             del d["pad_vocab_size_multiple"]
+        if d["unpad"] == "auto":  # likewise: a speed setting, written only when it is not the default
+            del d["unpad"]
         return d
 
     def to_json_file(self, path: str | os.PathLike) -> None:
@@ -150,7 +158,8 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class BertEmbeddings(nn.Module):
-    """word + position + token-type embeddings, then LayerNorm and dropout."""
+    """word + position + token-type embeddings, then LayerNorm and dropout. Takes [B, S] ids, or the real tokens'
+    [T] ids with their position_ids [T] (the unpadded path)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -160,18 +169,22 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        seq_len = input_ids.shape[1]
-        positions = torch.arange(seq_len, device=input_ids.device)  # [S], broadcast over the batch
-        x = (self.word_embeddings(input_ids)  # [B, S, H]
-             + self.position_embeddings(positions)  # [S, H]
-             + self.token_type_embeddings(token_type_ids))  # [B, S, H]
-        return self.dropout(self.LayerNorm(x))  # [B, S, H]
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)  # [S], broadcast over the batch
+        x = (self.word_embeddings(input_ids)  # [B, S, H] (unpadded: [T, H])
+             + self.position_embeddings(position_ids)  # [S, H] (unpadded: [T, H])
+             + self.token_type_embeddings(token_type_ids))  # [B, S, H] (unpadded: [T, H])
+        return self.dropout(self.LayerNorm(x))  # [B, S, H] (unpadded: [T, H])
 
 
 class BertSelfAttention(nn.Module):
     """Multi-head scaled dot-product attention through F.scaled_dot_product_attention, so that GPUs use the
-    FlashAttention / memory-efficient kernels and CPUs the fused one. Names follow Hugging Face: query/key/value."""
+    FlashAttention / memory-efficient kernels and CPUs the fused one. Names follow Hugging Face: query/key/value.
+
+    Padded: x [B, S, H] with attn_mask [B, 1, 1, S] (or None). Unpadded: x [T, H] (the real tokens) with an
+    Unpadded description in place of the mask; bert_padding.varlen_attention picks the kernel (see there)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -182,17 +195,22 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        B, S, H = x.shape
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None) -> torch.Tensor:
         # One GEMM for q, k and v instead of three: the weights are concatenated on the fly (3 H x H, small next
         # to the B*S x H activations), which keeps the checkpoint layout of three separate Linear layers.
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
-        qkv = F.linear(x, weight, bias)  # [B, S, 3H]
+        qkv = F.linear(x, weight, bias)  # [B, S, 3H] (unpadded: [T, 3H])
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(attn_mask, Unpadded):
+            T, H = x.shape
+            qkv = qkv.view(T, 3, self.num_heads, self.head_size)  # [T, 3, N, D]: split the 3H columns
+            y = varlen_attention(qkv, attn_mask, dropout_p)  # [T, N, D]
+            return y.reshape(T, H)  # [T, H]: the heads side by side again
+        B, S, H = x.shape
         # Split the 3H columns into (q/k/v, head, head dim); SDPA wants the heads before the positions.
         qkv = qkv.view(B, S, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)  # [3, B, N, S, D]
         q, k, v = qkv.unbind(0)  # each [B, N, S, D]
-        dropout_p = self.dropout_p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # [B, N, S, D]
         return y.transpose(1, 2).reshape(B, S, H)  # [B, S, H]: the heads side by side again
 
@@ -216,7 +234,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None) -> torch.Tensor:
         return self.output(self.self(x, attn_mask), x)
 
 
@@ -229,7 +247,7 @@ class BertIntermediate(nn.Module):
         self.act = _activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))  # [B, S, I]
+        return self.act(self.dense(x))  # [B, S, I] (unpadded: [T, I])
 
 
 class BertOutput(nn.Module):
@@ -252,9 +270,11 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention then feed-forward. Every op but attention is row-wise, so it runs on [T, H] unpadded."""
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None) -> torch.Tensor:
         x = self.attention(x, attn_mask)
-        return self.output(self.intermediate(x), x)  # [B, S, H]
+        return self.output(self.intermediate(x), x)  # [B, S, H] (unpadded: [T, H])
 
 
 class BertEncoder(nn.Module):
@@ -264,9 +284,10 @@ class BertEncoder(nn.Module):
         self.checkpoint_activations = False
         """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, output_hidden_states: bool = False
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None, output_hidden_states: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """The last layer's output [B, S, H]; with output_hidden_states, (that, (input, layer 1, ..., layer L))."""
+        """The last layer's output [B, S, H] (unpadded: [T, H]); with output_hidden_states, (that, (input, layer 1,
+        ..., layer L))."""
         hidden_states = [x] if output_hidden_states else None
         for layer in self.layer:
             if self.checkpoint_activations and self.training:
@@ -307,6 +328,12 @@ class BertModel(nn.Module):
     -> BertModelOutput(sequence_output [B,S,H], pooled_output [B,H] or None without a pooler); with
     output_hidden_states=True a BertModelOutputWithHiddenStates, whose third field holds the L + 1 tensors
     [B,S,H] of transformers' `hidden_states`: the embeddings' output, then each layer's.
+
+    Unpadding (config.unpad): on a batch with padding the encoder can run on the real tokens only, [T, H], with
+    attention over each sequence's own tokens (bert_padding.py); the outputs are padded back to [B, S, H] with
+    zeros at the padding positions, where the padded path has values no correct consumer reads (transformers'
+    too). Callers that do read them (question answering's softmax over every position) pass
+    padding_positions_read=True, the default, and "auto" then keeps the padded path for them.
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -317,19 +344,39 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
+    def unpadded(self, attention_mask: torch.Tensor | None, padding_positions_read: bool) -> Unpadded | None:
+        """Where this batch's real tokens are, when the encoder is to run on them alone; None for the padded path."""
+        mode = self.config.unpad
+        if mode == "never" or (mode == "auto" and padding_positions_read):
+            return None
+        if mode == "auto" and (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()):
+            return None  # data-dependent shapes: a graph break under compile, a frozen shape in a trace
+        return unpad_info(attention_mask) if has_padding(attention_mask) else None  # no padding: the plain path
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                ) -> BertModelOutput | BertModelOutputWithHiddenStates:
+                padding_positions_read: bool = True) -> BertModelOutput | BertModelOutputWithHiddenStates:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        attn_mask = None  # None lets SDPA take its fastest path when nothing is padded
-        if attention_mask is not None:
-            attn_mask = attention_mask[:, None, None, :].bool()  # [B, 1, 1, S]: True = attend to this key
-        x = self.embeddings(input_ids, token_type_ids)
+        info = self.unpadded(attention_mask, padding_positions_read)
+        if info is not None:  # the real tokens only: [B, S] -> [T]
+            position_ids = torch.arange(info.seqlen, device=input_ids.device).repeat(info.batch)  # [B*S]
+            x = self.embeddings(unpad(input_ids, info), unpad(token_type_ids, info),
+                                unpad(position_ids, info))  # [T, H]
+            attn_mask = info
+        else:
+            attn_mask = None  # None lets SDPA take its fastest path when nothing is padded
+            if attention_mask is not None:
+                attn_mask = attention_mask[:, None, None, :].bool()  # [B, 1, 1, S]: True = attend to this key
+            x = self.embeddings(input_ids, token_type_ids)  # [B, S, H]
         if output_hidden_states:
             sequence_output, hidden_states = self.encoder(x, attn_mask, output_hidden_states=True)
         else:
-            sequence_output = self.encoder(x, attn_mask)  # [B, S, H]
+            sequence_output = self.encoder(x, attn_mask)  # [B, S, H] (unpadded: [T, H])
+        if info is not None:  # back to [B, S, H], zeros at the padding positions
+            sequence_output = pad(sequence_output, info)  # [T, H] -> [B, S, H]
+            if output_hidden_states:
+                hidden_states = tuple(pad(h, info) for h in hidden_states)  # each [T, H] -> [B, S, H]
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
         if output_hidden_states:
             return BertModelOutputWithHiddenStates(sequence_output, pooled_output, hidden_states)
@@ -410,7 +457,10 @@ class BertForPreTraining(nn.Module):
         if fixed_slots and (masked_lm_ids is None or masked_lm_labels is not None):
             raise ValueError("BertForPreTraining: pass masked_lm_positions together with masked_lm_ids, and not "
                              "with masked_lm_labels")
-        sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
+        # With labels only the labelled positions and [CLS] are read: the encoder may skip the padding (unpad).
+        sequence_output, pooled_output = self.bert(
+            input_ids, token_type_ids, attention_mask,
+            padding_positions_read=masked_lm_labels is None and not fixed_slots)  # [B, S, H], [B, H]
         seq_relationship_score = self.cls.seq_relationship(pooled_output)  # [B, 2]
         if masked_lm_labels is None and not fixed_slots:
             return PreTrainingOutput(self.cls.predictions(sequence_output), seq_relationship_score)  # [B, S, V]
