@@ -86,7 +86,7 @@ def max_grad_diff(a, b) -> float:
 def test_fixed_slot_head_gives_the_sparse_heads_loss_and_gradients(wiki_batch):
     assert (wiki_batch["masked_lm_positions"] == 0).any()  # some slots unused
     torch.manual_seed(0)
-    model = BertForPreTraining(small_config()).train()
+    model = BertForPreTraining(small_config(unpad="never")).train()
     sparse_out, sparse_grads = loss_and_grads(model, sparse(wiki_batch))
     fixed_out, fixed_grads = loss_and_grads(model, fixed(wiki_batch))
     for field in ("loss", "mlm_loss", "nsp_loss"):
@@ -120,3 +120,134 @@ def test_fixed_slot_pretraining_step_compiles_into_one_graph():
     compiled_grads = {k.removeprefix("_orig_mod."): v for k, v in compiled_grads.items()}
     assert abs(eager_out.loss.item() - compiled_out.loss.item()) <= 1e-5
     assert max_grad_diff(eager_grads, compiled_grads) <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Unpad / pad and the kernel rule
+
+
+def test_unpad_pad_round_trip_and_offsets():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0, 1, 1, 0, 1]])  # any layout
+    x = torch.randn(4, 5, 3, 2)
+    info = bert_padding.unpad_info(mask)
+    assert info.cu_seqlens.dtype == torch.int32 and info.cu_seqlens.tolist() == [0, 3, 8, 9, 12]
+    assert info.max_seqlen == 5 and (info.batch, info.seqlen) == (4, 5)
+    flat = bert_padding.unpad(x, info)  # [T, 3, 2]
+    assert flat.shape == (12, 3, 2)
+    torch.testing.assert_close(flat, x[mask.bool()], atol=0, rtol=0)
+    back = bert_padding.pad(flat, info)  # [B, S, 3, 2]
+    torch.testing.assert_close(back, x * mask[:, :, None, None], atol=0, rtol=0)
+    assert bert_padding.has_padding(mask) and not bert_padding.has_padding(torch.ones(2, 3))
+    with pytest.raises(ValueError, match="batch, seq"):
+        bert_padding.unpad_info(torch.ones(2, 3, 4))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_rule_never_drops_a_configured_dropout(device, dtype, monkeypatch):
+    for flash in (False, True):
+        monkeypatch.setattr(bert_padding, "_importable", lambda m, flash=flash: m != "flash_attn" or flash)
+        bert_padding.choose_kernel.cache_clear()
+        with_dropout = bert_padding.choose_kernel(device, dtype, 0.1)
+        without = bert_padding.choose_kernel(device, dtype, 0.0)
+        assert with_dropout.name != "varlen_attn"  # torch's varlen_attn has no dropout argument
+        assert with_dropout.reason and "\n" not in with_dropout.reason
+        if device == "cpu" or dtype == torch.float32:
+            assert with_dropout.name == without.name == "padded_sdpa"
+        else:
+            assert without.name == "varlen_attn"
+            assert with_dropout.name == ("flash_attn" if flash else "padded_sdpa")
+    bert_padding.choose_kernel.cache_clear()
+
+
+def test_the_kernel_in_use_is_said_in_one_line(caplog):
+    bert_padding._announce.cache_clear()
+    model = BertForPreTraining(small_config(vocab_size=50, unpad="always")).eval()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with caplog.at_level(logging.INFO, logger="bert_padding"):
+        model(torch.randint(5, 50, (2, 4)) * mask, attention_mask=mask)
+    lines = [r.getMessage() for r in caplog.records if r.name == "bert_padding"]
+    assert len(lines) == 1 and lines[0].startswith("variable-length attention: padded_sdpa (cpu:"), lines
+
+
+def test_unpad_setting_is_validated_and_kept_out_of_googles_keys():
+    with pytest.raises(ValueError, match="unpad"):
+        BertConfig(unpad="sometimes")
+    assert "unpad" not in BertConfig().to_dict() and BertConfig(unpad="never").to_dict()["unpad"] == "never"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The unpadded encoder against the padded one, and both against transformers
+
+
+def twin_models(**overrides):
+    """Two BertForPreTraining with the same weights, one always unpadding, one never."""
+    torch.manual_seed(0)
+    padded = BertForPreTraining(small_config(unpad="never", **overrides))
+    unpadded = BertForPreTraining(small_config(unpad="always", **overrides))
+    unpadded.load_state_dict(padded.state_dict())
+    return padded, unpadded
+
+
+@pytest.mark.parametrize("head", ["sparse", "fixed"])
+def test_unpadded_encoder_gives_the_padded_losses_and_gradients_on_wikitext(wiki_batch, head):
+    real = wiki_batch["attention_mask"].float().mean().item()
+    assert real < 0.6  # heavy padding
+    padded, unpadded = twin_models()
+    batch = sparse(wiki_batch) if head == "sparse" else fixed(wiki_batch)
+    out_p, grads_p = loss_and_grads(padded.train(), batch)
+    out_u, grads_u = loss_and_grads(unpadded.train(), batch)
+    for field in ("loss", "mlm_loss", "nsp_loss", "prediction_scores", "seq_relationship_score"):
+        torch.testing.assert_close(getattr(out_u, field), getattr(out_p, field), atol=1e-5, rtol=0, msg=field)
+    worst = max_grad_diff(grads_p, grads_u)
+    assert worst <= 1e-5, worst
+    print(f"\n{head}: real tokens {real:.2f}, |loss diff| {(out_u.loss - out_p.loss).abs().item():.1e}, "
+          f"max |grad diff| {worst:.1e}")
+
+
+def test_unpadded_encoder_outputs_and_hidden_states_equal_the_padded_ones(wiki_batch):
+    padded, unpadded = twin_models(num_hidden_layers=3)
+    args = (wiki_batch["input_ids"], wiki_batch["token_type_ids"], wiki_batch["attention_mask"])
+    with torch.no_grad():
+        ref = padded.bert.eval()(*args, output_hidden_states=True)
+        out = unpadded.bert.eval()(*args, output_hidden_states=True)
+    real = wiki_batch["attention_mask"].bool()
+    assert len(out.hidden_states) == len(ref.hidden_states) == 4
+    for mine, theirs in zip((out.sequence_output, *out.hidden_states), (ref.sequence_output, *ref.hidden_states)):
+        torch.testing.assert_close(mine[real], theirs[real], atol=1e-5, rtol=0)
+        assert torch.all(mine[~real] == 0)  # padding positions are zeros on the unpadded path
+    torch.testing.assert_close(out.pooled_output, ref.pooled_output, atol=1e-5, rtol=0)
+
+
+def test_auto_unpads_only_where_padding_positions_are_not_read(wiki_batch, monkeypatch):
+    calls = []
+    real_unpad_info = bert_padding.unpad_info
+    monkeypatch.setattr(modeling, "unpad_info", lambda mask: calls.append(1) or real_unpad_info(mask))
+    model = BertForPreTraining(small_config()).eval()  # unpad="auto"
+    with torch.no_grad():
+        model(**sparse(wiki_batch))  # labels: only labelled positions and [CLS] are read
+        assert len(calls) == 1
+        model(wiki_batch["input_ids"], wiki_batch["token_type_ids"], wiki_batch["attention_mask"])  # [B, S, V]
+        assert len(calls) == 1
+        full_row = {k: v[1:2] for k, v in sparse(wiki_batch).items()}  # the longest row: no padding
+        assert not bert_padding.has_padding(full_row["attention_mask"])
+        model(**full_row)  # the plain path
+        assert len(calls) == 1
+
+
+@pytest.mark.parametrize("unpad", ["never", "always"])
+def test_both_paths_match_transformers_on_minilm(minilm_dir, unpad):
+    ours = checkpoint_io.from_pretrained(modeling.BertModel, minilm_dir, log=None).eval()
+    ours.config.unpad = unpad
+    theirs = hf.BertModel.from_pretrained(str(minilm_dir)).eval()
+    tokenizer = BertTokenizer(minilm_dir / "vocab.txt")
+    input_ids, token_type_ids, attention_mask = padded_batch(tokenizer, SENTENCES, pair=True)
+    assert bert_padding.has_padding(attention_mask)
+    with torch.no_grad():
+        sequence_output, pooled_output = ours(input_ids, token_type_ids, attention_mask)
+        reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    real = attention_mask.bool()
+    diff = (sequence_output[real] - reference.last_hidden_state[real]).abs().max().item()
+    torch.testing.assert_close(sequence_output[real], reference.last_hidden_state[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(pooled_output, reference.pooler_output, atol=1e-5, rtol=0)
+    print(f"\nMiniLM unpad={unpad}: max |ours - transformers| {diff:.1e}")
