@@ -2,7 +2,8 @@
 
 Run from the repository root (5-10 minutes on 2 idle CPU cores; a loaded machine stretches it):
 
-    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_proto] [--out results/bench_pretraining.json]
+    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_unpad] [--out results/bench_pretraining.json]
+    .venv/bin/python -m bench.bench_pretraining --configs base --precisions fp32   # the padded / unpadded BERT-base rows
 
 What is timed: one optimizer step = forward (masked-LM + next-sentence loss) + backward + NVLAMB step + zero_grad,
 wall clock, per model, in train mode (dropout 0.1 on, as in pre-training). The models get
@@ -25,10 +26,11 @@ parallel op whenever the OS deschedules one of them: measured here, a mini step 
 (bimodal, NVLAMB alone 0.05 or 1.05 s) and a steady 1.8 s with one. One thread measures the models' work; on an
 idle machine pass --threads 0 for torch's default.
 
-"ours+unpad" is a prototype of a change to modeling.py, measured in the same alternation (--no_proto leaves it
-out): the same modules and weights, but the encoder's dense layers (QKV, projections, feed-forward, LayerNorm,
-dropout) run on the real tokens only, [T, H] with T = real tokens, and only attention sees the padded [B, N, S, D]
-layout. Its step-0 loss equals ours exactly. --compile adds torch.compile rows (both models compiled; mini config,
+"ours" is modeling.py with config.unpad = "never" (every op on the padded [B, S, H] batch); "ours+unpad" is the same
+model and weights with config.unpad = "always", measured in the same alternation (--no_unpad leaves it out): the
+encoder's embeddings, Linear layers, LayerNorm, GELU and dropout run on the real tokens only, [T, H] with T = real
+tokens, and attention goes through bert_padding.varlen_attention (on CPU: padded around one SDPA call). Its step-0
+loss equals ours to rounding. run_pretraining.py gets the unpadded path by default (unpad "auto"). --compile adds torch.compile rows (both models compiled; mini config,
 fp32 unless --compile_precisions: one compile takes 1-6 minutes on 2 cores). --profile prints torch.profiler's top
 operators of each model (mini, fp32). Writes JSON (default results/bench_pretraining.json) and prints a table.
 """
@@ -48,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -130,10 +131,12 @@ def build_pair(config_path: Path, seed: int):
     return hf, ours, hf.config._attn_implementation
 
 
-def clone_ours(model):
-    """A deep copy with its own parameters (the MLM decoder re-tied to the copy's word embeddings)."""
+def clone_ours(model, unpad: str):
+    """A deep copy with its own parameters (the MLM decoder re-tied to the copy's word embeddings) and its own
+    config, whose unpad setting is `unpad`."""
     twin = copy.deepcopy(model)
     twin.cls.predictions.decoder.weight = twin.bert.embeddings.word_embeddings.weight
+    twin.config.unpad = unpad  # the config object is shared by the model and its BertModel
     return twin
 
 
@@ -153,48 +156,7 @@ def our_loss(model, batch: Batch) -> torch.Tensor:
                  batch.next_sentence_labels).loss
 
 
-def unpadded_loss(model, batch: Batch) -> torch.Tensor:
-    """PROTOTYPE for modeling.py: our BertForPreTraining's loss with the encoder run on real tokens only.
-
-    The modules and parameters are the model's own; only the routing differs. Embeddings, every Linear, LayerNorm,
-    GELU and dropout see x [T, H] (T = real tokens of the batch, flattened); attention pads q/k/v back to
-    [B, N, S, D] (zeros, masked out as keys) and unpads its output. Rows do not interact outside attention, so the
-    result equals the padded computation; the saving is the dense FLOPs of the padding (1 - T / (B S)).
-    """
-    bert = model.bert
-    B, S = batch.input_ids.shape
-    flat_mask = batch.attention_mask.reshape(-1)
-    keep = flat_mask.nonzero().squeeze(1)  # [T] flat indices of the real tokens
-    emb = bert.embeddings
-    positions = torch.arange(S).repeat(B)[keep]
-    x = (emb.word_embeddings(batch.input_ids.reshape(-1)[keep]) + emb.position_embeddings(positions)
-         + emb.token_type_embeddings(batch.token_type_ids.reshape(-1)[keep]))
-    x = emb.dropout(emb.LayerNorm(x))  # [T, H]
-    H = x.shape[-1]
-    key_mask = batch.attention_mask[:, None, None, :].bool()  # [B, 1, 1, S]
-    for layer in bert.encoder.layer:
-        att = layer.attention.self
-        weight = torch.cat([att.query.weight, att.key.weight, att.value.weight])
-        bias = torch.cat([att.query.bias, att.key.bias, att.value.bias])
-        qkv = F.linear(x, weight, bias)  # [T, 3H]
-        qkv = qkv.new_zeros(B * S, 3 * H).index_copy(0, keep, qkv)  # [B*S, 3H]
-        q, k, v = qkv.view(B, S, 3, att.num_heads, att.head_size).permute(2, 0, 3, 1, 4).unbind(0)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                           dropout_p=att.dropout_p if model.training else 0.0)
-        y = y.transpose(1, 2).reshape(B * S, H).index_select(0, keep)  # [T, H]
-        x = layer.attention.output(y, x)
-        x = layer.output(layer.intermediate(x), x)
-    labels = batch.labels_ours.reshape(-1)
-    predicted = (labels >= 0).nonzero().squeeze(1)  # flat positions, all real tokens
-    row_of = flat_mask.cumsum(0) - 1  # flat position -> row of x
-    scores = model.cls.predictions(x.index_select(0, row_of[predicted]))  # [M, V]
-    pooled = torch.tanh(bert.pooler.dense(x.index_select(0, row_of.view(B, S)[:, 0])))  # [CLS] rows, [B, H]
-    mlm = F.cross_entropy(scores.float(), labels.index_select(0, predicted))
-    nsp = F.cross_entropy(model.cls.seq_relationship(pooled).float(), batch.next_sentence_labels.reshape(-1))
-    return mlm + nsp
-
-
-LOSS_FNS = {"hf": hf_loss, "ours": our_loss, "ours_unpad": unpadded_loss}
+LOSS_FNS = {"hf": hf_loss, "ours": our_loss, "ours_unpad": our_loss}  # ours_unpad: the model's config.unpad
 
 
 def train_step(model, loss_fn, optimizer, batch: Batch, precision: str) -> tuple[float, float]:
@@ -224,12 +186,13 @@ def make_optimizer(model):
 
 
 def run_case(name: str, config_path: Path, precision: str, batches: list[Batch], steps: int, warmup: int,
-             compile_models: bool, proto: bool, seed: int) -> dict:
+             compile_models: bool, unpad: bool, seed: int) -> dict:
     """Alternating timed steps of every model; returns one result row."""
     hf, ours, attn = build_pair(config_path, seed)
+    ours.config.unpad = "never"  # the padded row
     models = {"hf": hf, "ours": ours}
-    if proto:
-        models["ours_unpad"] = clone_ours(ours)
+    if unpad:
+        models["ours_unpad"] = clone_ours(ours, "always")
     tag = f"[{name} {precision}{' compiled' if compile_models else ''}]"
     loss0 = {key: step_zero_loss(model, LOSS_FNS[key], batches[0], precision) for key, model in models.items()}
     print(f"{tag} step-0 loss: " + "  ".join(f"{k} {v:.6f}" for k, v in loss0.items())
@@ -281,7 +244,7 @@ def run_case(name: str, config_path: Path, precision: str, batches: list[Batch],
     print(f"{tag} " + ", ".join(f"{k} {row[f'{k}_seq_per_s']:.2f} seq/s (step {med[k]:.2f} s, NVLAMB "
                                  f"{row[f'{k}_median_optimizer_s']:.2f} s)" for k in keys)
           + f"; ratio {row['ratio']:.2f}x (model only {row['ratio_model_only']:.2f}x)"
-          + (f", unpad {row['ratio_unpad']:.2f}x" if proto else ""), flush=True)
+          + (f", unpad {row['ratio_unpad']:.2f}x" if unpad else ""), flush=True)
     return row
 
 
@@ -290,6 +253,7 @@ def profile_case(config_path: Path, batches: list[Batch], seed: int, row_limit: 
     from torch.profiler import ProfilerActivity, profile
 
     hf, ours, _ = build_pair(config_path, seed)
+    ours.config.unpad = "never"  # the padded model, as in the "ours" rows
     out = {}
     for key, model in (("hf", hf), ("ours", ours)):
         optimizer = make_optimizer(model)
@@ -347,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5, help="timed steps per model and case")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per model and case (the first allocates the "
                    "optimizer state)")
-    p.add_argument("--no_proto", action="store_true", help="leave out the ours+unpad prototype")
+    p.add_argument("--no_unpad", "--no_proto", dest="no_unpad", action="store_true",
+                   help="leave out the ours+unpad row (modeling.py with config.unpad = always)")
     p.add_argument("--compile", action="store_true", help="add torch.compile rows (mini config)")
     p.add_argument("--compile_precisions", default="fp32", help="precisions of the --compile rows")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top operators (mini, fp32)")
@@ -391,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         for precision in precisions:
             rows.append(run_case(name, configs[name], precision, data[name], args.steps, args.warmup, False,
-                                 not args.no_proto, args.seed))
+                                 not args.no_unpad, args.seed))
     for precision in compile_precisions:
         rows.append(run_case("mini", configs["mini"], precision, data["mini"], args.steps, args.warmup + 1, True,
                              False, args.seed))
