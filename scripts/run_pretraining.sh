@@ -41,6 +41,13 @@
 #   EVAL_DIR_PHASE1/2 (held-out shards: --eval_dir), EXTRA_ARGS (more run_pretraining.py flags, both phases),
 #   PYTHON ($CODEDIR/.venv/bin/python if present, else python3),
 #   DRY_RUN=1 (print each command, one line, shell-quoted, and run nothing).
+#
+# Several nodes (torchrun on each; argument 4 is the processes per node; every node sees the same folders):
+#   NNODES (1), RDZV_ENDPOINT (host:port of a c10d rendezvous: torchrun --rdzv_backend=c10d, the nodes numbered by
+#   it; RDZV_ID, default $SLURM_JOB_ID or bert, equal everywhere), or else MASTER_ADDR, MASTER_PORT (29500) and
+#   NODE_RANK (0..NNODES-1) for torchrun's static rendezvous. E.g. two nodes, on each of them:
+#     NNODES=2 RDZV_ENDPOINT=node1:29400 bash scripts/run_pretraining.sh $(dgxa100-80g_8gpu_bf16)
+#   (scripts/torchrun_launcher.sh builds the command; on a Slurm cluster run.sub starts the tasks with srun instead.)
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -133,11 +140,9 @@ $((20 + phase)) or set BERT_PREP_WORKING_DIR (data/bertPrep.py writes the HDF5 s
 fi
 
 # ---- build one phase's command --------------------------------------------------------------------------------
-launcher=("$PYTHON")
-if (( num_gpus > 1 )); then
-  # torchrun as a module of the same interpreter; single node (multi-node jobs: run.sub with srun).
-  launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpus")
-fi
+# torchrun as a module of the same interpreter: one node, or several (NNODES, RDZV_ENDPOINT or MASTER_ADDR).
+source "$script_dir/torchrun_launcher.sh"
+torchrun_launcher "$PYTHON" "$num_gpus"
 env_prefix=()
 [[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
 

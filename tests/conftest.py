@@ -54,6 +54,65 @@ def minilm_dir() -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Tiny pre-training data and models, for tests that run run_pretraining.py in other processes (launchers, Slurm).
+
+
+def write_tiny_shards(folder: Path, n_shards: int = 2, n: int = 32, seq: int = 128, pred: int = 20,
+                      vocab: int = 100, seed: int = 0) -> Path:
+    """NVIDIA-layout HDF5 shards of random tokens: [CLS] ... [SEP] then padding, exactly `pred` masked positions in
+    every row (so that ranks averaging their own masked-LM loss agree with one process averaging them all)."""
+    import h5py
+    import numpy as np
+
+    cls, sep, mask_id = 2, 3, 4
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for s in range(n_shards):
+        lengths = rng.integers(max(seq // 2, pred + 3), seq + 1, n)
+        mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int8)
+        ids = rng.integers(5, vocab, (n, seq)).astype(np.int32)
+        ids[:, 0] = cls
+        ids[np.arange(n), lengths - 1] = sep
+        ids[mask == 0] = 0
+        segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int8)
+        positions = np.stack([np.sort(rng.choice(np.arange(1, length - 1), pred, replace=False))
+                              for length in lengths]).astype(np.int32)
+        originals = np.take_along_axis(ids, positions, 1).astype(np.int32)
+        ids[np.arange(n)[:, None], positions] = mask_id
+        with h5py.File(folder / f"shard_{s:02d}.hdf5", "w") as f:
+            f["input_ids"], f["input_mask"], f["segment_ids"] = ids, mask, segments
+            f["masked_lm_positions"], f["masked_lm_ids"] = positions, originals
+            f["next_sentence_labels"] = rng.integers(0, 2, n).astype(np.int8)
+    return folder
+
+
+def write_tiny_config(path: Path, hidden: int = 32, layers: int = 1, vocab: int = 100, max_positions: int = 512,
+                      dropout: float = 0.0) -> Path:
+    """A BERT config small enough for a step in milliseconds; dropout 0 so that runs split differently across
+    processes (each rank draws its own dropout masks) can be compared."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": 2,
+        "intermediate_size": 2 * hidden, "max_position_embeddings": max_positions, "type_vocab_size": 2,
+        "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_shards():
+    """write_tiny_shards(folder, n_shards=2, n=32, seq=128, pred=20, vocab=100, seed=0) -> folder"""
+    return write_tiny_shards
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_config():
+    """write_tiny_config(path, hidden=32, layers=1, vocab=100, max_positions=512, dropout=0.0) -> path"""
+    return write_tiny_config
+
+
 _FILE_SECONDS: dict[str, float] = {}
 
 
