@@ -39,8 +39,10 @@ ranks hold equally many masked positions, as in NVIDIA's recipe.)
 Checkpoints (ckpt_<step>.pt, torch.load(weights_only=True) safe, written by rank 0 through a temporary file, fsync
 and rename): model (Hugging Face names, what BertForPreTraining.from_pretrained reads), config, optimizer,
 scheduler, grad scaler, every RNG state of every rank, the data position, phase and step. Every
---num_steps_per_checkpoint steps, at the end and on SIGTERM/SIGUSR1 (the current step finishes, a checkpoint is
-written, exit 0); the newest --keep_checkpoints of the phase are kept. `--resume_from_checkpoint` continues from
+--num_steps_per_checkpoint steps, at the end and on SIGTERM/SIGUSR1/SIGINT (the current step finishes, a checkpoint
+is written, exit 75 = EX_TEMPFAIL: "run again to resume"; a second SIGINT stops at once); the newest
+--keep_checkpoints of the phase are kept. DataLoader workers ignore those signals and are ended by the training
+process; console output whose reader died (a launcher's `tee`) is dropped rather than ending the run. `--resume_from_checkpoint` continues from
 the newest checkpoint of the phase that loads (or starts fresh when there is none, so a requeued job can always
 pass it): with the same number of processes the run continues bit for bit as if never interrupted; with another
 number the weights, optimizer, schedule and data position continue exactly, and the dropout RNG is re-seeded.
@@ -433,6 +435,7 @@ class PretrainingData:
             fail(f"every shard holds fewer samples than one global micro-batch ({self.global_batch} = micro-batch "
                  f"{micro_batch} x {world_size} processes): use a smaller batch or bigger shards")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        self._stream: Iterator | None = None
 
     def shard_order(self, epoch: int) -> np.ndarray:
         return epoch_shard_order(self.seed, epoch, len(self.shards))
@@ -461,6 +464,10 @@ class PretrainingData:
         return pos, ShardBatches(arrays, self.micro_batch, offsets, mask_key, self.masker)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self._stream = self._batches()
+        return self._stream
+
+    def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
         pos = self._usable(self.position)
         pending: Future = self._pool.submit(self._load, pos)
         while True:
@@ -472,18 +479,29 @@ class PretrainingData:
             loader = torch.utils.data.DataLoader(
                 batches, batch_size=None, shuffle=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
                 generator=torch.Generator().manual_seed(self.seed), worker_init_fn=_ignore_stop_signals)
-            for k, batch in enumerate(loader):
-                self.position = DataPosition(pos.epoch, pos.shard_index, int(batches.offsets[k]) + self.global_batch)
-                yield batch
+            stream = iter(loader)
+            try:
+                for k, batch in enumerate(stream):
+                    self.position = DataPosition(pos.epoch, pos.shard_index,
+                                                 int(batches.offsets[k]) + self.global_batch)
+                    yield batch
+            finally:  # also on close(): the workers ignore SIGTERM, so they must be told to go, now
+                getattr(stream, "_shutdown_workers", lambda: None)()
             pos = following
 
     def close(self) -> None:
+        """End the stream and its DataLoader workers (on every way out of main, errors included: a worker left
+        behind would keep the interpreter's exit waiting for it forever) and the prefetch thread."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers ignore SIGTERM/SIGUSR1: Slurm signals every process of the job, and a worker dying of it
-    would crash the training process before it can write its checkpoint (which then ends the workers)."""
+    """DataLoader workers ignore SIGTERM/SIGUSR1/SIGINT: Slurm, `timeout` and Ctrl-C signal every process of the
+    job, and a worker dying of it would crash the training process before it can write its checkpoint. The
+    training process ends them (PretrainingData.close); if it dies, they notice and exit on their own."""
     for sig in StopRequest.SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
@@ -816,18 +834,26 @@ def evaluate(model: torch.nn.Module, eval_set: dict[str, np.ndarray], batch_size
 # Logging helpers
 
 
-class StopRequest:
-    """SIGTERM (Slurm preemption, `scancel`) or SIGUSR1 (`sbatch --signal`) sets a flag; the loop checks it
-    between optimizer steps, writes a checkpoint and exits 0."""
+EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: stopped by a signal after its checkpoint; run again to resume
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+class StopRequest:
+    """SIGTERM (Slurm preemption, `scancel`, `timeout`), SIGUSR1 (`sbatch --signal`) or SIGINT (Ctrl-C) sets a
+    flag; the loop checks it between optimizer steps, writes a checkpoint, and main() exits EXIT_STOPPED. A second
+    SIGINT interrupts at once (KeyboardInterrupt), for a user who does not want to wait for the step."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.requested = False
+        self.signal_name: str | None = None  # the first stop signal received
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
         self.requested = True
+        self.signal_name = self.signal_name or signal.Signals(signum).name
 
     def install(self) -> "StopRequest":
         with contextlib.suppress(ValueError):  # signal handlers can only be set from the main thread
@@ -1037,11 +1063,22 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
     bar.close()
     return {"final_loss": last_loss, "training_sequences_per_second": meter.sequences_per_second(),
             "step": state.global_step, "phase_step": state.step, "skipped_steps": state.skipped_steps,
-            "stopped_by_signal": stopped}
+            "stopped_by_signal": (stop.signal_name or "a signal on another rank") if stopped else None}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # main
+
+
+def report_stop(cfg: PretrainConfig, summary: dict, state: TrainState, env) -> int:
+    """One line on stderr for a run stopped by a signal (what a launcher and a person need), and EXIT_STOPPED."""
+    saved = "" if cfg.skip_checkpoint or not state.step else f" (checkpoint ckpt_{state.global_step}.pt)"
+    again = "run the same command again to resume" if cfg.resume_from_checkpoint else \
+        "run the same command with --resume_from_checkpoint to resume"
+    if env.is_main:
+        print(f"run_pretraining.py: phase {state.phase} stopped at step {state.global_step} by "
+              f"{summary['stopped_by_signal']}{saved}: {again}", file=sys.stderr, flush=True)
+    return EXIT_STOPPED
 
 
 def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
@@ -1084,6 +1121,15 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0: the phase ran to its --max_steps (or --steps_this_run); EXIT_STOPPED (75): stopped by a signal after its
+    checkpoint, run again to resume; 1 (a one-line message): bad input or a failure."""
+    from utils import survive_broken_pipes
+
+    with survive_broken_pipes():  # a launcher's dead `tee` must not cost the preemption checkpoint
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     e2e_start = time.perf_counter()
     cfg = parse_args(argv)
 
@@ -1147,6 +1193,8 @@ def main(argv: list[str] | None = None) -> int:
                         checkpoint_fn, stop)
         summary["e2e_train_time"] = time.perf_counter() - e2e_start
         logger.log("FINAL", summary)
+        if summary["stopped_by_signal"]:
+            return report_stop(cfg, summary, state, env)
         log(f"done: step {summary['step']}, final loss {summary['final_loss']}, "
             f"{summary['training_sequences_per_second']:.1f} sequences/s")
         return 0

@@ -398,3 +398,49 @@ def setup_precision(requested: str, device: torch.device, prog: str, show: bool 
     configure_tf32(getattr(device, "type", str(device)) == "cuda" and choice.name != "fp32")
     report_precision(choice, prog, show)
     return choice
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A console that may die. A launcher pipes the run through `tee`; a signal to the whole process group kills `tee`
+# first, and the next print or progress-bar update would raise BrokenPipeError in the middle of the step, before
+# the preemption checkpoint is written. Console output is a courtesy: the JSON log and the checkpoints are the
+# record, so a broken console is dropped, once, and the run goes on.
+
+
+class _SurvivingStream:
+    """Wraps sys.stdout / sys.stderr: writes after the reader went away (EPIPE, a closed stream) are dropped."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = False
+
+    def _guard(self, method: str, *args):
+        if self.broken:
+            return None
+        try:
+            return getattr(self._stream, method)(*args)
+        except (BrokenPipeError, ConnectionResetError, ValueError):  # ValueError: I/O on a closed file
+            self.broken = True
+            with contextlib.suppress(OSError):  # let the interpreter's final flush find nothing left to write
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            return None
+
+    def write(self, text: str):
+        return self._guard("write", text)
+
+    def flush(self):
+        return self._guard("flush")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def survive_broken_pipes() -> Iterator[None]:
+    """For the duration: stdout and stderr drop output once their reader has gone, instead of raising."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _SurvivingStream(sys.stdout), _SurvivingStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved

@@ -99,7 +99,10 @@ export RESULTS_DIR="$run_dir" CHECKPOINTS_DIR="$run_dir/checkpoints"
 export EVAL_DIR_PHASE1="$out/hdf5_heldout128"
 export EXTRA_ARGS="--log_freq 10 --num_workers 1 --eval_steps 100 --max_eval_samples 2000"
 echo "== 3/3 pre-training: phase 1 ${args[5]} steps (seq 128), phase 2 ${args[18]} steps (seq 512); logs in $run_dir"
-bash "$repo/scripts/run_pretraining.sh" "${args[@]}"
+# shellcheck source=signals.sh
+source "$repo/scripts/signals.sh"  # a stop signal to this script reaches the launcher and the training process
+run_forwarding_signals "" bash "$repo/scripts/run_pretraining.sh" "${args[@]}"
+(( JOB_STATUS == 0 )) || exit "$JOB_STATUS"  # 75: stopped by a signal (the launcher said how to resume)
 
 # ---- 4. summary -------------------------------------------------------------------------------------------------
 "$PYTHON" - "$run_dir" "${args[12]}" <<'EOF'

@@ -42,6 +42,11 @@
 #   PYTHON ($CODEDIR/.venv/bin/python if present, else python3),
 #   DRY_RUN=1 (print each command, one line, shell-quoted, and run nothing).
 #
+# Exit status: 0 when every phase ran to its last step; 75 when a phase was stopped by a signal (SIGTERM, SIGINT or
+# SIGUSR1 to this script, to run_pretraining.py or to the whole process group: the step in progress finishes, a
+# checkpoint is written, the next phase is NOT started, and one line says how to resume) or ended early
+# (--steps_this_run); a phase's own non-zero status when it failed.
+#
 # Several nodes (torchrun on each; argument 4 is the processes per node; every node sees the same folders):
 #   NNODES (1), RDZV_ENDPOINT (host:port of a c10d rendezvous: torchrun --rdzv_backend=c10d, the nodes numbered by
 #   it; RDZV_ID, default $SLURM_JOB_ID or bert, equal everywhere), or else MASTER_ADDR, MASTER_PORT (29500) and
@@ -197,6 +202,35 @@ if (( num_gpus > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-
   export OMP_NUM_THREADS=$(( $(nproc) / num_gpus > 0 ? $(nproc) / num_gpus : 1 ))
 fi
 
+# shellcheck source=signals.sh
+source "$script_dir/signals.sh"
+EXIT_STOPPED=75  # run_pretraining.py's code for "stopped by a signal after its checkpoint" (EX_TEMPFAIL)
+
+# final_field PHASE KEY: a field of the newest FINAL record of that phase's JSON log ('' when there is none)
+final_field() {
+  "$PYTHON" - "$RESULTS_DIR/$job_name.phase$1.json" "$2" <<'PY' 2> /dev/null || true
+import json, sys
+from pathlib import Path
+
+path, key = Path(sys.argv[1]), sys.argv[2]
+lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+finals = [json.loads(line) for line in lines if '"FINAL"' in line]
+value = finals[-1]["data"].get(key) if finals else None
+print("" if value is None else value)
+PY
+}
+
+# resume_hint PHASE: what to run to continue
+resume_hint() {
+  if [[ "$resume_training" == true ]]; then
+    echo "run the same command again to resume"
+  elif [[ "$1" == 1 ]]; then
+    echo "run the same command with argument 8 (resume_training) set to true to resume"
+  else
+    echo "run the same command with PHASES=2 to resume phase 2"
+  fi
+}
+
 for phase in $PHASES; do
   phase_command "$phase"
   if [[ "$DRY_RUN" == 1 ]]; then
@@ -204,18 +238,35 @@ for phase in $PHASES; do
     echo
     continue
   fi
+  if [[ -n "$STOP_SIGNAL" ]]; then  # stopped between phases
+    echo "run_pretraining.sh: stopped by $STOP_SIGNAL before phase $phase started: $(resume_hint "$phase")" >&2
+    exit $EXIT_STOPPED
+  fi
+  logfile=""
   if [[ "$create_logfile" == true ]]; then
     if [[ "$phase" == 1 ]]; then batch=$train_batch_size; else batch=$train_batch_size_phase2; fi
     logfile="$RESULTS_DIR/$job_name.pyt_bert_pretraining_phase${phase}_${precision}_gbs$(( batch * num_gpus )).$(date +%y%m%d%H%M%S).log"
     echo "run_pretraining.sh: phase $phase log: $logfile" >&2
     { printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
-    "${cmd[@]}" 2>&1 | tee -a "$logfile"
-  else
-    "${cmd[@]}"
   fi
-  summary="$RESULTS_DIR/$job_name.phase$phase.json"
-  if [[ -f "$summary" ]]; then
-    final=$(grep '"FINAL"' "$summary" | tail -n 1 || true)
-    echo "run_pretraining.sh: phase $phase finished: ${final:-no FINAL record in $summary}" >&2
+  run_forwarding_signals "$logfile" "${cmd[@]}"
+  if [[ "$phase" == 1 ]]; then steps=$train_steps; else steps=$train_steps_phase2; fi
+  reached=$(final_field "$phase" phase_step)
+  global=$(final_field "$phase" step)
+  if [[ $JOB_STATUS == "$EXIT_STOPPED" || -n "$STOP_SIGNAL" ]]; then
+    by=$(final_field "$phase" stopped_by_signal)
+    [[ -n "$by" ]] || by=${STOP_SIGNAL:-a signal}
+    echo "run_pretraining.sh: phase $phase stopped at step ${global:-?} by $by: $(resume_hint "$phase")" >&2
+    exit $EXIT_STOPPED
   fi
+  if (( JOB_STATUS != 0 )); then
+    echo "run_pretraining.sh: phase $phase failed (exit $JOB_STATUS; its last lines are above)" >&2
+    exit "$JOB_STATUS"
+  fi
+  if [[ "$reached" != "$steps" ]]; then  # e.g. --steps_this_run in EXTRA_ARGS: the phase is not over
+    echo "run_pretraining.sh: phase $phase ended at step ${reached:-?} of $steps: the next phase needs it \
+complete; $(resume_hint "$phase")" >&2
+    exit $EXIT_STOPPED
+  fi
+  echo "run_pretraining.sh: phase $phase finished: $(grep '"FINAL"' "$RESULTS_DIR/$job_name.phase$phase.json" | tail -n 1)" >&2
 done

@@ -5,11 +5,15 @@ Tests that need ../shared/data skip with a clear reason where it is absent (a us
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # scripts are top-level modules, imported by name in the tests
@@ -54,63 +58,96 @@ def minilm_dir() -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Tiny pre-training data and models, for tests that run run_pretraining.py in other processes (launchers, Slurm).
 
 
-def write_tiny_shards(folder: Path, n_shards: int = 2, n: int = 32, seq: int = 128, pred: int = 20,
-                      vocab: int = 100, seed: int = 0) -> Path:
-    """NVIDIA-layout HDF5 shards of random tokens: [CLS] ... [SEP] then padding, exactly `pred` masked positions in
-    every row (so that ranks averaging their own masked-LM loss agree with one process averaging them all)."""
-    import h5py
-    import numpy as np
+# --------------------------------------------------------------------------------------------------------------
+# Pre-training helpers shared by the test files (imported as `from conftest import ...`; no test file imports
+# another): tiny NVIDIA-layout shards written directly with h5py, tiny configs, run_pretraining argument lists.
 
-    cls, sep, mask_id = 2, 3, 4
+SEQ, PRED, VOCAB = 32, 5, 100
+CLS, SEP, MASK = 2, 3, 4
+
+
+def make_shards(folder: Path, n_shards: int = 3, n: int = 40, seq: int = SEQ, pred: int = PRED, vocab: int = VOCAB,
+                seed: int = 0, tag: bool = False, unmasked: bool = False, short_rows: int = 0) -> Path:
+    """Shards with random tokens: [CLS] ... [SEP] then padding, `pred` masked positions per row (sorted, never 0;
+    the last `short_rows` rows use only 2 of them, the rest of the slots 0 as in real shards). tag=True writes
+    the sample's identity (shard * n + row) at position 1, which is never masked. unmasked=True writes
+    create_pretraining_data's --no_static_masking layout (zero masked_lm_* and attrs masking=dynamic)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     for s in range(n_shards):
-        lengths = rng.integers(max(seq // 2, pred + 3), seq + 1, n)
+        lengths = rng.integers(seq // 2, seq + 1, n)
         mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int8)
         ids = rng.integers(5, vocab, (n, seq)).astype(np.int32)
-        ids[:, 0] = cls
-        ids[np.arange(n), lengths - 1] = sep
+        ids[:, 0] = CLS
+        ids[np.arange(n), lengths - 1] = SEP
         ids[mask == 0] = 0
+        if tag:
+            ids[:, 1] = s * n + np.arange(n)
         segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int8)
-        positions = np.stack([np.sort(rng.choice(np.arange(1, length - 1), pred, replace=False))
+        positions = np.stack([np.sort(rng.choice(np.arange(2, length - 1), pred, replace=False))
                               for length in lengths]).astype(np.int32)
-        originals = np.take_along_axis(ids, positions, 1).astype(np.int32)
-        ids[np.arange(n)[:, None], positions] = mask_id
+        if short_rows:
+            positions[-short_rows:, 2:] = 0
+        originals = np.where(positions > 0, np.take_along_axis(ids, positions, 1), 0).astype(np.int32)
+        if unmasked:
+            positions[:] = 0
+            originals[:] = 0
+        else:
+            rows, slots = np.nonzero(positions)
+            ids[rows, positions[rows, slots]] = MASK
         with h5py.File(folder / f"shard_{s:02d}.hdf5", "w") as f:
             f["input_ids"], f["input_mask"], f["segment_ids"] = ids, mask, segments
             f["masked_lm_positions"], f["masked_lm_ids"] = positions, originals
             f["next_sentence_labels"] = rng.integers(0, 2, n).astype(np.int8)
+            if unmasked:
+                f.attrs["masking"] = "dynamic"
     return folder
 
 
-def write_tiny_config(path: Path, hidden: int = 32, layers: int = 1, vocab: int = 100, max_positions: int = 512,
-                      dropout: float = 0.0) -> Path:
-    """A BERT config small enough for a step in milliseconds; dropout 0 so that runs split differently across
-    processes (each rank draws its own dropout masks) can be compared."""
-    import json
+def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: int = 32) -> Path:
+    from modeling import BertConfig
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": 2,
-        "intermediate_size": 2 * hidden, "max_position_embeddings": max_positions, "type_vocab_size": 2,
-        "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}))
+    BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=2 * hidden, max_position_embeddings=64, hidden_dropout_prob=dropout,
+               attention_probs_dropout_prob=dropout).to_json_file(path)
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_shards():
-    """write_tiny_shards(folder, n_shards=2, n=32, seq=128, pred=20, vocab=100, seed=0) -> folder"""
-    return write_tiny_shards
+def args_for(data: Path, config: Path, out: Path, *extra: str, seq: int = SEQ, pred: int = PRED) -> list[str]:
+    return ["--input_dir", str(data), "--config_file", str(config), "--output_dir", str(out), "--do_train",
+            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred), "--train_batch_size", "8",
+            "--learning_rate", "1e-2", "--warmup_proportion", "0.2", "--num_workers", "0",
+            "--disable_progress_bar", "--json-summary", str(out / "log.json"), *extra]
 
 
-@pytest.fixture(scope="session")
-def tiny_bert_config():
-    """write_tiny_config(path, hidden=32, layers=1, vocab=100, max_positions=512, dropout=0.0) -> path"""
-    return write_tiny_config
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    return write_config(tmp_path_factory.mktemp("config") / "bert_config.json")
 
 
 _FILE_SECONDS: dict[str, float] = {}

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import run_pretraining as rp
-from test_run_pretraining import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
+from conftest import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 6

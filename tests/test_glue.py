@@ -511,8 +511,7 @@ def test_launcher_presets_use_known_flags(repo_root):
         assert args.do_train and args.do_eval and args.task_name == preset.split("_")[0]
         if "16gpu" in preset:
             assert "--nproc_per_node=16" in cmd
-        if preset.endswith("fp16"):
-            assert args.fp16
+        assert args.precision == preset.rsplit("_", 1)[1]
         if "dgx1-32g_1gpu_fp32" in preset:  # 1024 per step = 16 micro-batches of 64 (the fp32 capacity)
             assert (args.train_batch_size, args.gradient_accumulation_steps) == (1024, 16)
     # positional arguments in the original's order, mode "eval" on one process

@@ -184,7 +184,7 @@ def test_defaults_are_nvidias(help_text, tmp_path):
     assert out.returncode == 0, out.stderr
     phase1, phase2 = (flag_values(c) for c in run_pretraining_commands(out.stdout))
     d = NVIDIA_DEFAULTS
-    assert phase1["--train_batch_size"] == d[0] and phase1["--learning_rate"] == d[1] and "--fp16" in phase1
+    assert phase1["--train_batch_size"] == d[0] and phase1["--learning_rate"] == d[1] and phase1["--precision"] == "fp16"
     assert phase1["--warmup_proportion"] == d[4] and phase1["--max_steps"] == d[5]
     assert phase1["--num_steps_per_checkpoint"] == d[6] and "--resume_from_checkpoint" not in phase1
     assert phase1["--gradient_accumulation_steps"] == d[10] and phase1["--seed"] == d[11]
@@ -284,7 +284,7 @@ def test_run_sub_takes_batch_lr_and_accumulation_from_the_environment(help_text)
     words = shlex.split(out.stdout)
     at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
     cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
-    assert (cfg.train_batch_size, cfg.learning_rate, cfg.gradient_accumulation_steps, cfg.fp16) == (96, 1e-3, 3, True)
+    assert (cfg.train_batch_size, cfg.learning_rate, cfg.gradient_accumulation_steps, cfg.precision) == (96, 1e-3, 3, "fp16")
 
 
 @pytest.mark.parametrize("missing", ["CONT", "CHECKPOINTDIR", "DATADIR"])

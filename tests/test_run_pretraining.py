@@ -7,7 +7,6 @@ test_distributed_pretraining.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -22,102 +21,17 @@ import pytest
 import torch
 
 import run_pretraining as rp
+from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, make_shards, max_diff, read_log, subprocess_env,
+                      weights, write_config)
 from modeling import BertConfig, BertForPreTraining, save_hf_directory
 
 REPO = Path(__file__).resolve().parent.parent
-SEQ, PRED, VOCAB = 32, 5, 100
-CLS, SEP, MASK = 2, 3, 4
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Fixtures: tiny NVIDIA-layout shards written directly with h5py, tiny configs.
-
-
-def make_shards(folder: Path, n_shards: int = 3, n: int = 40, seq: int = SEQ, pred: int = PRED, vocab: int = VOCAB,
-                seed: int = 0, tag: bool = False, unmasked: bool = False, short_rows: int = 0) -> Path:
-    """Shards with random tokens: [CLS] ... [SEP] then padding, `pred` masked positions per row (sorted, never 0;
-    the last `short_rows` rows use only 2 of them, the rest of the slots 0 as in real shards). tag=True writes
-    the sample's identity (shard * n + row) at position 1, which is never masked. unmasked=True writes
-    create_pretraining_data's --no_static_masking layout (zero masked_lm_* and attrs masking=dynamic)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for s in range(n_shards):
-        lengths = rng.integers(seq // 2, seq + 1, n)
-        mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int8)
-        ids = rng.integers(5, vocab, (n, seq)).astype(np.int32)
-        ids[:, 0] = CLS
-        ids[np.arange(n), lengths - 1] = SEP
-        ids[mask == 0] = 0
-        if tag:
-            ids[:, 1] = s * n + np.arange(n)
-        segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int8)
-        positions = np.stack([np.sort(rng.choice(np.arange(2, length - 1), pred, replace=False))
-                              for length in lengths]).astype(np.int32)
-        if short_rows:
-            positions[-short_rows:, 2:] = 0
-        originals = np.where(positions > 0, np.take_along_axis(ids, positions, 1), 0).astype(np.int32)
-        if unmasked:
-            positions[:] = 0
-            originals[:] = 0
-        else:
-            rows, slots = np.nonzero(positions)
-            ids[rows, positions[rows, slots]] = MASK
-        with h5py.File(folder / f"shard_{s:02d}.hdf5", "w") as f:
-            f["input_ids"], f["input_mask"], f["segment_ids"] = ids, mask, segments
-            f["masked_lm_positions"], f["masked_lm_ids"] = positions, originals
-            f["next_sentence_labels"] = rng.integers(0, 2, n).astype(np.int8)
-            if unmasked:
-                f.attrs["masking"] = "dynamic"
-    return folder
-
-
-def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: int = 32) -> Path:
-    BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=2 * hidden, max_position_embeddings=64, hidden_dropout_prob=dropout,
-               attention_probs_dropout_prob=dropout).to_json_file(path)
-    return path
-
-
-def args_for(data: Path, config: Path, out: Path, *extra: str, seq: int = SEQ, pred: int = PRED) -> list[str]:
-    return ["--input_dir", str(data), "--config_file", str(config), "--output_dir", str(out), "--do_train",
-            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred), "--train_batch_size", "8",
-            "--learning_rate", "1e-2", "--warmup_proportion", "0.2", "--num_workers", "0",
-            "--disable_progress_bar", "--json-summary", str(out / "log.json"), *extra]
-
-
-def read_log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("shards"))
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory) -> Path:
-    return write_config(tmp_path_factory.mktemp("config") / "bert_config.json")
-
-
-def subprocess_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -490,7 +404,7 @@ sys.exit(run_pretraining.main(sys.argv[1:]))
 
 def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, config):
     """SIGKILL in the middle of a checkpoint write, SIGKILL between writes (during the steps), then SIGTERM
-    (Slurm preemption: checkpoint, exit 0), then a run to the end: the weights equal an uninterrupted run's.
+    (Slurm preemption: checkpoint, exit 75), then a run to the end: the weights equal an uninterrupted run's.
     Dropout is on and each micro-batch comes from a DataLoader worker, so RNG and data positions must resume.
     The signals go to the whole process group, workers included, as Slurm sends them."""
     steps = 24
@@ -522,7 +436,7 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
         if mode == "sigterm":
             time.sleep(rng.uniform(0.0, 0.3))
             os.killpg(proc.pid, signal.SIGTERM)
-            assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-2000:]
+            assert proc.wait(timeout=60) == rp.EXIT_STOPPED, proc.stderr.read().decode()[-2000:]
             final = [r for r in read_log(out / "log.json") if r["step"] == "FINAL"][-1]["data"]
             assert final["stopped_by_signal"] and final["step"] == max(rp.list_checkpoints(out)) < steps
             assert torch.load(out / f"ckpt_{final['step']}.pt", weights_only=True)["step"] == final["step"]

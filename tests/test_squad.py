@@ -480,5 +480,5 @@ def test_presets_produce_commands_run_squad_accepts(repo_root):
                           cwd=repo_root, env={"DRY_RUN": "1", "PATH": "/usr/bin:/bin"}, check=True)
     args = parser.parse_args(shlex.split(done.stdout)[2:])
     assert (args.init_checkpoint, args.predict_batch_size, args.seed, args.predict_file, args.vocab_file,
-            args.output_dir, args.config_file, args.bf16, args.do_train, args.do_eval) == \
-        ("ckpt.pt", 12, 7, "/sq/dev-v1.1.json", "/v.txt", "/out", "/c.json", True, False, False)
+            args.output_dir, args.config_file, args.precision, args.do_train, args.do_eval) == \
+        ("ckpt.pt", 12, 7, "/sq/dev-v1.1.json", "/v.txt", "/out", "/c.json", "bf16", False, False)
