@@ -1,0 +1,266 @@
+"""run.sub against a real Slurm controller, and the launchers across two "nodes".
+
+A one-node cluster (Debian's slurmctld, slurmd and munge, started by tests/slurm_cluster.py from a temporary folder
+on 127.0.0.1) runs `sbatch run.sub` without a container, 2 CPU tasks (gloo) per job, a tiny BERT:
+  - phase 1, and phase 2 submitted beside it with --dependency=afterok (it waits, then starts from phase 1's end);
+  - phase 1 again, stopped twice and resumed: once by a signal to the tasks only (`scancel --signal=TERM`, what
+    `#SBATCH --signal=TERM@N` sends before the time limit; Slurm does not requeue then, run.sub does), once by
+    `scontrol requeue` (Slurm requeues); it ends with the weights, optimizer and data position of the
+    uninterrupted phase 1 job;
+  - jobs that fail (a missing data folder; a folder without shards) end FAILED with one clear line and are never
+    requeued, and a job depending on them is cancelled.
+Without the packages (and no root to apt-get them) those tests skip with the reason.
+
+Two run_pretraining.sh launchers started as two nodes (torchrun --nnodes 2, c10d rendezvous on 127.0.0.1, one
+process each) end with the weights of one process that takes the whole global batch.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_shards, max_diff, read_log, subprocess_env, weights, write_config
+from slurm_cluster import SlurmCluster, missing_binaries
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS1, STEPS2 = 60, 3  # phase 1 long enough to be struck twice mid-run, phase 2 a few steps
+SEQ1, PRED1, SEQ2, PRED2 = 32, 5, 64, 10
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if missing_binaries():
+        done = subprocess.run(["bash", str(REPO / "scripts" / "install_slurm.sh")], capture_output=True, text=True)
+        if done.returncode != 0 or missing_binaries():
+            pytest.skip(f"Slurm is not installed ({', '.join(missing_binaries())} missing): "
+                        f"{done.stderr.strip() or 'scripts/install_slurm.sh did not install it'}")
+    with SlurmCluster.start(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("inputs")
+    return {"p1": make_shards(root / "p1", n_shards=2, n=48, seq=SEQ1, pred=PRED1),
+            "p2": make_shards(root / "p2", n_shards=1, n=24, seq=SEQ2, pred=PRED2, seed=1),
+            "config": write_config(root / "bert_config.json", dropout=0.1)}  # dropout on: RNG state must resume
+
+
+def job_env(inputs: dict[str, Path], checkpoints: Path, phase: int = 1, **extra: str) -> dict[str, str]:
+    """run.sub's environment for a tiny fp32 run: 2 tasks x batch 4 (2 micro-batches of 2), no container."""
+    seq, pred, steps = (SEQ1, PRED1, STEPS1) if phase == 1 else (SEQ2, PRED2, STEPS2)
+    return {"PHASE": str(phase), "DATADIR_PHASE1": str(inputs["p1"]), "DATADIR_PHASE2": str(inputs["p2"]),
+            "CHECKPOINTDIR": str(checkpoints), "CONFIG": str(inputs["config"]), "PRECISION": "fp32",
+            "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "STEPS": str(steps), "PHASE1_STEPS": str(STEPS1),
+            "LR": "1e-2", "WARMUP": "0.1", "SEED": "7", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+            "EXTRA_ARGS": f"--max_seq_length {seq} --max_predictions_per_seq {pred} --num_workers 0 --log_freq 1",
+            **extra}
+
+
+def submit(cluster: SlurmCluster, env: dict[str, str], output: Path, *sbatch_args: str) -> str:
+    """sbatch run.sub from the checkout: 2 CPU tasks (the header's --gpus-per-node=8 overridden)."""
+    return cluster.sbatch(["--ntasks-per-node=2", "--gpus-per-node=0", f"--output={output}", *sbatch_args,
+                           str(REPO / "run.sub")], env=env, cwd=REPO)
+
+
+def steps_logged(log: Path) -> list[dict]:
+    return [r for r in read_log(log) if isinstance(r["step"], int)] if log.is_file() else []
+
+
+def starts_logged(log: Path) -> int:
+    return sum(r["step"] == "PARAMETER" for r in read_log(log)) if log.is_file() else 0
+
+
+def wait_until(condition, what: str, timeout: float = 120.0, cluster: SlurmCluster | None = None,
+               output: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    text = output.read_text()[-3000:] if output is not None and output.is_file() else ""
+    raise AssertionError(f"timed out waiting for {what}\n{text}\n{cluster.logs() if cluster else ''}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Phases and dependencies
+
+
+@pytest.fixture(scope="module")
+def two_phases(cluster, inputs, tmp_path_factory) -> dict:
+    """Phase 1 uninterrupted, and phase 2 submitted at once behind it with --dependency=afterok."""
+    root = tmp_path_factory.mktemp("two_phases")
+    checkpoints = root / "checkpoints"
+    job1 = submit(cluster, job_env(inputs, checkpoints), root / "phase1.out")
+    job2 = submit(cluster, job_env(inputs, checkpoints, phase=2), root / "phase2.out", f"--dependency=afterok:{job1}")
+    waiting = cluster.job(job2)
+    info1 = cluster.wait(job1, {"COMPLETED"})
+    info2 = cluster.wait(job2, {"COMPLETED"})
+    return {"root": root, "checkpoints": checkpoints, "job1": job1, "job2": job2, "info1": info1, "info2": info2,
+            "waiting": waiting}
+
+
+def test_phase1_then_phase2_after_it(two_phases):
+    ckpts = two_phases["checkpoints"]
+    assert two_phases["waiting"]["JobState"] == "PENDING" and two_phases["waiting"]["Reason"] == "Dependency"
+    assert two_phases["info1"]["ExitCode"] == two_phases["info2"]["ExitCode"] == "0:0"
+    assert sorted(p.name for p in ckpts.glob("ckpt_*.pt")) == sorted([f"ckpt_{STEPS1}.pt", f"ckpt_{STEPS1 + STEPS2}.pt"])
+    phase1 = torch.load(ckpts / f"ckpt_{STEPS1}.pt", weights_only=True)
+    assert phase1["world_size"] == 2 and len(phase1["rng"]) == 2  # both tasks formed one gloo group
+    log1 = read_log(ckpts / "results" / "phase1.json")
+    params = next(r["data"] for r in log1 if r["step"] == "PARAMETER")
+    assert (params["world_size"], params["device"], params["precision"]) == (2, "cpu", "fp32")
+    assert [r["step"] for r in log1 if isinstance(r["step"], int)] == list(range(1, STEPS1 + 1))
+    log2 = read_log(ckpts / "results" / "phase2.json")
+    assert next(r["data"] for r in log2 if r["step"] == "PARAMETER")["max_seq_length"] == SEQ2
+    # Phase 2 started from phase 1's last weights and numbers its steps after them.
+    final2 = [r["data"] for r in log2 if r["step"] == "FINAL"][-1]
+    assert final2["step"] == STEPS1 + STEPS2 and not final2["stopped_by_signal"]
+    out1 = (two_phases["root"] / "phase1.out").read_text()
+    assert "no container" in out1 and out1.rstrip().splitlines()[-1].startswith("run.sub: phase 1 done")
+    assert "restart" not in out1  # nothing was requeued
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Preemption and the time limit: checkpoint, requeue, resume
+
+
+def test_signalled_and_requeued_job_resumes_to_the_uninterrupted_weights(cluster, inputs, two_phases, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    log = checkpoints / "results" / "phase1.json"
+    output = tmp_path / "job.out"
+    job = submit(cluster, job_env(inputs, checkpoints), output)
+
+    # 1. SIGTERM to the tasks only, as `#SBATCH --signal=TERM@N` sends it before the time limit: Slurm would let
+    #    the job end there; run.sub sees exit 75 and requeues it itself.
+    wait_until(lambda: len(steps_logged(log)) >= 2, "the first steps", cluster=cluster, output=output)
+    cluster.run(["scancel", "--signal=TERM", job])
+    wait_until(lambda: starts_logged(log) >= 2 and cluster.job(job)["Restarts"] == "1", "the restart after "
+               "the time-limit signal", cluster=cluster, output=output)
+    first_stop = [r for r in read_log(log) if r["step"] == "FINAL"][0]["data"]["step"]
+
+    # 2. `scontrol requeue` (what preemption does): the whole job is signalled and Slurm requeues it.
+    wait_until(lambda: steps_logged(log)[-1]["step"] >= first_stop + 2, "steps after the first restart",
+               cluster=cluster, output=output)
+    cluster.run(["scontrol", "requeue", job])
+    info = cluster.wait(job, {"COMPLETED"}, timeout=150)
+
+    text = output.read_text()
+    print(text)
+    finals = [r["data"] for r in read_log(log) if r["step"] == "FINAL"]
+    assert [f["stopped_by_signal"] for f in finals] == ["SIGTERM", "SIGTERM", None], finals
+    stops = [f["step"] for f in finals]
+    assert 0 < stops[0] < stops[1] < STEPS1 and stops[2] == STEPS1, f"stops at {stops}: a signal came too late"
+    assert info["Restarts"] == "2" and info["ExitCode"] == "0:0"
+    assert text.count(f"requeueing job {job} to resume") == 1  # run.sub's own requeue, after the time-limit signal
+    assert text.count("SIGTERM to the whole job") == 1  # scontrol requeue: Slurm's, run.sub leaves it alone
+    assert f"restart 1 of job {job}" in text and f"restart 2 of job {job}" in text
+    assert text.count("run_pretraining.py: phase 1 stopped at step") == 2
+    assert text.rstrip().splitlines()[-1].startswith("run.sub: phase 1 done")
+    # Each run started where the previous one stopped ...
+    assert [r["data"]["start_step"] for r in read_log(log) if r["step"] == "PARAMETER"] == [0, *stops[:2]]
+    # ... and the end equals the uninterrupted job's.
+    resumed = torch.load(checkpoints / f"ckpt_{STEPS1}.pt", weights_only=True)
+    reference = torch.load(two_phases["checkpoints"] / f"ckpt_{STEPS1}.pt", weights_only=True)
+    diff = max_diff(resumed["model"], reference["model"])
+    print(f"stopped at steps {stops[:2]}; max |w_resumed - w_uninterrupted| = {diff}")
+    assert diff <= 1e-6
+    assert resumed["data"] == reference["data"]
+    torch.testing.assert_close(resumed["optimizer"], reference["optimizer"], rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Failures: one line, FAILED, never requeued
+
+
+def test_failing_jobs_end_failed_in_one_line_and_are_not_requeued(cluster, inputs, tmp_path):
+    missing = tmp_path / "no_such_folder"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    job_missing = submit(cluster, job_env(inputs, tmp_path / "c1", DATADIR_PHASE1=str(missing)), tmp_path / "m.out")
+    dependent = submit(cluster, job_env(inputs, tmp_path / "c1", phase=2), tmp_path / "d.out",
+                       f"--dependency=afterok:{job_missing}")
+    job_empty = submit(cluster, job_env(inputs, tmp_path / "c2", DATADIR_PHASE1=str(empty)), tmp_path / "e.out")
+
+    info = cluster.wait(job_missing, {"FAILED"})
+    assert info["ExitCode"] == "1:0" and info["Restarts"] == "0"
+    lines = (tmp_path / "m.out").read_text().strip().splitlines()
+    assert lines == [f"run.sub: DATADIR_PHASE1 folder {missing} not found: point it at the phase 1 HDF5 shards "
+                     "(data/create_datasets_from_start.sh writes them)"]
+    # kill_invalid_depend: phase 2 behind a failed phase 1 is cancelled instead of pending forever.
+    info = cluster.wait(dependent, {"CANCELLED"})
+    assert info["Reason"] == "DependencyNeverSatisfied" and not (tmp_path / "d.out").exists()
+
+    # Training itself fails (no shards): not exit 75, so no requeue loop; run.sub's verdict is the last line.
+    info = cluster.wait(job_empty, {"FAILED"})
+    assert info["Restarts"] == "0" and info["ExitCode"] != "0:0"
+    text = (tmp_path / "e.out").read_text()
+    assert "holds no .hdf5 shards" in text
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("run.sub: phase 1 failed: srun exited with") and last.endswith("not requeued")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two "nodes" on one machine: run_pretraining.sh x 2 with torchrun --nnodes 2 and a c10d rendezvous
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_two_nodes_match_one_process(tmp_path, one_thread):
+    import run_pretraining as rp
+
+    data = make_shards(tmp_path / "data", n_shards=2, n=32)
+    config = write_config(tmp_path / "bert_config.json", dropout=0.0)  # ranks draw their own dropout masks
+    steps = 6
+    # Positional arguments: per-process batch 4 in 2 micro-batches, 1 process per node, phase 1 only.
+    args = ["4", "1e-2", "fp32", "1", "0.2", str(steps), "100", "false", "false", "true", "2", "5", "two_nodes",
+            "true", "false", "4", "1e-2", "0.2", "1", "1", str(data), str(data), str(REPO), "None", str(config)]
+    env = {**subprocess_env(), "PHASES": "1", "PYTHON": sys.executable, "RESULTS_DIR": str(tmp_path / "results"),
+           "MAX_SEQ_LENGTH_PHASE1": "32", "MAX_PRED_PHASE1": "5", "NNODES": "2",
+           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two_nodes",
+           "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1"}
+    nodes = [subprocess.Popen(["bash", str(REPO / "scripts" / "run_pretraining.sh"), *args],
+                              env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+
+    reference = tmp_path / "one_process"  # in this process, one thread (one_thread fixture)
+    assert rp.main(["--input_dir", str(data), "--config_file", str(config), "--output_dir", str(reference),
+                    "--do_train", "--max_seq_length", "32", "--max_predictions_per_seq", "5",
+                    "--train_batch_size", "8", "--gradient_accumulation_steps", "2", "--learning_rate", "1e-2",
+                    "--warmup_proportion", "0.2", "--max_steps", str(steps), "--seed", "5", "--precision", "fp32",
+                    "--num_workers", "0", "--disable_progress_bar", "--num_steps_per_checkpoint", "100"]) == 0
+    two = torch.load(tmp_path / "results" / "checkpoints" / f"ckpt_{steps}.pt", weights_only=True)
+    assert two["world_size"] == 2
+    diff = max_diff(two["model"], weights(reference / f"ckpt_{steps}.pt"))
+    print(f"max |w_2nodes - w_1process| after {steps} steps: {diff}")
+    assert diff <= 1e-5
