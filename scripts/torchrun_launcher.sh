@@ -33,8 +33,8 @@ on one of the nodes), got '$RDZV_ENDPOINT'"
   fi
   [[ -n "${MASTER_ADDR:-}" ]] || die "NNODES=$nnodes needs MASTER_ADDR (node 0's address) or RDZV_ENDPOINT \
 (host:port of a c10d rendezvous)"
-  [[ -n "${NODE_RANK:-}" ]] || die "NNODES=$nnodes with MASTER_ADDR needs NODE_RANK (0 on $MASTER_ADDR, \
-1..$(( nnodes - 1 )) on the other nodes)"
+  [[ -n "${NODE_RANK:-}" ]] || die "NNODES=$nnodes with MASTER_ADDR needs NODE_RANK (0..$(( nnodes - 1 )), 0 on \
+$MASTER_ADDR)"
   [[ "$NODE_RANK" =~ ^[0-9]+$ ]] && (( NODE_RANK < nnodes )) || die "NODE_RANK must be 0..$(( nnodes - 1 )) \
 (NNODES=$nnodes), got '$NODE_RANK'"
   local port=${MASTER_PORT:-29500}

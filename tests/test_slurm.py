@@ -114,7 +114,7 @@ def test_phase1_then_phase2_after_it(two_phases):
     ckpts = two_phases["checkpoints"]
     assert two_phases["waiting"]["JobState"] == "PENDING" and two_phases["waiting"]["Reason"] == "Dependency"
     assert two_phases["info1"]["ExitCode"] == two_phases["info2"]["ExitCode"] == "0:0"
-    assert sorted(p.name for p in ckpts.glob("ckpt_*.pt")) == sorted([f"ckpt_{STEPS1}.pt", f"ckpt_{STEPS1 + STEPS2}.pt"])
+    assert sorted(p.name for p in ckpts.glob("ckpt_*.pt")) == [f"ckpt_{STEPS1}.pt", f"ckpt_{STEPS1 + STEPS2}.pt"]
     phase1 = torch.load(ckpts / f"ckpt_{STEPS1}.pt", weights_only=True)
     assert phase1["world_size"] == 2 and len(phase1["rng"]) == 2  # both tasks formed one gloo group
     log1 = read_log(ckpts / "results" / "phase1.json")
