@@ -27,6 +27,7 @@ from pathlib import Path
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "sbatch", "scontrol", "squeue")
 KILL_WAIT = 5  # seconds of grace between SIGTERM and SIGKILL when Slurm ends or requeues a job
+CRED_EXPIRE = 5  # seconds; a requeued job waits this long (plus 1) before it can start again
 
 
 def missing_binaries() -> list[str]:
@@ -114,7 +115,7 @@ class SlurmCluster:
             f"SlurmUser={user}",
             f"SlurmdUser={user}",
             "AuthType=auth/munge",
-            f"AuthInfo=socket={self.munge_socket},cred_expire=5",
+            f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE}",
             f"StateSaveLocation={s / 'ctld'}",
             f"SlurmdSpoolDir={s / 'd'}",
             f"SlurmctldPidFile={s / 'slurmctld.pid'}",

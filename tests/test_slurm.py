@@ -32,7 +32,7 @@ from conftest import make_shards, max_diff, read_log, subprocess_env, weights, w
 from slurm_cluster import SlurmCluster, missing_binaries
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS1, STEPS2 = 60, 3  # phase 1 long enough to be struck twice mid-run, phase 2 a few steps
+STEPS1, STEPS2 = 150, 3  # phase 1 long enough (3 s) to be struck twice mid-run, phase 2 a few steps
 SEQ1, PRED1, SEQ2, PRED2 = 32, 5, 64, 10
 
 
@@ -52,7 +52,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("inputs")
     return {"p1": make_shards(root / "p1", n_shards=2, n=48, seq=SEQ1, pred=PRED1),
             "p2": make_shards(root / "p2", n_shards=1, n=24, seq=SEQ2, pred=PRED2, seed=1),
-            "config": write_config(root / "bert_config.json", dropout=0.1)}  # dropout on: RNG state must resume
+            # dropout off: ranks draw their own dropout masks, and the runs here are compared with one process
+            "config": write_config(root / "bert_config.json", dropout=0.0)}
 
 
 def job_env(inputs: dict[str, Path], checkpoints: Path, phase: int = 1, **extra: str) -> dict[str, str]:
@@ -80,103 +81,160 @@ def starts_logged(log: Path) -> int:
     return sum(r["step"] == "PARAMETER" for r in read_log(log)) if log.is_file() else 0
 
 
-def wait_until(condition, what: str, timeout: float = 120.0, cluster: SlurmCluster | None = None,
-               output: Path | None = None):
+def wait_until(condition, what: str, cluster: SlurmCluster, job: str, output: Path, timeout: float = 120.0):
+    """Poll `condition` every 50 ms; fail at once if the job ends first (a signal that came too late)."""
     deadline = time.monotonic() + timeout
+    polls = 0
     while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
+        if condition():
+            return
+        polls += 1
+        if polls % 20 == 0 and cluster.job(job)["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"):
+            if condition():
+                return
+            break
         time.sleep(0.05)
-    text = output.read_text()[-3000:] if output is not None and output.is_file() else ""
-    raise AssertionError(f"timed out waiting for {what}\n{text}\n{cluster.logs() if cluster else ''}")
+    state = cluster.job(job)["JobState"]
+    text = output.read_text()[-3000:] if output.is_file() else "(no output file)"
+    raise AssertionError(f"job {job} is {state}, still waiting for {what}\n{text}\n{cluster.logs()}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Phases and dependencies
+# Two "nodes" on one machine: run_pretraining.sh x 2 with torchrun --nnodes 2 and a c10d rendezvous. Its flags are
+# the Slurm jobs' below, so its result is also their uninterrupted reference.
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
-def two_phases(cluster, inputs, tmp_path_factory) -> dict:
-    """Phase 1 uninterrupted, and phase 2 submitted at once behind it with --dependency=afterok."""
-    root = tmp_path_factory.mktemp("two_phases")
-    checkpoints = root / "checkpoints"
-    job1 = submit(cluster, job_env(inputs, checkpoints), root / "phase1.out")
-    job2 = submit(cluster, job_env(inputs, checkpoints, phase=2), root / "phase2.out", f"--dependency=afterok:{job1}")
-    waiting = cluster.job(job2)
-    info1 = cluster.wait(job1, {"COMPLETED"})
-    info2 = cluster.wait(job2, {"COMPLETED"})
-    return {"root": root, "checkpoints": checkpoints, "job1": job1, "job2": job2, "info1": info1, "info2": info2,
-            "waiting": waiting}
+def two_nodes(inputs, tmp_path_factory) -> Path:
+    """Phase 1 through two launchers, one process each; returns the checkpoint folder."""
+    results = tmp_path_factory.mktemp("two_nodes")
+    # Positional arguments: what run.sub gets from job_env (per-process batch 4 in 2 micro-batches, seed 7, ...).
+    args = ["4", "1e-2", "fp32", "1", "0.1", str(STEPS1), "200", "false", "false", "true", "2", "7", "two_nodes",
+            "true", "false", "4", "1e-2", "0.1", "1", "1", str(inputs["p1"]), str(inputs["p2"]), str(REPO), "None",
+            str(inputs["config"])]
+    env = {**subprocess_env(), "PHASES": "1", "PYTHON": sys.executable, "RESULTS_DIR": str(results),
+           "MAX_SEQ_LENGTH_PHASE1": str(SEQ1), "MAX_PRED_PHASE1": str(PRED1), "NNODES": "2",
+           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two_nodes",
+           "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1"}
+    nodes = [subprocess.Popen(["bash", str(REPO / "scripts" / "run_pretraining.sh"), *args],
+                              env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    return results / "checkpoints"
 
 
-def test_phase1_then_phase2_after_it(two_phases):
-    ckpts = two_phases["checkpoints"]
-    assert two_phases["waiting"]["JobState"] == "PENDING" and two_phases["waiting"]["Reason"] == "Dependency"
-    assert two_phases["info1"]["ExitCode"] == two_phases["info2"]["ExitCode"] == "0:0"
-    assert sorted(p.name for p in ckpts.glob("ckpt_*.pt")) == [f"ckpt_{STEPS1}.pt", f"ckpt_{STEPS1 + STEPS2}.pt"]
-    phase1 = torch.load(ckpts / f"ckpt_{STEPS1}.pt", weights_only=True)
-    assert phase1["world_size"] == 2 and len(phase1["rng"]) == 2  # both tasks formed one gloo group
-    log1 = read_log(ckpts / "results" / "phase1.json")
-    params = next(r["data"] for r in log1 if r["step"] == "PARAMETER")
-    assert (params["world_size"], params["device"], params["precision"]) == (2, "cpu", "fp32")
-    assert [r["step"] for r in log1 if isinstance(r["step"], int)] == list(range(1, STEPS1 + 1))
-    log2 = read_log(ckpts / "results" / "phase2.json")
-    assert next(r["data"] for r in log2 if r["step"] == "PARAMETER")["max_seq_length"] == SEQ2
-    # Phase 2 started from phase 1's last weights and numbers its steps after them.
-    final2 = [r["data"] for r in log2 if r["step"] == "FINAL"][-1]
-    assert final2["step"] == STEPS1 + STEPS2 and not final2["stopped_by_signal"]
-    out1 = (two_phases["root"] / "phase1.out").read_text()
-    assert "no container" in out1 and out1.rstrip().splitlines()[-1].startswith("run.sub: phase 1 done")
-    assert "restart" not in out1  # nothing was requeued
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_two_nodes_match_one_process(inputs, two_nodes, tmp_path, one_thread):
+    import run_pretraining as rp
+
+    two = torch.load(two_nodes / f"ckpt_{STEPS1}.pt", weights_only=True)
+    assert two["world_size"] == 2 and len(two["rng"]) == 2  # one process group across the two launchers
+    reference = tmp_path / "one_process"  # the same global batch (8) in this process
+    assert rp.main(["--input_dir", str(inputs["p1"]), "--config_file", str(inputs["config"]), "--output_dir",
+                    str(reference), "--do_train", "--max_seq_length", str(SEQ1), "--max_predictions_per_seq",
+                    str(PRED1), "--train_batch_size", "8", "--gradient_accumulation_steps", "2", "--learning_rate",
+                    "1e-2", "--warmup_proportion", "0.1", "--max_steps", str(STEPS1), "--seed", "7",
+                    "--precision", "fp32", "--num_workers", "0", "--disable_progress_bar"]) == 0
+    diff = max_diff(two["model"], weights(reference / f"ckpt_{STEPS1}.pt"))
+    print(f"max |w_2nodes - w_1process| after {STEPS1} steps: {diff}")
+    assert diff <= 1e-5
+    assert two["data"] == torch.load(reference / f"ckpt_{STEPS1}.pt", weights_only=True)["data"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Preemption and the time limit: checkpoint, requeue, resume
+# Slurm: phase 1 struck twice and resumed, phase 2 behind it with afterok
 
 
-def test_signalled_and_requeued_job_resumes_to_the_uninterrupted_weights(cluster, inputs, two_phases, tmp_path):
-    checkpoints = tmp_path / "checkpoints"
+@pytest.fixture(scope="module")
+def preempted(cluster, inputs, tmp_path_factory) -> dict:
+    """Phase 1, and phase 2 submitted at once behind it with --dependency=afterok. Phase 1 is stopped twice:
+    1. SIGTERM to the tasks only, as `#SBATCH --signal=TERM@N` sends it before the time limit: Slurm would let the
+       job end there; run.sub sees exit 75 and requeues the job itself;
+    2. `scontrol requeue` (what preemption does): the whole job is signalled and Slurm requeues it."""
+    root = tmp_path_factory.mktemp("preempted")
+    checkpoints = root / "checkpoints"
     log = checkpoints / "results" / "phase1.json"
-    output = tmp_path / "job.out"
-    job = submit(cluster, job_env(inputs, checkpoints), output)
+    output = root / "phase1.out"
+    job1 = submit(cluster, job_env(inputs, checkpoints), output)
+    job2 = submit(cluster, job_env(inputs, checkpoints, phase=2), root / "phase2.out", f"--dependency=afterok:{job1}")
+    waiting = [cluster.job(job2)]
 
-    # 1. SIGTERM to the tasks only, as `#SBATCH --signal=TERM@N` sends it before the time limit: Slurm would let
-    #    the job end there; run.sub sees exit 75 and requeues it itself.
-    wait_until(lambda: len(steps_logged(log)) >= 2, "the first steps", cluster=cluster, output=output)
-    cluster.run(["scancel", "--signal=TERM", job])
-    wait_until(lambda: starts_logged(log) >= 2 and cluster.job(job)["Restarts"] == "1", "the restart after "
-               "the time-limit signal", cluster=cluster, output=output)
+    wait_until(lambda: len(steps_logged(log)) >= 1, "the first step", cluster, job1, output)
+    cluster.run(["scancel", "--signal=TERM", job1])
+    wait_until(lambda: starts_logged(log) >= 2, "the restart after the time-limit signal", cluster, job1, output)
+    waiting.append(cluster.job(job2))
     first_stop = [r for r in read_log(log) if r["step"] == "FINAL"][0]["data"]["step"]
+    wait_until(lambda: steps_logged(log)[-1]["step"] > first_stop, "a step after the first restart", cluster, job1,
+               output)
+    cluster.run(["scontrol", "requeue", job1])
+    info1 = cluster.wait(job1, {"COMPLETED"}, timeout=150)
+    info2 = cluster.wait(job2, {"COMPLETED"}, timeout=150)
+    print(output.read_text())
+    return {"root": root, "checkpoints": checkpoints, "job1": job1, "info1": info1, "info2": info2,
+            "waiting": waiting, "output": output.read_text()}
 
-    # 2. `scontrol requeue` (what preemption does): the whole job is signalled and Slurm requeues it.
-    wait_until(lambda: steps_logged(log)[-1]["step"] >= first_stop + 2, "steps after the first restart",
-               cluster=cluster, output=output)
-    cluster.run(["scontrol", "requeue", job])
-    info = cluster.wait(job, {"COMPLETED"}, timeout=150)
 
-    text = output.read_text()
-    print(text)
-    finals = [r["data"] for r in read_log(log) if r["step"] == "FINAL"]
+def test_signalled_and_requeued_job_resumes_to_the_uninterrupted_weights(preempted, two_nodes):
+    log = read_log(preempted["checkpoints"] / "results" / "phase1.json")
+    finals = [r["data"] for r in log if r["step"] == "FINAL"]
     assert [f["stopped_by_signal"] for f in finals] == ["SIGTERM", "SIGTERM", None], finals
     stops = [f["step"] for f in finals]
     assert 0 < stops[0] < stops[1] < STEPS1 and stops[2] == STEPS1, f"stops at {stops}: a signal came too late"
-    assert info["Restarts"] == "2" and info["ExitCode"] == "0:0"
+    assert [r["data"]["start_step"] for r in log if r["step"] == "PARAMETER"] == [0, *stops[:2]]
+    params = next(r["data"] for r in log if r["step"] == "PARAMETER")
+    assert (params["world_size"], params["device"], params["precision"]) == (2, "cpu", "fp32")
+
+    text, job = preempted["output"], preempted["job1"]
+    assert preempted["info1"]["Restarts"] == "2" and preempted["info1"]["ExitCode"] == "0:0"
     assert text.count(f"requeueing job {job} to resume") == 1  # run.sub's own requeue, after the time-limit signal
-    assert text.count("SIGTERM to the whole job") == 1  # scontrol requeue: Slurm's, run.sub leaves it alone
-    assert f"restart 1 of job {job}" in text and f"restart 2 of job {job}" in text
+    assert text.count("SIGTERM to the whole job") == 1  # scontrol requeue: Slurm's own, run.sub leaves it alone
+    assert f"restart 1 of job {job}" in text and f"restart 2 of job {job}" in text and "no container" in text
     assert text.count("run_pretraining.py: phase 1 stopped at step") == 2
     assert text.rstrip().splitlines()[-1].startswith("run.sub: phase 1 done")
-    # Each run started where the previous one stopped ...
-    assert [r["data"]["start_step"] for r in read_log(log) if r["step"] == "PARAMETER"] == [0, *stops[:2]]
-    # ... and the end equals the uninterrupted job's.
-    resumed = torch.load(checkpoints / f"ckpt_{STEPS1}.pt", weights_only=True)
-    reference = torch.load(two_phases["checkpoints"] / f"ckpt_{STEPS1}.pt", weights_only=True)
+
+    # The end equals the uninterrupted run's with the same flags and 2 gloo processes (the two launchers above).
+    resumed = torch.load(preempted["checkpoints"] / f"ckpt_{STEPS1}.pt", weights_only=True)
+    reference = torch.load(two_nodes / f"ckpt_{STEPS1}.pt", weights_only=True)
     diff = max_diff(resumed["model"], reference["model"])
     print(f"stopped at steps {stops[:2]}; max |w_resumed - w_uninterrupted| = {diff}")
     assert diff <= 1e-6
-    assert resumed["data"] == reference["data"]
+    assert resumed["data"] == reference["data"] and resumed["world_size"] == 2
+    assert resumed["scheduler"]["last_epoch"] == reference["scheduler"]["last_epoch"] == STEPS1
     torch.testing.assert_close(resumed["optimizer"], reference["optimizer"], rtol=0, atol=1e-6)
+
+
+def test_phase2_waits_for_phase1_through_its_requeues(preempted):
+    assert all(w["JobState"] == "PENDING" and w["Reason"] == "Dependency" for w in preempted["waiting"]), \
+        preempted["waiting"]
+    assert preempted["info2"]["ExitCode"] == "0:0" and preempted["info2"]["Restarts"] == "0"
+    ckpts = preempted["checkpoints"]
+    log2 = read_log(ckpts / "results" / "phase2.json")
+    params = next(r["data"] for r in log2 if r["step"] == "PARAMETER")
+    assert params["max_seq_length"] == SEQ2 and params["start_step"] == STEPS1  # from phase 1's last checkpoint
+    final2 = [r["data"] for r in log2 if r["step"] == "FINAL"][-1]
+    assert final2["step"] == STEPS1 + STEPS2 and not final2["stopped_by_signal"]
+    assert (ckpts / f"ckpt_{STEPS1 + STEPS2}.pt").is_file()
+    assert (preempted["root"] / "phase2.out").read_text().rstrip().splitlines()[-1].startswith("run.sub: phase 2 done")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,59 +266,3 @@ def test_failing_jobs_end_failed_in_one_line_and_are_not_requeued(cluster, input
     assert "holds no .hdf5 shards" in text
     last = text.strip().splitlines()[-1]
     assert last.startswith("run.sub: phase 1 failed: srun exited with") and last.endswith("not requeued")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Two "nodes" on one machine: run_pretraining.sh x 2 with torchrun --nnodes 2 and a c10d rendezvous
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_two_nodes_match_one_process(tmp_path, one_thread):
-    import run_pretraining as rp
-
-    data = make_shards(tmp_path / "data", n_shards=2, n=32)
-    config = write_config(tmp_path / "bert_config.json", dropout=0.0)  # ranks draw their own dropout masks
-    steps = 6
-    # Positional arguments: per-process batch 4 in 2 micro-batches, 1 process per node, phase 1 only.
-    args = ["4", "1e-2", "fp32", "1", "0.2", str(steps), "100", "false", "false", "true", "2", "5", "two_nodes",
-            "true", "false", "4", "1e-2", "0.2", "1", "1", str(data), str(data), str(REPO), "None", str(config)]
-    env = {**subprocess_env(), "PHASES": "1", "PYTHON": sys.executable, "RESULTS_DIR": str(tmp_path / "results"),
-           "MAX_SEQ_LENGTH_PHASE1": "32", "MAX_PRED_PHASE1": "5", "NNODES": "2",
-           "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two_nodes",
-           "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1"}
-    nodes = [subprocess.Popen(["bash", str(REPO / "scripts" / "run_pretraining.sh"), *args],
-                              env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for rank in (0, 1)]
-    try:
-        outputs = [node.communicate(timeout=240)[0] for node in nodes]
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-
-    reference = tmp_path / "one_process"  # in this process, one thread (one_thread fixture)
-    assert rp.main(["--input_dir", str(data), "--config_file", str(config), "--output_dir", str(reference),
-                    "--do_train", "--max_seq_length", "32", "--max_predictions_per_seq", "5",
-                    "--train_batch_size", "8", "--gradient_accumulation_steps", "2", "--learning_rate", "1e-2",
-                    "--warmup_proportion", "0.2", "--max_steps", str(steps), "--seed", "5", "--precision", "fp32",
-                    "--num_workers", "0", "--disable_progress_bar", "--num_steps_per_checkpoint", "100"]) == 0
-    two = torch.load(tmp_path / "results" / "checkpoints" / f"ckpt_{steps}.pt", weights_only=True)
-    assert two["world_size"] == 2
-    diff = max_diff(two["model"], weights(reference / f"ckpt_{steps}.pt"))
-    print(f"max |w_2nodes - w_1process| after {steps} steps: {diff}")
-    assert diff <= 1e-5
