@@ -305,8 +305,8 @@ def test_run_sub_without_a_container_runs_the_checkout(help_text):
     words = shlex.split(out.stdout)
     at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
     srun = flag_values([w for w in words[:at - 2] if w.startswith("--")])
-    assert words[0] == "srun" and srun == {"--nodes": "2", "--ntasks-per-node": "4", "--kill-on-bad-exit": "1",
-                                           "--chdir": str(REPO)}
+    assert words[0] == "srun" and srun == {"--nodes": "2", "--ntasks-per-node": "4", "--kill-on-bad-exit": "0",
+                                           "--wait": "120", "--chdir": str(REPO)}
     venv = REPO / ".venv" / "bin" / "python"
     assert words[at - 2:at + 1] == [str(venv) if venv.exists() else "python3", "-u", str(REPO / "run_pretraining.py")]
     cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)

@@ -1,23 +1,24 @@
 """run.sub against a real Slurm controller, and the launchers across two "nodes".
 
+Two run_pretraining.sh launchers started as two nodes (torchrun --nnodes 2, c10d rendezvous on 127.0.0.1, one
+process each) end with the weights of one process that takes the whole global batch; their flags are the Slurm
+jobs', so their checkpoint is also the uninterrupted reference below.
+
 A one-node cluster (Debian's slurmctld, slurmd and munge, started by tests/slurm_cluster.py from a temporary folder
 on 127.0.0.1) runs `sbatch run.sub` without a container, 2 CPU tasks (gloo) per job, a tiny BERT:
-  - phase 1, and phase 2 submitted beside it with --dependency=afterok (it waits, then starts from phase 1's end);
-  - phase 1 again, stopped twice and resumed: once by a signal to the tasks only (`scancel --signal=TERM`, what
-    `#SBATCH --signal=TERM@N` sends before the time limit; Slurm does not requeue then, run.sub does), once by
-    `scontrol requeue` (Slurm requeues); it ends with the weights, optimizer and data position of the
-    uninterrupted phase 1 job;
+  - phase 1, with phase 2 submitted beside it with --dependency=afterok; phase 1 is stopped twice and resumed:
+    once by a signal to the tasks only (`scancel --signal=TERM`, what `#SBATCH --signal=TERM@N` sends before the
+    time limit: Slurm does not requeue then, run.sub does), once by `scontrol requeue` (Slurm requeues). It ends
+    with the weights, optimizer state and data position of the uninterrupted 2-process run, and phase 2 waits
+    through the requeues, then starts from phase 1's last checkpoint;
   - jobs that fail (a missing data folder; a folder without shards) end FAILED with one clear line and are never
-    requeued, and a job depending on them is cancelled.
-Without the packages (and no root to apt-get them) those tests skip with the reason.
-
-Two run_pretraining.sh launchers started as two nodes (torchrun --nnodes 2, c10d rendezvous on 127.0.0.1, one
-process each) end with the weights of one process that takes the whole global batch.
+    requeued, and a job depending on them is cancelled; a job cancelled with `scancel` checkpoints and stays
+    cancelled.
+Without the packages (and no root to apt-get them: scripts/install_slurm.sh) the Slurm tests skip with the reason.
 """
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -56,6 +57,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
             "config": write_config(root / "bert_config.json", dropout=0.0)}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def job_env(inputs: dict[str, Path], checkpoints: Path, phase: int = 1, **extra: str) -> dict[str, str]:
     """run.sub's environment for a tiny fp32 run: 2 tasks x batch 4 (2 micro-batches of 2), no container."""
     seq, pred, steps = (SEQ1, PRED1, STEPS1) if phase == 1 else (SEQ2, PRED2, STEPS2)
@@ -63,6 +70,7 @@ def job_env(inputs: dict[str, Path], checkpoints: Path, phase: int = 1, **extra:
             "CHECKPOINTDIR": str(checkpoints), "CONFIG": str(inputs["config"]), "PRECISION": "fp32",
             "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "STEPS": str(steps), "PHASE1_STEPS": str(STEPS1),
             "LR": "1e-2", "WARMUP": "0.1", "SEED": "7", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+            "MASTER_PORT": str(free_port()),  # run.sub's default follows the job id: another cluster may use it
             "EXTRA_ARGS": f"--max_seq_length {seq} --max_predictions_per_seq {pred} --num_workers 0 --log_freq 1",
             **extra}
 
@@ -81,33 +89,28 @@ def starts_logged(log: Path) -> int:
     return sum(r["step"] == "PARAMETER" for r in read_log(log)) if log.is_file() else 0
 
 
-def wait_until(condition, what: str, cluster: SlurmCluster, job: str, output: Path, timeout: float = 120.0):
-    """Poll `condition` every 50 ms; fail at once if the job ends first (a signal that came too late)."""
+def wait_until(condition, what: str, cluster: SlurmCluster, output: Path, job: str | None = None,
+               timeout: float = 120.0):
+    """Poll `condition` every 50 ms; with `job`, fail at once if that job ends first (a signal that came too late)."""
     deadline = time.monotonic() + timeout
     polls = 0
     while time.monotonic() < deadline:
         if condition():
             return
         polls += 1
-        if polls % 20 == 0 and cluster.job(job)["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"):
+        if job and polls % 20 == 0 and cluster.job(job)["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"):
             if condition():
                 return
             break
         time.sleep(0.05)
-    state = cluster.job(job)["JobState"]
+    state = f"job {job} is {cluster.job(job)['JobState']}, " if job else ""
     text = output.read_text()[-3000:] if output.is_file() else "(no output file)"
-    raise AssertionError(f"job {job} is {state}, still waiting for {what}\n{text}\n{cluster.logs()}")
+    raise AssertionError(f"{state}still waiting for {what}\n{text}\n{cluster.logs()}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Two "nodes" on one machine: run_pretraining.sh x 2 with torchrun --nnodes 2 and a c10d rendezvous. Its flags are
 # the Slurm jobs' below, so its result is also their uninterrupted reference.
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +182,13 @@ def preempted(cluster, inputs, tmp_path_factory) -> dict:
     job2 = submit(cluster, job_env(inputs, checkpoints, phase=2), root / "phase2.out", f"--dependency=afterok:{job1}")
     waiting = [cluster.job(job2)]
 
-    wait_until(lambda: len(steps_logged(log)) >= 1, "the first step", cluster, job1, output)
+    wait_until(lambda: len(steps_logged(log)) >= 1, "the first step", cluster, output, job1)
     cluster.run(["scancel", "--signal=TERM", job1])
-    wait_until(lambda: starts_logged(log) >= 2, "the restart after the time-limit signal", cluster, job1, output)
+    wait_until(lambda: starts_logged(log) >= 2, "the restart after the time-limit signal", cluster, output, job1)
     waiting.append(cluster.job(job2))
     first_stop = [r for r in read_log(log) if r["step"] == "FINAL"][0]["data"]["step"]
-    wait_until(lambda: steps_logged(log)[-1]["step"] > first_stop, "a step after the first restart", cluster, job1,
-               output)
+    wait_until(lambda: steps_logged(log)[-1]["step"] > first_stop, "a step after the first restart", cluster, output,
+               job1)
     cluster.run(["scontrol", "requeue", job1])
     info1 = cluster.wait(job1, {"COMPLETED"}, timeout=150)
     info2 = cluster.wait(job2, {"COMPLETED"}, timeout=150)
@@ -266,3 +269,21 @@ def test_failing_jobs_end_failed_in_one_line_and_are_not_requeued(cluster, input
     assert "holds no .hdf5 shards" in text
     last = text.strip().splitlines()[-1]
     assert last.startswith("run.sub: phase 1 failed: srun exited with") and last.endswith("not requeued")
+
+
+def test_cancelled_job_checkpoints_and_stays_cancelled(cluster, inputs, tmp_path):
+    """`scancel JOB` signals the whole job like a requeue does: the tasks checkpoint, and run.sub must not turn the
+    user's cancel into a requeue."""
+    checkpoints = tmp_path / "checkpoints"
+    log = checkpoints / "results" / "phase1.json"
+    output = tmp_path / "job.out"
+    job = submit(cluster, job_env(inputs, checkpoints), output)
+    wait_until(lambda: len(steps_logged(log)) >= 1, "the first step", cluster, output, job)
+    cluster.run(["scancel", job])
+    info = cluster.wait(job, {"CANCELLED"})
+    wait_until(lambda: "Slurm requeues it" in output.read_text(), "run.sub's last line", cluster, output, timeout=30)
+    text = output.read_text()
+    stop = [r["data"] for r in read_log(log) if r["step"] == "FINAL"][-1]
+    assert stop["stopped_by_signal"] == "SIGTERM" and (checkpoints / f"ckpt_{stop['step']}.pt").is_file()
+    assert "SIGTERM to the whole job" in text and "requeueing" not in text
+    assert info["Restarts"] == "0" and cluster.job(job)["JobState"] == "CANCELLED"
