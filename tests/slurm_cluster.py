@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "sbatch", "scontrol", "squeue")
 KILL_WAIT = 5  # seconds of grace between SIGTERM and SIGKILL when Slurm ends or requeues a job
 CRED_EXPIRE = 5  # seconds; a requeued job waits this long (plus 1) before it can start again
@@ -148,6 +147,11 @@ class SlurmCluster:
 
     def _start_daemons(self) -> None:
         s = self.state
+        try:
+            socket.gethostbyname(self.node)
+        except OSError as e:
+            raise SlurmError(f"this machine's name {self.node!r} does not resolve ({e}): run.sub takes the rendezvous "
+                             f"address from the node name; add it to /etc/hosts") from None
         self._daemon(["/usr/sbin/munged", f"--key-file={s / 'munge-key' / 'munge.key'}",
                       f"--socket={self.munge_socket}", f"--pid-file={s / 'munged.pid'}",
                       f"--log-file={s / 'munged.log'}", f"--seed-file={s / 'munged.seed'}"])
