@@ -31,7 +31,7 @@ import torch
 import utils
 from modeling import BertForQuestionAnswering, BertForSequenceClassification, CheckpointError, read_state_dict
 from processors import squad
-from tokenization import BertTokenizer
+from tokenization import BertTokenizer, vocab_is_uncased
 
 # ----------------------------------------------------------------------------------------------------------------
 # The two tasks, as functions
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     try:
         tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
         if args.do_lower_case is None:
-            args.do_lower_case = not any(any("A" <= c <= "Z" for c in t) for t in tokenizer.vocab if t[:1] != "[")
+            args.do_lower_case = vocab_is_uncased(tokenizer.vocab)
         tokenizer = BertTokenizer(vocab_file, do_lower_case=args.do_lower_case)
         model = load_model(args, log).to(device)
         limit = model.config.max_position_embeddings

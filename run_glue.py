@@ -38,20 +38,18 @@ Differences from NVIDIA's run_glue.py, on purpose:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+import training
 import utils
-from modeling import BertForSequenceClassification, export_state_dict, save_hf_directory
+from modeling import BertForSequenceClassification, CheckpointError, export_state_dict, save_hf_directory
 from processors.glue import (TASKS, EncodedExamples, GlueTask, InputExample, compute_metrics, encode_examples,
                              get_dev_examples, get_task, get_test_examples, get_train_examples)
 
@@ -91,30 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--do_predict", action="store_true", help="write predictions.json (see --predict_split)")
     g.add_argument("--skip_checkpoint", action="store_true", help="do not save the fine-tuned model")
 
-    g = p.add_argument_group("training")
-    g.add_argument("--train_batch_size", type=int, default=32,
-                   help="sequences per optimizer step per process (split into --gradient_accumulation_steps parts)")
+    g, _ = training.add_finetuning_arguments(p, seed=2, log_freq=10)
     g.add_argument("--eval_batch_size", type=int, default=128, help="sequences per evaluation batch")
-    g.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate of AdamW")
-    g.add_argument("--weight_decay", type=float, default=0.01, help="decoupled weight decay (not on biases/LayerNorm)")
-    g.add_argument("--max_grad_norm", type=float, default=1.0, help="global gradient-norm clip (<= 0: off)")
-    g.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs (fractions allowed)")
-    g.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides --num_train_epochs")
-    g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
-    g.add_argument("--gradient_accumulation_steps", type=int, default=1,
-                   help="micro-batches per optimizer step")
-    g.add_argument("--seed", type=int, default=2, help="random seed (model head, dropout, shuffling)")
-    utils.add_precision_arguments(g)
-
-    g = p.add_argument_group("runtime")
-    g.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
-    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
-    g.add_argument("--log_freq", type=int, default=10, help="log the training loss every N optimizer steps")
-    g.add_argument("--json-summary", dest="json_summary", default=None,
-                   help="JSON-lines log file (default: <output_dir>/dllogger.json)")
-    g.add_argument("--disable_progress_bar", action="store_true", help="no tqdm bars")
-    g.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
     return p
 
 
@@ -122,18 +98,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if not (args.do_train or args.do_eval or args.do_predict):
         raise SystemExit("nothing to do: pass at least one of --do_train, --do_eval, --do_predict")
-    if args.gradient_accumulation_steps < 1:
-        raise SystemExit(f"--gradient_accumulation_steps must be >= 1, got {args.gradient_accumulation_steps}")
-    if args.train_batch_size % args.gradient_accumulation_steps:
-        raise SystemExit(f"--train_batch_size {args.train_batch_size} is not divisible by "
-                         f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
-    for name in ("train_batch_size", "eval_batch_size", "max_seq_length"):
+    for name in ("eval_batch_size", "max_seq_length"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
-    if not 0.0 <= args.warmup_proportion <= 1.0:
-        raise SystemExit(f"--warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
-    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise SystemExit("--num_train_epochs must be positive (or give --max_steps)")
+    try:
+        training.check_finetuning_arguments(args)
+    except utils.InputError as e:
+        raise SystemExit(f"run_glue.py: {e}") from None
     return args
 
 
@@ -154,15 +125,6 @@ def resolve_model_files(args: argparse.Namespace) -> None:
         raise SystemExit(f"--vocab_file {args.vocab_file} not found")
     if args.config_file is not None and not Path(args.config_file).is_file():
         raise SystemExit(f"--config_file {args.config_file} not found")
-
-
-def warn_on_casing(vocab_file: str, do_lower_case: bool, log) -> None:
-    """An uncased vocabulary without --do_lower_case turns every capitalised word into [UNK]: say so."""
-    with open(vocab_file, encoding="utf-8") as f:
-        has_upper = any(any(c.isupper() for c in line) for line in f if not line.startswith("["))
-    if not has_upper and not do_lower_case:
-        log(f"warning: {vocab_file} is an uncased vocabulary but --do_lower_case is not set; capitalised words "
-            "will become [UNK]")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,116 +170,30 @@ def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int
     return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 
 
-@dataclass
-class TrainResult:
-    steps: int
-    loss: float
-    seconds: float
-    sequences: int
+def classification_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy over the classes (mean squared error for regression), from the classifier head."""
+    return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["labels"])[0]
 
 
-def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: float, max_steps: float) -> int:
-    """Optimizer steps of the run: max_steps when positive, else ceil(epochs * steps per epoch); an epoch's last
-    partial accumulation group is a step of its own."""
-    if max_steps > 0:
-        return int(max_steps)
-    return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
-
-
-def accumulation_groups(loader, accumulation: int) -> Iterator[list[dict[str, torch.Tensor]]]:
-    """The loader's micro-batches in groups of `accumulation` (the last group of an epoch may be shorter)."""
-    group = []
-    for batch in loader:
-        group.append(batch)
-        if len(group) == accumulation:
-            yield group
-            group = []
-    if group:
-        yield group
-
-
-def train(args, model, ddp_model, dataset: GlueDataset, env: utils.DistEnv, logger: utils.JsonLogger) -> TrainResult:
-    from optimization import BertAdam, param_groups_for_bert
-    from schedulers import LinearWarmUpScheduler
-    from tqdm import tqdm
-
+def train(args, model, dataset: torch.utils.data.Dataset, env: utils.DistEnv,
+          logger: training.RunLogger) -> training.FitResult:
+    """Fine-tune `model` (bare; DDP and precision are applied here) on `dataset`, in shuffled micro-batches padded
+    to their longest sequence."""
     micro_batch = args.train_batch_size // args.gradient_accumulation_steps
-    sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=args.seed) if env.distributed
-               else torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(args.seed)))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate,
-                                         num_workers=args.num_workers, pin_memory=env.device.type == "cuda")
-    total_steps = count_optimizer_steps(len(loader), args.gradient_accumulation_steps, args.num_train_epochs,
-                                        args.max_steps)
-    optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
-                         weight_decay=args.weight_decay,
-                         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
-    scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
-    scaler = torch.amp.GradScaler(env.device.type, enabled=args.precision == "fp16")
+    epoch_batches, per_epoch = training.shuffled_epochs(dataset, micro_batch, collate, args.seed, env,
+                                                        args.num_workers)
+    total_steps = training.count_optimizer_steps(per_epoch, args.gradient_accumulation_steps,
+                                                 args.num_train_epochs, args.max_steps)
+    ddp_model, precision, optimizer, scheduler = training.finetuning_setup(model, args, env, total_steps)
     logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
                              "micro_batch": micro_batch, "world_size": env.world_size})
-
-    model.train()
-    step, epoch, sequences = 0, 0, 0
-    loss_sum = torch.zeros((), device=env.device)  # summed on the device: no host sync per micro-batch
-    loss_count, last_loss = 0, float("nan")
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=args.disable_progress_bar or not env.is_main)
-    start = time.perf_counter()
-    while step < total_steps:
-        if env.distributed:
-            sampler.set_epoch(epoch)
-        for group in accumulation_groups(loader, args.gradient_accumulation_steps):
-            loss_sum += train_step(ddp_model, group, args.precision, scaler, env)
-            loss_count += 1
-            sequences += sum(len(b["input_ids"]) for b in group) * env.world_size
-            scale_before = scaler.get_scale() if scaler.is_enabled() else None
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            if scale_before is None or scaler.get_scale() >= scale_before:  # a skipped fp16 step lowers the scale
-                scheduler.step()
-            step += 1
-            bar.update(1)
-            if step % args.log_freq == 0 or step == total_steps:
-                last_loss = loss_sum.item() / loss_count
-                logger.log((epoch, step), {"loss": last_loss, "lr": optimizer.param_groups[0]["lr"]})
-                bar.set_postfix(loss=f"{last_loss:.4f}")
-                loss_sum.zero_()
-                loss_count = 0
-            if step >= total_steps:
-                break
-        epoch += 1
-    if env.device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    bar.close()
-    return TrainResult(steps=step, loss=last_loss, seconds=seconds, sequences=sequences)
-
-
-def train_step(ddp_model, group: list[dict[str, torch.Tensor]], precision: str, scaler, env) -> torch.Tensor:
-    """Forward and backward over one accumulation group; returns the group's mean loss (a detached tensor).
-
-    Gradients are synchronised across processes only on the group's last micro-batch (DDP's no_sync)."""
-    total = torch.zeros((), device=env.device)
-    for i, batch in enumerate(group):
-        batch = to_device(batch, env.device)
-        last = i == len(group) - 1
-        sync = ddp_model.no_sync() if env.distributed and not last else contextlib.nullcontext()
-        with sync:
-            with utils.autocast(precision, env.device):  # autocast the forward only, as torch.amp recommends
-                loss, _ = ddp_model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                                    batch["labels"])
-                loss = loss / len(group)
-            scaler.scale(loss).backward()
-        total += loss.detach()
-    return total
+    return training.fit(ddp_model, epoch_batches, classification_loss, optimizer, scheduler, precision, env, logger,
+                        total_steps=total_steps, accumulation=args.gradient_accumulation_steps,
+                        log_freq=args.log_freq)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -344,7 +220,7 @@ def predict_logits(model, dataset: GlueDataset, args, env: utils.DistEnv, desc: 
     start = time.perf_counter()
     for batch in tqdm(loader, desc=desc, unit="batch", disable=args.disable_progress_bar or not env.is_main):
         index = batch["index"].numpy()
-        batch = to_device(batch, env.device)
+        batch = training.to_device(batch, env.device)
         tic = time.perf_counter()
         with utils.autocast(args.precision, env.device):
             (out,) = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
@@ -411,6 +287,13 @@ def subset(examples: list[InputExample], limit: int | None) -> list[InputExample
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    try:
+        return run(args)
+    except (utils.InputError, CheckpointError, FileNotFoundError) as e:
+        raise SystemExit(f"run_glue.py: error: {e}") from None
+
+
+def run(args: argparse.Namespace) -> dict:
     task = get_task(args.task_name)
     resolve_model_files(args)
 
@@ -420,7 +303,8 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir = Path(args.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-    logger = utils.JsonLogger(args.json_summary or output_dir / "dllogger.json", enabled=env.is_main)
+    logger = training.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
+                                progress=not args.disable_progress_bar)
     log = print if env.is_main else (lambda *_: None)
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
 
@@ -433,10 +317,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.do_predict and args.predict_split == "test":
         test_sets = {n: subset(ex, args.max_eval_examples) for n, ex in get_test_examples(args.data_dir, task).items()}
 
-    from tokenization import BertTokenizer
+    from tokenization import BertTokenizer, casing_warning
 
-    warn_on_casing(args.vocab_file, args.do_lower_case, log)
     tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+    warning = casing_warning(tokenizer.vocab, args.vocab_file, args.do_lower_case)
+    if warning:
+        log(f"warning: {warning}")
     utils.set_seed(args.seed)  # the same fresh classifier on every process
     load_report: list[str] = []
     model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, config=args.config_file,
@@ -459,11 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
         log(f"{task.display_name} train: {len(encoded)} examples, mean length {encoded.lengths.mean():.1f} tokens, "
             f"{encoded.truncated} truncated to {args.max_seq_length}")
         utils.set_seed(args.seed + env.rank)  # different dropout masks on each process
-        ddp_model = model
-        if env.distributed:
-            ddp_model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
-        result = train(args, model, ddp_model, GlueDataset(encoded), env, logger)
+        result = train(args, model, GlueDataset(encoded), env, logger)
         results["train"] = {"examples": len(encoded), "steps": result.steps, "final_loss": result.loss,
                             "seconds": result.seconds, "sequences_per_second": result.sequences / result.seconds,
                             "train_batch_size": args.train_batch_size * env.world_size,

@@ -40,14 +40,12 @@ Differences from NVIDIA's run_squad.py, on purpose:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -57,7 +55,8 @@ import torch
 import utils
 from modeling import BertConfig, BertForQuestionAnswering, CheckpointError, export_state_dict, save_hf_directory
 from processors import squad
-from tokenization import BertTokenizer
+import training
+from tokenization import BertTokenizer, casing_warning
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments
@@ -106,36 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="v2.0: predict no answer when null score - best span score exceeds this")
     g.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility; unused")
 
-    g = p.add_argument_group("training")
-    g.add_argument("--train_batch_size", type=int, default=32,
-                   help="sequences per optimizer step per process (split into --gradient_accumulation_steps parts)")
+    g, r = training.add_finetuning_arguments(
+        p, seed=42, log_freq=50, workers_help="DataLoader worker processes cutting training batches (the features "
+                                              "are in-memory tensors, so 0 is usually fastest)")
     g.add_argument("--predict_batch_size", type=int, default=64, help="windows per prediction batch")
-    g.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate of AdamW")
-    g.add_argument("--weight_decay", type=float, default=0.01, help="decoupled weight decay (not on biases/LayerNorm)")
-    g.add_argument("--max_grad_norm", type=float, default=1.0, help="global gradient-norm clip (<= 0: off)")
-    g.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs (fractions allowed)")
-    g.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides --num_train_epochs")
-    g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
-    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
     g.add_argument("--group_by_length", action="store_true",
                    help="training batches of similar lengths (less padding; batches still in random order)")
-    g.add_argument("--seed", type=int, default=42, help="random seed (answer head, dropout, shuffling)")
-    utils.add_precision_arguments(g)
-    g.add_argument("--loss_scale", type=float, default=0.0,
-                   help="fp16: initial loss scale of the dynamic GradScaler (0: its default, 2**16)")
-
-    g = p.add_argument_group("runtime")
-    g.add_argument("--num_workers", type=int, default=0,
-                   help="DataLoader worker processes cutting training batches (the features are in-memory tensors, "
-                        "so 0 is usually fastest)")
-    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
-    g.add_argument("--log_freq", type=int, default=50, help="log the training loss every N optimizer steps")
-    g.add_argument("--json-summary", dest="json_summary", default=None,
-                   help="JSON-lines log file (default: <output_dir>/dllogger.json)")
-    g.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
-    g.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
-    g.add_argument("--use_env", action="store_true",
+    r.add_argument("--use_env", action="store_true",
                    help="accepted for compatibility (the rank always comes from the environment)")
     return p
 
@@ -159,19 +135,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "ckpt_<step>.pt, a model.pt or a Hugging Face directory")
     if args.init_checkpoint is None and args.config_file is None:
         raise SystemExit("run_squad.py: give --init_checkpoint, or --config_file to start from random weights")
-    if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
-        raise SystemExit(f"run_squad.py: --train_batch_size {args.train_batch_size} must be a positive multiple of "
-                         f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
-    for name in ("train_batch_size", "predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"):
+    try:
+        training.check_finetuning_arguments(args)
+    except utils.InputError as e:
+        raise SystemExit(f"run_squad.py: {e}") from None
+    for name in ("predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"):
         if getattr(args, name) < 1:
             raise SystemExit(f"run_squad.py: --{name} must be positive, got {getattr(args, name)}")
     if args.max_seq_length < args.max_query_length + 4:
         raise SystemExit(f"run_squad.py: --max_seq_length {args.max_seq_length} must be at least --max_query_length "
                          f"{args.max_query_length} + 4 ([CLS], two [SEP] and one document token)")
-    if not 0.0 <= args.warmup_proportion <= 1.0:
-        raise SystemExit(f"run_squad.py: --warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
-    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise SystemExit("run_squad.py: --num_train_epochs must be positive (or give --max_steps)")
     return args
 
 
@@ -185,11 +158,6 @@ def resolve_vocab(args: argparse.Namespace) -> None:
     if not found:
         raise SystemExit("run_squad.py: no vocab.txt in or beside --init_checkpoint: pass --vocab_file")
     args.vocab_file = str(found[0])
-
-
-def vocab_is_uncased(vocab: dict[str, int]) -> bool:
-    """No token with an ASCII capital letter (special tokens aside): an uncased vocabulary."""
-    return not any(any("A" <= c <= "Z" for c in t) for t in vocab if not t.startswith("["))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -305,104 +273,26 @@ def build_features(args, input_file: str, examples, tokenizer, is_training: bool
 # Training
 
 
-def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: float, max_steps: float) -> int:
-    if max_steps > 0:
-        return int(max_steps)
-    return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
+def qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The mean of the start- and end-position cross-entropies (the answer head's loss)."""
+    return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"], batch["start_positions"],
+                 batch["end_positions"])[0]
 
 
-def accumulation_groups(batches: Iterator[dict], accumulation: int) -> Iterator[list[dict]]:
-    """Consecutive micro-batches in groups of `accumulation` (the last group of an epoch may be shorter)."""
-    group = []
-    for batch in batches:
-        group.append(batch)
-        if len(group) == accumulation:
-            yield group
-            group = []
-    if group:
-        yield group
-
-
-@dataclass
-class TrainResult:
-    global_step: int
-    final_loss: float
-    seconds: float
-    sequences: int
-
-
-def train(args, model, ddp_model, tensors: dict[str, torch.Tensor], env: utils.DistEnv,
-          logger: utils.JsonLogger) -> TrainResult:
-    from optimization import BertAdam, param_groups_for_bert
-    from schedulers import LinearWarmUpScheduler
-
+def train(args, model, tensors: dict[str, torch.Tensor], env: utils.DistEnv,
+          logger: training.RunLogger) -> training.FitResult:
+    """Fine-tune `model` (bare; DDP and precision are applied here) on the training windows."""
     micro_batch = args.train_batch_size // args.gradient_accumulation_steps
     num_windows = len(tensors["input_ids"])
     batches_per_epoch = math.ceil(math.ceil(num_windows / env.world_size) / micro_batch)
-    total_steps = count_optimizer_steps(batches_per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
-                                        args.max_steps)
-    optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
-                         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
-    scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
-    scaler_kwargs = {"init_scale": args.loss_scale} if args.loss_scale > 0 else {}
-    scaler = torch.amp.GradScaler(env.device.type, enabled=args.precision == "fp16", **scaler_kwargs)
+    total_steps = training.count_optimizer_steps(batches_per_epoch, args.gradient_accumulation_steps,
+                                                 args.num_train_epochs, args.max_steps)
+    ddp_model, precision, optimizer, scheduler = training.finetuning_setup(model, args, env, total_steps)
     logger.log("PARAMETER", {"train_windows": num_windows, "total_steps": total_steps, "micro_batch": micro_batch,
-                             "world_size": env.world_size, "precision": args.precision})
-    bar = None
-    if env.is_main and not args.disable_progress_bar:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total_steps, desc="training", unit="step", mininterval=2)
-
-    ddp_model.train()
-    step, epoch, sequences = 0, 0, 0
-    window_loss, window_steps, last_loss = 0.0, 0, float("nan")
-    start_time = time.time()
-    while step < total_steps:
-        for group in accumulation_groups(training_batches(tensors, micro_batch, args, env, epoch),
-                                         args.gradient_accumulation_steps):
-            loss = train_step(ddp_model, group, args.precision, scaler, env)
-            scale_before = scaler.get_scale() if scaler.is_enabled() else None
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            if scale_before is None or scaler.get_scale() >= scale_before:  # a skipped fp16 step lowers the scale
-                scheduler.step()
-            step += 1
-            sequences += sum(len(b["input_ids"]) for b in group) * env.world_size
-            window_loss, window_steps = window_loss + loss, window_steps + 1
-            if bar is not None:
-                bar.update(1)
-            if step % args.log_freq == 0 or step == total_steps:
-                last_loss = window_loss / window_steps
-                logger.log(step, {"loss": last_loss, "learning_rate": optimizer.param_groups[0]["lr"],
-                                  "epoch": epoch, "sequences_per_second": sequences / (time.time() - start_time)})
-                if bar is not None:
-                    bar.set_postfix(loss=f"{last_loss:.4f}")
-                window_loss, window_steps = 0.0, 0
-            if step >= total_steps:
-                break
-        epoch += 1
-    if bar is not None:
-        bar.close()
-    return TrainResult(step, last_loss, time.time() - start_time, sequences)
-
-
-def train_step(ddp_model, group: list[dict[str, torch.Tensor]], precision: str, scaler, env: utils.DistEnv) -> float:
-    """Forward and backward over a group of micro-batches, each loss weighted by 1/len(group). Gradients are
-    synchronised across processes only on the group's last micro-batch (DDP's no_sync). Returns the mean loss."""
-    total = 0.0
-    for i, batch in enumerate(group):
-        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
-        last = i == len(group) - 1
-        sync = ddp_model.no_sync() if env.distributed and not last else contextlib.nullcontext()
-        with sync:
-            with utils.autocast(precision, env.device):
-                loss, _, _ = ddp_model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                                       batch["start_positions"], batch["end_positions"])
-            scaler.scale(loss / len(group)).backward()
-        total += float(loss.detach())
-    return total / len(group)
+                             "world_size": env.world_size, "precision": precision.name})
+    return training.fit(ddp_model, lambda epoch: training_batches(tensors, micro_batch, args, env, epoch), qa_loss,
+                        optimizer, scheduler, precision, env, logger, total_steps=total_steps,
+                        accumulation=args.gradient_accumulation_steps, log_freq=args.log_freq)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -495,7 +385,8 @@ def run(args: argparse.Namespace) -> dict:
     env = utils.init_distributed(no_cuda=args.no_cuda)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    logger = utils.JsonLogger(args.json_summary or output_dir / "dllogger.json", enabled=env.is_main)
+    logger = training.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
+                                progress=not args.disable_progress_bar)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
     choice = utils.setup_precision(args.precision, env.device, "run_squad.py", show=env.is_main)
     args.precision, args.precision_reason = choice.name, choice.reason
@@ -503,9 +394,9 @@ def run(args: argparse.Namespace) -> dict:
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
 
     tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
-    if vocab_is_uncased(tokenizer.vocab) and not args.do_lower_case:
-        log(f"warning: {args.vocab_file} is an uncased vocabulary but --do_lower_case is not set; capitalised "
-            "words will become [UNK]")
+    warning = casing_warning(tokenizer.vocab, args.vocab_file, args.do_lower_case)
+    if warning:
+        log(f"warning: {warning}")
     model = load_model(args, log)
     if len(tokenizer.vocab) > model.config.vocab_size:
         raise SystemExit(f"run_squad.py: {args.vocab_file} has {len(tokenizer.vocab)} tokens but the model only "
@@ -521,15 +412,11 @@ def run(args: argparse.Namespace) -> dict:
         examples = squad.read_squad_examples(args.train_file, True, args.version_2_with_negative)
         features = build_features(args, args.train_file, examples, tokenizer, True, env, log, collective=True)
         tensors = feature_tensors(features, with_positions=True)
-        ddp_model = model
-        if env.distributed:
-            ddp_model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
-        result = train(args, model, ddp_model, tensors, env, logger)
-        summary.update(e2e_train_time=result.seconds, global_step=result.global_step, final_loss=result.final_loss,
+        result = train(args, model, tensors, env, logger)
+        summary.update(e2e_train_time=result.seconds, global_step=result.steps, final_loss=result.loss,
                        training_sequences_per_second=result.sequences / max(result.seconds, 1e-9))
         if env.is_main and not args.skip_checkpoint:
-            save_model(model, output_dir, args.vocab_file, result.global_step)
+            save_model(model, output_dir, args.vocab_file, result.steps)
             log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
 
     if args.do_predict and env.is_main:  # process 0 predicts alone: the others wait at the barrier below

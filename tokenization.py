@@ -36,6 +36,20 @@ def load_vocab(vocab_file: str | os.PathLike) -> "collections.OrderedDict[str, i
     return vocab
 
 
+def vocab_is_uncased(vocab: dict[str, int]) -> bool:
+    """No token with a capital letter (special tokens such as [CLS] aside): an uncased vocabulary."""
+    return not any(any(c.isupper() for c in token) for token in vocab if not token.startswith("["))
+
+
+def casing_warning(vocab: dict[str, int], vocab_file: str, do_lower_case: bool) -> str | None:
+    """A one-line warning when an uncased vocabulary meets input that is not lower-cased (every capitalised word
+    would become [UNK]), else None."""
+    if vocab_is_uncased(vocab) and not do_lower_case:
+        return (f"{vocab_file} is an uncased vocabulary but --do_lower_case is not set; capitalised words will "
+                "become [UNK]")
+    return None
+
+
 def whitespace_tokenize(text: str) -> list[str]:
     return text.strip().split()
 

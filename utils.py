@@ -444,3 +444,8 @@ def survive_broken_pipes() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+class InputError(Exception):
+    """Bad input a user can fix (a file, a flag, a shard): library code raises it (or a subclass) with a one-line
+    message naming the flag or file; only an entry script's main() turns it into that line and a non-zero exit."""

@@ -26,6 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
+from utils import InputError
+
 # ----------------------------------------------------------------------------------------------------------------
 # Examples and task descriptions
 
@@ -146,11 +148,11 @@ ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "mnli-mm": "mnli", "mnli_mismatched
 
 
 def get_task(name: str) -> GlueTask:
-    """The task for a --task_name, case-insensitive; a one-line SystemExit listing the known names otherwise."""
+    """The task for a --task_name, case-insensitive; a GlueDataError listing the known names otherwise."""
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key not in TASKS:
-        raise SystemExit(f"unknown --task_name {name!r}: choose one of {', '.join(TASKS)} (case does not matter)")
+        raise GlueDataError(f"unknown --task_name {name!r}: choose one of {', '.join(TASKS)} (case does not matter)")
     return TASKS[key]
 
 
@@ -158,8 +160,8 @@ def get_task(name: str) -> GlueTask:
 # Reading
 
 
-class GlueDataError(SystemExit):
-    """A missing or malformed GLUE file; the message names the file and what to do (exits non-zero)."""
+class GlueDataError(InputError):
+    """An unknown task, or a missing or malformed GLUE file; the message names the file and what to do."""
 
 
 def _resolve(data_dir: Path, task: GlueTask, split: str, alternatives: Sequence[Sequence[str]]) -> list[Path]:

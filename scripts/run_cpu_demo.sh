@@ -105,11 +105,21 @@ run_forwarding_signals "" bash "$repo/scripts/run_pretraining.sh" "${args[@]}"
 (( JOB_STATUS == 0 )) || exit "$JOB_STATUS"  # 75: stopped by a signal (the launcher said how to resume)
 
 # ---- 4. summary -------------------------------------------------------------------------------------------------
-"$PYTHON" - "$run_dir" "${args[12]}" <<'EOF'
+"$PYTHON" - "$run_dir" "${args[12]}" "$out/hdf5_heldout128/heldout.hdf5" 2000 <<'EOF'
 import json, sys
 from pathlib import Path
 
-run_dir, job = Path(sys.argv[1]), sys.argv[2]
+import h5py
+import numpy as np
+
+run_dir, job, heldout, max_eval = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+# The baseline to beat: always guess the held-out set's most frequent masked token (what the eval counts: the
+# first --max_eval_samples samples, masked slots with a position > 0).
+with h5py.File(heldout, "r") as f:
+    positions, ids = f["masked_lm_positions"][:max_eval], f["masked_lm_ids"][:max_eval]
+targets = ids[positions > 0]
+baseline = np.bincount(targets).max() / len(targets)
+print(f"baseline: always guessing the most frequent masked token scores {baseline:.3f} on the held-out set")
 for phase in (1, 2):
     path = run_dir / f"{job}.phase{phase}.json"
     if not path.is_file():

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import run_glue
-from processors.glue import (TASKS, EncodedExamples, compute_metrics, encode_examples, get_dev_examples, get_task,
+import training
+from processors.glue import (TASKS, EncodedExamples, GlueDataError, compute_metrics, encode_examples, get_dev_examples, get_task,
                              get_test_examples, get_train_examples, read_examples, truncate_seq_pair)
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -181,20 +182,20 @@ def test_glue_layout_cola_and_sst2_test_files(tmp_path):
 
 def test_bad_input_is_one_line_error(tmp_path):
     task = get_task("rte")
-    with pytest.raises(SystemExit, match=r"RTE train set not found: no .*train\.tsv"):
+    with pytest.raises(GlueDataError, match=r"RTE train set not found: no .*train\.tsv"):
         get_train_examples(tmp_path, task)
-    with pytest.raises(SystemExit, match="not a directory"):
+    with pytest.raises(GlueDataError, match="not a directory"):
         get_train_examples(tmp_path / "nowhere", task)
     _write(tmp_path / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "a", "b", "maybe"]])
-    with pytest.raises(SystemExit, match=r"train\.tsv:2: label 'maybe' is not one of \['entailment'"):
+    with pytest.raises(GlueDataError, match=r"train\.tsv:2: label 'maybe' is not one of \['entailment'"):
         get_train_examples(tmp_path, task)
     _write(tmp_path / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "a", "b"]])
-    with pytest.raises(SystemExit, match=r"train\.tsv:2: 3 tab-separated fields, expected at least 4"):
+    with pytest.raises(GlueDataError, match=r"train\.tsv:2: 3 tab-separated fields, expected at least 4"):
         get_train_examples(tmp_path, task)
     _write(tmp_path / "train.tsv", [["index", "premise", "hypothesis", "label"], ["0", "a", "b", "entailment"]])
-    with pytest.raises(SystemExit, match="no column 'sentence1' in the header"):
+    with pytest.raises(GlueDataError, match="no column 'sentence1' in the header"):
         get_train_examples(tmp_path, task)
-    with pytest.raises(SystemExit, match="unknown --task_name 'squad'"):
+    with pytest.raises(GlueDataError, match="unknown --task_name 'squad'"):
         get_task("squad")
 
 
@@ -312,9 +313,9 @@ def test_collate_pads_to_the_longest_in_the_batch():
 
 def test_optimizer_step_count():
     # ceil over epochs of ceil(batches / accumulation); max_steps wins
-    assert run_glue.count_optimizer_steps(batches_per_epoch=10, accumulation=3, epochs=2, max_steps=-1) == 8
-    assert run_glue.count_optimizer_steps(10, 1, 0.5, -1) == 5
-    assert run_glue.count_optimizer_steps(10, 1, 3, 7) == 7
+    assert training.count_optimizer_steps(batches_per_epoch=10, accumulation=3, epochs=2, max_steps=-1) == 8
+    assert training.count_optimizer_steps(10, 1, 0.5, -1) == 5
+    assert training.count_optimizer_steps(10, 1, 3, 7) == 7
 
 
 # ----------------------------------------------------------------------------------------------------------------

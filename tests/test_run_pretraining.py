@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 import torch
 
+import pretraining_data
 import run_pretraining as rp
+import training
 from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, make_shards, max_diff, read_log, subprocess_env,
                       weights, write_config)
 from modeling import BertConfig, BertForPreTraining, save_hf_directory
@@ -40,7 +42,8 @@ def one_thread():
 
 ISSUE_FLAGS = ["--input_dir", "--config_file", "--vocab_file", "--output_dir", "--init_checkpoint", "--max_seq_length",
                "--max_predictions_per_seq", "--train_batch_size", "--gradient_accumulation_steps", "--learning_rate",
-               "--warmup_proportion", "--max_steps", "--steps_this_run", "--seed", "--precision", "--fp16", "--amp", "--bf16",
+               "--warmup_proportion", "--max_steps", "--steps_this_run", "--seed", "--precision", "--fp16", "--amp",
+               "--bf16",
                "--loss_scale", "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16", "--log_freq",
                "--num_steps_per_checkpoint", "--skip_checkpoint", "--resume_from_checkpoint", "--resume_step",
                "--phase2", "--phase1_end_step", "--do_train", "--json-summary", "--num_workers",
@@ -111,18 +114,19 @@ def test_mlm_labels_follow_nvidia_rule_with_padded_slots(tmp_path):
     folder = make_shards(tmp_path / "d", n_shards=1, short_rows=7)
     with h5py.File(folder / "shard_00.hdf5") as f:
         positions, ids = f["masked_lm_positions"][()], f["masked_lm_ids"][()]
-    labels = rp.mlm_labels(positions, ids, SEQ)
+    labels = pretraining_data.mlm_labels(positions, ids, SEQ)
     np.testing.assert_array_equal(labels, nvidia_labels(positions, ids, SEQ))
     assert (labels[-7:] >= 0).sum() == 7 * 2 and (labels[:-7] >= 0).sum() == 33 * PRED
 
 
 def stream(folder: Path, micro: int, rank: int = 0, world: int = 1, workers: int = 0, position=None, masker=None):
-    shards = [rp.ShardInfo(p, 40, masker is not None) for p in sorted(folder.glob("*.hdf5"))]
-    return rp.PretrainingData(shards, seed=7, micro_batch=micro, rank=rank, world_size=world, num_workers=workers,
-                              masker=masker, position=position)
+    shards = [pretraining_data.ShardInfo(p, 40, masker is not None) for p in sorted(folder.glob("*.hdf5"))]
+    return pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, rank=rank, world_size=world,
+                                            num_workers=workers,
+                                            masker=masker, position=position)
 
 
-def take(data: rp.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
+def take(data: pretraining_data.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
     it = iter(data)
     return [next(it) for _ in range(count)]
 
@@ -148,14 +152,38 @@ def test_stream_is_independent_of_the_process_split_and_resumes_exactly(tmp_path
     for k in range(15):
         for key in resumed[k]:
             assert torch.equal(resumed[k][key], single[5 + k][key])
-    assert first.position == rp.DataPosition(epoch=0, shard_index=1, sample_offset=24)
+    assert first.position == pretraining_data.DataPosition(epoch=0, shard_index=1, sample_offset=24)
     first.close()
+
+
+def test_an_abandoned_or_closed_stream_ends_its_workers(tmp_path):
+    """DataLoader workers ignore SIGTERM, so nothing else would end them: a stream dropped half-way (or closed)
+    must end its workers at once, or the interpreter's exit waits for them forever."""
+    import multiprocessing
+
+    folder = make_shards(tmp_path / "d", n_shards=1, n=40)
+
+    def workers_gone() -> bool:
+        deadline = time.time() + 10
+        while multiprocessing.active_children() and time.time() < deadline:
+            time.sleep(0.05)
+        return not multiprocessing.active_children()
+
+    batches = iter(stream(folder, 8, workers=1))
+    next(batches)
+    assert multiprocessing.active_children()
+    del batches  # abandoned mid-epoch
+    assert workers_gone()
+    data = stream(folder, 8, workers=1)
+    next(iter(data))
+    data.close()
+    assert workers_gone()
 
 
 def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
     folder = make_shards(tmp_path / "d", n_shards=1, n=40, vocab=VOCAB, unmasked=True)
-    masker = rp.Masker(vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK, masked_lm_prob=0.15,
-                       max_predictions=PRED)
+    masker = pretraining_data.Masker(vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK,
+                                     masked_lm_prob=0.15, max_predictions=PRED)
     batches = take(stream(folder, 8, masker=masker), 10)  # 5 batches an epoch
     with h5py.File(folder / "shard_00.hdf5") as f:
         originals = {tuple(row) for row in f["input_ids"][()].tolist()}
@@ -173,7 +201,7 @@ def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
             masks[k // 5][tuple(row)] = label
     assert len(masks[0]) == len(masks[1]) == 40
     assert sum(not torch.equal(masks[0][r], masks[1][r]) for r in masks[0]) > 30  # new masks in epoch 1
-    resumed = take(stream(folder, 8, masker=masker, position=rp.DataPosition(0, 0, 16)), 3)
+    resumed = take(stream(folder, 8, masker=masker, position=pretraining_data.DataPosition(0, 0, 16)), 3)
     for a, b in zip(resumed, batches[2:5]):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -199,13 +227,11 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_json_file(config))
-    cfg = rp.parse_args(["--config_file", str(config), "--output_dir", "x", "--eval_dir", "x", "--fp16",
-                          "--init_loss_scale", "1024"])
     from utils import DistEnv
 
-    model, precision = rp.apply_parallelism_and_precision(model, cfg, DistEnv())
+    model, precision = training.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
     optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
-    batch = rp.to_model_inputs({
+    batch = pretraining_data.to_model_inputs({
         "input_ids": np.full((2, 8), 7, np.int32), "input_mask": np.ones((2, 8), np.int8),
         "segment_ids": np.zeros((2, 8), np.int8), "masked_lm_positions": np.array([[1, 3], [2, 0]], np.int32),
         "masked_lm_ids": np.array([[9, 11], [12, 0]], np.int32), "next_sentence_labels": np.array([0, 1], np.int8)},
@@ -219,13 +245,13 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     backward()
     rp._inject_inf(model)
-    assert rp.optimizer_step(optimizer, precision) is False
+    assert training.optimizer_step(optimizer, precision) is False
     assert precision.loss_scale == 512.0  # halved
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert len(optimizer.state) == 0  # no moments, no step count: the step never happened
     optimizer.zero_grad(set_to_none=True)
     backward()
-    assert rp.optimizer_step(optimizer, precision) is True
+    assert training.optimizer_step(optimizer, precision) is True
     assert precision.loss_scale == 512.0  # grows only after 2000 good steps
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(float(s["step"]) == 1 for s in optimizer.state.values())
@@ -308,7 +334,7 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     loss = 0.0
     for shard in sorted(data.glob("*.hdf5"))[:3]:
         with h5py.File(shard) as f:
-            rows = {k: f[k][()] for k in rp.SHARD_KEYS}
+            rows = {k: f[k][()] for k in pretraining_data.SHARD_KEYS}
         take = min(40, 100 - total // PRED)
         labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"][:take], rows["masked_lm_ids"][:take], SEQ))
         with torch.no_grad():
@@ -436,7 +462,7 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
         if mode == "sigterm":
             time.sleep(rng.uniform(0.0, 0.3))
             os.killpg(proc.pid, signal.SIGTERM)
-            assert proc.wait(timeout=60) == rp.EXIT_STOPPED, proc.stderr.read().decode()[-2000:]
+            assert proc.wait(timeout=60) == training.EXIT_STOPPED, proc.stderr.read().decode()[-2000:]
             final = [r for r in read_log(out / "log.json") if r["step"] == "FINAL"][-1]["data"]
             assert final["stopped_by_signal"] and final["step"] == max(rp.list_checkpoints(out)) < steps
             assert torch.load(out / f"ckpt_{final['step']}.pt", weights_only=True)["step"] == final["step"]
@@ -499,14 +525,15 @@ def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
                     "--vocab_file", str(uncased_vocab), "--do_train", "--max_seq_length", "64",
                     "--max_predictions_per_seq", "10", "--train_batch_size", "16", "--learning_rate", "2e-2",
                     "--warmup_proportion", "0.05", "--max_steps", "250", "--num_workers", "0", "--log_freq", "25",
-                    "--precision", "auto", "--eval_dir", str(tmp_path / "test"), "--eval_steps", "125", "--max_eval_samples", "512",
+                    "--precision", "auto", "--eval_dir", str(tmp_path / "test"), "--eval_steps", "125",
+                    "--max_eval_samples", "512",
                     "--skip_checkpoint", "--disable_progress_bar", "--json-summary", str(out / "log.json")]) == 0
     log = read_log(out / "log.json")
     train = [r["data"]["mlm_loss"] for r in log if isinstance(r["step"], int) and "mlm_loss" in r["data"]]
     evals = [r["data"] for r in log if "eval_mlm_accuracy" in r["data"]]
     # The unigram baseline: always predict the most frequent masked token of the held-out set.
     with h5py.File(tmp_path / "test" / "wiki.hdf5") as f:
-        labels = rp.mlm_labels(f["masked_lm_positions"][:512], f["masked_lm_ids"][:512], 64)
+        labels = pretraining_data.mlm_labels(f["masked_lm_positions"][:512], f["masked_lm_ids"][:512], 64)
     counts = np.bincount(labels[labels >= 0])
     baseline = counts.max() / counts.sum()
     accuracy = [e["eval_mlm_accuracy"] for e in evals]

@@ -1,0 +1,541 @@
+"""The shared training core of run_pretraining.py, run_squad.py, run_glue.py and run_swag.py.
+
+Read top to bottom:
+- precision and parallelism: `apply_parallelism_and_precision`, the one ordered function that turns a bare model
+  into what the loop trains (TF32, activation checkpointing, device, DDP, its comm hook, torch.compile) and decides
+  how its maths runs (`Precision`: autocast, and a GradScaler for fp16);
+- one optimizer step: `grad_sync` (DDP's no_sync during accumulation), `forward_backward` over one micro-batch,
+  `optimizer_step` with the one fp16-overflow rule (unscale; a non-finite gradient skips the step);
+- bookkeeping: `Meter` keeps the losses on the device until a log step (no host sync per micro-batch) and measures
+  throughput and MFU; `RunLogger` writes dllogger-keyed JSON lines, TensorBoard scalars and the tqdm bar (rank 0);
+- `CheckpointManager`: ckpt_<step>.pt files written atomically, the newest N kept, the newest readable one found
+  on resume (falling back past a damaged file), interrupted writes cleaned up;
+- `StopRequest`: SIGTERM / SIGUSR1 / SIGINT finish the step, write a checkpoint and exit EXIT_STOPPED;
+- `fit`: the fine-tuning loop (epochs of micro-batches in accumulation groups, optimizer and schedule, logging),
+  which the fine-tuning scripts call with their own batches and loss; run_pretraining.py keeps its own loop (steps,
+  phases, exact resume) built from the same parts.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+import utils
+
+# --------------------------------------------------------------------------------------------------------------
+# Precision and parallelism, applied in one place
+
+
+@dataclass
+class Precision:
+    """How the maths runs: `name` fp32/tf32/fp16/bf16, autocast for the forward pass, a GradScaler for fp16."""
+
+    name: str
+    device: torch.device
+    scaler: torch.amp.GradScaler
+    static_loss_scale: float | None = None  # fp16 with a fixed --loss_scale
+    reason: str = ""  # why this precision (what --precision auto saw), logged with the parameters
+    warning: str | None = None  # one line when the hardware only emulates the precision asked for
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return utils.autocast(self.name, self.device)
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+
+
+def apply_parallelism_and_precision(model: torch.nn.Module, env: utils.DistEnv, precision: str = "auto", *,
+                                    loss_scale: float = 0.0, init_loss_scale: float = 2.0 ** 16,
+                                    checkpoint_activations: bool = False, allreduce_fp16: bool = False,
+                                    compile: bool = False) -> tuple[torch.nn.Module, Precision]:
+    """Turn a bare model into the module the loop trains, and decide how its maths runs. The order matters; each
+    step says why it comes where it does. Returns (the model to call, Precision); keep the bare model for saving.
+
+    precision: --precision (auto picks from the hardware, see utils.resolve_precision); loss_scale > 0: a static
+    fp16 loss scale, else dynamic from init_loss_scale; allreduce_fp16: all-reduce gradients in 16 bits.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cuda = env.device.type == "cuda"
+    # 0. Which precision runs: auto follows the hardware (bf16 only where it is native).
+    choice = utils.resolve_precision(precision, env.device)
+    fp16 = choice.name == "fp16"
+    # 1. TF32: fp32 matmuls (the tf32 run, and what autocast leaves in fp32) on tensor cores, on GPUs that have
+    #    them, unless fp32 was asked for by name; a no-op on CPU.
+    utils.configure_tf32(cuda and choice.name != "fp32")
+    # 2. Activation checkpointing is a property of the bare encoder: set it before anything wraps the module.
+    if checkpoint_activations:
+        model.bert.encoder.checkpoint_activations = True
+    # 3. Weights to the device, and they stay fp32: autocast casts per op, the optimizer updates fp32 weights.
+    model.to(env.device)
+    # 4. DDP: broadcasts rank 0's weights now, and averages gradients over ranks in buckets during backward.
+    #    Gradients are views into the buckets (no copy); no buffers need broadcasting in BERT.
+    if env.distributed:
+        model = DDP(model, device_ids=[env.local_rank] if cuda else None, broadcast_buffers=False,
+                    gradient_as_bucket_view=True)
+        # 5. The comm hook compresses each bucket to 16 bits for the all-reduce (and back): half the traffic.
+        #    bf16 (fp32's range) when training in bf16 on GPUs; PyTorch's bf16 hook needs NCCL, so gloo uses fp16.
+        if allreduce_fp16:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = default_hooks.bf16_compress_hook if choice.name == "bf16" and cuda \
+                else default_hooks.fp16_compress_hook
+            model.register_comm_hook(None, hook)
+    # 6. torch.compile goes around DDP, so that its DDPOptimizer splits the graph at bucket boundaries and the
+    #    all-reduces still overlap the backward pass.
+    if compile:
+        model = torch.compile(model)
+    # 7. Loss scaling for fp16 only (its range is narrow); bf16 has fp32's range and needs none.
+    static = loss_scale if fp16 and loss_scale > 0 else None
+    scaler = torch.amp.GradScaler(env.device.type, init_scale=static or init_loss_scale, enabled=fp16)
+    return model, Precision(choice.name, env.device, scaler, static, choice.reason, choice.warning)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One optimizer step
+
+
+def grad_sync(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """DDP's no_sync() (gradients accumulate locally, no all-reduce) unless `sync` or the model is not DDP."""
+    inner = getattr(model, "_orig_mod", model)  # under torch.compile
+    if sync or not isinstance(inner, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return inner.no_sync()
+
+
+LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def forward_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss_fn: LossFn,
+                     precision: Precision, accum: int, sync: bool) -> torch.Tensor:
+    """Forward and backward of one micro-batch; gradients accumulate in .grad (all-reduced unless not `sync`).
+
+    loss_fn(model, batch) returns the loss to minimise, or a 1-D tensor whose element 0 is that loss and whose
+    others are logged beside it (pre-training: total, MLM, NSP). Returns them detached, float64, divided by
+    `accum` (so the group's sum is its mean), still on the device.
+    """
+    with grad_sync(model, sync):  # no_sync must cover the forward and the backward
+        with precision.autocast():  # autocast for the forward only, as PyTorch recommends
+            losses = loss_fn(model, batch).reshape(-1)
+        precision.scaler.scale(losses[0] / accum).backward()  # the scaler is a no-op unless fp16
+    return losses.detach().double() / accum
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
+    """Take the optimizer step unless fp16 gradients overflowed. Returns True when the step was taken.
+
+    The one overflow rule: fp16 unscales the gradients; if any is inf/NaN the step is skipped (the GradScaler
+    then halves a dynamic scale; a static one stays). fp32/bf16 always step.
+    """
+    scaler = precision.scaler
+    if not scaler.is_enabled():
+        optimizer.step()
+        return True
+    scaler.unscale_(optimizer)  # also records found-inf for scaler.update()
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    finite = bool(torch.stack(torch._foreach_norm(grads)).isfinite().all())  # one host sync
+    if finite:
+        optimizer.step()
+    scaler.update(precision.static_loss_scale)
+    return finite
+
+
+def accumulation_groups(batches: Iterable[dict], accumulation: int) -> Iterator[list[dict]]:
+    """Consecutive micro-batches in groups of `accumulation` (the last group of an epoch may be shorter)."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == accumulation:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: float, max_steps: float) -> int:
+    """Optimizer steps of a fine-tuning run: max_steps when positive, else ceil(epochs * steps per epoch); an
+    epoch's last partial accumulation group is a step of its own."""
+    if max_steps > 0:
+        return int(max_steps)
+    return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
+
+
+def shuffled_epochs(dataset: torch.utils.data.Dataset, micro_batch: int, collate_fn, seed: int,
+                    env: utils.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
+    """A fine-tuning dataset as epochs of shuffled micro-batches (each process its own share, as DistributedSampler
+    cuts it): returns (epoch -> that epoch's batches, micro-batches per epoch)."""
+    sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=seed) if env.distributed
+               else torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate_fn,
+                                         num_workers=num_workers, pin_memory=env.device.type == "cuda")
+
+    def epoch_batches(epoch: int) -> Iterable[dict]:
+        if env.distributed:
+            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every process
+        return loader
+
+    return epoch_batches, len(loader)
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bookkeeping: losses, throughput, logs
+
+# Dense peak FLOP/s per GPU (tensor cores, no sparsity) by precision, for MFU.
+PEAK_FLOPS = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12},  # SXM; the PCIe card is lower
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12},
+    "V100": {"fp16": 125e12, "tf32": 15.7e12},
+}
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, table in PEAK_FLOPS.items():
+        if key in name:
+            return table.get(precision)
+    return None
+
+
+class Meter:
+    """What the log lines report: losses summed on the device between two log lines (no host sync per step), and
+    throughput (sequences and model FLOPs) over the steps after the first `warmup_steps` of this run (start-up,
+    compilation and cache warm-up are left out)."""
+
+    def __init__(self, env: utils.DistEnv, warmup_steps: int = 0, peak_flops: float | None = None,
+                 num_losses: int = 1):
+        self.env, self.warmup_steps, self.peak = env, warmup_steps, peak_flops
+        self.losses = torch.zeros(num_losses, dtype=torch.float64, device=env.device)
+        self.attempts = 0  # optimizer steps attempted since the last flush (skipped ones included)
+        self.steps = 0  # optimizer steps taken in this run
+        self.run_start = self.start = time.perf_counter()
+        self.sequences, self.run_sequences, self.flops = 0, 0, 0.0
+
+    def add_flops(self, flops: float) -> None:
+        """Model FLOPs of a micro-batch of this rank (for MFU, counting real tokens only)."""
+        self.flops += flops
+
+    def add_attempt(self, losses: torch.Tensor) -> None:
+        self.losses += losses
+        self.attempts += 1
+
+    def step_taken(self, sequences: int) -> None:
+        """One optimizer step of `sequences` sequences (all ranks) was taken."""
+        self.steps += 1
+        self.run_sequences += sequences
+        if self.steps <= self.warmup_steps:  # still warming up: restart the clock
+            self._sync()
+            self.start, self.sequences, self.flops = time.perf_counter(), 0, 0.0
+        else:
+            self.sequences += sequences
+
+    def _sync(self) -> None:
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def mean_losses(self) -> list[float]:
+        """Mean losses per attempted step since the last call, over every rank (the one host sync of a log step)."""
+        losses = self.losses / max(self.attempts, 1)
+        if self.env.distributed:
+            torch.distributed.all_reduce(losses)
+            losses /= self.env.world_size
+        self.losses.zero_()
+        self.attempts = 0
+        return losses.tolist()
+
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation of this rank since the warm-up, where the device's peak is known."""
+        if not (self.peak and self.sequences):
+            return None
+        return self.flops / (time.perf_counter() - self.start) / self.peak
+
+    def elapsed(self) -> float:
+        """Seconds since the run started (device synchronised)."""
+        self._sync()
+        return time.perf_counter() - self.run_start
+
+    def sequences_per_second(self) -> float:
+        """Sequences trained (all ranks) per second after the warm-up; a run no longer than the warm-up is
+        timed whole, start-up included."""
+        self._sync()
+        if self.sequences == 0:
+            return self.run_sequences / max(time.perf_counter() - self.run_start, 1e-9)
+        return self.sequences / max(time.perf_counter() - self.start, 1e-9)
+
+
+class RunLogger:
+    """dllogger-style JSON lines (utils.JsonLogger), TensorBoard scalars when the tensorboard package is installed
+    (optional), and the tqdm progress bar; rank 0 only (`enabled`)."""
+
+    def __init__(self, json_path: str | Path, tensorboard_dir: str | Path | None, enabled: bool,
+                 progress: bool = True):
+        self.enabled, self.show_progress = enabled, progress and enabled
+        self.json = utils.JsonLogger(json_path, enabled=enabled)
+        self.tensorboard = None
+        if enabled and tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is not a requirement
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self.tensorboard = SummaryWriter(str(tensorboard_dir))
+
+    def log(self, step: Any, data: dict[str, Any]) -> None:
+        self.json.log(step, data)
+        if self.tensorboard is None or not isinstance(step, int):
+            return
+        for key, value in data.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.tensorboard.add_scalar(key, value, step)
+
+    def progress(self, total: int, initial: int = 0, desc: str | None = None, unit: str = "step"):
+        """A tqdm bar (a disabled one off rank 0 or with the progress bar turned off)."""
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, mininterval=1,
+                    disable=not self.show_progress)
+
+    def close(self) -> None:
+        self.json.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Checkpoints: ckpt_<step>.pt
+
+
+class CheckpointManager:
+    """The ckpt_<step>.pt files of one folder. `owns(step)` says which of them belong to this run (pre-training:
+    the current phase's), the ones rotation and resume look at. Writes are atomic (utils.atomic_torch_save: a
+    temporary file, fsync, rename), reads use torch.load(weights_only=True), so a damaged or hostile file can
+    neither run code nor be mistaken for a complete one."""
+
+    NAME = re.compile(r"^ckpt_(\d+)\.pt$")
+
+    def __init__(self, folder: str | Path, keep: int = 3, owns: Callable[[int], bool] = lambda step: True,
+                 log: Callable[[str], None] = lambda msg: None):
+        self.folder, self.keep, self.owns, self.log = Path(folder), keep, owns, log
+
+    def all(self) -> dict[int, Path]:
+        """step -> path of every ckpt_<step>.pt in the folder, by step (interrupted writes are not listed)."""
+        if not self.folder.is_dir():
+            return {}
+        found = {int(m.group(1)): p for p in self.folder.iterdir() if (m := self.NAME.match(p.name))}
+        return dict(sorted(found.items()))
+
+    def mine(self) -> dict[int, Path]:
+        return {s: p for s, p in self.all().items() if self.owns(s)}
+
+    @staticmethod
+    def read(path: str | Path) -> dict[str, Any]:
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def newest_readable(self, required: set[str]) -> dict[str, Any] | None:
+        """The newest of this run's checkpoints that loads and holds the `required` keys (older ones are tried
+        when the newest is damaged, with a message for each), or None when there is none."""
+        found = self.mine()
+        for step in reversed(found):
+            try:
+                ckpt = self.read(found[step])
+            except Exception as e:  # truncated or corrupted by something outside our atomic writes: fall back
+                self.log(f"checkpoint {found[step]} cannot be read ({str(e).splitlines()[0]}); trying an older one")
+                continue
+            if required <= set(ckpt):
+                return ckpt
+            self.log(f"checkpoint {found[step]} is incomplete (no training state); trying an older one")
+        return None
+
+    def save(self, step: int, payload: dict[str, Any]) -> Path:
+        """Write ckpt_<step>.pt atomically, then drop this run's oldest beyond `keep` (never the new one)."""
+        path = self.folder / f"ckpt_{step}.pt"
+        utils.atomic_torch_save(payload, path)
+        others = [p for s, p in self.mine().items() if s != step]
+        for old in others[:max(len(others) - (self.keep - 1), 0)]:
+            old.unlink(missing_ok=True)
+        self.log(f"saved {path}")
+        return path
+
+    def remove_interrupted_writes(self) -> None:
+        """Temporary files left by a write that was killed (utils.atomic_open names them .<name>.*.tmp)."""
+        for p in self.folder.glob(".ckpt_*.pt.*.tmp"):
+            p.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Stopping on a signal
+
+EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: stopped by a signal after its checkpoint; run again to resume
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class StopRequest:
+    """SIGTERM (Slurm preemption, `scancel`, `timeout`), SIGUSR1 (`sbatch --signal`) or SIGINT (Ctrl-C) sets a
+    flag; the loop checks it between optimizer steps, writes a checkpoint, and main() exits EXIT_STOPPED. A second
+    SIGINT interrupts at once (KeyboardInterrupt), for a user who does not want to wait for the step."""
+
+    SIGNALS = STOP_SIGNALS
+
+    def __init__(self):
+        self.requested = False
+        self.signal_name: str | None = None  # the first stop signal received
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = self.signal_name or signal.Signals(signum).name
+
+    def install(self) -> "StopRequest":
+        with contextlib.suppress(ValueError):  # signal handlers can only be set from the main thread
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def agreed(self, env: utils.DistEnv) -> bool:
+        """True when any rank was signalled: every rank stops after the same step."""
+        if not env.distributed:
+            return self.requested
+        flag = torch.tensor([int(self.requested)], device=env.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The fine-tuning scripts' shared flags
+
+
+def add_finetuning_arguments(parser: argparse.ArgumentParser, *, seed: int, log_freq: int,
+                             workers_help: str = "DataLoader worker processes",
+                             ) -> tuple[argparse._ArgumentGroup, argparse._ArgumentGroup]:
+    """The "training" and "runtime" flags every fine-tuning script shares (NVIDIA's names); returns the two groups
+    so that a script can add its own (e.g. --eval_batch_size) beside them."""
+    g = parser.add_argument_group("training")
+    g.add_argument("--train_batch_size", type=int, default=32,
+                   help="sequences per optimizer step per process (split into --gradient_accumulation_steps parts)")
+    g.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate of AdamW")
+    g.add_argument("--weight_decay", type=float, default=0.01, help="decoupled weight decay (not on biases/LayerNorm)")
+    g.add_argument("--max_grad_norm", type=float, default=1.0, help="global gradient-norm clip (<= 0: off)")
+    g.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs (fractions allowed)")
+    g.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides --num_train_epochs")
+    g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--seed", type=int, default=seed, help="random seed (the new head, dropout, shuffling)")
+    utils.add_precision_arguments(g)
+    g.add_argument("--loss_scale", type=float, default=0.0,
+                   help="fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale")
+    r = parser.add_argument_group("runtime")
+    r.add_argument("--num_workers", type=int, default=0, help=workers_help)
+    r.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
+    r.add_argument("--log_freq", type=int, default=log_freq, help="log the training loss every N optimizer steps")
+    r.add_argument("--json-summary", dest="json_summary", default=None,
+                   help="JSON-lines log file (default: <output_dir>/dllogger.json)")
+    r.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
+    r.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
+    return g, r
+
+
+def check_finetuning_arguments(args: argparse.Namespace) -> None:
+    """One-line errors (utils.InputError) for the shared flags' impossible values."""
+    if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
+        raise utils.InputError(f"--train_batch_size {args.train_batch_size} must be a positive multiple of "
+                               f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
+    if args.train_batch_size < 1:
+        raise utils.InputError(f"--train_batch_size must be positive, got {args.train_batch_size}")
+    if not 0.0 <= args.warmup_proportion <= 1.0:
+        raise utils.InputError(f"--warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
+    if getattr(args, "do_train", False) and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise utils.InputError("--num_train_epochs must be positive (or give --max_steps)")
+    if args.loss_scale < 0 or args.log_freq < 1 or args.num_workers < 0:
+        raise utils.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
+
+
+def finetuning_setup(model: torch.nn.Module, args: argparse.Namespace, env: utils.DistEnv, total_steps: int):
+    """The model to train (parallelism and precision applied), AdamW (BertAdam: no bias correction, as BERT) over
+    the no-decay groups, and the linear warm-up schedule, from the shared flags. Returns (model, precision,
+    optimizer, scheduler)."""
+    from optimization import BertAdam, param_groups_for_bert
+    from schedulers import LinearWarmUpScheduler
+
+    ddp_model, precision = apply_parallelism_and_precision(model, env, args.precision, loss_scale=args.loss_scale)
+    optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
+                         weight_decay=args.weight_decay,
+                         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
+    scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
+    return ddp_model, precision, optimizer, scheduler
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The fine-tuning loop
+
+
+@dataclass
+class FitResult:
+    steps: int  # optimizer steps attempted (fp16 overflow steps included: they consumed their batches)
+    loss: float  # mean training loss over the last log window
+    seconds: float
+    sequences: int  # sequences trained, all processes
+
+
+def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
+        loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler, precision: Precision, env: utils.DistEnv,
+        logger: RunLogger, *, total_steps: int, accumulation: int, log_freq: int) -> FitResult:
+    """Train `model` (the DDP-wrapped one when distributed) for `total_steps` optimizer steps.
+
+    epoch_batches(epoch) yields this process's micro-batches of one epoch (CPU tensors); groups of `accumulation`
+    of them make one optimizer step (gradients all-reduced on the group's last micro-batch only). The schedule
+    steps only when the optimizer did (an fp16 overflow skips both). The loss stays on the device until a log
+    step: one host sync every `log_freq` steps.
+    """
+    meter = Meter(env)
+    bar = logger.progress(total_steps, desc="train")
+    step, epoch, last_loss = 0, 0, float("nan")
+    model.train()
+    while step < total_steps:
+        for group in accumulation_groups(epoch_batches(epoch), accumulation):
+            losses = torch.zeros(1, dtype=torch.float64, device=env.device)
+            for i, batch in enumerate(group):
+                losses += forward_backward(model, to_device(batch, env.device), loss_fn, precision, len(group),
+                                           sync=i == len(group) - 1)[:1]
+            taken = optimizer_step(optimizer, precision)
+            optimizer.zero_grad(set_to_none=True)
+            if taken:
+                scheduler.step()
+            meter.add_attempt(losses)
+            meter.step_taken(sum(len(b["input_ids"]) for b in group) * env.world_size)
+            step += 1
+            bar.update(1)
+            if step % log_freq == 0 or step == total_steps:
+                last_loss = meter.mean_losses()[0]
+                logger.log(step, {"loss": last_loss, "learning_rate": optimizer.param_groups[0]["lr"],
+                                  "epoch": epoch, "loss_scale": precision.loss_scale,
+                                  "sequences_per_second": meter.run_sequences / max(meter.elapsed(), 1e-9)})
+                bar.set_postfix(loss=f"{last_loss:.4f}")
+            if step >= total_steps:
+                break
+        epoch += 1
+    bar.close()
+    return FitResult(steps=step, loss=last_loss, seconds=meter.elapsed(), sequences=meter.run_sequences)
