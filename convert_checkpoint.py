@@ -14,6 +14,7 @@ import argparse
 import sys
 
 import modeling
+from checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
 from utils import atomic_torch_save
 
 MODELS = {
@@ -42,14 +43,14 @@ def main(argv=None) -> int:
     cls = MODELS[args.model]
     kwargs = {"num_labels": args.num_labels} if args.model == "classification" else {}
     try:
-        model = cls.from_pretrained(args.input, config=args.config_file, **kwargs)
+        model = from_pretrained(cls, args.input, config=args.config_file, **kwargs)
     except (FileNotFoundError, ValueError) as e:
         print(f"convert_checkpoint.py: {e}", file=sys.stderr)
         return 2
     if args.format == "hf":
-        modeling.save_hf_directory(model, args.output, vocab_file=args.vocab_file)
+        save_hf_directory(model, args.output, vocab_file=args.vocab_file)
     else:
-        atomic_torch_save({"model": modeling.nvidia_state_dict(model), "config": model.config.to_dict()}, args.output)
+        atomic_torch_save({"model": nvidia_state_dict(model), "config": model.config.to_dict()}, args.output)
     print(f"wrote {args.output} ({args.format}, {cls.__name__}, {modeling.count_parameters(model):,} parameters)")
     return 0
 

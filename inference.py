@@ -29,8 +29,10 @@ import numpy as np
 import torch
 
 import utils
-from modeling import BertForQuestionAnswering, BertForSequenceClassification, CheckpointError, read_state_dict
+from checkpoint_io import CheckpointError, from_pretrained, read_state_dict
+from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
+from processors.items import read_items
 from tokenization import BertTokenizer, vocab_is_uncased
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -184,15 +186,15 @@ def load_model(args, log):
     lines: list[str] = []
     config = args.config_file
     if args.mode == "qa":
-        model = BertForQuestionAnswering.from_pretrained(args.init_checkpoint, config=config, log=lines.append)
+        model = from_pretrained(BertForQuestionAnswering, args.init_checkpoint, config=config, log=lines.append)
         head = "qa_outputs"
     else:
         num_labels, names = checkpoint_labels(args.init_checkpoint)
         if num_labels is None:
             raise SystemExit(f"inference.py: {args.init_checkpoint} has no classifier head: fine-tune it with "
                              "run_glue.py first")
-        model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, config=config,
-                                                              log=lines.append, num_labels=num_labels)
+        model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, config=config,
+                                log=lines.append, num_labels=num_labels)
         model.label_names = names
         head = "classifier"
     for line in lines:
@@ -204,44 +206,12 @@ def load_model(args, log):
     return model
 
 
-def read_items(path: str) -> list[dict]:
-    """A JSON list, a JSON-lines file, or a SQuAD file (its questions with their contexts)."""
-    file = Path(path)
-    if not file.is_file():
-        raise SystemExit(f"inference.py: --input_file {path} not found")
-    text = file.read_text(encoding="utf-8")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        obj = None
-    if obj is None:  # JSON lines
-        items = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"inference.py: --input_file {path} line {n} is not JSON ({e.msg}); expected a JSON "
-                                 "list or one JSON object per line") from None
-        return items
-    if isinstance(obj, dict) and "data" in obj:
-        items = []
-        for article in squad.squad_articles(obj):
-            for paragraph in article["paragraphs"]:
-                items.extend({"id": str(qa["id"]), "question": qa["question"], "context": paragraph["context"]}
-                             for qa in paragraph.get("qas", []))
-        return items
-    if isinstance(obj, dict):
-        return [obj]
-    if isinstance(obj, list):
-        return obj
-    raise SystemExit(f"inference.py: --input_file {path} holds {type(obj).__name__}, expected a list of objects")
-
-
 def items_from_args(args) -> list[dict]:
     if args.input_file:
-        return read_items(args.input_file)
+        try:
+            return read_items(args.input_file)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"inference.py: --input_file: {e}") from None
     if args.mode == "qa":
         if args.question is None or args.context is None:
             raise SystemExit("inference.py: give --question and --context, or --input_file")

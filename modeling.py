@@ -1,12 +1,13 @@
-"""BERT in plain PyTorch: the config, the encoder, the pre-training and task heads, and checkpoint loading.
+"""BERT in plain PyTorch: the architecture alone.
 
 Read top to bottom: BertConfig -> embeddings -> self-attention -> feed-forward -> layer -> encoder -> pooler ->
-BertModel -> heads (pre-training, question answering, sequence classification) -> checkpoint loading and saving.
+BertModel -> heads (pre-training, question answering, sequence classification) -> the named tuples every
+forward returns -> parameter and FLOP counts.
 
 The architecture is the original post-LayerNorm BERT. Parameter names are Hugging Face's
-(`bert.encoder.layer.0.attention.self.query.weight`, `cls.predictions.bias`, ...), so a checkpoint from
-`transformers`, from NVIDIA's DeepLearningExamples or from Google converts by a rename table
-(`CHECKPOINT_RENAMES`), and anything the table cannot place is reported, never silently dropped.
+(`bert.encoder.layer.0.attention.self.query.weight`, `cls.predictions.bias`, ...): checkpoint_io.py reads
+checkpoints of `transformers`, NVIDIA's DeepLearningExamples and this project into these classes
+(`checkpoint_io.from_pretrained(BertForQuestionAnswering, path)`) and writes them back out.
 
 Notation in shape comments: B batch, S sequence length, H hidden size, N heads, D head size (H / N),
 I intermediate size, V vocabulary size (padded), M number of masked (predicted) positions in the batch.
@@ -16,10 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -124,22 +123,10 @@ class BertConfig:
             del d["pad_vocab_size_multiple"]
         return d
 
-    def to_hf_dict(self, architecture: str) -> dict[str, Any]:
-        """A config.json that transformers' BertConfig reads (true vocabulary size, no padding key)."""
-        d = self.to_dict()
-        d.pop("pad_vocab_size_multiple", None)
-        d.update(model_type="bert", architectures=[architecture], pad_token_id=0,
-                 position_embedding_type="absolute", tie_word_embeddings=True)
-        if d["hidden_act"] in ("bias_gelu",):
-            d["hidden_act"] = "gelu"
-        if d["hidden_act"] in ("gelu_tanh", "gelu_pytorch_tanh"):
-            d["hidden_act"] = "gelu_pytorch_tanh"
-        return d
-
     def to_json_file(self, path: str | os.PathLike) -> None:
-        from utils import atomic_write_json
-
-        atomic_write_json(path, self.to_dict())
+        """A bert_config.json (Google's keys). Checkpoints carry their config themselves (checkpoint_io.py)."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -170,7 +157,9 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         positions = torch.arange(seq_len, device=input_ids.device)  # [S], broadcast over the batch
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        x = (self.word_embeddings(input_ids)  # [B, S, H]
+             + self.position_embeddings(positions)  # [S, H]
+             + self.token_type_embeddings(token_type_ids))  # [B, S, H]
         return self.dropout(self.LayerNorm(x))  # [B, S, H]
 
 
@@ -194,11 +183,12 @@ class BertSelfAttention(nn.Module):
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
         qkv = F.linear(x, weight, bias)  # [B, S, 3H]
+        # Split the 3H columns into (q/k/v, head, head dim); SDPA wants the heads before the positions.
         qkv = qkv.view(B, S, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)  # [3, B, N, S, D]
         q, k, v = qkv.unbind(0)  # each [B, N, S, D]
         dropout_p = self.dropout_p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # [B, N, S, D]
-        return y.transpose(1, 2).reshape(B, S, H)  # [B, S, H]
+        return y.transpose(1, 2).reshape(B, S, H)  # [B, S, H]: the heads side by side again
 
 
 class BertSelfOutput(nn.Module):
@@ -285,7 +275,7 @@ class BertPooler(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(sequence_output[:, 0]))  # [B, H]
+        return torch.tanh(self.dense(sequence_output[:, 0]))  # [B, H] from the [CLS] position
 
 
 def _init_weights(module: nn.Module, std: float) -> None:
@@ -303,7 +293,7 @@ class BertModel(nn.Module):
     """The BERT encoder.
 
     forward(input_ids [B,S], token_type_ids [B,S] = zeros, attention_mask [B,S] = ones (1 = real token))
-    returns (sequence_output [B,S,H], pooled_output [B,H] or None without a pooler).
+    -> BertModelOutput(sequence_output [B,S,H], pooled_output [B,H] or None without a pooler).
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -315,7 +305,7 @@ class BertModel(nn.Module):
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None) -> BertModelOutput:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         attn_mask = None  # None lets SDPA take its fastest path when nothing is padded
@@ -324,7 +314,7 @@ class BertModel(nn.Module):
         x = self.embeddings(input_ids, token_type_ids)
         sequence_output = self.encoder(x, attn_mask)  # [B, S, H]
         pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
-        return sequence_output, pooled_output
+        return BertModelOutput(sequence_output, pooled_output)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -332,6 +322,8 @@ class BertModel(nn.Module):
 
 
 class BertPredictionHeadTransform(nn.Module):
+    """dense + activation + LayerNorm before the vocabulary projection (NVIDIA fuses dense and GELU: dense_act)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
@@ -370,11 +362,12 @@ class BertForPreTraining(nn.Module):
     forward(input_ids [B,S], token_type_ids, attention_mask, masked_lm_labels [B,S], next_sentence_labels [B])
     Labels below 0 (-1 in NVIDIA's data, -100 in Hugging Face's) mark positions that are not predicted.
 
-    Without masked_lm_labels: (prediction_scores [B,S,V], seq_relationship_score [B,2]).
-    With masked_lm_labels: (total_loss, mlm_loss, nsp_loss, prediction_scores [M,V], seq_relationship_score [B,2]),
-    where prediction_scores are computed only at the M labelled positions (gathered before the vocabulary
-    projection: for small models that projection is most of the compute) and nsp_loss is None without
-    next_sentence_labels. total_loss = mean MLM cross-entropy over the M positions + NSP cross-entropy.
+    Without masked_lm_labels: PreTrainingOutput(prediction_scores [B,S,V], seq_relationship_score [B,2]).
+    With masked_lm_labels: PreTrainingOutputWithLoss(loss, mlm_loss, nsp_loss, prediction_scores [M,V],
+    seq_relationship_score [B,2]), where prediction_scores are computed only at the M labelled positions
+    (gathered before the vocabulary projection: for small models that projection is most of the compute) and
+    nsp_loss is None without next_sentence_labels. loss = mean MLM cross-entropy over the M positions + NSP
+    cross-entropy. Two types, because prediction_scores has another shape in each.
     """
 
     def __init__(self, config: BertConfig):
@@ -386,11 +379,11 @@ class BertForPreTraining(nn.Module):
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # re-tie after init
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_labels=None,
-                next_sentence_labels=None):
+                next_sentence_labels=None) -> PreTrainingOutput | PreTrainingOutputWithLoss:
         sequence_output, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
         seq_relationship_score = self.cls.seq_relationship(pooled_output)  # [B, 2]
         if masked_lm_labels is None:
-            return self.cls.predictions(sequence_output), seq_relationship_score
+            return PreTrainingOutput(self.cls.predictions(sequence_output), seq_relationship_score)  # [B, S, V]
 
         labels = masked_lm_labels.reshape(-1)  # [B*S]
         predicted = (labels >= 0).nonzero().squeeze(1)  # [M] flat indices of the labelled positions
@@ -398,19 +391,20 @@ class BertForPreTraining(nn.Module):
         prediction_scores = self.cls.predictions(hidden)  # [M, V]
         mlm_loss = F.cross_entropy(prediction_scores.float(), labels.index_select(0, predicted))
         nsp_loss = None
-        total_loss = mlm_loss
+        loss = mlm_loss
         if next_sentence_labels is not None:
             nsp_loss = F.cross_entropy(seq_relationship_score.float(), next_sentence_labels.reshape(-1).long())
-            total_loss = mlm_loss + nsp_loss
-        return total_loss, mlm_loss, nsp_loss, prediction_scores, seq_relationship_score
+            loss = mlm_loss + nsp_loss
+        return PreTrainingOutputWithLoss(loss, mlm_loss, nsp_loss, prediction_scores, seq_relationship_score)
 
 
 class BertForQuestionAnswering(nn.Module):
     """Span extraction (SQuAD): a linear layer gives each token a start and an end logit.
 
-    forward(input_ids, token_type_ids, attention_mask) -> (start_logits [B,S], end_logits [B,S]);
-    with start_positions and end_positions [B]: (loss, start_logits, end_logits), the loss being the mean of the
-    start and end cross-entropies (positions outside the sequence are ignored, as in Hugging Face).
+    forward(input_ids, token_type_ids, attention_mask) -> QuestionAnsweringOutput(start_logits [B,S],
+    end_logits [B,S]); with start_positions and end_positions [B]: QuestionAnsweringOutputWithLoss(loss,
+    start_logits, end_logits), the loss being the mean of the start and end cross-entropies (positions outside
+    the sequence are ignored, as in Hugging Face).
     """
 
     def __init__(self, config: BertConfig):
@@ -420,25 +414,27 @@ class BertForQuestionAnswering(nn.Module):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         _init_weights(self.qa_outputs, config.initializer_range)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None, end_positions=None):
-        sequence_output, _ = self.bert(input_ids, token_type_ids, attention_mask)
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None) -> QuestionAnsweringOutput | QuestionAnsweringOutputWithLoss:
+        sequence_output = self.bert(input_ids, token_type_ids, attention_mask).sequence_output
         logits = self.qa_outputs(sequence_output)  # [B, S, 2]
         start_logits, end_logits = logits.float().unbind(-1)  # each [B, S]
         if start_positions is None or end_positions is None:
-            return start_logits, end_logits
+            return QuestionAnsweringOutput(start_logits, end_logits)
         seq_len = start_logits.shape[1]
         start_positions = start_positions.clamp(0, seq_len)  # seq_len is out of range: ignored below
         end_positions = end_positions.clamp(0, seq_len)
         loss = (F.cross_entropy(start_logits, start_positions, ignore_index=seq_len)
                 + F.cross_entropy(end_logits, end_positions, ignore_index=seq_len)) / 2
-        return loss, start_logits, end_logits
+        return QuestionAnsweringOutputWithLoss(loss, start_logits, end_logits)
 
 
 class BertForSequenceClassification(nn.Module):
     """Dropout and a linear layer on the pooled output. num_labels == 1 means regression (STS-B).
 
-    forward(input_ids, token_type_ids, attention_mask) -> (logits [B, num_labels],);
-    with labels [B]: (loss, logits) with cross-entropy, or mean squared error for regression.
+    forward(input_ids, token_type_ids, attention_mask) -> SequenceClassificationOutput(logits [B, num_labels]);
+    with labels [B]: SequenceClassificationOutputWithLoss(loss, logits) with cross-entropy, or mean squared error
+    for regression.
     """
 
     def __init__(self, config: BertConfig, num_labels: int = 2):
@@ -452,245 +448,68 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         _init_weights(self.classifier, config.initializer_range)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        _, pooled_output = self.bert(input_ids, token_type_ids, attention_mask)
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                labels=None) -> SequenceClassificationOutput | SequenceClassificationOutputWithLoss:
+        pooled_output = self.bert(input_ids, token_type_ids, attention_mask).pooled_output
         logits = self.classifier(self.dropout(pooled_output)).float()  # [B, num_labels]
         if labels is None:
-            return (logits,)
+            return SequenceClassificationOutput(logits)
         if self.num_labels == 1:
-            loss = F.mse_loss(logits.squeeze(-1), labels.float())
+            loss = F.mse_loss(logits.squeeze(-1), labels.float())  # [B] vs [B]
         else:
             loss = F.cross_entropy(logits, labels.long())
-        return loss, logits
-
-
-MODEL_CLASSES = {
-    "BertModel": BertModel,
-    "BertForPreTraining": BertForPreTraining,
-    "BertForQuestionAnswering": BertForQuestionAnswering,
-    "BertForSequenceClassification": BertForSequenceClassification,
-}
+        return SequenceClassificationOutputWithLoss(loss, logits)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Checkpoints: read any known layout, rename to ours, report what does not fit.
-
-# (pattern, replacement) applied in order to every key of a checkpoint. Each line names the layout it serves.
-CHECKPOINT_RENAMES: list[tuple[str, str]] = [
-    (r"^module\.", ""),                                 # DistributedDataParallel wrapper
-    (r"^_orig_mod\.", ""),                              # torch.compile wrapper
-    (r"\.gamma$", ".weight"),                           # LayerNorm in old TF-converted / NVIDIA checkpoints
-    (r"\.beta$", ".bias"),
-    (r"\.dense_act\.", ".dense."),                      # NVIDIA's fused bias+GELU layers
-    (r"^(embeddings|encoder|pooler)\.", r"bert.\1."),   # Hugging Face BertModel checkpoints have no `bert.` prefix
-]
-
-# Keys some checkpoints carry that hold nothing this model needs: buffers and copies of tied weights.
-REDUNDANT_KEYS = re.compile(
-    r"^bert\.embeddings\.position_ids$"                  # a buffer in older transformers checkpoints
-    r"|^cls\.predictions\.decoder\.weight$"              # tied to bert.embeddings.word_embeddings.weight
-    r"|^cls\.predictions\.decoder\.bias$"                # tied to cls.predictions.bias in transformers
-)
-
-# Heads: a class may start them fresh (the weights are not in a checkpoint of another task), and a checkpoint's
-# heads that the class lacks are left out. Both are reported in one line each.
-HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.", "bert.pooler.")
-
-VOCAB_ROWS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias")
+# Outputs: every forward returns a named tuple, so callers write `out.loss`, `out.start_logits`, and positional
+# unpacking (`start, end = model(...)`) keeps working. A head returns one type without labels and another with
+# them (the loss fields first, in the order the original returned them), never a tuple whose length depends on
+# the arguments.
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model: the message lists the keys."""
+class BertModelOutput(NamedTuple):
+    sequence_output: torch.Tensor  # [B, S, H] the last layer at every position
+    pooled_output: torch.Tensor | None  # [B, H] tanh(dense(first token)); None for BertModel(add_pooling_layer=False)
 
 
-def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """Read weights from a Hugging Face directory, a .safetensors file, or a .pt/.bin file, without executing
-    pickled code. Returns (state_dict, config dict found beside or inside the checkpoint, or None)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint {path} not found")
-    config = None
-    if path.is_dir():
-        for name in ("config.json", "bert_config.json"):
-            if (path / name).is_file():
-                config = json.loads((path / name).read_text(encoding="utf-8"))
-                break
-        for name in ("model.safetensors", "pytorch_model.bin", "model.pt"):
-            if (path / name).is_file():
-                state, _ = read_state_dict(path / name)
-                return state, config
-        raise FileNotFoundError(f"checkpoint directory {path} holds no model.safetensors or pytorch_model.bin")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path)), None
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # an unpickling refusal, a truncated file, ...
-        raise CheckpointError(f"checkpoint {path} could not be read safely (weights_only=True): "
-                              f"{str(e).splitlines()[0]}") from None
-    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # ckpt_<step>.pt, NVIDIA checkpoints
-        config = obj.get("config") if isinstance(obj.get("config"), dict) else None
-        obj = obj["model"]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise CheckpointError(f"checkpoint {path} holds no state dict (expected tensors, or a dict with 'model')")
-    return obj, config
+class PreTrainingOutput(NamedTuple):
+    """BertForPreTraining without labels: scores at every position."""
+    prediction_scores: torch.Tensor  # [B, S, V] masked-LM logits over the (padded) vocabulary
+    seq_relationship_score: torch.Tensor  # [B, 2] next-sentence logits (0 = B follows A)
 
 
-def canonical_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename every key to this model's (Hugging Face) names with CHECKPOINT_RENAMES; drop REDUNDANT_KEYS."""
-    out = {}
-    for key, value in state.items():
-        for pattern, replacement in CHECKPOINT_RENAMES:
-            key = re.sub(pattern, replacement, key)
-        if not REDUNDANT_KEYS.match(key):
-            out[key] = value
-    return out
+class PreTrainingOutputWithLoss(NamedTuple):
+    """BertForPreTraining with masked_lm_labels: the losses, and scores only where a label is."""
+    loss: torch.Tensor  # [] mlm_loss + nsp_loss (mlm_loss alone without next_sentence_labels)
+    mlm_loss: torch.Tensor  # [] mean cross-entropy over the M labelled positions
+    nsp_loss: torch.Tensor | None  # [] next-sentence cross-entropy; None without next_sentence_labels
+    prediction_scores: torch.Tensor  # [M, V] at the labelled positions, in row-major (batch, position) order
+    seq_relationship_score: torch.Tensor  # [B, 2]
 
 
-def _fit_vocab_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    """Cut or zero-pad the vocabulary dimension: NVIDIA pads 30522 to 30528, exports keep the true size."""
-    if tensor.shape[0] >= rows:
-        return tensor[:rows]
-    pad = tensor.new_zeros((rows - tensor.shape[0],) + tuple(tensor.shape[1:]))
-    return torch.cat([tensor, pad])
+class QuestionAnsweringOutput(NamedTuple):
+    start_logits: torch.Tensor  # [B, S] float32
+    end_logits: torch.Tensor  # [B, S] float32
 
 
-def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> list[str]:
-    """Load a checkpoint's tensors into `model` after renaming; raise CheckpointError on anything that does
-    not fit. Returns the report lines (heads initialised fresh, heads of the checkpoint left out)."""
-    prefix = "bert." if isinstance(model, BertModel) else ""  # a bare BertModel's keys have no `bert.` prefix
-    target = {prefix + k: v for k, v in model.state_dict().items() if not REDUNDANT_KEYS.match(prefix + k)}
-    source_state = canonical_state_dict(state)
-    for key in VOCAB_ROWS:
-        if key in source_state and key in target:
-            source_state[key] = _fit_vocab_rows(source_state[key], target[key].shape[0])
-
-    missing = [k for k in target if k not in source_state]  # in the model's own order: weight before bias
-    unexpected = [k for k in source_state if k not in target]
-    fresh = [k for k in missing if k.startswith(HEAD_PREFIXES)]
-    left_out = [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
-    missing = [k for k in missing if k not in fresh]
-    unexpected = [k for k in unexpected if k not in left_out]
-    wrong_shape = [f"{k} {tuple(source_state[k].shape)} vs {tuple(target[k].shape)}"
-                   for k in target if k in source_state and source_state[k].shape != target[k].shape]
-    problems = []
-    if missing:
-        problems.append(f"missing {missing}")
-    if unexpected:
-        problems.append(f"unexpected {unexpected}")
-    if wrong_shape:
-        problems.append(f"wrong shape {wrong_shape}")
-    if problems:
-        raise CheckpointError(f"{source} does not fit {type(model).__name__}: " + "; ".join(problems))
-
-    to_load = {k[len(prefix):]: source_state[k] for k in target if k in source_state}
-    own = model.state_dict()
-    with torch.no_grad():
-        for key, value in to_load.items():
-            own[key].copy_(value.to(own[key].dtype))
-    report = []
-    if fresh:
-        report.append("initialised fresh: " + ", ".join(fresh))
-    if left_out:
-        report.append(f"not used by {type(model).__name__}: " + ", ".join(left_out))
-    return report
+class QuestionAnsweringOutputWithLoss(NamedTuple):
+    loss: torch.Tensor  # [] mean of the start and end cross-entropies
+    start_logits: torch.Tensor  # [B, S]
+    end_logits: torch.Tensor  # [B, S]
 
 
-def from_pretrained(cls: type[nn.Module], path: str | os.PathLike, config: BertConfig | str | None = None,
-                    log: Callable[[str], None] | None = print, **model_kwargs) -> nn.Module:
-    """Build `cls` and load a checkpoint into it.
-
-    `path`: a Hugging Face directory (config.json + model.safetensors or pytorch_model.bin, keys with or without
-    `bert.`), a ckpt_<step>.pt of this project or an NVIDIA checkpoint ({"model": state_dict}, `dense_act`,
-    `gamma`/`beta`, vocabulary padded to 30528), or a plain state dict file. `config`: a BertConfig or a path to
-    a config file; by default the one inside or beside the checkpoint.
-    """
-    state, found_config = read_state_dict(path)
-    if isinstance(config, (str, os.PathLike)):
-        config = BertConfig.from_json_file(config)
-    if config is None:
-        path = Path(path)
-        beside = [path.parent / n for n in ("config.json", "bert_config.json")] if path.is_file() else []
-        if found_config is not None:
-            config = BertConfig.from_dict(found_config, source=f"config of {path}")
-        elif any(p.is_file() for p in beside):
-            config = BertConfig.from_json_file(next(p for p in beside if p.is_file()))
-        else:
-            raise FileNotFoundError(f"no config for checkpoint {path}: pass --config_file (a bert_config.json)")
-    model = cls(config, **model_kwargs)
-    for line in load_checkpoint_state(model, state, source=str(path)):
-        if log:
-            log(f"{cls.__name__}.from_pretrained({path}): {line}")
-    return model
+class SequenceClassificationOutput(NamedTuple):
+    logits: torch.Tensor  # [B, num_labels] float32 (num_labels 1: a regression score)
 
 
-for _cls in MODEL_CLASSES.values():
-    _cls.from_pretrained = classmethod(from_pretrained)
+class SequenceClassificationOutputWithLoss(NamedTuple):
+    loss: torch.Tensor  # [] cross-entropy, or mean squared error for regression
+    logits: torch.Tensor  # [B, num_labels]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Saving: a Hugging Face directory, or an NVIDIA-style .pt.
-
-
-def export_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors under Hugging Face names, with the true vocabulary size and no tied duplicates."""
-    prefix = "bert." if isinstance(model, BertModel) else ""
-    vocab_size = model.config.vocab_size
-    out = {}
-    for key, value in model.state_dict().items():
-        key = prefix + key
-        if REDUNDANT_KEYS.match(key):
-            continue
-        if key in VOCAB_ROWS:
-            value = value[:vocab_size]
-        out[key] = value.detach().contiguous().cpu()
-    return out
-
-
-def save_hf_directory(model: nn.Module, out_dir: str | os.PathLike, vocab_file: str | os.PathLike | None = None) -> None:
-    """Write config.json, model.safetensors (and vocab.txt) that transformers' from_pretrained loads."""
-    from safetensors.torch import save_file
-
-    from utils import atomic_open, atomic_write_json
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = export_state_dict(model)
-    architecture = type(model).__name__
-    config = model.config.to_hf_dict(architecture)
-    if isinstance(model, BertModel):  # transformers' BertModel has no `bert.` prefix
-        state = {k[len("bert."):]: v for k, v in state.items()}
-    if isinstance(model, BertForSequenceClassification):
-        config["num_labels"] = model.num_labels
-        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
-        config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_labels)}
-    tmp = out_dir / ".model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / "model.safetensors")
-    atomic_write_json(out_dir / "config.json", config)
-    if vocab_file is not None:
-        with atomic_open(out_dir / "vocab.txt", "wb") as f:
-            f.write(Path(vocab_file).read_bytes())
-
-
-def nvidia_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Tensors under NVIDIA DeepLearningExamples' names (`dense_act`) with the vocabulary padded to a multiple
-    of 8, as its run_pretraining.py and run_squad.py load them."""
-    state = export_state_dict(model)
-    if isinstance(model, BertModel):
-        state = {k[len("bert."):]: v for k, v in state.items()}
-    out = {}
-    for key, value in state.items():
-        key = re.sub(r"(intermediate|transform|pooler)\.dense\.", r"\1.dense_act.", key)
-        if key in VOCAB_ROWS:
-            value = _fit_vocab_rows(value, ((value.shape[0] + 7) // 8) * 8)
-        out[key] = value
-    if "cls.predictions.bias" in out:  # NVIDIA's checkpoints carry the tied decoder weight explicitly
-        out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
-    return out
+# Size and cost, from the architecture: parameter count (model summaries) and FLOPs (run_pretraining.py's MFU).
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -15,7 +15,7 @@ Outputs in --output_dir:
     predictions.json   (--do_predict) example id -> label name (STS-B: the predicted score); `--predict_split
                        test` predicts GLUE's unlabeled test files instead of the dev set(s)
     model.pt           (--do_train) {"model": tensors under Hugging Face names, "config", "num_labels", "task",
-                       "labels"}; loads with BertForSequenceClassification.from_pretrained, or torch.load with
+                       "labels"}; loads with checkpoint_io.from_pretrained, or torch.load with
                        weights_only=True)
     hf_model/          (--do_train) the same model as a transformers directory (config.json with the label
                        names, model.safetensors, vocab.txt)
@@ -49,7 +49,8 @@ import torch.nn.functional as F
 
 import training
 import utils
-from modeling import BertForSequenceClassification, CheckpointError, export_state_dict, save_hf_directory
+from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
+from modeling import BertForSequenceClassification
 from processors.glue import (TASKS, EncodedExamples, GlueTask, InputExample, compute_metrics, encode_examples,
                              get_dev_examples, get_task, get_test_examples, get_train_examples)
 
@@ -176,7 +177,7 @@ def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int
 
 def classification_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Cross-entropy over the classes (mean squared error for regression), from the classifier head."""
-    return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["labels"])[0]
+    return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["labels"]).loss
 
 
 def train(args, model, dataset: torch.utils.data.Dataset, env: utils.DistEnv,
@@ -223,7 +224,7 @@ def predict_logits(model, dataset: GlueDataset, args, env: utils.DistEnv, desc: 
         batch = training.to_device(batch, env.device)
         tic = time.perf_counter()
         with utils.autocast(args.precision, env.device):
-            (out,) = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).logits
         out = out.float().cpu().numpy()  # the copy to the host synchronises the device
         batch_ms.append((time.perf_counter() - tic) * 1000)
         logits[index] = out
@@ -325,8 +326,8 @@ def run(args: argparse.Namespace) -> dict:
         log(f"warning: {warning}")
     utils.set_seed(args.seed)  # the same fresh classifier on every process
     load_report: list[str] = []
-    model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, config=args.config_file,
-                                                          log=load_report.append, num_labels=task.num_labels)
+    model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, config=args.config_file,
+                            log=load_report.append, num_labels=task.num_labels)
     for line in load_report:
         log(line)
     if not args.do_train and any("initialised fresh" in line and "classifier." in line for line in load_report):

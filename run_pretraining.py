@@ -37,7 +37,7 @@ cross-entropy, divided by the accumulation steps; DDP averages the ranks. (So 2 
 ranks hold equally many masked positions, as in NVIDIA's recipe.)
 
 Checkpoints (ckpt_<step>.pt, torch.load(weights_only=True) safe, written by rank 0 through a temporary file, fsync
-and rename): model (Hugging Face names, what BertForPreTraining.from_pretrained reads), config, optimizer,
+and rename): model (Hugging Face names, what checkpoint_io.from_pretrained reads), config, optimizer,
 scheduler, grad scaler, every RNG state of every rank, the data position, phase and step. Every
 --num_steps_per_checkpoint steps, at the end and on SIGTERM/SIGUSR1/SIGINT (the current step finishes, a checkpoint
 is written, exit 75 = EX_TEMPFAIL: "run again to resume"; a second SIGINT stops at once); the newest
@@ -334,7 +334,7 @@ def save_checkpoint(cfg: PretrainConfig, env, state: TrainState, raw_model, opti
                     precision: Precision, data: PretrainingData, log) -> None:
     """Every rank contributes its RNG states; rank 0 writes ckpt_<global step>.pt atomically and drops the
     oldest checkpoints of the phase beyond --keep_checkpoints."""
-    from modeling import REDUNDANT_KEYS
+    from checkpoint_io import REDUNDANT_KEYS
     from utils import rng_state
 
     rngs = gather_objects(rng_state(), env)
@@ -368,7 +368,7 @@ def restore_training_state(ckpt: dict[str, Any], cfg: PretrainConfig, env, raw_m
                            precision: Precision, shards: list[ShardInfo], log) -> tuple[TrainState, DataPosition]:
     """Load a checkpoint of this phase into the freshly built objects; returns the step counters and the data
     position to continue from. RNG states are restored last, by the caller."""
-    from modeling import load_checkpoint_state
+    from checkpoint_io import load_checkpoint_state
 
     if ckpt["phase"] != (2 if cfg.phase2 else 1):
         raise ResumeError(f"the checkpoint of step {ckpt['step']} is from phase {ckpt['phase']}, but this run is phase "
@@ -431,7 +431,7 @@ def evaluate(model: torch.nn.Module, eval_set: dict[str, np.ndarray], batch_size
     for start in range(0, len(eval_set["input_ids"]), batch_size):
         batch = {k: v.to(env.device) for k, v in to_model_inputs(eval_set, slice(start, start + batch_size)).items()}
         with precision.autocast():
-            scores = model(**batch)[3].float()  # [M, V] at the masked positions, in row-major order
+            scores = model(**batch).prediction_scores.float()  # [M, V] at the masked positions, row-major
         labels = batch["masked_lm_labels"].view(-1)
         labels = labels[labels >= 0]
         sums += torch.stack([(scores.argmax(-1) == labels).sum().double(), torch.tensor(labels.numel(),
@@ -451,8 +451,8 @@ def evaluate(model: torch.nn.Module, eval_set: dict[str, np.ndarray], batch_size
 
 def pretraining_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """[3]: the loss to minimise (MLM + NSP), the MLM loss and the NSP loss of one micro-batch."""
-    total, mlm, nsp = model(**batch)[:3]
-    return torch.stack([total, mlm, nsp])
+    out = model(**batch)  # modeling.PreTrainingOutputWithLoss
+    return torch.stack([out.loss, out.mlm_loss, out.nsp_loss])
 
 
 def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
@@ -553,7 +553,8 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     """BertForPreTraining from --config_file, with its starting weights: random (seeded identically on every
     rank), or --init_checkpoint / phase 1's checkpoint when not resuming (the resume checkpoint's weights are
     loaded later, with the rest of its state)."""
-    from modeling import BertConfig, BertForPreTraining, CheckpointError, load_checkpoint_state, read_state_dict
+    from checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
+    from modeling import BertConfig, BertForPreTraining
     from utils import set_seed
 
     try:
@@ -602,7 +603,8 @@ def _main(argv: list[str] | None) -> int:
     e2e_start = time.perf_counter()
     cfg = parse_args(argv)
 
-    from modeling import CheckpointError, count_parameters, load_checkpoint_state
+    from checkpoint_io import CheckpointError, load_checkpoint_state
+    from modeling import count_parameters
     from optimization import make_lamb, param_groups_for_bert
     from schedulers import get_scheduler
     from utils import init_distributed, set_seed

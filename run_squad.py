@@ -16,7 +16,7 @@ Outputs in --output_dir:
     eval_results.json       (--do_eval) exact match / F1 (v2.0: with the HasAns/NoAns breakdown and best
                             thresholds), and the --eval_script's own output when one is given
     model.pt                (--do_train) {"model": tensors under Hugging Face names, "config", "global_step"};
-                            loads with torch.load(..., weights_only=True) and BertForQuestionAnswering.from_pretrained
+                            loads with torch.load(..., weights_only=True) and checkpoint_io.from_pretrained
     hf_model/               (--do_train) the same model as a transformers directory (config.json,
                             model.safetensors, vocab.txt)
     dllogger.json           JSON-lines log (--json-summary to move it)
@@ -53,7 +53,8 @@ import numpy as np
 import torch
 
 import utils
-from modeling import BertConfig, BertForQuestionAnswering, CheckpointError, export_state_dict, save_hf_directory
+from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
+from modeling import BertConfig, BertForQuestionAnswering
 from processors import squad
 import training
 from tokenization import BertTokenizer, casing_warning
@@ -276,7 +277,7 @@ def build_features(args, input_file: str, examples, tokenizer, is_training: bool
 def qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The mean of the start- and end-position cross-entropies (the answer head's loss)."""
     return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"], batch["start_positions"],
-                 batch["end_positions"])[0]
+                 batch["end_positions"]).loss
 
 
 def train(args, model, tensors: dict[str, torch.Tensor], env: utils.DistEnv,
@@ -319,7 +320,8 @@ def predict_logits(model, features: list[squad.InputFeatures], batch_size: int, 
         batch = trim_batch({k: v[index] for k, v in tensors.items()})
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with utils.autocast(precision, device):
-            start, end = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+            out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+            start, end = out.start_logits, out.end_logits
         start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
         for row, i in enumerate(index.tolist()):
             n = int(lengths[i])
@@ -358,7 +360,7 @@ def load_model(args, log) -> BertForQuestionAnswering:
     if args.init_checkpoint is None:
         log("no --init_checkpoint: starting from random weights")
         return BertForQuestionAnswering(BertConfig.from_json_file(args.config_file))
-    return BertForQuestionAnswering.from_pretrained(args.init_checkpoint, config=args.config_file, log=log)
+    return from_pretrained(BertForQuestionAnswering, args.init_checkpoint, config=args.config_file, log=log)
 
 
 def save_model(model: BertForQuestionAnswering, output_dir: Path, vocab_file: str, global_step: int) -> None:

@@ -449,3 +449,21 @@ def survive_broken_pipes() -> Iterator[None]:
 class InputError(Exception):
     """Bad input a user can fix (a file, a flag, a shard): library code raises it (or a subclass) with a one-line
     message naming the flag or file; only an entry script's main() turns it into that line and a non-zero exit."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The triton/ scripts as modules
+
+
+def load_triton_script(name: str):
+    """triton/<name>.py as a module (named bert_triton_<name>), for the tests, the benchmarks and perf.py (which
+    shares client.py's connection helpers). The folder cannot be imported as `triton`: its __init__.py hands
+    that name over to OpenAI's Triton compiler, which PyTorch probes for (see triton/__init__.py)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / "triton" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bert_triton_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

@@ -1,7 +1,7 @@
 """create_pretraining_data.py against a straightforward single-process implementation of the same algorithm.
 
 Peers, each run as its own process on the shared WikiText-2 (valid + test, ~2.4 MB, made one sentence a line and
-one article a document), dupe_factor 5, max_seq_length 128, 20 predictions, in rounds with the order alternating:
+one article a document by scripts/text_to_documents.py, as the CPU demo makes it), dupe_factor 5, max_seq_length 128, 20 predictions, in rounds with the order alternating:
   * ours         create_pretraining_data.py --num_workers 2 (and once more with 1 worker, for the scaling);
   * base_fast    bench/baseline_create_pretraining_data.py: Google's pipeline in plain Python lists, one line at a
                  time through the same Rust tokenizer (so the comparison is about the pipeline);
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -42,38 +41,22 @@ WIKIPEDIA_WORDS = 2.5e9  # English Wikipedia, as in the BERT paper
 # Corpus
 
 
-def wikitext_documents(text: str) -> list[list[str]]:
-    """Articles (` = Title = `) -> documents, paragraphs split on ' . ' -> sentences, section headings dropped."""
-    documents, current = [], []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
-        if re.fullmatch(r"= [^=].* =", line):
-            if current:
-                documents.append(current)
-            current = []
-        elif not line.startswith("= ="):
-            current.extend(part.strip() for part in line.split(" . ") if part.strip())
-    if current:
-        documents.append(current)
-    return documents
-
-
 def make_corpora(work: Path) -> dict:
-    text = "".join((SHARED / "wikitext-2" / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt"))
-    documents = wikitext_documents(text)
-    body = "\n\n".join("\n".join(doc) for doc in documents) + "\n"
+    """WikiText-2 valid + test made into create_pretraining_data's input by the recipe's own converter (one sentence
+    a line, a blank line after each article), then repeated ten times in one file and in ten files."""
+    from scripts.text_to_documents import write_documents
+
     one = work / "wikitext.txt"
-    one.write_text(body, encoding="utf-8")
+    documents, _ = write_documents([SHARED / "wikitext-2" / name for name in ("valid.txt", "test.txt")], one,
+                                   sentences=True)
+    body = one.read_text(encoding="utf-8")
     ten = work / "wikitext_x10.txt"
     ten.write_text("\n".join([body] * 10), encoding="utf-8")  # a blank line between the copies
     shards = work / "shards_x10"
     shards.mkdir()
     for i in range(10):
         (shards / f"wikitext_{i}.txt").write_text(body, encoding="utf-8")
-    words = sum(len(s.split()) for doc in documents for s in doc)
-    return {"x1": one, "x10": ten, "x10_shards": shards, "words": words, "documents": len(documents),
+    return {"x1": one, "x10": ten, "x10_shards": shards, "words": len(body.split()), "documents": documents,
             "bytes": one.stat().st_size}
 
 

@@ -8,7 +8,7 @@ What is timed: one optimizer step = forward (masked-LM + next-sentence loss) + b
 wall clock, per model, in train mode (dropout 0.1 on, as in pre-training). The models get
   * the same config (configs/bert-mini.json: 4 layers, hidden 256; configs/bert-base.json), sequence length 128;
   * the same weights: Hugging Face's model is built first and its state dict is loaded into ours with
-    modeling.load_checkpoint_state; the step-0 loss of each (eval mode, same batch) is printed and must agree;
+    checkpoint_io.load_checkpoint_state; the step-0 loss of each (eval mode, same batch) is printed and must agree;
   * the same batches of real data: WikiText-2 (../shared/data) made into an HDF5 shard by the recipe's own pipeline
     (scripts/text_to_documents.py, then create_pretraining_data.py with the real uncased vocabulary: sequence
     pairs of real lengths zero-padded to 128, 15% masked, at most 20 predictions); labels -1 (ours, NVIDIA's
@@ -115,15 +115,16 @@ def load_batches(shard: Path, n_batches: int, batch_size: int, start: int = 0) -
 
 def build_pair(config_path: Path, seed: int):
     """(hf_model, our_model) with identical weights: HF initialises, ours loads HF's state dict."""
+    import checkpoint_io
     import modeling
     from transformers.models.bert.modeling_bert import BertConfig as HFConfig
     from transformers.models.bert.modeling_bert import BertForPreTraining as HFBertForPreTraining
 
     config = modeling.BertConfig.from_json_file(config_path)
     torch.manual_seed(seed)
-    hf = HFBertForPreTraining(HFConfig(**config.to_hf_dict("BertForPreTraining")))
+    hf = HFBertForPreTraining(HFConfig(**checkpoint_io.hf_config(config, "BertForPreTraining")))
     ours = modeling.BertForPreTraining(config)
-    report = modeling.load_checkpoint_state(ours, hf.state_dict(), source="transformers BertForPreTraining")
+    report = checkpoint_io.load_checkpoint_state(ours, hf.state_dict(), source="transformers BertForPreTraining")
     if report:
         raise SystemExit(f"bench_pretraining: weights did not map one to one: {report}")
     return hf, ours, hf.config._attn_implementation
@@ -149,7 +150,7 @@ def hf_loss(model, batch: Batch) -> torch.Tensor:
 
 def our_loss(model, batch: Batch) -> torch.Tensor:
     return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.labels_ours,
-                 batch.next_sentence_labels)[0]
+                 batch.next_sentence_labels).loss
 
 
 def unpadded_loss(model, batch: Batch) -> torch.Tensor:

@@ -21,7 +21,6 @@ the other). Writes JSON (--out) and prints a table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import statistics
@@ -35,7 +34,7 @@ import onnxruntime
 import torch
 import transformers
 
-from utils import atomic_write_json
+from utils import atomic_write_json, load_triton_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SQUAD_DEV = REPO_ROOT.parent / "shared" / "data" / "squad-v1.1-dev" / "dev-v1.1.json"
@@ -55,15 +54,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hf_attention", choices=("sdpa", "eager"), default="sdpa")
     p.add_argument("--out", default="results/bench_serving.json")
     return p.parse_args(argv)
-
-
-def load_script(name: str):
-    """A triton/ script as a module (the folder is not importable as `triton`, see triton/__init__.py)."""
-    spec = importlib.util.spec_from_file_location(f"bert_triton_{name}", REPO_ROOT / "triton" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def minilm_dir() -> Path:
@@ -95,16 +85,17 @@ def build(args: argparse.Namespace, workdir: Path):
     """The three callables (batch of numpy int64 arrays -> start logits as numpy) plus the model folder."""
     from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
-    from modeling import BertForQuestionAnswering, save_hf_directory
+    from checkpoint_io import from_pretrained, save_hf_directory
+    from modeling import BertForQuestionAnswering
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else minilm_dir()
     torch.manual_seed(0)
-    ours = BertForQuestionAnswering.from_pretrained(checkpoint, log=None).eval()  # a fresh QA head if none
+    ours = from_pretrained(BertForQuestionAnswering, checkpoint, log=None).eval()  # a fresh QA head if none
     hf_dir = workdir / "hf"
     save_hf_directory(ours, hf_dir)  # the very same weights, QA head included, for transformers
     hf = HFBertForQuestionAnswering.from_pretrained(str(hf_dir), attn_implementation=args.hf_attention).eval()
 
-    export = load_script("export_model")
+    export = load_triton_script("export_model")
     started = time.perf_counter()
     export.main(["--checkpoint", str(hf_dir), "--task", "qa", "--output_dir", str(workdir / "export"),
                  "--format", "onnx", "--max_seq_length", str(args.seq_length), "--no_verify"])
@@ -118,7 +109,7 @@ def build(args: argparse.Namespace, workdir: Path):
 
     def run_ours(batch):
         with torch.inference_mode():
-            return ours(*(torch.from_numpy(a) for a in batch))[0].numpy()
+            return ours(*(torch.from_numpy(a) for a in batch)).start_logits.numpy()
 
     def run_onnx(batch):
         feeds = dict(zip(("input_ids", "token_type_ids", "attention_mask"), batch))

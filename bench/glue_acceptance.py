@@ -89,11 +89,12 @@ def bench_padding(args) -> dict:
     import torch
 
     import run_glue
+    from checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
     from processors.glue import encode_examples, get_dev_examples, get_task
     from tokenization import BertTokenizer
 
-    model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, num_labels=2, log=None).eval()
+    model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, num_labels=2, log=None).eval()
     tokenizer = BertTokenizer(Path(args.init_checkpoint) / "vocab.txt", do_lower_case=True)
     dtype = torch.bfloat16 if args.precision == "bf16" else None
     out = {}

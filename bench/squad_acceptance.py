@@ -44,6 +44,7 @@ def split_dev(dev_file: Path, out_dir: Path, n_train_articles: int) -> tuple[Pat
 
 def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
     """Training sequences/s of fp32 and bf16 on the same real windows (2 steps each after one warm-up step)."""
+    from checkpoint_io import from_pretrained
     from modeling import BertForQuestionAnswering
     from tokenization import BertTokenizer
 
@@ -51,7 +52,7 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
     examples = squad.read_squad_examples(train_file, True, False)[:64]
     features = squad.convert_examples_to_features(examples, tokenizer, args.max_seq_length, 128, 64, True)
     batch = run_squad.trim_batch(run_squad.feature_tensors(features[:args.batch_size], with_positions=True))
-    model = BertForQuestionAnswering.from_pretrained(init, log=None).train()
+    model = from_pretrained(BertForQuestionAnswering, init, log=None).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     speeds = {}
     for precision in ("fp32", "bf16"):
@@ -59,8 +60,8 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
         for _ in range(3):
             start = time.perf_counter()
             with utils.autocast(precision, torch.device("cpu")):
-                loss, _, _ = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                                   batch["start_positions"], batch["end_positions"])
+                loss = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+                             batch["start_positions"], batch["end_positions"]).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()

@@ -8,9 +8,7 @@ contexts, MRPC sentence pairs, tokenized with the project's tokenizer, with rows
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,21 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from modeling import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, nvidia_state_dict,
-                      save_hf_directory)
+from checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
+from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from tokenization import BertTokenizer
+from utils import load_triton_script as load_script
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-4
-
-
-def load_script(name: str):
-    """A triton/ script as a module: the folder is not importable as `triton` (see triton/__init__.py)."""
-    spec = importlib.util.spec_from_file_location(f"bert_triton_{name}", REPO_ROOT / "triton" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +66,7 @@ def squad_batches(shared_data, minilm_dir):
 def qa_model(minilm_dir):
     """MiniLM encoder (real weights) with a seeded QA head: what a briefly fine-tuned model looks like."""
     torch.manual_seed(0)
-    model = BertForQuestionAnswering.from_pretrained(minilm_dir, log=None).eval()
+    model = from_pretrained(BertForQuestionAnswering, minilm_dir, log=None).eval()
     with torch.no_grad():  # a head with a clear signal, so answers are not decided by near-ties
         model.qa_outputs.weight.normal_(0, 0.2)
     return model

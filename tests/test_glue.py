@@ -423,12 +423,13 @@ def test_hf_export_matches_transformers(mrpc_run, shared_data):
     """The fine-tuned model's hf_model/ in transformers gives the logits of our model.pt in our model."""
     from transformers.models.bert.modeling_bert import BertForSequenceClassification as HFBert
 
+    from checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
     from tokenization import BertTokenizer
 
     saved = torch.load(mrpc_run / "model.pt", map_location="cpu", weights_only=True)
     assert saved["task"] == "mrpc" and saved["labels"] == ["0", "1"] and saved["num_labels"] == 2
-    ours = BertForSequenceClassification.from_pretrained(mrpc_run / "model.pt", log=None, num_labels=2).eval()
+    ours = from_pretrained(BertForSequenceClassification, mrpc_run / "model.pt", log=None, num_labels=2).eval()
     hf = HFBert.from_pretrained(str(mrpc_run / "hf_model"), attn_implementation="eager").eval()
     assert hf.config.id2label == {0: "0", 1: "1"}
 

@@ -6,6 +6,7 @@ the context written out by the test, and transformers' BertForSequenceClassifica
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -14,10 +15,12 @@ import torch
 from torch import nn
 
 import inference
-from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, export_state_dict, \
-    save_hf_directory
+from checkpoint_io import export_state_dict, save_hf_directory
+from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
+from processors.items import read_items
 from tokenization import BertTokenizer
+from utils import load_triton_script
 
 TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=128)
@@ -215,3 +218,44 @@ def test_bad_input_one_line_errors(qa_dir, tmp_path, minilm_dir):
     with pytest.raises(SystemExit) as e:
         inference.main(["--init_checkpoint", str(qa_dir), "--input_file", str(bad)])
     assert "item 0 needs string 'question' and 'context'" in str(e.value)
+
+
+def test_input_file_layouts_and_strict_errors_shared_with_the_triton_client(tmp_path, shared_data):
+    """inference.py and triton/client.py read --input_file with one function (processors.items.read_items): the
+    same layouts accepted, the same one-line errors for what is not an item."""
+    client = load_triton_script("client")
+    item = {"id": "a", "question": "Who?", "context": "Bob."}
+    path = tmp_path / "items.json"
+    path.write_text(json.dumps([item, item]))
+    assert read_items(path) == [item, item]
+    path.write_text(json.dumps(item) + "\n\n  \n" + json.dumps(item) + "\n")  # JSON lines, blank lines skipped
+    assert read_items(path) == [item, item]
+    path.write_text(json.dumps(item))  # a single object is a one-line JSON-lines file
+    assert read_items(path) == [item]
+    squad_items = read_items(shared_data / "hf-test-fixtures/SQUAD/dev-v2.0.json")
+    assert len(squad_items) == 14 and all(set(x) == {"id", "question", "context"} for x in squad_items)
+    assert all(isinstance(x["id"], str) and isinstance(x["context"], str) for x in squad_items)
+
+    paragraph = {"context": "Bob.", "qas": [{"id": "q", "question": "Who?"}]}
+    cases = [  # (file content, what the error says)
+        ({"data": [{"title": "t", "paragraphs": [paragraph, {"context": "Bob."}]}]},
+         "data[0].paragraphs[1] needs a 'context' string and a 'qas' list"),
+        ({"data": [{"title": "t", "paragraphs": [{"context": "Bob.", "qas": [{"question": "Who?"}]}]}]},
+         "data[0].paragraphs[0].qas[0] needs 'id' and 'question'"),
+        ({"data": [{"title": "t", "paragraphs": [{"context": "Bob.", "qas": []}]}]}, "holds no questions"),
+        ([item, "Who?"], "item 1 is a JSON str, expected an object"),
+        ([], "holds no items"),
+        (3, "holds a JSON int, expected a list of objects"),
+        ('{"id": "a"}\n{"id": ', "line 2 is not JSON"),
+    ]
+    for content, message in cases:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            read_items(path)
+        for main, argv in ((inference.main, ["--init_checkpoint", str(tmp_path), "--input_file", str(path)]),
+                           (client.main, ["--url", "127.0.0.1:1", "--input_file", str(path)])):
+            with pytest.raises(SystemExit) as e:
+                main(argv)
+            assert message in str(e.value) and "\n" not in str(e.value), (content, str(e.value))
+    with pytest.raises(FileNotFoundError, match="not found"):
+        read_items(tmp_path / "missing.json")

@@ -1,5 +1,5 @@
 """The model against Hugging Face transformers: real MiniLM weights for the encoder, random weights copied
-through our checkpoint loader for the pre-training and task heads."""
+through our checkpoint loader (checkpoint_io) for the pre-training and task heads; the named-tuple outputs."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import torch
 from transformers.models.bert import modeling_bert as hf
 from transformers.models.bert.configuration_bert import BertConfig as HFConfig
 
+import checkpoint_io
 import modeling
 from modeling import BertConfig
 from tokenization import BertTokenizer
@@ -58,7 +59,7 @@ def small_hf_config(**overrides) -> HFConfig:
 def ours_from_hf(cls, hf_model, **kwargs):
     config = BertConfig.from_dict(hf_model.config.to_dict())
     model = cls(config, **kwargs)
-    report = modeling.load_checkpoint_state(model, hf_model.state_dict(), source="transformers")
+    report = checkpoint_io.load_checkpoint_state(model, hf_model.state_dict(), source="transformers")
     assert report == [], report  # same task: every tensor has a place, nothing initialised fresh
     return model.eval()
 
@@ -78,7 +79,7 @@ def random_batch(vocab_size=1000, batch=3, seq=24, seed=0):
 
 
 def test_minilm_encoder_matches_transformers(minilm_dir):
-    ours = modeling.BertModel.from_pretrained(minilm_dir, log=None).eval()
+    ours = checkpoint_io.from_pretrained(modeling.BertModel, minilm_dir, log=None).eval()
     theirs = hf.BertModel.from_pretrained(str(minilm_dir)).eval()
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt")
     input_ids, token_type_ids, attention_mask = padded_batch(tokenizer, SENTENCES)
@@ -92,7 +93,7 @@ def test_minilm_encoder_matches_transformers(minilm_dir):
 
 
 def test_padding_does_not_change_real_positions(minilm_dir):
-    model = modeling.BertModel.from_pretrained(minilm_dir, log=None).eval()
+    model = checkpoint_io.from_pretrained(modeling.BertModel, minilm_dir, log=None).eval()
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt")
     alone = padded_batch(tokenizer, SENTENCES[1:2])
     batched = padded_batch(tokenizer, SENTENCES)
@@ -160,6 +161,50 @@ def test_sequence_classification_matches_transformers(num_labels):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Outputs: named tuples whose positional order is the one callers unpacked before the fields had names
+
+
+def test_outputs_are_named_tuples_with_fixed_fields_in_positional_order():
+    torch.manual_seed(3)
+    config = BertConfig.from_dict(small_hf_config().to_dict())
+    input_ids, token_type_ids, attention_mask = random_batch()
+    labels = torch.full_like(input_ids, -1)
+    labels[0, 2], labels[2, 4] = 7, 8
+    expected = {  # (model, arguments after the three inputs) -> (type, its fields in order)
+        "encoder": (modeling.BertModel(config), (), modeling.BertModelOutput,
+                    ("sequence_output", "pooled_output")),
+        "pretraining": (modeling.BertForPreTraining(config), (), modeling.PreTrainingOutput,
+                        ("prediction_scores", "seq_relationship_score")),
+        "pretraining+labels": (modeling.BertForPreTraining(config), (labels, torch.tensor([0, 1, 1])),
+                               modeling.PreTrainingOutputWithLoss,
+                               ("loss", "mlm_loss", "nsp_loss", "prediction_scores", "seq_relationship_score")),
+        "qa": (modeling.BertForQuestionAnswering(config), (), modeling.QuestionAnsweringOutput,
+               ("start_logits", "end_logits")),
+        "qa+labels": (modeling.BertForQuestionAnswering(config), (torch.tensor([1, 2, 3]), torch.tensor([2, 2, 4])),
+                      modeling.QuestionAnsweringOutputWithLoss, ("loss", "start_logits", "end_logits")),
+        "classification": (modeling.BertForSequenceClassification(config, num_labels=3), (),
+                           modeling.SequenceClassificationOutput, ("logits",)),
+        "classification+labels": (modeling.BertForSequenceClassification(config, num_labels=3),
+                                  (torch.tensor([0, 2, 1]),), modeling.SequenceClassificationOutputWithLoss,
+                                  ("loss", "logits")),
+    }
+    for name, (model, extra, cls, fields) in expected.items():
+        out = model.eval()(input_ids, token_type_ids, attention_mask, *extra)
+        assert type(out) is cls and isinstance(out, tuple), name
+        assert out._fields == fields and len(out) == len(fields), name
+        for i, field in enumerate(fields):
+            assert out[i] is getattr(out, field), (name, field)
+    # Shapes behind the names: scores at every position without labels, at the M labelled ones with them.
+    scores = expected["pretraining"][0](input_ids, token_type_ids, attention_mask)
+    assert scores.prediction_scores.shape == (3, 24, 1000) and scores.seq_relationship_score.shape == (3, 2)
+    with_loss = expected["pretraining"][0](input_ids, token_type_ids, attention_mask, labels)
+    assert with_loss.prediction_scores.shape == (2, 1000) and with_loss.nsp_loss is None
+    assert torch.equal(with_loss.loss, with_loss.mlm_loss)
+    pooled = modeling.BertModel(config, add_pooling_layer=False)(input_ids, token_type_ids, attention_mask)
+    assert pooled.pooled_output is None and pooled.sequence_output.shape == (3, 24, 64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Config and initialisation
 
 
@@ -198,10 +243,10 @@ def test_padded_vocabulary_is_cut_on_export():
     model = modeling.BertForPreTraining(config)
     assert model.bert.embeddings.word_embeddings.weight.shape[0] == 30528
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
-    state = modeling.export_state_dict(model)
+    state = checkpoint_io.export_state_dict(model)
     assert state["bert.embeddings.word_embeddings.weight"].shape[0] == 30522
     assert state["cls.predictions.bias"].shape[0] == 30522
-    assert modeling.nvidia_state_dict(model)["cls.predictions.bias"].shape[0] == 30528
+    assert checkpoint_io.nvidia_state_dict(model)["cls.predictions.bias"].shape[0] == 30528
 
 
 def test_initialisation_is_googles():

@@ -25,7 +25,8 @@ import run_pretraining as rp
 import training
 from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, make_shards, max_diff, read_log, subprocess_env,
                       weights, write_config)
-from modeling import BertConfig, BertForPreTraining, save_hf_directory
+from checkpoint_io import from_pretrained, save_hf_directory
+from modeling import BertConfig, BertForPreTraining
 
 REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True, scope="module")
@@ -239,7 +240,7 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
 
     def backward():
         with precision.autocast():
-            loss = model(**batch)[0]
+            loss = model(**batch).loss
         precision.scaler.scale(loss).backward()
 
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -297,8 +298,8 @@ def test_checkpoints_contents_rotation_refusal_and_resume_step(tmp_path, data, c
     assert ckpt["phase"] == 1 and ckpt["step"] == 7 and len(ckpt["rng"]) == 1
     assert set(ckpt["data"]) >= {"epoch", "shard_order", "shard_index", "sample_offset"}
     assert {"python", "numpy", "torch"} <= set(ckpt["rng"][0])
-    # The checkpoint is what BertForPreTraining.from_pretrained reads (Hugging Face names).
-    model = BertForPreTraining.from_pretrained(out / "ckpt_7.pt", log=None)
+    # The checkpoint is what checkpoint_io.from_pretrained reads (Hugging Face names).
+    model = from_pretrained(BertForPreTraining, out / "ckpt_7.pt", log=None)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt["model"].items())
     assert "bert.encoder.layer.1.attention.self.query.weight" in ckpt["model"]
     # A used folder is refused without --resume_from_checkpoint, in one line.
@@ -329,7 +330,7 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     assert rp.main(argv) == 0
     result = read_log(tmp_path / "eval.json")[-1]["data"]
     # Reference: the model's full [B, S, V] scores (no labels given), argmax at every labelled position.
-    model = BertForPreTraining.from_pretrained(out / "ckpt_3.pt", log=None).eval()
+    model = from_pretrained(BertForPreTraining, out / "ckpt_3.pt", log=None).eval()
     correct = total = 0
     loss = 0.0
     for shard in sorted(data.glob("*.hdf5"))[:3]:

@@ -312,6 +312,7 @@ def squad_subset(dev_v1, tmp_path_factory) -> Path:
 
 def test_run_squad_end_to_end(squad_subset, uncased_vocab, shared_data, tmp_path, capsys):
     import run_squad
+    from checkpoint_io import from_pretrained
     from modeling import BertForQuestionAnswering
 
     config_file = tmp_path / "bert_config.json"
@@ -340,7 +341,7 @@ def test_run_squad_end_to_end(squad_subset, uncased_vocab, shared_data, tmp_path
     # The checkpoint (weights_only) and the Hugging Face export hold the same model.
     state = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
     assert state["global_step"] == 2 and state["config"]["hidden_size"] == 32
-    ours = BertForQuestionAnswering.from_pretrained(out / "model.pt", log=None).eval()
+    ours = from_pretrained(BertForQuestionAnswering, out / "model.pt", log=None).eval()
     from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
     hf = HFBertForQuestionAnswering.from_pretrained(out / "hf_model").eval()

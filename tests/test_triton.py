@@ -10,7 +10,6 @@ The module skips only when no tritonserver binary can be found (nvidia-pytriton 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,23 +20,16 @@ import numpy as np
 import pytest
 import torch
 
-from modeling import BertForQuestionAnswering, save_hf_directory
+from checkpoint_io import from_pretrained, save_hf_directory
+from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
+from utils import load_triton_script as load_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "triton" / "scripts"
 MAX_SEQ = 128
 MAX_BATCH = 8
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
-
-
-def load_script(name: str):
-    """A triton/ script as a module: the folder is not importable as `triton` (see triton/__init__.py)."""
-    spec = importlib.util.spec_from_file_location(f"bert_triton_{name}", REPO_ROOT / "triton" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def script_env() -> dict:
@@ -58,7 +50,7 @@ def deployment(tmp_path_factory, minilm_dir):
     """(model, export dir, repository) for MiniLM with a seeded QA head."""
     tmp = tmp_path_factory.mktemp("triton")
     torch.manual_seed(0)
-    model = BertForQuestionAnswering.from_pretrained(minilm_dir, log=None).eval()
+    model = from_pretrained(BertForQuestionAnswering, minilm_dir, log=None).eval()
     with torch.no_grad():  # a head with a clear signal, so answers are not decided by near-ties
         model.qa_outputs.weight.normal_(0, 0.2)
     save_hf_directory(model, tmp / "hf", vocab_file=minilm_dir / "vocab.txt")

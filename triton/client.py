@@ -24,19 +24,50 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from processors.squad import answers_from_logits, squad_articles
+from processors.items import read_items
+from processors.squad import answers_from_logits
 from utils import atomic_write_json
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+# ----------------------------------------------------------------------------------------------------------------
+# Connecting: shared with perf.py (which loads this file with utils.load_triton_script).
+
+
+def add_server_arguments(p: argparse.ArgumentParser, timeout: float) -> None:
+    """--url, --protocol, --model_name, --timeout: which server and model, as client.py and perf.py take them."""
     p.add_argument("--url", required=True, help="host:port of the server's HTTP (--protocol http) or gRPC endpoint")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--model_name", default="bert_qa")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds one request may take")
+
+
+def client_module(protocol: str):
+    """tritonclient.http or tritonclient.grpc (imported here: the rest of this file needs neither)."""
+    if protocol == "http":
+        import tritonclient.http as module
+    else:
+        import tritonclient.grpc as module
+    return module
+
+
+def input_datatypes(client, model_name: str, protocol: str) -> dict[str, str]:
+    """{input name: Triton datatype (INT64, INT32, BYTES)} from the server's metadata of the model."""
+    meta = client.get_model_metadata(model_name) if protocol == "http" else \
+        client.get_model_metadata(model_name, as_json=True)
+    return {i["name"]: i["datatype"] for i in meta["inputs"]}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The client
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_server_arguments(p, timeout=120.0)
     p.add_argument("--export_dir", default=None, help="export_model.py output: vocab.txt and export.json")
     p.add_argument("--vocab_file", default=None)
     p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None)
@@ -54,29 +85,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--null_score_diff_threshold", type=float, default=0.0,
                    help="v2.0: answer \"\" when null score - best span score exceeds this")
     p.add_argument("--text_model", action="store_true", help="send raw strings to <model_name>_text")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--output", default=None, help="also write the answers here (JSON)")
     return p.parse_args(argv)
 
 
-def read_items(args: argparse.Namespace) -> list[dict]:
-    """The questions as [{"id", "question", "context"}]."""
+def items_from_args(args: argparse.Namespace) -> list[dict]:
+    """The questions as [{"id"?, "question", "context"}]: --input_file read as inference.py reads it."""
     if args.input_file:
-        path = Path(args.input_file)
-        if not path.is_file():
-            raise SystemExit(f"--input_file {path} not found")
-        text = path.read_text(encoding="utf-8")
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
-            try:  # JSON lines, as inference.py reads too
-                return [json.loads(line) for line in text.splitlines() if line.strip()]
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"--input_file {path}: neither JSON nor JSON lines ({e})") from None
-        if isinstance(obj, list):
-            return obj
-        return [{"id": qa["id"], "question": qa["question"], "context": paragraph["context"]}
-                for article in squad_articles(obj) for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+            return read_items(args.input_file)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--input_file: {e}") from None
     if args.question is None or args.context is None:
         raise SystemExit("give --question and --context, or --input_file")
     return [{"id": "0", "question": args.question, "context": args.context}]
@@ -103,18 +122,11 @@ class TritonQA:
 
     def __init__(self, url: str, protocol: str, model_name: str, timeout: float = 120.0,
                  expected_inputs: Sequence[str] = INPUT_NAMES):
-        if protocol == "http":
-            import tritonclient.http as module
-
-            self.client = module.InferenceServerClient(url, network_timeout=timeout, connection_timeout=timeout)
-            meta = self.client.get_model_metadata(model_name)
-        else:
-            import tritonclient.grpc as module
-
-            self.client = module.InferenceServerClient(url)
-            meta = self.client.get_model_metadata(model_name, as_json=True)
+        module = client_module(protocol)
+        kwargs = {"network_timeout": timeout, "connection_timeout": timeout} if protocol == "http" else {}
+        self.client = module.InferenceServerClient(url, **kwargs)
         self.module, self.protocol, self.model_name, self.timeout = module, protocol, model_name, timeout
-        dtypes = {i["name"]: i["datatype"] for i in meta["inputs"]}
+        dtypes = input_datatypes(self.client, model_name, protocol)
         if set(dtypes) != set(expected_inputs):
             raise SystemExit(f"model {model_name} takes {sorted(dtypes)}, not {list(expected_inputs)}")
         self.dtype = dtypes[expected_inputs[0]]
@@ -187,7 +199,7 @@ def answer_with_text_model(connection: TritonQA, items: Sequence[dict], batch_si
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    items = read_items(args)
+    items = items_from_args(args)
     if args.batch_size < 1:
         raise SystemExit(f"--batch_size {args.batch_size} must be >= 1")
     from tritonclient.utils import InferenceServerException

@@ -5,7 +5,7 @@ Run from the repository root with the root importable (the wrappers in triton/sc
     PYTHONPATH=. .venv/bin/python triton/export_model.py --checkpoint results/squad/ckpt_final.pt \
         --task qa --output_dir results/triton_export [--input_dtype int32] [--format onnx torchscript]
 
-Any checkpoint `modeling.from_pretrained` reads works: a Hugging Face directory, this project's ckpt_<step>.pt,
+Any checkpoint `checkpoint_io.from_pretrained` reads works: a Hugging Face directory, this project's ckpt_<step>.pt,
 an NVIDIA DeepLearningExamples checkpoint (give --config_file when no config sits beside it).
 
 The exported graph has one fixed signature whatever the checkpoint:
@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from modeling import BertForQuestionAnswering, BertForSequenceClassification, canonical_state_dict, read_state_dict
+from checkpoint_io import canonical_state_dict, from_pretrained, read_state_dict
+from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from utils import atomic_open, atomic_write_json, set_seed
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
@@ -55,8 +56,8 @@ class ExportWrapper(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor):
         out = self.model(input_ids.long(), token_type_ids.long(), attention_mask.long())
         if self.task == "qa":
-            return out[0], out[1]
-        return (out[0],)
+            return out.start_logits, out.end_logits
+        return (out.logits,)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -114,7 +115,7 @@ def load_model(args: argparse.Namespace) -> nn.Module:
         if not kwargs["num_labels"]:
             raise SystemExit(f"--checkpoint {args.checkpoint} has no classifier: pass --num_labels")
     try:
-        model = cls.from_pretrained(args.checkpoint, config=args.config_file, log=fresh.append, **kwargs)
+        model = from_pretrained(cls, args.checkpoint, config=args.config_file, log=fresh.append, **kwargs)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"--checkpoint {args.checkpoint}: {e}") from None
     head_keys = ("qa_outputs.",) if args.task == "qa" else ("classifier.", "bert.pooler.")

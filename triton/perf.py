@@ -23,17 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from utils import atomic_open, atomic_write_json
+from utils import atomic_open, atomic_write_json, load_triton_script
 
-INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+client_script = load_triton_script("client")  # its connection helpers (triton/ is not a package: loaded by path)
+INPUT_NAMES = client_script.INPUT_NAMES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--url", required=True, help="host:port of the server's HTTP or gRPC endpoint")
-    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    p.add_argument("--model_name", default="bert_qa")
+    client_script.add_server_arguments(p, timeout=300.0)
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--seq_length", type=int, default=384)
@@ -42,30 +41,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="per configuration: keep measuring past --seconds until this many requests answered")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests per thread before each window")
     p.add_argument("--vocab_size", type=int, default=30522, help="ids are drawn below this")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take")
     p.add_argument("--output", default="results/triton_perf.json")
     p.add_argument("--plot", default=None, help="PNG path; default: --output with .png")
     p.add_argument("--no_plot", action="store_true")
     return p.parse_args(argv)
 
 
-def client_module(protocol: str):
-    if protocol == "http":
-        import tritonclient.http as module
-    else:
-        import tritonclient.grpc as module
-    return module
-
-
 def input_dtype(module, url: str, model: str, protocol: str) -> str:
     """The Triton dtype (INT64 / INT32) of input_ids from the server's model metadata."""
     client = module.InferenceServerClient(url)
     try:
-        meta = client.get_model_metadata(model) if protocol == "http" else \
-            client.get_model_metadata(model, as_json=True)
+        by_name = client_script.input_datatypes(client, model, protocol)
     finally:
         client.close()
-    by_name = {i["name"]: i["datatype"] for i in meta["inputs"]}
     missing = [n for n in INPUT_NAMES if n not in by_name]
     if missing:
         raise SystemExit(f"--model_name {model} has no inputs {missing}: is it a BERT tensor model?")
@@ -192,7 +180,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if any(b < 1 for b in args.batch_sizes) or any(c < 1 for c in args.concurrency) or args.seq_length < 1:
         raise SystemExit("--batch_sizes, --concurrency and --seq_length must be positive")
-    module = client_module(args.protocol)
+    module = client_script.client_module(args.protocol)
     try:
         dtype = input_dtype(module, args.url, args.model_name, args.protocol)
     except Exception as e:

@@ -17,6 +17,11 @@ import os
 import sys
 from pathlib import Path
 
+# This file stays self-contained, and so repeats backend/onnx_model.py's _extend_sys_path and _error on purpose:
+# model_repository.py copies it alone to <repository>/<model>/1/model.py, and Triton's stub interpreter runs it
+# before any path of the project or of the virtual environment is known, so the code that finds those paths
+# cannot itself be imported from them (the two-line _error comes along rather than a second file to copy).
+
 
 def _extend_sys_path() -> None:
     """The stub's interpreter does not see the virtual environment nor the project (processors/, tokenization.py):
