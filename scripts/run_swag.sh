@@ -122,14 +122,10 @@ the checkpoint's config)"
 fi
 
 # ---- build the command ----------------------------------------------------------------------------------------
-launcher=("$PYTHON")
-if (( num_gpu > 1 )); then
-  launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpu")
-fi
-if [[ -n "${NUMA_BINDING:-}" ]]; then  # node | exclusive | socket | core-complex: per-rank binding, scripts/bind.py
-  mapfile -t launcher < <("$PYTHON" "$CODEDIR/scripts/bind.py" --mode "$NUMA_BINDING" --nproc "$num_gpu" --launcher \
-    -- "${launcher[@]}") && (( ${#launcher[@]} )) || die "NUMA_BINDING=$NUMA_BINDING: see the line above"
-fi
+# torchrun as a module of the same interpreter: one node, or several (NNODES, RDZV_ENDPOINT or MASTER_ADDR), with
+# NUMA_BINDING if set (scripts/torchrun_launcher.sh).
+source "$script_dir/torchrun_launcher.sh"
+torchrun_launcher "$PYTHON" "$num_gpu"
 env_prefix=()
 [[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
 
