@@ -144,25 +144,10 @@ cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_glue.py" "--task_name=$ta
 [[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
 [[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
 [[ "$config_file" != None ]] && cmd+=("--config_file=$config_file")
-if [[ -n "${EXTRA_ARGS:-}" ]]; then
-  read -r -a extra <<< "$EXTRA_ARGS"
-  cmd+=("${extra[@]}")
-fi
-
-if [[ "$DRY_RUN" == 1 ]]; then
-  printf '%q ' "${cmd[@]}" | sed 's/ $//'
-  echo
-  exit 0
-fi
-if (( num_gpu > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-smi > /dev/null; then
-  # CPU processes: torchrun would give each one thread; share the cores instead.
-  export OMP_NUM_THREADS=$(( $(nproc) / num_gpu > 0 ? $(nproc) / num_gpu : 1 ))
-fi
-mkdir -p "$out_dir"
-logfile="$out_dir/logfile"
-{ printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
-echo "run_glue.sh: $task_name, precision $precision, $num_gpu process(es), log $logfile" >&2
-"${cmd[@]}" 2>&1 | tee -a "$logfile"
+# shellcheck source=signals.sh
+source "$script_dir/signals.sh"
+launch_job run_glue.sh "$out_dir/logfile" "$num_gpu" "$task_name, precision $precision, $num_gpu process(es)"
 if [[ -f "$out_dir/results.json" ]]; then
   echo "run_glue.sh: results in $out_dir/results.json" >&2
 fi
+exit "$JOB_STATUS"

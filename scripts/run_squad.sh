@@ -149,25 +149,10 @@ fi
 [[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
 [[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
 [[ "$CONFIG_FILE" != None ]] && cmd+=("--config_file=$CONFIG_FILE")
-if [[ -n "${EXTRA_ARGS:-}" ]]; then
-  read -r -a extra <<< "$EXTRA_ARGS"
-  cmd+=("${extra[@]}")
-fi
-
-if [[ "$DRY_RUN" == 1 ]]; then
-  printf '%q ' "${cmd[@]}" | sed 's/ $//'
-  echo
-  exit 0
-fi
-if (( num_gpu > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-smi > /dev/null; then
-  # CPU processes: torchrun would give each one thread; share the cores instead.
-  export OMP_NUM_THREADS=$(( $(nproc) / num_gpu > 0 ? $(nproc) / num_gpu : 1 ))
-fi
-mkdir -p "$OUT_DIR"
-logfile="$OUT_DIR/logfile.txt"
-{ printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
-echo "run_squad.sh: SQuAD $version, precision $precision, $num_gpu process(es), log $logfile" >&2
-time "${cmd[@]}" 2>&1 | tee -a "$logfile"
+# shellcheck source=signals.sh
+source "$script_dir/signals.sh"
+launch_job run_squad.sh "$OUT_DIR/logfile.txt" "$num_gpu" "SQuAD $version, precision $precision, $num_gpu process(es)"
 if [[ -f "$OUT_DIR/eval_results.json" ]]; then
   echo "run_squad.sh: scores in $OUT_DIR/eval_results.json" >&2
 fi
+exit "$JOB_STATUS"

@@ -239,14 +239,6 @@ def test_phase2_waits_for_phase1_through_its_requeues(preempted):
 # Two "nodes" against one process
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_two_nodes_match_one_process(inputs, two_nodes, tmp_path, one_thread):
     import run_pretraining as rp
 
