@@ -34,6 +34,14 @@
 #   DO_LOWER_CASE (true; false for cased vocabularies), MAX_SEQ_LENGTH (128), EXTRA_ARGS (more run_glue.py flags,
 #   e.g. "--max_train_examples 2000 --num_workers 4"), PYTHON ($CODEDIR/.venv/bin/python if present, else
 #   python3), CODEDIR (this repository), DRY_RUN=1 (print the command, one line, shell-quoted, and run nothing).
+#
+# Several nodes (torchrun on each; num_gpu is the processes per node; every node sees the same folders):
+#   NNODES (1), RDZV_ENDPOINT (host:port of a c10d rendezvous: torchrun --rdzv_backend=c10d, the nodes numbered by
+#   it; RDZV_ID, default $SLURM_JOB_ID or bert, equal everywhere), or else MASTER_ADDR, MASTER_PORT (29500) and
+#   NODE_RANK (0..NNODES-1) for torchrun's static rendezvous. E.g. on each of two nodes:
+#     NNODES=2 RDZV_ENDPOINT=node1:29400 bash scripts/run_glue.sh ...
+#   NUMA_BINDING=node|exclusive|socket|core-complex binds each local rank to its GPU's cores and memory node
+#   (`python -m scripts.bind --help`; scripts/torchrun_launcher.sh).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -118,14 +126,9 @@ the checkpoint's config)"
 fi
 
 # ---- build the command ----------------------------------------------------------------------------------------
-launcher=("$PYTHON")
-if (( num_gpu > 1 )); then
-  launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpu")
-fi
-if [[ -n "${NUMA_BINDING:-}" ]]; then  # node | exclusive | socket | core-complex: per-rank binding, scripts/bind.py
-  mapfile -t launcher < <("$PYTHON" "$CODEDIR/scripts/bind.py" --mode "$NUMA_BINDING" --nproc "$num_gpu" --launcher \
-    -- "${launcher[@]}") && (( ${#launcher[@]} )) || die "NUMA_BINDING=$NUMA_BINDING: see the line above"
-fi
+# torchrun as a module of the same interpreter: one node, or several (NNODES, RDZV_ENDPOINT or MASTER_ADDR).
+source "$script_dir/torchrun_launcher.sh"
+torchrun_launcher "$PYTHON" "$num_gpu"
 env_prefix=()
 [[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
 
@@ -141,25 +144,10 @@ cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_glue.py" "--task_name=$ta
 [[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
 [[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
 [[ "$config_file" != None ]] && cmd+=("--config_file=$config_file")
-if [[ -n "${EXTRA_ARGS:-}" ]]; then
-  read -r -a extra <<< "$EXTRA_ARGS"
-  cmd+=("${extra[@]}")
-fi
-
-if [[ "$DRY_RUN" == 1 ]]; then
-  printf '%q ' "${cmd[@]}" | sed 's/ $//'
-  echo
-  exit 0
-fi
-if (( num_gpu > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-smi > /dev/null; then
-  # CPU processes: torchrun would give each one thread; share the cores instead.
-  export OMP_NUM_THREADS=$(( $(nproc) / num_gpu > 0 ? $(nproc) / num_gpu : 1 ))
-fi
-mkdir -p "$out_dir"
-logfile="$out_dir/logfile"
-{ printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
-echo "run_glue.sh: $task_name, precision $precision, $num_gpu process(es), log $logfile" >&2
-"${cmd[@]}" 2>&1 | tee -a "$logfile"
+# shellcheck source=signals.sh
+source "$script_dir/signals.sh"
+launch_job run_glue.sh "$out_dir/logfile" "$num_gpu" "$task_name, precision $precision, $num_gpu process(es)"
 if [[ -f "$out_dir/results.json" ]]; then
   echo "run_glue.sh: results in $out_dir/results.json" >&2
 fi
+exit "$JOB_STATUS"

@@ -46,6 +46,15 @@
 # SIGUSR1 to this script, to run_pretraining.py or to the whole process group: the step in progress finishes, a
 # checkpoint is written, the next phase is NOT started, and one line says how to resume) or ended early
 # (--steps_this_run); a phase's own non-zero status when it failed.
+#
+# Several nodes (torchrun on each; argument 4 is the processes per node; every node sees the same folders):
+#   NNODES (1), RDZV_ENDPOINT (host:port of a c10d rendezvous: torchrun --rdzv_backend=c10d, the nodes numbered by
+#   it; RDZV_ID, default $SLURM_JOB_ID or bert, equal everywhere), or else MASTER_ADDR, MASTER_PORT (29500) and
+#   NODE_RANK (0..NNODES-1) for torchrun's static rendezvous. E.g. two nodes, on each of them:
+#     NNODES=2 RDZV_ENDPOINT=node1:29400 bash scripts/run_pretraining.sh $(dgxa100-80g_8gpu_bf16)
+#   (scripts/torchrun_launcher.sh builds the command; on a Slurm cluster run.sub starts the tasks with srun instead.)
+#   NUMA_BINDING=node|exclusive|socket|core-complex binds each local rank to its GPU's cores and memory node
+#   (`python -m scripts.bind --help`; scripts/torchrun_launcher.sh).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -138,11 +147,9 @@ $((20 + phase)) or set BERT_PREP_WORKING_DIR (data/bertPrep.py writes the HDF5 s
 fi
 
 # ---- build one phase's command --------------------------------------------------------------------------------
-launcher=("$PYTHON")
-if (( num_gpus > 1 )); then
-  # torchrun as a module of the same interpreter; single node (multi-node jobs: run.sub with srun).
-  launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpus")
-fi
+# torchrun as a module of the same interpreter: one node, or several (NNODES, RDZV_ENDPOINT or MASTER_ADDR).
+source "$script_dir/torchrun_launcher.sh"
+torchrun_launcher "$PYTHON" "$num_gpus"
 env_prefix=()
 [[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
 
@@ -240,7 +247,7 @@ for phase in $PHASES; do
   logfile=""
   if [[ "$create_logfile" == true ]]; then
     if [[ "$phase" == 1 ]]; then batch=$train_batch_size; else batch=$train_batch_size_phase2; fi
-    logfile="$RESULTS_DIR/$job_name.pyt_bert_pretraining_phase${phase}_${precision}_gbs$(( batch * num_gpus )).$(date +%y%m%d%H%M%S).log"
+    logfile="$RESULTS_DIR/$job_name.pyt_bert_pretraining_phase${phase}_${precision}_gbs$(( batch * num_gpus * ${NNODES:-1} )).$(date +%y%m%d%H%M%S).log"
     echo "run_pretraining.sh: phase $phase log: $logfile" >&2
     { printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
   fi

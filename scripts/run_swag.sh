@@ -122,14 +122,10 @@ the checkpoint's config)"
 fi
 
 # ---- build the command ----------------------------------------------------------------------------------------
-launcher=("$PYTHON")
-if (( num_gpu > 1 )); then
-  launcher=("$PYTHON" -m torch.distributed.run --standalone "--nproc_per_node=$num_gpu")
-fi
-if [[ -n "${NUMA_BINDING:-}" ]]; then  # node | exclusive | socket | core-complex: per-rank binding, scripts/bind.py
-  mapfile -t launcher < <("$PYTHON" "$CODEDIR/scripts/bind.py" --mode "$NUMA_BINDING" --nproc "$num_gpu" --launcher \
-    -- "${launcher[@]}") && (( ${#launcher[@]} )) || die "NUMA_BINDING=$NUMA_BINDING: see the line above"
-fi
+# torchrun as a module of the same interpreter: one node, or several (NNODES, RDZV_ENDPOINT or MASTER_ADDR), with
+# NUMA_BINDING if set (scripts/torchrun_launcher.sh).
+source "$script_dir/torchrun_launcher.sh"
+torchrun_launcher "$PYTHON" "$num_gpu"
 env_prefix=()
 [[ "$precision" == fp32 ]] && env_prefix=(env NVIDIA_TF32_OVERRIDE=0)
 
@@ -145,25 +141,10 @@ cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_swag.py" "--data_dir=$dat
 [[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
 [[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
 [[ "$config_file" != None ]] && cmd+=("--config_file=$config_file")
-if [[ -n "${EXTRA_ARGS:-}" ]]; then
-  read -r -a extra <<< "$EXTRA_ARGS"
-  cmd+=("${extra[@]}")
-fi
-
-if [[ "$DRY_RUN" == 1 ]]; then
-  printf '%q ' "${cmd[@]}" | sed 's/ $//'
-  echo
-  exit 0
-fi
-if (( num_gpu > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-smi > /dev/null; then
-  # CPU processes: torchrun would give each one thread; share the cores instead.
-  export OMP_NUM_THREADS=$(( $(nproc) / num_gpu > 0 ? $(nproc) / num_gpu : 1 ))
-fi
-mkdir -p "$out_dir"
-logfile="$out_dir/logfile"
-{ printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
-echo "run_swag.sh: SWAG, precision $precision, $num_gpu process(es), log $logfile" >&2
-"${cmd[@]}" 2>&1 | tee -a "$logfile"
+# shellcheck source=signals.sh
+source "$script_dir/signals.sh"
+launch_job run_swag.sh "$out_dir/logfile" "$num_gpu" "SWAG, precision $precision, $num_gpu process(es)"
 if [[ -f "$out_dir/results.json" ]]; then
   echo "run_swag.sh: results in $out_dir/results.json" >&2
 fi
+exit "$JOB_STATUS"

@@ -42,3 +42,28 @@ run_forwarding_signals() {
   [[ -z "$logfile" ]] || wait 2> /dev/null || true  # let `tee` write the last lines before we print ours
   return 0
 }
+
+# launch_job NAME LOGFILE NPROC DESCRIPTION: the tail the fine-tuning launchers share. EXTRA_ARGS (more flags) are
+# appended to the array `cmd`; DRY_RUN=1 prints it (one line, shell-quoted) and exits 0; CPU processes share the
+# cores (torchrun would give each one thread); the job runs with its output also written to LOGFILE and the stop
+# signals forwarded; JOB_STATUS is its exit status.
+launch_job() {
+  local name=$1 logfile=$2 procs=$3 description=$4 extra cores
+  if [[ -n "${EXTRA_ARGS:-}" ]]; then
+    read -r -a extra <<< "$EXTRA_ARGS"
+    cmd+=("${extra[@]}")
+  fi
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%q ' "${cmd[@]}" | sed 's/ $//'
+    echo
+    exit 0
+  fi
+  if (( procs > 1 )) && [[ -z "${OMP_NUM_THREADS:-}" ]] && ! command -v nvidia-smi > /dev/null; then
+    cores=$(nproc)
+    export OMP_NUM_THREADS=$(( cores / procs > 0 ? cores / procs : 1 ))
+  fi
+  mkdir -p "$(dirname "$logfile")"
+  { printf '%q ' "${cmd[@]}"; echo; } > "$logfile"
+  echo "$name: $description, log $logfile" >&2
+  run_forwarding_signals "$logfile" "${cmd[@]}"
+}

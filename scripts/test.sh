@@ -5,5 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_cpu.sh --test
+# tests/test_slurm.py runs a real one-node Slurm cluster: as root, apt-get the packages when they are missing (as a
+# plain user, or when apt fails, those tests skip with the reason, and under CI a skip fails the run).
+if [[ "$(id -u)" == 0 ]]; then
+  bash scripts/install_slurm.sh || echo "test.sh: Slurm is not installed: tests/test_slurm.py will skip" >&2
+fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec .venv/bin/python -m pytest -ra --durations=20 "${@:-tests}"

@@ -38,12 +38,7 @@ torch.distributed.destroy_process_group()
 """
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
 
 
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):

@@ -334,17 +334,7 @@ DEV_EXAMPLES = 200
 SST2 = dict(train=480, epochs=2, batch=16, lr=1e-4, margin=0.15)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread_on_a_busy_cpu():
-    """On a CPU already running well more jobs than it has cores, OpenMP's threads wait on each other at every op.
-    Measured on the shared 2-core machine, an SST-2 fine-tune of 320 sentences x 2 epochs: 2 threads 17 s at load
-    3, 120-260 s at load 4-5; 1 thread 32 s at load 3, 61 s at load 5. Results do not depend on the thread count
-    (same accuracy with 1 and 2 threads), only the time does."""
-    previous = torch.get_num_threads()
-    if os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1):
-        torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread_on_a_busy_cpu")
 
 
 def _run(out: Path, minilm_dir, task: str, data_dir: Path, *flags: str) -> dict:

@@ -287,12 +287,131 @@ def test_run_sub_takes_batch_lr_and_accumulation_from_the_environment(help_text)
     assert (cfg.train_batch_size, cfg.learning_rate, cfg.gradient_accumulation_steps, cfg.precision) == (96, 1e-3, 3, "fp16")
 
 
-@pytest.mark.parametrize("missing", ["CONT", "CHECKPOINTDIR", "DATADIR"])
-def test_run_sub_requires_its_folders_and_image(missing):
-    env = {"CONT": "c", "DATADIR": "/d", "CHECKPOINTDIR": "/c", "DRY_RUN": "1"}
+@pytest.mark.parametrize("container", ["c", ""], ids=["container", "no_container"])
+@pytest.mark.parametrize("missing", ["CHECKPOINTDIR", "DATADIR"])
+def test_run_sub_requires_its_folders(missing, container):
+    env = {"CONT": container, "DATADIR": "/d", "CHECKPOINTDIR": "/c", "DRY_RUN": "1"}
     del env[missing]
     out = run_sub(env)
     assert out.returncode == 1 and missing in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_run_sub_without_a_container_runs_the_checkout(help_text):
+    """No CONT: srun starts the checkout's run_pretraining.py with its .venv (or PYTHON), on the host's paths."""
+    env = {"DRY_RUN": "1", "DATADIR_PHASE1": "/lustre/p1", "CHECKPOINTDIR": "/lustre/ckpt", "PRECISION": "fp32",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "4"}
+    out = run_sub(env)
+    assert out.returncode == 0, out.stderr
+    words = shlex.split(out.stdout)
+    at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
+    srun = flag_values([w for w in words[:at - 2] if w.startswith("--")])
+    assert words[0] == "srun" and srun == {"--nodes": "2", "--ntasks-per-node": "4", "--kill-on-bad-exit": "0",
+                                           "--wait": "120", "--chdir": str(REPO)}
+    venv = REPO / ".venv" / "bin" / "python"
+    assert words[at - 2:at + 1] == [str(venv) if venv.exists() else "python3", "-u", str(REPO / "run_pretraining.py")]
+    cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
+    assert (cfg.input_dir, cfg.output_dir, cfg.config_file) == ("/lustre/p1", "/lustre/ckpt",
+                                                                 str(REPO / "bert_config.json"))
+    assert cfg.json_summary == "/lustre/ckpt/results/phase1.json" and cfg.resume_from_checkpoint
+    assert cfg.precision == "fp32"  # named: run_pretraining.py's own default (auto) could pick bf16 on a CPU
+    assert cfg.train_batch_size * 8 == 65536
+
+    out = run_sub({**env, "PYTHON": "/opt/py/bin/python3", "CONFIG": "/cfg/tiny.json"})
+    words = shlex.split(out.stdout)
+    assert words[words.index(str(REPO / "run_pretraining.py")) - 2] == "/opt/py/bin/python3"
+    assert "--config_file=/cfg/tiny.json" in words
+
+
+def test_run_sub_finds_the_checkout_from_the_submit_folder(tmp_path):
+    """sbatch runs a copy of the script from its spool folder: the checkout is then the folder sbatch ran in."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "slurm_script").write_text((REPO / "run.sub").read_text())
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))},
+           "DRY_RUN": "1", "DATADIR": "/d", "CHECKPOINTDIR": "/c"}
+    out = subprocess.run(["bash", str(spool / "slurm_script")], capture_output=True, text=True, cwd=tmp_path,
+                         env={**env, "SLURM_SUBMIT_DIR": str(REPO)}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f" {REPO / 'run_pretraining.py'} " in out.stdout and f"--chdir={REPO} " in out.stdout
+    out = subprocess.run(["bash", str(spool / "slurm_script")], capture_output=True, text=True, cwd=tmp_path,
+                         env={**env, "SLURM_SUBMIT_DIR": str(tmp_path)}, timeout=60)
+    assert out.returncode == 1 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
+    assert "set CODEDIR to the checkout" in out.stderr and "or set CONT" in out.stderr
+    out = subprocess.run(["bash", str(REPO / "run.sub")], capture_output=True, text=True, timeout=60,
+                         env={**env, "CODEDIR": str(tmp_path)})
+    assert out.returncode == 1 and f"no run_pretraining.py in CODEDIR {tmp_path}" in out.stderr
+
+
+def test_run_sub_missing_data_folder_fails_before_srun(tmp_path):
+    out = run_sub({"DATADIR_PHASE1": str(tmp_path / "nowhere"), "CHECKPOINTDIR": str(tmp_path / "c")})
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip() == (f"run.sub: DATADIR_PHASE1 folder {tmp_path / 'nowhere'} not found: point it at "
+                                  "the phase 1 HDF5 shards (data/create_datasets_from_start.sh writes them)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Multi-node torchrun settings of the launchers (scripts/torchrun_launcher.sh)
+
+
+LAUNCHERS = {"run_pretraining.sh": "run_pretraining.py", "run_squad.sh": "run_squad.py", "run_glue.sh": "run_glue.py"}
+
+
+def launcher_words(script: str, env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The words before the entry script in the first command the launcher prints (DRY_RUN)."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("NNODES", "NODE_RANK", "RDZV_ENDPOINT", "RDZV_ID", "MASTER_ADDR", "MASTER_PORT")
+             and not k.startswith("SLURM_")}
+    out = subprocess.run(["bash", str(REPO / "scripts" / script), *args], capture_output=True, text=True, cwd=REPO,
+                         timeout=60, env={**clean, "DRY_RUN": "1", "PYTHON": "py", **env})
+    if out.returncode != 0:
+        return out, []
+    words = shlex.split(out.stdout.splitlines()[0])
+    return out, words[:next(i for i, w in enumerate(words) if w.endswith(LAUNCHERS[script]))]
+
+
+@pytest.mark.parametrize("script", sorted(LAUNCHERS))
+def test_launchers_take_multi_node_settings_from_the_environment(script):
+    torchrun = ["py", "-m", "torch.distributed.run"]
+    out, words = launcher_words(script, {})  # defaults: 8 processes on this node, as before
+    assert words == [*torchrun, "--standalone", "--nproc_per_node=8"], out.stderr
+    out, words = launcher_words(script, {"MASTER_ADDR": "10.0.0.1", "NNODES": "1"})  # one node: unchanged
+    assert words == [*torchrun, "--standalone", "--nproc_per_node=8"], out.stderr
+    # c10d rendezvous: the same command on every node
+    out, words = launcher_words(script, {"NNODES": "4", "RDZV_ENDPOINT": "node1:29400", "RDZV_ID": "run7",
+                                         "NODE_RANK": "3"})
+    assert words == [*torchrun, "--nnodes=4", "--nproc_per_node=8", "--rdzv_backend=c10d",
+                     "--rdzv_endpoint=node1:29400", "--rdzv_id=run7"], out.stderr
+    out, words = launcher_words(script, {"NNODES": "2", "RDZV_ENDPOINT": "node1:29400", "SLURM_JOB_ID": "55"})
+    assert words[-1] == "--rdzv_id=55", out.stderr  # in a Slurm job the job id names the rendezvous
+    # static rendezvous on node 0
+    out, words = launcher_words(script, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+                                         "MASTER_PORT": "6000"})
+    assert words == [*torchrun, "--nnodes=2", "--nproc_per_node=8", "--node_rank=1", "--master_addr=10.0.0.1",
+                     "--master_port=6000"], out.stderr
+
+
+def test_multi_node_with_one_process_per_node_still_uses_torchrun():
+    out, words = launcher_words("run_pretraining.sh", {"NNODES": "2", "RDZV_ENDPOINT": "127.0.0.1:29400"},
+                                "256", "1e-3", "tf32", "1")
+    assert words[1:5] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"], out.stderr
+    out, words = launcher_words("run_pretraining.sh", {}, "256", "1e-3", "tf32", "1")
+    assert words == ["py"], out.stderr
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"NNODES": "two"}, "NNODES must be a positive integer, got 'two'"),
+    ({"NNODES": "2"}, "NNODES=2 needs MASTER_ADDR (node 0's address) or RDZV_ENDPOINT"),
+    ({"NNODES": "2", "MASTER_ADDR": "n1"}, "NNODES=2 with MASTER_ADDR needs NODE_RANK (0..1, 0 on n1)"),
+    ({"NNODES": "2", "MASTER_ADDR": "n1", "NODE_RANK": "2"}, "NODE_RANK must be 0..1 (NNODES=2), got '2'"),
+    ({"NNODES": "2", "MASTER_ADDR": "n1", "NODE_RANK": "0", "MASTER_PORT": "x"}, "MASTER_PORT must be a port"),
+    ({"NNODES": "2", "RDZV_ENDPOINT": "node1"}, "RDZV_ENDPOINT must be host:port"),
+])
+@pytest.mark.parametrize("script", sorted(LAUNCHERS))
+def test_bad_multi_node_settings_fail_in_one_line(script, env, message):
+    out, _ = launcher_words(script, env)
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert out.stderr.startswith(f"{script}: ") and message in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

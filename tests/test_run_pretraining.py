@@ -29,12 +29,7 @@ from checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertConfig, BertForPreTraining
 
 REPO = Path(__file__).resolve().parent.parent
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
 
 
 # ---------------------------------------------------------------------------------------------------------------

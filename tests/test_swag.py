@@ -24,15 +24,7 @@ from processors.swag import SwagExample, encode_examples, get_examples, read_swa
 HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread_on_a_busy_cpu():
-    """One OpenMP thread when the shared CPU is oversubscribed (see tests/test_glue.py: 2 threads beside other jobs
-    made a fine-tune several times slower); results do not depend on it."""
-    previous = torch.get_num_threads()
-    if os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1):
-        torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread_on_a_busy_cpu")
 
 
 # ----------------------------------------------------------------------------------------------------------------
