@@ -100,28 +100,25 @@ RESULTS_DIR=${RESULTS_DIR:-$CODEDIR/results}
 CHECKPOINTS_DIR=${CHECKPOINTS_DIR:-$RESULTS_DIR/checkpoints}
 PHASES=${PHASES:-1 2}
 DRY_RUN=${DRY_RUN:-0}
-if [[ -z "${PYTHON:-}" ]]; then
-  PYTHON=python3
-  [[ -x "$CODEDIR/.venv/bin/python" ]] && PYTHON="$CODEDIR/.venv/bin/python"
-fi
+# shellcheck source=launcher_args.sh
+source "$script_dir/launcher_args.sh"
+default_python "$CODEDIR"
 
 # ---- validate the arguments (one line each, naming the argument) ---------------------------------------------
-is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
-is_num() { [[ "$1" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; }
 is_bool() { [[ "$1" == true || "$1" == false ]]; }
-for pair in "1 train_batch_size $train_batch_size" "4 num_gpus $num_gpus" "6 train_steps $train_steps" \
-            "7 save_checkpoint_steps $save_checkpoint_steps" "11 gradient_accumulation_steps $gradient_accumulation_steps" \
-            "12 seed $seed" "16 train_batch_size_phase2 $train_batch_size_phase2" \
-            "19 train_steps_phase2 $train_steps_phase2" \
-            "20 gradient_accumulation_steps_phase2 $gradient_accumulation_steps_phase2"; do
-  set -- $pair
-  is_int "$3" || die "argument $1 ($2) must be a non-negative integer, got '$3'"
-done
-for pair in "2 learning_rate $learning_rate" "5 warmup_proportion $warmup_proportion" \
-            "17 learning_rate_phase2 $learning_rate_phase2" "18 warmup_proportion_phase2 $warmup_proportion_phase2"; do
-  set -- $pair
-  is_num "$3" || die "argument $1 ($2) must be a number, got '$3'"
-done
+require_ints "1 train_batch_size $train_batch_size" \
+             "4 num_gpus $num_gpus" \
+             "6 train_steps $train_steps" \
+             "7 save_checkpoint_steps $save_checkpoint_steps" \
+             "11 gradient_accumulation_steps $gradient_accumulation_steps" \
+             "12 seed $seed" \
+             "16 train_batch_size_phase2 $train_batch_size_phase2" \
+             "19 train_steps_phase2 $train_steps_phase2" \
+             "20 gradient_accumulation_steps_phase2 $gradient_accumulation_steps_phase2"
+require_nums "2 learning_rate $learning_rate" \
+             "5 warmup_proportion $warmup_proportion" \
+             "17 learning_rate_phase2 $learning_rate_phase2" \
+             "18 warmup_proportion_phase2 $warmup_proportion_phase2"
 for pair in "8 resume_training $resume_training" "9 create_logfile $create_logfile" \
             "10 accumulate_gradients $accumulate_gradients" "14 allreduce_post_accumulation $allreduce_post_accumulation" \
             "15 allreduce_post_accumulation_fp16 $allreduce_post_accumulation_fp16"; do
@@ -129,10 +126,7 @@ for pair in "8 resume_training $resume_training" "9 create_logfile $create_logfi
   is_bool "$3" || die "argument $1 ($2) must be true or false, got '$3'"
 done
 (( num_gpus >= 1 )) || die "argument 4 (num_gpus) must be at least 1"
-case "$precision" in
-  auto|fp16|bf16|tf32|fp32) prec_flags=("--precision=$precision") ;;  # fp32 also sets NVIDIA_TF32_OVERRIDE=0 below
-  *) die "argument 3 (precision) must be auto, fp16, bf16, tf32 or fp32, got '$precision'" ;;
-esac
+precision_flags 3 "$precision"
 for phase in $PHASES; do
   [[ "$phase" == 1 || "$phase" == 2 ]] || die "PHASES must list 1 and/or 2, got '$PHASES'"
 done

@@ -74,14 +74,11 @@ MAX_SEQ_LENGTH=${MAX_SEQ_LENGTH:-384}
 DOC_STRIDE=${DOC_STRIDE:-128}
 VERSION_2=${VERSION_2:-false}
 DRY_RUN=${DRY_RUN:-0}
-if [[ -z "${PYTHON:-}" ]]; then
-  PYTHON=python3
-  [[ -x "$CODEDIR/.venv/bin/python" ]] && PYTHON="$CODEDIR/.venv/bin/python"
-fi
+# shellcheck source=launcher_args.sh
+source "$script_dir/launcher_args.sh"
+default_python "$CODEDIR"
 
 # ---- validate the arguments (one line each, naming the argument) ---------------------------------------------
-is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
-is_num() { [[ "$1" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; }
 is_int "$batch_size" && (( batch_size >= 1 )) || die "argument 3 (batch_size) must be a positive integer, got '$batch_size'"
 is_int "$num_gpu" && (( num_gpu >= 1 )) || die "argument 6 (num_gpu) must be a positive integer, got '$num_gpu'"
 is_int "$seed" || die "argument 7 (seed) must be a non-negative integer, got '$seed'"
@@ -90,20 +87,8 @@ is_num "$learning_rate" || die "argument 4 (learning_rate) must be a number, got
 is_num "$max_steps" || die "argument 13 (max_steps) must be a number, got '$max_steps'"
 is_int "$MAX_SEQ_LENGTH" || die "MAX_SEQ_LENGTH must be a positive integer, got '$MAX_SEQ_LENGTH'"
 is_int "$DOC_STRIDE" || die "DOC_STRIDE must be a positive integer, got '$DOC_STRIDE'"
-case "$precision" in
-  auto|fp16|bf16|tf32|fp32) prec_flags=("--precision=$precision") ;;  # fp32 also sets NVIDIA_TF32_OVERRIDE=0 below
-  *) die "argument 5 (precision) must be auto, fp16, bf16, tf32 or fp32, got '$precision'" ;;
-esac
-do_train=false do_eval=false do_predict=false
-for word in ${mode//,/ }; do
-  case "$word" in
-    train) do_train=true ;;
-    eval) do_eval=true ;;
-    prediction|predict) do_predict=true ;;
-    *) die "argument 11 (mode) may contain train, eval and prediction, got '$mode'" ;;
-  esac
-done
-[[ "$do_train" == true || "$do_eval" == true || "$do_predict" == true ]] || die "argument 11 (mode) is empty"
+precision_flags 5 "$precision"
+parse_mode 11 "$mode"
 [[ "$do_train" == true ]] || num_gpu=1  # prediction runs on one process
 [[ "$DO_LOWER_CASE" == true || "$DO_LOWER_CASE" == false ]] || die "DO_LOWER_CASE must be true or false"
 case "$VERSION_2" in

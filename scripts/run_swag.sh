@@ -71,43 +71,22 @@ mode=${15:-train eval}
 DO_LOWER_CASE=${DO_LOWER_CASE:-true}
 MAX_SEQ_LENGTH=${MAX_SEQ_LENGTH:-128}
 DRY_RUN=${DRY_RUN:-0}
-if [[ -z "${PYTHON:-}" ]]; then
-  PYTHON=python3
-  [[ -x "$CODEDIR/.venv/bin/python" ]] && PYTHON="$CODEDIR/.venv/bin/python"
-fi
+# shellcheck source=launcher_args.sh
+source "$script_dir/launcher_args.sh"
+default_python "$CODEDIR"
 
 # ---- validate the arguments (one line each, naming the argument) ---------------------------------------------
-is_int() { [[ "$1" =~ ^[0-9]+$ ]]; }
-is_num() { [[ "$1" =~ ^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]]; }
-for pair in "6 num_gpu $num_gpu" "7 batch_size $batch_size" \
-            "8 gradient_accumulation_steps $gradient_accumulation_steps" "14 seed $seed"; do
-  set -- $pair
-  is_int "$3" || die "argument $1 ($2) must be a non-negative integer, got '$3'"
-done
-for pair in "9 learning_rate $learning_rate" "10 warmup_proportion $warmup_proportion" "11 epochs $epochs" \
-            "12 max_steps $max_steps"; do
-  set -- $pair
-  is_num "$3" || die "argument $1 ($2) must be a number, got '$3'"
-done
+require_ints "6 num_gpu $num_gpu" "7 batch_size $batch_size" \
+             "8 gradient_accumulation_steps $gradient_accumulation_steps" "14 seed $seed"
+require_nums "9 learning_rate $learning_rate" "10 warmup_proportion $warmup_proportion" "11 epochs $epochs" \
+             "12 max_steps $max_steps"
 (( num_gpu >= 1 )) || die "argument 6 (num_gpu) must be at least 1"
 (( batch_size >= 1 )) || die "argument 7 (batch_size) must be at least 1"
 (( gradient_accumulation_steps >= 1 && batch_size % gradient_accumulation_steps == 0 )) \
   || die "argument 7 (batch_size $batch_size) must be divisible by argument 8 \
 (gradient_accumulation_steps $gradient_accumulation_steps)"
-case "$precision" in
-  auto|fp16|bf16|tf32|fp32) prec_flags=("--precision=$precision") ;;  # fp32 also sets NVIDIA_TF32_OVERRIDE=0 below
-  *) die "argument 13 (precision) must be auto, fp16, bf16, tf32 or fp32, got '$precision'" ;;
-esac
-do_train=false do_eval=false do_predict=false
-for word in $mode; do
-  case "$word" in
-    train) do_train=true ;;
-    eval) do_eval=true ;;
-    prediction|predict) do_predict=true ;;
-    *) die "argument 15 (mode) may contain train, eval and prediction, got '$mode'" ;;
-  esac
-done
-[[ "$do_train" == true || "$do_eval" == true || "$do_predict" == true ]] || die "argument 15 (mode) is empty"
+precision_flags 13 "$precision"
+parse_mode 15 "$mode"
 [[ "$do_train" == true ]] || num_gpu=1  # evaluation and prediction run on one process
 [[ "$DO_LOWER_CASE" == true || "$DO_LOWER_CASE" == false ]] || die "DO_LOWER_CASE must be true or false"
 if [[ "$DRY_RUN" != 1 ]]; then
