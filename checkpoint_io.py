@@ -93,8 +93,14 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # an unpickling refusal, a truncated file, ...
-        raise CheckpointError(f"checkpoint {path} could not be read safely (weights_only=True): "
-                              f"{str(e).splitlines()[0]}") from None
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        flat = " ".join(lines)
+        if "WeightsUnpickler error:" in flat:  # PyTorch's advice around it suggests weights_only=False: never here
+            why = flat.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0].strip()
+            raise CheckpointError(f"checkpoint {path} was refused: it holds pickled objects beyond tensors and "
+                                  f"plain containers ({why}), and loading those could run code; re-save its "
+                                  "tensors where it came from") from None
+        raise CheckpointError(f"checkpoint {path} cannot be read: {lines[0] if lines else type(e).__name__}") from None
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # ckpt_<step>.pt, NVIDIA checkpoints
         config = obj.get("config") if isinstance(obj.get("config"), dict) else None
         obj = obj["model"]

@@ -879,6 +879,20 @@ def _start_method(requested: str) -> str:
     return "fork" if sys.platform == "linux" and threading.active_count() == 1 else "spawn"
 
 
+def _check_writable(output: Path, flag: str) -> None:
+    """One line now, rather than a failed rename after all the work: the output must be a file in a folder we
+    can create and write."""
+    if output.is_dir():
+        raise SystemExit(f"error: {flag} {output} is a folder: name the .hdf5 file to write")
+    folder = output.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: {flag} {output}: cannot create its folder ({e.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SystemExit(f"error: {flag} {output}: the folder {folder} is not writable")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
@@ -908,6 +922,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         jobs = [([f], Path(args.output_dir) / f"{Path(f).stem}.hdf5",
                  dataclasses.replace(cfg, random_seed=cfg.random_seed + i)) for i, f in enumerate(files)]
+    for _, output, _ in jobs:  # before the work, not at the final rename
+        _check_writable(output, "--output_file" if args.output_file else "--output_dir")
     compression = None if args.compression == "none" else args.compression
     progress = not args.no_progress
     start = time.time()

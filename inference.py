@@ -209,16 +209,25 @@ def load_model(args, log):
 def items_from_args(args) -> list[dict]:
     if args.input_file:
         try:
-            return read_items(args.input_file)
-        except (OSError, ValueError) as e:
+            items = read_items(args.input_file)
+        except (OSError, ValueError) as e:  # a missing file, bad JSON, bytes that are not UTF-8
             raise SystemExit(f"inference.py: --input_file: {e}") from None
-    if args.mode == "qa":
+        where = f"--input_file {args.input_file}"
+    elif args.mode == "qa":
         if args.question is None or args.context is None:
             raise SystemExit("inference.py: give --question and --context, or --input_file")
-        return [{"id": "0", "question": args.question, "context": args.context}]
-    if args.text_a is None:
-        raise SystemExit("inference.py: give --text_a (and --text_b for pairs), or --input_file")
-    return [{"id": "0", "text_a": args.text_a, "text_b": args.text_b}]
+        items, where = [{"id": "0", "question": args.question, "context": args.context}], "the command line"
+    else:
+        if args.text_a is None:
+            raise SystemExit("inference.py: give --text_a (and --text_b for pairs), or --input_file")
+        items, where = [{"id": "0", "text_a": args.text_a, "text_b": args.text_b}], "the command line"
+    needed = ("question", "context") if args.mode == "qa" else ("text_a",)
+    for i, item in enumerate(items):
+        empty = [k for k in needed if isinstance(item.get(k), str) and not item[k].strip()]
+        if empty:  # an answer to nothing would look like a real one (a missing field is the task's error)
+            raise SystemExit(f"inference.py: item {i} of {where} has an empty {' and '.join(empty)}: nothing to "
+                             "answer or classify")
+    return items
 
 
 # ----------------------------------------------------------------------------------------------------------------

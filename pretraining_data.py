@@ -91,6 +91,11 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                 n, seq = f["input_ids"].shape
                 width = f["masked_lm_positions"].shape[1]
                 unmasked = f.attrs.get("masking", "static") == "dynamic"
+                not_integer = [k for k in SHARD_KEYS if f[k].dtype.kind not in "iub"]
+                if not_integer:
+                    raise DataError(f"{flag}: shard {path} holds {not_integer} as "
+                                    f"{[str(f[k].dtype) for k in not_integer]}: token ids, masks and labels must be "
+                                    "integers (write it with create_pretraining_data.py)")
         except OSError as e:
             raise DataError(f"{flag}: shard {path} cannot be read as HDF5 ({e})") from None
         if seq != spec.max_seq_length:

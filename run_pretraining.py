@@ -72,8 +72,8 @@ import torch
 
 from pretraining_data import (DataPosition, Masker, PretrainingData, ShardInfo, ShardSpec, inspect_shards, list_shards,
                               load_eval_set, to_model_inputs)
-from training import (EXIT_STOPPED, Meter, Precision, RunLogger, StopRequest, apply_parallelism_and_precision,
-                      forward_backward, optimizer_step, peak_flops)
+from training import (EXIT_STOPPED, DivergenceWatch, Meter, Precision, RunLogger, StopRequest,
+                      apply_parallelism_and_precision, forward_backward, optimizer_step, peak_flops, weights_finite)
 from utils import InputError
 
 
@@ -306,7 +306,13 @@ def find_resume_checkpoint(cfg: PretrainConfig, log) -> dict[str, Any] | None:
             raise ResumeError(f"--resume_step {cfg.resume_step}: {cfg.output_dir}/ckpt_{cfg.resume_step}.pt is not "
                               f"a checkpoint of this phase (found steps {list(found) or 'none'})")
         return manager.read(found[cfg.resume_step])
-    return manager.newest_readable({"model", "optimizer", "data", "step"})
+    found = manager.mine()
+    ckpt = manager.newest_readable({"model", "optimizer", "data", "step"})
+    if ckpt is None and found:  # never a silent fresh start over a run's damaged checkpoints
+        raise ResumeError(f"--resume_from_checkpoint: none of this phase's checkpoints in {cfg.output_dir} can be "
+                          f"read ({', '.join(p.name for p in found.values())}): restore a good one, or move them "
+                          "away to start afresh")
+    return ckpt
 
 
 @dataclass
@@ -481,6 +487,21 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
     bar = logger.progress(total=last_step, initial=state.step)
     batches = iter(data)
     saved_at, last_loss, inject, consecutive_skips = -1, None, cfg.debug_inject_inf_at_step, 0
+    watch = DivergenceWatch(env.device)  # fp16 overflows are the GradScaler's: those steps are skipped instead
+
+    def check_diverged() -> None:
+        bad = watch.first()
+        if bad is not None:
+            raise DivergedError(f"the loss became non-finite at step {bad}: training diverged (lower "
+                                f"--learning_rate); no checkpoint was written from that step on")
+
+    def save_checked() -> None:  # never a checkpoint of non-finite weights, whatever --log_freq is
+        check_diverged()
+        if not weights_finite(raw_model):
+            raise DivergedError(f"the weights are not finite after step {state.global_step}: training diverged "
+                                "(lower --learning_rate); no checkpoint was written from them")
+        checkpoint_fn(state)
+
     model.train()
 
     while state.step < last_step and not stop.agreed(env):
@@ -494,6 +515,10 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
             batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
             sync = micro_step == accum - 1 or not cfg.allreduce_post_accumulation
             losses += forward_backward(model, batch, pretraining_losses, precision, accum, sync)
+        if not precision.scaler.is_enabled():
+            watch.record(losses[0], state.global_step + 1)
+            if watch.every_step:
+                check_diverged()
         if state.step + 1 == inject:
             _inject_inf(model)
             inject = -1
@@ -516,8 +541,9 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
         done = state.step == last_step
 
         if state.step % cfg.log_freq == 0 or done:
+            check_diverged()
             average, mlm_loss, nsp_loss = meter.mean_losses()
-            if not math.isfinite(average):
+            if not math.isfinite(average):  # an fp16 run whose every step overflowed since the last log
                 raise DivergedError(f"the loss is {average} at step {state.global_step}: training diverged (lower "
                                     f"--learning_rate)")
             record = {"average_loss": average, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "learning_rate": lr,
@@ -530,12 +556,12 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
         if eval_fn is not None and ((cfg.eval_steps and state.step % cfg.eval_steps == 0) or done):
             logger.log(state.global_step, eval_fn())
         if not cfg.skip_checkpoint and (state.step % cfg.num_steps_per_checkpoint == 0 or done):
-            checkpoint_fn(state)
+            save_checked()
             saved_at = state.step
 
     stopped = state.step < last_step
     if stopped and not cfg.skip_checkpoint and meter.steps and saved_at != state.step:
-        checkpoint_fn(state)  # preempted: save where we are, so that the requeued job continues from here
+        save_checked()  # preempted: save where we are, so that the requeued job continues from here
     bar.close()
     return {"final_loss": last_loss, "training_sequences_per_second": meter.sequences_per_second(),
             "step": state.global_step, "phase_step": state.step, "skipped_steps": state.skipped_steps,
@@ -573,9 +599,14 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
         from tokenization import load_vocab
 
         vocab_size = len(load_vocab(cfg.vocab_file))
-        if vocab_size > config.vocab_size:
+        # The config may pad the vocabulary up to a multiple of 8 (NVIDIA: 30522 -> 30528), never more
+        if not config.vocab_size - 8 < vocab_size <= config.vocab_size:
             raise InputError(f"--vocab_file {cfg.vocab_file} has {vocab_size} tokens but the config's vocab_size is "
-                             f"{config.vocab_size}")
+                             f"{config.vocab_size}: the vocabulary the shards were written with must match the "
+                             "config (up to padding to a multiple of 8)")
+    if cfg.max_seq_length > config.max_position_embeddings:
+        raise InputError(f"--max_seq_length {cfg.max_seq_length} exceeds the config's max_position_embeddings "
+                         f"{config.max_position_embeddings} ({cfg.config_file})")
     set_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = BertForPreTraining(config)
     start = None
@@ -685,6 +716,8 @@ def _main(argv: list[str] | None) -> int:
         return 0
     except (InputError, CheckpointError) as e:  # bad input, a checkpoint that does not fit, a diverged run
         raise SystemExit(f"run_pretraining.py: error: {e}") from None
+    except OSError as e:  # a full disk, a folder we may not write: the atomic writes left the last checkpoint intact
+        raise SystemExit(f"run_pretraining.py: error: {e} (the checkpoints written before are intact)") from None
     finally:
         stop.restore()
         if data is not None:

@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     try:
         return run(args)
-    except (squad.SquadFormatError, CheckpointError, FileNotFoundError) as e:
+    except (squad.SquadFormatError, utils.InputError, CheckpointError, OSError) as e:  # OSError: a full disk, ...
         raise SystemExit(f"run_squad.py: error: {e}") from None
 
 

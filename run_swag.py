@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     try:
         return run(args)
-    except (utils.InputError, CheckpointError, FileNotFoundError) as e:
+    except (utils.InputError, CheckpointError, OSError) as e:  # OSError: a missing file, a full disk
         raise SystemExit(f"run_swag.py: error: {e}") from None
 
 

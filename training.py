@@ -150,6 +150,33 @@ def optimizer_step(optimizer: torch.optim.Optimizer, precision: Precision) -> bo
     return finite
 
 
+class DivergenceWatch:
+    """The first optimizer step whose loss was not finite, kept on the device: recording it costs no host sync.
+    `every_step` (CPU, where a sync costs nothing) says the loop should read it at once, before the optimizer step
+    lets NaN gradients into the weights; on GPUs the loop reads it at log steps and before every checkpoint write,
+    and the step it names is still the one where the loss went bad."""
+
+    def __init__(self, device: torch.device):
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        self.every_step = device.type != "cuda"
+
+    def record(self, loss: torch.Tensor, step: int) -> None:
+        bad = ~torch.isfinite(loss)
+        self.first_bad = torch.where((self.first_bad < 0) & bad, torch.full_like(self.first_bad, step),
+                                     self.first_bad)
+
+    def first(self) -> int | None:
+        """The step (one host sync), or None while every loss was finite."""
+        step = int(self.first_bad)
+        return None if step < 0 else step
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    """Every parameter finite (one host sync): checked before a checkpoint is written."""
+    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
+    return bool(torch.stack(norms).isfinite().all())
+
+
 def accumulation_groups(batches: Iterable[dict], accumulation: int) -> Iterator[list[dict]]:
     """Consecutive micro-batches in groups of `accumulation` (the last group of an epoch may be shorter)."""
     group = []

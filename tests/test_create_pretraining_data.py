@@ -445,6 +445,10 @@ def test_bad_input_gives_a_clear_error(uncased_vocab, tmp_path, small_corpus):
         (["--input_file", str(small_corpus), *base, "--max_predictions_per_seq", "0"], "--max_predictions_per_seq"),
         (["--input_file", str(small_corpus), *base, "--dupe_factor", "0"], "--dupe_factor 0"),
         (["--input_file", str(small_corpus), *base, "--num_workers", "0"], "--num_workers 0"),
+        (["--input_file", str(small_corpus), "--output_file", str(empty_dir), "--vocab_file", str(uncased_vocab),
+          "--no_progress"], "is a folder: name the .hdf5 file"),
+        (["--input_file", str(small_corpus), "--output_file", str(blank / "sub" / "o.hdf5"), "--vocab_file",
+          str(uncased_vocab), "--no_progress"], "cannot create its folder"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):

@@ -209,7 +209,12 @@ def test_bad_input_one_line_errors(qa_dir, tmp_path, minilm_dir):
         (["--init_checkpoint", str(qa_dir), "--question", "Who?"], "--context"),
         (["--init_checkpoint", str(minilm_dir), "--question", "Who?", "--context", "Bob."], "no qa_outputs head"),
         (["--init_checkpoint", str(qa_dir), "--mode", "classify", "--text_a", "Hi."], "no classifier head"),
+        (["--init_checkpoint", str(qa_dir), "--question", "Who?", "--context", "  "], "has an empty context"),
+        (["--init_checkpoint", str(qa_dir), "--question", "", "--context", "Bob."], "has an empty question"),
+        (["--init_checkpoint", str(qa_dir), "--mode", "classify", "--text_a", ""], "has an empty text_a"),
+        (["--init_checkpoint", str(qa_dir), "--input_file", str(tmp_path / "latin1.json")], "can't decode byte"),
     ]
+    (tmp_path / "latin1.json").write_bytes('[{"question": "Qui?", "context": "Ren\u00e9e."}]'.encode("latin-1"))
     for argv, message in cases:
         with pytest.raises(SystemExit) as e:
             inference.main(argv)

@@ -214,6 +214,87 @@ def test_unmasked_shards_need_dynamic_masking_and_train_with_it(tmp_path, config
     assert np.isfinite(final["final_loss"]) and final["step"] == 2
 
 
+def one_line_error(argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        rp.main(argv)
+    text = str(exc.value.code)
+    assert "\n" not in text and text.startswith("run_pretraining.py: error:"), text
+    return text
+
+
+def test_bad_shards_vocabularies_and_lengths_are_refused_before_training(tmp_path, config):
+    """Float token ids, a vocabulary that is not the config's (beyond padding to a multiple of 8), and a sequence
+    length the position table does not have: one line each, before any step."""
+    floats = make_shards(tmp_path / "floats", n_shards=1)
+    with h5py.File(floats / "shard_00.hdf5", "r+") as f:
+        ids = f["input_ids"][()].astype(np.float32)
+        del f["input_ids"]
+        f["input_ids"] = ids
+    assert "must be integers" in one_line_error(args_for(floats, config, tmp_path / "a", "--max_steps", "2"))
+    good = make_shards(tmp_path / "good", n_shards=1)
+    small = tmp_path / "vocab.txt"  # 50 tokens against the config's 100
+    small.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(45)]) + "\n")
+    assert "has 50 tokens but the config's vocab_size is 100" in one_line_error(
+        args_for(good, config, tmp_path / "b", "--max_steps", "2", "--vocab_file", str(small)))
+    long = make_shards(tmp_path / "long", n_shards=1, seq=128, pred=5)  # the tiny config has 64 positions
+    assert "--max_seq_length 128 exceeds the config's max_position_embeddings 64" in one_line_error(
+        args_for(long, config, tmp_path / "c", "--max_steps", "2", seq=128))
+
+
+def test_a_diverged_loss_is_caught_at_its_step_and_never_checkpointed(tmp_path, data, config):
+    """--learning_rate 1e6 with --log_freq 10: the error names the step where the loss first went non-finite, long
+    before the first log step, and no checkpoint on disk holds a non-finite tensor. Independently, the same run
+    stopped one step earlier (--steps_this_run, same schedule) ends normally with a finite loss."""
+    common = ["--learning_rate", "1e6", "--log_freq", "10", "--num_steps_per_checkpoint", "1", "--max_steps", "30",
+              "--warmup_proportion", "0", "--seed", "3"]
+    text = one_line_error(args_for(data, config, tmp_path / "a", *common))
+    assert "training diverged" in text
+    step = int(text.split(" step ")[1].split(":")[0])
+    assert 1 <= step < 10, text
+    for path in rp.list_checkpoints(tmp_path / "a").values():
+        tensors = torch.load(path, weights_only=True)["model"]
+        assert all(torch.isfinite(t).all() for t in tensors.values()), path
+    if step > 1:
+        assert rp.main(args_for(data, config, tmp_path / "b", *common, "--steps_this_run", str(step - 1))) == 0
+        final = [r for r in read_log(tmp_path / "b" / "log.json") if r["step"] == "FINAL"][-1]["data"]
+        assert np.isfinite(final["final_loss"]) and final["step"] == step - 1
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, data, config, monkeypatch):
+    """ENOSPC in the middle of the third checkpoint write (the bytes go through utils.atomic_open as in a real
+    write): one line naming the error, no partial file, the second checkpoint intact and loadable."""
+    import errno
+
+    import utils
+
+    real_save, calls = utils.atomic_torch_save, []
+
+    def save_until_full(obj, path):
+        calls.append(path)
+        if len(calls) == 3:
+            with utils.atomic_open(path, "wb") as f:
+                f.write(b"partial bytes")
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_save(obj, path)
+
+    monkeypatch.setattr(utils, "atomic_torch_save", save_until_full)
+    text = one_line_error(args_for(data, config, tmp_path / "out", "--max_steps", "5",
+                                   "--num_steps_per_checkpoint", "1"))
+    assert "No space left on device" in text and "intact" in text
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if "ckpt" in p.name) == ["ckpt_1.pt", "ckpt_2.pt"]
+    assert torch.load(tmp_path / "out" / "ckpt_2.pt", weights_only=True)["step"] == 2
+
+
+def test_resume_refuses_when_no_checkpoint_can_be_read(tmp_path, data, config):
+    out = tmp_path / "out"
+    out.mkdir()
+    for step in (2, 3):
+        (out / f"ckpt_{step}.pt").write_bytes(b"not a checkpoint")
+    text = one_line_error(args_for(data, config, out, "--max_steps", "5", "--resume_from_checkpoint"))
+    assert "none of this phase's checkpoints" in text and "ckpt_2.pt, ckpt_3.pt" in text
+    assert sorted(p.name for p in out.glob("ckpt_*.pt")) == ["ckpt_2.pt", "ckpt_3.pt"]  # nothing deleted
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # fp16 overflow
 
