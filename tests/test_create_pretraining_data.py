@@ -434,6 +434,10 @@ def test_bad_input_gives_a_clear_error(uncased_vocab, tmp_path, small_corpus):
     empty_dir.mkdir()
     blank = tmp_path / "blank.txt"
     blank.write_text("\n \n\n")
+    binary = tmp_path / "archive.txt"
+    binary.write_bytes(bytes(range(256)) * 64)  # what a compressed or HDF5 file looks like: NULs and all bytes
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes(("Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e. " * 200).encode("latin-1"))
     cases = [
         (["--input_file", str(tmp_path / "missing.txt"), *base], "missing.txt does not exist"),
         (["--input_file", str(empty_dir), *base], "folder without .txt"),
@@ -445,6 +449,8 @@ def test_bad_input_gives_a_clear_error(uncased_vocab, tmp_path, small_corpus):
         (["--input_file", str(small_corpus), *base, "--max_predictions_per_seq", "0"], "--max_predictions_per_seq"),
         (["--input_file", str(small_corpus), *base, "--dupe_factor", "0"], "--dupe_factor 0"),
         (["--input_file", str(small_corpus), *base, "--num_workers", "0"], "--num_workers 0"),
+        (["--input_file", str(binary), *base], "is not text"),
+        (["--input_file", str(latin), *base], "is not UTF-8 text"),
         (["--input_file", str(small_corpus), "--output_file", str(empty_dir), "--vocab_file", str(uncased_vocab),
           "--no_progress"], "is a folder: name the .hdf5 file"),
         (["--input_file", str(small_corpus), "--output_file", str(blank / "sub" / "o.hdf5"), "--vocab_file",
