@@ -170,8 +170,9 @@ class Masker:
 
 def to_model_inputs(arrays: dict[str, np.ndarray], rows: slice, masker: Masker | None = None,
                     mask_seed: list[int] | None = None) -> dict[str, torch.Tensor]:
-    """One micro-batch as BertForPreTraining's keyword arguments: input_ids, token_type_ids, attention_mask,
-    masked_lm_labels [B,S] (int64) and next_sentence_labels [B] (int64)."""
+    """One micro-batch as BertForPreTraining's keyword arguments for its fixed-slot head: input_ids,
+    token_type_ids, attention_mask [B,S], masked_lm_positions and masked_lm_ids [B,P] (0: an unused slot) and
+    next_sentence_labels [B], all int64. Static shapes: the step needs no host sync to find the labelled tokens."""
     input_ids = arrays["input_ids"][rows]
     input_mask = arrays["input_mask"][rows]
     positions, ids = arrays["masked_lm_positions"][rows], arrays["masked_lm_ids"][rows]
@@ -182,7 +183,8 @@ def to_model_inputs(arrays: dict[str, np.ndarray], rows: slice, masker: Masker |
         "input_ids": torch.from_numpy(input_ids.astype(np.int64)),
         "token_type_ids": torch.from_numpy(arrays["segment_ids"][rows].astype(np.int64)),
         "attention_mask": torch.from_numpy(input_mask.astype(np.int64)),
-        "masked_lm_labels": torch.from_numpy(mlm_labels(positions, ids, input_ids.shape[1])),
+        "masked_lm_positions": torch.from_numpy(positions.astype(np.int64)),
+        "masked_lm_ids": torch.from_numpy(ids.astype(np.int64)),
         "next_sentence_labels": torch.from_numpy(arrays["next_sentence_labels"][rows].astype(np.int64)),
     }
 

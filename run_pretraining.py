@@ -26,8 +26,9 @@ depend on how they are split across processes: 2 processes x 16 sequences see ex
 the data position (epoch, shard index, sample offset within the shard's permutation) is one global number that a
 checkpoint stores and any number of processes can resume from. Each rank reads a whole shard (the page cache
 shares it between the ranks of a node) and keeps its own rows; one shard is held in memory, the next is read in
-a background thread. Masked-LM labels come from masked_lm_positions/masked_lm_ids: -1 everywhere else; position 0
-is [CLS] and never masked, so a 0 in masked_lm_positions marks an unused slot (NVIDIA's loader stops at the first 0
+a background thread. The model gets the shards' masked_lm_positions/masked_lm_ids as they are, P slots a sequence
+(BertForPreTraining's fixed-slot head: static shapes, no host sync to find the labelled tokens); position 0 is
+[CLS] and never masked, so a 0 in masked_lm_positions marks an unused slot (NVIDIA's loader stops at the first 0
 after index 0: the same for its sorted positions). With --dynamic_masking the stored masks are undone and new ones
 drawn by create_pretraining_data.dynamic_mask, seeded by (seed, epoch, shard, offset): every epoch differs, a
 resumed run draws the same masks.
@@ -445,9 +446,9 @@ def evaluate(model: torch.nn.Module, eval_set: dict[str, np.ndarray], batch_size
     for start in range(0, len(eval_set["input_ids"]), batch_size):
         batch = {k: v.to(env.device) for k, v in to_model_inputs(eval_set, slice(start, start + batch_size)).items()}
         with precision.autocast():
-            scores = model(**batch).prediction_scores.float()  # [M, V] at the masked positions, row-major
-        labels = batch["masked_lm_labels"].view(-1)
-        labels = labels[labels >= 0]
+            scores = model(**batch).prediction_scores.float()  # [B, P, V]: every prediction slot
+        used = batch["masked_lm_positions"] > 0  # [B, P]; 0 marks an unused slot
+        scores, labels = scores[used], batch["masked_lm_ids"][used]  # [M, V], [M]
         sums += torch.stack([(scores.argmax(-1) == labels).sum().double(), torch.tensor(labels.numel(),
                              dtype=torch.float64, device=env.device),
                              torch.nn.functional.cross_entropy(scores, labels, reduction="sum").double()])
@@ -474,7 +475,7 @@ def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
     from modeling import flops_per_sequence
 
     lengths = batch["attention_mask"].sum(1).double()
-    masked = (batch["masked_lm_labels"] >= 0).sum(1).double()
+    masked = (batch["masked_lm_positions"] > 0).sum(1).double()
     return float(flops_per_sequence(config, lengths, masked).sum())
 
 

@@ -185,7 +185,9 @@ def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
         originals = {tuple(row) for row in f["input_ids"][()].tolist()}
     masks = [{}, {}]  # per epoch: original row -> its labels
     for k, b in enumerate(batches):
-        labels, inputs = b["masked_lm_labels"], b["input_ids"]
+        labels = torch.from_numpy(pretraining_data.mlm_labels(b["masked_lm_positions"].numpy(),
+                                                              b["masked_lm_ids"].numpy(), SEQ))
+        inputs = b["input_ids"]
         counts = (labels >= 0).sum(1)
         expected = np.minimum(PRED, np.maximum(1, np.rint(b["attention_mask"].sum(1).numpy() * 0.15)))
         assert counts.tolist() == expected.tolist()
