@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from utils import pid_alive
+
 BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "sbatch", "scontrol", "squeue")
 KILL_WAIT = 5  # seconds of grace between SIGTERM and SIGKILL when Slurm ends or requeues a job
 CRED_EXPIRE = 5  # seconds; a requeued job waits this long (plus 1) before it can start again
@@ -39,26 +41,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie is gone for our purposes
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
-
-
 def _stop_pid(pid: int, timeout: float = 10.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(pid):
+    if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -192,7 +181,7 @@ class SlurmCluster:
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
                 continue
             with contextlib.suppress(OSError):
-                if marker in (proc / "environ").read_bytes().split(b"\0") and _alive(int(proc.name)):
+                if marker in (proc / "environ").read_bytes().split(b"\0") and pid_alive(int(proc.name)):
                     found.append(int(proc.name))
         return found
 

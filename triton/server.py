@@ -33,7 +33,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from utils import atomic_write_json
+from utils import atomic_write_json, pid_alive
 
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
 
@@ -175,19 +175,6 @@ def start(repository: str | Path, models: list[str], state_dir: str | Path, time
     raise SystemExit(f"tritonserver exited before becoming ready (log {state_dir / 'server.log'}):\n{last_error}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    return True
-
-
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -195,7 +182,7 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return any(_alive(int(p.name)) for p in Path("/proc").iterdir()
+    return any(pid_alive(int(p.name)) for p in Path("/proc").iterdir()
                if p.name.isdigit() and _pgid_of(int(p.name)) == pgid)
 
 
