@@ -16,7 +16,10 @@
 #
 # Options: --corpus PATH (repeatable; default ../shared/data/wikitext-2/{valid,test}.txt), --vocab FILE (default
 # ../shared/data/bert-vocab/bert-base-uncased-vocab.txt, or $VOCAB_FILE), --out DIR, --phase1_steps N,
-# --phase2_steps N, -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
+# --phase2_steps N, --config FILE (model; default configs/bert-small-cpu.json), --batch N and --lr X (phase 1's
+# sequences per optimizer step per process and peak learning rate; default 32 and 1e-2), --processes N (CPU
+# processes with gloo, each with --batch: N x batch sequences a step; default 1), --dupe_factor N (phase 1 shards;
+# default 3), -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
 # (default: torch's; 1 when the machine is busy, i.e. the load average is at least the number of cores: on a shared
 # 2-core machine two OpenMP threads stall whenever one is descheduled, measured 4x slower than one thread).
 set -euo pipefail
@@ -31,6 +34,11 @@ vocab="${VOCAB_FILE:-}"
 out="$repo/results/cpu_demo"
 phase1_steps=""
 phase2_steps=""
+config=""
+batch=""
+lr=""
+processes=""
+dupe_factor=3
 while (( $# )); do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -41,6 +49,12 @@ while (( $# )); do
                     phase1_steps="$2"; shift 2 ;;
     --phase2_steps) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--phase2_steps needs a positive integer"
                     phase2_steps="$2"; shift 2 ;;
+    --config) [[ $# -ge 2 && -f "$2" ]] || die "--config needs an existing BERT config JSON file"; config="$2"; shift 2 ;;
+    --batch) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--batch needs a positive integer"; batch="$2"; shift 2 ;;
+    --lr) [[ "${2:-}" =~ ^[0-9.]+([eE]-?[0-9]+)?$ ]] || die "--lr needs a positive number"; lr="$2"; shift 2 ;;
+    --processes) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--processes needs a positive integer"; processes="$2"; shift 2 ;;
+    --dupe_factor) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--dupe_factor needs a positive integer"
+                   dupe_factor="$2"; shift 2 ;;
     *) die "unknown option '$1' (see -h)" ;;
   esac
 done
@@ -84,7 +98,7 @@ make_shards() {  # input output seq max_pred dupe
     --do_lower_case --max_seq_length "$3" --max_predictions_per_seq "$4" --masked_lm_prob 0.15 \
     --dupe_factor "$5" --random_seed 12345 --num_workers 2 --no_progress
 }
-make_shards "$out/text/train.txt" "$out/hdf5_seq128/train.hdf5" 128 20 3
+make_shards "$out/text/train.txt" "$out/hdf5_seq128/train.hdf5" 128 20 "$dupe_factor"
 make_shards "$out/text/heldout.txt" "$out/hdf5_heldout128/heldout.hdf5" 128 20 1
 make_shards "$out/text/train.txt" "$out/hdf5_seq512/train.hdf5" 512 80 1
 
@@ -94,6 +108,10 @@ source "$repo/scripts/configs/pretrain_config.sh"
 args=($(CPU_DEMO_DIR="$out" cpu))
 [[ -n "$phase1_steps" ]] && args[5]=$phase1_steps
 [[ -n "$phase2_steps" ]] && args[18]=$phase2_steps
+[[ -n "$batch" ]] && args[0]=$batch
+[[ -n "$lr" ]] && args[1]=$lr
+[[ -n "$processes" ]] && args[3]=$processes
+[[ -n "$config" ]] && args[24]="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
 run_dir="$out/run_$(date +%y%m%d_%H%M%S)"
 export RESULTS_DIR="$run_dir" CHECKPOINTS_DIR="$run_dir/checkpoints"
 export EVAL_DIR_PHASE1="$out/hdf5_heldout128"
