@@ -17,7 +17,8 @@
 # Options: --corpus PATH (repeatable; default ../shared/data/wikitext-2/{valid,test}.txt), --vocab FILE (default
 # ../shared/data/bert-vocab/bert-base-uncased-vocab.txt, or $VOCAB_FILE), --out DIR, --phase1_steps N,
 # --phase2_steps N, --config FILE (model; default configs/bert-small-cpu.json), --batch N and --lr X (phase 1's
-# sequences per optimizer step per process and peak learning rate; default 32 and 1e-2), --processes N (CPU
+# sequences per optimizer step per process and peak learning rate; default 32 and 1e-2; phase 2 gets half of --lr,
+# as in the preset), --processes N (CPU
 # processes with gloo, each with --batch: N x batch sequences a step; default 1), --dupe_factor N (phase 1 shards;
 # default 3), -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
 # (default: torch's; 1 when the machine is busy, i.e. the load average is at least the number of cores: on a shared
@@ -109,7 +110,7 @@ args=($(CPU_DEMO_DIR="$out" cpu))
 [[ -n "$phase1_steps" ]] && args[5]=$phase1_steps
 [[ -n "$phase2_steps" ]] && args[18]=$phase2_steps
 [[ -n "$batch" ]] && args[0]=$batch
-[[ -n "$lr" ]] && args[1]=$lr
+[[ -n "$lr" ]] && { args[1]=$lr; args[16]=$(awk -v x="$lr" 'BEGIN { printf "%g", x / 2 }'); }
 [[ -n "$processes" ]] && args[3]=$processes
 [[ -n "$config" ]] && args[24]="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
 run_dir="$out/run_$(date +%y%m%d_%H%M%S)"
