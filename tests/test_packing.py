@@ -424,6 +424,33 @@ def test_packed_and_unpacked_shards_do_not_mix_and_slots_are_checked(wiki, tmp_p
         rp.main(args_for(wiki["packed"], config, tmp_path / "out", "--max_steps", "1", seq=SEQ, pred=13))
 
 
+def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
+    """--dynamic_masking on packed shards masks each row as a whole, in the packed row's slots: round(p L) of its L
+    real tokens, never a [CLS] or [SEP] of any of its sequences, and a resumed stream draws the same masks."""
+    masker = pretraining_data.Masker.from_vocab(str(uncased_vocab), 0.15, ROW_PRED)
+    (info,) = pretraining_data.inspect_shards(pretraining_data.list_shards(str(wiki["packed"]), "--input_dir"),
+                                              pretraining_data.ShardSpec(SEQ, PRED, True), "--input_dir")
+    assert (info.packed, info.width) == (K, ROW_PRED)
+    data = pretraining_data.PretrainingData([info], seed=3, micro_batch=8, rank=0, world_size=1, masker=masker)
+    batches = take(data, 3)
+    for b in batches:
+        positions, ids = b["masked_lm_positions"], b["input_ids"]
+        assert positions.shape == (8, ROW_PRED) and "next_sentence_positions" in b
+        used = positions > 0
+        expected = np.minimum(ROW_PRED, np.rint(b["attention_mask"].sum(1).numpy() * 0.15))
+        assert used.sum(1).tolist() == expected.astype(int).tolist()
+        rows = torch.arange(8)[:, None].expand_as(positions)[used]
+        assert (b["attention_mask"][rows, positions[used]] == 1).all()
+        starts = b["next_sentence_positions"]
+        assert not (positions[:, :, None] == starts[:, None, :]).logical_and(used[:, :, None]).any()  # no [CLS]
+        original = ids.clone()
+        original[rows, positions[used]] = b["masked_lm_ids"][used]
+        assert (original[rows, positions[used]] != 102).all()  # no [SEP]
+    resumed = take(pretraining_data.PretrainingData([info], seed=3, micro_batch=8, rank=0, world_size=1,
+                                                    masker=masker, position=pretraining_data.DataPosition(0, 0, 8)), 2)
+    assert all(torch.equal(x[k], y[k]) for x, y in zip(resumed, batches[1:]) for k in x)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # (f) Length binning
 
