@@ -3,8 +3,9 @@
 What it holds, in order: `Unpadded` (where a batch's real tokens are: flat indices, int32 cumulative sequence
 offsets `cu_seqlens`, the longest length) with `unpad` / `pad` ([B, S, ...] <-> [T, ...], T = real tokens);
 `Packed` / `packed_layout` (sequence packing: several sequences a row, each attending only to itself, positions
-restarting at 0 in each); `choose_kernel`, the rule that picks the variable-length attention kernel; `varlen_attention`, the attention call
-over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot gather for the masked-LM head.
+restarting at 0 in each); `choose_kernel`, the rule that picks the variable-length attention kernel;
+`varlen_attention`, the attention call over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot
+gather for the masked-LM head.
 
 Kernels (checked against torch 2.13): `torch.nn.attention.varlen.varlen_attn` (CUDA, fp16/bf16, has no dropout
 argument: it is chosen only when the effective attention dropout is 0, i.e. a config with

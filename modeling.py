@@ -186,8 +186,9 @@ class BertSelfAttention(nn.Module):
     """Multi-head scaled dot-product attention through F.scaled_dot_product_attention, so that GPUs use the
     FlashAttention / memory-efficient kernels and CPUs the fused one. Names follow Hugging Face: query/key/value.
 
-    Padded: x [B, S, H] with attn_mask [B, 1, 1, S] (packed rows: the block-diagonal [B, 1, S, S]; or None). Unpadded: x [T, H] (the real tokens) with an
-    Unpadded description in place of the mask; bert_padding.varlen_attention picks the kernel (see there)."""
+    Padded: x [B, S, H] with attn_mask [B, 1, 1, S] (packed rows: the block-diagonal [B, 1, S, S]; or None).
+    Unpadded: x [T, H] (the real tokens) with an Unpadded description in place of the mask;
+    bert_padding.varlen_attention picks the kernel (see there)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()

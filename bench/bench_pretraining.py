@@ -40,8 +40,10 @@ only to itself (its own cu_seqlens entry), positions restart, NSP at its own [CL
 masked_lm_labels as the other rows. A packed step holds more sequences than the others, so this row is compared in
 sequences/s and real (non-padding) tokens/s: the ratios are medians over rounds of (ours+packed per second) /
 (transformers per second) in the same round. Its step-0 check: the packed loss of the first packed batch against
-ours on the same sequences unpadded (they must agree). --compile adds torch.compile rows (both models compiled; mini config,
-fp32 unless --compile_precisions: one compile takes 1-6 minutes on 2 cores). --profile prints torch.profiler's top
+ours on the same sequences unpadded (they must agree).
+
+--compile adds torch.compile rows (both models compiled; mini config, fp32 unless --compile_precisions: one compile
+takes 1-6 minutes on 2 cores). --profile prints torch.profiler's top
 operators of each model (mini, fp32). Writes JSON (default results/bench_pretraining.json) and prints a table.
 """
 from __future__ import annotations
