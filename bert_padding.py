@@ -2,8 +2,10 @@
 
 What it holds, in order: `Unpadded` (where a batch's real tokens are: flat indices, int32 cumulative sequence
 offsets `cu_seqlens`, the longest length) with `unpad` / `pad` ([B, S, ...] <-> [T, ...], T = real tokens);
-`choose_kernel`, the rule that picks the variable-length attention kernel; `varlen_attention`, the attention call
-over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot gather for the masked-LM head.
+`Packed` / `packed_layout` (sequence packing: several sequences a row, each attending only to itself, positions
+restarting at 0 in each); `choose_kernel`, the rule that picks the variable-length attention kernel;
+`varlen_attention`, the attention call over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot
+gather for the masked-LM head.
 
 Kernels (checked against torch 2.13): `torch.nn.attention.varlen.varlen_attn` (CUDA, fp16/bf16, has no dropout
 argument: it is chosen only when the effective attention dropout is 0, i.e. a config with
@@ -12,7 +14,12 @@ applies dropout; when the package is importable), else `padded_sdpa`: pad q/k/v 
 F.scaled_dot_product_attention call with the key-padding mask and the configured dropout (every device; the CPU
 path). The first use of each choice is logged in one line saying which kernel runs and why.
 
-Notation as in modeling.py: B batch, S sequence length, T real tokens of the batch, N heads, D head size.
+Packed rows go through the same variable-length path: every packed sequence is its own entry of cu_seqlens (so the
+varlen kernels never attend across sequences), and the padded fallbacks (padded_sdpa here, and modeling.py's
+padded encoder) get the equivalent block-diagonal [B, 1, S, S] mask instead of the key-padding mask.
+
+Notation as in modeling.py: B batch, S sequence length, T real tokens of the batch, N heads, D head size,
+K packed sequences a row (slots; unused slots allowed).
 """
 from __future__ import annotations
 
@@ -34,10 +41,12 @@ class Unpadded(NamedTuple):
     """Where the real tokens of a [B, S] batch are; passed to every layer in place of the attention mask."""
     indices: torch.Tensor  # [T] int64 flat (row-major) positions of the real tokens in [B * S]
     cu_seqlens: torch.Tensor  # [B + 1] int32 offsets: sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1] of [T, ...]
+    # (packed rows: [number of packed sequences + 1], one entry per sequence, not per row)
     max_seqlen: int  # the longest sequence of the batch (a Python int: varlen kernels size their grid with it)
     batch: int  # B
     seqlen: int  # S
     key_mask: torch.Tensor  # [B, 1, 1, S] bool, True = a real key: the padded fallback's SDPA mask
+    # (packed rows: the block-diagonal [B, 1, S, S] mask, True = query and key in the same sequence)
 
 
 def has_padding(attention_mask: torch.Tensor | None) -> bool:
@@ -45,16 +54,27 @@ def has_padding(attention_mask: torch.Tensor | None) -> bool:
     return attention_mask is not None and not bool(attention_mask.bool().all())
 
 
-def unpad_info(attention_mask: torch.Tensor) -> Unpadded:
-    """The Unpadded description of a [B, S] mask (1 = real token). Real tokens need not be left-aligned."""
+def unpad_info(attention_mask: torch.Tensor, packed: Packed | None = None) -> Unpadded:
+    """The Unpadded description of a [B, S] mask (1 = real token). Real tokens need not be left-aligned.
+
+    With `packed` (packed_layout of the same mask) every packed sequence gets its own cu_seqlens entry, and the
+    padded fallback's mask is the block-diagonal one: attention never crosses from one sequence to another."""
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must be [batch, seq], got shape {tuple(attention_mask.shape)}")
     mask = attention_mask.bool()
     B, S = mask.shape
-    lengths = mask.sum(1, dtype=torch.int32)  # [B]
-    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1], starts at 0
     indices = mask.reshape(-1).nonzero().squeeze(1)  # [T]
-    return Unpadded(indices, cu_seqlens, int(lengths.max()), B, S, mask[:, None, None, :])
+    if packed is None:
+        lengths = mask.sum(1, dtype=torch.int32)  # [B]
+        key_mask = mask[:, None, None, :]  # [B, 1, 1, S]
+    else:
+        # Row-major order of the real tokens is the sequences one after another (slot order within a row), so
+        # the sequences' lengths, unused slots (length 0) left out, cut [T] into the packed sequences.
+        lengths = packed.lengths.reshape(-1)  # [B * K]
+        lengths = lengths[lengths > 0]  # [number of packed sequences] (a host sync, as nonzero above)
+        key_mask = packed.block_mask  # [B, 1, S, S]
+    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [sequences + 1], starts at 0
+    return Unpadded(indices, cu_seqlens, int(lengths.max()), B, S, key_mask)
 
 
 def unpad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
@@ -66,6 +86,46 @@ def pad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
     """[T, ...] -> [B, S, ...] with zeros at the padding positions (the inverse of unpad on the real tokens)."""
     out = x.new_zeros(info.batch * info.seqlen, *x.shape[1:]).index_copy(0, info.indices, x)  # [B * S, ...]
     return out.view(info.batch, info.seqlen, *x.shape[1:])  # [B, S, ...]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sequence packing: several sequences share a row
+
+
+class Packed(NamedTuple):
+    """Where the packed sequences of a [B, S] batch are. Static shapes (no host sync): the padded path can use it
+    under torch.compile."""
+    sequence_index: torch.Tensor  # [B, S] int64: k at a token of the row's k-th sequence, -1 at padding
+    position_ids: torch.Tensor  # [B, S] int64: the token's position within its own sequence (0 at padding)
+    block_mask: torch.Tensor  # [B, 1, S, S] bool: True where query and key are in the same sequence; padding
+    # attends to the row's padding only (a query row that attends to nothing would give NaN in SDPA)
+    lengths: torch.Tensor  # [B, K] int32: real tokens of each slot's sequence (0: an unused slot)
+
+
+def packed_layout(attention_mask: torch.Tensor, sequence_starts: torch.Tensor) -> Packed:
+    """The Packed description of rows holding several sequences back to back.
+
+    attention_mask [B, S] (1 = a real token of any sequence), sequence_starts [B, K] int: where each slot's
+    sequence starts (its [CLS]), ascending over the used slots. Slot 0 always holds the row's first sequence at 0;
+    a later slot at position 0 is unused (the convention of masked_lm_positions: nothing else can start at 0).
+    A sequence runs from its start to the next used start (or the row's end); padding is wherever the mask is 0."""
+    if attention_mask.dim() != 2 or sequence_starts.dim() != 2 or sequence_starts.shape[0] != attention_mask.shape[0]:
+        raise ValueError(f"packing needs attention_mask [batch, seq] and sequence starts [batch, K], got shapes "
+                         f"{tuple(attention_mask.shape)} and {tuple(sequence_starts.shape)}")
+    mask = attention_mask.bool()  # [B, S]
+    B, S = mask.shape
+    starts = sequence_starts.long()  # [B, K]
+    K = starts.shape[1]
+    slot = torch.arange(K, device=starts.device)
+    used = (starts > 0) | (slot == 0)  # [B, K]
+    column = torch.arange(S, device=mask.device)  # [S]
+    begun = (starts[:, None, :] <= column[None, :, None]) & used[:, None, :]  # [B, S, K]: slot k has started by j
+    index = torch.where(mask, begun.sum(-1) - 1, -1)  # [B, S]: the last slot started (ascending starts), -1 padding
+    start_of_token = starts.gather(1, index.clamp(min=0))  # [B, S]: the start of each token's sequence
+    position_ids = torch.where(mask, column - start_of_token, 0)  # [B, S]: restarts at 0 in every sequence
+    block_mask = (index[:, :, None] == index[:, None, :])[:, None]  # [B, S, S] -> [B, 1, S, S]
+    lengths = (index[:, :, None] == slot).sum(1, dtype=torch.int32)  # [B, S, K] -> [B, K]
+    return Packed(index, position_ids, block_mask, lengths)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -125,7 +185,8 @@ def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float) -> tor
         from flash_attn import flash_attn_varlen_qkvpacked_func
 
         return flash_attn_varlen_qkvpacked_func(qkv, info.cu_seqlens, info.max_seqlen, dropout_p=dropout_p)
-    # padded_sdpa: one [T, 3H] -> [B, S, 3H] copy, SDPA with the key mask, then back to the real tokens.
+    # padded_sdpa: one [T, 3H] -> [B, S, 3H] copy, SDPA with the key mask (the block-diagonal mask of packed rows),
+    # then back to the real tokens.
     _, _, N, D = qkv.shape
     padded = pad(qkv, info)  # [B, S, 3, N, D], zeros at padding (masked out as keys)
     q, k, v = padded.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, N, S, D]

@@ -43,6 +43,24 @@ like any NVIDIA shard) unless --compression none. N instances, S = max_seq_lengt
 With --no_static_masking the input_ids are left unmasked and masked_lm_positions/masked_lm_ids are all zeros; the
 file attribute `masking` is "dynamic" (else "static") and the loader draws masks per epoch with `dynamic_mask`.
 
+Sequence packing (--pack_sequences K, K >= 2): after the shuffle, every window of PACK_WINDOW (8,192) consecutive
+instances is packed first-fit-decreasing (longest first, each into the first row with room and fewer than K
+sequences) into rows of max_seq_length, the sequences back to back and the padding after the last one. Each
+sequence keeps its own tokens, token types ([CLS] A [SEP] 0s, B [SEP] 1s) and masked positions (moved by its
+start); run_pretraining.py gives each its own attention block, positions from 0 and NSP from its own [CLS]. A packed
+shard (N rows, K sequences at most a row, P_row = min(K*P, floor(S*masked_lm_prob) + K) masked slots a row,
+enough for any K sequences of together S tokens) holds
+    input_ids [N,S] int32, input_mask [N,S] int8 (1 at every real token), segment_ids [N,S] int8,
+    masked_lm_positions [N,P_row] int32 (ascending over the row, 0 = unused), masked_lm_ids [N,P_row] int32,
+    next_sentence_labels [N,K] int8 (-1 = unused slot), next_sentence_positions [N,K] int32 (each sequence's [CLS]
+    column; slot 0 is always used, at 0; a later slot at 0 is unused),
+and the attributes packing="first_fit_decreasing", max_sequences_per_row=K, packed_sequences (instances),
+max_predictions_per_row=P_row. The summary line reports instances and packed_rows.
+Why offline (here) and not in the loader: the shards keep static shapes (B rows of S, P_row and K slots: one
+compiled graph, CUDA graphs), the resumable data position stays a row count in a fixed file (exact resume and the
+process-split independence are unchanged), and the packing work is done once per dataset, not per epoch and rank
+(MLPerf's BERT packs offline too). The cost: a packed dataset is packed the same way every epoch.
+
 Example:
     python create_pretraining_data.py --input_file shard_0.txt --output_file shard_0.hdf5 \\
         --vocab_file vocab.txt --do_lower_case --max_seq_length 128 --max_predictions_per_seq 20 \\
@@ -74,6 +92,7 @@ import numpy as np
 CHUNK_BYTES = 1 << 18  # text per tokenization task
 UNIT_TOKENS = 1 << 17  # corpus tokens per instance-making unit (one dupe pass over a block of documents)
 BUCKET_BYTES = 1 << 23  # instances per shuffle bucket on disk: the memory of the final shuffle
+PACK_WINDOW = 1 << 13  # consecutive shuffled instances packed together (--pack_sequences): rows never mix windows
 
 # SeedSequence spawn keys: one independent stream per purpose.
 _KEY_DOC_SHUFFLE, _KEY_UNIT, _KEY_INSTANCE_SHUFFLE = 0, 1, 2
@@ -91,6 +110,7 @@ class InstanceConfig:
     random_seed: int = 12345
     do_whole_word_mask: bool = False
     static_masking: bool = True
+    pack_sequences: int = 0  # K >= 2: pack up to K instances a row when writing (0: one a row)
     vocab_size: int = 30522
     cls_id: int = 101
     sep_id: int = 102
@@ -221,6 +241,100 @@ def dynamic_mask(input_ids, input_mask, vocab_size: int, special_ids: Iterable[i
         return (torch.from_numpy(masked).to(device), torch.from_numpy(positions).to(device),
                 torch.from_numpy(labels).to(device))
     return masked, positions, labels
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sequence packing (--pack_sequences K): several finished instances share one row of max_seq_length. Offline, here,
+# not in the loader: see the module docstring.
+
+
+def packed_predictions(max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float,
+                       max_sequences_per_row: int) -> int:
+    """The masked-LM slots of a packed row: enough for any K sequences of together at most S tokens.
+
+    A sequence of L tokens gets min(P, max(1, round(L p))) <= L p + 1 predictions, so K of them with sum L <= S get
+    at most floor(S p) + K; never more than K P (each sequence at most P). For S 128, P 20, p 0.15, K 3: 22 slots."""
+    bound = math.floor(max_seq_length * masked_lm_prob + 1e-6) + max_sequences_per_row
+    return int(min(max_sequences_per_row * max_predictions_per_seq, bound))
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int, max_per_row: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pack sequences of `lengths` [n] into rows of `capacity` tokens, at most `max_per_row` sequences a row:
+    longest first (ties in input order), each into the first row, in opening order, with room for it and fewer
+    than max_per_row sequences, else into a new row.
+
+    Returns row [n] (rows numbered in opening order), slot [n] (the sequence's place in its row: 0, 1, ... in
+    placement order) and start [n] (its first token's column: the lengths of the row's earlier slots)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1 or (lengths < 1).any() or (lengths > capacity).any():
+        raise ValueError(f"first_fit_decreasing: lengths must be a 1-D array in [1, {capacity}]")
+    if max_per_row < 1:
+        raise ValueError(f"first_fit_decreasing: max_per_row must be at least 1, got {max_per_row}")
+    n = len(lengths)
+    room = np.full(n, -1, dtype=np.int64)  # free tokens of each opened row; -1: full (or not opened)
+    count = np.zeros(n, dtype=np.int64)  # sequences in each row
+    row, slot, start = (np.zeros(n, dtype=np.int64) for _ in range(3))
+    opened = 0
+    for i in np.argsort(-lengths, kind="stable").tolist():
+        length = int(lengths[i])
+        fits = room[:opened] >= length  # one vectorised scan per sequence: rows <= n, windows of a few thousand
+        r = int(fits.argmax()) if fits.any() else opened
+        if r == opened:
+            room[r] = capacity
+            opened += 1
+        row[i], slot[i], start[i] = r, count[r], capacity - room[r]
+        count[r] += 1
+        room[r] = room[r] - length if count[r] < max_per_row else -1  # a row with K sequences takes no more
+    return row, slot, start
+
+
+def pack_sequences(arrays: dict[str, np.ndarray], max_per_row: int, max_predictions: int) -> dict[str, np.ndarray]:
+    """Pack NVIDIA-layout instances (input_ids, input_mask, segment_ids [n,S], masked_lm_positions/ids [n,P],
+    next_sentence_labels [n]; real tokens left-aligned) into rows by first_fit_decreasing.
+
+    Returns the packed rows, R of them: input_ids, input_mask, segment_ids [R,S] (each sequence's own tokens and
+    token types, back to back), masked_lm_positions/ids [R,max_predictions] (the row's masked positions, ascending,
+    0 in unused slots), next_sentence_labels [R,K] (-1 in unused slots) and next_sentence_positions [R,K] (each
+    sequence's [CLS] column; 0 in unused slots, slot 0 is always used at 0), in the input dtypes (int32 for the
+    positions). A sequence's masked positions move with it: position p becomes start + p."""
+    ids, mask = arrays["input_ids"], arrays["input_mask"]
+    n, seq = ids.shape
+    lengths = mask.astype(bool).sum(1)  # [n]
+    if not np.array_equal(mask.astype(bool), np.arange(seq)[None, :] < lengths[:, None]):
+        raise ValueError("pack_sequences: every instance's real tokens must come first (zero padding after them)")
+    row, slot, start = first_fit_decreasing(lengths, seq, max_per_row)
+    rows = int(row.max()) + 1 if n else 0
+
+    out = {name: np.zeros((rows, seq), dtype=arrays[name].dtype) for name in ("input_ids", "input_mask",
+                                                                            "segment_ids")}
+    src_seq, src_col = np.nonzero(mask)  # every real token
+    dst_row, dst_col = row[src_seq], start[src_seq] + src_col  # its place in the packed row
+    for name in out:
+        out[name][dst_row, dst_col] = arrays[name][src_seq, src_col]
+
+    labels = np.full((rows, max_per_row), -1, dtype=arrays["next_sentence_labels"].dtype)
+    labels[row, slot] = arrays["next_sentence_labels"].reshape(-1)
+    cls_positions = np.zeros((rows, max_per_row), dtype=np.int32)
+    cls_positions[row, slot] = start
+    out["next_sentence_labels"], out["next_sentence_positions"] = labels, cls_positions
+
+    # Masked positions: every used slot (p > 0) of every sequence, moved by its start, sorted within each row.
+    positions, masked_ids = arrays["masked_lm_positions"], arrays["masked_lm_ids"]
+    src_seq, src_slot = np.nonzero(positions > 0)
+    target_row = row[src_seq]
+    target_pos = start[src_seq] + positions[src_seq, src_slot]
+    order = np.lexsort((target_pos, target_row))  # by row, then position
+    target_row, target_pos = target_row[order], target_pos[order]
+    rank = np.arange(len(order)) - np.searchsorted(target_row, target_row)  # [M]: the slot within its row
+    if len(rank) and rank.max() >= max_predictions:
+        raise ValueError(f"pack_sequences: a packed row holds {rank.max() + 1} masked positions, more than "
+                         f"max_predictions {max_predictions}")
+    out["masked_lm_positions"] = np.zeros((rows, max_predictions), dtype=positions.dtype)
+    out["masked_lm_ids"] = np.zeros((rows, max_predictions), dtype=masked_ids.dtype)
+    out["masked_lm_positions"][target_row, rank] = target_pos
+    out["masked_lm_ids"][target_row, rank] = masked_ids[src_seq, src_slot][order]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -660,26 +774,54 @@ def _bounded_map(executor: ThreadPoolExecutor, fn, items, window: int):
         yield pending.popleft().result()
 
 
+def _packed_blocks(spill: InstanceSpill, cfg: InstanceConfig, width: int, rows: int):
+    """The shuffled instances packed (--pack_sequences), PACK_WINDOW instances at a time, in NVIDIA's arrays plus
+    next_sentence_positions, re-cut into blocks of `rows` packed rows (the last one shorter)."""
+    carry: dict[str, np.ndarray] | None = None
+    for fields in spill.blocks(PACK_WINDOW):
+        packed = pack_sequences(_nvidia_rows(fields, cfg.max_seq_length), cfg.pack_sequences, width)
+        carry = packed if carry is None else {k: np.concatenate([carry[k], packed[k]]) for k in packed}
+        while len(carry["input_ids"]) >= rows:
+            yield {k: v[:rows] for k, v in carry.items()}
+            carry = {k: v[rows:] for k, v in carry.items()}
+    if carry is not None and len(carry["input_ids"]):
+        yield carry
+
+
 def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compression: str | None,
                attrs: dict[str, Any], threads: int = 1, gzip_level: int = 1) -> int:
-    """Write the spilled instances, shuffled, in NVIDIA's layout, atomically. Returns N.
+    """Write the spilled instances, shuffled, in NVIDIA's layout, atomically. Returns N (rows written: packed rows
+    with --pack_sequences).
 
     With gzip (plus HDF5's shuffle filter; h5py readers undo both transparently), blocks of rows are compressed
     by `threads` threads (zlib lets go of the GIL) and stored as finished chunks (write_direct_chunk): the bytes
-    HDF5's own filters would write, without a single-threaded tail.
+    HDF5's own filters would write, without a single-threaded tail. Packed rows are not counted before they are
+    made, so their datasets grow as blocks arrive (chunked, unlimited rows).
     """
     import h5py
 
-    n, seq, p = spill.n, cfg.max_seq_length, cfg.max_predictions_per_seq
-    rows = min(n, max(64, (1 << 19) // (4 * seq)))  # 512 KiB chunks of input_ids (HDF5: no more than N rows)
+    n, seq, p, k = spill.n, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.pack_sequences
+    rows = max(64, (1 << 19) // (4 * seq))  # 512 KiB chunks of input_ids
+    if not k:
+        rows = min(n, rows)  # HDF5: a fixed-size dataset's chunks hold no more than its N rows
+    else:
+        p = packed_predictions(seq, p, cfg.masked_lm_prob, k)
     shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,), "masked_lm_positions": (p,),
-              "masked_lm_ids": (p,), "next_sentence_labels": ()}
+              "masked_lm_ids": (p,), "next_sentence_labels": (k,) if k else ()}
+    layout_dtypes = _LAYOUT
+    if k:
+        shapes["next_sentence_positions"] = (k,)
+        layout_dtypes = _LAYOUT + (("next_sentence_positions", "i4"),)
 
-    def block(fields: dict[str, np.ndarray]) -> dict[str, Any]:
-        arrays = _nvidia_rows(fields, seq)
+    def block(fields: dict[str, np.ndarray]) -> tuple[int, dict[str, Any]]:
+        if k:  # packed blocks come in NVIDIA's arrays already, in the instances' dtypes
+            arrays = {name: fields[name].astype(dtype, copy=False) for name, dtype in layout_dtypes}
+        else:
+            arrays = _nvidia_rows(fields, seq)
+        count = len(arrays["input_ids"])
         if not compression:
-            return arrays
-        return {name: _compress_chunk(a, rows, gzip_level) for name, a in arrays.items()}
+            return count, arrays
+        return count, {name: _compress_chunk(a, rows, gzip_level) for name, a in arrays.items()}
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -687,18 +829,28 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compressio
     try:
         with h5py.File(tmp, "w") as f, ThreadPoolExecutor(threads) as executor:
             out = {}
-            for name, dtype in _LAYOUT:
+            for name, dtype in layout_dtypes:
                 layout = {"chunks": (rows,) + shapes[name], "compression": compression,
                           "compression_opts": gzip_level, "shuffle": True} if compression else {}
-                out[name] = f.create_dataset(name, (n,) + shapes[name], dtype=dtype, **layout)
+                if k:  # packed: the row count is known at the end; grow as blocks arrive
+                    layout.update(chunks=(rows,) + shapes[name], maxshape=(None,) + shapes[name])
+                out[name] = f.create_dataset(name, (0 if k else n,) + shapes[name], dtype=dtype, **layout)
             f.attrs.update(attrs)
+            if k:
+                f.attrs.update({"packing": "first_fit_decreasing", "max_sequences_per_row": k,
+                                "packed_sequences": n, "max_predictions_per_row": p})
+            source = _packed_blocks(spill, cfg, p, rows) if k else spill.blocks(rows)
             starts = itertools.count(0, rows)
-            for lo, data in zip(starts, _bounded_map(executor, block, spill.blocks(rows), window=2 * threads)):
+            written = 0
+            for lo, (count, data) in zip(starts, _bounded_map(executor, block, source, window=2 * threads)):
                 for name, value in data.items():
+                    if k:  # packed: grow the dataset to hold this block
+                        out[name].resize(lo + count, axis=0)
                     if compression:
                         out[name].id.write_direct_chunk((lo,) + (0,) * len(shapes[name]), value)
                     else:
-                        out[name][lo: lo + len(value)] = value
+                        out[name][lo: lo + count] = value
+                written = lo + count
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; the shard should read like any other file
@@ -715,7 +867,7 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compressio
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return n
+    return written
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -783,10 +935,12 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
                  "short_seq_prob": cfg.short_seq_prob, "dupe_factor": cfg.dupe_factor,
                  "random_seed": cfg.random_seed, "do_whole_word_mask": cfg.do_whole_word_mask}
         n = write_hdf5(output, spill, cfg, compression, attrs, threads=threads, gzip_level=gzip_level)
-        summary = {"output": str(output), "instances": n, "documents": corpus.num_documents,
+        summary = {"output": str(output), "instances": spill.n, "documents": corpus.num_documents,
                    "sentences": len(corpus.sent_start) - 1, "tokens": len(corpus.tokens),
                    "tokenize_s": round(tokenized - start, 3), "instances_s": round(made - tokenized, 3),
                    "write_s": round(time.time() - made, 3), "seconds": round(time.time() - start, 3)}
+        if cfg.pack_sequences:
+            summary["packed_rows"] = n
     finally:
         _CORPUS_CACHE.clear()  # in-process runs: unmap before the folder goes
         shutil.rmtree(folder, ignore_errors=True)
@@ -858,6 +1012,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_static_masking", action="store_true",
                    help="write unmasked input_ids and all-zero masked_lm_positions/ids (attribute masking="
                         "'dynamic') for a loader that masks per epoch with dynamic_mask()")
+    p.add_argument("--pack_sequences", type=int, default=0, metavar="K",
+                   help="sequence packing: put up to K (>= 2) instances into each row of max_seq_length, first-fit-"
+                        "decreasing over windows of 8,192 shuffled instances; adds next_sentence_positions [N,K] "
+                        "int32, makes next_sentence_labels [N,K] int8 (-1: unused slot) and masked_lm_* [N,P_row] "
+                        "(P_row = min(K*P, floor(S*masked_lm_prob) + K)); run_pretraining.py detects packed shards "
+                        "(default 0: one instance a row)")
     p.add_argument("--compression", choices=("gzip", "none"), default="gzip", help="HDF5 compression (NVIDIA: gzip)")
     p.add_argument("--gzip_level", type=int, default=1, choices=range(1, 10), metavar="{1..9}",
                    help="zlib level (default 1: with the shuffle filter, smaller than NVIDIA's level-4 files and "
@@ -879,6 +1039,8 @@ def _check_args(args) -> None:
         (args.dupe_factor < 1, f"--dupe_factor {args.dupe_factor} must be at least 1"),
         (args.random_seed < 0, f"--random_seed {args.random_seed} must be a non-negative integer"),
         (args.num_workers < 1, f"--num_workers {args.num_workers} must be at least 1"),
+        (args.pack_sequences == 1 or args.pack_sequences < 0,
+         f"--pack_sequences {args.pack_sequences} must be 0 (no packing) or at least 2 (sequences a row)"),
         (not os.path.isfile(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist (a BERT vocab.txt)"),
     ]
     for bad, message in problems:
@@ -927,7 +1089,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
         masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
         random_seed=args.random_seed, do_whole_word_mask=args.do_whole_word_mask,
-        static_masking=not args.no_static_masking, vocab_size=vocab_size, cls_id=vocab["[CLS]"],
+        static_masking=not args.no_static_masking, pack_sequences=args.pack_sequences, vocab_size=vocab_size,
+        cls_id=vocab["[CLS]"],
         sep_id=vocab["[SEP]"], mask_id=vocab["[MASK]"])
     is_subword = None  # "##" pieces by id, for whole-word masking
     if args.do_whole_word_mask:
@@ -961,6 +1124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = {"instances": sum(s["instances"] for s in summaries), "tokens": sum(s["tokens"] for s in summaries),
              "documents": sum(s["documents"] for s in summaries), "outputs": len(summaries),
              "num_workers": args.num_workers, "seconds": round(time.time() - start, 3)}
+    if args.pack_sequences:
+        total["packed_rows"] = sum(s["packed_rows"] for s in summaries)
     if len(summaries) == 1:
         total.update({k: summaries[0][k] for k in ("output", "tokenize_s", "instances_s", "write_s")})
     print(json.dumps(total), flush=True)

@@ -11,10 +11,11 @@ checkpoints of `transformers`, NVIDIA's DeepLearningExamples and this project in
 
 Notation in shape comments: B batch, S sequence length, H hidden size, N heads, D head size (H / N),
 I intermediate size, V vocabulary size (padded), M number of masked (predicted) positions in the batch,
-P prediction slots per sequence (fixed-slot head), T real (non-padding) tokens of the batch.
+P prediction slots per sequence (fixed-slot head; per row for packed rows), T real (non-padding) tokens of the
+batch, K sequences a row (sequence packing).
 
 The speed path lives beside it in bert_padding.py (pure PyTorch, the only module of ours imported here):
-unpadding, the variable-length attention call and the fixed-slot masked-LM gather.
+unpadding, sequence packing's layout, the variable-length attention call and the fixed-slot masked-LM gather.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import Unpadded, gather_indexes, has_padding, pad, unpad, unpad_info, varlen_attention
+from bert_padding import (Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, unpad, unpad_info,
+                          varlen_attention)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -158,8 +160,9 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class BertEmbeddings(nn.Module):
-    """word + position + token-type embeddings, then LayerNorm and dropout. Takes [B, S] ids, or the real tokens'
-    [T] ids with their position_ids [T] (the unpadded path)."""
+    """word + position + token-type embeddings, then LayerNorm and dropout. Takes [B, S] ids (with position_ids
+    [B, S] for packed rows, whose positions restart in every sequence), or the real tokens' [T] ids with their
+    position_ids [T] (the unpadded path)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -183,8 +186,9 @@ class BertSelfAttention(nn.Module):
     """Multi-head scaled dot-product attention through F.scaled_dot_product_attention, so that GPUs use the
     FlashAttention / memory-efficient kernels and CPUs the fused one. Names follow Hugging Face: query/key/value.
 
-    Padded: x [B, S, H] with attn_mask [B, 1, 1, S] (or None). Unpadded: x [T, H] (the real tokens) with an
-    Unpadded description in place of the mask; bert_padding.varlen_attention picks the kernel (see there)."""
+    Padded: x [B, S, H] with attn_mask [B, 1, 1, S] (packed rows: the block-diagonal [B, 1, S, S]; or None).
+    Unpadded: x [T, H] (the real tokens) with an Unpadded description in place of the mask;
+    bert_padding.varlen_attention picks the kernel (see there)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -300,13 +304,16 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-    """tanh(dense(first token)): the sentence representation the NSP and classification heads read."""
+    """tanh(dense(first token)): the sentence representation the NSP and classification heads read. Packed rows
+    (sequence_starts [B, K]): the same at every packed sequence's own [CLS]."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+    def forward(self, sequence_output: torch.Tensor, sequence_starts: torch.Tensor | None = None) -> torch.Tensor:
+        if sequence_starts is not None:
+            return torch.tanh(self.dense(gather_indexes(sequence_output, sequence_starts)))  # [B, K, H]
         return torch.tanh(self.dense(sequence_output[:, 0]))  # [B, H] from the [CLS] position
 
 
@@ -334,6 +341,12 @@ class BertModel(nn.Module):
     zeros at the padding positions, where the padded path has values no correct consumer reads (transformers'
     too). Callers that do read them (question answering's softmax over every position) pass
     padding_positions_read=True, the default, and "auto" then keeps the padded path for them.
+
+    Sequence packing: with sequence_starts [B, K] (where each of up to K sequences of a row starts; see
+    bert_padding.packed_layout) every sequence attends only to itself, its positions restart at 0 and
+    pooled_output is [B, K, H], one per sequence's own [CLS]. The unpadded path gives each sequence its own
+    cu_seqlens entry (taken even for a row without padding); the padded path gets the block-diagonal mask. A row
+    of packed sequences gives each sequence the outputs it would have alone.
     """
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -344,26 +357,41 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
-    def unpadded(self, attention_mask: torch.Tensor | None, padding_positions_read: bool) -> Unpadded | None:
+    def unpadded(self, attention_mask: torch.Tensor | None, padding_positions_read: bool,
+                 packed: Packed | None = None) -> Unpadded | None:
         """Where this batch's real tokens are, when the encoder is to run on them alone; None for the padded path."""
         mode = self.config.unpad
         if mode == "never" or (mode == "auto" and padding_positions_read):
             return None
         if mode == "auto" and (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()):
             return None  # data-dependent shapes: a graph break under compile, a frozen shape in a trace
+        if packed is not None:  # the sequences' boundaries are needed even in a row without padding
+            return unpad_info(attention_mask, packed)
         return unpad_info(attention_mask) if has_padding(attention_mask) else None  # no padding: the plain path
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                padding_positions_read: bool = True) -> BertModelOutput | BertModelOutputWithHiddenStates:
+                padding_positions_read: bool = True, sequence_starts: torch.Tensor | None = None,
+                ) -> BertModelOutput | BertModelOutputWithHiddenStates:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        info = self.unpadded(attention_mask, padding_positions_read)
+        packed = None
+        if sequence_starts is not None:  # packed rows: which sequence each token is in, its position within it
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            packed = packed_layout(attention_mask, sequence_starts)
+        info = self.unpadded(attention_mask, padding_positions_read, packed)
         if info is not None:  # the real tokens only: [B, S] -> [T]
-            position_ids = torch.arange(info.seqlen, device=input_ids.device).repeat(info.batch)  # [B*S]
+            if packed is not None:
+                position_ids = packed.position_ids.reshape(-1)  # [B*S], restarting in every sequence
+            else:
+                position_ids = torch.arange(info.seqlen, device=input_ids.device).repeat(info.batch)  # [B*S]
             x = self.embeddings(unpad(input_ids, info), unpad(token_type_ids, info),
                                 unpad(position_ids, info))  # [T, H]
             attn_mask = info
+        elif packed is not None:  # padded path over packed rows: block-diagonal attention, restarting positions
+            attn_mask = packed.block_mask  # [B, 1, S, S]
+            x = self.embeddings(input_ids, token_type_ids, packed.position_ids)  # [B, S, H]
         else:
             attn_mask = None  # None lets SDPA take its fastest path when nothing is padded
             if attention_mask is not None:
@@ -377,7 +405,7 @@ class BertModel(nn.Module):
             sequence_output = pad(sequence_output, info)  # [T, H] -> [B, S, H]
             if output_hidden_states:
                 hidden_states = tuple(pad(h, info) for h in hidden_states)  # each [T, H] -> [B, S, H]
-        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+        pooled_output = self.pooler(sequence_output, sequence_starts) if self.pooler is not None else None
         if output_hidden_states:
             return BertModelOutputWithHiddenStates(sequence_output, pooled_output, hidden_states)
         return BertModelOutput(sequence_output, pooled_output)
@@ -440,6 +468,12 @@ class BertForPreTraining(nn.Module):
     slot, [CLS] is never masked). The P slots of every sequence are gathered and scored, prediction_scores is
     [B,P,V] (unused slots included), and the loss ignores unused slots: the same mean over the labelled positions
     as the sparse head, with static shapes and no host sync (no nonzero), so torch.compile(fullgraph=True) works.
+
+    Packed rows (sequence packing; create_pretraining_data.py --pack_sequences): pass next_sentence_positions [B,K]
+    (each packed sequence's [CLS]; slot 0 at 0, a later slot at 0 is unused) with next_sentence_labels [B,K] (-1 in
+    unused slots) and the row's masked_lm_positions/masked_lm_ids. Each sequence attends only to itself with its
+    own positions (BertModel), seq_relationship_score is [B,K,2], and the losses are the MLM mean over every masked
+    token and the NSP mean over the real sequences: the losses of the same sequences unpacked.
     """
 
     def __init__(self, config: BertConfig):
@@ -451,17 +485,23 @@ class BertForPreTraining(nn.Module):
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # re-tie after init
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_labels=None,
-                next_sentence_labels=None, masked_lm_positions=None, masked_lm_ids=None,
+                next_sentence_labels=None, masked_lm_positions=None, masked_lm_ids=None, next_sentence_positions=None,
                 ) -> PreTrainingOutput | PreTrainingOutputWithLoss:
         fixed_slots = masked_lm_positions is not None
         if fixed_slots and (masked_lm_ids is None or masked_lm_labels is not None):
             raise ValueError("BertForPreTraining: pass masked_lm_positions together with masked_lm_ids, and not "
                              "with masked_lm_labels")
+        if (next_sentence_positions is not None and next_sentence_labels is not None
+                and next_sentence_labels.shape != next_sentence_positions.shape):
+            raise ValueError(f"BertForPreTraining: packed rows need next_sentence_labels of the shape of "
+                             f"next_sentence_positions {tuple(next_sentence_positions.shape)}, got "
+                             f"{tuple(next_sentence_labels.shape)}")
         # With labels only the labelled positions and [CLS] are read: the encoder may skip the padding (unpad).
         sequence_output, pooled_output = self.bert(
             input_ids, token_type_ids, attention_mask,
-            padding_positions_read=masked_lm_labels is None and not fixed_slots)  # [B, S, H], [B, H]
-        seq_relationship_score = self.cls.seq_relationship(pooled_output)  # [B, 2]
+            padding_positions_read=masked_lm_labels is None and not fixed_slots,
+            sequence_starts=next_sentence_positions)  # [B, S, H], [B, H] (packed: [B, K, H])
+        seq_relationship_score = self.cls.seq_relationship(pooled_output)  # [B, 2] (packed: [B, K, 2])
         if masked_lm_labels is None and not fixed_slots:
             return PreTrainingOutput(self.cls.predictions(sequence_output), seq_relationship_score)  # [B, S, V]
 
@@ -481,7 +521,9 @@ class BertForPreTraining(nn.Module):
         nsp_loss = None
         loss = mlm_loss
         if next_sentence_labels is not None:
-            nsp_loss = F.cross_entropy(seq_relationship_score.float(), next_sentence_labels.reshape(-1).long())
+            # The mean over the real sequences: unused slots of packed rows carry the label -1 and are ignored.
+            nsp_loss = F.cross_entropy(seq_relationship_score.reshape(-1, 2).float(),  # [B, 2] (packed: [B*K, 2])
+                                       next_sentence_labels.reshape(-1).long(), ignore_index=-1)
             loss = mlm_loss + nsp_loss
         return PreTrainingOutputWithLoss(loss, mlm_loss, nsp_loss, prediction_scores, seq_relationship_score)
 
@@ -588,6 +630,7 @@ class BertForMultipleChoice(nn.Module):
 class BertModelOutput(NamedTuple):
     sequence_output: torch.Tensor  # [B, S, H] the last layer at every position
     pooled_output: torch.Tensor | None  # [B, H] tanh(dense(first token)); None for BertModel(add_pooling_layer=False)
+    # ([B, K, H] with sequence_starts: one per packed sequence's [CLS])
 
 
 class BertModelOutputWithHiddenStates(NamedTuple):
@@ -609,7 +652,7 @@ class PreTrainingOutputWithLoss(NamedTuple):
     nsp_loss: torch.Tensor | None  # [] next-sentence cross-entropy; None without next_sentence_labels
     prediction_scores: torch.Tensor  # [M, V] at the labelled positions, in row-major (batch, position) order;
     # [B, P, V] at the P slots with masked_lm_positions (unused slots included)
-    seq_relationship_score: torch.Tensor  # [B, 2]
+    seq_relationship_score: torch.Tensor  # [B, 2] ([B, K, 2] for packed rows: one per slot)
 
 
 class QuestionAnsweringOutput(NamedTuple):

@@ -3,6 +3,10 @@
 Shards (create_pretraining_data.py writes them): input_ids, input_mask, segment_ids [N, S]; masked_lm_positions,
 masked_lm_ids [N, P] (a 0 position marks an unused slot: position 0 is [CLS], never masked); next_sentence_labels
 [N]. Shards written with --no_static_masking carry attrs masking=dynamic and empty masked_lm_* arrays.
+Packed shards (create_pretraining_data.py --pack_sequences K) hold up to K sequences a row: they add
+next_sentence_positions [N, K] (each sequence's [CLS]), their next_sentence_labels are [N, K] (-1: unused slot) and
+masked_lm_* hold a row's slots; they are recognised by next_sentence_positions, and the batches carry it, so the
+model attends within each sequence and reads NSP at each [CLS]. A folder's shards must all be packed alike.
 
 The stream. Every *.hdf5 in the folder, sorted by name. Epoch e visits the shards in a permutation drawn from
 (seed, e); shard s is read in a permutation drawn from (seed, e, s). That ordered stream is cut into GLOBAL
@@ -12,6 +16,14 @@ processes, and the data position (epoch, shard index, sample offset) is one numb
 number of processes can resume from. One shard is held in memory, the next is read in a background thread;
 DataLoader workers cut the micro-batches. With dynamic masking the stored masks are undone and new ones drawn by
 create_pretraining_data.dynamic_mask, seeded by (seed, epoch, shard, offset): a resumed run draws the same masks.
+
+Length binning (LDDL's idea, for phase 2; length_bins N > 0): sample i of a shard falls in bin floor((L_i - 1) N / S)
+by its real length L_i. The shard's permutation is regrouped, each bin keeping its samples in the permutation's
+order, into global micro-batches of one bin; the leftovers of every bin, in bin order, make the mixed micro-batches
+after them, and the micro-batches are shuffled (seeded by seed, epoch, shard). The result is again a fixed
+permutation of the shard, so the data position and exact resume work as without bins, and each micro-batch is cut
+to the upper end of its longest sample's bin (N shapes, so each compiles once): short batches skip the padding. The
+order depends on the global micro-batch (micro-batch x processes), which a checkpoint records.
 
 Read top to bottom: shard checks -> orders -> masks -> micro-batches -> the stream -> the held-out set.
 Errors are DataError (one line, naming the flag and the file); run_pretraining.py's main prints them.
@@ -38,6 +50,7 @@ class DataError(InputError):
 
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
               "next_sentence_labels")
+PACKED_KEY = "next_sentence_positions"  # [N, K] in packed shards only
 
 
 @dataclass
@@ -55,6 +68,8 @@ class ShardInfo:
     path: Path
     num_samples: int
     unmasked: bool  # written with --no_static_masking: masked_lm_* are empty
+    packed: int = 0  # K: up to K sequences a row (create_pretraining_data.py --pack_sequences); 0: one a row
+    width: int = 0  # masked_lm_positions slots a row (P; packed: P_row)
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,11 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                 n, seq = f["input_ids"].shape
                 width = f["masked_lm_positions"].shape[1]
                 unmasked = f.attrs.get("masking", "static") == "dynamic"
+                packed = f[PACKED_KEY].shape[1] if PACKED_KEY in f else 0
+                if f["next_sentence_labels"].shape != ((n, packed) if packed else (n,)):
+                    raise DataError(f"{flag}: shard {path} has next_sentence_labels of shape "
+                                    f"{f['next_sentence_labels'].shape}, expected {(n, packed) if packed else (n,)}"
+                                    f"{' (packed: one label per slot)' if packed else ''}")
                 not_integer = [k for k in SHARD_KEYS if f[k].dtype.kind not in "iub"]
                 if not_integer:
                     raise DataError(f"{flag}: shard {path} holds {not_integer} as "
@@ -101,13 +121,20 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
         if seq != spec.max_seq_length:
             raise DataError(f"{flag}: shard {path} has sequences of length {seq} but --max_seq_length is "
                             f"{spec.max_seq_length}")
-        if width > spec.max_predictions_per_seq:
-            raise DataError(f"{flag}: shard {path} has {width} masked positions per sequence but "
+        # A packed row's slots serve up to K sequences: max_predictions_per_seq scales with K.
+        if width > spec.max_predictions_per_seq * max(packed, 1):
+            raise DataError(f"{flag}: shard {path} has {width} masked positions per "
+                            f"{f'row of up to {packed} sequences' if packed else 'sequence'} but "
                             f"--max_predictions_per_seq is {spec.max_predictions_per_seq}")
         if unmasked and not spec.dynamic_masking:
             raise DataError(f"{flag}: shard {path} was written without masks (--no_static_masking): pass "
                             "--dynamic_masking")
-        infos.append(ShardInfo(path, int(n), bool(unmasked)))
+        infos.append(ShardInfo(path, int(n), bool(unmasked), int(packed), int(width)))
+    kinds = sorted({f"{i.packed} sequences and {i.width} masked slots a row" if i.packed else "unpacked"
+                    for i in infos})
+    if len(kinds) > 1:  # one NSP layout and one batch shape for the whole run
+        raise DataError(f"{flag}: the shards are not packed alike ({'; '.join(kinds)}): write them with one "
+                        "create_pretraining_data.py --pack_sequences setting")
     return infos
 
 
@@ -169,24 +196,35 @@ class Masker:
 
 
 def to_model_inputs(arrays: dict[str, np.ndarray], rows: slice, masker: Masker | None = None,
-                    mask_seed: list[int] | None = None) -> dict[str, torch.Tensor]:
+                    mask_seed: list[int] | None = None, width: int | None = None) -> dict[str, torch.Tensor]:
     """One micro-batch as BertForPreTraining's keyword arguments for its fixed-slot head: input_ids,
     token_type_ids, attention_mask [B,S], masked_lm_positions and masked_lm_ids [B,P] (0: an unused slot) and
-    next_sentence_labels [B], all int64. Static shapes: the step needs no host sync to find the labelled tokens."""
-    input_ids = arrays["input_ids"][rows]
-    input_mask = arrays["input_mask"][rows]
+    next_sentence_labels [B], all int64. Static shapes: the step needs no host sync to find the labelled tokens.
+    Packed shards: next_sentence_labels and next_sentence_positions [B,K] (-1 / 0 in unused slots). `width` cuts
+    the sequences to their first `width` columns (length binning; no real token lies beyond it)."""
+    columns = slice(None, width)
+    input_ids = arrays["input_ids"][rows, columns]
+    input_mask = arrays["input_mask"][rows, columns]
     positions, ids = arrays["masked_lm_positions"][rows], arrays["masked_lm_ids"][rows]
     if masker is not None:
         original = unmask(input_ids, positions, ids)
         input_ids, positions, ids = masker(original, input_mask, mask_seed)
-    return {
+    batch = {
         "input_ids": torch.from_numpy(input_ids.astype(np.int64)),
-        "token_type_ids": torch.from_numpy(arrays["segment_ids"][rows].astype(np.int64)),
+        "token_type_ids": torch.from_numpy(arrays["segment_ids"][rows, columns].astype(np.int64)),
         "attention_mask": torch.from_numpy(input_mask.astype(np.int64)),
         "masked_lm_positions": torch.from_numpy(positions.astype(np.int64)),
         "masked_lm_ids": torch.from_numpy(ids.astype(np.int64)),
         "next_sentence_labels": torch.from_numpy(arrays["next_sentence_labels"][rows].astype(np.int64)),
     }
+    if PACKED_KEY in arrays:
+        batch[PACKED_KEY] = torch.from_numpy(arrays[PACKED_KEY][rows].astype(np.int64))
+    return batch
+
+
+def shard_keys(f) -> tuple[str, ...]:
+    """The arrays a batch needs from an open shard: NVIDIA's, and next_sentence_positions when it is packed."""
+    return SHARD_KEYS + ((PACKED_KEY,) if PACKED_KEY in f else ())
 
 
 def read_rows(path: Path, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -195,25 +233,66 @@ def read_rows(path: Path, rows: np.ndarray) -> dict[str, np.ndarray]:
     import h5py
 
     with h5py.File(path, "r") as f:
-        return {key: f[key][()][rows] for key in SHARD_KEYS}
+        return {key: f[key][()][rows] for key in shard_keys(f)}
+
+
+def real_lengths(path: Path) -> tuple[np.ndarray, int]:
+    """[N] real tokens of every row of a shard, and its sequence length S (length binning)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        mask = f["input_mask"][()]  # [N, S]
+    return mask.astype(bool).sum(1), mask.shape[1]
+
+
+def bin_width(length: np.ndarray | int, bins: int, seq_len: int) -> np.ndarray:
+    """The upper end of the length bin of `length`: bin floor((L - 1) N / S) covers lengths up to
+    ceil((bin + 1) S / N)."""
+    b = (np.asarray(length) - 1) * bins // seq_len
+    return -(-(b + 1) * seq_len // bins)
+
+
+def binned_order(order: np.ndarray, lengths: np.ndarray, bins: int, seq_len: int, global_batch: int,
+                 rng: np.random.Generator) -> np.ndarray:
+    """The shard permutation `order` regrouped into global micro-batches of similar lengths (see the module
+    docstring): full micro-batches of one bin, then the bins' leftovers in bin order, the micro-batches shuffled
+    by `rng`; the final remainder (< global_batch, dropped by the stream as any shard remainder) stays last.
+    Another permutation of the shard."""
+    bin_of = np.clip((lengths[order] - 1) * bins // seq_len, 0, bins - 1)  # [N] in the permutation's order
+    grouped = order[np.argsort(bin_of, kind="stable")]  # by bin; within a bin, the permutation's order
+    counts = np.bincount(bin_of, minlength=bins)
+    ends = np.cumsum(counts)
+    full, leftover = [], []
+    for b in range(bins):
+        members = grouped[ends[b] - counts[b]: ends[b]]
+        cut = len(members) // global_batch * global_batch
+        full.append(members[:cut])
+        leftover.append(members[cut:])
+    full_batches = np.concatenate(full).reshape(-1, global_batch)  # [F, G]
+    rest = np.concatenate(leftover)  # neighbouring bins side by side
+    cut = len(rest) // global_batch * global_batch
+    batches = np.concatenate([full_batches, rest[:cut].reshape(-1, global_batch)])  # [F + M, G]
+    batches = batches[rng.permutation(len(batches))]
+    return np.concatenate([batches.reshape(-1), rest[cut:]])
 
 
 class ShardBatches(torch.utils.data.Dataset):
     """This rank's micro-batches of one loaded shard: item k is rows [k*B, (k+1)*B) of `arrays`, which hold the
     rank's slices of consecutive global micro-batches. `offsets[k]` is the global sample offset of item k within
-    the shard's permutation (it seeds dynamic masking)."""
+    the shard's permutation (it seeds dynamic masking); `widths[k]` (length binning) the columns item k keeps."""
 
     def __init__(self, arrays: dict[str, np.ndarray], micro_batch: int, offsets: np.ndarray,
-                 mask_key: list[int], masker: Masker | None):
+                 mask_key: list[int], masker: Masker | None, widths: np.ndarray | None = None):
         self.arrays, self.micro_batch, self.offsets = arrays, micro_batch, offsets
-        self.mask_key, self.masker = mask_key, masker
+        self.mask_key, self.masker, self.widths = mask_key, masker, widths
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         rows = slice(k * self.micro_batch, (k + 1) * self.micro_batch)
-        return to_model_inputs(self.arrays, rows, self.masker, [*self.mask_key, int(self.offsets[k])])
+        width = None if self.widths is None else int(self.widths[k])
+        return to_model_inputs(self.arrays, rows, self.masker, [*self.mask_key, int(self.offsets[k])], width)
 
 
 class PretrainingData:
@@ -225,12 +304,13 @@ class PretrainingData:
 
     def __init__(self, shards: list[ShardInfo], seed: int, micro_batch: int, rank: int, world_size: int,
                  num_workers: int = 0, pin_memory: bool = False, masker: Masker | None = None,
-                 position: DataPosition | None = None):
+                 position: DataPosition | None = None, length_bins: int = 0):
         self.shards, self.seed, self.micro_batch = shards, seed, micro_batch
         self.rank, self.world_size = rank, world_size
         self.global_batch = micro_batch * world_size
         self.num_workers, self.pin_memory, self.masker = num_workers, pin_memory, masker
         self.position = position or DataPosition()
+        self.length_bins = length_bins
         if max(s.num_samples for s in shards) < self.global_batch:
             raise DataError(f"every shard holds fewer samples than one global micro-batch ({self.global_batch} = "
                             f"micro-batch {micro_batch} x {world_size} processes): use a smaller batch or bigger "
@@ -256,13 +336,21 @@ class PretrainingData:
         shard_id = int(self.shard_order(pos.epoch)[pos.shard_index])
         shard = self.shards[shard_id]
         order = shard_sample_order(self.seed, pos.epoch, shard_id, shard.num_samples)
+        widths = None
+        if self.length_bins:
+            lengths, seq_len = real_lengths(shard.path)  # [N], S
+            order = binned_order(order, lengths, self.length_bins, seq_len, self.global_batch,
+                                 np.random.default_rng([self.seed, pos.epoch, shard_id, 3]))
         n_batches = (shard.num_samples - pos.sample_offset) // self.global_batch
-        blocks = order[pos.sample_offset: pos.sample_offset + n_batches * self.global_batch]
-        blocks = blocks.reshape(n_batches, self.world_size, self.micro_batch)[:, self.rank]  # [K, B]
+        global_blocks = order[pos.sample_offset: pos.sample_offset + n_batches * self.global_batch]
+        global_blocks = global_blocks.reshape(n_batches, self.global_batch)  # [K, G]
+        if self.length_bins:  # one width per global micro-batch: every rank's slice gets the same shape
+            widths = bin_width(lengths[global_blocks].max(1), self.length_bins, seq_len)  # [K]
+        blocks = global_blocks.reshape(n_batches, self.world_size, self.micro_batch)[:, self.rank]  # [K, B]
         offsets = pos.sample_offset + self.global_batch * np.arange(n_batches)
         arrays = read_rows(shard.path, blocks.reshape(-1))
         mask_key = [self.seed, pos.epoch, shard_id, 2]
-        return pos, ShardBatches(arrays, self.micro_batch, offsets, mask_key, self.masker)
+        return pos, ShardBatches(arrays, self.micro_batch, offsets, mask_key, self.masker, widths)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         stream = self._batches()
@@ -324,8 +412,8 @@ def load_eval_set(folder: str, spec: ShardSpec, max_samples: int, rank: int, wor
     for info in inspect_shards(list_shards(folder, "--eval_dir"), spec, "--eval_dir"):
         take = int(min(info.num_samples, remaining))
         with h5py.File(info.path, "r") as f:
-            parts.append({key: f[key][:take] for key in SHARD_KEYS})
+            parts.append({key: f[key][:take] for key in shard_keys(f)})
         remaining -= take
         if remaining <= 0:
             break
-    return {key: np.concatenate([p[key] for p in parts])[rank::world_size] for key in SHARD_KEYS}
+    return {key: np.concatenate([p[key] for p in parts])[rank::world_size] for key in parts[0]}

@@ -33,6 +33,15 @@ after index 0: the same for its sorted positions). With --dynamic_masking the st
 drawn by create_pretraining_data.dynamic_mask, seeded by (seed, epoch, shard, offset): every epoch differs, a
 resumed run draws the same masks.
 
+Packed shards (create_pretraining_data.py --pack_sequences K) are detected by their next_sentence_positions array:
+each row holds up to K sequences, each attending only to itself with its own positions and NSP read at its own
+[CLS] (modeling.BertForPreTraining); --max_predictions_per_seq stays the per-sequence value (a packed row's slots
+are checked against K times it). The stream, resume and checkpoints count rows, so "sequences" in the throughput
+are rows. --length_bins N (LDDL-style, for phase 2) instead groups samples of similar real length into the same
+micro-batches and cuts each to its bin's upper length (pretraining_data.binned_order): still a fixed permutation
+of each shard, so the position and exact resume hold; the order depends on the global micro-batch, which must stay
+the same on resume.
+
 Loss. As NVIDIA's: per micro-batch, the mean MLM cross-entropy over its masked positions plus the NSP
 cross-entropy, divided by the accumulation steps; DDP averages the ranks. (So 2 processes equal 1 exactly when the
 ranks hold equally many masked positions, as in NVIDIA's recipe.)
@@ -116,6 +125,9 @@ class PretrainConfig:
                                          "create_pretraining_data.py --no_static_masking; masked ones are unmasked "
                                          "first)")
     masked_lm_prob: float = _flag(0.15, "fraction of tokens masked by --dynamic_masking")
+    length_bins: int = _flag(0, "LDDL-style length binning (phase 2): group samples of similar real length into "
+                                "micro-batches, N bins of max_seq_length / N each, every micro-batch cut to its "
+                                "bin's upper length (0: off)")
     num_workers: int = _flag(4, "DataLoader worker processes building micro-batches from the shard in memory "
                                 "(0: in the training process)")
     # --- optimisation
@@ -259,6 +271,8 @@ def parse_args(argv: list[str] | None = None) -> PretrainConfig:
         (cfg.dynamic_masking and not cfg.vocab_file, "--dynamic_masking needs --vocab_file (the [MASK] id and "
                                                      "the vocabulary size)"),
         (not 0.0 < cfg.masked_lm_prob <= 1.0, f"--masked_lm_prob {cfg.masked_lm_prob} must be in (0, 1]"),
+        (not 0 <= cfg.length_bins <= cfg.max_seq_length,
+         f"--length_bins {cfg.length_bins} must be in [0, max_seq_length={cfg.max_seq_length}] (0: off)"),
         (not cfg.do_train and not cfg.eval_dir, "nothing to do: pass --do_train (and/or --eval_dir to evaluate)"),
         (cfg.do_train and not cfg.input_dir, "--do_train needs --input_dir (a folder of .hdf5 shards)"),
     ]
@@ -367,7 +381,10 @@ def _write_checkpoint(cfg: PretrainConfig, env, state: TrainState, raw_model, op
         "rng": rngs,
         "data": {"epoch": pos.epoch, "shard_index": pos.shard_index, "sample_offset": pos.sample_offset,
                  "shard_order": [data.shards[i].path.name for i in data.shard_order(pos.epoch)],
-                 "files": [s.path.name for s in data.shards]},
+                 "files": [s.path.name for s in data.shards],
+                 # binned orders depend on the global micro-batch: recorded so a resume can check it
+                 **({"length_bins": data.length_bins, "global_micro_batch": data.global_batch}
+                    if data.length_bins else {})},
         "phase": state.phase,
         "step": state.global_step,
         "phase_step": state.step,
@@ -402,6 +419,12 @@ def restore_training_state(ckpt: dict[str, Any], cfg: PretrainConfig, env, raw_m
     if d["files"] != files:
         raise ResumeError(f"--input_dir {cfg.input_dir} does not hold the shards the checkpoint was trained on "
                           f"({len(d['files'])} then, {len(files)} now): resume with the same data")
+    global_batch = cfg.micro_batch_size * env.world_size
+    then = (d.get("length_bins", 0), d.get("global_micro_batch", global_batch))
+    if then != (cfg.length_bins, global_batch if cfg.length_bins else then[1]):
+        raise ResumeError(f"the checkpoint ordered its samples with --length_bins {then[0]} and a global "
+                          f"micro-batch of {then[1]}, this run with {cfg.length_bins} and {global_batch}: binned "
+                          "orders differ, so resume with the same --length_bins, batch and processes")
     state = TrainState(ckpt["phase"], ckpt["phase_step"], ckpt["phase1_end_step"], ckpt["skipped_steps"])
     log(f"resumed from ckpt_{ckpt['step']}.pt: phase {state.phase} step {state.step}, data epoch {d['epoch']} "
         f"shard {d['shard_index']} offset {d['sample_offset']}")
@@ -471,12 +494,20 @@ def pretraining_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -
 
 
 def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
-    """Model FLOPs of one micro-batch of this rank, counting only real (non-padding) tokens (for MFU)."""
+    """Model FLOPs of one micro-batch of this rank, counting only real (non-padding) tokens (for MFU). Packed rows
+    count per sequence (attention is within each one): the same FLOPs as those sequences unpacked."""
     from modeling import flops_per_sequence
 
-    lengths = batch["attention_mask"].sum(1).double()
-    masked = (batch["masked_lm_positions"] > 0).sum(1).double()
-    return float(flops_per_sequence(config, lengths, masked).sum())
+    masked = (batch["masked_lm_positions"] > 0).sum(1).double()  # [B]
+    if "next_sentence_positions" not in batch:
+        lengths = batch["attention_mask"].sum(1).double()  # [B]
+        return float(flops_per_sequence(config, lengths, masked).sum())
+    from bert_padding import packed_layout
+
+    lengths = packed_layout(batch["attention_mask"], batch["next_sentence_positions"]).lengths.double()  # [B, K]
+    encoders = torch.where(lengths > 0, flops_per_sequence(config, lengths, 0), 0.0).sum()  # each sequence's own
+    heads = flops_per_sequence(config, 0, masked) - flops_per_sequence(config, 0, 0)  # [B]: the row's MLM slots
+    return float(encoders + heads.sum())
 
 
 def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, optimizer, scheduler,
@@ -582,6 +613,16 @@ def report_stop(cfg: PretrainConfig, summary: dict, state: TrainState, env) -> i
         print(f"run_pretraining.py: phase {state.phase} stopped at step {state.global_step} by "
               f"{summary['stopped_by_signal']}{saved}: {again}", file=sys.stderr, flush=True)
     return EXIT_STOPPED
+
+
+def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
+    """--dynamic_masking's prediction slots: max_predictions_per_seq, or for rows of up to `packed` sequences the
+    slots create_pretraining_data.py gives a packed row (enough for any K sequences of together S tokens)."""
+    if not packed:
+        return cfg.max_predictions_per_seq
+    from create_pretraining_data import packed_predictions
+
+    return packed_predictions(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob, packed)
 
 
 def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
@@ -697,11 +738,14 @@ def _main(argv: list[str] | None) -> int:
             logger.log(state.global_step, eval_fn())
             return 0
 
-        masker = Masker.from_vocab(cfg.vocab_file, cfg.masked_lm_prob, cfg.max_predictions_per_seq) \
+        packed = shards[0].packed  # inspect_shards checked that every shard is packed alike
+        if packed:
+            log(f"packed shards: up to {packed} sequences a row, {shards[0].width} masked slots a row")
+        masker = Masker.from_vocab(cfg.vocab_file, cfg.masked_lm_prob, _masked_slots(cfg, packed)) \
             if cfg.dynamic_masking else None
         data = PretrainingData(shards, cfg.seed, cfg.micro_batch_size, env.rank, env.world_size,
                                num_workers=cfg.num_workers, pin_memory=env.device.type == "cuda", masker=masker,
-                               position=position)
+                               position=position, length_bins=cfg.length_bins)
         set_seed(cfg.seed + env.rank)  # dropout differs between ranks
         restore_rng(resume, cfg, env, log)  # last: nothing after this may draw from the global RNGs
         checkpoint_fn = lambda st: save_checkpoint(cfg, env, st, raw_model, optimizer, scheduler, precision,  # noqa: E731

@@ -1,9 +1,10 @@
 """Pre-training throughput: our BertForPreTraining + NVLAMB step against Hugging Face transformers' BertForPreTraining.
 
-Run from the repository root (5-10 minutes on 2 idle CPU cores; a loaded machine stretches it):
+Run from the repository root (5-10 minutes on 2 idle CPU cores before the ours+packed row, which adds a fourth
+model to every case; a loaded machine stretches it):
 
-    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_unpad] [--out results/bench_pretraining.json]
-    .venv/bin/python -m bench.bench_pretraining --configs base --precisions fp32   # the padded / unpadded BERT-base rows
+    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_unpad] [--no_packed] [--out results/bench_pretraining.json]
+    .venv/bin/python -m bench.bench_pretraining --configs base --precisions fp32   # the padded / unpadded / packed BERT-base rows
 
 What is timed: one optimizer step = forward (masked-LM + next-sentence loss) + backward + NVLAMB step + zero_grad,
 wall clock, per model, in train mode (dropout 0.1 on, as in pre-training). The models get
@@ -30,8 +31,19 @@ idle machine pass --threads 0 for torch's default.
 model and weights with config.unpad = "always", measured in the same alternation (--no_unpad leaves it out): the
 encoder's embeddings, Linear layers, LayerNorm, GELU and dropout run on the real tokens only, [T, H] with T = real
 tokens, and attention goes through bert_padding.varlen_attention (on CPU: padded around one SDPA call). Its step-0
-loss equals ours to rounding. run_pretraining.py gets the unpadded path by default (unpad "auto"). --compile adds torch.compile rows (both models compiled; mini config,
-fp32 unless --compile_precisions: one compile takes 1-6 minutes on 2 cores). --profile prints torch.profiler's top
+loss equals ours to rounding. run_pretraining.py gets the unpadded path by default (unpad "auto").
+
+"ours+packed" (--no_packed leaves it out) is the same model and weights again, unpadded, on packed rows: the first
+--pack_pool sequences of the shard packed first-fit-decreasing, at most --pack_k a row, by create_pretraining_data's
+own packer (what `--pack_sequences` writes), the rows shuffled, --batch rows a step. Each packed sequence attends
+only to itself (its own cu_seqlens entry), positions restart, NSP at its own [CLS]; the labels are the same sparse
+masked_lm_labels as the other rows. A packed step holds more sequences than the others, so this row is compared in
+sequences/s and real (non-padding) tokens/s: the ratios are medians over rounds of (ours+packed per second) /
+(transformers per second) in the same round. Its step-0 check: the packed loss of the first packed batch against
+ours on the same sequences unpadded (they must agree).
+
+--compile adds torch.compile rows (both models compiled; mini config, fp32 unless --compile_precisions: one compile
+takes 1-6 minutes on 2 cores). --profile prints torch.profiler's top
 operators of each model (mini, fp32). Writes JSON (default results/bench_pretraining.json) and prints a table.
 """
 from __future__ import annotations
@@ -156,7 +168,72 @@ def our_loss(model, batch: Batch) -> torch.Tensor:
                  batch.next_sentence_labels).loss
 
 
-LOSS_FNS = {"hf": hf_loss, "ours": our_loss, "ours_unpad": our_loss}  # ours_unpad: the model's config.unpad
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # [R, S] several sequences a row, back to back, zero-padded after the last
+    token_type_ids: torch.Tensor  # [R, S] each sequence's own
+    attention_mask: torch.Tensor  # [R, S] 1 = a real token of any sequence
+    labels_ours: torch.Tensor  # [R, S] original id at masked positions, -1 elsewhere
+    next_sentence_labels: torch.Tensor  # [R, K] -1 in unused slots
+    next_sentence_positions: torch.Tensor  # [R, K] each sequence's [CLS] column (a later slot at 0: unused)
+    sequences: int  # real sequences in the batch
+    members: list[int]  # their rows in the shard (for the step-0 check)
+
+
+def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: int, seed: int
+                        ) -> tuple[list[PackedBatch], Batch]:
+    """The first `pool` sequences of the shard packed (create_pretraining_data.pack_sequences: first-fit-decreasing,
+    at most k a row), the rows shuffled (FFD opens rows longest first), `rows` rows a batch; and the first packed
+    batch's sequences as a plain unpacked Batch (the step-0 check)."""
+    import h5py
+    import numpy as np
+
+    import create_pretraining_data
+    import pretraining_data
+
+    with h5py.File(shard, "r") as f:
+        arrays = {key: f[key][:pool] for key in pretraining_data.SHARD_KEYS}
+    n, seq = arrays["input_ids"].shape
+    width = create_pretraining_data.packed_predictions(seq, arrays["masked_lm_positions"].shape[1], 0.15, k)
+    packed = create_pretraining_data.pack_sequences(arrays, k, width)
+    row, _, _ = create_pretraining_data.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
+    order = np.random.default_rng(seed).permutation(len(packed["input_ids"]))  # [R_total]
+    if len(order) < n_batches * rows:
+        raise SystemExit(f"bench_pretraining: {pool} sequences pack into {len(order)} rows, fewer than {n_batches} x "
+                         f"{rows}: raise --pack_pool")
+    batches = []
+    for i in range(n_batches):
+        take = order[i * rows: (i + 1) * rows]  # [rows] packed rows of this batch
+        labels = pretraining_data.mlm_labels(packed["masked_lm_positions"][take], packed["masked_lm_ids"][take], seq)
+        t = {key: torch.from_numpy(packed[key][take]).long() for key in packed}
+        batches.append(PackedBatch(t["input_ids"], t["segment_ids"], t["input_mask"], torch.from_numpy(labels),
+                                   t["next_sentence_labels"], t["next_sentence_positions"],
+                                   int((t["next_sentence_labels"] >= 0).sum()),
+                                   np.flatnonzero(np.isin(row, take)).tolist()))
+    first = batches[0].members
+    plain = {key: torch.from_numpy(value[first]).long() for key, value in arrays.items()}
+    labels = pretraining_data.mlm_labels(arrays["masked_lm_positions"][first], arrays["masked_lm_ids"][first], seq)
+    labels = torch.from_numpy(labels)
+    unpacked = Batch(plain["input_ids"], plain["segment_ids"], plain["input_mask"], labels,
+                     labels.masked_fill(labels < 0, -100), plain["next_sentence_labels"])
+    return batches, unpacked
+
+
+def packed_loss(model, batch: PackedBatch) -> torch.Tensor:
+    return model(batch.input_ids, batch.token_type_ids, batch.attention_mask, batch.labels_ours,
+                 batch.next_sentence_labels, next_sentence_positions=batch.next_sentence_positions).loss
+
+
+def sequences_in(batch) -> int:
+    return batch.sequences if isinstance(batch, PackedBatch) else batch.input_ids.shape[0]
+
+
+def real_tokens_in(batch) -> int:
+    return int(batch.attention_mask.sum())
+
+
+LOSS_FNS = {"hf": hf_loss, "ours": our_loss, "ours_unpad": our_loss,  # ours_unpad: the model's config.unpad
+            "ours_packed": packed_loss}
 
 
 def train_step(model, loss_fn, optimizer, batch: Batch, precision: str) -> tuple[float, float]:
@@ -186,18 +263,28 @@ def make_optimizer(model):
 
 
 def run_case(name: str, config_path: Path, precision: str, batches: list[Batch], steps: int, warmup: int,
-             compile_models: bool, unpad: bool, seed: int) -> dict:
-    """Alternating timed steps of every model; returns one result row."""
+             compile_models: bool, unpad: bool, seed: int, packed: tuple[list[PackedBatch], Batch] | None = None
+             ) -> dict:
+    """Alternating timed steps of every model; returns one result row. `packed`: the packed batches and the first
+    one's sequences unpacked (adds the ours+packed row)."""
     hf, ours, attn = build_pair(config_path, seed)
     ours.config.unpad = "never"  # the padded row
     models = {"hf": hf, "ours": ours}
     if unpad:
         models["ours_unpad"] = clone_ours(ours, "always")
+    if packed is not None:
+        models["ours_packed"] = clone_ours(ours, "always")
+    batches_of = {key: packed[0] if key == "ours_packed" else batches for key in models}
     tag = f"[{name} {precision}{' compiled' if compile_models else ''}]"
-    loss0 = {key: step_zero_loss(model, LOSS_FNS[key], batches[0], precision) for key, model in models.items()}
-    print(f"{tag} step-0 loss: " + "  ".join(f"{k} {v:.6f}" for k, v in loss0.items())
+    loss0 = {key: step_zero_loss(model, LOSS_FNS[key], batches_of[key][0], precision)
+             for key, model in models.items()}
+    print(f"{tag} step-0 loss: " + "  ".join(f"{k} {v:.6f}" for k, v in loss0.items() if k != "ours_packed")
           + f"  (|ours - transformers| {abs(loss0['hf'] - loss0['ours']):.2e}; transformers attention: {attn})",
           flush=True)
+    if packed is not None:
+        loss0["packed_check_unpacked"] = step_zero_loss(ours, our_loss, packed[1], precision)
+        print(f"{tag} step-0 loss of the first packed batch: packed {loss0['ours_packed']:.6f}, the same "
+              f"{packed[0][0].sequences} sequences unpacked {loss0['packed_check_unpacked']:.6f}", flush=True)
     runners = {}
     for key, model in models.items():
         optimizer = make_optimizer(model)
@@ -207,17 +294,20 @@ def run_case(name: str, config_path: Path, precision: str, batches: list[Batch],
     opt_times: dict[str, list[float]] = {k: [] for k in keys}
     first_step: dict[str, float] = {}
     last_loss: dict[str, float] = {}
+    work: dict[str, list[tuple[int, int]]] = {k: [] for k in keys}  # (sequences, real tokens) of each timed step
     for i in range(warmup + steps):
         for key in keys[i % len(keys):] + keys[:i % len(keys)]:  # rotate who goes first
             model, optimizer = runners[key]
+            batch = batches_of[key][i % len(batches_of[key])]
             start = time.perf_counter()
-            last_loss[key], opt_s = train_step(model, LOSS_FNS[key], optimizer, batches[i % len(batches)], precision)
+            last_loss[key], opt_s = train_step(model, LOSS_FNS[key], optimizer, batch, precision)
             elapsed = time.perf_counter() - start
             if i == 0:
                 first_step[key] = elapsed
             if i >= warmup:
                 times[key].append(elapsed)
                 opt_times[key].append(opt_s)
+                work[key].append((sequences_in(batch), real_tokens_in(batch)))
     batch_size = batches[0].input_ids.shape[0]
     med = {k: statistics.median(v) for k, v in times.items()}
     row = {
@@ -228,7 +318,8 @@ def run_case(name: str, config_path: Path, precision: str, batches: list[Batch],
         "loss0_abs_diff": abs(loss0["hf"] - loss0["ours"]), "first_step_s": first_step,
     }
     for key in keys:
-        row[f"{key}_seq_per_s"] = batch_size / med[key]
+        row[f"{key}_seq_per_s"] = statistics.median(s / t for (s, _), t in zip(work[key], times[key]))
+        row[f"{key}_real_tokens_per_s"] = statistics.median(n / t for (_, n), t in zip(work[key], times[key]))
         row[f"{key}_median_step_s"] = med[key]
         row[f"{key}_median_optimizer_s"] = statistics.median(opt_times[key])
         row[f"{key}_step_times_s"] = times[key]
@@ -241,10 +332,22 @@ def run_case(name: str, config_path: Path, precision: str, batches: list[Batch],
             row[label] = statistics.median(h / o for h, o in zip(times["hf"], times[key]))
             row[label + "_model_only"] = statistics.median(  # forward + backward only, NVLAMB left out
                 (h - ho) / (o - oo) for h, ho, o, oo in zip(times["hf"], opt_times["hf"], times[key], opt_times[key]))
+    if "ours_packed" in times:  # more sequences a step than transformers': compare rates, round by round
+        for unit, label in ((0, "ratio_packed"), (1, "ratio_packed_real_tokens")):
+            row[label] = statistics.median(
+                (p[unit] / tp) / (h[unit] / th)
+                for p, tp, h, th in zip(work["ours_packed"], times["ours_packed"], work["hf"], times["hf"]))
+        row["packed_rows_per_step"] = packed[0][0].input_ids.shape[0]
+        row["packed_sequences_per_row"] = statistics.mean(s for s, _ in work["ours_packed"]) / \
+            row["packed_rows_per_step"]
+        row["packed_real_token_fraction"] = float(torch.stack([b.attention_mask for b in packed[0]]).float().mean())
+        row["loss0_packed_check_unpacked"] = loss0["packed_check_unpacked"]
     print(f"{tag} " + ", ".join(f"{k} {row[f'{k}_seq_per_s']:.2f} seq/s (step {med[k]:.2f} s, NVLAMB "
                                  f"{row[f'{k}_median_optimizer_s']:.2f} s)" for k in keys)
           + f"; ratio {row['ratio']:.2f}x (model only {row['ratio_model_only']:.2f}x)"
-          + (f", unpad {row['ratio_unpad']:.2f}x" if unpad else ""), flush=True)
+          + (f", unpad {row['ratio_unpad']:.2f}x" if unpad else "")
+          + (f", packed {row['ratio_packed']:.2f}x sequences/s, {row['ratio_packed_real_tokens']:.2f}x real "
+             f"tokens/s" if packed is not None else ""), flush=True)
     return row
 
 
@@ -277,15 +380,19 @@ def profile_case(config_path: Path, batches: list[Batch], seed: int, row_limit: 
 
 def table(rows: list[dict]) -> str:
     lines = ["| config | precision | compile | batch | ours seq/s | transformers seq/s | ratio | goal | "
-             "ratio, model only | ours+unpad seq/s (ratio) | step-0 loss ours / transformers |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio, model only | ours+unpad seq/s (ratio) | ours+packed seq/s (ratio; real tokens/s ratio) | "
+             "step-0 loss ours / transformers |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         goal = f">= {r['goal']}x" if r["goal"] and not r["compile"] else "-"
         met = "" if goal == "-" else (" (met)" if r["ratio"] >= r["goal"] else " (missed)")
         unpad = f"{r['ours_unpad_seq_per_s']:.2f} ({r['ratio_unpad']:.2f}x)" if "ratio_unpad" in r else "-"
+        packed = (f"{r['ours_packed_seq_per_s']:.2f} ({r['ratio_packed']:.2f}x; {r['ratio_packed_real_tokens']:.2f}x)"
+                  if "ratio_packed" in r else "-")
         lines.append(f"| {r['config']} | {r['precision']} | {'yes' if r['compile'] else 'no'} | {r['batch_size']} | "
                      f"{r['ours_seq_per_s']:.2f} | {r['hf_seq_per_s']:.2f} | {r['ratio']:.2f}x{met} | {goal} | "
-                     f"{r['ratio_model_only']:.2f}x | {unpad} | {r['loss0_ours']:.5f} / {r['loss0_hf']:.5f} |")
+                     f"{r['ratio_model_only']:.2f}x | {unpad} | {packed} | {r['loss0_ours']:.5f} / "
+                     f"{r['loss0_hf']:.5f} |")
     return "\n".join(lines)
 
 
@@ -313,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "optimizer state)")
     p.add_argument("--no_unpad", "--no_proto", dest="no_unpad", action="store_true",
                    help="leave out the ours+unpad row (modeling.py with config.unpad = always)")
+    p.add_argument("--no_packed", action="store_true",
+                   help="leave out the ours+packed row (unpadded modeling.py on packed rows)")
+    p.add_argument("--pack_k", type=int, default=3, help="sequences a packed row at most (MLPerf: 3)")
+    p.add_argument("--pack_pool", type=int, default=2048, help="first sequences of the shard that are packed")
     p.add_argument("--compile", action="store_true", help="add torch.compile rows (mini config)")
     p.add_argument("--compile_precisions", default="fp32", help="precisions of the --compile rows")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top operators (mini, fp32)")
@@ -348,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_pretraining_") as tmp:
         shard = make_shard(data_dir, vocab, Path(tmp))
         data = {"mini": load_batches(shard, 4, args.batch_mini), "base": load_batches(shard, 4, args.batch_base)}
+        packed = {} if args.no_packed else {
+            name: load_packed_batches(shard, 4, rows, args.pack_pool, args.pack_k, args.seed)
+            for name, rows in (("mini", args.batch_mini), ("base", args.batch_base))}
     fill = float(torch.stack([b.attention_mask for b in data["mini"]]).float().mean())
     preds = float(torch.stack([(b.labels_ours >= 0).sum(1) for b in data["mini"]]).float().mean())
     print(f"data: WikiText-2 shard from create_pretraining_data.py; {100 * fill:.0f}% real tokens, {preds:.1f} "
@@ -356,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         for precision in precisions:
             rows.append(run_case(name, configs[name], precision, data[name], args.steps, args.warmup, False,
-                                 not args.no_unpad, args.seed))
+                                 not args.no_unpad, args.seed, packed.get(name)))
     for precision in compile_precisions:
         rows.append(run_case("mini", configs["mini"], precision, data["mini"], args.steps, args.warmup + 1, True,
                              False, args.seed))
