@@ -94,6 +94,36 @@ def demo_command(args) -> list[str]:
     return cmd
 
 
+def tee(cmd: list[str], env: dict, log_path: Path) -> int:
+    """Run `cmd` in the repository, its output (stdout and stderr) both to ours and to `log_path`, as it comes."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end inside a character
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        while chunk := proc.stdout.read1(65536):
+            log_file.write(chunk)
+            sys.stdout.write(decoder.decode(chunk))
+            sys.stdout.flush()
+        return proc.wait()
+
+
+def reuse_differences(state: dict, args) -> list[str]:
+    """How a reused run's settings differ from --phase1_steps, --phase2_steps, --batch, --lr and --config."""
+    p1, p2 = state["phase1"]["params"], state["phase2"]["params"]
+    lines = []
+    for name, have, want in (("phase 1 steps", p1.get("max_steps"), args.phase1_steps),
+                             ("phase 2 steps", p2.get("max_steps"), args.phase2_steps),
+                             ("phase 1 batch", p1.get("train_batch_size", 0) * p1.get("world_size", 1), args.batch)):
+        if have != want:
+            lines.append(f"{name} {have} (flag: {want})")
+    if p1.get("learning_rate") is None or abs(p1["learning_rate"] - float(args.lr)) > 1e-12:
+        lines.append(f"phase 1 learning rate {p1.get('learning_rate')} (flag: {args.lr})")
+    if Path(p1.get("config_file") or "").name != args.config.name:
+        lines.append(f"config {p1.get('config_file')} (flag: {args.config})")
+    return lines
+
+
 def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:
     """(run_state of the run to fine-tune, reused?, the command that pre-trained it here or None)."""
     run = newest_run(args.pretrain_out)
@@ -104,15 +134,20 @@ def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:
                              f"finished ({state['state']}): wait for it to end, resume it, or move it away to "
                              "pre-train again")
         log(f"pretrain_study: reusing the finished pre-training run {run} ({state['checkpoint']})")
+        state["warnings"] = reuse_differences(state, args)
+        for line in state["warnings"]:
+            log(f"warning: the reused pre-training differs from this command's flags: {line}")
         return state, True, None
     cmd = demo_command(args)
     log(f"pretrain_study: pre-training: OMP_NUM_THREADS={args.threads} {' '.join(cmd)}")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHON": sys.executable}
     started = time.time()
-    result = subprocess.run(cmd, env=env, cwd=REPO)
-    if result.returncode != 0:
-        raise SystemExit(f"pretrain_study: scripts/run_cpu_demo.sh failed (exit {result.returncode}); its output is "
-                         "above")
+    args.pretrain_out.mkdir(parents=True, exist_ok=True)
+    log_path = args.pretrain_out / "cpu_demo_output.log"
+    returncode = tee(cmd, env, log_path)
+    if returncode != 0:
+        raise SystemExit(f"pretrain_study: scripts/run_cpu_demo.sh failed (exit {returncode}); its output is above "
+                         f"and in {log_path}")
     run = newest_run(args.pretrain_out)
     state = run_state(run) if run else None
     if state is None or not state["finished"]:
@@ -137,6 +172,7 @@ def pretraining_report(state: dict) -> dict:
                 "sequences_per_second": final.get("training_sequences_per_second")}
 
     evals = p1["evals"] + p2["evals"]
+    started, ended = p1["started"], p2["ended"] or p1["ended"]
     eval_dir, max_eval = p1["params"].get("eval_dir"), p1["params"].get("max_eval_samples", 0)
     if not eval_dir or not Path(eval_dir).is_dir():  # the run folder moved: run_cpu_demo.sh's layout
         eval_dir = str(Path(state["run_dir"]).parent / "hdf5_heldout128")
@@ -144,6 +180,8 @@ def pretraining_report(state: dict) -> dict:
     return {"run_dir": state["run_dir"], "checkpoint": state["checkpoint"],
             "config_file": p1["params"].get("config_file"), "parameters": p1["params"].get("parameters"),
             "seed": p1["params"].get("seed"), "phase1": phase(p1), "phase2": phase(p2),
+            "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else None,
+            "wall_seconds": round(ended - started, 1) if started and ended else None,
             "heldout": {"accuracy": evals[-1][1] if evals else None, "loss": evals[-1][2] if evals else None,
                         "step": evals[-1][0] if evals else None, "baseline": baseline, "eval_dir": eval_dir,
                         "max_eval_samples": max_eval, "evals": evals},
@@ -219,14 +257,18 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
     if pre:
         p1, p2, held = pre["phase1"], pre["phase2"], pre["heldout"]
         lines += [f"Pre-training: `{pre['config_file']}` ({pre['parameters'] or '?'} parameters), run `{pre['run_dir']}`"
-                  f"{' (reused)' if report['pretraining_reused'] else ''}; fine-tuned from `{pre['checkpoint']}`.", "",
-                  "| phase | steps | batch | lr | seq | masked-LM loss first -> last | seconds | sequences/s |",
+                  f"{' (reused)' if report['pretraining_reused'] else ''}, started {pre.get('started') or 'n/a'}, "
+                  f"{su.fmt(pre.get('wall_seconds'), 0)} s from the first to the last log line; fine-tuned from "
+                  f"`{pre['checkpoint']}`.", ""]
+        lines += [f"Warning: {w}." for w in report.get("pretraining_warnings") or []]
+        lines += ["",
+                  "| phase | steps | batch | lr | seq | masked-LM loss first logged -> last | seconds | sequences/s |",
                   "|---|---|---|---|---|---|---|---|"]
         for name, p in (("1", p1), ("2", p2)):
             lines.append(f"| {name} | {p['steps']} | {p['batch']} | {p['learning_rate']} | {p['max_seq_length']} | "
                          f"{su.fmt(p['first_mlm_loss'], 3)} -> {su.fmt(p['final_mlm_loss'], 3)} | "
                          f"{su.fmt(p['seconds'], 0)} | {su.fmt(p['sequences_per_second'], 1)} |")
-        lines += ["", f"Held-out masked-LM accuracy (step {held['step']}, first {held['max_eval_samples']} held-out "
+        lines += ["", f"Held-out masked-LM accuracy (step {held['step']}, at most {held['max_eval_samples']} held-out "
                       f"samples): **{su.fmt(held['accuracy'], 4)}**; always guessing the most frequent masked token: "
                       f"{su.fmt(held['baseline'], 4)}.", ""]
     models = [m for m in MODELS if any(m in ft["results"].get(t, {}) for t in ft["results"])]
@@ -376,6 +418,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.pretrain_study",
                                                                   *(argv if argv is not None else sys.argv[1:])],
               "pretraining": pre, "pretraining_reused": reused, "pretraining_command": pretrain_cmd,
+              "pretraining_warnings": state.get("warnings", []) if state else [],
               "pretraining_wall_seconds": state.get("wall_seconds") if state else None,
               "random_init": {"checkpoint": str(random_ckpt), "seed": args.random_init_seed} if random_ckpt else None,
               "finetuning": {"seeds": seeds, "model_settings": model_settings,

@@ -28,12 +28,12 @@ METRIC_NAME = {"f1": "F1", "acc": "accuracy", "mcc": "Matthews corr.", "spearman
 
 
 def nvidia_table(rows: list[tuple[str, list[int], list[float]]], metric: str, first: str = "Model") -> str:
-    """NVIDIA's fine-tuning stability table: | first | seed ... | mean | std |, scores in percent, 2 decimals.
+    """NVIDIA's fine-tuning stability table: | first | seed #1 ... | mean | std |, scores in percent, 2 decimals.
     rows: (label, seeds, scores); the seed columns are the union of every row's seeds."""
     from bench.stability import aggregate
 
     seeds = sorted({s for _, row_seeds, _ in rows for s in row_seeds})
-    lines = [f"| {first} ({METRIC_NAME.get(metric, metric)}, %) | " + " | ".join(f"seed {s}" for s in seeds)
+    lines = [f"| {first} ({METRIC_NAME.get(metric, metric)}, %) | " + " | ".join(f"seed #{s}" for s in seeds)
              + " | mean | std |", "|---|" + "---|" * (len(seeds) + 2)]
     for label, row_seeds, scores in rows:
         by_seed = dict(zip(row_seeds, scores))
@@ -112,7 +112,8 @@ def scaling_section(report: dict | None, path: Path, plots: Path, page_dir: Path
             path, "Run `python -m bench.scaling_study --out <studies>/scaling` (see its --help).")
     runs = report["runs"]
     png = su.plot_runs({f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v
-                        for k, v in runs.items()}, plots / "scaling_loss.png", title="scaling study")
+                        for k, v in runs.items()}, plots / "scaling_loss.png", title="scaling study",
+                       baseline=report["heldout_baseline"])
     lines = scaling_study.markdown(report, os.path.relpath(png, page_dir), heading=heading).splitlines() + [""]
     rows = [(f"run {k}", v["downstream"]["seed_list"], v["downstream"]["scores"])
             for k, v in runs.items() if v.get("downstream")]

@@ -89,7 +89,7 @@ def run_specs(args) -> dict[str, dict]:
 def launcher_command(args, spec: dict, shards: Path) -> list[str]:
     """scripts/run_pretraining.sh with its 25 positional arguments: the `cpu` preset's, phase 1 only."""
     data = f"{shards / 'hdf5_seq128'}/"
-    positional = [args.batch, f"{spec['lr']:.6g}", args.precision, spec["processes"], args.warmup, args.steps,
+    positional = [args.batch, f"{spec['lr']:.10g}", args.precision, spec["processes"], args.warmup, args.steps,
                   args.steps, "false", "true", "false", 1, args.seed, JOB, "false", "false",
                   8, "5e-3", 0.1, 1, 1, data, data, REPO, "None", args.config]
     return ["bash", str(REPO / "scripts" / "run_pretraining.sh"), *map(str, positional)]
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
                       "mean(A)| <= max(std(X), std(A))", "sources": sources,
               "wall_seconds": round(time.time() - started, 1)}
     su.plot_runs({f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v for k, v in runs.items()},
-                 args.out / "scaling_loss.png", title=f"scaling study, {Path(args.config).name}")
+                 args.out / "scaling_loss.png", title=f"scaling study, {Path(args.config).name}", baseline=baseline)
     (args.out / "scaling_study.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
     (args.out / "scaling_study.md").write_text(text)

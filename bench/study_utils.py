@@ -69,7 +69,9 @@ def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
         why = f"stopped by {final['stopped_by_signal']} at step {final.get('step')}"
     else:
         why = f"at step {last_step if last_step is not None else 0} of {max_steps}, no FINAL record yet"
+    stamps = [r["timestamp"] for r in records if isinstance(r.get("timestamp"), (int, float))]
     return {"path": str(path), "params": params, "final": final, "finished": finished, "state": why,
+            "started": min(stamps, default=None), "ended": max(stamps, default=None),
             "losses": sorted([s, v] for s, v in losses.items()),
             "evals": sorted([s, a, lo] for s, (a, lo) in evals.items())}
 
@@ -298,6 +300,7 @@ def plot_pretraining(curves: dict, heldout: dict, path: str | os.PathLike, title
     if heldout.get("baseline") is not None:
         ax2.axhline(heldout["baseline"], color="tab:gray", linestyle="--", label="most frequent token (held-out)")
     ax2.set_ylabel("held-out masked-LM accuracy")
+    ax2.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right", fontsize=8)
@@ -310,9 +313,10 @@ def plot_pretraining(curves: dict, heldout: dict, path: str | os.PathLike, title
     return path
 
 
-def plot_runs(runs: dict[str, dict], path: str | os.PathLike, title: str = "") -> Path:
+def plot_runs(runs: dict[str, dict], path: str | os.PathLike, title: str = "", baseline: float | None = None) -> Path:
     """Several pre-training runs side by side: masked-LM loss against the step (left panel), held-out masked-LM
-    accuracy against the step (right panel). runs: label -> {"losses": [[step, loss]], "evals": [[step, acc, ..]]}."""
+    accuracy against the step (right panel; `baseline`, the most-frequent-token accuracy, dashed).
+    runs: label -> {"losses": [[step, loss]], "evals": [[step, acc, ..]]}."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, run in runs.items():
@@ -323,8 +327,11 @@ def plot_runs(runs: dict[str, dict], path: str | os.PathLike, title: str = "") -
             right.plot([e[0] for e in evals], [e[1] for e in evals], "o-", markersize=3, label=label)
     left.set_xlabel("optimizer step")
     left.set_ylabel("masked-LM loss (train)")
+    if baseline is not None:
+        right.axhline(baseline, color="tab:gray", linestyle="--", label="most frequent token")
     right.set_xlabel("optimizer step")
     right.set_ylabel("held-out masked-LM accuracy")
+    right.set_ylim(bottom=0)
     for ax in (left, right):
         ax.legend(fontsize=8)
     fig.suptitle(title or "pre-training runs")

@@ -222,3 +222,217 @@ def test_unfinished_pretraining_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"run_260101_000000, is not finished \(phase 1 finished, phase 2 at step "
                                          r"22 of 2, no FINAL record yet\)"):
         pretrain_study.main(["--out", str(tmp_path / "study"), "--pretrain_out", str(tmp_path / "pre")])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# bench/pretrain_study.py for real, at the tiniest size, then again reusing everything
+
+
+def tiny_corpus(path):
+    """The first 8 articles of WikiText-2 valid (7 to train on, 1 held out): ~200 sequences of 128 tokens."""
+    text = (study_utils.DATA / "wikitext-2" / "valid.txt").read_text()
+    starts = [i for i, line in enumerate(text.splitlines(keepends=True)) if line.startswith(" = ")
+              and not line.startswith(" = = ")]
+    path.write_text("".join(text.splitlines(keepends=True)[:starts[8]]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory, shared_data):
+    """pretrain_study end to end: run_cpu_demo.sh (3 + 1 steps of a 1-layer model), the random init, MRPC on 16
+    examples for 1 step, seed 1, pre-trained and random; MiniLM from a given JSON."""
+    root = tmp_path_factory.mktemp("tiny_study")
+    (root / "tiny.json").write_text(json.dumps(TINY_CONFIG))
+    minilm = fake_stability(root / "minilm" / "stability_mrpc.json", "mrpc", [0.75], init="minilm")
+    argv = ["--out", str(root / "study"), "--config", str(root / "tiny.json"), "--corpus",
+            str(tiny_corpus(root / "corpus.txt")), "--phase1_steps", "3", "--phase2_steps", "1", "--dupe_factor", "1",
+            "--batch", "4", "--tasks", "mrpc", "--seeds", "1", "--max_train_examples", "16",
+            "--max_eval_examples", "16", "--max_steps", "1", "--max_seq_length", "32", "--small_batch", "8",
+            "--minilm_mrpc_json", str(minilm)]
+    return root, argv, pretrain_study.main(argv)
+
+
+def test_pretrain_study_runs_end_to_end(tiny_study):
+    root, _, report = tiny_study
+    study = root / "study"
+    pre = report["pretraining"]
+    assert report["pretraining_reused"] is False and pre["checkpoint"].endswith("checkpoints/ckpt_4.pt")
+    assert report["pretraining_command"][:2] == ["bash", str(study_utils.REPO / "scripts" / "run_cpu_demo.sh")]
+    run = next(p for p in (study / "pretrain").glob("run_*") if p.is_dir())
+    phase1 = [json.loads(line) for line in (run / "bert_cpu_demo.phase1.json").read_text().splitlines()]
+    last_eval = [r for r in phase1 if "eval_mlm_accuracy" in r["data"]][-1]
+    assert pre["heldout"]["accuracy"] == last_eval["data"]["eval_mlm_accuracy"] and pre["heldout"]["step"] == 3
+    # our baseline and the one run_cpu_demo.sh's own summary printed (3 decimals) agree
+    printed = (study / "pretrain" / "cpu_demo_output.log").read_text().split("most frequent masked token scores ")[1]
+    assert f"{pre['heldout']['baseline']:.3f}" == printed.split()[0]
+    assert pre["phase1"]["steps"] == 3 and pre["phase2"]["steps"] == 1 and pre["phase2"]["max_seq_length"] == 512
+    # each seed's score is its own results.json's F1; the random model started from ckpt_0.pt beside its vocab
+    for model in ("pretrained", "random"):
+        results = json.loads((study / f"{model}_mrpc" / "seed_1" / "results.json").read_text())
+        assert report["finetuning"]["results"]["mrpc"][model]["scores"] == [results["eval"]["dev"]["f1"]]
+        assert report["finetuning"]["per_seed"]["mrpc"][model][0]["dev"]["acc"] == results["eval"]["dev"]["acc"]
+    assert results["init_checkpoint"] == str(study / "random_init" / "ckpt_0.pt")
+    assert report["finetuning"]["results"]["mrpc"]["minilm"]["mean"] == 0.75
+    assert set(report["verdicts"]) == {"mrpc"}
+    assert (study / "pretrain_loss.png").is_file() and (study / "pretrain_study.md").is_file()
+
+
+def test_pretrain_study_second_call_reuses_everything(tiny_study, monkeypatch):
+    root, argv, first = tiny_study
+    no_training(monkeypatch)
+    again = pretrain_study.main(argv)
+    assert again["pretraining_reused"] is True and again["pretraining"] == first["pretraining"]
+    assert again["finetuning"]["results"] == first["finetuning"]["results"]
+    assert all(s["reused"] for s in again["finetuning"]["sources"].values())
+    # other fine-tuning settings are not reused: bench.stability is asked to run (and refused here)
+    with pytest.raises(AssertionError, match="nothing should run here"):
+        pretrain_study.main([*argv, "--small_lr", "1e-3"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# bench/scaling_study.py
+
+
+def test_scaling_runs_are_the_same_but_for_processes_and_lr(tmp_path):
+    args = scaling_study.main.__wrapped__ if hasattr(scaling_study.main, "__wrapped__") else None  # noqa: F841
+    ns = type("Args", (), {"processes": 4, "lr": 1e-2, "batch": 32, "runs": ["A", "B", "C"], "precision": "auto",
+                           "warmup": 0.05, "steps": 300, "seed": 42, "config": tmp_path / "c.json"})()
+    specs = scaling_study.run_specs(ns)
+    assert [(s["processes"], s["lr"], s["global_batch"]) for s in specs.values()] == [(1, 1e-2, 32), (4, 1e-2, 128),
+                                                                                      (4, 2e-2, 128)]
+    commands = {k: scaling_study.launcher_command(ns, s, tmp_path) for k, s in specs.items()}
+    positional = {k: c[2:] for k, c in commands.items()}
+    assert all(len(p) == 25 for p in positional.values())
+    assert [(p[0], p[1], p[3], p[5]) for p in positional.values()] == [("32", "0.01", "1", "300"),
+                                                                        ("32", "0.01", "4", "300"),
+                                                                        ("32", "0.02", "4", "300")]
+    differing = {i for i in range(25) if len({p[i] for p in positional.values()}) > 1}
+    assert differing == {1, 3}  # learning rate and process count: nothing else
+
+
+def fake_scaling(out, config, shards):
+    """Finished runs A (1 x 32, lr 0.01), B (4 x 32, lr 0.01), C (4 x 32, lr 0.02), 20 steps, and their SST-2
+    stability JSONs: A 0.81 ± 0.01, B 0.815 ± 0.01 (+0.005: outside 0.1 point, inside the spread),
+    C 0.84 ± 0.01 (+0.03: outside both)."""
+    heldout_shard(shards / "hdf5_heldout128" / "heldout.hdf5")
+    (shards / "hdf5_seq128").mkdir(parents=True)
+    scores = {"A": [0.80, 0.82, 0.81], "B": [0.815, 0.825, 0.805], "C": [0.83, 0.85, 0.84]}
+    for label, procs, lr, acc in (("A", 1, 0.01, 0.20), ("B", 4, 0.01, 0.22), ("C", 4, 0.02, 0.24)):
+        run = out / f"run_{label}"
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "ckpt_20.pt").write_bytes(b"")
+        log_lines(run / "scaling.phase1.json",
+                  {"train_batch_size": 32, "world_size": procs, "max_steps": 20, "seed": 42, "warmup_proportion": 0.05,
+                   "learning_rate": lr, "config_file": str(config)},
+                  {10: 8.0, 20: 7.0 - procs / 10}, {20: (acc, 6.0)},
+                  {"phase_step": 20, "step": 20, "stopped_by_signal": None, "final_loss": 7.5,
+                   "e2e_train_time": 10.0 * procs, "training_sequences_per_second": 64.0})
+        (run / "wall.json").write_text(json.dumps({"wall_seconds": 11.0 * procs}))
+        fake_stability(out / f"glue_{label}" / "stability_sst-2.json", "sst-2", scores[label], epochs=1.0,
+                       max_train=10000, init=run / "checkpoints" / "ckpt_20.pt")
+
+
+def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypatch):
+    no_training(monkeypatch)
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(TINY_CONFIG))
+    fake_scaling(tmp_path / "out", config, tmp_path / "shards")
+    report = scaling_study.main(["--out", str(tmp_path / "out"), "--shards", str(tmp_path / "shards"), "--config",
+                                 str(config), "--steps", "20", "--max_eval_samples", "4"])
+    runs = report["runs"]
+    assert all(r["reused"] for r in runs.values())
+    assert [runs[k]["heldout_accuracy"] for k in "ABC"] == [0.20, 0.22, 0.24]
+    assert [runs[k]["final_mlm_loss"] for k in "ABC"] == pytest.approx([6.9, 6.6, 6.6])
+    assert [runs[k]["wall_seconds"] for k in "ABC"] == [11.0, 44.0, 44.0]
+    assert report["heldout_baseline"] == pytest.approx(4 / 6)
+    assert report["majority_baseline"] == pytest.approx(SST2_MAJORITY_ACC)
+    assert runs["B"]["downstream"]["mean"] == pytest.approx(0.815) and runs["B"]["downstream"]["std"] == pytest.approx(0.01)
+    b, c = report["comparisons"]["B vs A"], report["comparisons"]["C vs A"]
+    assert b["difference"] == pytest.approx(0.005) and b["spread"] == pytest.approx(0.01)
+    assert (b["within_0.1_point"], b["within_seed_spread"]) == (False, True)
+    assert c["difference"] == pytest.approx(0.03) and (c["within_0.1_point"], c["within_seed_spread"]) == (False, False)
+    md = (tmp_path / "out" / "scaling_study.md").read_text()
+    assert "| B (4 processes, same learning rate) | 4 x 32 = 128 | 0.01 | 2560 | 6.600 | 0.2200 | 0.8150 ± 0.0100 | 44 |" in md
+    assert (tmp_path / "out" / "scaling_loss.png").is_file()
+    # a run folder with other settings is never silently reused or replaced
+    with pytest.raises(SystemExit, match="not reusable .*learning_rate 0.01 instead of 0.03"):
+        scaling_study.main(["--out", str(tmp_path / "out"), "--shards", str(tmp_path / "shards"), "--config",
+                            str(config), "--steps", "20", "--lr", "0.03", "--runs", "A"])
+
+
+def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
+    """Runs A (1 process) and C (2 gloo processes, lr x sqrt 2) for 2 steps on the tiny study's shards; the
+    fine-tuning is a stand-in that checks each checkpoint exists and returns scores chosen here."""
+    from bench import stability
+
+    root, _, _ = tiny_study
+    scores = {"run_A": [0.70, 0.72], "run_C": [0.7005, 0.7205]}
+
+    def fake_seeds(args):
+        run = args.init_checkpoint.parent.parent.name
+        assert args.init_checkpoint.is_file() and args.init_checkpoint.name == "ckpt_2.pt"
+        return [{"seed": s, "score": scores[run][i], "seconds": 0.0,
+                 "command": stability.glue_command(args, s, args.out / f"seed_{s}")} for i, s in enumerate(args.seeds)]
+
+    monkeypatch.setattr(stability, "run_seeds", fake_seeds)
+    argv = ["--out", str(root / "scaling"), "--shards", str(root / "study" / "pretrain"), "--config",
+            str(root / "tiny.json"), "--batch", "4", "--steps", "2", "--processes", "2", "--runs", "A,C",
+            "--eval_steps", "1", "--max_eval_samples", "8", "--log_freq", "1", "--glue_task", "mrpc",
+            "--glue_seeds", "1,2"]
+    report = scaling_study.main(argv)
+    a, c = report["runs"]["A"], report["runs"]["C"]
+    params = {k: study_utils.phase_summary(root / "scaling" / f"run_{k}" / "scaling.phase1.json")["params"]
+              for k in "AC"}
+    assert (params["A"]["world_size"], params["C"]["world_size"]) == (1, 2)
+    assert params["C"]["learning_rate"] == pytest.approx(1e-2 * math.sqrt(2)) and params["A"]["learning_rate"] == 1e-2
+    assert a["heldout_accuracy"] is not None and len(a["losses"]) == 2 and [e[0] for e in c["evals"]] == [1, 2]
+    cmp = report["comparisons"]["C vs A"]
+    assert cmp["difference"] == pytest.approx(0.0005) and cmp["within_0.1_point"] and cmp["within_seed_spread"]
+    assert cmp["spread"] == pytest.approx(statistics.stdev([0.70, 0.72]))
+    # again: both runs and both fine-tunings are reused
+    no_training(monkeypatch)
+    again = scaling_study.main(argv)
+    assert all(r["reused"] for r in again["runs"].values()) and again["comparisons"] == report["comparisons"]
+    assert again["runs"]["C"]["wall_seconds"] == c["wall_seconds"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# bench/results_page.py
+
+
+def test_results_page_says_not_run_for_absent_studies(tmp_path):
+    text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(tmp_path / "RESULTS.md")])
+    assert text.count("Not run: no `") == 4 and text.count("| not run |") == 4
+    assert (tmp_path / "RESULTS.md").read_text() == text
+
+
+def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
+    no_training(monkeypatch)
+    studies = tmp_path / "studies"
+    fake_stability(studies / "minilm_mrpc" / "stability_mrpc.json", "mrpc", [0.88, 0.90, 0.89], seeds=[1, 2, 3],
+                   lr=1e-4)
+    fake_pretrain_run(tmp_path / "pretrain_mini")
+    flags = []
+    for (model, task), scores in SCORES.items():
+        if task == "mrpc":
+            path = fake_stability(tmp_path / "given" / model / "stability_mrpc.json", task, scores)
+            flags += ["--stability_json", f"{model}:mrpc={path}"]
+    pretrain_study.main(["--out", str(studies / "pretrain"), "--pretrain_out", str(tmp_path / "pretrain_mini"),
+                         "--tasks", "mrpc", "--seeds", "1,2,3", *flags])
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(TINY_CONFIG))
+    fake_scaling(studies / "scaling", config, tmp_path / "shards")
+    scaling_study.main(["--out", str(studies / "scaling"), "--shards", str(tmp_path / "shards"), "--config",
+                        str(config), "--steps", "20", "--max_eval_samples", "4"])
+    page = tmp_path / "bench" / "RESULTS.md"
+    text = results_page.main(["--studies", str(studies), "--out", str(page)])
+    # NVIDIA's format: each seed, then mean and std, in percent
+    assert "| Model (F1, %) | seed #1 | seed #2 | seed #3 | mean | std |" in text
+    assert "| all-MiniLM-L6-v2, MRPC | 88.00 | 90.00 | 89.00 | 89.00 | 1.00 |" in text
+    assert "| pretrained | 84.00 | 86.00 | 82.00 | 84.00 | 2.00 |" in text
+    assert "| run C | 83.00 | 85.00 | 84.00 | 84.00 | 1.00 |" in text
+    assert text.count("Not run: no `") == 1 and "minilm_sst2/stability_sst-2.json" in text  # SST-2 MiniLM absent
+    assert "- mrpc: pre-trained beats random initialisation by more than the seed spread" in text
+    assert "- B vs A: downstream difference +0.0050 (NOT within 0.1 point; within the seed spread 0.0100)" in text
+    for png in ("stability_minilm.png", "pretrain_loss.png", "pretrain_seeds.png", "scaling_loss.png"):
+        assert (page.parent / "results" / png).read_bytes()[:4] == b"\x89PNG" and f"](results/{png})" in text
