@@ -256,13 +256,15 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
     lines = [f"{heading} Pre-train, then fine-tune ({report['date']})", ""]
     if pre:
         p1, p2, held = pre["phase1"], pre["phase2"], pre["heldout"]
-        lines += [f"Pre-training: `{pre['config_file']}` ({pre['parameters'] or '?'} parameters), run `{pre['run_dir']}`"
+        lines += [f"Pre-training: `{pre['config_file']}` ({pre['parameters'] or '?'} parameters), run "
+                  f"`{pre['run_dir']}`"
                   f"{' (reused)' if report['pretraining_reused'] else ''}, started {pre.get('started') or 'n/a'}, "
                   f"{su.fmt(pre.get('wall_seconds'), 0)} s from the first to the last log line; fine-tuned from "
                   f"`{pre['checkpoint']}`.", ""]
-        lines += [f"Warning: {w}." for w in report.get("pretraining_warnings") or []]
-        lines += ["",
-                  "| phase | steps | batch | lr | seq | masked-LM loss first logged -> last | seconds | sequences/s |",
+        warnings = report.get("pretraining_warnings") or []
+        lines += [f"- Warning: the reused run differs from the command's flags: {w}." for w in warnings]
+        lines += [""] if warnings else []
+        lines += ["| phase | steps | batch | lr | seq | masked-LM loss first logged -> last | seconds | sequences/s |",
                   "|---|---|---|---|---|---|---|---|"]
         for name, p in (("1", p1), ("2", p2)):
             lines.append(f"| {name} | {p['steps']} | {p['batch']} | {p['learning_rate']} | {p['max_seq_length']} | "
@@ -303,8 +305,8 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "pretrain",
                    help="where the study writes (default results/studies/pretrain)")
     g = p.add_argument_group("pre-training (scripts/run_cpu_demo.sh)")

@@ -125,8 +125,8 @@ def scaling_section(report: dict | None, path: Path, plots: Path, page_dir: Path
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--studies", type=Path, default=REPO / "results" / "studies",
                    help="where the studies wrote (default results/studies)")
     p.add_argument("--minilm_mrpc", type=Path, default=None, help="default <studies>/minilm_mrpc/stability_mrpc.json")

@@ -2,7 +2,7 @@
 rate and steps, end within 0.1% downstream), on this CPU with gloo processes in place of GPUs.
 
     .venv/bin/python -m bench.scaling_study --out results/studies/scaling \\
-        [--shards DIR] [--config configs/bert-small-cpu.json] [--batch 32] [--lr 1e-2] [--steps 300] \\
+        [--shards DIR] [--config configs/bert-small-cpu.json] [--batch 32] [--lr 1e-2] [--steps 800] \\
         [--processes 4] [--runs A,B,C] [--glue_seeds 1,2,3] [--glue_task sst-2]
 
 Three phase-1 pre-trainings of the same model from the same initial weights (seed) on the same shards, for the
@@ -74,6 +74,17 @@ def build_shards(args, log) -> Path:
                                       "--dupe_factor", str(dupe), "--random_seed", "12345", "--num_workers", "1",
                                       "--no_progress"])
     return shards
+
+
+def count_samples(folder: Path) -> int:
+    """Training sequences in the shards of `folder` (0 when it holds none)."""
+    import h5py
+
+    total = 0
+    for path in sorted(folder.glob("*.hdf5")):
+        with h5py.File(path, "r") as f:
+            total += len(f["input_ids"])
+    return total
 
 
 def run_specs(args) -> dict[str, dict]:
@@ -156,13 +167,15 @@ def markdown(report: dict, image: str | None = "scaling_loss.png", heading: str 
              f"seed {s['seed']}), shards `{s['shards']}`; {s['threads']} OpenMP thread(s) per process. Downstream: "
              f"{s['glue_task']} ({s['glue_max_train_examples'] or 'all'} training examples, {s['glue_epochs']} "
              f"epoch(s), lr {s['glue_lr']}, seeds {s['glue_seeds']}).", "",
-             "| run | processes x batch = global | lr | sequences seen | final masked-LM loss | held-out MLM acc | "
+             "| run | processes x batch = global | lr | sequences seen (epochs) | final masked-LM loss | "
+             "held-out MLM acc | "
              f"{s['glue_task']} mean ± std | wall (s) | sequences/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for label, r in report["runs"].items():
         d = r.get("downstream")
         lines.append(f"| {label} ({r['what']}) | {r['processes']} x {r['batch_per_process']} = {r['global_batch']} | "
-                     f"{r['lr']:.4g} | {r['global_batch'] * r['steps']} | {su.fmt(r['final_mlm_loss'], 3)} | "
+                     f"{r['lr']:.4g} | {r['global_batch'] * r['steps']} ({su.fmt(r.get('epochs'), 2)}) | "
+                     f"{su.fmt(r['final_mlm_loss'], 3)} | "
                      f"{su.fmt(r['heldout_accuracy'])} | "
                      + (f"{d['mean']:.4f} ± {d['std']:.4f}" if d else "not run") +
                      f" | {su.fmt(r['wall_seconds'], 0)} | {su.fmt(r['sequences_per_second'], 1)} |")
@@ -180,8 +193,8 @@ def markdown(report: dict, image: str | None = "scaling_loss.png", heading: str 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "scaling")
     g = p.add_argument_group("pre-training")
     g.add_argument("--shards", type=Path, default=None, help="a folder with hdf5_seq128/ and hdf5_heldout128/ "
@@ -192,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--config", type=Path, default=REPO / "configs" / "bert-small-cpu.json")
     g.add_argument("--batch", type=int, default=32, help="sequences per step per process (b)")
     g.add_argument("--lr", type=float, default=1e-2, help="peak learning rate of A and B (LAMB)")
-    g.add_argument("--steps", type=int, default=300, help="optimizer steps of every run")
+    g.add_argument("--steps", type=int, default=800, help="optimizer steps of every run (default 800: about 40 min "
+                   "for A, B and C with the default model on 2 free cores)")
     g.add_argument("--warmup", type=float, default=0.05, help="warm-up proportion")
     g.add_argument("--processes", type=int, default=4, help="processes of B and C (P)")
     g.add_argument("--runs", default="A,B,C", help="which runs")
@@ -251,6 +265,9 @@ def main(argv: list[str] | None = None) -> dict:
                        "heldout_loss": evals[-1][2] if evals else None, "losses": losses, "evals": evals,
                        "command": summary["command"]}
     baseline = su.heldout_baseline(shards / "hdf5_heldout128", args.max_eval_samples)
+    shard_samples = count_samples(shards / "hdf5_seq128")
+    for run in runs.values():
+        run["epochs"] = run["global_batch"] * run["steps"] / shard_samples if shard_samples else None
 
     majority, sources = None, {}
     if not args.no_glue:
@@ -279,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
                            "glue_task": args.glue_task, "glue_seeds": glue_seeds, "glue_lr": args.glue_lr,
                            "glue_batch": args.glue_batch, "glue_epochs": args.glue_epochs,
                            "glue_max_train_examples": args.glue_max_train_examples},
-              "runs": runs, "heldout_baseline": baseline, "majority_baseline": majority, "comparisons": comparisons,
+              "runs": runs, "shard_samples": shard_samples, "heldout_baseline": baseline,
+              "majority_baseline": majority, "comparisons": comparisons,
               "rule": f"within 0.1 point: |mean(X) - mean(A)| <= {WITHIN}; within the seed spread: |mean(X) - "
                       "mean(A)| <= max(std(X), std(A))", "sources": sources,
               "wall_seconds": round(time.time() - started, 1)}

@@ -160,6 +160,9 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     # Pre-training, read back from the logs
     pre = report["pretraining"]
     assert report["pretraining_reused"] is True
+    mini = study_utils.REPO / "configs" / "bert-mini.json"
+    assert report["pretraining_warnings"] == ["phase 1 steps 20 (flag: 1500)", "phase 2 steps 2 (flag: 30)",
+                                              f"config tiny.json (flag: {mini})"]
     assert pre["checkpoint"] == str(pretrain_out / "run_260101_000000" / "checkpoints" / "ckpt_22.pt")
     assert pre["heldout"]["accuracy"] == 0.25 and pre["heldout"]["step"] == 20
     assert pre["heldout"]["baseline"] == pytest.approx(4 / 6)
@@ -170,11 +173,13 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     res = report["finetuning"]["results"]
     assert res["mrpc"]["pretrained"]["mean"] == pytest.approx(0.84)
     assert res["mrpc"]["pretrained"]["std"] == pytest.approx(0.02)
-    assert res["sst-2"]["random"]["mean"] == pytest.approx(0.70) and res["sst-2"]["random"]["std"] == pytest.approx(0.04)
+    assert res["sst-2"]["random"]["mean"] == pytest.approx(0.70)
+    assert res["sst-2"]["random"]["std"] == pytest.approx(0.04)
     assert res["sst-2"]["minilm"]["min"] == 0.86 and res["sst-2"]["minilm"]["max"] == 0.88
     assert report["finetuning"]["baselines"] == pytest.approx({"mrpc": MRPC_MAJORITY_F1, "sst-2": SST2_MAJORITY_ACC})
     v = report["verdicts"]
-    assert v["mrpc"]["difference"] == pytest.approx(0.84 - MRPC_MAJORITY_F1) and v["mrpc"]["spread"] == pytest.approx(0.02)
+    assert v["mrpc"]["difference"] == pytest.approx(0.84 - MRPC_MAJORITY_F1)
+    assert v["mrpc"]["spread"] == pytest.approx(0.02)
     assert v["mrpc"]["beats"] is True
     assert v["sst-2"]["difference"] == pytest.approx(0.02) and v["sst-2"]["spread"] == pytest.approx(0.04)
     assert v["sst-2"]["beats"] is False
@@ -294,7 +299,6 @@ def test_pretrain_study_second_call_reuses_everything(tiny_study, monkeypatch):
 
 
 def test_scaling_runs_are_the_same_but_for_processes_and_lr(tmp_path):
-    args = scaling_study.main.__wrapped__ if hasattr(scaling_study.main, "__wrapped__") else None  # noqa: F841
     ns = type("Args", (), {"processes": 4, "lr": 1e-2, "batch": 32, "runs": ["A", "B", "C"], "precision": "auto",
                            "warmup": 0.05, "steps": 300, "seed": 42, "config": tmp_path / "c.json"})()
     specs = scaling_study.run_specs(ns)
@@ -316,6 +320,8 @@ def fake_scaling(out, config, shards):
     C 0.84 ± 0.01 (+0.03: outside both)."""
     heldout_shard(shards / "hdf5_heldout128" / "heldout.hdf5")
     (shards / "hdf5_seq128").mkdir(parents=True)
+    with h5py.File(shards / "hdf5_seq128" / "train.hdf5", "w") as f:  # 1280 training sequences
+        f["input_ids"] = np.zeros((1280, 4), dtype=np.int32)
     scores = {"A": [0.80, 0.82, 0.81], "B": [0.815, 0.825, 0.805], "C": [0.83, 0.85, 0.84]}
     for label, procs, lr, acc in (("A", 1, 0.01, 0.20), ("B", 4, 0.01, 0.22), ("C", 4, 0.02, 0.24)):
         run = out / f"run_{label}"
@@ -344,15 +350,18 @@ def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypat
     assert [runs[k]["heldout_accuracy"] for k in "ABC"] == [0.20, 0.22, 0.24]
     assert [runs[k]["final_mlm_loss"] for k in "ABC"] == pytest.approx([6.9, 6.6, 6.6])
     assert [runs[k]["wall_seconds"] for k in "ABC"] == [11.0, 44.0, 44.0]
+    assert [runs[k]["epochs"] for k in "ABC"] == [0.5, 2.0, 2.0]  # 20 steps x 32 or 128 over 1280 sequences
     assert report["heldout_baseline"] == pytest.approx(4 / 6)
     assert report["majority_baseline"] == pytest.approx(SST2_MAJORITY_ACC)
-    assert runs["B"]["downstream"]["mean"] == pytest.approx(0.815) and runs["B"]["downstream"]["std"] == pytest.approx(0.01)
+    assert runs["B"]["downstream"]["mean"] == pytest.approx(0.815)
+    assert runs["B"]["downstream"]["std"] == pytest.approx(0.01)
     b, c = report["comparisons"]["B vs A"], report["comparisons"]["C vs A"]
     assert b["difference"] == pytest.approx(0.005) and b["spread"] == pytest.approx(0.01)
     assert (b["within_0.1_point"], b["within_seed_spread"]) == (False, True)
     assert c["difference"] == pytest.approx(0.03) and (c["within_0.1_point"], c["within_seed_spread"]) == (False, False)
     md = (tmp_path / "out" / "scaling_study.md").read_text()
-    assert "| B (4 processes, same learning rate) | 4 x 32 = 128 | 0.01 | 2560 | 6.600 | 0.2200 | 0.8150 ± 0.0100 | 44 |" in md
+    assert ("| B (4 processes, same learning rate) | 4 x 32 = 128 | 0.01 | 2560 (2.00) | 6.600 | 0.2200 | "
+            "0.8150 ± 0.0100 | 44 |") in md
     assert (tmp_path / "out" / "scaling_loss.png").is_file()
     # a run folder with other settings is never silently reused or replaced
     with pytest.raises(SystemExit, match="not reusable .*learning_rate 0.01 instead of 0.03"):
