@@ -306,33 +306,33 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=su.HelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "pretrain",
-                   help="where the study writes (default results/studies/pretrain)")
+                   help="where the study writes")
     g = p.add_argument_group("pre-training (scripts/run_cpu_demo.sh)")
     g.add_argument("--pretrain_out", type=Path, default=None,
-                   help="run_cpu_demo.sh's --out: reused when it holds a finished run_*/ (default <out>/pretrain)")
+                   help="run_cpu_demo.sh's --out: reused when it holds a finished run_*/ (None: <out>/pretrain)")
     g.add_argument("--config", type=Path, default=REPO / "configs" / "bert-mini.json")
     g.add_argument("--phase1_steps", type=int, default=1500)
     g.add_argument("--phase2_steps", type=int, default=30)
     g.add_argument("--dupe_factor", type=int, default=5)
     g.add_argument("--batch", type=int, default=32, help="phase 1 sequences per step")
     g.add_argument("--lr", default="1e-2", help="phase 1 peak learning rate (LAMB)")
-    g.add_argument("--corpus", action="append", type=Path, help="text to pre-train on (repeatable; default "
+    g.add_argument("--corpus", action="append", type=Path, help="text to pre-train on (repeatable; None: "
                    "WikiText-2 valid + test from ../shared/data)")
     g.add_argument("--vocab", type=Path, default=su.VOCAB, help="the uncased BERT vocabulary")
-    g.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the pre-training (default 1)")
-    g.add_argument("--random_init_seed", type=int, default=42, help="seed of the random initialisation (default 42, "
-                   "the pre-training's own: the same starting weights)")
+    g.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the pre-training")
+    g.add_argument("--random_init_seed", type=int, default=42, help="seed of the random initialisation (42 is the "
+                   "pre-training's own: the same starting weights)")
     g = p.add_argument_group("fine-tuning (bench.stability)")
     g.add_argument("--models", default=",".join(MODELS), help="which of pretrained,random,minilm")
-    g.add_argument("--tasks", default=",".join(TASKS), help="GLUE tasks (default mrpc,sst-2)")
+    g.add_argument("--tasks", default=",".join(TASKS), help="GLUE tasks")
     g.add_argument("--seeds", default="1,2,3,4,5")
     g.add_argument("--small_lr", type=float, default=2e-4, help="learning rate of the pre-trained and random models")
     g.add_argument("--small_batch", type=int, default=32)
     g.add_argument("--minilm_lr", type=float, default=1e-4)
     g.add_argument("--minilm_batch", type=int, default=32)
-    g.add_argument("--minilm_checkpoint", type=Path, default=None, help="default: the all-MiniLM-L6-v2 weights")
+    g.add_argument("--minilm_checkpoint", type=Path, default=None, help="None: the all-MiniLM-L6-v2 weights")
     g.add_argument("--mrpc_epochs", type=float, default=3.0)
     g.add_argument("--sst2_epochs", type=float, default=1.0)
     g.add_argument("--other_epochs", type=float, default=3.0, help="epochs of any other --tasks")
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--max_seq_length", type=int, default=128)
     g.add_argument("--glue_threads", type=int, default=1, help="threads per fine-tuning run")
     g.add_argument("--parallel", type=int, default=1, help="fine-tuning runs at a time")
-    g.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-mrpc/, glue-sst2/ (../shared/data)")
+    g.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-mrpc/, glue-sst2/")
     g.add_argument("--minilm_mrpc_json", type=Path, default=None, help="reuse this stability_mrpc.json for MiniLM")
     g.add_argument("--minilm_sst2_json", type=Path, default=None, help="reuse this stability_sst-2.json for MiniLM")
     g.add_argument("--stability_json", action="append", metavar="MODEL:TASK=FILE",

@@ -126,16 +126,16 @@ def scaling_section(report: dict | None, path: Path, plots: Path, page_dir: Path
 
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=su.HelpFormatter)
     p.add_argument("--studies", type=Path, default=REPO / "results" / "studies",
-                   help="where the studies wrote (default results/studies)")
-    p.add_argument("--minilm_mrpc", type=Path, default=None, help="default <studies>/minilm_mrpc/stability_mrpc.json")
+                   help="where the studies wrote")
+    p.add_argument("--minilm_mrpc", type=Path, default=None, help="None: <studies>/minilm_mrpc/stability_mrpc.json")
     p.add_argument("--minilm_sst2", type=Path, default=None,
-                   help="default <studies>/minilm_sst2/stability_sst-2.json")
-    p.add_argument("--pretrain", type=Path, default=None, help="default <studies>/pretrain/pretrain_study.json")
-    p.add_argument("--scaling", type=Path, default=None, help="default <studies>/scaling/scaling_study.json")
+                   help="None: <studies>/minilm_sst2/stability_sst-2.json")
+    p.add_argument("--pretrain", type=Path, default=None, help="None: <studies>/pretrain/pretrain_study.json")
+    p.add_argument("--scaling", type=Path, default=None, help="None: <studies>/scaling/scaling_study.json")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
-    p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (default: results/ beside --out)")
+    p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
     args = p.parse_args(argv)
     paths = {"mrpc": args.minilm_mrpc or args.studies / "minilm_mrpc" / "stability_mrpc.json",
              "sst-2": args.minilm_sst2 or args.studies / "minilm_sst2" / "stability_sst-2.json",

@@ -194,19 +194,19 @@ def markdown(report: dict, image: str | None = "scaling_loss.png", heading: str 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=su.HelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "scaling")
     g = p.add_argument_group("pre-training")
     g.add_argument("--shards", type=Path, default=None, help="a folder with hdf5_seq128/ and hdf5_heldout128/ "
-                   "(default: built once into <out>/shards)")
-    g.add_argument("--corpus", action="append", type=Path, help="text for the shards (default WikiText-2 valid + test)")
+                   "(None: built once into <out>/shards)")
+    g.add_argument("--corpus", action="append", type=Path, help="text for the shards (None: WikiText-2 valid + test)")
     g.add_argument("--vocab", type=Path, default=su.VOCAB)
     g.add_argument("--dupe_factor", type=int, default=5)
     g.add_argument("--config", type=Path, default=REPO / "configs" / "bert-small-cpu.json")
     g.add_argument("--batch", type=int, default=32, help="sequences per step per process (b)")
     g.add_argument("--lr", type=float, default=1e-2, help="peak learning rate of A and B (LAMB)")
-    g.add_argument("--steps", type=int, default=800, help="optimizer steps of every run (default 800: about 40 min "
-                   "for A, B and C with the default model on 2 free cores)")
+    g.add_argument("--steps", type=int, default=800, help="optimizer steps of every run (800: about 40 min for A, "
+                   "B and C with the default model on 2 free cores)")
     g.add_argument("--warmup", type=float, default=0.05, help="warm-up proportion")
     g.add_argument("--processes", type=int, default=4, help="processes of B and C (P)")
     g.add_argument("--runs", default="A,B,C", help="which runs")

@@ -6,6 +6,7 @@ torch and the repository's modules are imported inside the functions that need t
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -372,3 +373,7 @@ def plot_seeds(groups: dict[str, dict[str, list[float]]], path: str | os.PathLik
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help: the module's text as written, and every option's default."""
