@@ -221,7 +221,7 @@ def test_given_json_with_other_settings_is_used_with_warnings(tmp_path, shared_d
     assert report["pretraining"] is None and report["verdicts"] == {}
 
 
-def test_unfinished_pretraining_is_refused(tmp_path, monkeypatch):
+def test_unfinished_pretraining_is_refused(tmp_path, shared_data, monkeypatch):  # the default --vocab is shared
     no_training(monkeypatch)
     fake_pretrain_run(tmp_path / "pre", finished=False)
     with pytest.raises(SystemExit, match=r"run_260101_000000, is not finished \(phase 1 finished, phase 2 at step "
