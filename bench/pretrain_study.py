@@ -1,0 +1,444 @@
+"""Pre-train, then fine-tune: does the recipe's own pre-training produce a model that transfers? (issue 14)
+
+    .venv/bin/python -m bench.pretrain_study --out results/studies/pretrain \\
+        [--pretrain_out DIR] [--config configs/bert-mini.json] [--phase1_steps 1500] [--phase2_steps 30] \\
+        [--dupe_factor 5] [--batch 32] [--lr 1e-2] [--seeds 1,2,3,4,5] [--tasks mrpc,sst-2] \\
+        [--models pretrained,random,minilm] [--small_lr 2e-4] [--minilm_mrpc_json F] [--minilm_sst2_json F]
+
+1. Pre-training, with the recipe's own launcher: `scripts/run_cpu_demo.sh --config C --out PRETRAIN_OUT
+   --phase1_steps N1 --phase2_steps N2 --dupe_factor D --batch B --lr LR` (WikiText-2 valid + test from
+   ../shared/data, the last 5% of its documents held out; phase 1 at sequence 128, phase 2 at 512, batch 8; LAMB).
+   Or reuse: when --pretrain_out (default <out>/pretrain) already holds a run_*/ folder, the newest one is used as
+   it is, if both its phases finished (a FINAL record at their last step); an unfinished newest run is refused,
+   never silently replaced. The model fine-tuned is its last checkpoint, checkpoints/ckpt_<last step>.pt.
+2. Random initialisation of the same architecture: BertForPreTraining(config) of modeling.py after
+   utils.set_seed(--random_init_seed), saved as <out>/random_init/ckpt_0.pt ({"model", "config"}, the layout of
+   run_pretraining.py's checkpoints) with bert_config.json and the uncased vocab.txt beside it. With the default
+   seed 42, the pre-training's own seed, these are exactly the weights the pre-training started from.
+3. Fine-tuning, with bench.stability (one run_glue.py process per seed): every model on every task, --seeds
+   (default 5). MRPC: the full training set, 3 epochs; SST-2: the first 10,000 training sentences, 1 epoch; all
+   at sequence 128, batch 32. Learning rates: MiniLM 1e-4 (bench.stability's default, the lead's MiniLM runs);
+   the two small models --small_lr 2e-4 (not tuned here: between 1e-4 and 3e-4, the values Google's BERT
+   miniatures grid offers a 4-layer, 256-wide BERT; the same for both so that only the starting weights differ).
+   A stability JSON that already exists is reused: the one under <out>/<model>_<task>/ when its seeds and settings
+   match, or any given with --minilm_mrpc_json / --minilm_sst2_json / --stability_json MODEL:TASK=FILE (differences
+   in settings are printed and recorded as warnings).
+4. Report (<out>/pretrain_study.json and .md, <out>/pretrain_loss.png, <out>/pretrain_seeds.png): held-out
+   masked-LM accuracy against always guessing the most frequent masked token; each model's mean, standard
+   deviation, min and max per task, and the majority-class score of each dev set; and the verdict, by this rule:
+   pre-trained beats random initialisation on a task when mean(pre-trained) - mean(random) > max(std(pre-trained),
+   std(random)) (sample standard deviations over the seeds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import study_utils as su
+
+REPO = su.REPO
+MODELS = ("pretrained", "random", "minilm")
+TASKS = ("mrpc", "sst-2")
+GLUE_FOLDER = {"mrpc": "glue-mrpc", "sst-2": "glue-sst2"}
+
+
+def folder_name(model: str, task: str) -> str:
+    return f"{model}_{task.replace('-', '')}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. pre-training: run it or reuse it
+
+
+def newest_run(pretrain_out: Path) -> Path | None:
+    runs = sorted(p for p in pretrain_out.glob("run_*") if p.is_dir()) if pretrain_out.is_dir() else []
+    return runs[-1] if runs else None
+
+
+def run_state(run_dir: Path) -> dict:
+    """Both phases of a run_cpu_demo.sh run folder, summarised; finished only when both phases are, and the last
+    checkpoint is on disk."""
+    logs = sorted(run_dir.glob("*.phase1.json"))
+    job = logs[0].name[:-len(".phase1.json")] if logs else None
+    phase1 = su.phase_summary(run_dir / f"{job}.phase1.json") if job else su.phase_summary(run_dir / "none")
+    phase2 = su.phase_summary(run_dir / f"{job}.phase2.json") if job else su.phase_summary(run_dir / "none")
+    checkpoint = None
+    if phase2["finished"]:
+        checkpoint = run_dir / "checkpoints" / f"ckpt_{phase2['final']['step']}.pt"
+    finished = phase1["finished"] and phase2["finished"] and checkpoint is not None and checkpoint.is_file()
+    if finished:
+        state = "finished"
+    elif not phase1["finished"]:
+        state = f"phase 1 {phase1['state']}"
+    elif not phase2["finished"]:
+        state = f"phase 1 finished, phase 2 {phase2['state']}"
+    else:
+        state = f"both phases finished but {checkpoint} is missing"
+    return {"run_dir": str(run_dir), "job": job, "phase1": phase1, "phase2": phase2, "finished": finished,
+            "state": state, "checkpoint": str(checkpoint) if checkpoint else None}
+
+
+def demo_command(args) -> list[str]:
+    cmd = ["bash", str(REPO / "scripts" / "run_cpu_demo.sh"), "--config", str(args.config), "--out",
+           str(args.pretrain_out), "--phase1_steps", str(args.phase1_steps), "--phase2_steps", str(args.phase2_steps),
+           "--dupe_factor", str(args.dupe_factor), "--batch", str(args.batch), "--lr", str(args.lr),
+           "--vocab", str(args.vocab)]
+    for corpus in args.corpus or []:
+        cmd += ["--corpus", str(corpus)]
+    return cmd
+
+
+def tee(cmd: list[str], env: dict, log_path: Path) -> int:
+    """Run `cmd` in the repository, its output (stdout and stderr) both to ours and to `log_path`, as it comes."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end inside a character
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        while chunk := proc.stdout.read1(65536):
+            log_file.write(chunk)
+            sys.stdout.write(decoder.decode(chunk))
+            sys.stdout.flush()
+        return proc.wait()
+
+
+def reuse_differences(state: dict, args) -> list[str]:
+    """How a reused run's settings differ from --phase1_steps, --phase2_steps, --batch, --lr and --config."""
+    p1, p2 = state["phase1"]["params"], state["phase2"]["params"]
+    lines = []
+    for name, have, want in (("phase 1 steps", p1.get("max_steps"), args.phase1_steps),
+                             ("phase 2 steps", p2.get("max_steps"), args.phase2_steps),
+                             ("phase 1 batch", p1.get("train_batch_size", 0) * p1.get("world_size", 1), args.batch)):
+        if have != want:
+            lines.append(f"{name} {have} (flag: {want})")
+    if p1.get("learning_rate") is None or abs(p1["learning_rate"] - float(args.lr)) > 1e-12:
+        lines.append(f"phase 1 learning rate {p1.get('learning_rate')} (flag: {args.lr})")
+    if Path(p1.get("config_file") or "").name != args.config.name:
+        lines.append(f"config {p1.get('config_file')} (flag: {args.config})")
+    return lines
+
+
+def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:
+    """(run_state of the run to fine-tune, reused?, the command that pre-trained it here or None)."""
+    run = newest_run(args.pretrain_out)
+    if run is not None:
+        state = run_state(run)
+        if not state["finished"]:
+            raise SystemExit(f"pretrain_study: the newest pre-training run in {args.pretrain_out}, {run.name}, is not "
+                             f"finished ({state['state']}): wait for it to end, resume it, or move it away to "
+                             "pre-train again")
+        log(f"pretrain_study: reusing the finished pre-training run {run} ({state['checkpoint']})")
+        state["warnings"] = reuse_differences(state, args)
+        for line in state["warnings"]:
+            log(f"warning: the reused pre-training differs from this command's flags: {line}")
+        return state, True, None
+    cmd = demo_command(args)
+    log(f"pretrain_study: pre-training: OMP_NUM_THREADS={args.threads} {' '.join(cmd)}")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHON": sys.executable}
+    started = time.time()
+    args.pretrain_out.mkdir(parents=True, exist_ok=True)
+    log_path = args.pretrain_out / "cpu_demo_output.log"
+    returncode = tee(cmd, env, log_path)
+    if returncode != 0:
+        raise SystemExit(f"pretrain_study: scripts/run_cpu_demo.sh failed (exit {returncode}); its output is above "
+                         f"and in {log_path}")
+    run = newest_run(args.pretrain_out)
+    state = run_state(run) if run else None
+    if state is None or not state["finished"]:
+        raise SystemExit(f"pretrain_study: run_cpu_demo.sh ended but {args.pretrain_out} holds no finished run "
+                         f"({state['state'] if state else 'no run_* folder'})")
+    state["wall_seconds"] = round(time.time() - started, 1)
+    return state, False, cmd
+
+
+def pretraining_report(state: dict) -> dict:
+    """The numbers the report needs from a finished run: settings, losses, held-out accuracy and its baseline."""
+    p1, p2 = state["phase1"], state["phase2"]
+
+    def phase(s: dict) -> dict:
+        params, final, losses = s["params"], s["final"] or {}, s["losses"]
+        return {"steps": params.get("max_steps"), "batch": params.get("train_batch_size", 0) *
+                params.get("world_size", 1), "learning_rate": params.get("learning_rate"),
+                "max_seq_length": params.get("max_seq_length"), "processes": params.get("world_size"),
+                "precision": params.get("precision"), "first_mlm_loss": losses[0][1] if losses else None,
+                "final_mlm_loss": losses[-1][1] if losses else None, "final_loss": final.get("final_loss"),
+                "seconds": final.get("e2e_train_time"),
+                "sequences_per_second": final.get("training_sequences_per_second")}
+
+    evals = p1["evals"] + p2["evals"]
+    started, ended = p1["started"], p2["ended"] or p1["ended"]
+    eval_dir, max_eval = p1["params"].get("eval_dir"), p1["params"].get("max_eval_samples", 0)
+    if not eval_dir or not Path(eval_dir).is_dir():  # the run folder moved: run_cpu_demo.sh's layout
+        eval_dir = str(Path(state["run_dir"]).parent / "hdf5_heldout128")
+    baseline = su.heldout_baseline(eval_dir, max_eval) if Path(eval_dir).is_dir() else None
+    return {"run_dir": state["run_dir"], "checkpoint": state["checkpoint"],
+            "config_file": p1["params"].get("config_file"), "parameters": p1["params"].get("parameters"),
+            "seed": p1["params"].get("seed"), "phase1": phase(p1), "phase2": phase(p2),
+            "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else None,
+            "wall_seconds": round(ended - started, 1) if started and ended else None,
+            "heldout": {"accuracy": evals[-1][1] if evals else None, "loss": evals[-1][2] if evals else None,
+                        "step": evals[-1][0] if evals else None, "baseline": baseline, "eval_dir": eval_dir,
+                        "max_eval_samples": max_eval, "evals": evals},
+            "curves": {"phase1": p1["losses"], "phase2": p2["losses"]}}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. random initialisation
+
+
+def make_random_init(config: dict, vocab: Path, seed: int, out_dir: Path) -> Path:
+    """modeling.py's own initialisation of BertForPreTraining(config) after set_seed(seed), saved as
+    out_dir/ckpt_0.pt with bert_config.json and vocab.txt beside it (what run_glue.py --init_checkpoint reads)."""
+    import torch
+
+    from checkpoint_io import REDUNDANT_KEYS
+    from modeling import BertConfig, BertForPreTraining
+    from utils import set_seed
+
+    bert_config = BertConfig.from_dict(config, source="the pre-trained checkpoint's config")
+    set_seed(seed)
+    model = BertForPreTraining(bert_config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items() if not REDUNDANT_KEYS.match(k)}
+    path = out_dir / "ckpt_0.pt"
+    torch.save({"model": state, "config": bert_config.to_dict(), "step": 0, "random_init_seed": seed}, path)
+    bert_config.to_json_file(out_dir / "bert_config.json")
+    shutil.copyfile(vocab, out_dir / "vocab.txt")
+    return path
+
+
+def checkpoint_config(path: str | os.PathLike) -> dict:
+    import torch
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt.get("config"), dict):
+        raise SystemExit(f"pretrain_study: {path} carries no config (expected a ckpt_<step>.pt of run_pretraining.py)")
+    return ckpt["config"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3-4. fine-tuning and the report
+
+
+def task_settings(args, task: str) -> dict:
+    epochs = args.mrpc_epochs if task == "mrpc" else args.sst2_epochs if task == "sst-2" else args.other_epochs
+    max_train = args.sst2_max_train_examples if task == "sst-2" else None
+    if args.max_train_examples is not None:
+        max_train = args.max_train_examples
+    return {"epochs": epochs, "max_train": max_train}
+
+
+def given_jsons(args) -> dict[tuple[str, str], Path]:
+    given: dict[tuple[str, str], Path] = {}
+    if args.minilm_mrpc_json:
+        given[("minilm", "mrpc")] = args.minilm_mrpc_json
+    if args.minilm_sst2_json:
+        given[("minilm", "sst-2")] = args.minilm_sst2_json
+    for item in args.stability_json or []:
+        key, sep, path = item.partition("=")
+        model, sep2, task = key.partition(":")
+        if not (sep and sep2 and model in MODELS):
+            raise SystemExit(f"--stability_json {item!r}: give MODEL:TASK=FILE with MODEL one of {', '.join(MODELS)}")
+        given[(model, task.lower())] = Path(path)
+    return given
+
+
+def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png", "pretrain_seeds.png"),
+             heading: str = "#") -> str:
+    """The study's Markdown; `images`: the loss-curve and per-seed plots' links (None: none)."""
+    pre, ft = report["pretraining"], report["finetuning"]
+    lines = [f"{heading} Pre-train, then fine-tune ({report['date']})", ""]
+    if pre:
+        p1, p2, held = pre["phase1"], pre["phase2"], pre["heldout"]
+        lines += [f"Pre-training: `{pre['config_file']}` ({pre['parameters'] or '?'} parameters), run "
+                  f"`{pre['run_dir']}`"
+                  f"{' (reused)' if report['pretraining_reused'] else ''}, started {pre.get('started') or 'n/a'}, "
+                  f"{su.fmt(pre.get('wall_seconds'), 0)} s from the first to the last log line; fine-tuned from "
+                  f"`{pre['checkpoint']}`.", ""]
+        warnings = report.get("pretraining_warnings") or []
+        lines += [f"- Warning: the reused run differs from the command's flags: {w}." for w in warnings]
+        lines += [""] if warnings else []
+        lines += ["| phase | steps | batch | lr | seq | masked-LM loss first logged -> last | seconds | sequences/s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, p in (("1", p1), ("2", p2)):
+            lines.append(f"| {name} | {p['steps']} | {p['batch']} | {p['learning_rate']} | {p['max_seq_length']} | "
+                         f"{su.fmt(p['first_mlm_loss'], 3)} -> {su.fmt(p['final_mlm_loss'], 3)} | "
+                         f"{su.fmt(p['seconds'], 0)} | {su.fmt(p['sequences_per_second'], 1)} |")
+        lines += ["", f"Held-out masked-LM accuracy (step {held['step']}, at most {held['max_eval_samples']} held-out "
+                      f"samples): **{su.fmt(held['accuracy'], 4)}**; always guessing the most frequent masked token: "
+                      f"{su.fmt(held['baseline'], 4)}.", ""]
+    models = [m for m in MODELS if any(m in ft["results"].get(t, {}) for t in ft["results"])]
+    lines += ["Downstream (dev set; mean ± sample std over seeds, [min, max]):", "",
+              "| task (metric) | majority class | " + " | ".join(models) + " |",
+              "|---|---|" + "---|" * len(models)]
+    for task, per_model in ft["results"].items():
+        cells = []
+        for m in models:
+            s = per_model.get(m)
+            cells.append("not run" if s is None else f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, "
+                         f"{s['max']:.4f}] ({s['seeds']} seeds)")
+        metric = next((s["metric"] for s in per_model.values() if s), "")
+        lines.append(f"| {task} ({metric}) | {su.fmt(ft['baselines'].get(task))} | " + " | ".join(cells) + " |")
+    lines += ["", f"Rule: {su.RULE}.", ""]
+    for task, v in report["verdicts"].items():
+        word = "beats" if v["beats"] else "does NOT beat"
+        lines.append(f"- {task}: pre-trained {word} random initialisation by more than the seed spread "
+                     f"(difference {v['difference']:+.4f}, spread {v['spread']:.4f}).")
+    for note in report.get("notes", []):
+        lines.append(f"- {note}")
+    lines += ["", "Fine-tuning settings: " + "; ".join(f"{m}: lr {s['learning_rate']}, batch {s['batch_size']}"
+                                                       for m, s in ft["model_settings"].items()) +
+              "; " + "; ".join(f"{t}: {s['epochs']} epoch(s), {s['max_train'] or 'all'} training examples"
+                               for t, s in ft["task_settings"].items()) + f"; sequence {ft['max_seq_length']}.", ""]
+    for name, src in ft["sources"].items():
+        lines.append(f"- {name}: `{src['source']}`{' (reused)' if src['reused'] else ''}"
+                     + (f"; warnings: {'; '.join(src['warnings'])}" if src["warnings"] else ""))
+    if images:
+        lines += ["", f"![pre-training loss]({images[0]})" if pre else "", "", f"![scores per seed]({images[1]})"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=su.HelpFormatter)
+    p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "pretrain",
+                   help="where the study writes")
+    g = p.add_argument_group("pre-training (scripts/run_cpu_demo.sh)")
+    g.add_argument("--pretrain_out", type=Path, default=None,
+                   help="run_cpu_demo.sh's --out: reused when it holds a finished run_*/ (None: <out>/pretrain)")
+    g.add_argument("--config", type=Path, default=REPO / "configs" / "bert-mini.json")
+    g.add_argument("--phase1_steps", type=int, default=1500)
+    g.add_argument("--phase2_steps", type=int, default=30)
+    g.add_argument("--dupe_factor", type=int, default=5)
+    g.add_argument("--batch", type=int, default=32, help="phase 1 sequences per step")
+    g.add_argument("--lr", default="1e-2", help="phase 1 peak learning rate (LAMB)")
+    g.add_argument("--corpus", action="append", type=Path, help="text to pre-train on (repeatable; None: "
+                   "WikiText-2 valid + test from ../shared/data)")
+    g.add_argument("--vocab", type=Path, default=su.VOCAB, help="the uncased BERT vocabulary")
+    g.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the pre-training")
+    g.add_argument("--random_init_seed", type=int, default=42, help="seed of the random initialisation (42 is the "
+                   "pre-training's own: the same starting weights)")
+    g = p.add_argument_group("fine-tuning (bench.stability)")
+    g.add_argument("--models", default=",".join(MODELS), help="which of pretrained,random,minilm")
+    g.add_argument("--tasks", default=",".join(TASKS), help="GLUE tasks")
+    g.add_argument("--seeds", default="1,2,3,4,5")
+    g.add_argument("--small_lr", type=float, default=2e-4, help="learning rate of the pre-trained and random models")
+    g.add_argument("--small_batch", type=int, default=32)
+    g.add_argument("--minilm_lr", type=float, default=1e-4)
+    g.add_argument("--minilm_batch", type=int, default=32)
+    g.add_argument("--minilm_checkpoint", type=Path, default=None, help="None: the all-MiniLM-L6-v2 weights")
+    g.add_argument("--mrpc_epochs", type=float, default=3.0)
+    g.add_argument("--sst2_epochs", type=float, default=1.0)
+    g.add_argument("--other_epochs", type=float, default=3.0, help="epochs of any other --tasks")
+    g.add_argument("--sst2_max_train_examples", type=int, default=10000)
+    g.add_argument("--max_train_examples", type=int, default=None, help="every task (quick runs)")
+    g.add_argument("--max_eval_examples", type=int, default=None)
+    g.add_argument("--max_steps", type=int, default=-1)
+    g.add_argument("--max_seq_length", type=int, default=128)
+    g.add_argument("--glue_threads", type=int, default=1, help="threads per fine-tuning run")
+    g.add_argument("--parallel", type=int, default=1, help="fine-tuning runs at a time")
+    g.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-mrpc/, glue-sst2/")
+    g.add_argument("--minilm_mrpc_json", type=Path, default=None, help="reuse this stability_mrpc.json for MiniLM")
+    g.add_argument("--minilm_sst2_json", type=Path, default=None, help="reuse this stability_sst-2.json for MiniLM")
+    g.add_argument("--stability_json", action="append", metavar="MODEL:TASK=FILE",
+                   help="reuse a stability JSON for any model and task (repeatable)")
+    args = p.parse_args(argv)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    args.out = args.out.resolve()
+    args.pretrain_out = (args.pretrain_out or args.out / "pretrain").resolve()
+    args.config, args.vocab = args.config.resolve(), args.vocab.resolve()  # run_cpu_demo.sh runs in the repository
+    args.corpus = [c.resolve() for c in args.corpus or []]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    tasks = [t.strip().lower() for t in args.tasks.split(",") if t.strip()]
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models or not tasks:
+        raise SystemExit(f"--models: one or more of {', '.join(MODELS)} (got {args.models!r}); --tasks: at least one")
+    seeds = su.parse_seeds(args.seeds)
+    if not args.vocab.is_file():
+        raise SystemExit(f"--vocab {args.vocab} not found")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    given = given_jsons(args)
+
+    # 1-2: the two small models' checkpoints
+    pre, state, reused, pretrain_cmd, random_ckpt = None, None, None, None, None
+    if "pretrained" in models or "random" in models:
+        state, reused, pretrain_cmd = pretrained_run(args, log)
+        pre = pretraining_report(state)
+        if "random" in models:
+            random_ckpt = make_random_init(checkpoint_config(state["checkpoint"]), args.vocab,
+                                           args.random_init_seed, args.out / "random_init")
+            log(f"pretrain_study: random initialisation (seed {args.random_init_seed}) -> {random_ckpt}")
+    inits = {"pretrained": pre["checkpoint"] if pre else None, "random": random_ckpt,
+             "minilm": args.minilm_checkpoint}
+    model_settings = {m: {"learning_rate": args.minilm_lr if m == "minilm" else args.small_lr,
+                          "batch_size": args.minilm_batch if m == "minilm" else args.small_batch,
+                          "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)"}
+                      for m in models}
+
+    # 3: fine-tuning
+    results: dict[str, dict] = {t: {} for t in tasks}
+    sources, details, baselines = {}, {t: {} for t in tasks}, {}
+    for task in tasks:
+        settings = task_settings(args, task)
+        data_dir = args.data_root / GLUE_FOLDER.get(task, f"glue-{task}")
+        baselines[task] = su.glue_majority_baseline(task, data_dir, args.max_eval_examples)
+        for model in models:
+            name = folder_name(model, task)
+            argv_s = su.stability_argv(
+                task, inits[model], seeds, args.out / name, epochs=settings["epochs"],
+                batch=model_settings[model]["batch_size"], lr=model_settings[model]["learning_rate"],
+                seq=args.max_seq_length, max_train=settings["max_train"], max_eval=args.max_eval_examples,
+                max_steps=args.max_steps, threads=args.glue_threads, parallel=args.parallel,
+                vocab=args.vocab if model != "minilm" else None, data_dir=data_dir)
+            summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)), log)
+            results[task][model] = su.stats_of(summary)
+            details[task][model] = su.seed_details(summary)
+
+    # 4: verdicts, notes, files
+    verdicts, notes = {}, []
+    for task in tasks:
+        r = results[task]
+        if "pretrained" in r and "random" in r:
+            verdicts[task] = su.beats(r["pretrained"], r["random"])
+        for model, s in r.items():
+            if all(abs(x - baselines[task]) < 1e-9 for x in s["scores"]):
+                notes.append(f"{task}: every seed of {model} scores exactly the majority-class {s['metric']} "
+                             f"{baselines[task]:.4f}: it predicts one class for every example")
+        if "minilm" in r and "pretrained" in r:
+            notes.append(f"{task}: MiniLM - pre-trained = {r['minilm']['mean'] - r['pretrained']['mean']:+.4f}")
+    if pre and pre["heldout"]["accuracy"] is not None and pre["heldout"]["baseline"] is not None:
+        gain = pre["heldout"]["accuracy"] - pre["heldout"]["baseline"]
+        notes.append(f"held-out masked-LM accuracy {pre['heldout']['accuracy']:.4f} is {gain:+.4f} from the "
+                     "most-frequent-token baseline")
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.pretrain_study",
+                                                                  *(argv if argv is not None else sys.argv[1:])],
+              "pretraining": pre, "pretraining_reused": reused, "pretraining_command": pretrain_cmd,
+              "pretraining_warnings": state.get("warnings", []) if state else [],
+              "pretraining_wall_seconds": state.get("wall_seconds") if state else None,
+              "random_init": {"checkpoint": str(random_ckpt), "seed": args.random_init_seed} if random_ckpt else None,
+              "finetuning": {"seeds": seeds, "model_settings": model_settings,
+                             "task_settings": {t: task_settings(args, t) for t in tasks},
+                             "max_seq_length": args.max_seq_length, "results": results, "baselines": baselines,
+                             "per_seed": details, "sources": sources},
+              "rule": su.RULE, "verdicts": verdicts, "notes": notes, "wall_seconds": round(time.time() - started, 1)}
+    if pre:
+        su.plot_pretraining(pre["curves"], pre["heldout"], args.out / "pretrain_loss.png",
+                            title=f"pre-training {Path(pre['config_file'] or '').name}")
+    su.plot_seeds({t: {m: s["scores"] for m, s in results[t].items()} for t in tasks}, args.out / "pretrain_seeds.png",
+                  baselines=baselines)
+    (args.out / "pretrain_study.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = markdown(report)
+    (args.out / "pretrain_study.md").write_text(text)
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

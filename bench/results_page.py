@@ -1,0 +1,168 @@
+"""The results page: bench/RESULTS.md and its plots (bench/results/*.png), from the JSON outputs of issue 14's
+studies, in one command.
+
+    .venv/bin/python -m bench.results_page [--studies results/studies] [--minilm_mrpc F] [--minilm_sst2 F] \\
+        [--pretrain F] [--scaling F] [--out bench/RESULTS.md] [--plots bench/results]
+
+Inputs (each can be named on its own; by default under --studies):
+    minilm_mrpc/stability_mrpc.json   python -m bench.stability --task mrpc --seeds 1,2,3,4,5 --threads 1 ...
+    minilm_sst2/stability_sst-2.json  python -m bench.stability --task sst-2 ... --epochs 1 --max_train_examples 10000
+    pretrain/pretrain_study.json      python -m bench.pretrain_study --out <studies>/pretrain ...
+    scaling/scaling_study.json        python -m bench.scaling_study --out <studies>/scaling ...
+A study whose file is absent is listed as "not run" with the path looked at; the page is still written. Seed
+tables follow NVIDIA's README (each seed's score, then mean and standard deviation, in percent); the plots are
+drawn again from the numbers in the JSON files, so the page does not depend on the studies' own PNGs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from bench import study_utils as su
+
+REPO = su.REPO
+METRIC_NAME = {"f1": "F1", "acc": "accuracy", "mcc": "Matthews corr.", "spearmanr": "Spearman"}
+
+
+def nvidia_table(rows: list[tuple[str, list[int], list[float]]], metric: str, first: str = "Model") -> str:
+    """NVIDIA's fine-tuning stability table: | first | seed #1 ... | mean | std |, scores in percent, 2 decimals.
+    rows: (label, seeds, scores); the seed columns are the union of every row's seeds."""
+    from bench.stability import aggregate
+
+    seeds = sorted({s for _, row_seeds, _ in rows for s in row_seeds})
+    lines = [f"| {first} ({METRIC_NAME.get(metric, metric)}, %) | " + " | ".join(f"seed #{s}" for s in seeds)
+             + " | mean | std |", "|---|" + "---|" * (len(seeds) + 2)]
+    for label, row_seeds, scores in rows:
+        by_seed = dict(zip(row_seeds, scores))
+        stats = aggregate(scores)
+        cells = [f"{100 * by_seed[s]:.2f}" if s in by_seed else "" for s in seeds]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {100 * stats['mean']:.2f} | {100 * stats['std']:.2f} |")
+    return "\n".join(lines)
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def not_run(path: Path, how: str) -> list[str]:
+    return [f"Not run: no `{path}`. {how}", ""]
+
+
+def stability_section(mrpc: dict | None, sst2: dict | None, paths: dict[str, Path], plots: Path, page_dir: Path,
+                      heading: str) -> list[str]:
+    lines = [f"{heading} Fine-tuning stability: all-MiniLM-L6-v2 over seeds", ""]
+    groups = {}
+    for task, summary, how in (("mrpc", mrpc, "python -m bench.stability --task mrpc --seeds 1,2,3,4,5 --threads 1 "
+                                "--out <studies>/minilm_mrpc"),
+                               ("sst-2", sst2, "python -m bench.stability --task sst-2 --seeds 1,2,3,4,5 --threads 1 "
+                                "--epochs 1 --max_train_examples 10000 --out <studies>/minilm_sst2")):
+        lines += [f"**{task.upper()}**", ""]
+        if summary is None:
+            lines += not_run(paths[task], f"Run `{how}`.")
+            continue
+        runs = summary["runs"]
+        cmd = runs[0]["command"] if runs else []
+        settings = su.settings_of(cmd) if cmd else {}
+        lines += [nvidia_table([(f"all-MiniLM-L6-v2, {task.upper()}", [r["seed"] for r in runs],
+                                 [r["score"] for r in runs])], summary["metric"]), "",
+                  f"{len(runs)} seeds, {summary.get('date')}; min {100 * min(r['score'] for r in runs):.2f}, max "
+                  f"{100 * max(r['score'] for r in runs):.2f}; {summary.get('wall_seconds')} s in all. Settings: "
+                  + ", ".join(f"{k.lstrip('-')} {v}" for k, v in settings.items() if v is not None)
+                  + f". From `{paths[task]}`.", ""]
+        groups[task] = {"MiniLM": [r["score"] for r in runs]}
+    if groups:
+        png = su.plot_seeds(groups, plots / "stability_minilm.png", title="all-MiniLM-L6-v2: dev score per seed")
+        lines += [f"![MiniLM per seed]({os.path.relpath(png, page_dir)})", ""]
+    return lines
+
+
+def pretrain_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str) -> list[str]:
+    from bench import pretrain_study
+
+    if report is None:
+        return [f"{heading} Pre-train, then fine-tune", ""] + not_run(
+            path, "Run `python -m bench.pretrain_study --out <studies>/pretrain` (see its --help).")
+    pre, ft = report["pretraining"], report["finetuning"]
+    images = []
+    if pre:
+        images.append(su.plot_pretraining(pre["curves"], pre["heldout"], plots / "pretrain_loss.png",
+                                          title=f"pre-training {Path(pre['config_file'] or '').name}"))
+    else:
+        images.append(plots / "pretrain_loss.png")
+    groups = {t: {m: s["scores"] for m, s in per.items()} for t, per in ft["results"].items()}
+    images.append(su.plot_seeds(groups, plots / "pretrain_seeds.png", baselines=ft["baselines"]))
+    text = pretrain_study.markdown(report, tuple(os.path.relpath(p, page_dir) for p in images), heading=heading)
+    lines = text.splitlines() + [""]
+    for task, per in ft["results"].items():
+        metric = next(iter(per.values()))["metric"]
+        lines += [nvidia_table([(m, s["seed_list"], s["scores"]) for m, s in per.items()], metric,
+                               first=f"{task.upper()}"), ""]
+    lines += [f"Command: `{' '.join(report['command'])}`. From `{path}`.", ""]
+    return lines
+
+
+def scaling_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str) -> list[str]:
+    from bench import scaling_study
+
+    if report is None:
+        return [f"{heading} Batch-size scaling study", ""] + not_run(
+            path, "Run `python -m bench.scaling_study --out <studies>/scaling` (see its --help).")
+    runs = report["runs"]
+    png = su.plot_runs({f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v
+                        for k, v in runs.items()}, plots / "scaling_loss.png", title="scaling study",
+                       baseline=report["heldout_baseline"])
+    lines = scaling_study.markdown(report, os.path.relpath(png, page_dir), heading=heading).splitlines() + [""]
+    rows = [(f"run {k}", v["downstream"]["seed_list"], v["downstream"]["scores"])
+            for k, v in runs.items() if v.get("downstream")]
+    if rows:
+        metric = next(v["downstream"]["metric"] for v in runs.values() if v.get("downstream"))
+        lines += [nvidia_table(rows, metric, first=report["settings"]["glue_task"].upper()), ""]
+    lines += [f"Command: `{' '.join(report['command'])}`. From `{path}`.", ""]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=su.HelpFormatter)
+    p.add_argument("--studies", type=Path, default=REPO / "results" / "studies",
+                   help="where the studies wrote")
+    p.add_argument("--minilm_mrpc", type=Path, default=None, help="None: <studies>/minilm_mrpc/stability_mrpc.json")
+    p.add_argument("--minilm_sst2", type=Path, default=None,
+                   help="None: <studies>/minilm_sst2/stability_sst-2.json")
+    p.add_argument("--pretrain", type=Path, default=None, help="None: <studies>/pretrain/pretrain_study.json")
+    p.add_argument("--scaling", type=Path, default=None, help="None: <studies>/scaling/scaling_study.json")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
+    p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
+    args = p.parse_args(argv)
+    paths = {"mrpc": args.minilm_mrpc or args.studies / "minilm_mrpc" / "stability_mrpc.json",
+             "sst-2": args.minilm_sst2 or args.studies / "minilm_sst2" / "stability_sst-2.json",
+             "pretrain": args.pretrain or args.studies / "pretrain" / "pretrain_study.json",
+             "scaling": args.scaling or args.studies / "scaling" / "scaling_study.json"}
+    page_dir = args.out.resolve().parent
+    plots = (args.plots or page_dir / "results").resolve()
+    plots.mkdir(parents=True, exist_ok=True)
+    page_dir.mkdir(parents=True, exist_ok=True)
+    found = {k: load(v) for k, v in paths.items()}
+    lines = ["# Results: multi-seed fine-tuning, our own pre-training, batch-size scaling", "",
+             f"Generated by `python -m bench.results_page` on {time.strftime('%Y-%m-%d %H:%M')} from the studies' "
+             "JSON outputs (issue 14). Dev-set scores; standard deviations are over seeds (sample, n - 1). "
+             f"Rule for \"beats\": {su.RULE}.", "",
+             "| study | status |", "|---|---|"]
+    for name, key in (("MiniLM MRPC, 5 seeds", "mrpc"), ("MiniLM SST-2 (10k), 5 seeds", "sst-2"),
+                      ("pre-train, then fine-tune", "pretrain"), ("batch-size scaling", "scaling")):
+        lines.append(f"| {name} | {'from `' + str(paths[key]) + '`' if found[key] else 'not run'} |")
+    lines.append("")
+    lines += stability_section(found["mrpc"], found["sst-2"], paths, plots, page_dir, "##")
+    lines += pretrain_section(found["pretrain"], paths["pretrain"], plots, page_dir, "##")
+    lines += scaling_section(found["scaling"], paths["scaling"], plots, page_dir, "##")
+    text = "\n".join(lines).rstrip() + "\n"
+    args.out.write_text(text)
+    print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of 4 studies; plots in {plots})")
+    return text
+
+
+if __name__ == "__main__":
+    main()

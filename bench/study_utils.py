@@ -1,0 +1,379 @@
+"""What the three result studies share (bench/pretrain_study.py, bench/scaling_study.py, bench/results_page.py):
+reading run_pretraining.py's JSON logs, deciding whether a pre-training run finished, the two baselines (most
+frequent held-out masked token; majority class of a GLUE dev set), the "beats by more than the seed spread" rule,
+running bench.stability or reusing its JSON, and the plots. Importing this module does nothing; matplotlib, h5py,
+torch and the repository's modules are imported inside the functions that need them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "data"
+VOCAB = DATA / "bert-vocab" / "bert-base-uncased-vocab.txt"
+
+# The rule every study states and applies: A beats B when the difference of the means is larger than the larger
+# of the two seed standard deviations (sample std, n - 1).
+RULE = ("A beats B when mean(A) - mean(B) > max(std(A), std(B)), the standard deviations over seeds (sample, n - 1)")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# run_pretraining.py's JSON logs (one record a line: PARAMETER, integer steps, FINAL)
+
+
+def read_log(path: str | os.PathLike) -> list[dict]:
+    """The records of a JSON-lines log; a line that does not parse (one being written) is skipped."""
+    records = []
+    path = Path(path)
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
+    """One phase's log, summarised: the last PARAMETER record's settings, whether the phase finished (a FINAL
+    record after the last PARAMETER, not stopped by a signal, at phase step == max_steps), the masked-LM loss
+    curve [[step, loss]] and the held-out evaluations [[step, accuracy, loss]] (a step logged twice, as after a
+    resume, keeps its last value)."""
+    records = read_log(path)
+    last_param = max((i for i, r in enumerate(records) if r.get("step") == "PARAMETER"), default=None)
+    params = records[last_param]["data"] if last_param is not None else {}
+    final = next((r["data"] for r in reversed(records[(last_param or 0):]) if r.get("step") == "FINAL"), None)
+    losses: dict[int, float] = {}
+    evals: dict[int, tuple[float, float]] = {}
+    for r in records:
+        step, data = r.get("step"), r.get("data", {})
+        if not isinstance(step, int):
+            continue
+        if "mlm_loss" in data:
+            losses[step] = data["mlm_loss"]
+        if "eval_mlm_accuracy" in data:
+            evals[step] = (data["eval_mlm_accuracy"], data.get("eval_mlm_loss"))
+    max_steps = params.get("max_steps")
+    finished = bool(final) and not final.get("stopped_by_signal") and final.get("phase_step") == max_steps
+    last_step = max(losses, default=None)
+    if finished:
+        why = "finished"
+    elif not records:
+        why = f"no log at {path}"
+    elif final and final.get("stopped_by_signal"):
+        why = f"stopped by {final['stopped_by_signal']} at step {final.get('step')}"
+    else:
+        why = f"at step {last_step if last_step is not None else 0} of {max_steps}, no FINAL record yet"
+    stamps = [r["timestamp"] for r in records if isinstance(r.get("timestamp"), (int, float))]
+    return {"path": str(path), "params": params, "final": final, "finished": finished, "state": why,
+            "started": min(stamps, default=None), "ended": max(stamps, default=None),
+            "losses": sorted([s, v] for s, v in losses.items()),
+            "evals": sorted([s, a, lo] for s, (a, lo) in evals.items())}
+
+
+def heldout_baseline(folder: str | os.PathLike, max_samples: int) -> float:
+    """Accuracy of always guessing the most frequent masked token of the held-out set, counted as
+    run_pretraining.py's evaluation counts (every .hdf5 in the folder in sorted order, the first `max_samples`
+    samples, 0: all; the masked slots with a position > 0); scripts/run_cpu_demo.sh's summary computes the same."""
+    import h5py
+    import numpy as np
+
+    folder = Path(folder)
+    files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
+    positions, ids, remaining = [], [], max_samples or math.inf
+    for path in files:
+        with h5py.File(path, "r") as f:
+            take = int(min(len(f["masked_lm_ids"]), remaining))
+            positions.append(f["masked_lm_positions"][:take])
+            ids.append(f["masked_lm_ids"][:take])
+        remaining -= take
+        if remaining <= 0:
+            break
+    targets = np.concatenate(ids)[np.concatenate(positions) > 0]
+    return float(np.bincount(targets).max() / len(targets))
+
+
+def glue_majority_baseline(task: str, data_dir: str | os.PathLike, max_eval_examples: int | None = None) -> float:
+    """The task's GLUE metric (as bench.stability scores it) of always predicting the dev set's most frequent label
+    (MRPC: F1 0.812, accuracy 0.684; SST-2: accuracy 0.509)."""
+    import numpy as np
+
+    from bench.stability import SCORE
+    from processors.glue import compute_metrics, get_dev_examples, get_task, label_ids
+
+    spec = get_task(task)
+    dev_sets = get_dev_examples(data_dir, spec)
+    dev = dev_sets["dev"] if "dev" in dev_sets else next(iter(dev_sets.values()))
+    labels = label_ids(dev[:max_eval_examples], spec)
+    preds = np.full_like(labels, np.bincount(labels).argmax())
+    return float(compute_metrics(spec, preds, labels)[SCORE.get(task, "acc")])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Seeds: statistics, the rule, running or reusing bench.stability
+
+
+def stats_of(summary: dict) -> dict[str, Any]:
+    """mean/std/min/max/seeds of a bench.stability summary, recomputed from its per-seed scores, and the scores."""
+    from bench.stability import aggregate
+
+    scores = [r["score"] for r in summary["runs"]]
+    return {**aggregate(scores), "scores": scores, "seed_list": [r["seed"] for r in summary["runs"]],
+            "metric": summary.get("metric"), "wall_seconds": summary.get("wall_seconds"), "date": summary.get("date")}
+
+
+def beats(a: dict, b: dict) -> dict[str, Any]:
+    """RULE applied to two stats_of() results."""
+    difference, spread = a["mean"] - b["mean"], max(a["std"], b["std"])
+    return {"difference": difference, "spread": spread, "beats": difference > spread}
+
+
+# run_glue.py flags that make two stability runs comparable (--seed, --output_dir and file locations excluded)
+SETTING_FLAGS = {"--task_name": str, "--num_train_epochs": float, "--train_batch_size": int, "--learning_rate": float,
+                 "--max_seq_length": int, "--max_train_examples": int, "--max_eval_examples": int,
+                 "--max_steps": int}
+
+
+def settings_of(command: list[str]) -> dict[str, Any]:
+    """The comparable settings of one recorded run_glue.py command."""
+    out: dict[str, Any] = {flag: None for flag in SETTING_FLAGS}
+    for flag, value in zip(command, command[1:]):
+        if flag in SETTING_FLAGS:
+            out[flag] = SETTING_FLAGS[flag](value)
+    if out["--max_steps"] is not None and out["--max_steps"] <= 0:
+        out["--max_steps"] = None
+    return out
+
+
+def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], out: Path, *, epochs: float,
+                   batch: int, lr: float, seq: int, max_train: int | None, max_eval: int | None, max_steps: int,
+                   threads: int, parallel: int, vocab: str | os.PathLike | None = None,
+                   data_dir: str | os.PathLike | None = None) -> list[str]:
+    """bench.stability's command line for one (model, task)."""
+    argv = ["--task", task, "--seeds", ",".join(map(str, seeds)), "--epochs", str(epochs), "--batch_size",
+            str(batch), "--learning_rate", str(lr), "--max_seq_length", str(seq), "--threads", str(threads),
+            "--parallel", str(parallel), "--out", str(out)]
+    if init is not None:
+        argv += ["--init_checkpoint", str(init)]
+    if vocab is not None:
+        argv += ["--vocab_file", str(vocab)]
+    if data_dir is not None:
+        argv += ["--data_dir", str(data_dir)]
+    if max_train is not None:
+        argv += ["--max_train_examples", str(max_train)]
+    if max_eval is not None:
+        argv += ["--max_eval_examples", str(max_eval)]
+    if max_steps > 0:
+        argv += ["--max_steps", str(max_steps)]
+    return argv
+
+
+def expected_settings(argv: list[str]) -> dict[str, Any]:
+    """The settings_of() a bench.stability run with this command line records."""
+    values = dict(zip(argv[::2], argv[1::2]))
+    return {"--task_name": values["--task"], "--num_train_epochs": float(values["--epochs"]),
+            "--train_batch_size": int(values["--batch_size"]), "--learning_rate": float(values["--learning_rate"]),
+            "--max_seq_length": int(values["--max_seq_length"]),
+            "--max_train_examples": int(values["--max_train_examples"]) if "--max_train_examples" in values else None,
+            "--max_eval_examples": int(values["--max_eval_examples"]) if "--max_eval_examples" in values else None,
+            "--max_steps": int(values["--max_steps"]) if "--max_steps" in values else None}
+
+
+def differences(summary: dict, argv: list[str]) -> list[str]:
+    """How a stability JSON's runs differ from what `argv` would run: seeds and settings, one line each."""
+    values = dict(zip(argv[::2], argv[1::2]))
+    lines = []
+    seeds = [int(s) for s in values["--seeds"].split(",")]
+    if [r["seed"] for r in summary["runs"]] != seeds:
+        lines.append(f"seeds {[r['seed'] for r in summary['runs']]} instead of {seeds}")
+    want = expected_settings(argv)
+    have = settings_of(summary["runs"][0]["command"]) if summary["runs"] else {}
+    for flag, value in want.items():
+        if have.get(flag) != value:
+            lines.append(f"{flag} {have.get(flag)} instead of {value}")
+    if "--init_checkpoint" in values and Path(summary.get("init_checkpoint", "")).resolve() != \
+            Path(values["--init_checkpoint"]).resolve():
+        lines.append(f"init_checkpoint {summary.get('init_checkpoint')} instead of {values['--init_checkpoint']}")
+    return lines
+
+
+def run_or_reuse_stability(name: str, argv: list[str], given: Path | None, log: Callable[[str], None] = print,
+                           runner: Callable[[list[str]], dict] | None = None) -> tuple[dict, dict]:
+    """A bench.stability summary for `argv`, and where it came from.
+
+    `given` (a stability JSON named on the command line, e.g. the lead's MiniLM runs): read it, whatever its
+    settings; differences from `argv` are reported as warnings. Otherwise the JSON that `argv` would write
+    (<--out>/stability_<task>.json) is reused when its seeds and settings are the same, and run otherwise."""
+    values = dict(zip(argv[::2], argv[1::2]))
+    task = values["--task"]
+    if given is not None:
+        if not Path(given).is_file():
+            raise SystemExit(f"{name}: {given} not found (a bench.stability JSON, stability_<task>.json)")
+        summary = json.loads(Path(given).read_text())
+        if summary.get("task") != task:
+            raise SystemExit(f"{name}: {given} is a {summary.get('task')} run, not {task}")
+        warnings = differences(summary, argv)
+        for line in warnings:
+            log(f"warning: {name} reused from {given}: {line}")
+        return summary, {"source": str(given), "reused": True, "warnings": warnings}
+    existing = Path(values["--out"]) / f"stability_{task}.json"
+    if existing.is_file():
+        summary = json.loads(existing.read_text())
+        diff = differences(summary, argv)
+        if not diff:
+            log(f"{name}: reusing {existing}")
+            return summary, {"source": str(existing), "reused": True, "warnings": []}
+        log(f"{name}: {existing} has other settings ({'; '.join(diff)}): running again")
+    if runner is None:
+        from bench import stability
+
+        runner = stability.main
+    log(f"{name}: python -m bench.stability {' '.join(argv)}")
+    summary = runner(argv)
+    return summary, {"source": str(existing), "reused": False, "warnings": []}
+
+
+def seed_details(summary: dict) -> list[dict]:
+    """Per seed: the score and, where the seed's results.json is still beside the summary, every dev metric."""
+    details = []
+    for run in summary["runs"]:
+        command = run.get("command", [])
+        out_dir = Path(command[command.index("--output_dir") + 1]) if "--output_dir" in command else None
+        metrics = {}
+        if out_dir is not None and (out_dir / "results.json").is_file():
+            results = json.loads((out_dir / "results.json").read_text())["eval"]
+            dev = results["dev"] if "dev" in results else next(iter(results.values()))
+            metrics = {k: v for k, v in dev.items() if isinstance(v, (int, float))}
+        details.append({"seed": run["seed"], "score": run["score"], "seconds": run.get("seconds"), "dev": metrics})
+    return details
+
+
+def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: give comma-separated integers") from None
+    if not seeds:
+        raise SystemExit(f"{flag} needs at least one seed")
+    return seeds
+
+
+def fmt(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Plots (matplotlib's Agg backend: files only, no display)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_pretraining(curves: dict, heldout: dict, path: str | os.PathLike, title: str = "") -> Path:
+    """Masked-LM training loss of phase 1 and phase 2 against the global step (left axis), held-out masked-LM
+    accuracy and the most-frequent-token baseline (right axis)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for phase, colour in (("phase1", "tab:blue"), ("phase2", "tab:orange")):
+        points = curves.get(phase) or []
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], color=colour,
+                    label=f"{phase.replace('phase', 'phase ')} masked-LM loss (train)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("masked-LM loss")
+    ax2 = ax.twinx()
+    evals = heldout.get("evals") or []
+    if evals:
+        ax2.plot([e[0] for e in evals], [e[1] for e in evals], "o-", color="tab:green", markersize=3,
+                 label="held-out masked-LM accuracy")
+    if heldout.get("baseline") is not None:
+        ax2.axhline(heldout["baseline"], color="tab:gray", linestyle="--", label="most frequent token (held-out)")
+    ax2.set_ylabel("held-out masked-LM accuracy")
+    ax2.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right", fontsize=8)
+    ax.set_title(title or "pre-training")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_runs(runs: dict[str, dict], path: str | os.PathLike, title: str = "", baseline: float | None = None) -> Path:
+    """Several pre-training runs side by side: masked-LM loss against the step (left panel), held-out masked-LM
+    accuracy against the step (right panel; `baseline`, the most-frequent-token accuracy, dashed).
+    runs: label -> {"losses": [[step, loss]], "evals": [[step, acc, ..]]}."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, run in runs.items():
+        losses, evals = run.get("losses") or [], run.get("evals") or []
+        if losses:
+            left.plot([p[0] for p in losses], [p[1] for p in losses], label=label)
+        if evals:
+            right.plot([e[0] for e in evals], [e[1] for e in evals], "o-", markersize=3, label=label)
+    left.set_xlabel("optimizer step")
+    left.set_ylabel("masked-LM loss (train)")
+    if baseline is not None:
+        right.axhline(baseline, color="tab:gray", linestyle="--", label="most frequent token")
+    right.set_xlabel("optimizer step")
+    right.set_ylabel("held-out masked-LM accuracy")
+    right.set_ylim(bottom=0)
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    fig.suptitle(title or "pre-training runs")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_seeds(groups: dict[str, dict[str, list[float]]], path: str | os.PathLike, title: str = "",
+               baselines: dict[str, float] | None = None) -> Path:
+    """Per-seed downstream scores: one panel per task, one column of dots per model, its mean as a bar.
+    groups: task -> model -> scores; baselines: task -> majority-class score (a dashed line)."""
+    plt = _pyplot()
+    tasks = list(groups)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        models = list(groups[task])
+        for i, model in enumerate(models):
+            scores = groups[task][model]
+            ax.scatter([i] * len(scores), scores, s=18, zorder=3)
+            if scores:
+                mean = sum(scores) / len(scores)
+                ax.hlines(mean, i - 0.25, i + 0.25, color="black", zorder=4)
+        if baselines and task in baselines:
+            ax.axhline(baselines[task], color="tab:gray", linestyle="--", label="majority class")
+            ax.legend(fontsize=8)
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models, fontsize=8)
+        ax.set_title(task)
+        ax.set_xlim(-0.6, len(models) - 0.4)
+    fig.suptitle(title or "downstream scores per seed (bar: mean)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help: the module's text as written, and every option's default."""
