@@ -662,14 +662,12 @@ def _bounded_map(executor: ThreadPoolExecutor, fn, items, window: int):
 
 def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compression: str | None,
                attrs: dict[str, Any], threads: int = 1, gzip_level: int = 1) -> int:
-    """Write the spilled instances, shuffled, in NVIDIA's layout, atomically. Returns N.
+    """Write the spilled instances, shuffled, in NVIDIA's layout, atomically (see shard_file). Returns N.
 
     With gzip (plus HDF5's shuffle filter; h5py readers undo both transparently), blocks of rows are compressed
     by `threads` threads (zlib lets go of the GIL) and stored as finished chunks (write_direct_chunk): the bytes
     HDF5's own filters would write, without a single-threaded tail.
     """
-    import h5py
-
     n, seq, p = spill.n, cfg.max_seq_length, cfg.max_predictions_per_seq
     rows = min(n, max(64, (1 << 19) // (4 * seq)))  # 512 KiB chunks of input_ids (HDF5: no more than N rows)
     shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,), "masked_lm_positions": (p,),
@@ -681,24 +679,58 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compressio
             return arrays
         return {name: _compress_chunk(a, rows, gzip_level) for name, a in arrays.items()}
 
+    raw_bytes = n * sum(np.dtype(dtype).itemsize * math.prod(shapes[name]) for name, dtype in _LAYOUT)
+    with shard_file(path, raw_bytes) as f, ThreadPoolExecutor(threads) as executor:
+        out = {}
+        for name, dtype in _LAYOUT:
+            layout = {"chunks": (rows,) + shapes[name], "compression": compression,
+                      "compression_opts": gzip_level, "shuffle": True} if compression else {}
+            out[name] = f.create_dataset(name, (n,) + shapes[name], dtype=dtype, **layout)
+        f.attrs.update(attrs)
+        starts = itertools.count(0, rows)
+        for lo, data in zip(starts, _bounded_map(executor, block, spill.blocks(rows), window=2 * threads)):
+            for name, value in data.items():
+                if compression:
+                    out[name].id.write_direct_chunk((lo,) + (0,) * len(shapes[name]), value)
+                else:
+                    out[name][lo: lo + len(value)] = value
+    return n
+
+
+DISK_MARGIN = 1 << 16  # bytes left free beyond a file's own size (file-system metadata)
+IN_MEMORY_MAX_BYTES = 1 << 30  # shards up to this many bytes of uncompressed arrays are built in memory
+
+
+@contextlib.contextmanager
+def shard_file(path: Path, raw_bytes: int):
+    """An open h5py.File for the shard; when the block ends without an error, the finished file is at `path`
+    (atomically: never a partial file under that name), else nothing is.
+
+    HDF5 that meets a full disk while writing a file raises and then crashes the interpreter (exit 139, measured
+    with h5py 3.16). So a shard of up to IN_MEMORY_MAX_BYTES of arrays (`raw_bytes`, before compression; NVIDIA's
+    recipe makes shards of tens to hundreds of MB) is built in memory (HDF5's core driver, no backing store) and
+    its bytes written by write_file_image: a full disk is then a plain OSError, checked before the write and
+    caught during it. The cost is memory: about 1.4x the shard's size on disk at the peak (measured: +3.5 MB for
+    a 4.4 MB gzip shard, +90 MB for a 63 MB uncompressed one). A larger shard is written by HDF5 to a temporary
+    file beside `path` after a check that the folder has room for the uncompressed arrays (an upper bound of the
+    file), which keeps memory flat; only another writer filling the disk meanwhile can still crash that path.
+    """
+    import h5py
+
+    if raw_bytes <= IN_MEMORY_MAX_BYTES:
+        with h5py.File(f"{path.name}.in-memory", "w", driver="core", backing_store=False) as f:
+            yield f
+            f.flush()
+            image = f.id.get_file_image()
+        write_file_image(path, image)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(path, raw_bytes)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        with h5py.File(tmp, "w") as f, ThreadPoolExecutor(threads) as executor:
-            out = {}
-            for name, dtype in _LAYOUT:
-                layout = {"chunks": (rows,) + shapes[name], "compression": compression,
-                          "compression_opts": gzip_level, "shuffle": True} if compression else {}
-                out[name] = f.create_dataset(name, (n,) + shapes[name], dtype=dtype, **layout)
-            f.attrs.update(attrs)
-            starts = itertools.count(0, rows)
-            for lo, data in zip(starts, _bounded_map(executor, block, spill.blocks(rows), window=2 * threads)):
-                for name, value in data.items():
-                    if compression:
-                        out[name].id.write_direct_chunk((lo,) + (0,) * len(shapes[name]), value)
-                    else:
-                        out[name][lo: lo + len(value)] = value
+        with h5py.File(tmp, "w") as f:
+            yield f
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; the shard should read like any other file
@@ -715,7 +747,33 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compressio
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return n
+
+
+def check_free_space(path: Path, size: int) -> None:
+    """An OSError naming `path` unless its folder has `size` bytes free (plus DISK_MARGIN)."""
+    free = shutil.disk_usage(path.parent).free
+    if free < size + DISK_MARGIN:
+        raise OSError(f"{path}: the file needs {_mib(size + DISK_MARGIN)} but {path.parent} has {_mib(free)} free: "
+                      "free some space or write elsewhere, then run again")
+
+
+def write_file_image(path: Path, image: bytes) -> None:
+    """Write a finished file's bytes atomically (utils.atomic_open: a temporary file, fsync, rename), after
+    checking that the folder has room for them: a full disk is one line (an OSError naming the file and the free
+    space), before anything is written, and a disk that fills during the write still leaves no partial file and
+    no file under the final name."""
+    from utils import atomic_open
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(path, len(image))
+    with atomic_open(path, "wb") as f:
+        view = memoryview(image)
+        for lo in range(0, len(view), 1 << 24):  # 16 MiB at a time: no second copy of the image
+            f.write(view[lo: lo + (1 << 24)])
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -769,6 +827,12 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
         tokenized = time.time()
         if corpus.num_documents == 0:
             raise SystemExit(f"error: no text in {', '.join(files)}: the input must be one sentence per line")
+        if len(corpus.sent_start) < 3:  # one sentence: segment B could only repeat segment A
+            raise SystemExit(f"error: {', '.join(files)} holds a single sentence: next-sentence pairs need at least "
+                             "two (one sentence per line, a blank line between documents)")
+        if corpus.num_documents == 1:
+            print(f"warning: {', '.join(files)} holds a single document, so every 'random next' segment B comes "
+                  "from that same document; separate documents with a blank line", file=sys.stderr, flush=True)
         units = make_units(corpus, cfg)
         spill = InstanceSpill(folder, _spill_buckets(cfg, len(corpus.tokens), corpus.tokens.dtype.itemsize),
                               np.random.default_rng(np.random.SeedSequence(cfg.random_seed,
@@ -787,6 +851,10 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
                    "sentences": len(corpus.sent_start) - 1, "tokens": len(corpus.tokens),
                    "tokenize_s": round(tokenized - start, 3), "instances_s": round(made - tokenized, 3),
                    "write_s": round(time.time() - made, 3), "seconds": round(time.time() - start, 3)}
+    except OSError as e:
+        if e.errno is not None and e.filename is None:  # a write to the work folder (a full disk): say where
+            e.filename = folder
+        raise
     finally:
         _CORPUS_CACHE.clear()  # in-process runs: unmap before the folder goes
         shutil.rmtree(folder, ignore_errors=True)
@@ -821,8 +889,11 @@ def resolve_inputs(spec: str) -> list[str]:
 def _check_text(path: str, probe: int = 1 << 16) -> None:
     """Refuse a file that is not text (an archive, an HDF5 shard, an image): its first 64 KiB hold NUL bytes, or
     more than 1% of them are not UTF-8. Stray bad bytes in a real dump pass (they are replaced and dropped)."""
-    with open(path, "rb") as f:
-        head = f.read(probe)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(probe)
+    except OSError as e:
+        raise SystemExit(f"error: --input_file {path} cannot be read ({e.strerror}): check its permissions") from None
     if b"\0" in head:
         raise SystemExit(f"error: --input_file {path} is not text (it holds NUL bytes): give UTF-8 text, one "
                          "sentence per line")
@@ -866,6 +937,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how worker processes start; auto: fork on Linux when this process runs no other thread "
                         "(cheap), else spawn (safe everywhere)")
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bars")
+    from utils import add_debug_argument
+
+    add_debug_argument(p)
     return p
 
 
@@ -879,7 +953,8 @@ def _check_args(args) -> None:
         (args.dupe_factor < 1, f"--dupe_factor {args.dupe_factor} must be at least 1"),
         (args.random_seed < 0, f"--random_seed {args.random_seed} must be a non-negative integer"),
         (args.num_workers < 1, f"--num_workers {args.num_workers} must be at least 1"),
-        (not os.path.isfile(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist (a BERT vocab.txt)"),
+        (os.path.isdir(args.vocab_file), f"--vocab_file {args.vocab_file} is a folder: name the vocab.txt in it"),
+        (not os.path.exists(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist (a BERT vocab.txt)"),
     ]
     for bad, message in problems:
         if bad:
@@ -905,11 +980,23 @@ def _check_writable(output: Path, flag: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SystemExit(f"error: {flag} {output}: cannot create its folder ({e.strerror})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise SystemExit(f"error: {flag} {output}: the folder {folder} is not writable")
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # a real write: permissions, a read-only disk, root all count
+            pass
+    except OSError as e:
+        raise SystemExit(f"error: {flag} {output}: the folder {folder} is not writable ({e.strerror})") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """0 when every output was written; a one-line error (exit 1) for bad input or a full disk (--debug: the
+    traceback)."""
+    from utils import script_errors
+
+    with script_errors("create_pretraining_data.py", argv):
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
     files = resolve_inputs(args.input_file)

@@ -88,6 +88,7 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                 if missing:
                     raise DataError(f"{flag}: shard {path} lacks {missing}: not a pre-training shard in NVIDIA's "
                                     "layout")
+                check_shard_shapes(f, path, flag)
                 n, seq = f["input_ids"].shape
                 width = f["masked_lm_positions"].shape[1]
                 unmasked = f.attrs.get("masking", "static") == "dynamic"
@@ -109,6 +110,26 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                             "--dynamic_masking")
         infos.append(ShardInfo(path, int(n), bool(unmasked)))
     return infos
+
+
+def check_shard_shapes(f, path: Path, flag: str) -> None:
+    """A one-line DataError unless the open shard `f` holds one row per sample in every array, with the widths
+    NVIDIA's layout has (input_ids, input_mask, segment_ids [N, S]; masked_lm_positions, masked_lm_ids [N, P];
+    next_sentence_labels [N]) and at least one sample."""
+    shapes = {k: tuple(f[k].shape) for k in SHARD_KEYS}
+    ndim = {k: 1 if k == "next_sentence_labels" else 2 for k in SHARD_KEYS}
+    consistent = (all(len(shapes[k]) == ndim[k] for k in SHARD_KEYS)
+                  and len({shapes[k][0] for k in SHARD_KEYS}) == 1
+                  and len({shapes[k][1] for k in ("input_ids", "input_mask", "segment_ids")}) == 1
+                  and shapes["masked_lm_positions"][1] == shapes["masked_lm_ids"][1])
+    if not consistent:
+        found = ", ".join(f"{k} {list(shapes[k])}" for k in SHARD_KEYS)
+        raise DataError(f"{flag}: shard {path} has arrays of mismatched shapes ({found}); expected input_ids, "
+                        "input_mask, segment_ids [N, S], masked_lm_positions, masked_lm_ids [N, P] and "
+                        "next_sentence_labels [N]: write it again with create_pretraining_data.py")
+    if shapes["input_ids"][0] == 0:
+        raise DataError(f"{flag}: shard {path} holds no samples (0 rows): remove it, or write it again with "
+                        "create_pretraining_data.py")
 
 
 def epoch_shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:

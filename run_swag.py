@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import training
 import utils
-from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
+from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertForMultipleChoice
 from processors.swag import EncodedChoices, SwagExample, accuracy, encode_examples, get_examples
 
@@ -216,11 +216,11 @@ def save_model(model: BertForMultipleChoice, num_choices: int, output_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except (utils.InputError, CheckpointError, OSError) as e:  # OSError: a missing file, a full disk
-        raise SystemExit(f"run_swag.py: error: {e}") from None
+    """The results (also in results.json); bad input, a checkpoint that does not fit or cannot be read safely, a
+    malformed data file or a full disk end the run with one line on stderr and exit status 1 (--debug: the
+    traceback)."""
+    with utils.script_errors("run_swag.py", argv):
+        return run(parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> dict:

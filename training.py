@@ -482,6 +482,7 @@ def add_finetuning_arguments(parser: argparse.ArgumentParser, *, seed: int, log_
     r.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
     r.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
+    utils.add_debug_argument(r)
     return g, r
 
 
@@ -498,6 +499,11 @@ def check_finetuning_arguments(args: argparse.Namespace) -> None:
         raise utils.InputError("--num_train_epochs must be positive (or give --max_steps)")
     if args.loss_scale < 0 or args.log_freq < 1 or args.num_workers < 0:
         raise utils.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
+    output_dir = getattr(args, "output_dir", None)
+    if output_dir and Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise utils.InputError(f"--output_dir {output_dir} is a file: name a folder for the results")
+    if args.json_summary and Path(args.json_summary).is_dir():
+        raise utils.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
 
 
 def finetuning_setup(model: torch.nn.Module, args: argparse.Namespace, env: utils.DistEnv, total_steps: int):
