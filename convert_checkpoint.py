@@ -27,7 +27,8 @@ MODELS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="convert_checkpoint.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="checkpoint: HF directory, .pt, .bin or .safetensors")
     p.add_argument("--output", required=True, help="output directory (--format hf) or .pt file (--format nvidia)")
     p.add_argument("--format", choices=("hf", "nvidia"), default="hf", help="what to write (default: hf)")

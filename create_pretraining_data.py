@@ -904,7 +904,8 @@ def _check_text(path: str, probe: int = 1 << 16) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="create_pretraining_data.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input_file", required=True,
                    help="a text file, a folder of .txt files, or a comma-separated list (one sentence per line, "
                         "blank line between documents)")
@@ -954,7 +955,7 @@ def _check_args(args) -> None:
         (args.random_seed < 0, f"--random_seed {args.random_seed} must be a non-negative integer"),
         (args.num_workers < 1, f"--num_workers {args.num_workers} must be at least 1"),
         (os.path.isdir(args.vocab_file), f"--vocab_file {args.vocab_file} is a folder: name the vocab.txt in it"),
-        (not os.path.exists(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist (a BERT vocab.txt)"),
+        (not os.path.exists(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist: give a BERT vocab.txt"),
     ]
     for bad, message in problems:
         if bad:
@@ -979,12 +980,14 @@ def _check_writable(output: Path, flag: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: {flag} {output}: cannot create its folder ({e.strerror})") from None
+        raise SystemExit(f"error: {flag} {output}: cannot create its folder ({e.strerror}): name a file in a folder "
+                         "you can write") from None
     try:
         with tempfile.TemporaryFile(dir=folder):  # a real write: permissions, a read-only disk, root all count
             pass
     except OSError as e:
-        raise SystemExit(f"error: {flag} {output}: the folder {folder} is not writable ({e.strerror})") from None
+        raise SystemExit(f"error: {flag} {output}: the folder {folder} is not writable ({e.strerror}): check its "
+                         "permissions, or write elsewhere") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1001,11 +1004,12 @@ def _main(argv: Sequence[str] | None) -> int:
     _check_args(args)
     files = resolve_inputs(args.input_file)
     from tokenization import load_vocab
+    from utils import InputError, describe_error
 
     try:
         vocab = load_vocab(args.vocab_file)
-    except (ValueError, OSError, UnicodeDecodeError) as e:
-        raise SystemExit(f"error: --vocab_file {args.vocab_file}: {e}") from None
+    except (ValueError, OSError) as e:
+        raise InputError(f"--vocab_file {args.vocab_file}: {describe_error(e)}") from e
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
     if missing:
         raise SystemExit(f"error: --vocab_file {args.vocab_file} lacks {missing}: is it a BERT vocab.txt?")
@@ -1025,6 +1029,8 @@ def _main(argv: Sequence[str] | None) -> int:
     else:
         jobs = [([f], Path(args.output_dir) / f"{Path(f).stem}.hdf5",
                  dataclasses.replace(cfg, random_seed=cfg.random_seed + i)) for i, f in enumerate(files)]
+    if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise SystemExit(f"error: --output_dir {args.output_dir} is a file: name a folder for the shards")
     for _, output, _ in jobs:  # before the work, not at the final rename
         _check_writable(output, "--output_file" if args.output_file else "--output_dir")
     compression = None if args.compression == "none" else args.compression

@@ -46,7 +46,7 @@ _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="extract_features.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("input and output")
     g.add_argument("--input_file", required=True, help="one text a line; 'A ||| B' for a pair")
@@ -295,7 +295,7 @@ def _main(argv: list[str] | None) -> dict:
     utils.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
     items = read_lines(args.input_file)
     if not items:
-        raise SystemExit(f"--input_file {args.input_file} is empty: nothing to extract")
+        raise SystemExit(f"--input_file {args.input_file} is empty: give one text a line")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = utils.setup_precision(args.precision, device, "extract_features.py").name
@@ -311,7 +311,7 @@ def _main(argv: list[str] | None) -> dict:
     config = model.config
     if args.max_seq_length > config.max_position_embeddings:
         raise SystemExit(f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
+                         f"{config.max_position_embeddings}: pass at most that")
     if args.max_seq_length < 3:
         raise SystemExit(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)

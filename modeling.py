@@ -126,7 +126,7 @@ class BertConfig:
             with open(path, encoding="utf-8") as f:
                 d = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"config file {path} is not valid JSON: {e}") from None
+            raise ValueError(f"config file {path} is not valid JSON ({e}): pass a bert_config.json") from None
         except UnicodeDecodeError as e:
             raise ValueError(f"config file {path} is not UTF-8 JSON text (byte {e.start}): pass a bert_config.json") \
                 from None

@@ -18,6 +18,7 @@ Errors are DataError (one line, naming the flag and the file); run_pretraining.p
 """
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import weakref
@@ -69,7 +70,7 @@ class ShardSpec:
 def list_shards(folder: str, flag: str) -> list[Path]:
     path = Path(folder)
     if not path.is_dir():
-        raise DataError(f"{flag} {folder} is not a folder")
+        raise DataError(f"{flag} {folder} is not a folder: pass the folder of .hdf5 shards")
     shards = sorted(p for p in path.iterdir() if p.suffix == ".hdf5" and p.is_file())
     if not shards:
         raise DataError(f"{flag} {folder} holds no .hdf5 shards (make them with create_pretraining_data.py)")
@@ -87,7 +88,7 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                 missing = [k for k in SHARD_KEYS if k not in f]
                 if missing:
                     raise DataError(f"{flag}: shard {path} lacks {missing}: not a pre-training shard in NVIDIA's "
-                                    "layout")
+                                    "layout (write it with create_pretraining_data.py)")
                 check_shard_shapes(f, path, flag)
                 n, seq = f["input_ids"].shape
                 width = f["masked_lm_positions"].shape[1]
@@ -98,13 +99,17 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                                     f"{[str(f[k].dtype) for k in not_integer]}: token ids, masks and labels must be "
                                     "integers (write it with create_pretraining_data.py)")
         except OSError as e:
-            raise DataError(f"{flag}: shard {path} cannot be read as HDF5 ({e})") from None
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise DataError(f"{flag}: shard {path} cannot be read (permission denied): check its permissions") \
+                    from None
+            raise DataError(f"{flag}: shard {path} cannot be read as HDF5 ({e}): write it again with "
+                            "create_pretraining_data.py, or move it out of the folder") from None
         if seq != spec.max_seq_length:
             raise DataError(f"{flag}: shard {path} has sequences of length {seq} but --max_seq_length is "
-                            f"{spec.max_seq_length}")
+                            f"{spec.max_seq_length}: pass the shards' length, or shards of this length")
         if width > spec.max_predictions_per_seq:
             raise DataError(f"{flag}: shard {path} has {width} masked positions per sequence but "
-                            f"--max_predictions_per_seq is {spec.max_predictions_per_seq}")
+                            f"--max_predictions_per_seq is {spec.max_predictions_per_seq}: pass at least {width}")
         if unmasked and not spec.dynamic_masking:
             raise DataError(f"{flag}: shard {path} was written without masks (--no_static_masking): pass "
                             "--dynamic_masking")

@@ -59,7 +59,7 @@ from processors.glue import (TASKS, EncodedExamples, GlueTask, compute_metrics, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="run_glue.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("task and data")
     g.add_argument("--task_name", required=True,

@@ -613,19 +613,19 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     from modeling import BertConfig, BertForPreTraining
     from utils import set_seed
 
+    from utils import describe_error
+
     try:
         config = BertConfig.from_json_file(cfg.config_file)
     except (OSError, ValueError) as e:
-        raise InputError(f"--config_file: {e}") from None
+        raise InputError(f"--config_file: {describe_error(e)}") from e
     if cfg.vocab_file:
         from tokenization import load_vocab
 
         try:
             vocab_size = len(load_vocab(cfg.vocab_file))
         except (OSError, ValueError) as e:
-            from utils import describe_error
-
-            raise InputError(f"--vocab_file {cfg.vocab_file}: {describe_error(e)}") from None
+            raise InputError(f"--vocab_file {cfg.vocab_file}: {describe_error(e)}") from e
         # The config may pad the vocabulary up to a multiple of 8 (NVIDIA: 30522 -> 30528), never more
         if not config.vocab_size - 8 < vocab_size <= config.vocab_size:
             raise InputError(f"--vocab_file {cfg.vocab_file} has {vocab_size} tokens but the config's vocab_size is "
@@ -633,7 +633,8 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
                              "config (up to padding to a multiple of 8)")
     if cfg.max_seq_length > config.max_position_embeddings:
         raise InputError(f"--max_seq_length {cfg.max_seq_length} exceeds the config's max_position_embeddings "
-                         f"{config.max_position_embeddings} ({cfg.config_file})")
+                         f"{config.max_position_embeddings} ({cfg.config_file}): use shorter shards or a config with "
+                         "more positions")
     set_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = BertForPreTraining(config)
     start = None
@@ -651,7 +652,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
             for line in load_checkpoint_state(model, state, source=str(start)):
                 log(line)
         except (OSError, CheckpointError) as e:
-            raise InputError(f"cannot start from {start}: {e}") from None
+            raise InputError(f"cannot start from {start}: {describe_error(e)}") from e
         log(f"weights from {start}")
     return model
 
@@ -689,6 +690,8 @@ def _main(argv: list[str] | None) -> int:
             checkpoint_manager(cfg).remove_interrupted_writes()
         shards = inspect_shards(list_shards(cfg.input_dir, "--input_dir"), cfg.shard_spec, "--input_dir") \
             if cfg.do_train else []
+        if cfg.eval_dir:  # its shards are checked now, before the model is built, and read later
+            inspect_shards(list_shards(cfg.eval_dir, "--eval_dir"), cfg.shard_spec, "--eval_dir")
         if cfg.do_train:  # evaluating alone writes nothing there
             refuse_used_output_dir(cfg)
         resume = find_resume_checkpoint(cfg, log) if cfg.resume_from_checkpoint else None

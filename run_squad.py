@@ -64,7 +64,7 @@ from tokenization import BertTokenizer, casing_warning
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="run_squad.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--train_file", default=None, help="SQuAD json for training, e.g. train-v1.1.json")
@@ -410,7 +410,7 @@ def run(args: argparse.Namespace) -> dict:
                          f"{model.config.vocab_size}: wrong --vocab_file or --config_file?")
     if args.max_seq_length > model.config.max_position_embeddings:
         raise SystemExit(f"run_squad.py: --max_seq_length {args.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings {model.config.max_position_embeddings}")
+                         f"max_position_embeddings {model.config.max_position_embeddings}: pass at most that")
     model.to(env.device)
     utils.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
     summary: dict = {}

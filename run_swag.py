@@ -45,7 +45,7 @@ from processors.swag import EncodedChoices, SwagExample, accuracy, encode_exampl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="run_swag.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--data_dir", required=True, help="SWAG's folder: train.csv, val.csv (test.csv)")

@@ -36,7 +36,7 @@ def load_vocab(vocab_file: str | os.PathLike) -> "collections.OrderedDict[str, i
         raise ValueError(f"vocabulary file {vocab_file} is not UTF-8 text (byte {e.start}): pass a BERT vocab.txt, "
                          "one token per line") from None
     if not vocab:
-        raise ValueError(f"vocabulary file {vocab_file} is empty")
+        raise ValueError(f"vocabulary file {vocab_file} is empty: pass a BERT vocab.txt, one token per line")
     return vocab
 
 

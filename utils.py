@@ -506,8 +506,8 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (InputError, OSError, ValueEr
 _OS_ERROR_ADVICE = {
     "ENOSPC": "free some space or write elsewhere, then run again",
     "EDQUOT": "the disk quota is used up: free some space or write elsewhere, then run again",
-    "EACCES": "check its permissions (and those of its folders)",
-    "EPERM": "check its permissions (and those of its folders)",
+    "EACCES": "check its permissions and its folders'",
+    "EPERM": "check its permissions and its folders'",
     "EROFS": "the file system is read-only: write elsewhere",
     "ENOENT": "check the path",
     "EISDIR": "it is a folder: name a file",
@@ -564,7 +564,8 @@ def check_output_path(path: str | os.PathLike, flag: str, folder: bool = False) 
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(f"{flag} {path}: cannot create the folder {target} ({e.strerror})") from None
+        raise InputError(f"{flag} {path}: cannot create the folder {target} ({e.strerror}): name a path in a "
+                         "folder you can write") from None
     try:
         with tempfile.TemporaryFile(dir=target):
             pass

@@ -188,7 +188,7 @@ def _require_dir(path: str | None, flag: str) -> Path:
     if not path:
         raise SystemExit(f"error: {flag} is required for this dataset")
     if not Path(path).is_dir():
-        raise SystemExit(f"error: {flag} {path} is not a folder")
+        raise SystemExit(f"error: {flag} {path} is not a folder: pass the folder that holds the text files")
     return Path(path)
 
 
@@ -345,7 +345,8 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="bertPrep.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--action", required=True, choices=ACTIONS)
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--working_dir", default=os.environ.get("BERT_PREP_WORKING_DIR") or os.environ.get("DATA_DIR"),

@@ -62,7 +62,7 @@ class ExportWrapper(nn.Module):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="export_model.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="Hugging Face directory, ckpt_<step>.pt, NVIDIA .pt, or a state-dict file")
