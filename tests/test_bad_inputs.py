@@ -38,7 +38,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO_ROOT, args_for, make_shards, subprocess_env, write_config
+from conftest import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env,
+                      write_config)
 
 import checkpoint_io
 import convert_checkpoint
@@ -986,13 +987,20 @@ def test_cpd_work_folder_fills(W, tmp_path, monkeypatch, capsys):
 
 
 def test_checkpoint_write_on_a_full_disk_raises_the_oserror_alone(tmp_path, monkeypatch):
-    """torch.save wraps a failed write in 'RuntimeError: [enforce fail at inline_container.cc] unexpected pos' chained
-    to the OSError (issue 17's 27-line report): atomic_torch_save raises the OSError itself, naming the file, and
-    leaves nothing behind. (run_pretraining's whole path: tests/test_run_pretraining.py, test_a_full_disk_...)"""
+    """torch.save wraps a failed write in 'RuntimeError: [enforce fail at inline_container.cc] unexpected pos'
+    chained to the OSError (issue 17's 27-line report, two chained tracebacks): utils.atomic_torch_save raises the
+    OSError itself, naming the file, and leaves nothing behind. (run_pretraining's whole path:
+    tests/test_run_pretraining.py::test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint.)"""
     (tmp_path / "ckpt_1.pt").write_bytes(b"the previous checkpoint")
-    dev_full_for(monkeypatch, "ckpt_2.pt")
+    disk_full_for_large_writes(monkeypatch)
+    checkpoint = {"model": {"w": torch.zeros(1 << 18)}}
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # what a bare torch.save does on that disk
+        with open(os.open(tmp_path / "bare.pt", os.O_WRONLY | os.O_CREAT), "wb", closefd=True) as raw, \
+                os.fdopen(os.dup(raw.fileno()), "wb") as f:
+            torch.save(checkpoint, f)
+    (tmp_path / "bare.pt").unlink()
     with pytest.raises(OSError) as raised:
-        utils.atomic_torch_save({"model": {"w": torch.zeros(1 << 18)}}, tmp_path / "ckpt_2.pt")
+        utils.atomic_torch_save(checkpoint, tmp_path / "ckpt_2.pt")
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / "ckpt_2.pt")
     assert utils.describe_error(raised.value) == (f"{tmp_path / 'ckpt_2.pt'}: No space left on device (free some "
                                                   "space or write elsewhere, then run again)")
