@@ -284,6 +284,7 @@ def _main(argv: list[str] | None) -> dict:
     from checkpoint_io import CheckpointError, from_pretrained
     from modeling import BertModel
     from tokenization import BertTokenizer, vocab_is_uncased
+    import training
     from training import resolve_model_files
 
     args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
@@ -309,9 +310,7 @@ def _main(argv: list[str] | None) -> dict:
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         raise utils.InputError(f"--init_checkpoint {args.init_checkpoint}: {utils.describe_error(e)}") from e
     config = model.config
-    if args.max_seq_length > config.max_position_embeddings:
-        raise SystemExit(f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}: pass at most that")
+    training.check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
     if args.max_seq_length < 3:
         raise SystemExit(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)

@@ -405,12 +405,7 @@ def run(args: argparse.Namespace) -> dict:
     if warning:
         log(f"warning: {warning}")
     model = load_model(args, log)
-    if len(tokenizer.vocab) > model.config.vocab_size:
-        raise SystemExit(f"run_squad.py: {args.vocab_file} has {len(tokenizer.vocab)} tokens but the model only "
-                         f"{model.config.vocab_size}: wrong --vocab_file or --config_file?")
-    if args.max_seq_length > model.config.max_position_embeddings:
-        raise SystemExit(f"run_squad.py: --max_seq_length {args.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings {model.config.max_position_embeddings}: pass at most that")
+    training.check_model_fits(model.config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
     model.to(env.device)
     utils.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
     summary: dict = {}

@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> dict:
                             log=load_report.append)
     for line in load_report:
         log(line)
+    training.check_model_fits(model.config, len(tokenizer), args.vocab_file, args.max_seq_length)
     if not args.do_train and any("initialised fresh" in line and "classifier." in line for line in load_report):
         log(f"warning: {args.init_checkpoint} has no multiple-choice classifier, so evaluation and predictions come "
             "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")

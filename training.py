@@ -521,6 +521,19 @@ def finetuning_setup(model: torch.nn.Module, args: argparse.Namespace, env: util
     return ddp_model, precision, optimizer, scheduler
 
 
+def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: int) -> None:
+    """A one-line InputError, before any work, when the input cannot fit the model: a vocabulary with more tokens
+    than the model's vocab_size (its ids would index past the embedding table, an IndexError mid-run), or a
+    --max_seq_length beyond its max_position_embeddings (the same, for positions)."""
+    if vocab_size > config.vocab_size:
+        raise utils.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
+                               f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
+                               "--config_file)")
+    if max_seq_length > config.max_position_embeddings:
+        raise utils.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+                               f"{config.max_position_embeddings}: pass at most that")
+
+
 def resolve_model_files(args: argparse.Namespace) -> None:
     """--init_checkpoint must exist; --vocab_file defaults to a vocab.txt inside a checkpoint directory or beside a
     checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its model.pt)."""

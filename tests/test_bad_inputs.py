@@ -93,9 +93,9 @@ ADVICE = ("pass", "give", "use", "name", "choose", "check", "remove", "move", "w
 
 VOCAB_TOKENS = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghijklmnopqrstuvwxyz")
                 + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("0123456789") + list(".,!?'-")
-                + "the a is of and to in it was he she cat dog sat on mat ran fast big red blue quick brown fox "
+                + "the an is of and to in it was he she cat dog sat on mat ran fast big red blue quick brown fox "
                   "jumps over lazy".split())
-assert len(VOCAB_TOKENS) == 100
+assert len(VOCAB_TOKENS) == len(set(VOCAB_TOKENS)) == 100
 
 SENTENCES = ["the cat sat on the mat .", "the dog ran fast .", "a big red fox jumps over the lazy dog .",
              "she was in it .", "he ran to the blue mat .", "the quick brown fox is fast ."]
@@ -148,6 +148,8 @@ def W():
     w.vocab_latin1.write_bytes("\n".join(VOCAB_TOKENS + ["caf\xe9", "na\xefve"] * 20).encode("latin-1"))
     w.vocab_small = root / "vocab_small.txt"
     w.vocab_small.write_text("\n".join(VOCAB_TOKENS[:50]) + "\n", encoding="utf-8")
+    w.vocab_big = root / "vocab_big.txt"  # 200 tokens for a model of 100
+    w.vocab_big.write_text("\n".join(VOCAB_TOKENS + [f"word{i}" for i in range(100)]) + "\n", encoding="utf-8")
     w.vocab_nospecial = root / "vocab_nospecial.txt"
     w.vocab_nospecial.write_text("\n".join(VOCAB_TOKENS[5:]) + "\n", encoding="utf-8")
     w.config = write_config(root / "bert_config.json")
@@ -541,6 +543,8 @@ CASES = [
          "--config_file", str(w.config_notjson)), ("not_json.json", "not valid JSON")),
     Case("squad-seq-above-positions", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad),
          "--max_seq_length", "128"), ("--max_seq_length 128", "max_position_embeddings 64")),
+    Case("squad-vocab-larger-than-model", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
+         str(w.squad), "--vocab_file", str(w.vocab_big)), ("--vocab_file", "200 tokens", "model only 100")),
     Case("squad-doc-stride-zero", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad),
          "--doc_stride", "0"), ("--doc_stride", "positive")),
     Case("squad-query-longer-than-window", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
@@ -576,6 +580,10 @@ CASES = [
          ("--init_checkpoint", "not found")),
     Case("glue-batch-not-divisible", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--train_batch_size", "8",
          "--gradient_accumulation_steps", "3"), ("--train_batch_size 8", "--gradient_accumulation_steps 3")),
+    Case("glue-vocab-larger-than-model", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--vocab_file",
+         str(w.vocab_big)), ("--vocab_file", "200 tokens", "model only 100")),
+    Case("glue-seq-above-positions", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--max_seq_length", "128"),
+         ("--max_seq_length 128", "max_position_embeddings 64")),
     Case("glue-seq-zero", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--max_seq_length", "0"),
          ("--max_seq_length", "positive")),
 
@@ -585,6 +593,8 @@ CASES = [
     Case("swag-train-not-utf8", "swag", lambda w, d: swag(w, d, w.swag_latin1, "--do_train"), ("train.csv", "not UTF-8")),
     Case("swag-checkpoint-malicious", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", ckpt=w.evil_bin),
          ("evil.bin", "refused"), payload=True),
+    Case("swag-seq-above-positions", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", "--max_seq_length", "100"),
+         ("--max_seq_length 100", "max_position_embeddings 64")),
     Case("swag-seq-too-short", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", "--max_seq_length", "2"),
          ("--max_seq_length", "at least 3")),
 
@@ -605,6 +615,8 @@ CASES = [
     Case("extract-checkpoint-malicious", "extract", lambda w, d: extract(w, d, ckpt=w.evil_pt), ("evil.pt", "refused"),
          payload=True),
     Case("extract-layers-out-of-range", "extract", lambda w, d: extract(w, d, "--layers", "-3"), ("--layers [-3]", "out of range")),
+    Case("extract-vocab-larger-than-model", "extract", lambda w, d: extract(w, d, "--vocab_file", str(w.vocab_big)),
+         ("--vocab_file", "200 tokens", "model only 100")),
     Case("extract-seq-above-positions", "extract", lambda w, d: extract(w, d, "--max_seq_length", "100"),
          ("--max_seq_length 100", "max_position_embeddings")),
 
