@@ -28,7 +28,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -41,7 +41,6 @@ import torch
 from conftest import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env,
                       write_config)
 
-import checkpoint_io
 import convert_checkpoint
 import create_pretraining_data
 import extract_features
@@ -66,6 +65,7 @@ MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad
 # The expensive step of each script: reaching it in a bad-input case is a failure (validation comes first).
 TRIPWIRES = {
     "cpd": [(create_pretraining_data, "make_units"), (create_pretraining_data, "write_hdf5")],
+    "cpd-tokenizing": [(create_pretraining_data, "process_corpus")],
     "rp": [(run_pretraining, "train"), (run_pretraining, "evaluate")],
     "squad": [(run_squad, "train"), (run_squad, "predict_logits"), (run_squad, "build_features")],
     "glue": [(training, "finetune"), (run_glue, "predict_logits"), (run_glue, "encode_examples")],
@@ -358,7 +358,8 @@ class Case:
     expect: tuple[str, ...]  # words the last stderr line must hold (the file or flag, the kind of problem)
     as_user: bool = False  # run with permission checks that bite (unreadable / read-only cases)
     payload: bool = False  # a malicious pickle: its payload must not have run
-    extra: dict = field(default_factory=dict)
+    tokenizes: bool = False  # create_pretraining_data: the corpus must be read to find the problem (else not even
+    #                          tokenizing may start: flags, vocabulary, outputs and the files' bytes come first)
 
 
 def cpd(w, d, *extra):
@@ -413,9 +414,12 @@ def prep(w, d, action, *extra):
 CASES = [
     # ---- create_pretraining_data.py -------------------------------------------------------------------------
     Case("cpd-input-missing", "cpd", lambda w, d: cpd_in(w, d, d / "nowhere.txt"), ("--input_file", "does not exist")),
-    Case("cpd-input-empty", "cpd", lambda w, d: cpd_in(w, d, w.empty), ("empty.txt", "no text", "one sentence per line")),
-    Case("cpd-input-blank-lines", "cpd", lambda w, d: cpd_in(w, d, w.blank), ("blank.txt", "no text")),
-    Case("cpd-input-one-sentence", "cpd", lambda w, d: cpd_in(w, d, w.one_sentence), ("one_sentence.txt", "single sentence")),
+    Case("cpd-input-empty", "cpd", lambda w, d: cpd_in(w, d, w.empty),
+         ("empty.txt", "no text", "one sentence per line"),
+         tokenizes=True),
+    Case("cpd-input-blank-lines", "cpd", lambda w, d: cpd_in(w, d, w.blank), ("blank.txt", "no text"), tokenizes=True),
+    Case("cpd-input-one-sentence", "cpd", lambda w, d: cpd_in(w, d, w.one_sentence), ("one_sentence.txt",
+         "single sentence"), tokenizes=True),
     Case("cpd-input-binary", "cpd", lambda w, d: cpd_in(w, d, w.binary), ("--input_file", "binary.txt", "not text")),
     Case("cpd-input-not-utf8", "cpd", lambda w, d: cpd_in(w, d, w.latin1), ("latin1.txt", "not UTF-8", "convert")),
     Case("cpd-input-unreadable", "cpd", lambda w, d: cpd_in(w, d, unreadable(copy_to(d, w.corpus))),
@@ -423,7 +427,8 @@ CASES = [
     Case("cpd-input-folder-without-text", "cpd", lambda w, d: cpd_in(w, d, w.text_dir),
          ("--input_file", "text_dir", "without .txt")),
     Case("cpd-vocab-missing", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
-         str(d / "out" / "s.hdf5"), *cpd(w, d, "--vocab_file", str(d / "no_vocab.txt"))], ("--vocab_file", "does not exist")),
+         str(d / "out" / "s.hdf5"), *cpd(w, d, "--vocab_file", str(d / "no_vocab.txt"))],
+         ("--vocab_file", "does not exist")),
     Case("cpd-vocab-folder", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.root)),
          ("--vocab_file", "is a folder")),
     Case("cpd-vocab-not-utf8", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.vocab_latin1)),
@@ -458,7 +463,8 @@ CASES = [
     Case("rp-input-dir-missing", "rp", lambda w, d: rp(w, d, d / "nowhere"), ("--input_dir", "is not a folder")),
     Case("rp-input-dir-is-file", "rp", lambda w, d: rp(w, d, w.a_file), ("--input_dir", "a_file", "not a folder")),
     Case("rp-input-dir-empty", "rp", lambda w, d: rp(w, d, w.shards_empty), ("--input_dir", "no .hdf5 shards")),
-    Case("rp-shard-truncated", "rp", lambda w, d: rp(w, d, w.shards_truncated), ("shard_00.hdf5", "cannot be read as HDF5")),
+    Case("rp-shard-truncated", "rp", lambda w, d: rp(w, d, w.shards_truncated),
+         ("shard_00.hdf5", "cannot be read as HDF5")),
     Case("rp-shard-not-hdf5", "rp", lambda w, d: rp(w, d, w.shards_text), ("shards_text", "cannot be read as HDF5")),
     Case("rp-shard-unreadable", "rp", lambda w, d: rp(w, d, unreadable_in(copy_to(d, w.shards), "shard_00.hdf5")),
          ("shard_00.hdf5", "cannot be read"), as_user=True),
@@ -467,13 +473,16 @@ CASES = [
     Case("rp-shard-rows-differ", "rp", lambda w, d: rp(w, d, w.shards_rows), ("shards_rows", "mismatched shapes")),
     Case("rp-shard-flat-ids", "rp", lambda w, d: rp(w, d, w.shards_flat), ("shards_flat", "mismatched shapes")),
     Case("rp-shard-zero-rows", "rp", lambda w, d: rp(w, d, w.shards_zero), ("shards_zero", "no samples")),
-    Case("rp-shard-other-seq-length", "rp", lambda w, d: rp(w, d, w.shards_seq64), ("length 64", "--max_seq_length is 32")),
+    Case("rp-shard-other-seq-length", "rp", lambda w, d: rp(w, d, w.shards_seq64),
+         ("length 64", "--max_seq_length is 32")),
     Case("rp-shard-unmasked-without-dynamic", "rp", lambda w, d: rp(w, d, w.shards_unmasked),
          ("--no_static_masking", "--dynamic_masking")),
-    Case("rp-config-missing", "rp", lambda w, d: rp(w, d, w.shards, config=d / "none.json"), ("--config_file", "not found")),
+    Case("rp-config-missing", "rp", lambda w, d: rp(w, d, w.shards, config=d / "none.json"),
+         ("--config_file", "not found")),
     Case("rp-config-not-json", "rp", lambda w, d: rp(w, d, w.shards, config=w.config_notjson),
          ("--config_file", "not_json.json", "not valid JSON")),
-    Case("rp-config-a-list", "rp", lambda w, d: rp(w, d, w.shards, config=w.config_list), ("list.json", "not an object")),
+    Case("rp-config-a-list", "rp", lambda w, d: rp(w, d, w.shards, config=w.config_list),
+         ("list.json", "not an object")),
     Case("rp-config-is-folder", "rp", lambda w, d: rp(w, d, w.shards, config=w.root), ("--config_file", "not found")),
     Case("rp-vocab-size-differs", "rp", lambda w, d: rp(w, d, w.shards, "--vocab_file", str(w.vocab_small)),
          ("--vocab_file", "50 tokens", "vocab_size is 100")),
@@ -481,11 +490,13 @@ CASES = [
          ("--vocab_file", "not UTF-8")),
     Case("rp-seq-above-positions", "rp", lambda w, d: rp(w, d, w.shards_seq128, seq=128),
          ("--max_seq_length 128", "max_position_embeddings 64")),
-    Case("rp-init-checkpoint-other-config", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.ckpt_other)),
+    Case("rp-init-checkpoint-other-config", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint",
+         str(w.ckpt_other)),
          ("ckpt_48.pt", "does not fit", "wrong shape")),
     Case("rp-init-checkpoint-missing", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(d / "x.pt")),
          ("--init_checkpoint", "not found")),
-    Case("rp-init-checkpoint-truncated", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.ckpt_truncated)),
+    Case("rp-init-checkpoint-truncated", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint",
+         str(w.ckpt_truncated)),
          ("truncated.pt", "cannot be read")),
     Case("rp-init-checkpoint-malicious", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.evil_pt)),
          ("evil.pt", "refused"), payload=True),
@@ -504,8 +515,10 @@ CASES = [
     Case("rp-batch-zero", "rp", lambda w, d: rp(w, d, w.shards, "--train_batch_size", "0"), ("--train_batch_size 0",)),
     Case("rp-batch-not-divisible", "rp", lambda w, d: rp(w, d, w.shards, "--gradient_accumulation_steps", "3"),
          ("--train_batch_size 8", "--gradient_accumulation_steps 3")),
-    Case("rp-warmup-above-1", "rp", lambda w, d: rp(w, d, w.shards, "--warmup_proportion", "2"), ("--warmup_proportion 2",)),
-    Case("rp-learning-rate-negative", "rp", lambda w, d: rp(w, d, w.shards, "--learning_rate", "-1"), ("--learning_rate -1",)),
+    Case("rp-warmup-above-1", "rp", lambda w, d: rp(w, d, w.shards, "--warmup_proportion", "2"),
+         ("--warmup_proportion 2",)),
+    Case("rp-learning-rate-negative", "rp", lambda w, d: rp(w, d, w.shards, "--learning_rate", "-1"),
+         ("--learning_rate -1",)),
     Case("rp-resume-step-without-resume", "rp", lambda w, d: rp(w, d, w.shards, "--resume_step", "3"),
          ("--resume_step", "--resume_from_checkpoint")),
     Case("rp-dynamic-masking-without-vocab", "rp", lambda w, d: rp(w, d, w.shards, "--dynamic_masking"),
@@ -522,8 +535,10 @@ CASES = [
     Case("squad-predict-malformed", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
          str(w.squad_malformed)), ("squad_malformed.json", "not valid JSON")),
     Case("squad-predict-malformed-after-training", "squad", lambda w, d: squad(w, d, "--do_train", "--train_file",
-         str(w.squad), "--do_predict", "--predict_file", str(w.squad_malformed)), ("squad_malformed.json", "not valid JSON")),
-    Case("squad-predict-not-squad", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad_list)),
+         str(w.squad), "--do_predict", "--predict_file", str(w.squad_malformed)),
+         ("squad_malformed.json", "not valid JSON")),
+    Case("squad-predict-not-squad", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
+         str(w.squad_list)),
          ("squad_list.json", "no 'data' list")),
     Case("squad-predict-no-paragraphs", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
          str(w.squad_no_paragraphs)), ("squad_noparas.json", "paragraphs")),
@@ -532,7 +547,8 @@ CASES = [
     Case("squad-predict-empty", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.empty)),
          ("empty.txt", "not valid JSON")),
     Case("squad-predict-unreadable", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(unreadable(copy_to(d, w.squad)))), ("squad.json", "Permission denied", "check its permissions"), as_user=True),
+         str(unreadable(copy_to(d, w.squad)))),
+         ("squad.json", "Permission denied", "check its permissions"), as_user=True),
     Case("squad-train-without-answers", "squad", lambda w, d: squad(w, d, "--do_train", "--train_file",
          str(w.squad_no_answer)), ("squad_noanswer.json", "no answer", "--version_2_with_negative")),
     Case("squad-checkpoint-malicious", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
@@ -554,11 +570,16 @@ CASES = [
          "--output_dir", str(w.a_file)), ("--output_dir", "is a file")),
 
     # ---- run_glue.py ----------------------------------------------------------------------------------------
-    Case("glue-data-dir-missing", "glue", lambda w, d: glue(w, d, d / "none", "--do_train"), ("--data_dir", "not a directory")),
-    Case("glue-train-columns", "glue", lambda w, d: glue(w, d, w.glue_columns, "--do_train"), ("train.tsv", "no column")),
-    Case("glue-train-bad-label", "glue", lambda w, d: glue(w, d, w.glue_label, "--do_train"), ("train.tsv:2", "label '7'")),
-    Case("glue-train-short-row", "glue", lambda w, d: glue(w, d, w.glue_short, "--do_train"), ("train.tsv:2", "fields")),
-    Case("glue-train-not-utf8", "glue", lambda w, d: glue(w, d, w.glue_latin1, "--do_train"), ("train.tsv", "not UTF-8")),
+    Case("glue-data-dir-missing", "glue", lambda w, d: glue(w, d, d / "none", "--do_train"),
+         ("--data_dir", "not a directory")),
+    Case("glue-train-columns", "glue", lambda w, d: glue(w, d, w.glue_columns, "--do_train"),
+         ("train.tsv", "no column")),
+    Case("glue-train-bad-label", "glue", lambda w, d: glue(w, d, w.glue_label, "--do_train"),
+         ("train.tsv:2", "label '7'")),
+    Case("glue-train-short-row", "glue", lambda w, d: glue(w, d, w.glue_short, "--do_train"),
+         ("train.tsv:2", "fields")),
+    Case("glue-train-not-utf8", "glue", lambda w, d: glue(w, d, w.glue_latin1, "--do_train"),
+         ("train.tsv", "not UTF-8")),
     Case("glue-train-header-only", "glue", lambda w, d: glue(w, d, w.glue_header_only, "--do_train"),
          ("train set", "no examples")),
     Case("glue-train-empty", "glue", lambda w, d: glue(w, d, w.glue_empty, "--do_train"), ("train.tsv", "is empty")),
@@ -588,9 +609,12 @@ CASES = [
          ("--max_seq_length", "positive")),
 
     # ---- run_swag.py ----------------------------------------------------------------------------------------
-    Case("swag-train-missing", "swag", lambda w, d: swag(w, d, d / "none", "--do_train"), ("train.csv not found", "--data_dir")),
-    Case("swag-train-bad-label", "swag", lambda w, d: swag(w, d, w.swag_label, "--do_train"), ("train.csv:2", "label '9'")),
-    Case("swag-train-not-utf8", "swag", lambda w, d: swag(w, d, w.swag_latin1, "--do_train"), ("train.csv", "not UTF-8")),
+    Case("swag-train-missing", "swag", lambda w, d: swag(w, d, d / "none", "--do_train"),
+         ("train.csv not found", "--data_dir")),
+    Case("swag-train-bad-label", "swag", lambda w, d: swag(w, d, w.swag_label, "--do_train"),
+         ("train.csv:2", "label '9'")),
+    Case("swag-train-not-utf8", "swag", lambda w, d: swag(w, d, w.swag_latin1, "--do_train"),
+         ("train.csv", "not UTF-8")),
     Case("swag-checkpoint-malicious", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", ckpt=w.evil_bin),
          ("evil.bin", "refused"), payload=True),
     Case("swag-seq-above-positions", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", "--max_seq_length", "100"),
@@ -599,22 +623,29 @@ CASES = [
          ("--max_seq_length", "at least 3")),
 
     # ---- extract_features.py --------------------------------------------------------------------------------
-    Case("extract-input-missing", "extract", lambda w, d: extract(w, d, input_file=d / "none.txt"), ("--input_file", "not found")),
-    Case("extract-input-empty", "extract", lambda w, d: extract(w, d, input_file=w.empty), ("--input_file", "is empty")),
-    Case("extract-input-binary", "extract", lambda w, d: extract(w, d, input_file=w.binary), ("binary.txt", "not UTF-8")),
-    Case("extract-input-not-utf8", "extract", lambda w, d: extract(w, d, input_file=w.latin1), ("latin1.txt", "not UTF-8")),
-    Case("extract-input-folder", "extract", lambda w, d: extract(w, d, input_file=w.root), ("--input_file", "is a folder")),
+    Case("extract-input-missing", "extract", lambda w, d: extract(w, d, input_file=d / "none.txt"),
+         ("--input_file", "not found")),
+    Case("extract-input-empty", "extract", lambda w, d: extract(w, d, input_file=w.empty),
+         ("--input_file", "is empty")),
+    Case("extract-input-binary", "extract", lambda w, d: extract(w, d, input_file=w.binary),
+         ("binary.txt", "not UTF-8")),
+    Case("extract-input-not-utf8", "extract", lambda w, d: extract(w, d, input_file=w.latin1),
+         ("latin1.txt", "not UTF-8")),
+    Case("extract-input-folder", "extract", lambda w, d: extract(w, d, input_file=w.root),
+         ("--input_file", "is a folder")),
     Case("extract-input-unreadable", "extract", lambda w, d: extract(w, d, input_file=unreadable(copy_to(d, w.lines))),
          ("lines.txt", "cannot be read"), as_user=True),
     Case("extract-output-is-folder", "extract", lambda w, d: extract(w, d, output=_mkdir(d / "out" / "f.jsonl")),
          ("--output_file", "is a folder")),
-    Case("extract-output-read-only", "extract", lambda w, d: extract(w, d, output=read_only_folder(d / "out") / "f.jsonl"),
+    Case("extract-output-read-only", "extract", lambda w, d: extract(w, d,
+         output=read_only_folder(d / "out") / "f.jsonl"),
          ("--output_file", "cannot write"), as_user=True),
     Case("extract-output-suffix", "extract", lambda w, d: extract(w, d, output=d / "out" / "f.txt"),
          ("--output_file", "cannot tell the format")),
     Case("extract-checkpoint-malicious", "extract", lambda w, d: extract(w, d, ckpt=w.evil_pt), ("evil.pt", "refused"),
          payload=True),
-    Case("extract-layers-out-of-range", "extract", lambda w, d: extract(w, d, "--layers", "-3"), ("--layers [-3]", "out of range")),
+    Case("extract-layers-out-of-range", "extract", lambda w, d: extract(w, d, "--layers", "-3"),
+         ("--layers [-3]", "out of range")),
     Case("extract-vocab-larger-than-model", "extract", lambda w, d: extract(w, d, "--vocab_file", str(w.vocab_big)),
          ("--vocab_file", "200 tokens", "model only 100")),
     Case("extract-seq-above-positions", "extract", lambda w, d: extract(w, d, "--max_seq_length", "100"),
@@ -630,18 +661,21 @@ CASES = [
          ("truncated.pt", "cannot be read")),
     Case("convert-input-unreadable", "convert", lambda w, d: convert(w, d, source=unreadable(copy_to(d, w.ckpt))),
          ("ckpt.pt", "cannot be read"), as_user=True),
-    Case("convert-other-config", "convert", lambda w, d: convert(w, d, "--config_file", str(w.config), source=w.ckpt_other),
+    Case("convert-other-config", "convert", lambda w, d: convert(w, d, "--config_file", str(w.config),
+         source=w.ckpt_other),
          ("ckpt_48.pt", "does not fit")),
     Case("convert-config-not-json", "convert", lambda w, d: convert(w, d, "--config_file", str(w.config_notjson)),
          ("not_json.json", "not valid JSON")),
-    Case("convert-output-hf-is-file", "convert", lambda w, d: convert(w, d, output=w.a_file), ("--output", "is a file")),
+    Case("convert-output-hf-is-file", "convert", lambda w, d: convert(w, d, output=w.a_file),
+         ("--output", "is a file")),
     Case("convert-output-nvidia-is-folder", "convert", lambda w, d: convert(w, d, "--format", "nvidia",
          output=_mkdir(d / "out" / "converted.pt")), ("--output", "is a folder")),
     Case("convert-vocab-missing", "convert", lambda w, d: convert(w, d, "--vocab_file", str(d / "vocab.txt")),
          ("--vocab_file", "not found")),
     Case("convert-vocab-with-nvidia", "convert", lambda w, d: convert(w, d, "--format", "nvidia", "--vocab_file",
          str(w.vocab), output=d / "out" / "converted.pt"), ("--vocab_file", "--format hf")),
-    Case("convert-num-labels-zero", "convert", lambda w, d: convert(w, d, "--model", "classification", "--num_labels", "0"),
+    Case("convert-num-labels-zero", "convert", lambda w, d: convert(w, d, "--model", "classification", "--num_labels",
+         "0"),
          ("--num_labels", "at least 1")),
 
     # ---- data/bertPrep.py -----------------------------------------------------------------------------------
@@ -671,7 +705,8 @@ CASES = [
          "--working_dir", str(w.a_file / "work")), ("a_file/work", "Not a directory", "not a folder")),
 
     # ---- triton/export_model.py -----------------------------------------------------------------------------
-    Case("export-checkpoint-missing", "export", lambda w, d: export(w, d, ckpt=d / "x.pt"), ("--checkpoint", "not found")),
+    Case("export-checkpoint-missing", "export", lambda w, d: export(w, d, ckpt=d / "x.pt"),
+         ("--checkpoint", "not found")),
     Case("export-checkpoint-malicious", "export", lambda w, d: export(w, d, ckpt=w.evil_pt), ("evil.pt", "refused"),
          payload=True),
     Case("export-classification-malicious", "export", lambda w, d: export(w, d, "--task", "classification",
@@ -758,6 +793,8 @@ def test_bad_input_is_one_line(case: Case, W, tripwires, capsys, tmp_path_factor
             if p.is_dir() and stat.S_IMODE(p.stat().st_mode) not in (0o555, 0):
                 p.chmod(0o777)  # the user may write where the case did not forbid it
     tripwires(case.script)
+    if case.script == "cpd" and not case.tokenizes:
+        tripwires("cpd-tokenizing")
     before = complete_looking(folder)  # a case's own inputs (a checkpoint already in the output folder)
     with as_a_user() if case.as_user else contextlib.nullcontext():
         code, stderr = call(case.script, argv, capsys)
@@ -901,7 +938,8 @@ def test_debug_shows_the_traceback_in_a_real_process(W, tmp_path):
     plain = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env(), timeout=120)
     debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert plain.returncode == 1 and len(plain.stderr.strip().splitlines()) == 1, plain.stderr
-    assert plain.stderr.startswith("create_pretraining_data.py: error: --vocab_file") and "Traceback" not in plain.stderr
+    assert plain.stderr.startswith("create_pretraining_data.py: error: --vocab_file")
+    assert "Traceback" not in plain.stderr
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("utils.InputError: --vocab_file"), debug.stderr
     assert not (tmp_path / "s.hdf5").exists()
