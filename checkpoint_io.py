@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,16 +93,29 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
 
         return load_file(str(path)), None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings(record=True) as caught:  # kept back until the file proves loadable
+            warnings.simplefilter("always")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # an unpickling refusal, a truncated file, ...
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        flat = " ".join(lines)
-        if "WeightsUnpickler error:" in flat:  # PyTorch's advice around it suggests weights_only=False: never here
-            why = flat.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0].strip()
+        if isinstance(e, pickle.UnpicklingError) or any("Weights only load failed" in line for line in lines):
+            # PyTorch's advice around the reason suggests weights_only=False: never here. Keep the reason only.
+            advice = ("Weights only load failed", "Please file an issue", "Check the documentation")
+            why = " ".join(line.split("WeightsUnpickler error:", 1)[-1].strip() for line in lines
+                           if not line.startswith(advice)).strip() or type(e).__name__
             raise CheckpointError(f"checkpoint {path} was refused: it holds pickled objects beyond tensors and "
                                   f"plain containers ({why}), and loading those could run code; re-save its "
                                   "tensors where it came from") from None
-        raise CheckpointError(f"checkpoint {path} cannot be read: {lines[0] if lines else type(e).__name__}") from None
+        if isinstance(e, OSError) and e.errno is not None:  # permissions, an I/O error: say what to check
+            from utils import describe_error
+
+            raise CheckpointError(f"checkpoint {path} cannot be read: {describe_error(OSError(e.errno, e.strerror))}"
+                                  ) from None
+        first = lines[0].split(". ")[0] if lines else type(e).__name__  # torch's first sentence: the reason
+        raise CheckpointError(f"checkpoint {path} cannot be read ({first}): is it a complete checkpoint? Copy it "
+                              "again, or pass another") from None
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # ckpt_<step>.pt, NVIDIA checkpoints
         config = obj.get("config") if isinstance(obj.get("config"), dict) else None
         obj = obj["model"]
@@ -155,14 +170,13 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], sour
     wrong_shape = [f"{k} {tuple(source_state[k].shape)} vs {tuple(target[k].shape)}"
                    for k in target if k in source_state and source_state[k].shape != target[k].shape]
     problems = []
-    if missing:
-        problems.append(f"missing {missing}")
-    if unexpected:
-        problems.append(f"unexpected {unexpected}")
-    if wrong_shape:
-        problems.append(f"wrong shape {wrong_shape}")
+    for what, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape)):
+        if keys:  # a few keys tell the story; a checkpoint of another size would list every tensor
+            shown = keys if len(keys) <= 6 else keys[:6] + [f"... {len(keys) - 6} more"]
+            problems.append(f"{what} {shown}")
     if problems:
-        raise CheckpointError(f"{source} does not fit {type(model).__name__}: " + "; ".join(problems))
+        raise CheckpointError(f"{source} does not fit {type(model).__name__}: " + "; ".join(problems) +
+                              " (a checkpoint of another model size or config? check --config_file)")
 
     to_load = {k[len(prefix):]: source_state[k] for k in target if k in source_state}
     own = model.state_dict()

@@ -790,16 +790,14 @@ def _packed_blocks(spill: InstanceSpill, cfg: InstanceConfig, width: int, rows: 
 
 def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compression: str | None,
                attrs: dict[str, Any], threads: int = 1, gzip_level: int = 1) -> int:
-    """Write the spilled instances, shuffled, in NVIDIA's layout, atomically. Returns N (rows written: packed rows
-    with --pack_sequences).
+    """Write the spilled instances, shuffled, in NVIDIA's layout, atomically (see shard_file). Returns N (rows
+    written: packed rows with --pack_sequences).
 
     With gzip (plus HDF5's shuffle filter; h5py readers undo both transparently), blocks of rows are compressed
     by `threads` threads (zlib lets go of the GIL) and stored as finished chunks (write_direct_chunk): the bytes
     HDF5's own filters would write, without a single-threaded tail. Packed rows are not counted before they are
     made, so their datasets grow as blocks arrive (chunked, unlimited rows).
     """
-    import h5py
-
     n, seq, p, k = spill.n, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.pack_sequences
     rows = max(64, (1 << 19) // (4 * seq))  # 512 KiB chunks of input_ids
     if not k:
@@ -823,34 +821,69 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compressio
             return count, arrays
         return count, {name: _compress_chunk(a, rows, gzip_level) for name, a in arrays.items()}
 
+    # Packed: at most n rows (one sequence each), so n rows bound the file's size either way.
+    raw_bytes = n * sum(np.dtype(dtype).itemsize * math.prod(shapes[name]) for name, dtype in layout_dtypes)
+    with shard_file(path, raw_bytes) as f, ThreadPoolExecutor(threads) as executor:
+        out = {}
+        for name, dtype in layout_dtypes:
+            layout = {"chunks": (rows,) + shapes[name], "compression": compression,
+                      "compression_opts": gzip_level, "shuffle": True} if compression else {}
+            if k:  # packed: the row count is known at the end; grow as blocks arrive
+                layout.update(chunks=(rows,) + shapes[name], maxshape=(None,) + shapes[name])
+            out[name] = f.create_dataset(name, (0 if k else n,) + shapes[name], dtype=dtype, **layout)
+        f.attrs.update(attrs)
+        if k:
+            f.attrs.update({"packing": "first_fit_decreasing", "max_sequences_per_row": k,
+                            "packed_sequences": n, "max_predictions_per_row": p})
+        source = _packed_blocks(spill, cfg, p, rows) if k else spill.blocks(rows)
+        starts = itertools.count(0, rows)
+        written = 0
+        for lo, (count, data) in zip(starts, _bounded_map(executor, block, source, window=2 * threads)):
+            for name, value in data.items():
+                if k:  # packed: grow the dataset to hold this block
+                    out[name].resize(lo + count, axis=0)
+                if compression:
+                    out[name].id.write_direct_chunk((lo,) + (0,) * len(shapes[name]), value)
+                else:
+                    out[name][lo: lo + count] = value
+            written = lo + count
+    return written
+
+
+DISK_MARGIN = 1 << 16  # bytes left free beyond a file's own size (file-system metadata)
+IN_MEMORY_MAX_BYTES = 1 << 30  # shards up to this many bytes of uncompressed arrays are built in memory
+
+
+@contextlib.contextmanager
+def shard_file(path: Path, raw_bytes: int):
+    """An open h5py.File for the shard; when the block ends without an error, the finished file is at `path`
+    (atomically: never a partial file under that name), else nothing is.
+
+    HDF5 that meets a full disk while writing a file raises and then crashes the interpreter (exit 139, measured
+    with h5py 3.16). So a shard of up to IN_MEMORY_MAX_BYTES of arrays (`raw_bytes`, before compression; NVIDIA's
+    recipe makes shards of tens to hundreds of MB) is built in memory (HDF5's core driver, no backing store) and
+    its bytes written by write_file_image: a full disk is then a plain OSError, checked before the write and
+    caught during it. The cost is memory: about 1.4x the shard's size on disk at the peak (measured: +3.5 MB for
+    a 4.4 MB gzip shard, +90 MB for a 63 MB uncompressed one). A larger shard is written by HDF5 to a temporary
+    file beside `path` after a check that the folder has room for the uncompressed arrays (an upper bound of the
+    file), which keeps memory flat; only another writer filling the disk meanwhile can still crash that path.
+    """
+    import h5py
+
+    if raw_bytes <= IN_MEMORY_MAX_BYTES:
+        with h5py.File(f"{path.name}.in-memory", "w", driver="core", backing_store=False) as f:
+            yield f
+            f.flush()
+            image = f.id.get_file_image()
+        write_file_image(path, image)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(path, raw_bytes)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        with h5py.File(tmp, "w") as f, ThreadPoolExecutor(threads) as executor:
-            out = {}
-            for name, dtype in layout_dtypes:
-                layout = {"chunks": (rows,) + shapes[name], "compression": compression,
-                          "compression_opts": gzip_level, "shuffle": True} if compression else {}
-                if k:  # packed: the row count is known at the end; grow as blocks arrive
-                    layout.update(chunks=(rows,) + shapes[name], maxshape=(None,) + shapes[name])
-                out[name] = f.create_dataset(name, (0 if k else n,) + shapes[name], dtype=dtype, **layout)
-            f.attrs.update(attrs)
-            if k:
-                f.attrs.update({"packing": "first_fit_decreasing", "max_sequences_per_row": k,
-                                "packed_sequences": n, "max_predictions_per_row": p})
-            source = _packed_blocks(spill, cfg, p, rows) if k else spill.blocks(rows)
-            starts = itertools.count(0, rows)
-            written = 0
-            for lo, (count, data) in zip(starts, _bounded_map(executor, block, source, window=2 * threads)):
-                for name, value in data.items():
-                    if k:  # packed: grow the dataset to hold this block
-                        out[name].resize(lo + count, axis=0)
-                    if compression:
-                        out[name].id.write_direct_chunk((lo,) + (0,) * len(shapes[name]), value)
-                    else:
-                        out[name][lo: lo + count] = value
-                written = lo + count
+        with h5py.File(tmp, "w") as f:
+            yield f
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; the shard should read like any other file
@@ -867,7 +900,33 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compressio
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return written
+
+
+def check_free_space(path: Path, size: int) -> None:
+    """An OSError naming `path` unless its folder has `size` bytes free (plus DISK_MARGIN)."""
+    free = shutil.disk_usage(path.parent).free
+    if free < size + DISK_MARGIN:
+        raise OSError(f"{path}: the file needs {_mib(size + DISK_MARGIN)} but {path.parent} has {_mib(free)} free: "
+                      "free some space or write elsewhere, then run again")
+
+
+def write_file_image(path: Path, image: bytes) -> None:
+    """Write a finished file's bytes atomically (utils.atomic_open: a temporary file, fsync, rename), after
+    checking that the folder has room for them: a full disk is one line (an OSError naming the file and the free
+    space), before anything is written, and a disk that fills during the write still leaves no partial file and
+    no file under the final name."""
+    from utils import atomic_open
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(path, len(image))
+    with atomic_open(path, "wb") as f:
+        view = memoryview(image)
+        for lo in range(0, len(view), 1 << 24):  # 16 MiB at a time: no second copy of the image
+            f.write(view[lo: lo + (1 << 24)])
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -921,6 +980,12 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
         tokenized = time.time()
         if corpus.num_documents == 0:
             raise SystemExit(f"error: no text in {', '.join(files)}: the input must be one sentence per line")
+        if len(corpus.sent_start) < 3:  # one sentence: segment B could only repeat segment A
+            raise SystemExit(f"error: {', '.join(files)} holds a single sentence: next-sentence pairs need at least "
+                             "two (one sentence per line, a blank line between documents)")
+        if corpus.num_documents == 1:
+            print(f"warning: {', '.join(files)} holds a single document, so every 'random next' segment B comes "
+                  "from that same document; separate documents with a blank line", file=sys.stderr, flush=True)
         units = make_units(corpus, cfg)
         spill = InstanceSpill(folder, _spill_buckets(cfg, len(corpus.tokens), corpus.tokens.dtype.itemsize),
                               np.random.default_rng(np.random.SeedSequence(cfg.random_seed,
@@ -941,6 +1006,10 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
                    "write_s": round(time.time() - made, 3), "seconds": round(time.time() - start, 3)}
         if cfg.pack_sequences:
             summary["packed_rows"] = n
+    except OSError as e:
+        if e.errno is not None and e.filename is None:  # a write to the work folder (a full disk): say where
+            e.filename = folder
+        raise
     finally:
         _CORPUS_CACHE.clear()  # in-process runs: unmap before the folder goes
         shutil.rmtree(folder, ignore_errors=True)
@@ -975,8 +1044,11 @@ def resolve_inputs(spec: str) -> list[str]:
 def _check_text(path: str, probe: int = 1 << 16) -> None:
     """Refuse a file that is not text (an archive, an HDF5 shard, an image): its first 64 KiB hold NUL bytes, or
     more than 1% of them are not UTF-8. Stray bad bytes in a real dump pass (they are replaced and dropped)."""
-    with open(path, "rb") as f:
-        head = f.read(probe)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(probe)
+    except OSError as e:
+        raise SystemExit(f"error: --input_file {path} cannot be read ({e.strerror}): check its permissions") from None
     if b"\0" in head:
         raise SystemExit(f"error: --input_file {path} is not text (it holds NUL bytes): give UTF-8 text, one "
                          "sentence per line")
@@ -987,7 +1059,8 @@ def _check_text(path: str, probe: int = 1 << 16) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="create_pretraining_data.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input_file", required=True,
                    help="a text file, a folder of .txt files, or a comma-separated list (one sentence per line, "
                         "blank line between documents)")
@@ -1026,6 +1099,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how worker processes start; auto: fork on Linux when this process runs no other thread "
                         "(cheap), else spawn (safe everywhere)")
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bars")
+    from utils import add_debug_argument
+
+    add_debug_argument(p)
     return p
 
 
@@ -1041,7 +1117,8 @@ def _check_args(args) -> None:
         (args.num_workers < 1, f"--num_workers {args.num_workers} must be at least 1"),
         (args.pack_sequences == 1 or args.pack_sequences < 0,
          f"--pack_sequences {args.pack_sequences} must be 0 (no packing) or at least 2 (sequences a row)"),
-        (not os.path.isfile(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist (a BERT vocab.txt)"),
+        (os.path.isdir(args.vocab_file), f"--vocab_file {args.vocab_file} is a folder: name the vocab.txt in it"),
+        (not os.path.exists(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist: give a BERT vocab.txt"),
     ]
     for bad, message in problems:
         if bad:
@@ -1066,21 +1143,36 @@ def _check_writable(output: Path, flag: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: {flag} {output}: cannot create its folder ({e.strerror})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise SystemExit(f"error: {flag} {output}: the folder {folder} is not writable")
+        raise SystemExit(f"error: {flag} {output}: cannot create its folder ({e.strerror}): name a file in a folder "
+                         "you can write") from None
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # a real write: permissions, a read-only disk, root all count
+            pass
+    except OSError as e:
+        raise SystemExit(f"error: {flag} {output}: the folder {folder} is not writable ({e.strerror}): check its "
+                         "permissions, or write elsewhere") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """0 when every output was written; a one-line error (exit 1) for bad input or a full disk (--debug: the
+    traceback)."""
+    from utils import script_errors
+
+    with script_errors("create_pretraining_data.py", argv):
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
     files = resolve_inputs(args.input_file)
     from tokenization import load_vocab
+    from utils import InputError, describe_error
 
     try:
         vocab = load_vocab(args.vocab_file)
-    except (ValueError, OSError, UnicodeDecodeError) as e:
-        raise SystemExit(f"error: --vocab_file {args.vocab_file}: {e}") from None
+    except (ValueError, OSError) as e:
+        raise InputError(f"--vocab_file {args.vocab_file}: {describe_error(e)}") from e
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
     if missing:
         raise SystemExit(f"error: --vocab_file {args.vocab_file} lacks {missing}: is it a BERT vocab.txt?")
@@ -1101,6 +1193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         jobs = [([f], Path(args.output_dir) / f"{Path(f).stem}.hdf5",
                  dataclasses.replace(cfg, random_seed=cfg.random_seed + i)) for i, f in enumerate(files)]
+    if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise SystemExit(f"error: --output_dir {args.output_dir} is a file: name a folder for the shards")
     for _, output, _ in jobs:  # before the work, not at the final rename
         _check_writable(output, "--output_file" if args.output_file else "--output_dir")
     compression = None if args.compression == "none" else args.compression

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import re
 import sys
@@ -45,7 +46,7 @@ _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="extract_features.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("input and output")
     g.add_argument("--input_file", required=True, help="one text a line; 'A ||| B' for a pair")
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     utils.add_precision_arguments(g)
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
     g.add_argument("--disable_progress_bar", action="store_true", help="no tqdm bar")
+    utils.add_debug_argument(g)
     return p
 
 
@@ -119,15 +121,27 @@ def output_format(args) -> str:
 def read_lines(path: str | Path) -> list[dict]:
     """Every line as {"text_a", "text_b"} (text_b None for a single text), split at " ||| " as Google's."""
     file = Path(path)
+    if file.is_dir():
+        raise SystemExit(f"--input_file {path} is a folder: name a text file, one text a line")
     if not file.is_file():
         raise SystemExit(f"--input_file {path} not found")
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        raise SystemExit(f"--input_file {path} cannot be read ({e.strerror}): check its permissions") from None
+    try:
+        if b"\0" in data:
+            raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), data.index(b"\0") + 1, "NUL byte")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"--input_file {path} is not UTF-8 text (byte {e.start}): give UTF-8 text, one text a "
+                         "line") from None
     items = []
-    with open(file, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            match = _PAIR.match(line)
-            items.append({"text_a": match.group(1), "text_b": match.group(2)} if match
-                         else {"text_a": line, "text_b": None})
+    for line in io.StringIO(text, newline=None):  # universal newlines, as reading the file in text mode
+        line = line.strip()
+        match = _PAIR.match(line)
+        items.append({"text_a": match.group(1), "text_b": match.group(2)} if match
+                     else {"text_a": line, "text_b": None})
     return items
 
 
@@ -260,9 +274,17 @@ def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, m
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """The summary; bad input, a checkpoint that cannot be read safely or a full disk end the run with one line
+    on stderr and exit status 1 (--debug: the traceback)."""
+    with utils.script_errors("extract_features.py", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> dict:
     from checkpoint_io import CheckpointError, from_pretrained
     from modeling import BertModel
     from tokenization import BertTokenizer, vocab_is_uncased
+    import training
     from training import resolve_model_files
 
     args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
@@ -270,13 +292,11 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
     fmt = output_format(args)
-    try:
-        resolve_model_files(args)
-    except utils.InputError as e:
-        raise SystemExit(f"extract_features.py: {e}") from None
+    resolve_model_files(args)
+    utils.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
     items = read_lines(args.input_file)
     if not items:
-        raise SystemExit(f"--input_file {args.input_file} is empty: nothing to extract")
+        raise SystemExit(f"--input_file {args.input_file} is empty: give one text a line")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = utils.setup_precision(args.precision, device, "extract_features.py").name
@@ -288,11 +308,9 @@ def main(argv: list[str] | None = None) -> dict:
         model = from_pretrained(BertModel, args.init_checkpoint, config=args.config_file, log=log,
                                 add_pooling_layer=False)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"extract_features.py: {e}") from None
+        raise utils.InputError(f"--init_checkpoint {args.init_checkpoint}: {utils.describe_error(e)}") from e
     config = model.config
-    if args.max_seq_length > config.max_position_embeddings:
-        raise SystemExit(f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
+    training.check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
     if args.max_seq_length < 3:
         raise SystemExit(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)

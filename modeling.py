@@ -128,7 +128,13 @@ class BertConfig:
             with open(path, encoding="utf-8") as f:
                 d = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"config file {path} is not valid JSON: {e}") from None
+            raise ValueError(f"config file {path} is not valid JSON ({e}): pass a bert_config.json") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"config file {path} is not UTF-8 JSON text (byte {e.start}): pass a bert_config.json") \
+                from None
+        if not isinstance(d, dict):
+            raise ValueError(f"config file {path} holds a JSON {type(d).__name__}, not an object: pass a "
+                             "bert_config.json")
         return cls.from_dict(d, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ Errors are DataError (one line, naming the flag and the file); run_pretraining.p
 """
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import weakref
@@ -84,7 +85,7 @@ class ShardSpec:
 def list_shards(folder: str, flag: str) -> list[Path]:
     path = Path(folder)
     if not path.is_dir():
-        raise DataError(f"{flag} {folder} is not a folder")
+        raise DataError(f"{flag} {folder} is not a folder: pass the folder of .hdf5 shards")
     shards = sorted(p for p in path.iterdir() if p.suffix == ".hdf5" and p.is_file())
     if not shards:
         raise DataError(f"{flag} {folder} holds no .hdf5 shards (make them with create_pretraining_data.py)")
@@ -102,7 +103,8 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                 missing = [k for k in SHARD_KEYS if k not in f]
                 if missing:
                     raise DataError(f"{flag}: shard {path} lacks {missing}: not a pre-training shard in NVIDIA's "
-                                    "layout")
+                                    "layout (write it with create_pretraining_data.py)")
+                check_shard_shapes(f, path, flag)
                 n, seq = f["input_ids"].shape
                 width = f["masked_lm_positions"].shape[1]
                 unmasked = f.attrs.get("masking", "static") == "dynamic"
@@ -117,15 +119,20 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
                                     f"{[str(f[k].dtype) for k in not_integer]}: token ids, masks and labels must be "
                                     "integers (write it with create_pretraining_data.py)")
         except OSError as e:
-            raise DataError(f"{flag}: shard {path} cannot be read as HDF5 ({e})") from None
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise DataError(f"{flag}: shard {path} cannot be read (permission denied): check its permissions") \
+                    from None
+            raise DataError(f"{flag}: shard {path} cannot be read as HDF5 ({e}): write it again with "
+                            "create_pretraining_data.py, or move it out of the folder") from None
         if seq != spec.max_seq_length:
             raise DataError(f"{flag}: shard {path} has sequences of length {seq} but --max_seq_length is "
-                            f"{spec.max_seq_length}")
+                            f"{spec.max_seq_length}: pass the shards' length, or shards of this length")
         # A packed row's slots serve up to K sequences: max_predictions_per_seq scales with K.
         if width > spec.max_predictions_per_seq * max(packed, 1):
             raise DataError(f"{flag}: shard {path} has {width} masked positions per "
                             f"{f'row of up to {packed} sequences' if packed else 'sequence'} but "
-                            f"--max_predictions_per_seq is {spec.max_predictions_per_seq}")
+                            f"--max_predictions_per_seq is {spec.max_predictions_per_seq}: pass at least "
+                            f"{-(-width // max(packed, 1))}")
         if unmasked and not spec.dynamic_masking:
             raise DataError(f"{flag}: shard {path} was written without masks (--no_static_masking): pass "
                             "--dynamic_masking")
@@ -136,6 +143,26 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
         raise DataError(f"{flag}: the shards are not packed alike ({'; '.join(kinds)}): write them with one "
                         "create_pretraining_data.py --pack_sequences setting")
     return infos
+
+
+def check_shard_shapes(f, path: Path, flag: str) -> None:
+    """A one-line DataError unless the open shard `f` holds one row per sample in every array, with the widths
+    NVIDIA's layout has (input_ids, input_mask, segment_ids [N, S]; masked_lm_positions, masked_lm_ids [N, P];
+    next_sentence_labels [N]) and at least one sample."""
+    shapes = {k: tuple(f[k].shape) for k in SHARD_KEYS}
+    ndim = {k: 1 if k == "next_sentence_labels" else 2 for k in SHARD_KEYS}
+    consistent = (all(len(shapes[k]) == ndim[k] for k in SHARD_KEYS)
+                  and len({shapes[k][0] for k in SHARD_KEYS}) == 1
+                  and len({shapes[k][1] for k in ("input_ids", "input_mask", "segment_ids")}) == 1
+                  and shapes["masked_lm_positions"][1] == shapes["masked_lm_ids"][1])
+    if not consistent:
+        found = ", ".join(f"{k} {list(shapes[k])}" for k in SHARD_KEYS)
+        raise DataError(f"{flag}: shard {path} has arrays of mismatched shapes ({found}); expected input_ids, "
+                        "input_mask, segment_ids [N, S], masked_lm_positions, masked_lm_ids [N, P] and "
+                        "next_sentence_labels [N]: write it again with create_pretraining_data.py")
+    if shapes["input_ids"][0] == 0:
+        raise DataError(f"{flag}: shard {path} holds no samples (0 rows): remove it, or write it again with "
+                        "create_pretraining_data.py")
 
 
 def epoch_shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 import training
 import utils
-from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
+from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertForSequenceClassification
 from processors.glue import (TASKS, EncodedExamples, GlueTask, compute_metrics, encode_examples,
                              get_dev_examples, get_task, get_test_examples, get_train_examples)
@@ -59,7 +59,7 @@ from processors.glue import (TASKS, EncodedExamples, GlueTask, compute_metrics, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="run_glue.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("task and data")
     g.add_argument("--task_name", required=True,
@@ -233,11 +233,11 @@ def save_model(model: BertForSequenceClassification, task: GlueTask, output_dir:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except (utils.InputError, CheckpointError, OSError) as e:  # OSError: a missing file, a full disk
-        raise SystemExit(f"run_glue.py: error: {e}") from None
+    """The results (also in results.json); bad input, a checkpoint that does not fit or cannot be read safely, a
+    malformed data file or a full disk end the run with one line on stderr and exit status 1 (--debug: the
+    traceback)."""
+    with utils.script_errors("run_glue.py", argv):
+        return run(parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -263,6 +263,10 @@ def run(args: argparse.Namespace) -> dict:
     test_sets = {}
     if args.do_predict and args.predict_split == "test":
         test_sets = {n: ex[:args.max_eval_examples] for n, ex in get_test_examples(args.data_dir, task).items()}
+    for name, examples in {**({"train": train_examples} if args.do_train else {}), **dev_sets, **test_sets}.items():
+        if not examples:
+            raise SystemExit(f"{task.display_name} {name} set in {args.data_dir} has no examples (a header row "
+                             "only?): check --data_dir")
 
     from tokenization import BertTokenizer, casing_warning
 
@@ -276,6 +280,7 @@ def run(args: argparse.Namespace) -> dict:
                             log=load_report.append, num_labels=task.num_labels)
     for line in load_report:
         log(line)
+    training.check_model_fits(model.config, len(tokenizer), args.vocab_file, args.max_seq_length)
     if not args.do_train and any("initialised fresh" in line and "classifier." in line for line in load_report):
         log(f"warning: {args.init_checkpoint} has no classifier for this task, so evaluation and predictions come "
             "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")

@@ -94,6 +94,11 @@ class ResumeError(InputError):
 class DivergedError(InputError):
     """The loss became inf/NaN, or fp16 overflowed step after step."""
 
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a folder we may not write); the atomic write left the
+    previous checkpoints as they were."""
+
 # ---------------------------------------------------------------------------------------------------------------
 # Configuration: one typed dataclass; its fields are the command-line flags (help text in the metadata).
 
@@ -234,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
             kind = next(t for t in typing.get_args(kind) if t is not type(None))
         group.add_argument(*names, dest=f.name, type=kind, default=f.default, help=meta["help"],
                             choices=meta["choices"], required=meta["required"])
+    from utils import add_debug_argument
+
+    add_debug_argument(group)  # read by utils.script_errors from the command line, not a PretrainConfig field
     return parser
 
 
@@ -243,7 +251,9 @@ def fail(message: str) -> typing.NoReturn:
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainConfig:
-    cfg = PretrainConfig(**vars(build_parser().parse_args(argv)))
+    flags = vars(build_parser().parse_args(argv))
+    flags.pop("debug")
+    cfg = PretrainConfig(**flags)
     checks = [
         (cfg.train_batch_size < 1, f"--train_batch_size {cfg.train_batch_size} must be at least 1"),
         (cfg.gradient_accumulation_steps < 1,
@@ -275,6 +285,12 @@ def parse_args(argv: list[str] | None = None) -> PretrainConfig:
          f"--length_bins {cfg.length_bins} must be in [0, max_seq_length={cfg.max_seq_length}] (0: off)"),
         (not cfg.do_train and not cfg.eval_dir, "nothing to do: pass --do_train (and/or --eval_dir to evaluate)"),
         (cfg.do_train and not cfg.input_dir, "--do_train needs --input_dir (a folder of .hdf5 shards)"),
+        (Path(cfg.output_dir).exists() and not Path(cfg.output_dir).is_dir(),
+         f"--output_dir {cfg.output_dir} is a file: name a folder for the checkpoints"),
+        (Path(cfg.json_summary).is_dir(), f"--json-summary {cfg.json_summary} is a folder: name the log file"),
+        (cfg.init_checkpoint is not None and not Path(cfg.init_checkpoint).exists(),
+         f"--init_checkpoint {cfg.init_checkpoint} not found: give a ckpt_<step>.pt, an NVIDIA .pt or a Hugging "
+         "Face folder"),
     ]
     for bad, message in checks:
         if bad:
@@ -361,6 +377,11 @@ def save_checkpoint(cfg: PretrainConfig, env, state: TrainState, raw_model, opti
     try:
         if env.is_main:
             _write_checkpoint(cfg, env, state, raw_model, optimizer, scheduler, precision, data, rngs, log)
+    except OSError as e:  # a full disk: one line (utils.atomic_torch_save raises the OSError, not torch's wrapper)
+        from utils import describe_error
+
+        raise CheckpointWriteError(f"cannot write the checkpoint of step {state.global_step}: {describe_error(e)}; "
+                                   "the checkpoints written before are intact") from e
     finally:  # every rank leaves once the file is complete: a rank that exits first (after a stop signal)
         barrier(env)  # could otherwise make the launcher (srun, torchrun) kill rank 0 in the middle of the write
 
@@ -633,14 +654,19 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     from modeling import BertConfig, BertForPreTraining
     from utils import set_seed
 
+    from utils import describe_error
+
     try:
         config = BertConfig.from_json_file(cfg.config_file)
     except (OSError, ValueError) as e:
-        raise InputError(f"--config_file: {e}") from None
+        raise InputError(f"--config_file: {describe_error(e)}") from e
     if cfg.vocab_file:
         from tokenization import load_vocab
 
-        vocab_size = len(load_vocab(cfg.vocab_file))
+        try:
+            vocab_size = len(load_vocab(cfg.vocab_file))
+        except (OSError, ValueError) as e:
+            raise InputError(f"--vocab_file {cfg.vocab_file}: {describe_error(e)}") from e
         # The config may pad the vocabulary up to a multiple of 8 (NVIDIA: 30522 -> 30528), never more
         if not config.vocab_size - 8 < vocab_size <= config.vocab_size:
             raise InputError(f"--vocab_file {cfg.vocab_file} has {vocab_size} tokens but the config's vocab_size is "
@@ -648,7 +674,8 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
                              "config (up to padding to a multiple of 8)")
     if cfg.max_seq_length > config.max_position_embeddings:
         raise InputError(f"--max_seq_length {cfg.max_seq_length} exceeds the config's max_position_embeddings "
-                         f"{config.max_position_embeddings} ({cfg.config_file})")
+                         f"{config.max_position_embeddings} ({cfg.config_file}): use shorter shards or a config with "
+                         "more positions")
     set_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = BertForPreTraining(config)
     start = None
@@ -666,7 +693,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
             for line in load_checkpoint_state(model, state, source=str(start)):
                 log(line)
         except (OSError, CheckpointError) as e:
-            raise InputError(f"cannot start from {start}: {e}") from None
+            raise InputError(f"cannot start from {start}: {describe_error(e)}") from e
         log(f"weights from {start}")
     return model
 
@@ -674,17 +701,18 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
 def main(argv: list[str] | None = None) -> int:
     """0: the phase ran to its --max_steps (or --steps_this_run); EXIT_STOPPED (75): stopped by a signal after its
     checkpoint, run again to resume; 1 (a one-line message): bad input or a failure."""
-    from utils import survive_broken_pipes
+    from utils import script_errors, survive_broken_pipes
 
     with survive_broken_pipes():  # a launcher's dead `tee` must not cost the preemption checkpoint
-        return _main(argv)
+        with script_errors("run_pretraining.py", argv):  # bad input, a checkpoint that does not fit, a diverged
+            return _main(argv)  # run, a full disk: one line (--debug: the traceback)
 
 
 def _main(argv: list[str] | None) -> int:
     e2e_start = time.perf_counter()
     cfg = parse_args(argv)
 
-    from checkpoint_io import CheckpointError, load_checkpoint_state
+    from checkpoint_io import load_checkpoint_state
     from modeling import count_parameters
     from optimization import make_lamb, param_groups_for_bert
     from schedulers import get_scheduler
@@ -703,6 +731,8 @@ def _main(argv: list[str] | None) -> int:
             checkpoint_manager(cfg).remove_interrupted_writes()
         shards = inspect_shards(list_shards(cfg.input_dir, "--input_dir"), cfg.shard_spec, "--input_dir") \
             if cfg.do_train else []
+        if cfg.eval_dir:  # its shards are checked now, before the model is built, and read later
+            inspect_shards(list_shards(cfg.eval_dir, "--eval_dir"), cfg.shard_spec, "--eval_dir")
         if cfg.do_train:  # evaluating alone writes nothing there
             refuse_used_output_dir(cfg)
         resume = find_resume_checkpoint(cfg, log) if cfg.resume_from_checkpoint else None
@@ -759,10 +789,6 @@ def _main(argv: list[str] | None) -> int:
         log(f"done: step {summary['step']}, final loss {summary['final_loss']}, "
             f"{summary['training_sequences_per_second']:.1f} sequences/s")
         return 0
-    except (InputError, CheckpointError) as e:  # bad input, a checkpoint that does not fit, a diverged run
-        raise SystemExit(f"run_pretraining.py: error: {e}") from None
-    except OSError as e:  # a full disk, a folder we may not write: the atomic writes left the last checkpoint intact
-        raise SystemExit(f"run_pretraining.py: error: {e} (the checkpoints written before are intact)") from None
     finally:
         stop.restore()
         if data is not None:

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 import utils
-from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
+from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertConfig, BertForQuestionAnswering
 from processors import squad
 import training
@@ -64,7 +64,7 @@ from tokenization import BertTokenizer, casing_warning
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="run_squad.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--train_file", default=None, help="SQuAD json for training, e.g. train-v1.1.json")
@@ -375,11 +375,10 @@ def save_model(model: BertForQuestionAnswering, output_dir: Path, vocab_file: st
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except (squad.SquadFormatError, utils.InputError, CheckpointError, OSError) as e:  # OSError: a full disk, ...
-        raise SystemExit(f"run_squad.py: error: {e}") from None
+    """The summary (also printed as JSON); bad input, a checkpoint that does not fit, a malformed SQuAD file or a
+    full disk end the run with one line on stderr and exit status 1 (--debug: the traceback)."""
+    with utils.script_errors("run_squad.py", argv):
+        return run(parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -395,24 +394,24 @@ def run(args: argparse.Namespace) -> dict:
     utils.set_seed(args.seed)
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
 
+    # Read every input first: a malformed --predict_file must fail before minutes of training, not after them.
+    train_examples = squad.read_squad_examples(args.train_file, True, args.version_2_with_negative) \
+        if args.do_train else []
+    predict_examples = squad.read_squad_examples(args.predict_file, False, args.version_2_with_negative) \
+        if args.do_predict else []
+    gold = squad.read_gold_answers(args.predict_file) if args.do_eval else None
     tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
     warning = casing_warning(tokenizer.vocab, args.vocab_file, args.do_lower_case)
     if warning:
         log(f"warning: {warning}")
     model = load_model(args, log)
-    if len(tokenizer.vocab) > model.config.vocab_size:
-        raise SystemExit(f"run_squad.py: {args.vocab_file} has {len(tokenizer.vocab)} tokens but the model only "
-                         f"{model.config.vocab_size}: wrong --vocab_file or --config_file?")
-    if args.max_seq_length > model.config.max_position_embeddings:
-        raise SystemExit(f"run_squad.py: --max_seq_length {args.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings {model.config.max_position_embeddings}")
+    training.check_model_fits(model.config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
     model.to(env.device)
     utils.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
     summary: dict = {}
 
     if args.do_train:
-        examples = squad.read_squad_examples(args.train_file, True, args.version_2_with_negative)
-        features = build_features(args, args.train_file, examples, tokenizer, True, env, log, collective=True)
+        features = build_features(args, args.train_file, train_examples, tokenizer, True, env, log, collective=True)
         tensors = feature_tensors(features, with_positions=True)
         result = train(args, model, tensors, env, logger)
         summary.update(e2e_train_time=result.seconds, global_step=result.steps, final_loss=result.loss,
@@ -422,7 +421,7 @@ def run(args: argparse.Namespace) -> dict:
             log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
 
     if args.do_predict and env.is_main:  # process 0 predicts alone: the others wait at the barrier below
-        summary.update(predict(args, model, tokenizer, env, logger, log, output_dir))
+        summary.update(predict(args, model, tokenizer, env, logger, log, output_dir, predict_examples, gold))
 
     utils.barrier(env)
     if env.is_main:
@@ -434,8 +433,8 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
-def predict(args, model, tokenizer, env, logger, log, output_dir: Path) -> dict:
-    examples = squad.read_squad_examples(args.predict_file, False, args.version_2_with_negative)
+def predict(args, model, tokenizer, env, logger, log, output_dir: Path, examples, gold) -> dict:
+    """Predictions for `examples` (those of --predict_file) and, with --do_eval, their scores against `gold`."""
     features = build_features(args, args.predict_file, examples, tokenizer, False, env, log, collective=False)
     results, seconds = predict_logits(model, features, args.predict_batch_size, args.precision, env.device,
                                       progress=not args.disable_progress_bar)
@@ -447,7 +446,6 @@ def predict(args, model, tokenizer, env, logger, log, output_dir: Path) -> dict:
            "predicted_questions": len(predictions)}
     if not args.do_eval:
         return out
-    gold = squad.read_gold_answers(args.predict_file)
     metrics = squad.evaluate(gold, predictions, args.version_2_with_negative,
                              null_odds if args.version_2_with_negative else None)
     results_json = {"eval": metrics}

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import training
 import utils
-from checkpoint_io import CheckpointError, export_state_dict, from_pretrained, save_hf_directory
+from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertForMultipleChoice
 from processors.swag import EncodedChoices, SwagExample, accuracy, encode_examples, get_examples
 
@@ -45,7 +45,7 @@ from processors.swag import EncodedChoices, SwagExample, accuracy, encode_exampl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="run_swag.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--data_dir", required=True, help="SWAG's folder: train.csv, val.csv (test.csv)")
@@ -216,11 +216,11 @@ def save_model(model: BertForMultipleChoice, num_choices: int, output_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except (utils.InputError, CheckpointError, OSError) as e:  # OSError: a missing file, a full disk
-        raise SystemExit(f"run_swag.py: error: {e}") from None
+    """The results (also in results.json); bad input, a checkpoint that does not fit or cannot be read safely, a
+    malformed data file or a full disk end the run with one line on stderr and exit status 1 (--debug: the
+    traceback)."""
+    with utils.script_errors("run_swag.py", argv):
+        return run(parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> dict:
                             log=load_report.append)
     for line in load_report:
         log(line)
+    training.check_model_fits(model.config, len(tokenizer), args.vocab_file, args.max_seq_length)
     if not args.do_train and any("initialised fresh" in line and "classifier." in line for line in load_report):
         log(f"warning: {args.init_checkpoint} has no multiple-choice classifier, so evaluation and predictions come "
             "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")

@@ -28,11 +28,15 @@ def load_vocab(vocab_file: str | os.PathLike) -> "collections.OrderedDict[str, i
     if not os.path.isfile(vocab_file):
         raise FileNotFoundError(f"vocabulary file {vocab_file} not found: pass --vocab_file with a BERT vocab.txt")
     vocab: collections.OrderedDict[str, int] = collections.OrderedDict()
-    with open(vocab_file, encoding="utf-8") as f:
-        for index, line in enumerate(f):
-            vocab[line.strip()] = index
+    try:
+        with open(vocab_file, encoding="utf-8") as f:
+            for index, line in enumerate(f):
+                vocab[line.strip()] = index
+    except UnicodeDecodeError as e:
+        raise ValueError(f"vocabulary file {vocab_file} is not UTF-8 text (byte {e.start}): pass a BERT vocab.txt, "
+                         "one token per line") from None
     if not vocab:
-        raise ValueError(f"vocabulary file {vocab_file} is empty")
+        raise ValueError(f"vocabulary file {vocab_file} is empty: pass a BERT vocab.txt, one token per line")
     return vocab
 
 
@@ -239,10 +243,10 @@ class BertTokenizer:
         self.do_lower_case = do_lower_case
         self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
         self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, UNK, max_input_chars_per_word)
-        self._fast = _build_fast_tokenizer(self.vocab, do_lower_case, max_input_chars_per_word) if use_fast else None
         missing = [t for t in (UNK, CLS, SEP, MASK, PAD) if t not in self.vocab]
-        if missing:
-            raise ValueError(f"vocabulary file {vocab_file} lacks the special tokens {missing}")
+        if missing:  # before the Rust tokenizer is built: it fails on a vocabulary without [UNK] in its own words
+            raise ValueError(f"vocabulary file {vocab_file} lacks the special tokens {missing}: is it a BERT vocab.txt?")
+        self._fast = _build_fast_tokenizer(self.vocab, do_lower_case, max_input_chars_per_word) if use_fast else None
 
     @property
     def is_fast(self) -> bool:

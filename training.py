@@ -482,6 +482,7 @@ def add_finetuning_arguments(parser: argparse.ArgumentParser, *, seed: int, log_
     r.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
     r.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
+    utils.add_debug_argument(r)
     return g, r
 
 
@@ -498,6 +499,11 @@ def check_finetuning_arguments(args: argparse.Namespace) -> None:
         raise utils.InputError("--num_train_epochs must be positive (or give --max_steps)")
     if args.loss_scale < 0 or args.log_freq < 1 or args.num_workers < 0:
         raise utils.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
+    output_dir = getattr(args, "output_dir", None)
+    if output_dir and Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise utils.InputError(f"--output_dir {output_dir} is a file: name a folder for the results")
+    if args.json_summary and Path(args.json_summary).is_dir():
+        raise utils.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
 
 
 def finetuning_setup(model: torch.nn.Module, args: argparse.Namespace, env: utils.DistEnv, total_steps: int):
@@ -513,6 +519,19 @@ def finetuning_setup(model: torch.nn.Module, args: argparse.Namespace, env: util
                          max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
     scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
     return ddp_model, precision, optimizer, scheduler
+
+
+def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: int) -> None:
+    """A one-line InputError, before any work, when the input cannot fit the model: a vocabulary with more tokens
+    than the model's vocab_size (its ids would index past the embedding table, an IndexError mid-run), or a
+    --max_seq_length beyond its max_position_embeddings (the same, for positions)."""
+    if vocab_size > config.vocab_size:
+        raise utils.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
+                               f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
+                               "--config_file)")
+    if max_seq_length > config.max_position_embeddings:
+        raise utils.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+                               f"{config.max_position_embeddings}: pass at most that")
 
 
 def resolve_model_files(args: argparse.Namespace) -> None:

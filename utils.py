@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -43,9 +43,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:  # name the file meant
+            e.filename = str(path)
         raise
 
 
@@ -79,7 +81,39 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     import torch
 
     with atomic_open(path, "wb") as f:
-        torch.save(obj, f)
+        recorder = _WriteErrorRecorder(f)
+        try:
+            torch.save(obj, recorder)
+        except RuntimeError:
+            # torch's zip writer turns a failed write (ENOSPC, EIO) into "RuntimeError: [enforce fail at
+            # inline_container.cc] unexpected pos ..." chained to the OSError: raise the OSError itself, alone.
+            if recorder.error is not None:
+                raise recorder.error from None
+            raise
+
+
+class _WriteErrorRecorder:
+    """A binary file for torch.save that remembers the first OSError a write raised (and raises it)."""
+
+    def __init__(self, f):
+        self._f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._f.flush()
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -449,6 +483,120 @@ def survive_broken_pipes() -> Iterator[None]:
 class InputError(Exception):
     """Bad input a user can fix (a file, a flag, a shard): library code raises it (or a subclass) with a one-line
     message naming the flag or file; only an entry script's main() turns it into that line and a non-zero exit."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Errors of an entry script: one line, or the whole traceback with --debug.
+#
+#     def main(argv=None):
+#         with utils.script_errors("run_glue.py", argv):
+#             args = parse_args(argv)          # the parser has utils.add_debug_argument(parser)
+#             return run(args)
+#
+# Inside the block, an expected error (EXPECTED_ERRORS: InputError and its subclasses, OSError: a missing,
+# unreadable or full-disk file, ValueError: CheckpointError, a JSON or UTF-8 decoding error, a malformed file)
+# leaves as SystemExit("<prog>: error: <what>"): Python prints that one line on stderr and exits 1. A SystemExit
+# with a message raised inside (a script's own check) is put in the same form. With --debug on the command line
+# the exception propagates unchanged, so Python prints its traceback. Any other exception (a bug) always shows
+# its traceback.
+
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (InputError, OSError, ValueError)
+
+# What to do about an OSError without a message of our own, by errno name.
+_OS_ERROR_ADVICE = {
+    "ENOSPC": "free some space or write elsewhere, then run again",
+    "EDQUOT": "the disk quota is used up: free some space or write elsewhere, then run again",
+    "EACCES": "check its permissions and its folders'",
+    "EPERM": "check its permissions and its folders'",
+    "EROFS": "the file system is read-only: write elsewhere",
+    "ENOENT": "check the path",
+    "EISDIR": "it is a folder: name a file",
+    "ENOTDIR": "a part of the path is a file, not a folder",
+    "EEXIST": "move it away or choose another name",
+    "ELOOP": "a symbolic link in the path points back to itself",
+    "EIO": "the device reported an I/O error: check the disk",
+}
+
+
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    """--debug: an error shows Python's full traceback instead of the one-line message (see script_errors)."""
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the full Python traceback instead of a one-line message")
+
+
+def describe_error(e: BaseException) -> str:
+    """An exception as one line: its message with the lines joined; for an OSError that carries only errno,
+    strerror and file names (Python's own), '<file>: <strerror> (<what to do>)'."""
+    import errno
+
+    if isinstance(e, OSError) and e.strerror and e.args == (e.errno, e.strerror):
+        name = errno.errorcode.get(e.errno, "")
+        files = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        advice = _OS_ERROR_ADVICE.get(name)
+        text = f"{files}: {e.strerror}" if files else e.strerror
+        return f"{text} ({advice})" if advice else text
+    text = str(e).strip()
+    if isinstance(e, KeyError) and len(e.args) == 1:
+        text = str(e.args[0])
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text or type(e).__name__
+
+
+def _one_line_exit(prog: str, message: str) -> str:
+    """'<prog>: error: <message>' from a message that may already start with '<prog>:' and/or 'error:'."""
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    for prefix in (f"{prog}:", "error:"):
+        if text.startswith(prefix):
+            text = text[len(prefix):].lstrip()
+    return f"{prog}: error: {text}"
+
+
+def check_output_path(path: str | os.PathLike, flag: str, folder: bool = False) -> None:
+    """Refuse now, in one line (InputError), an output that could only fail after the work: `path` must be a
+    file (or with folder=True a folder) whose folder can be created and written in (tried with a temporary file,
+    so permissions, a read-only file system and root's privileges all count as they will for the real write)."""
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path} is a file: name a folder")
+    if not folder and path.is_dir():
+        raise InputError(f"{flag} {path} is a folder: name the file to write")
+    target = path if folder else path.parent
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot create the folder {target} ({e.strerror}): name a path in a "
+                         "folder you can write") from None
+    try:
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot write in {target} ({e.strerror}): check its permissions, or "
+                         "write elsewhere") from None
+
+
+def debug_requested(argv: Sequence[str] | None = None) -> bool:
+    """Whether --debug is on the command line (`argv`, or sys.argv[1:] when None); read before argparse runs, so
+    that errors raised while the arguments are checked follow it too."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return "--debug" in args[:args.index("--")] if "--" in args else "--debug" in args
+
+
+@contextlib.contextmanager
+def script_errors(prog: str, argv: Sequence[str] | None = None,
+                  expected: tuple[type[BaseException], ...] = EXPECTED_ERRORS) -> Iterator[None]:
+    """Wrap an entry script's main(): expected errors become SystemExit('<prog>: error: <what>') (one line on
+    stderr, exit status 1), unless --debug is in `argv` (default sys.argv[1:]), which lets them propagate with
+    their traceback. `prog` is the script's file name as the user typed it (e.g. "run_glue.py")."""
+    try:
+        yield
+    except SystemExit as e:
+        if isinstance(e.code, str):  # a script's own check: same form, one line
+            raise SystemExit(_one_line_exit(prog, e.code)) from None
+        raise
+    except expected as e:
+        if debug_requested(argv):
+            raise
+        raise SystemExit(_one_line_exit(prog, describe_error(e))) from None
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -188,7 +188,7 @@ def _require_dir(path: str | None, flag: str) -> Path:
     if not path:
         raise SystemExit(f"error: {flag} is required for this dataset")
     if not Path(path).is_dir():
-        raise SystemExit(f"error: {flag} {path} is not a folder")
+        raise SystemExit(f"error: {flag} {path} is not a folder: pass the folder that holds the text files")
     return Path(path)
 
 
@@ -345,7 +345,8 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="bertPrep.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--action", required=True, choices=ACTIONS)
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--working_dir", default=os.environ.get("BERT_PREP_WORKING_DIR") or os.environ.get("DATA_DIR"),
@@ -383,10 +384,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random_seed", type=int, default=12345)
     p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    from utils import add_debug_argument  # the repository root is importable: main() checked it
+
+    add_debug_argument(p)
     return p
 
 
 def main(argv=None) -> int:
+    """0 when the action finished; bad input, a failed download or a full disk: one line on stderr and exit
+    status 1 (--debug: the traceback)."""
+    try:
+        from utils import script_errors
+    except ModuleNotFoundError:
+        raise SystemExit("error: run from the repository root as `python -m data.bertPrep ...`") from None
+    with script_errors("bertPrep.py", argv):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     try:
         import file_utils  # noqa: F401  (top-level module: the repository root must be importable)
@@ -396,6 +411,8 @@ def main(argv=None) -> int:
         raise SystemExit("error: set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
     if args.n_processes < 1:
         raise SystemExit("error: --n_processes must be >= 1")
+    if Path(args.working_dir).exists() and not Path(args.working_dir).is_dir():
+        raise SystemExit(f"error: --working_dir {args.working_dir} is a file: name a folder")
     for key, value in PHASES[args.phase].items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -309,6 +309,23 @@ def list_text_files(inputs: Iterable[str | os.PathLike], pattern: str = "*.txt")
     return files
 
 
+def check_text_file(path: str | os.PathLike, probe: int = 1 << 16) -> None:
+    """Refuse (one line) a file that cannot be read, or is not text: NUL bytes in its first 64 KiB, or more than 1%
+    of them not UTF-8 (an archive, an image, a document in another encoding). Stray bad bytes in a real dump pass:
+    they are replaced, as the readers do."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(probe)
+    except OSError as e:
+        raise SystemExit(f"error: input {path} cannot be read ({e.strerror}): check its permissions") from None
+    if b"\0" in head:
+        raise SystemExit(f"error: input {path} is not text (it holds NUL bytes): give UTF-8 text files")
+    bad = head.decode("utf-8", errors="replace").count("\ufffd")
+    if bad > len(head) // 100:
+        raise SystemExit(f"error: input {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
+                         "convert it to UTF-8")
+
+
 def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary: str = "file",
                       num_workers: int = 1, progress: bool = True) -> Counter:
     """Text files (or WikiExtractor files) -> `output`, one document per line, in file order.
@@ -321,6 +338,8 @@ def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary
 
     if not files:
         raise SystemExit("error: no input files found (check the folder and --input_pattern)")
+    for path in files:  # before the work: a binary file would become documents of replacement characters
+        check_text_file(path)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     counts: Counter = Counter(files=len(files))

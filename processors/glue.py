@@ -179,11 +179,15 @@ def _resolve(data_dir: Path, task: GlueTask, split: str, alternatives: Sequence[
 
 def read_tsv(path: Path) -> list[list[str]]:
     """All rows of a GLUE tsv file: utf-8-sig (drops a leading BOM), tab-separated, no quoting."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        # Without quoting a field never spans lines, but one malformed line can still exceed csv's 128 KiB field
-        # limit; reading it whole lets the column check below report the line instead of a csv internal error.
-        csv.field_size_limit(2**31 - 1)
-        return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            # Without quoting a field never spans lines, but one malformed line can still exceed csv's 128 KiB
+            # field limit; reading it whole lets the column check below report the line, not a csv internal error.
+            csv.field_size_limit(2**31 - 1)
+            return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+    except UnicodeDecodeError as e:
+        raise GlueDataError(f"{path} is not UTF-8 text (byte {e.start}): give the GLUE tsv files as "
+                            "download_glue_data.py writes them") from None
 
 
 def _column_indices(path: Path, header: Sequence[str], layout: FileLayout) -> dict[str, int]:

@@ -108,7 +108,7 @@ def _load_json(path_or_json: str | os.PathLike | Mapping) -> tuple[dict, str]:
     except json.JSONDecodeError as e:
         raise SquadFormatError(f"SQuAD file {path} is not valid JSON ({e}); expected {{'data': [...]}}") from None
     except UnicodeDecodeError as e:
-        raise SquadFormatError(f"SQuAD file {path} is not UTF-8 text ({e})") from None
+        raise SquadFormatError(f"SQuAD file {path} is not UTF-8 text (byte {e.start}): convert it to UTF-8") from None
 
 
 def squad_articles(path_or_json: str | os.PathLike | Mapping) -> list[dict]:
@@ -122,12 +122,13 @@ def squad_articles(path_or_json: str | os.PathLike | Mapping) -> list[dict]:
     if not data or "paragraphs" in data[0]:
         for i, article in enumerate(data):
             if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
-                raise SquadFormatError(f"{name}: data[{i}] has no 'paragraphs' list")
+                raise SquadFormatError(f"{name}: data[{i}] has no 'paragraphs' list; is this a SQuAD file?")
         return data
     paragraphs: list[dict] = []
     for i, row in enumerate(data):
         if not isinstance(row, dict) or not all(k in row for k in ("id", "question", "context")):
-            raise SquadFormatError(f"{name}: data[{i}] has neither 'paragraphs' nor id/question/context keys")
+            raise SquadFormatError(f"{name}: data[{i}] has neither 'paragraphs' nor id/question/context keys; is this "
+                                   "a SQuAD file?")
         answers = row.get("answers") or {"text": [], "answer_start": []}
         qa = {"id": str(row["id"]), "question": row["question"], "is_impossible": not answers["text"],
               "answers": [{"text": t, "answer_start": s} for t, s in zip(answers["text"], answers["answer_start"])]}

@@ -52,8 +52,11 @@ def read_swag_examples(path: str | Path, split: str | None = None, require_label
     split = split or path.stem
     if not path.is_file():
         raise SwagDataError(f"SWAG file {path} not found; is --data_dir the folder with SWAG's train.csv and val.csv?")
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f))
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError as e:
+        raise SwagDataError(f"{path} is not UTF-8 text (byte {e.start}): give SWAG's csv files") from None
     if not rows:
         raise SwagDataError(f"{path} is empty; expected a header row (sent1, sent2, ending0, ...) and data rows")
     header = [h.strip() for h in rows[0]]

@@ -49,7 +49,7 @@ parse_mode() {
       train) do_train=true ;;
       eval) do_eval=true ;;
       prediction|predict) do_predict=true ;;
-      *) die "argument $1 (mode) may contain train, eval and prediction, got '$2'" ;;
+      *) die "argument $1 (mode) must list words among train, eval and prediction, got '$2'" ;;
     esac
   done
   [[ "$do_train" == true || "$do_eval" == true || "$do_predict" == true ]] || die "argument $1 (mode) is empty"

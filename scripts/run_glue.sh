@@ -126,7 +126,7 @@ cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_glue.py" "--task_name=$ta
 # shellcheck source=signals.sh
 source "$script_dir/signals.sh"
 launch_job run_glue.sh "$out_dir/logfile" "$num_gpu" "$task_name, precision $precision, $num_gpu process(es)"
-if [[ -f "$out_dir/results.json" ]]; then
+if (( JOB_STATUS == 0 )) && [[ -f "$out_dir/results.json" ]]; then
   echo "run_glue.sh: results in $out_dir/results.json" >&2
 fi
 exit "$JOB_STATUS"

@@ -256,7 +256,14 @@ for phase in $PHASES; do
     exit $EXIT_STOPPED
   fi
   if (( JOB_STATUS != 0 )); then
-    echo "run_pretraining.sh: phase $phase failed (exit $JOB_STATUS; its last lines are above)" >&2
+    # Repeat the job's own one-line error (run_pretraining.py: error: ...) last, where a reader looks first.
+    why=""
+    [[ -n "$logfile" ]] && why=$(grep -a ': error: ' "$logfile" | tail -n 1 || true)
+    if [[ -n "$why" ]]; then
+      echo "run_pretraining.sh: phase $phase failed (exit $JOB_STATUS): $why" >&2
+    else
+      echo "run_pretraining.sh: phase $phase failed (exit $JOB_STATUS; its last lines are above)" >&2
+    fi
     exit "$JOB_STATUS"
   fi
   if [[ "$reached" != "$steps" ]]; then  # e.g. --steps_this_run in EXTRA_ARGS: the phase is not over

@@ -137,7 +137,7 @@ fi
 # shellcheck source=signals.sh
 source "$script_dir/signals.sh"
 launch_job run_squad.sh "$OUT_DIR/logfile.txt" "$num_gpu" "SQuAD $version, precision $precision, $num_gpu process(es)"
-if [[ -f "$OUT_DIR/eval_results.json" ]]; then
+if (( JOB_STATUS == 0 )) && [[ -f "$OUT_DIR/eval_results.json" ]]; then
   echo "run_squad.sh: scores in $OUT_DIR/eval_results.json" >&2
 fi
 exit "$JOB_STATUS"

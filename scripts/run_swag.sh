@@ -123,7 +123,7 @@ cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_swag.py" "--data_dir=$dat
 # shellcheck source=signals.sh
 source "$script_dir/signals.sh"
 launch_job run_swag.sh "$out_dir/logfile" "$num_gpu" "SWAG, precision $precision, $num_gpu process(es)"
-if [[ -f "$out_dir/results.json" ]]; then
+if (( JOB_STATUS == 0 )) && [[ -f "$out_dir/results.json" ]]; then
   echo "run_swag.sh: results in $out_dir/results.json" >&2
 fi
 exit "$JOB_STATUS"

@@ -245,3 +245,31 @@ def pytest_sessionfinish(session, exitstatus):
     if skipped:
         reporter.write_line(f"CI: {skipped} test(s) were skipped; under CI every test must run", red=True)
         session.exitstatus = 1
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A disk that fills in the middle of a write (imported as `from conftest import ...`)
+
+
+def disk_full_for_large_writes(monkeypatch, limit: int = 4096) -> None:
+    """Binary files opened for writing through os.fdopen (utils.atomic_open's temporary files) fail every write
+    of more than `limit` bytes with ENOSPC, while small buffered writes and the final flush succeed: what a real
+    full tmpfs did to torch.save (measured: its large record writes fail, close() succeeds, and torch.save raises
+    'RuntimeError: [enforce fail at inline_container.cc] unexpected pos' chained to the OSError)."""
+    import errno
+    import io
+
+    class RawFull(io.FileIO):
+        def write(self, b):
+            if len(b) > limit:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(b)
+
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        if "w" in mode and "b" in mode:
+            return io.BufferedWriter(RawFull(fd, "w"))
+        return real_fdopen(fd, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)

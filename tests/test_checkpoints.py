@@ -267,4 +267,5 @@ def test_converter_writes_hf_and_nvidia(tmp_path, minilm_dir):
     inputs = batch()
     reference = theirs.eval()(input_ids=inputs[0], token_type_ids=inputs[1], attention_mask=inputs[2])
     torch.testing.assert_close(back(*inputs)[0], reference.prediction_logits, atol=1e-5, rtol=0)
-    assert convert_checkpoint.main(["--input", str(tmp_path / "nothing"), "--output", str(tmp_path / "o")]) == 2
+    with pytest.raises(SystemExit, match=r"^convert_checkpoint.py: error: --input .*nothing not found"):
+        convert_checkpoint.main(["--input", str(tmp_path / "nothing"), "--output", str(tmp_path / "o")])

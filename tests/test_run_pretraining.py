@@ -23,8 +23,9 @@ import torch
 import pretraining_data
 import run_pretraining as rp
 import training
-from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, make_shards, max_diff, read_log, subprocess_env,
-                      weights, write_config)
+import utils
+from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
+                      read_log, subprocess_env, weights, write_config)
 from checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertConfig, BertForPreTraining
 
@@ -263,26 +264,23 @@ def test_a_diverged_loss_is_caught_at_its_step_and_never_checkpointed(tmp_path, 
 
 
 def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, data, config, monkeypatch):
-    """ENOSPC in the middle of the third checkpoint write (the bytes go through utils.atomic_open as in a real
-    write): one line naming the error, no partial file, the second checkpoint intact and loadable."""
-    import errno
-
-    import utils
-
+    """The disk fills during the third checkpoint write as a real full tmpfs does (torch.save's large writes fail
+    with ENOSPC and it raises a RuntimeError chained to that OSError, the two chained tracebacks of issue 17; the
+    file's close succeeds): one line naming the file and the error, no partial file, the second checkpoint
+    intact and loadable."""
     real_save, calls = utils.atomic_torch_save, []
 
     def save_until_full(obj, path):
         calls.append(path)
         if len(calls) == 3:
-            with utils.atomic_open(path, "wb") as f:
-                f.write(b"partial bytes")
-                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            disk_full_for_large_writes(monkeypatch)
         real_save(obj, path)
 
     monkeypatch.setattr(utils, "atomic_torch_save", save_until_full)
     text = one_line_error(args_for(data, config, tmp_path / "out", "--max_steps", "5",
                                    "--num_steps_per_checkpoint", "1"))
-    assert "No space left on device" in text and "intact" in text
+    assert "ckpt_3.pt: No space left on device" in text and "intact" in text, text
+    assert "RuntimeError" not in text and "enforce fail" not in text
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if "ckpt" in p.name) == ["ckpt_1.pt", "ckpt_2.pt"]
     assert torch.load(tmp_path / "out" / "ckpt_2.pt", weights_only=True)["step"] == 2
 

@@ -34,7 +34,8 @@ from torch import nn
 
 from checkpoint_io import canonical_state_dict, from_pretrained, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
-from utils import atomic_open, atomic_write_json, set_seed
+from utils import (InputError, add_debug_argument, atomic_open, atomic_write_json, check_output_path, describe_error,
+                   script_errors, set_seed)
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 OUTPUT_NAMES = {"qa": ("start_logits", "end_logits"), "classification": ("logits",)}
@@ -61,7 +62,7 @@ class ExportWrapper(nn.Module):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="export_model.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="Hugging Face directory, ckpt_<step>.pt, NVIDIA .pt, or a state-dict file")
@@ -85,6 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest |export - PyTorch| the parity check allows")
     p.add_argument("--no_verify", action="store_true", help="skip the parity check after export")
+    add_debug_argument(p)
     return p.parse_args(argv)
 
 
@@ -111,13 +113,16 @@ def load_model(args: argparse.Namespace) -> nn.Module:
     cls = BertForQuestionAnswering
     if args.task == "classification":
         cls = BertForSequenceClassification
-        kwargs["num_labels"] = args.num_labels or _num_labels_in(args.checkpoint)
+        try:
+            kwargs["num_labels"] = args.num_labels or _num_labels_in(args.checkpoint)
+        except (FileNotFoundError, ValueError) as e:
+            raise InputError(f"--checkpoint {args.checkpoint}: {describe_error(e)}") from e
         if not kwargs["num_labels"]:
             raise SystemExit(f"--checkpoint {args.checkpoint} has no classifier: pass --num_labels")
     try:
         model = from_pretrained(cls, args.checkpoint, config=args.config_file, log=fresh.append, **kwargs)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"--checkpoint {args.checkpoint}: {e}") from None
+        raise InputError(f"--checkpoint {args.checkpoint}: {describe_error(e)}") from e
     head_keys = ("qa_outputs.",) if args.task == "qa" else ("classifier.", "bert.pooler.")
     head_missing = [line for line in fresh if "initialised fresh" in line and any(h in line for h in head_keys)]
     if head_missing and not args.allow_fresh_head:
@@ -227,9 +232,25 @@ def find_vocab(args: argparse.Namespace) -> Path | None:
 
 
 def main(argv=None) -> int:
+    """0 when the export (and its parity check) succeeded; bad input, a checkpoint that cannot be read safely, a
+    failed parity check or a full disk: one line on stderr and exit status 1 (--debug: the traceback)."""
+    with script_errors("export_model.py", argv):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     if args.opset < 17:
         raise SystemExit(f"--opset {args.opset}: use 17 or later (LayerNormalization as one op)")
+    if args.num_labels is not None and args.num_labels < 1:
+        raise SystemExit(f"--num_labels must be at least 1, got {args.num_labels}")
+    if not Path(args.checkpoint).exists():
+        raise SystemExit(f"--checkpoint {args.checkpoint} not found: give a fine-tuned checkpoint (.pt, .bin, "
+                         ".safetensors or a Hugging Face folder)")
+    if args.config_file is not None and not Path(args.config_file).is_file():
+        raise SystemExit(f"--config_file {args.config_file} not found")
+    vocab = find_vocab(args)  # before the export, not after it
+    check_output_path(args.output_dir, "--output_dir", folder=True)
     model = load_model(args)
     config = model.config
     if not 1 <= args.max_seq_length <= config.max_position_embeddings:
@@ -263,7 +284,6 @@ def main(argv=None) -> int:
         if bad:
             raise SystemExit(f"export parity failed: {bad} > --tolerance {args.tolerance}")
 
-    vocab = find_vocab(args)
     if vocab is not None:
         with atomic_open(out / "vocab.txt", "wb") as f:
             f.write(vocab.read_bytes())
