@@ -148,18 +148,23 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
 def check_shard_shapes(f, path: Path, flag: str) -> None:
     """A one-line DataError unless the open shard `f` holds one row per sample in every array, with the widths
     NVIDIA's layout has (input_ids, input_mask, segment_ids [N, S]; masked_lm_positions, masked_lm_ids [N, P];
-    next_sentence_labels [N]) and at least one sample."""
-    shapes = {k: tuple(f[k].shape) for k in SHARD_KEYS}
-    ndim = {k: 1 if k == "next_sentence_labels" else 2 for k in SHARD_KEYS}
-    consistent = (all(len(shapes[k]) == ndim[k] for k in SHARD_KEYS)
-                  and len({shapes[k][0] for k in SHARD_KEYS}) == 1
+    next_sentence_labels [N]; a packed shard: next_sentence_labels and next_sentence_positions [N, K]) and at
+    least one sample."""
+    packed = "next_sentence_positions" in f
+    keys = SHARD_KEYS + (("next_sentence_positions",) if packed else ())
+    shapes = {k: tuple(f[k].shape) for k in keys}
+    ndim = {k: 1 if k == "next_sentence_labels" and not packed else 2 for k in keys}
+    consistent = (all(len(shapes[k]) == ndim[k] for k in keys)
+                  and len({shapes[k][0] for k in keys}) == 1
                   and len({shapes[k][1] for k in ("input_ids", "input_mask", "segment_ids")}) == 1
-                  and shapes["masked_lm_positions"][1] == shapes["masked_lm_ids"][1])
+                  and shapes["masked_lm_positions"][1] == shapes["masked_lm_ids"][1]
+                  and (not packed or shapes["next_sentence_labels"][1] == shapes["next_sentence_positions"][1]))
     if not consistent:
-        found = ", ".join(f"{k} {list(shapes[k])}" for k in SHARD_KEYS)
+        found = ", ".join(f"{k} {list(shapes[k])}" for k in keys)
         raise DataError(f"{flag}: shard {path} has arrays of mismatched shapes ({found}); expected input_ids, "
                         "input_mask, segment_ids [N, S], masked_lm_positions, masked_lm_ids [N, P] and "
-                        "next_sentence_labels [N]: write it again with create_pretraining_data.py")
+                        "next_sentence_labels [N] (packed: next_sentence_labels, next_sentence_positions [N, K]): "
+                        "write it again with create_pretraining_data.py")
     if shapes["input_ids"][0] == 0:
         raise DataError(f"{flag}: shard {path} holds no samples (0 rows): remove it, or write it again with "
                         "create_pretraining_data.py")
