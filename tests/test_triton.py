@@ -176,6 +176,19 @@ def test_repository_configs_parse_for_both_backends(deployment, tmp_path):
     assert cpu.backend == "python" and cpu.max_batch_size == MAX_BATCH
     assert cpu.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert cpu.parameters["max_seq_length"].string_value == str(MAX_SEQ)
+    assert cpu.parameters["cpu_mem_arena"].string_value == "false" and cpu.parameters["malloc_trim"].string_value == \
+        "true"
+    assert not cpu.HasField("dynamic_batching")  # python backend: no batcher by default (its thread spins on CPU)
+    assert repository.main(["--export_dir", str(deployment[1]), "--repository", str(tmp_path / "cpu_batched"),
+                            "--backend", "python", "--dynamic_batching", "--max_batch_size", "8", "--link"]) == 0
+    batched = text_format.Parse((tmp_path / "cpu_batched" / "bert_qa" / "config.pbtxt").read_text(),
+                                model_config_pb2.ModelConfig())
+    assert list(batched.dynamic_batching.preferred_batch_size) == [4, 8]
+    text = text_format.Parse((deployment[2] / "bert_qa_text" / "config.pbtxt").read_text(),
+                             model_config_pb2.ModelConfig())
+    assert {k: v.string_value for k, v in text.parameters.items()} == {
+        "max_context_chars": str(MAX_CONTEXT_CHARS), "max_question_chars": str(MAX_QUESTION_CHARS),
+        "max_windows": str(MAX_WINDOWS)}
     paths = json.loads((deployment[2] / "bert_qa" / "1" / "sys_path.json").read_text())
     assert str(REPO_ROOT) in paths and any(Path(p, "onnxruntime").is_dir() for p in paths)
 
