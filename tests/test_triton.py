@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -629,6 +630,38 @@ def test_stop_leaves_no_process(server):
     assert not Path(server["state_dir"], "server.json").exists()
     with pytest.raises(Exception):
         httpclient.InferenceServerClient(server["http_url"], connection_timeout=2).is_server_live()
+
+
+def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
+    """qa_text_model._limits without a server (a stand-in for triton_python_backend_utils): $BERT_TRITON_MAX_*
+    wins over the config.pbtxt parameter, which wins over processors/items.py's defaults; bad values are refused."""
+    import importlib.util
+    import types
+
+    from processors import items
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    spec = importlib.util.spec_from_file_location("qa_text_model_under_test",
+                                                  REPO_ROOT / "triton" / "backend" / "qa_text_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in module.LIMITS:
+        monkeypatch.delenv(f"BERT_TRITON_{name.upper()}", raising=False)
+    assert module._limits({}) == (
+        {"max_context_chars": items.SERVER_MAX_CONTEXT_CHARS, "max_question_chars": items.SERVER_MAX_QUESTION_CHARS,
+         "max_windows": items.SERVER_MAX_WINDOWS}, dict.fromkeys(module.LIMITS, "default"))
+    config = {"parameters": {"max_context_chars": {"string_value": "500"}, "max_windows": {"string_value": "0"}}}
+    monkeypatch.setenv("BERT_TRITON_MAX_WINDOWS", "7")
+    values, sources = module._limits(config)
+    assert values == {"max_context_chars": 500, "max_question_chars": items.SERVER_MAX_QUESTION_CHARS,
+                      "max_windows": 7}
+    assert sources == {"max_context_chars": "config.pbtxt", "max_question_chars": "default",
+                       "max_windows": "$BERT_TRITON_MAX_WINDOWS"}
+    for bad, message in (("lots", "max_windows 'lots' (from $BERT_TRITON_MAX_WINDOWS) is not an integer"),
+                         ("-1", "max_windows -1 (from $BERT_TRITON_MAX_WINDOWS) must be >= 0")):
+        monkeypatch.setenv("BERT_TRITON_MAX_WINDOWS", bad)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            module._limits(config)
 
 
 def test_launcher_refuses_bad_requests(tmp_path):
