@@ -14,6 +14,13 @@ the label with its probability (or the score of a regression model such as STS-B
 "text_b"?} (classify) objects, or, for qa, a SQuAD file. The device is the GPU when there is one (--no_cuda to
 stay on the CPU); --fp16/--bf16 run the model under autocast.
 
+Checked before any model work, each refusal one line `inference.py: error: ...` and exit 1 (--debug: the
+traceback): an empty or blank question, context, text_a or text_b; text that is not UTF-8 (an --input_file names
+its byte offset and line, a command-line argument its byte offset); a context (or text_a/text_b) over
+--max_context_chars, a question over --max_question_chars, a question whose context needs more than --max_windows
+windows (0 turns a limit off); an --output_file that is a folder or cannot be written. Long inputs show a progress
+bar on stderr (--disable_progress_bar hides it).
+
 Python callers use `answer_questions(model, tokenizer, items, ...)` and `classify(model, tokenizer, items, ...)`,
 which return the same JSON-ready lists.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -32,7 +40,8 @@ import utils
 from checkpoint_io import CheckpointError, from_pretrained, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
-from processors.items import read_items
+from processors.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS, check_text,
+                             check_windows, read_items)
 from tokenization import BertTokenizer, vocab_is_uncased
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -50,13 +59,18 @@ def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[st
                      doc_stride: int = 128, max_query_length: int = 64, n_best_size: int = 20,
                      max_answer_length: int = 30, version_2_with_negative: bool = False,
                      null_score_diff_threshold: float = 0.0, batch_size: int = 8,
-                     device: torch.device | str | None = None, precision: str = "fp32") -> list[dict[str, Any]]:
+                     device: torch.device | str | None = None, precision: str = "fp32", max_windows: int = 0,
+                     how_to_raise: str = "raise max_windows (0: no limit)", progress: bool = False
+                     ) -> list[dict[str, Any]]:
     """Answer [{"id"?, "question", "context"}, ...] with a BertForQuestionAnswering (or any module with the same
     forward(input_ids, token_type_ids, attention_mask) -> (start [B,S], end [B,S])).
 
     Returns one dict per item: {"id", "question", "answer", "probability", "nbest": [{text, probability,
     start_logit, end_logit}, ...]}, plus "null_score_diff" for v2.0 (the answer is "" when it exceeds the
     threshold). The model is used on `device` (default: where its parameters are).
+
+    max_windows > 0 refuses (ValueError, before any forward pass) an item whose context needs more windows;
+    progress=True shows a progress bar on stderr when there are more than four batches of windows.
     """
     if device is None:
         device = next(model.parameters()).device
@@ -64,20 +78,36 @@ def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[st
     examples = squad.examples_from_qa_pairs(items)
     features = squad.convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
                                                   is_training=False)
+    if max_windows:
+        windows = np.bincount([f.example_index for f in features], minlength=len(examples))
+        worst = int(windows.argmax())
+        check_windows(int(windows[worst]), max_windows, f"item {worst} (id {examples[worst].qas_id!r}, context of "
+                      f"{len(items[worst]['context']):,} characters at max_seq_length {max_seq_length}, doc_stride "
+                      f"{doc_stride})", how_to_raise)
     model.eval()
     results = {}
-    for lo in range(0, len(features), batch_size):
-        chunk = features[lo:lo + batch_size]
-        longest = max(sum(f.input_mask) for f in chunk)  # no padding beyond the longest window of the batch
-        batch = [torch.tensor([getattr(f, k)[:longest] for f in chunk], device=device)
-                 for k in ("input_ids", "segment_ids", "input_mask")]
-        with utils.autocast(precision, device):
-            start, end = model(*batch)
-        start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
-        for row, f in enumerate(chunk):
-            results[f.unique_id] = squad.RawResult(f.unique_id, start[row], end[row])
+    with _progress_bar(len(features), batch_size, progress, "windows") as bar:
+        for lo in range(0, len(features), batch_size):
+            chunk = features[lo:lo + batch_size]
+            longest = max(sum(f.input_mask) for f in chunk)  # no padding beyond the longest window of the batch
+            batch = [torch.tensor([getattr(f, k)[:longest] for f in chunk], device=device)
+                     for k in ("input_ids", "segment_ids", "input_mask")]
+            with utils.autocast(precision, device):
+                start, end = model(*batch)
+            start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
+            for row, f in enumerate(chunk):
+                results[f.unique_id] = squad.RawResult(f.unique_id, start[row], end[row])
+            bar.update(len(chunk))
     return squad.answers_from_logits(examples, features, results, n_best_size, max_answer_length,
                                      tokenizer.do_lower_case, version_2_with_negative, null_score_diff_threshold)
+
+
+def _progress_bar(total: int, batch_size: int, enabled: bool, unit: str):
+    """A tqdm bar on stderr for more than four batches of work, else one that shows nothing."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc="inference.py", file=sys.stderr, mininterval=1.0,
+                disable=not enabled or total <= 4 * batch_size)
 
 
 def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], max_seq_length: int
@@ -104,7 +134,7 @@ def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], m
 @torch.inference_mode()
 def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], *, max_seq_length: int = 128,
              batch_size: int = 8, device: torch.device | str | None = None, precision: str = "fp32",
-             labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+             labels: Sequence[str] | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """Classify [{"id"?, "text_a", "text_b"?}, ...] with a BertForSequenceClassification.
 
     Returns {"id", "label", "probability", "probabilities": {label: p}} per item, or {"id", "score"} for a
@@ -123,16 +153,18 @@ def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]]
     encoded = encode_pairs(tokenizer, items, max_seq_length)
     model.eval()
     out = []
-    for lo in range(0, len(encoded), batch_size):
-        chunk = encoded[lo:lo + batch_size]
-        longest = max(len(ids) for ids, _ in chunk)
-        ids = torch.tensor([x + [0] * (longest - len(x)) for x, _ in chunk], device=device)
-        types = torch.tensor([t + [0] * (longest - len(t)) for _, t in chunk], device=device)
-        mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x, _ in chunk], device=device)
-        with utils.autocast(precision, device):
-            logits = model(ids, types, mask)[0].float().cpu()  # [B, num_labels]
-        for row, item_index in enumerate(range(lo, lo + len(chunk))):
-            out.append(_classification_record(items[item_index], item_index, logits[row], labels))
+    with _progress_bar(len(encoded), batch_size, progress, "items") as bar:
+        for lo in range(0, len(encoded), batch_size):
+            chunk = encoded[lo:lo + batch_size]
+            longest = max(len(ids) for ids, _ in chunk)
+            ids = torch.tensor([x + [0] * (longest - len(x)) for x, _ in chunk], device=device)
+            types = torch.tensor([t + [0] * (longest - len(t)) for _, t in chunk], device=device)
+            mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x, _ in chunk], device=device)
+            with utils.autocast(precision, device):
+                logits = model(ids, types, mask)[0].float().cpu()  # [B, num_labels]
+            for row, item_index in enumerate(range(lo, lo + len(chunk))):
+                out.append(_classification_record(items[item_index], item_index, logits[row], labels))
+            bar.update(len(chunk))
     return out
 
 
@@ -158,7 +190,7 @@ def _find_vocab(args) -> str:
     ckpt = Path(args.init_checkpoint)
     candidate = ckpt / "vocab.txt" if ckpt.is_dir() else ckpt.parent / "vocab.txt"
     if not candidate.is_file():
-        raise SystemExit(f"inference.py: no vocab.txt in or beside {ckpt}: pass --vocab_file")
+        raise utils.InputError(f"no vocab.txt in or beside {ckpt}: pass --vocab_file")
     return str(candidate)
 
 
@@ -191,7 +223,7 @@ def load_model(args, log):
     else:
         num_labels, names = checkpoint_labels(args.init_checkpoint)
         if num_labels is None:
-            raise SystemExit(f"inference.py: {args.init_checkpoint} has no classifier head: fine-tune it with "
+            raise utils.InputError(f"{args.init_checkpoint} has no classifier head: fine-tune it with "
                              "run_glue.py first")
         model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, config=config,
                                 log=lines.append, num_labels=num_labels)
@@ -201,33 +233,59 @@ def load_model(args, log):
         log(line)
     if any(line.split(": ", 1)[-1].startswith("initialised fresh") and f" {head}." in f" {line}" for line in lines):
         task = "run_squad.py" if args.mode == "qa" else "run_glue.py"
-        raise SystemExit(f"inference.py: {args.init_checkpoint} has no {head} head (it would answer at random): "
+        raise utils.InputError(f"{args.init_checkpoint} has no {head} head (it would answer at random): "
                          f"fine-tune it with {task} first")
     return model
 
 
+LIMIT_HINT = "raise it with --{name} (0 = no limit)"
+
+
 def items_from_args(args) -> list[dict]:
+    """The items to answer or classify, each checked (UTF-8, not empty, within the character limits) before any
+    model work; utils.InputError (one line) for the first that is not."""
     if args.input_file:
         try:
             items = read_items(args.input_file)
         except (OSError, ValueError) as e:  # a missing file, bad JSON, bytes that are not UTF-8
-            raise SystemExit(f"inference.py: --input_file: {e}") from None
-        where = f"--input_file {args.input_file}"
+            raise utils.InputError(f"--input_file: {e}") from None
+        labels = [f"item {i} of --input_file {args.input_file}: the {{}}" for i in range(len(items))]
     elif args.mode == "qa":
         if args.question is None or args.context is None:
-            raise SystemExit("inference.py: give --question and --context, or --input_file")
-        items, where = [{"id": "0", "question": args.question, "context": args.context}], "the command line"
+            raise utils.InputError("give --question and --context, or --input_file")
+        items, labels = [{"id": "0", "question": args.question, "context": args.context}], ["--{}"]
     else:
         if args.text_a is None:
-            raise SystemExit("inference.py: give --text_a (and --text_b for pairs), or --input_file")
-        items, where = [{"id": "0", "text_a": args.text_a, "text_b": args.text_b}], "the command line"
-    needed = ("question", "context") if args.mode == "qa" else ("text_a",)
-    for i, item in enumerate(items):
-        empty = [k for k in needed if isinstance(item.get(k), str) and not item[k].strip()]
-        if empty:  # an answer to nothing would look like a real one (a missing field is the task's error)
-            raise SystemExit(f"inference.py: item {i} of {where} has an empty {' and '.join(empty)}: nothing to "
-                             "answer or classify")
+            raise utils.InputError("give --text_a (and --text_b for pairs), or --input_file")
+        items, labels = [{"id": "0", "text_a": args.text_a, "text_b": args.text_b}], ["--{}"]
+    fields = (("question", args.max_question_chars, "max_question_chars"),
+              ("context", args.max_context_chars, "max_context_chars")) if args.mode == "qa" else \
+        (("text_a", args.max_context_chars, "max_context_chars"), ("text_b", args.max_context_chars,
+                                                                   "max_context_chars"))
+    try:
+        for item, label in zip(items, labels):
+            for name, limit, limit_name in fields:
+                check_text(item.get(name), label.format(name), limit, limit_name, LIMIT_HINT)
+    except ValueError as e:
+        raise utils.InputError(str(e)) from None
     return items
+
+
+def check_output_file(path: str) -> None:
+    """Refuse, before any work, an --output_file that is a folder or whose folder cannot take a new file (the
+    JSON is written to a temporary file there and renamed)."""
+    target = Path(path)
+    if target.is_dir():
+        raise utils.InputError(f"--output_file {path} is a folder: name a file")
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise utils.InputError(f"--output_file {path}: {folder} {what}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".check"):
+            pass
+    except OSError as e:
+        raise utils.InputError(f"--output_file {path}: cannot write in {folder} ({e.strerror})") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -253,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text_b", default=None, help="classify: the second sentence of a pair")
     g.add_argument("--input_file", default=None, help="a JSON list, JSON lines, or (qa) a SQuAD file")
     g.add_argument("--output_file", default=None, help="also write the JSON here")
+    g = p.add_argument_group("limits (checked before any model work; 0 = no limit)")
+    g.add_argument("--max_context_chars", type=int, default=CLI_MAX_CONTEXT_CHARS,
+                   help="refuse a context (qa) or text_a/text_b (classify) longer than this many characters")
+    g.add_argument("--max_question_chars", type=int, default=CLI_MAX_QUESTION_CHARS,
+                   help="qa: refuse a question longer than this many characters")
+    g.add_argument("--max_windows", type=int, default=CLI_MAX_WINDOWS,
+                   help="qa: refuse a question whose context needs more windows than this")
     g = p.add_argument_group("question answering")
     g.add_argument("--max_seq_length", type=int, default=None,
                    help="tokens per window (default 384 qa, 128 classify, at most the model's positions)")
@@ -270,48 +335,66 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch_size", type=int, default=8, help="windows (or sentences) per forward pass")
     utils.add_precision_arguments(g)
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
+    g.add_argument("--disable_progress_bar", action="store_true", help="no progress bar for long inputs")
+    g.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     return p
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    """Run inference.py; an expected error (bad input, an unusable checkpoint, an unwritable output) becomes
+    SystemExit("inference.py: error: <one line>"), which Python prints to stderr with exit status 1."""
     args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except (utils.InputError, CheckpointError, OSError, ValueError) as e:
+        if args.debug:
+            raise
+        message = " ".join(str(e).split()) or type(e).__name__
+        raise SystemExit(f"inference.py: error: {message}") from None
+
+
+def run(args: argparse.Namespace) -> list[dict]:
     if not Path(args.init_checkpoint).exists():
-        raise SystemExit(f"inference.py: --init_checkpoint {args.init_checkpoint} not found")
+        raise utils.InputError(f"--init_checkpoint {args.init_checkpoint} not found")
     for name in ("batch_size", "doc_stride", "n_best_size", "max_answer_length"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"inference.py: --{name} must be positive, got {getattr(args, name)}")
+            raise utils.InputError(f"--{name} must be positive, got {getattr(args, name)}")
+    for name in ("max_context_chars", "max_question_chars", "max_windows"):
+        if getattr(args, name) < 0:
+            raise utils.InputError(f"--{name} must be >= 0 (0: no limit), got {getattr(args, name)}")
+    items = items_from_args(args)
+    if args.output_file:
+        check_output_file(args.output_file)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout carries the JSON only)
     device = torch.device("cpu") if args.no_cuda else _default_device(None)
     precision = utils.setup_precision(args.precision, device, "inference.py").name
-    items = items_from_args(args)
     vocab_file = _find_vocab(args)
-    try:
-        tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
-        if args.do_lower_case is None:
-            args.do_lower_case = vocab_is_uncased(tokenizer.vocab)
-        tokenizer = BertTokenizer(vocab_file, do_lower_case=args.do_lower_case)
-        model = load_model(args, log).to(device)
-        limit = model.config.max_position_embeddings
-        if args.max_seq_length is not None and args.max_seq_length > limit:
-            raise SystemExit(f"inference.py: --max_seq_length {args.max_seq_length} exceeds the model's "
-                             f"max_position_embeddings {limit}")
-        if args.mode == "qa":
-            max_seq_length = args.max_seq_length or min(384, limit)
-            if max_seq_length < args.max_query_length + 4:
-                raise SystemExit(f"inference.py: --max_seq_length {max_seq_length} must be at least "
-                                 f"--max_query_length {args.max_query_length} + 4")
-            out = answer_questions(
-                model, tokenizer, items, max_seq_length=max_seq_length, doc_stride=args.doc_stride,
-                max_query_length=args.max_query_length, n_best_size=args.n_best_size,
-                max_answer_length=args.max_answer_length, version_2_with_negative=args.version_2_with_negative,
-                null_score_diff_threshold=args.null_score_diff_threshold, batch_size=args.batch_size, device=device,
-                precision=precision)
-        else:
-            labels = args.labels.split(",") if args.labels else model.label_names
-            out = classify(model, tokenizer, items, max_seq_length=args.max_seq_length or min(128, limit),
-                           batch_size=args.batch_size, device=device, precision=precision, labels=labels)
-    except (CheckpointError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"inference.py: error: {e}") from None
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
+    if args.do_lower_case is None:
+        args.do_lower_case = vocab_is_uncased(tokenizer.vocab)
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=args.do_lower_case)
+    model = load_model(args, log).to(device)
+    limit = model.config.max_position_embeddings
+    if args.max_seq_length is not None and args.max_seq_length > limit:
+        raise utils.InputError(f"--max_seq_length {args.max_seq_length} exceeds the model's "
+                               f"max_position_embeddings {limit}")
+    progress = not args.disable_progress_bar
+    if args.mode == "qa":
+        max_seq_length = args.max_seq_length or min(384, limit)
+        if max_seq_length < args.max_query_length + 4:
+            raise utils.InputError(f"--max_seq_length {max_seq_length} must be at least --max_query_length "
+                                   f"{args.max_query_length} + 4")
+        out = answer_questions(
+            model, tokenizer, items, max_seq_length=max_seq_length, doc_stride=args.doc_stride,
+            max_query_length=args.max_query_length, n_best_size=args.n_best_size,
+            max_answer_length=args.max_answer_length, version_2_with_negative=args.version_2_with_negative,
+            null_score_diff_threshold=args.null_score_diff_threshold, batch_size=args.batch_size, device=device,
+            precision=precision, max_windows=args.max_windows, how_to_raise=LIMIT_HINT, progress=progress)
+    else:
+        labels = args.labels.split(",") if args.labels else model.label_names
+        out = classify(model, tokenizer, items, max_seq_length=args.max_seq_length or min(128, limit),
+                       batch_size=args.batch_size, device=device, precision=precision, labels=labels,
+                       progress=progress)
     text = json.dumps(out, indent=2, ensure_ascii=False)
     if args.output_file:
         utils.atomic_write_text(args.output_file, text + "\n")

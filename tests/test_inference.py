@@ -202,6 +202,9 @@ def test_help_lists_the_modes(repo_root):
 def test_bad_input_one_line_errors(qa_dir, tmp_path, minilm_dir):
     bad = tmp_path / "bad.json"
     bad.write_text('[{"question": "Who?", "context": ')
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('[{"question": "Qui?",\n "context": "Ren\u00e9e."}]'.encode("latin-1"))
+    offset = latin1.read_bytes().index(b"\xe9")
     cases = [
         (["--init_checkpoint", str(qa_dir), "--input_file", str(bad)], "is not JSON"),
         (["--init_checkpoint", str(qa_dir), "--input_file", str(tmp_path / "none.json")], "not found"),
@@ -209,20 +212,127 @@ def test_bad_input_one_line_errors(qa_dir, tmp_path, minilm_dir):
         (["--init_checkpoint", str(qa_dir), "--question", "Who?"], "--context"),
         (["--init_checkpoint", str(minilm_dir), "--question", "Who?", "--context", "Bob."], "no qa_outputs head"),
         (["--init_checkpoint", str(qa_dir), "--mode", "classify", "--text_a", "Hi."], "no classifier head"),
-        (["--init_checkpoint", str(qa_dir), "--question", "Who?", "--context", "  "], "has an empty context"),
-        (["--init_checkpoint", str(qa_dir), "--question", "", "--context", "Bob."], "has an empty question"),
-        (["--init_checkpoint", str(qa_dir), "--mode", "classify", "--text_a", ""], "has an empty text_a"),
-        (["--init_checkpoint", str(qa_dir), "--input_file", str(tmp_path / "latin1.json")], "can't decode byte"),
+        (["--init_checkpoint", str(qa_dir), "--question", "Who?", "--context", "  "], "--context is empty"),
+        (["--init_checkpoint", str(qa_dir), "--question", "", "--context", "Bob."], "--question is empty"),
+        (["--init_checkpoint", str(qa_dir), "--mode", "classify", "--text_a", ""], "--text_a is empty"),
+        (["--init_checkpoint", str(qa_dir), "--mode", "classify", "--text_a", "Hi.", "--text_b", " "],
+         "--text_b is empty"),
+        (["--init_checkpoint", str(qa_dir), "--input_file", str(latin1)],
+         f"--input_file: input file {latin1} is not UTF-8: byte 0xe9 at offset {offset} (line 2)"),
+        (["--init_checkpoint", str(qa_dir), "--max_windows", "-1", "--question", "Who?", "--context", "Bob."],
+         "--max_windows must be >= 0"),
     ]
-    (tmp_path / "latin1.json").write_bytes('[{"question": "Qui?", "context": "Ren\u00e9e."}]'.encode("latin-1"))
     for argv, message in cases:
         with pytest.raises(SystemExit) as e:
             inference.main(argv)
+        assert str(e.value).startswith("inference.py: error: "), str(e.value)
         assert message in str(e.value) and "\n" not in str(e.value), (argv, str(e.value))
     bad.write_text(json.dumps([{"question": "Who?"}]))
     with pytest.raises(SystemExit) as e:
         inference.main(["--init_checkpoint", str(qa_dir), "--input_file", str(bad)])
     assert "item 0 needs string 'question' and 'context'" in str(e.value)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading the model fails the test: the input checks must refuse before any model work."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+    monkeypatch.setattr(inference, "load_model", refuse)
+
+
+def test_inputs_are_checked_before_the_model_is_loaded(qa_dir, tmp_path, no_model):
+    """Non-UTF-8 text, over-long text and an unusable --output_file are refused in one line before any work."""
+    qa = ["--init_checkpoint", str(qa_dir)]
+    surrogate = "Ren\udce9e"  # how Python receives the argument bytes b"Ren\xe9e" (PEP 383)
+    items = tmp_path / "items.json"
+    items.write_text(json.dumps([{"question": "Who?", "context": "Bob."},
+                                 {"question": "Who?", "context": "Bob \ud800."}]))  # a JSON lone surrogate
+    (tmp_path / "a_file").write_text("x")
+    cases = [
+        (qa + ["--question", "Who?", "--context", surrogate],
+         "--context is not UTF-8 text (byte 0xe9 at offset 3: invalid continuation byte)"),
+        (qa + ["--question", surrogate, "--context", "Bob."], "--question is not UTF-8 text (byte 0xe9 at offset 3"),
+        (qa + ["--mode", "classify", "--text_a", "Hi.", "--text_b", surrogate], "--text_b is not UTF-8 text"),
+        (qa + ["--input_file", str(items)],
+         f"item 1 of --input_file {items}: the context is not UTF-8 text (lone surrogate U+D800 at character 4)"),
+        (qa + ["--question", "Who?", "--context", "word " * 20_001],
+         "--context has 100,005 characters, over the limit max_context_chars=100,000; raise it with "
+         "--max_context_chars (0 = no limit)"),
+        (qa + ["--question", "Who?", "--context", "Bob and Alice.", "--max_context_chars", "10"],
+         "--context has 14 characters, over the limit max_context_chars=10"),
+        (qa + ["--question", "Who? " * 401, "--context", "Bob."],
+         "--question has 2,005 characters, over the limit max_question_chars=2,000; raise it with "
+         "--max_question_chars"),
+        (qa + ["--mode", "classify", "--text_a", "Hi. " * 30, "--max_context_chars", "100"],
+         "--text_a has 120 characters, over the limit max_context_chars=100"),
+        (qa + ["--question", "Who?", "--context", "Bob.", "--output_file", str(tmp_path)],
+         f"--output_file {tmp_path} is a folder: name a file"),
+        (qa + ["--question", "Who?", "--context", "Bob.", "--output_file", str(tmp_path / "no" / "out.json")],
+         f"--output_file {tmp_path / 'no' / 'out.json'}: {tmp_path / 'no'} does not exist"),
+        (qa + ["--question", "Who?", "--context", "Bob.", "--output_file", str(tmp_path / "a_file" / "out.json")],
+         f"{tmp_path / 'a_file'} is not a folder"),
+        (qa + ["--question", "Who?", "--context", "Bob.", "--output_file", "/proc/out.json"],
+         "--output_file /proc/out.json: cannot write in /proc"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as e:
+            inference.main(argv)
+        assert str(e.value).startswith("inference.py: error: "), str(e.value)
+        assert message in str(e.value) and "\n" not in str(e.value), (argv[2:], str(e.value))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "items.json"]  # no probe file left behind
+
+
+def test_max_windows_refuses_before_any_forward_pass(tokenizer, long_context, qa_dir):
+    context = long_context(400, "Madagascar")  # ~17 windows of 64 tokens at stride 24
+    model = PointingModel(tokenizer.vocab["madagascar"])
+    items = [{"id": "short", "question": "Who?", "context": "Bob."},
+             {"id": "long", "question": "Where does the river go?", "context": context}]
+    with pytest.raises(ValueError, match=r"item 1 \(id 'long', context of 2,\d{3} characters at max_seq_length 64, "
+                                         r"doc_stride 24\) needs \d+ windows, over the limit max_windows=5"):
+        inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16,
+                                   max_windows=5)
+    assert model.windows == []
+    out = inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16,
+                                     max_windows=100)
+    assert out[1]["answer"] == "Madagascar" and len(model.windows) > 5
+
+    with pytest.raises(SystemExit) as e:
+        inference.main(["--init_checkpoint", str(qa_dir), "--question", "Where?", "--context", context,
+                        "--max_seq_length", "64", "--doc_stride", "24", "--max_query_length", "16",
+                        "--max_windows", "5"])
+    assert "over the limit max_windows=5; raise it with --max_windows (0 = no limit)" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_progress_bar_for_long_inputs(qa_dir, long_context, capsys):
+    argv = ["--init_checkpoint", str(qa_dir), "--question", "Where does the river go?", "--context",
+            long_context(400, "Madagascar"), "--max_seq_length", "64", "--doc_stride", "24", "--max_query_length",
+            "16", "--batch_size", "2"]
+    inference.main(argv)
+    captured = capsys.readouterr()
+    assert re.search(r"inference\.py: 100%.*\b(\d+)/\1 \[", captured.err), captured.err
+    inference.main(argv + ["--disable_progress_bar"])
+    assert "%|" not in capsys.readouterr().err
+    inference.main(argv[:4] + ["--context", "Bob went to Paris."])  # one window: no bar
+    assert "%|" not in capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line_and_debug_shows_the_traceback(qa_dir, repo_root, tmp_path):
+    """Run as a program: argument bytes that are not UTF-8 give one stderr line and exit 1; --debug the traceback."""
+    base = [sys.executable, str(repo_root / "inference.py"), "--init_checkpoint", str(qa_dir),
+            "--question", "Who?", "--no_cuda"]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(base + [b"--context", b"Ren\xe9e is here.", "--output_file", str(tmp_path / "o.json")],
+                          capture_output=True, cwd=repo_root, env=env, timeout=120)
+    lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert done.returncode == 1 and done.stdout == b""
+    assert lines == ["inference.py: error: --context is not UTF-8 text (byte 0xe9 at offset 3: invalid continuation "
+                     "byte)"], lines
+    assert not (tmp_path / "o.json").exists()
+    debug = subprocess.run(base + ["--context", " ", "--debug"], capture_output=True, text=True, cwd=repo_root,
+                           env=env, timeout=120)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "--context is empty" in debug.stderr
 
 
 def test_input_file_layouts_and_strict_errors_shared_with_the_triton_client(tmp_path, shared_data):

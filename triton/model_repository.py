@@ -15,7 +15,10 @@ Backends:
 Both configurations declare the same inputs and outputs (names, dtypes, [-1] dims after the batch dimension), so a
 client works unchanged against either. --text_model adds `<model_name>_text` (Python backend), which takes raw
 question/context strings, tokenizes, calls <model_name> (BLS) and post-processes the answer on the server, with
-the functions inference.py uses.
+the functions inference.py uses; it refuses (HTTP 400) empty and non-UTF-8 text and requests over
+--max_context_chars / --max_question_chars / --max_windows (written as config.pbtxt parameters; see README.md).
+The python tensor model's ONNX Runtime arena shrinks back after every run and malloc is trimmed after each batch,
+so a big batch leaves no memory held (--no_arena_shrinkage, --no_malloc_trim, --no_cpu_mem_arena change that).
 
 Layout written:
     <repository>/<model_name>/config.pbtxt
@@ -33,6 +36,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from processors.items import SERVER_MAX_CONTEXT_CHARS, SERVER_MAX_QUESTION_CHARS, SERVER_MAX_WINDOWS
 from utils import atomic_open, atomic_write_json, atomic_write_text
 
 HERE = Path(__file__).resolve().parent
@@ -52,12 +56,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="dynamic batcher's preferred sizes; default: powers of two up to max_batch_size from 4")
     p.add_argument("--max_queue_delay_us", type=int, default=2000,
                    help="how long the dynamic batcher may hold a request to form a bigger batch")
-    p.add_argument("--no_dynamic_batching", action="store_true")
+    batching = p.add_mutually_exclusive_group()
+    batching.add_argument("--dynamic_batching", action="store_true",
+                          help="give the tensor model Triton's dynamic batcher (default for --backend onnxruntime)")
+    batching.add_argument("--no_dynamic_batching", action="store_true",
+                          help="no dynamic batcher (default for --backend python: on this CPU, Triton 2.51's batcher "
+                               "thread spins while requests wait for the busy instance; see README.md)")
     p.add_argument("--instance_count", type=int, default=1)
     p.add_argument("--instance_kind", choices=("cpu", "gpu"), default=None,
                    help="default: gpu for onnxruntime (NGC container), cpu for python")
     p.add_argument("--intra_op_num_threads", type=int, default=0,
                    help="python backend: ONNX Runtime threads per instance (0 = all cores)")
+    p.add_argument("--no_arena_shrinkage", action="store_true",
+                   help="python backend: let ONNX Runtime's CPU arena keep what the largest batch ever served grew "
+                        "it to (by default it shrinks back after every run)")
+    p.add_argument("--no_malloc_trim", action="store_true",
+                   help="python backend: do not hand glibc's free pages back to the system after each batch")
+    p.add_argument("--no_cpu_mem_arena", action="store_true",
+                   help="python backend: run ONNX Runtime without its CPU arena (big batches were 1.4-2.2x slower)")
     p.add_argument("--tensorrt_fp16", action="store_true",
                    help="onnxruntime backend on GPU: run through ONNX Runtime's TensorRT accelerator in FP16")
     p.add_argument("--text_model", action="store_true",
@@ -69,6 +85,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--version_2_with_negative", action="store_true",
                    help="text model: a SQuAD 2.0 model (may answer \"\")")
     p.add_argument("--null_score_diff_threshold", type=float, default=0.0, help="text model, v2.0")
+    p.add_argument("--max_context_chars", type=int, default=SERVER_MAX_CONTEXT_CHARS,
+                   help="text model: refuse (400) a context longer than this many characters (0: no limit)")
+    p.add_argument("--max_question_chars", type=int, default=SERVER_MAX_QUESTION_CHARS,
+                   help="text model: refuse (400) a question longer than this many characters (0: no limit)")
+    p.add_argument("--max_windows", type=int, default=SERVER_MAX_WINDOWS,
+                   help="text model: refuse (400) a request whose rows need more windows than this (0: no limit)")
     p.add_argument("--link", action="store_true", help="symlink model.onnx instead of copying it")
     return p.parse_args(argv)
 
@@ -96,7 +118,12 @@ def _parameters(params: dict[str, object]) -> str:
 
 
 def _dynamic_batching(args: argparse.Namespace) -> str:
-    if args.no_dynamic_batching:
+    """The dynamic_batching block, or "" where there is none: --no_dynamic_batching, or --backend python without
+    --dynamic_batching. Measured on the 2-core CPU (README.md, "Serving soak"): with the batcher, Triton 2.51's
+    batcher thread busy-waits while requests queue for the one busy Python-backend instance, taking CPU from the
+    model itself: in the soak the server process used 3 CPU-seconds at load 4.6 and 25 to 57 at load 7 to 9,
+    against 0.1 without the batcher, and back-to-back soaks took 1.4 times as long with it."""
+    if args.no_dynamic_batching or (args.backend == "python" and not args.dynamic_batching):
         return ""
     sizes = args.preferred_batch_sizes
     if sizes is None:
@@ -123,7 +150,10 @@ def model_config(info: dict, args: argparse.Namespace, name: str) -> str:
     # Read by the Python backend to refuse bad requests early; harmless for the native backend.
     text += _parameters({"max_seq_length": info["max_seq_length"], "vocab_size": info["vocab_size"],
                          "type_vocab_size": info["type_vocab_size"],
-                         "intra_op_num_threads": args.intra_op_num_threads})
+                         "intra_op_num_threads": args.intra_op_num_threads,
+                         "cpu_mem_arena": str(not args.no_cpu_mem_arena).lower(),
+                         "arena_shrinkage": str(not args.no_arena_shrinkage).lower(),
+                         "malloc_trim": str(not args.no_malloc_trim).lower()})
     return text
 
 
@@ -134,7 +164,9 @@ def text_model_config(name: str, args: argparse.Namespace) -> str:
             "input [\n" + _tensor("question", "TYPE_STRING", [1]) + ",\n" + _tensor("context", "TYPE_STRING", [1])
             + "\n]\noutput [\n" + _tensor("answer", "TYPE_STRING", [1]) + ",\n"
             + _tensor("probability", "TYPE_FP32", [1]) + ",\n" + _tensor("nbest_json", "TYPE_STRING", [1])
-            + "\n]\n" + f"instance_group [ {{ count: 1 kind: KIND_{kind.upper()} }} ]\n")
+            + "\n]\n" + f"instance_group [ {{ count: 1 kind: KIND_{kind.upper()} }} ]\n"
+            + _parameters({"max_context_chars": args.max_context_chars,
+                           "max_question_chars": args.max_question_chars, "max_windows": args.max_windows}))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,6 +204,9 @@ def main(argv=None) -> int:
     export_dir = Path(args.export_dir)
     if args.max_batch_size < 1:
         raise SystemExit(f"--max_batch_size {args.max_batch_size} must be >= 1")
+    for name in ("max_context_chars", "max_question_chars", "max_windows"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name} {getattr(args, name)} must be >= 0 (0: no limit)")
     if args.text_model and info["task"] != "qa":
         raise SystemExit("--text_model serves question answering only; the export is a classification model")
     if args.text_model and not info.get("vocab_file"):

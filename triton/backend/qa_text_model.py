@@ -10,6 +10,14 @@ processors/squad.py's convert_examples_to_features, sends the windows to the ten
 max_batch_size, and turns the logits into answers with get_predictions, exactly as triton/client.py and
 inference.py do.
 Outputs per row: answer [1] (BYTES), probability [1] (FP32), nbest_json [1] (BYTES: the n-best list as JSON).
+
+Refused with INVALID_ARG (HTTP 400), one line each, before any window reaches the tensor model: a question or
+context that is not UTF-8 (naming the input, the row and the byte offset), an empty (or blank) question or context,
+a question over max_question_chars or a context over max_context_chars characters, and a request whose rows need
+more than max_windows windows together. The limits come from $BERT_TRITON_MAX_CONTEXT_CHARS /
+$BERT_TRITON_MAX_QUESTION_CHARS / $BERT_TRITON_MAX_WINDOWS at server start, else from this model's config.pbtxt
+parameters (model_repository.py --max_context_chars / --max_question_chars / --max_windows), else the defaults in
+processors/items.py; 0 turns a limit off.
 """
 import importlib.util
 import json
@@ -48,9 +56,42 @@ def _error(message: str):
     return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
 
 
+LIMITS = ("max_context_chars", "max_question_chars", "max_windows")
+
+
 def _strings(request, name: str) -> list[str]:
+    """The rows of a BYTES input as text; ValueError naming the input, the row and the byte that is not UTF-8."""
+    from processors.items import decode_utf8
+
     array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # [B, 1] object (bytes)
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+    return [decode_utf8(v, f"input '{name}' row {row}") if isinstance(v, bytes) else str(v)
+            for row, v in enumerate(array.reshape(-1))]
+
+
+def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
+    """({limit: value}, {limit: where it came from}): environment, else config.pbtxt parameters, else default."""
+    from processors import items
+
+    defaults = {"max_context_chars": items.SERVER_MAX_CONTEXT_CHARS,
+                "max_question_chars": items.SERVER_MAX_QUESTION_CHARS, "max_windows": items.SERVER_MAX_WINDOWS}
+    values, sources = {}, {}
+    for name in LIMITS:
+        env = f"BERT_TRITON_{name.upper()}"
+        parameter = config.get("parameters", {}).get(name, {}).get("string_value")
+        if os.environ.get(env):
+            raw, source = os.environ[env], f"${env}"
+        elif parameter:
+            raw, source = parameter, "config.pbtxt"
+        else:
+            raw, source = defaults[name], "default"
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise ValueError(f"{name} {raw!r} (from {source}) is not an integer") from None
+        if values[name] < 0:
+            raise ValueError(f"{name} {values[name]} (from {source}) must be >= 0 (0: no limit)")
+        sources[name] = source
+    return values, sources
 
 
 class TritonPythonModel:
@@ -59,6 +100,14 @@ class TritonPythonModel:
 
         folder = Path(__file__).parent
         self.settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
+        self.limits, sources = _limits(json.loads(args["model_config"]))
+        name = json.loads(args["model_config"]).get("name", "this model")
+        self.how_to_raise = (f"send less per request, or have the server's operator raise {{name}} (parameter "
+                             f"{{name}} in {name}/config.pbtxt, model_repository.py --{{name}}, or "
+                             f"$BERT_TRITON_{{NAME}} at server start; 0 = no limit)")
+        if hasattr(pb_utils, "Logger"):  # the server log says which limits hold and where they came from
+            pb_utils.Logger.log_info(f"{name} limits: " + ", ".join(f"{k}={v} ({sources[k]})"
+                                                                    for k, v in self.limits.items()))
         self.tokenizer = BertTokenizer(folder / "vocab.txt", do_lower_case=self.settings["do_lower_case"])
         self.np_dtype = np.int32 if self.settings["input_dtype"] == "int32" else np.int64
         # triton/client.py, copied beside this file: the batching and answer records of the client and of
@@ -80,6 +129,7 @@ class TritonPythonModel:
         return responses
 
     def _answer(self, request):
+        from processors.items import check_qa_text, check_windows
         from processors.squad import convert_examples_to_features, examples_from_qa_pairs
 
         s = self.settings
@@ -87,10 +137,16 @@ class TritonPythonModel:
         if len(questions) != len(contexts) or not questions:
             raise ValueError(f"question and context need the same number of rows (>= 1), got "
                              f"{len(questions)} and {len(contexts)}")
+        for row, (question, context) in enumerate(zip(questions, contexts)):
+            check_qa_text(question, context, f"row {row}", self.limits["max_question_chars"],
+                          self.limits["max_context_chars"], self.how_to_raise)
         items = [{"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(zip(questions, contexts))]
         examples = examples_from_qa_pairs(items)
         features = convert_examples_to_features(examples, self.tokenizer, s["max_seq_length"], s["doc_stride"],
                                                 s["max_query_length"], is_training=False)
+        check_windows(len(features), self.limits["max_windows"],
+                      f"this request ({len(items)} row{'s' if len(items) > 1 else ''}, max_seq_length "
+                      f"{s['max_seq_length']}, doc_stride {s['doc_stride']})", self.how_to_raise)
         results = {}
         for chunk, arrays in self.client.feature_batches(features, s["batch_size"], self.np_dtype):
             start_logits, end_logits = self._logits(arrays)
