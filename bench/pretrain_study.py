@@ -32,7 +32,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -433,10 +432,7 @@ def main(argv: list[str] | None = None) -> dict:
                             title=f"pre-training {Path(pre['config_file'] or '').name}")
     su.plot_seeds({t: {m: s["scores"] for m, s in results[t].items()} for t in tasks}, args.out / "pretrain_seeds.png",
                   baselines=baselines)
-    (args.out / "pretrain_study.json").write_text(json.dumps(report, indent=2) + "\n")
-    text = markdown(report)
-    (args.out / "pretrain_study.md").write_text(text)
-    print(text)
+    su.write_report(args.out, "pretrain_study", report, markdown(report))
     return report
 
 

@@ -303,10 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
               "wall_seconds": round(time.time() - started, 1)}
     su.plot_runs({f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v for k, v in runs.items()},
                  args.out / "scaling_loss.png", title=f"scaling study, {Path(args.config).name}", baseline=baseline)
-    (args.out / "scaling_study.json").write_text(json.dumps(report, indent=2) + "\n")
-    text = markdown(report)
-    (args.out / "scaling_study.md").write_text(text)
-    print(text)
+    su.write_report(args.out, "scaling_study", report, markdown(report))
     return report
 
 

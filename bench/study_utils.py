@@ -307,11 +307,23 @@ def plot_pretraining(curves: dict, heldout: dict, path: str | os.PathLike, title
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right", fontsize=8)
     ax.set_title(title or "pre-training")
     fig.tight_layout()
+    return save_figure(plt, fig, path)
+
+
+def save_figure(plt, fig, path: str | os.PathLike) -> Path:
+    """Write the figure as a PNG (its folder made if needed), close it, return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_report(out: Path, name: str, report: dict, text: str) -> None:
+    """<out>/<name>.json (the numbers) and <out>/<name>.md (the table), and the table on stdout."""
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{name}.md").write_text(text)
+    print(text)
 
 
 def plot_runs(runs: dict[str, dict], path: str | os.PathLike, title: str = "", baseline: float | None = None) -> Path:
@@ -337,11 +349,7 @@ def plot_runs(runs: dict[str, dict], path: str | os.PathLike, title: str = "", b
         ax.legend(fontsize=8)
     fig.suptitle(title or "pre-training runs")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 def plot_seeds(groups: dict[str, dict[str, list[float]]], path: str | os.PathLike, title: str = "",
@@ -368,11 +376,7 @@ def plot_seeds(groups: dict[str, dict[str, list[float]]], path: str | os.PathLik
         ax.set_xlim(-0.6, len(models) - 0.4)
     fig.suptitle(title or "downstream scores per seed (bar: mean)")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
