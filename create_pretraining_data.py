@@ -1041,21 +1041,11 @@ def resolve_inputs(spec: str) -> list[str]:
     return files
 
 
-def _check_text(path: str, probe: int = 1 << 16) -> None:
-    """Refuse a file that is not text (an archive, an HDF5 shard, an image): its first 64 KiB hold NUL bytes, or
-    more than 1% of them are not UTF-8. Stray bad bytes in a real dump pass (they are replaced and dropped)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(probe)
-    except OSError as e:
-        raise SystemExit(f"error: --input_file {path} cannot be read ({e.strerror}): check its permissions") from None
-    if b"\0" in head:
-        raise SystemExit(f"error: --input_file {path} is not text (it holds NUL bytes): give UTF-8 text, one "
-                         "sentence per line")
-    bad = head.decode("utf-8", errors="replace").count("\ufffd")
-    if bad > len(head) // 100:
-        raise SystemExit(f"error: --input_file {path} is not UTF-8 text ({bad} undecodable bytes in its first "
-                         f"{len(head)}): convert it to UTF-8, one sentence per line")
+def _check_text(path: str) -> None:
+    """Refuse a corpus file that is not text (data.text_formatting.check_text_file), naming --input_file."""
+    from data.text_formatting import check_text_file
+
+    check_text_file(path, what="--input_file", expected=", one sentence per line")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -309,21 +309,24 @@ def list_text_files(inputs: Iterable[str | os.PathLike], pattern: str = "*.txt")
     return files
 
 
-def check_text_file(path: str | os.PathLike, probe: int = 1 << 16) -> None:
+def check_text_file(path: str | os.PathLike, probe: int = 1 << 16, what: str = "input",
+                    expected: str = "") -> None:
     """Refuse (one line) a file that cannot be read, or is not text: NUL bytes in its first 64 KiB, or more than 1%
-    of them not UTF-8 (an archive, an image, a document in another encoding). Stray bad bytes in a real dump pass:
-    they are replaced, as the readers do."""
+    of them not UTF-8 (an archive, an image, an HDF5 shard, a document in another encoding). Stray bad bytes in a
+    real dump pass: they are replaced, as the readers do. `what` names the file in the message (a flag, or
+    "input"); `expected` is appended to the advice (e.g. ", one sentence per line")."""
     try:
         with open(path, "rb") as f:
             head = f.read(probe)
     except OSError as e:
-        raise SystemExit(f"error: input {path} cannot be read ({e.strerror}): check its permissions") from None
+        raise SystemExit(f"error: {what} {path} cannot be read ({e.strerror}): check its permissions") from None
     if b"\0" in head:
-        raise SystemExit(f"error: input {path} is not text (it holds NUL bytes): give UTF-8 text files")
+        raise SystemExit(f"error: {what} {path} is not text (it holds NUL bytes): give UTF-8 text"
+                         f"{expected or ' files'}")
     bad = head.decode("utf-8", errors="replace").count("\ufffd")
     if bad > len(head) // 100:
-        raise SystemExit(f"error: input {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
-                         "convert it to UTF-8")
+        raise SystemExit(f"error: {what} {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
+                         f"convert it to UTF-8{expected}")
 
 
 def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary: str = "file",
