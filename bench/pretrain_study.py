@@ -87,7 +87,7 @@ def demo_command(args) -> list[str]:
     cmd = ["bash", str(REPO / "scripts" / "run_cpu_demo.sh"), "--config", str(args.config), "--out",
            str(args.pretrain_out), "--phase1_steps", str(args.phase1_steps), "--phase2_steps", str(args.phase2_steps),
            "--dupe_factor", str(args.dupe_factor), "--batch", str(args.batch), "--lr", str(args.lr),
-           "--vocab", str(args.vocab)]
+           "--processes", str(args.processes), "--vocab", str(args.vocab)]
     for corpus in args.corpus or []:
         cmd += ["--corpus", str(corpus)]
     return cmd
@@ -315,7 +315,9 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--phase1_steps", type=int, default=1500)
     g.add_argument("--phase2_steps", type=int, default=30)
     g.add_argument("--dupe_factor", type=int, default=5)
-    g.add_argument("--batch", type=int, default=32, help="phase 1 sequences per step")
+    g.add_argument("--batch", type=int, default=32, help="phase 1 sequences per step and process")
+    g.add_argument("--processes", type=int, default=1, help="pre-training processes (gloo); each takes --batch "
+                   "sequences a step and --threads threads")
     g.add_argument("--lr", default="1e-2", help="phase 1 peak learning rate (LAMB)")
     g.add_argument("--corpus", action="append", type=Path, help="text to pre-train on (repeatable; None: "
                    "WikiText-2 valid + test from ../shared/data)")

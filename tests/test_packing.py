@@ -368,6 +368,44 @@ def test_packed_flops_count_each_sequence(packed_batch):
     assert math.isclose(plain, packed, rel_tol=1e-12)
 
 
+def test_throughput_counts_every_packed_sequence_and_only_real_tokens(packed_batch):
+    """The FINAL line's real sequences and tokens: a packed micro-batch holds as many as the same sequences unpacked
+    (written out: one sequence per unpacked row, tokens = the unpacked lengths), not its row count."""
+    plain, packed, lengths = packed_batch["plain"], packed_batch["packed"], packed_batch["lengths"]
+    expected = (len(lengths), int(lengths.sum()))
+    assert rp.real_counts(plain) == expected
+    assert rp.real_counts(packed) == expected and len(packed["input_ids"]) < expected[0]
+
+
+def test_packed_training_step_traces_into_one_graph(packed_batch):
+    """The packed step under torch.compile(fullgraph=True): Dynamo traces forward and backward of packed rows with
+    the fixed-slot head into one graph (no graph break, no host sync: packed_layout and the block-diagonal mask
+    have static shapes), and the loss and every gradient equal eager mode's unpadded (varlen) step. The backend is
+    AOT autograd without inductor's code generation: what is checked is the trace, not inductor's kernels (those
+    are checked once, in tests/test_padding.py), and it takes seconds instead of minutes on 2 cores."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config("auto")).train()  # dropout 0: the same numbers in both modes
+    packed = packed_batch["packed"]
+    rows = (packed["next_sentence_labels"] >= 0).sum(1).argsort(descending=True, stable=True)[[0, 1, -2, -1]]
+    batch = {k: v[rows] for k, v in packed.items()}  # two rows of K sequences, two long ones alone
+    assert (batch["next_sentence_labels"] >= 0).sum(1).tolist()[0] == K and (batch["attention_mask"] == 0).any()
+
+    def loss_and_grads(m):
+        model.zero_grad(set_to_none=True)
+        out = m(**batch)
+        out.loss.backward()
+        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager_loss, eager_grads = loss_and_grads(model)  # auto, eager: the unpadded path
+    torch._dynamo.reset()
+    compiled_loss, compiled_grads = loss_and_grads(torch.compile(model, fullgraph=True, backend="aot_eager"))
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=0)
+    assert eager_grads.keys() == compiled_grads.keys()
+    worst = max((eager_grads[k] - compiled_grads[k]).abs().max().item() for k in eager_grads)
+    assert worst <= 1e-5, worst
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # (e) run_pretraining.py on packed shards
 
@@ -392,6 +430,11 @@ def test_run_pretraining_learns_on_packed_shards(wiki, tmp_path):
     print(f"\npacked: MLM loss {mlm[0]:.3f} -> {mlm[-1]:.3f}, NSP {nsp[0]:.3f} -> {nsp[-1]:.3f}, eval {evals}")
     assert mlm[-1] < mlm[0] - 1.0 and all(math.isfinite(x) for x in nsp)
     assert evals and evals[-1]["eval_masked_positions"] > 32 * 20  # ~36 masked tokens a packed row
+    final = next(r["data"] for r in log if r["step"] == "FINAL")
+    rows, real = final["training_sequences_per_second"], final["training_real_sequences_per_second"]
+    print(f"throughput: {rows:.1f} rows/s, {real:.1f} sequences/s, {final['training_real_tokens_per_second']:.0f} "
+          "tokens/s")
+    assert real > 1.2 * rows and final["training_real_tokens_per_second"] > real  # rows hold 1.5-2 sequences
 
 
 def test_packed_run_resumes_exactly(wiki, tmp_path):
@@ -529,3 +572,47 @@ def test_binned_run_resumes_exactly_and_refuses_another_binning(wiki, tmp_path):
     assert data["length_bins"] == 4 and data["global_micro_batch"] == 8
     with pytest.raises(SystemExit, match="--length_bins 300 must be in"):
         rp.main(args_for(wiki["unpacked"], config, tmp_path / "x", "--length_bins", "300", seq=SEQ, pred=PRED))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (f) bench/gpu_pretraining.sh: its rows and summary, run small on the CPU
+
+
+def test_gpu_benchmark_script_runs_every_layout_and_summarises(shared_data, uncased_vocab, tmp_path):
+    """The GPU benchmark's table (padded / unpadded / packed x phases 1 and 2) from a run on the CPU with a tiny
+    model, 2 steps a row, eager only, fp32: every row finishes, and the real-sequence and real-token rates follow
+    from the layouts (a packed row is 1 to 3 sequences; padding is not counted). How much packing gains depends on
+    the lengths: Google's algorithm fills most WikiText-2 instances to the full length, so rows of 2-3 are rare."""
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, chars in (("valid", 25_000), ("test", 8_000)):  # raw WikiText-2, as the script reads it
+        (data / f"{split}.txt").write_text((shared_data / "wikitext-2" / f"{split}.txt").read_text()[:chars])
+    (data / "bert-base-uncased-vocab.txt").symlink_to(uncased_vocab)
+    config = tmp_path / "tiny.json"
+    BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+               max_position_embeddings=512).to_json_file(config)
+    env = {**os.environ, "PYTHON": sys.executable, "BENCH_CONFIG": str(config), "BENCH_MODES": "eager",
+           "BENCH_PRECISION": "fp32", "BENCH_FP16": "0", "BENCH_WARMUP": "0", "BENCH_WORKERS": "1",
+           "BENCH_BATCH1": "8", "BENCH_ACC1": "1", "BENCH_STEPS1": "2", "BENCH_BATCH2": "4", "BENCH_ACC2": "2",
+           "BENCH_STEPS2": "2", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(Path(__file__).parents[1] / "bench" / "gpu_pretraining.sh"), str(data),
+                           str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {r["run"]: r for r in json.loads((out / "summary.json").read_text())}
+    assert sorted(rows) == sorted(f"phase{p}_{layout}_eager" for p in (1, 2)
+                                  for layout in ("padded", "unpadded", "packed"))
+    assert all(r["finished"] for r in rows.values()), done.stdout
+    for phase, seq in ((1, 128), (2, 512)):
+        padded, unpadded, packed = (rows[f"phase{phase}_{x}_eager"] for x in ("padded", "unpadded", "packed"))
+        for r in (padded, unpadded):  # one sequence a row
+            assert math.isclose(r["sequences_per_s"], r["rows_per_s"], rel_tol=0.05)
+        assert 0.95 * packed["rows_per_s"] <= packed["sequences_per_s"] <= 3.05 * packed["rows_per_s"]
+        for r in (padded, unpadded, packed):  # real tokens: at most a row's width each, and most of it
+            assert 0.3 * seq * r["rows_per_s"] < r["tokens_per_s"] <= seq * r["rows_per_s"] * 1.05
+    table = (out / "summary.md").read_text()
+    assert table.count("\n") == 2 + 6 and "| 2 | packed | eager | fp32 |" in table

@@ -45,7 +45,7 @@ ISSUE_FLAGS = ["--input_dir", "--config_file", "--vocab_file", "--output_dir", "
                "--num_steps_per_checkpoint", "--skip_checkpoint", "--resume_from_checkpoint", "--resume_step",
                "--phase2", "--phase1_end_step", "--do_train", "--json-summary", "--num_workers",
                "--disable_progress_bar", "--checkpoint_activations", "--eval_dir", "--eval_steps",
-               "--num_steps_per_eval", "--dynamic_masking", "--compile"]
+               "--num_steps_per_eval", "--dynamic_masking", "--compile", "--no_compile", "--compile_mode"]
 
 
 def test_help_lists_every_flag(capsys):
@@ -69,6 +69,7 @@ def test_two_precisions_are_refused_in_one_line(tmp_path, data, config, capsys, 
 @pytest.mark.parametrize("extra, message", [
     (["--train_batch_size", "8", "--gradient_accumulation_steps", "3"], "not divisible by --gradient_accumulation"),
     (["--resume_step", "3"], "--resume_step needs --resume_from_checkpoint"),
+    (["--compile", "--no_compile"], "--compile and --no_compile contradict each other"),
     (["--max_seq_length", "64"], "has sequences of length 32 but --max_seq_length is 64"),
     (["--max_predictions_per_seq", "3"], "5 masked positions per sequence but --max_predictions_per_seq is 3"),
     (["--debug_inject_inf_at_step", "2"], "for --precision fp16 runs only"),

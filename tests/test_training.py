@@ -85,6 +85,19 @@ def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch):
     assert_same_grads(grads(eager, [batch], fp32), grads(compiled, [batch], fp32), atol=1e-4)
 
 
+def test_compile_is_on_by_default_only_on_gpus_and_takes_its_mode(monkeypatch):
+    """compile=None (run_pretraining.py without --compile or --no_compile): eager on the CPU; True compiles with
+    the mode asked for (reduce-overhead: CUDA graphs), passed to torch.compile as is."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32", compile=None)
+    assert calls == []
+    training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32", compile=True,
+                                             compile_mode="reduce-overhead")
+    training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32", compile=True)
+    assert calls == [{"mode": "reduce-overhead"}, {}]
+
+
 def test_accumulating_two_halves_equals_one_batch(fp32):
     """Every row holds the same number of labelled positions, so the mean of the two halves' mean losses is the
     whole batch's mean loss: the accumulated gradient must equal the big batch's."""
