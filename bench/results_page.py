@@ -79,7 +79,9 @@ def stability_section(mrpc: dict | None, sst2: dict | None, paths: dict[str, Pat
     return lines
 
 
-def pretrain_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str) -> list[str]:
+def pretrain_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str,
+                     name: str = "pretrain") -> list[str]:
+    """One pre-train-then-fine-tune study; `name` prefixes its plots' file names (several studies, one page)."""
     from bench import pretrain_study
 
     if report is None:
@@ -88,12 +90,12 @@ def pretrain_section(report: dict | None, path: Path, plots: Path, page_dir: Pat
     pre, ft = report["pretraining"], report["finetuning"]
     images = []
     if pre:
-        images.append(su.plot_pretraining(pre["curves"], pre["heldout"], plots / "pretrain_loss.png",
+        images.append(su.plot_pretraining(pre["curves"], pre["heldout"], plots / f"{name}_loss.png",
                                           title=f"pre-training {Path(pre['config_file'] or '').name}"))
     else:
-        images.append(plots / "pretrain_loss.png")
+        images.append(plots / f"{name}_loss.png")
     groups = {t: {m: s["scores"] for m, s in per.items()} for t, per in ft["results"].items()}
-    images.append(su.plot_seeds(groups, plots / "pretrain_seeds.png", baselines=ft["baselines"]))
+    images.append(su.plot_seeds(groups, plots / f"{name}_seeds.png", baselines=ft["baselines"]))
     text = pretrain_study.markdown(report, tuple(os.path.relpath(p, page_dir) for p in images), heading=heading)
     lines = text.splitlines() + [""]
     for task, per in ft["results"].items():
@@ -132,14 +134,16 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--minilm_mrpc", type=Path, default=None, help="None: <studies>/minilm_mrpc/stability_mrpc.json")
     p.add_argument("--minilm_sst2", type=Path, default=None,
                    help="None: <studies>/minilm_sst2/stability_sst-2.json")
-    p.add_argument("--pretrain", type=Path, default=None, help="None: <studies>/pretrain/pretrain_study.json")
+    p.add_argument("--pretrain", type=Path, action="append", default=None,
+                   help="a pre-train-then-fine-tune study's JSON; repeat it for several (e.g. two pre-training "
+                        "budgets), each its own section (None: <studies>/pretrain/pretrain_study.json)")
     p.add_argument("--scaling", type=Path, default=None, help="None: <studies>/scaling/scaling_study.json")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
     p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
     args = p.parse_args(argv)
     paths = {"mrpc": args.minilm_mrpc or args.studies / "minilm_mrpc" / "stability_mrpc.json",
              "sst-2": args.minilm_sst2 or args.studies / "minilm_sst2" / "stability_sst-2.json",
-             "pretrain": args.pretrain or args.studies / "pretrain" / "pretrain_study.json",
+             "pretrain": (args.pretrain or [args.studies / "pretrain" / "pretrain_study.json"])[0],
              "scaling": args.scaling or args.studies / "scaling" / "scaling_study.json"}
     page_dir = args.out.resolve().parent
     plots = (args.plots or page_dir / "results").resolve()
@@ -157,6 +161,8 @@ def main(argv: list[str] | None = None) -> str:
     lines.append("")
     lines += stability_section(found["mrpc"], found["sst-2"], paths, plots, page_dir, "##")
     lines += pretrain_section(found["pretrain"], paths["pretrain"], plots, page_dir, "##")
+    for i, extra in enumerate((args.pretrain or [])[1:], start=2):
+        lines += pretrain_section(load(extra), extra, plots, page_dir, "##", name=f"pretrain{i}")
     lines += scaling_section(found["scaling"], paths["scaling"], plots, page_dir, "##")
     text = "\n".join(lines).rstrip() + "\n"
     args.out.write_text(text)

@@ -445,3 +445,10 @@ def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
     assert "- B vs A: downstream difference +0.0050 (NOT within 0.1 point; within the seed spread 0.0100)" in text
     for png in ("stability_minilm.png", "pretrain_loss.png", "pretrain_seeds.png", "scaling_loss.png"):
         assert (page.parent / "results" / png).read_bytes()[:4] == b"\x89PNG" and f"](results/{png})" in text
+    # Two pre-training studies (two budgets): a section each, with plots of their own.
+    study = studies / "pretrain" / "pretrain_study.json"
+    both = results_page.main(["--studies", str(studies), "--out", str(page), "--pretrain", str(study),
+                              "--pretrain", str(study)])
+    assert both.count("## Pre-train, then fine-tune") == 2 and both.count(f"From `{study}`") == 2
+    for png in ("pretrain_loss.png", "pretrain2_loss.png", "pretrain2_seeds.png"):
+        assert (page.parent / "results" / png).read_bytes()[:4] == b"\x89PNG" and f"](results/{png})" in both
