@@ -56,11 +56,34 @@ def score_of(results: dict, task: str) -> float:
     return float(dev[SCORE.get(task, "acc")])
 
 
+def finished_seeds(args) -> dict[int, dict]:
+    """The seeds of an earlier call with the same --out that can stand: its summary records the seed's run_glue.py
+    arguments, they equal this call's (the interpreter and script paths aside), and the seed's results.json is
+    still there. Adding seeds to a study then runs only the new ones."""
+    path = args.out / f"stability_{args.task}.json"
+    if not path.is_file():
+        return {}
+    finished = {}
+    for run in json.loads(path.read_text()).get("runs", []):
+        out_dir = args.out / f"seed_{run['seed']}"
+        same = run.get("command", [])[2:] == glue_command(args, run["seed"], out_dir)[2:]
+        if same and (out_dir / "results.json").is_file():
+            results = json.loads((out_dir / "results.json").read_text())
+            finished[run["seed"]] = {**run, "score": score_of(results, args.task), "reused": True}
+    return finished
+
+
 def run_seeds(args) -> list[dict]:
-    """Every seed's run, at most --parallel at a time; returns [{seed, score, seconds, command}] in seed order."""
+    """Every seed's run, at most --parallel at a time; returns [{seed, score, seconds, command}] in seed order.
+    Seeds already finished with the same arguments in --out are reused (see finished_seeds)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or max(1, (os.cpu_count() or 1) // args.parallel)),
            "PYTHONPATH": str(REPO)}
     pending, running, done = list(args.seeds), {}, {}
+    for seed, run in finished_seeds(args).items():
+        if seed in pending:
+            pending.remove(seed)
+            done[seed] = run
+            print(f"seed {seed}: {SCORE.get(args.task, 'acc')} {run['score']:.4f} (reused from {args.out})", flush=True)
     while pending or running:
         while pending and len(running) < args.parallel:
             seed = pending.pop(0)
