@@ -24,7 +24,9 @@
    match, or any given with --minilm_mrpc_json / --minilm_sst2_json / --stability_json MODEL:TASK=FILE (differences
    in settings are printed and recorded as warnings).
 4. Report (<out>/pretrain_study.json and .md, <out>/pretrain_loss.png, <out>/pretrain_seeds.png): held-out
-   masked-LM accuracy against always guessing the most frequent masked token; each model's mean, standard
+   masked-LM accuracy against always guessing the most frequent masked token; a context probe (context_probe:
+   the final checkpoint's held-out accuracy with and without the context, beside unigram and bigram count models
+   of the training shard), run when the training shards sit beside the run; each model's mean, standard
    deviation, min and max per task, and the majority-class score of each dev set; and the verdict, by this rule:
    pre-trained beats random initialisation on a task when mean(pre-trained) - mean(random) > max(std(pre-trained),
    std(random)) (sample standard deviations over the seeds).
@@ -32,6 +34,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import subprocess
@@ -187,6 +190,108 @@ def pretraining_report(state: dict) -> dict:
             "curves": {"phase1": p1["losses"], "phase2": p2["losses"]}}
 
 
+def read_shards(folder: str | os.PathLike, max_samples: int = 0) -> dict:
+    """The arrays of every .hdf5 in `folder` (or the one file), in sorted order, the first `max_samples` (0: all)."""
+    import h5py
+    import numpy as np
+
+    from pretraining_data import SHARD_KEYS
+
+    folder = Path(folder)
+    files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
+    parts, remaining = [], max_samples or math.inf
+    for path in files:
+        with h5py.File(path, "r") as f:
+            take = int(min(len(f["input_ids"]), remaining))
+            parts.append({k: f[k][:take] for k in SHARD_KEYS})
+        remaining -= take
+        if remaining <= 0:
+            break
+    return {k: np.concatenate([p[k] for p in parts]) for k in SHARD_KEYS}
+
+
+def count_model_accuracies(train: dict, heldout: dict, special_ids: set[int], mask_id: int) -> dict[str, float]:
+    """Two count models from the training shard's original tokens (masks undone), scored on the held-out masked
+    slots (position > 0) as run_pretraining.py scores the model: unigram, the most frequent non-special token;
+    bigram, the most frequent non-special token after the token the model sees just before the slot (the unigram
+    guess when that token is [MASK] or never seen first in a training pair)."""
+    import numpy as np
+
+    from pretraining_data import unmask
+
+    tokens = unmask(train["input_ids"], train["masked_lm_positions"], train["masked_lm_ids"]).astype(np.int64)
+    real = train["input_mask"].astype(bool)
+    ordinary = real & ~np.isin(tokens, list(special_ids))
+    unigram = int(np.bincount(tokens[ordinary]).argmax())
+    prev, cur = tokens[:, :-1], tokens[:, 1:]
+    pairs = (real[:, :-1] & ordinary[:, 1:])  # [N, S-1]: a real token followed by an ordinary one
+    codes, counts = np.unique(prev[pairs] * (1 << 32) + cur[pairs], return_counts=True)
+    first, second = codes >> 32, codes & ((1 << 32) - 1)
+    order = np.lexsort((-counts, first))  # by previous token, the most frequent follower first
+    keep = order[np.r_[True, first[order][1:] != first[order][:-1]]]
+    bigram = dict(zip(first[keep].tolist(), second[keep].tolist()))
+
+    positions, ids, inputs = heldout["masked_lm_positions"], heldout["masked_lm_ids"], heldout["input_ids"]
+    rows, slots = np.nonzero(positions > 0)
+    targets = ids[rows, slots]
+    before = inputs[rows, positions[rows, slots] - 1]
+    guesses = np.array([unigram if b == mask_id else bigram.get(int(b), unigram) for b in before.tolist()])
+    return {"unigram": float((targets == unigram).mean()), "bigram": float((guesses == targets).mean()),
+            "positions": int(len(targets))}
+
+
+def strip_context(input_ids, input_mask, positions, keep_ids: set[int], mask_id: int):
+    """input_ids with every real token that is not a masked slot and not in `keep_ids` ([CLS], [SEP]) replaced by
+    [MASK]: what is left to predict from is each slot's position, its segment and the sequence's length."""
+    import numpy as np
+
+    out = input_ids.copy()
+    slot = np.zeros(out.shape, dtype=bool)
+    rows, cols = np.nonzero(positions > 0)
+    slot[rows, positions[rows, cols]] = True
+    out[input_mask.astype(bool) & ~slot & ~np.isin(out, list(keep_ids))] = mask_id
+    return out
+
+
+def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike, vocab: Path, train_dir: str,
+                  eval_dir: str, max_samples: int) -> dict:
+    """Does the pre-trained model read the context? Its held-out masked-LM accuracy as evaluated in training, the
+    same with the context taken away (strip_context), and the two count models (count_model_accuracies) as
+    independent references: a model that uses context beats the bigram counts and loses accuracy without it."""
+    import torch
+
+    from checkpoint_io import load_checkpoint_state
+    from modeling import BertConfig, BertForPreTraining
+    from pretraining_data import to_model_inputs
+    from tokenization import load_vocab
+
+    ids_of = load_vocab(str(vocab))
+    special = {ids_of[t] for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")}
+    mask_id = ids_of["[MASK]"]
+    heldout = read_shards(eval_dir, max_samples)
+    counts = count_model_accuracies(read_shards(train_dir), heldout, special, mask_id)
+    model = BertForPreTraining(BertConfig.from_json_file(config_file)).eval()
+    load_checkpoint_state(model, torch.load(checkpoint, map_location="cpu", weights_only=True)["model"],
+                          source=str(checkpoint))
+    stripped = {**heldout, "input_ids": strip_context(heldout["input_ids"], heldout["input_mask"],
+                                                      heldout["masked_lm_positions"], {ids_of["[CLS]"],
+                                                      ids_of["[SEP]"]}, mask_id)}
+
+    @torch.no_grad()
+    def accuracy(arrays: dict) -> float:
+        correct = count = 0
+        for start in range(0, len(arrays["input_ids"]), 64):
+            batch = to_model_inputs(arrays, slice(start, start + 64))
+            used = batch["masked_lm_positions"] > 0  # [B, P]
+            guess = model(**batch).prediction_scores.argmax(-1)  # [B, P]
+            correct += int((guess[used] == batch["masked_lm_ids"][used]).sum())
+            count += int(used.sum())
+        return correct / max(count, 1)
+
+    return {"model": accuracy(heldout), "model_without_context": accuracy(stripped), **counts,
+            "checkpoint": str(checkpoint), "max_samples": max_samples}
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 2. random initialisation
 
@@ -272,6 +377,13 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
         lines += ["", f"Held-out masked-LM accuracy (step {held['step']}, at most {held['max_eval_samples']} held-out "
                       f"samples): **{su.fmt(held['accuracy'], 4)}**; always guessing the most frequent masked token: "
                       f"{su.fmt(held['baseline'], 4)}.", ""]
+        probe = pre.get("context_probe")
+        if probe:
+            lines += [f"Context probe (the final checkpoint, the same held-out slots, {probe['positions']} of them): "
+                      f"masked-LM accuracy **{su.fmt(probe['model'], 4)}** as trained, "
+                      f"{su.fmt(probe['model_without_context'], 4)} with every other token of the input replaced "
+                      f"by [MASK] (position and segment alone); count models from the training shard: unigram "
+                      f"{su.fmt(probe['unigram'], 4)}, bigram (the previous token) {su.fmt(probe['bigram'], 4)}.", ""]
     models = [m for m in MODELS if any(m in ft["results"].get(t, {}) for t in ft["results"])]
     lines += ["Downstream (dev set; mean ± sample std over seeds, [min, max]):", "",
               "| task (metric) | majority class | " + " | ".join(models) + " |",
@@ -372,6 +484,11 @@ def main(argv: list[str] | None = None) -> dict:
     if "pretrained" in models or "random" in models:
         state, reused, pretrain_cmd = pretrained_run(args, log)
         pre = pretraining_report(state)
+        train_dir = Path(state["run_dir"]).parent / "hdf5_seq128"  # run_cpu_demo.sh's layout
+        if train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
+            pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
+                                                 pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])
+            log(f"pretrain_study: context probe {pre['context_probe']}")
         if "random" in models:
             random_ckpt = make_random_init(checkpoint_config(state["checkpoint"]), args.vocab,
                                            args.random_init_seed, args.out / "random_init")

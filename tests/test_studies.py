@@ -452,3 +452,55 @@ def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
     assert both.count("## Pre-train, then fine-tune") == 2 and both.count(f"From `{study}`") == 2
     for png in ("pretrain_loss.png", "pretrain2_loss.png", "pretrain2_seeds.png"):
         assert (page.parent / "results" / png).read_bytes()[:4] == b"\x89PNG" and f"](results/{png})" in both
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The context probe: does the pre-trained model read the context?
+
+CLS, SEP, MASK = 101, 102, 103  # bert-base-uncased's ids
+
+
+def probe_shards(root):
+    """Hand-made shards (S = 6). Training, original tokens: [CLS] a b a b [SEP] (slot at 2 holding b, masked) and
+    [CLS] a c d [SEP]. Unigram over ordinary tokens: a (3 of 7). Bigram: after [CLS] a, after a b (2 vs c 1), after
+    b a, after c d. Held-out slots: a after [CLS] (bigram right, unigram right), d after c (bigram right, unigram
+    wrong), b after a (bigram right, unigram wrong): bigram 3/3, unigram 1/3."""
+    a, b, c, d = 2000, 2001, 2002, 2003
+
+    def shard(path, input_ids, input_mask, positions, ids):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        n = len(input_ids)
+        with h5py.File(path, "w") as f:
+            f["input_ids"], f["input_mask"] = np.array(input_ids, np.int32), np.array(input_mask, np.int8)
+            f["segment_ids"] = np.zeros((n, 6), np.int8)
+            f["masked_lm_positions"], f["masked_lm_ids"] = np.array(positions, np.int32), np.array(ids, np.int32)
+            f["next_sentence_labels"] = np.zeros(n, np.int8)
+
+    shard(root / "train" / "t.hdf5", [[CLS, a, MASK, a, b, SEP], [CLS, a, c, d, SEP, 0]],
+          [[1] * 6, [1, 1, 1, 1, 1, 0]], [[2, 0, 0], [0, 0, 0]], [[b, 0, 0], [0, 0, 0]])
+    shard(root / "heldout" / "h.hdf5", [[CLS, MASK, c, MASK, b, SEP], [CLS, a, MASK, SEP, 0, 0]],
+          [[1] * 6, [1, 1, 1, 1, 0, 0]], [[1, 3, 0], [2, 0, 0]], [[a, d, 0], [b, 0, 0]])
+    return root / "train", root / "heldout"
+
+
+def test_count_models_score_the_heldout_slots_as_written_out(tmp_path):
+    train, heldout = probe_shards(tmp_path)
+    got = pretrain_study.count_model_accuracies(pretrain_study.read_shards(train),
+                                                pretrain_study.read_shards(heldout), {0, CLS, SEP, MASK, 100}, MASK)
+    assert got == {"unigram": pytest.approx(1 / 3), "bigram": 1.0, "positions": 3}
+
+
+def test_strip_context_keeps_slots_and_special_tokens():
+    ids = np.array([[CLS, 2000, 1999, 2001, SEP, 0]])  # the slot at 2 holds a random replacement
+    out = pretrain_study.strip_context(ids, np.array([[1, 1, 1, 1, 1, 0]]), np.array([[2, 0]]), {CLS, SEP}, MASK)
+    assert out.tolist() == [[CLS, MASK, 1999, MASK, SEP, 0]] and ids[0, 1] == 2000  # a copy
+
+
+def test_context_probe_runs_a_checkpoint(tmp_path, uncased_vocab):
+    train, heldout = probe_shards(tmp_path)
+    fake_ckpt(tmp_path / "ckpt_1.pt", TINY_CONFIG, 1)
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY_CONFIG))
+    got = pretrain_study.context_probe(tmp_path / "ckpt_1.pt", tmp_path / "tiny.json", uncased_vocab, str(train),
+                                       str(heldout), 0)
+    assert got["bigram"] == 1.0 and got["positions"] == 3
+    assert got["model"] in (0.0, 1 / 3, 2 / 3, 1.0) and got["model_without_context"] in (0.0, 1 / 3, 2 / 3, 1.0)
