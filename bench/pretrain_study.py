@@ -111,12 +111,14 @@ def tee(cmd: list[str], env: dict, log_path: Path) -> int:
 
 
 def reuse_differences(state: dict, args) -> list[str]:
-    """How a reused run's settings differ from --phase1_steps, --phase2_steps, --batch, --lr and --config."""
+    """How a reused run's settings differ from --phase1_steps, --phase2_steps, --batch x --processes (the global
+    batch), --lr and --config."""
     p1, p2 = state["phase1"]["params"], state["phase2"]["params"]
     lines = []
     for name, have, want in (("phase 1 steps", p1.get("max_steps"), args.phase1_steps),
                              ("phase 2 steps", p2.get("max_steps"), args.phase2_steps),
-                             ("phase 1 batch", p1.get("train_batch_size", 0) * p1.get("world_size", 1), args.batch)):
+                             ("phase 1 global batch", p1.get("train_batch_size", 0) * p1.get("world_size", 1),
+                              args.batch * args.processes)):
         if have != want:
             lines.append(f"{name} {have} (flag: {want})")
     if p1.get("learning_rate") is None or abs(p1["learning_rate"] - float(args.lr)) > 1e-12:
@@ -357,7 +359,8 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
              heading: str = "#") -> str:
     """The study's Markdown; `images`: the loss-curve and per-seed plots' links (None: none)."""
     pre, ft = report["pretraining"], report["finetuning"]
-    lines = [f"{heading} Pre-train, then fine-tune ({report['date']})", ""]
+    steps = f": {pre['phase1']['steps']} + {pre['phase2']['steps']} pre-training steps" if pre else ""
+    lines = [f"{heading} Pre-train, then fine-tune{steps} ({report['date']})", ""]
     if pre:
         p1, p2, held = pre["phase1"], pre["phase2"], pre["heldout"]
         lines += [f"Pre-training: `{pre['config_file']}` ({pre['parameters'] or '?'} parameters), run "

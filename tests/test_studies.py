@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 import subprocess
 import sys
 
@@ -504,3 +505,15 @@ def test_context_probe_runs_a_checkpoint(tmp_path, uncased_vocab):
                                        str(heldout), 0)
     assert got["bigram"] == 1.0 and got["positions"] == 3
     assert got["model"] in (0.0, 1 / 3, 2 / 3, 1.0) and got["model_without_context"] in (0.0, 1 / 3, 2 / 3, 1.0)
+
+
+def test_reused_run_is_compared_by_its_global_batch(tmp_path):
+    """A run of 2 processes x 16 matches --batch 16 --processes 2, not --batch 16 alone."""
+    params = {"max_steps": 20, "train_batch_size": 16, "world_size": 2, "learning_rate": 0.003,
+              "config_file": "bert-mini.json"}
+    state = {"phase1": {"params": params}, "phase2": {"params": {"max_steps": 2}}}
+    args = type("Args", (), {"phase1_steps": 20, "phase2_steps": 2, "batch": 16, "processes": 2, "lr": "3e-3",
+                             "config": Path("configs/bert-mini.json")})
+    assert pretrain_study.reuse_differences(state, args) == []
+    args.processes = 1
+    assert pretrain_study.reuse_differences(state, args) == ["phase 1 global batch 32 (flag: 16)"]
