@@ -34,7 +34,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import subprocess
@@ -192,26 +191,6 @@ def pretraining_report(state: dict) -> dict:
             "curves": {"phase1": p1["losses"], "phase2": p2["losses"]}}
 
 
-def read_shards(folder: str | os.PathLike, max_samples: int = 0) -> dict:
-    """The arrays of every .hdf5 in `folder` (or the one file), in sorted order, the first `max_samples` (0: all)."""
-    import h5py
-    import numpy as np
-
-    from pretraining_data import SHARD_KEYS
-
-    folder = Path(folder)
-    files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
-    parts, remaining = [], max_samples or math.inf
-    for path in files:
-        with h5py.File(path, "r") as f:
-            take = int(min(len(f["input_ids"]), remaining))
-            parts.append({k: f[k][:take] for k in SHARD_KEYS})
-        remaining -= take
-        if remaining <= 0:
-            break
-    return {k: np.concatenate([p[k] for p in parts]) for k in SHARD_KEYS}
-
-
 def count_model_accuracies(train: dict, heldout: dict, special_ids: set[int], mask_id: int) -> dict[str, float]:
     """Two count models from the training shard's original tokens (masks undone), scored on the held-out masked
     slots (position > 0) as run_pretraining.py scores the model: unigram, the most frequent non-special token;
@@ -270,8 +249,8 @@ def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike,
     ids_of = load_vocab(str(vocab))
     special = {ids_of[t] for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")}
     mask_id = ids_of["[MASK]"]
-    heldout = read_shards(eval_dir, max_samples)
-    counts = count_model_accuracies(read_shards(train_dir), heldout, special, mask_id)
+    heldout = su.read_shards(eval_dir, max_samples)
+    counts = count_model_accuracies(su.read_shards(train_dir), heldout, special, mask_id)
     model = BertForPreTraining(BertConfig.from_json_file(config_file)).eval()
     load_checkpoint_state(model, torch.load(checkpoint, map_location="cpu", weights_only=True)["model"],
                           source=str(checkpoint))

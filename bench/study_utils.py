@@ -77,25 +77,36 @@ def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
             "evals": sorted([s, a, lo] for s, (a, lo) in evals.items())}
 
 
+def read_shards(folder: str | os.PathLike, max_samples: int = 0, keys: tuple[str, ...] | None = None) -> dict:
+    """The arrays `keys` (None: every array of NVIDIA's shard format) of every .hdf5 in `folder` (or the one file),
+    in sorted order, the first `max_samples` samples (0: all): the samples run_pretraining.py's evaluation reads."""
+    import h5py
+    import numpy as np
+
+    from pretraining_data import SHARD_KEYS
+
+    keys = keys or SHARD_KEYS
+    folder = Path(folder)
+    files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
+    parts, remaining = [], max_samples or math.inf
+    for path in files:
+        with h5py.File(path, "r") as f:
+            take = int(min(len(f[keys[0]]), remaining))
+            parts.append({k: f[k][:take] for k in keys})
+        remaining -= take
+        if remaining <= 0:
+            break
+    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
+
+
 def heldout_baseline(folder: str | os.PathLike, max_samples: int) -> float:
     """Accuracy of always guessing the most frequent masked token of the held-out set, counted as
     run_pretraining.py's evaluation counts (every .hdf5 in the folder in sorted order, the first `max_samples`
     samples, 0: all; the masked slots with a position > 0); scripts/run_cpu_demo.sh's summary computes the same."""
-    import h5py
     import numpy as np
 
-    folder = Path(folder)
-    files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
-    positions, ids, remaining = [], [], max_samples or math.inf
-    for path in files:
-        with h5py.File(path, "r") as f:
-            take = int(min(len(f["masked_lm_ids"]), remaining))
-            positions.append(f["masked_lm_positions"][:take])
-            ids.append(f["masked_lm_ids"][:take])
-        remaining -= take
-        if remaining <= 0:
-            break
-    targets = np.concatenate(ids)[np.concatenate(positions) > 0]
+    arrays = read_shards(folder, max_samples, ("masked_lm_positions", "masked_lm_ids"))
+    targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
     return float(np.bincount(targets).max() / len(targets))
 
 

@@ -486,8 +486,8 @@ def probe_shards(root):
 
 def test_count_models_score_the_heldout_slots_as_written_out(tmp_path):
     train, heldout = probe_shards(tmp_path)
-    got = pretrain_study.count_model_accuracies(pretrain_study.read_shards(train),
-                                                pretrain_study.read_shards(heldout), {0, CLS, SEP, MASK, 100}, MASK)
+    got = pretrain_study.count_model_accuracies(study_utils.read_shards(train), study_utils.read_shards(heldout),
+                                                {0, CLS, SEP, MASK, 100}, MASK)
     assert got == {"unigram": pytest.approx(1 / 3), "bigram": 1.0, "positions": 3}
 
 
