@@ -635,7 +635,8 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
     if stopped and not cfg.skip_checkpoint and meter.steps and saved_at != state.step:
         save_checked()  # preempted: save where we are, so that the requeued job continues from here
     bar.close()
-    extra = {"mfu": meter.mfu()} if meter.mfu() is not None else {}
+    mfu = meter.mfu()
+    extra = {"mfu": mfu} if mfu is not None else {}
     if env.device.type == "cuda":
         extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(env.device) / 2 ** 30
     return {"final_loss": last_loss, "training_sequences_per_second": meter.sequences_per_second(),
