@@ -71,6 +71,44 @@ class CheckpointError(ValueError):
 # 1. Reading
 
 
+def load_pt(path: str | os.PathLike) -> Any:
+    """A .pt/.bin file through torch.load(weights_only=True): tensors and plain containers only, so no pickled code
+    runs. A file that needs more (a pickled class), a truncated file or an unreadable one raises CheckpointError
+    with one line of ours naming the file and what to do; PyTorch's own advice (re-run with weights_only=False,
+    allowlist the class) is never passed on, since following it would run whatever the file holds."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # kept back until the file proves loadable
+            warnings.simplefilter("always")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # an unpickling refusal, a truncated file, ...
+        text = str(e)
+        if isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in text:
+            found = re.search(r"GLOBAL ([\w.]+)", text)  # the pickled class or function that was refused
+            todo = ("pass its .safetensors file instead, or convert it to a plain state dict of tensors with a tool "
+                    "you trust")
+            if found:
+                raise CheckpointError(f"checkpoint {path} was refused: it holds a pickled {found.group(1)} beyond "
+                                      f"tensors and plain containers, and loading that could run code; {todo}"
+                                      ) from None
+            raise CheckpointError(f"checkpoint {path} was refused: it holds pickled data beyond tensors and plain "
+                                  f"containers, or it is damaged; {todo}, or copy it again") from None
+        if isinstance(e, OSError) and e.errno is not None:  # permissions, an I/O error: say what to check
+            from utils import describe_error
+
+            raise CheckpointError(f"checkpoint {path} cannot be read: {describe_error(OSError(e.errno, e.strerror))}"
+                                  ) from None
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        first = lines[0].split(". ")[0] if lines else type(e).__name__  # torch's first sentence: the reason
+        if "weights_only" in first:  # never pass on advice about loading it unsafely
+            first = type(e).__name__
+        raise CheckpointError(f"checkpoint {path} cannot be read ({first}): is it a complete checkpoint? Copy it "
+                              "again, or pass another") from None
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return obj
+
+
 def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """Read weights from a Hugging Face directory, a .safetensors file, or a .pt/.bin file, without executing
     pickled code. Returns (state_dict, config dict found beside or inside the checkpoint, or None)."""
@@ -92,30 +130,7 @@ def read_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         from safetensors.torch import load_file
 
         return load_file(str(path)), None
-    try:
-        with warnings.catch_warnings(record=True) as caught:  # kept back until the file proves loadable
-            warnings.simplefilter("always")
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # an unpickling refusal, a truncated file, ...
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        if isinstance(e, pickle.UnpicklingError) or any("Weights only load failed" in line for line in lines):
-            # PyTorch's advice around the reason suggests weights_only=False: never here. Keep the reason only.
-            advice = ("Weights only load failed", "Please file an issue", "Check the documentation")
-            why = " ".join(line.split("WeightsUnpickler error:", 1)[-1].strip() for line in lines
-                           if not line.startswith(advice)).strip() or type(e).__name__
-            raise CheckpointError(f"checkpoint {path} was refused: it holds pickled objects beyond tensors and "
-                                  f"plain containers ({why}), and loading those could run code; re-save its "
-                                  "tensors where it came from") from None
-        if isinstance(e, OSError) and e.errno is not None:  # permissions, an I/O error: say what to check
-            from utils import describe_error
-
-            raise CheckpointError(f"checkpoint {path} cannot be read: {describe_error(OSError(e.errno, e.strerror))}"
-                                  ) from None
-        first = lines[0].split(". ")[0] if lines else type(e).__name__  # torch's first sentence: the reason
-        raise CheckpointError(f"checkpoint {path} cannot be read ({first}): is it a complete checkpoint? Copy it "
-                              "again, or pass another") from None
-    for warning in caught:
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    obj = load_pt(path)
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # ckpt_<step>.pt, NVIDIA checkpoints
         config = obj.get("config") if isinstance(obj.get("config"), dict) else None
         obj = obj["model"]

@@ -36,6 +36,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import utils
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("runtime")
     g.add_argument("--batch_size", type=int, default=32, help="lines per forward pass")
-    utils.add_precision_arguments(g)
+    precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
     g.add_argument("--disable_progress_bar", action="store_true", help="no tqdm bar")
     utils.add_debug_argument(g)
@@ -262,7 +263,7 @@ def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, m
         for row, (x, t) in enumerate(encoded):
             ids[row, :len(x)], types[row, :len(t)], mask[row, :len(x)] = x, t, 1
         batch = [torch.from_numpy(a).to(device) for a in (ids, types, mask)]
-        with utils.autocast(precision, device):
+        with precision_policy.autocast(precision, device):
             _, _, hidden_states = model(*batch, output_hidden_states=True)
         encoder_layers = hidden_states[1:]  # Google's indexing: the layers' outputs, not the embeddings
         chosen = torch.stack([encoder_layers[i] for i in layers], dim=2).float().cpu().numpy()  # [B, S, layers, H]
@@ -299,7 +300,7 @@ def _main(argv: list[str] | None) -> dict:
         raise SystemExit(f"--input_file {args.input_file} is empty: give one text a line")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
-    precision = utils.setup_precision(args.precision, device, "extract_features.py").name
+    precision = precision_policy.setup(args.precision, device, "extract_features.py", precision_policy.READ).name
     tokenizer = BertTokenizer(args.vocab_file, do_lower_case=True)
     if args.do_lower_case is None:
         args.do_lower_case = vocab_is_uncased(tokenizer.vocab)

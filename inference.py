@@ -36,8 +36,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import utils
-from checkpoint_io import CheckpointError, from_pretrained, read_state_dict
+from checkpoint_io import CheckpointError, from_pretrained, load_pt, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
 from processors.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS, check_text,
@@ -92,7 +93,7 @@ def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[st
             longest = max(sum(f.input_mask) for f in chunk)  # no padding beyond the longest window of the batch
             batch = [torch.tensor([getattr(f, k)[:longest] for f in chunk], device=device)
                      for k in ("input_ids", "segment_ids", "input_mask")]
-            with utils.autocast(precision, device):
+            with precision_policy.autocast(precision, device):
                 start, end = model(*batch)
             start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
             for row, f in enumerate(chunk):
@@ -160,7 +161,7 @@ def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]]
             ids = torch.tensor([x + [0] * (longest - len(x)) for x, _ in chunk], device=device)
             types = torch.tensor([t + [0] * (longest - len(t)) for _, t in chunk], device=device)
             mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x, _ in chunk], device=device)
-            with utils.autocast(precision, device):
+            with precision_policy.autocast(precision, device):
                 logits = model(ids, types, mask)[0].float().cpu()  # [B, num_labels]
             for row, item_index in enumerate(range(lo, lo + len(chunk))):
                 out.append(_classification_record(items[item_index], item_index, logits[row], labels))
@@ -200,7 +201,7 @@ def checkpoint_labels(path: str | Path) -> tuple[int | None, list[str] | None]:
     path = Path(path)
     names = None
     if path.is_file() and path.suffix in (".pt", ".bin"):
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = load_pt(path)
         if isinstance(obj, dict) and isinstance(obj.get("labels"), list):
             names = [str(x) for x in obj["labels"]]
     state, config = read_state_dict(path)
@@ -333,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated class names; default: those the checkpoint records, else 0, 1, ...")
     g = p.add_argument_group("runtime")
     g.add_argument("--batch_size", type=int, default=8, help="windows (or sentences) per forward pass")
-    utils.add_precision_arguments(g)
+    precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
     g.add_argument("--disable_progress_bar", action="store_true", help="no progress bar for long inputs")
     g.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
@@ -367,7 +368,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         check_output_file(args.output_file)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout carries the JSON only)
     device = torch.device("cpu") if args.no_cuda else _default_device(None)
-    precision = utils.setup_precision(args.precision, device, "inference.py").name
+    precision = precision_policy.setup(args.precision, device, "inference.py", precision_policy.READ).name
     vocab_file = _find_vocab(args)
     tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
     if args.do_lower_case is None:

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 import training
+import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import utils
 from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertForSequenceClassification
@@ -181,7 +182,7 @@ def predict_logits(model, dataset: GlueDataset, args, env: utils.DistEnv, desc: 
         index = batch["index"].numpy()
         batch = training.to_device(batch, env.device)
         tic = time.perf_counter()
-        with utils.autocast(args.precision, env.device):
+        with precision_policy.autocast(args.precision, env.device):
             out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).logits
         out = out.float().cpu().numpy()  # the copy to the host synchronises the device
         batch_ms.append((time.perf_counter() - tic) * 1000)
@@ -245,7 +246,8 @@ def run(args: argparse.Namespace) -> dict:
     training.resolve_model_files(args)
 
     env = utils.init_distributed(no_cuda=args.no_cuda)
-    choice = utils.setup_precision(args.precision, env.device, "run_glue.py", show=env.is_main)
+    choice = precision_policy.setup(args.precision, env.device, "run_glue.py", precision_policy.purpose_of(args),
+                                    show=env.is_main)
     args.precision, args.precision_reason = choice.name, choice.reason
     output_dir = Path(args.output_dir)
     if env.is_main:
@@ -289,6 +291,7 @@ def run(args: argparse.Namespace) -> dict:
             f"({len(tokenizer)} tokens)")
     model.to(env.device)
     results: dict = {"task": task.name, "init_checkpoint": args.init_checkpoint, "precision": args.precision,
+                     "precision_reason": args.precision_reason,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
                      "world_size": env.world_size, "max_seq_length": args.max_seq_length}
 

@@ -234,9 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
         group = parser.add_argument_group(FLAG_GROUPS[f.name]) if f.name in FLAG_GROUPS else group
         meta = f.metadata
         if f.name == "precision":  # --precision auto|fp32|tf32|fp16|bf16 and its aliases, as every entry script
-            from utils import add_precision_arguments
+            from precision import add_arguments
 
-            add_precision_arguments(group, meta["help"])
+            add_arguments(group, meta["help"])
             continue
         names = [meta["flag"] or f"--{f.name}", *meta["aliases"]]
         kind = hints[f.name]

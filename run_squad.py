@@ -52,6 +52,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import utils
 from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertConfig, BertForQuestionAnswering
@@ -319,7 +320,7 @@ def predict_logits(model, features: list[squad.InputFeatures], batch_size: int, 
     for index in chunks:
         batch = trim_batch({k: v[index] for k, v in tensors.items()})
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        with utils.autocast(precision, device):
+        with precision_policy.autocast(precision, device):
             out = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
             start, end = out.start_logits, out.end_logits
         start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
@@ -389,7 +390,8 @@ def run(args: argparse.Namespace) -> dict:
     logger = training.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
                                 progress=not args.disable_progress_bar)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
-    choice = utils.setup_precision(args.precision, env.device, "run_squad.py", show=env.is_main)
+    choice = precision_policy.setup(args.precision, env.device, "run_squad.py", precision_policy.purpose_of(args),
+                                    show=env.is_main)
     args.precision, args.precision_reason = choice.name, choice.reason
     utils.set_seed(args.seed)
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import training
+import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import utils
 from checkpoint_io import export_state_dict, from_pretrained, save_hf_directory
 from modeling import BertForMultipleChoice
@@ -160,7 +161,7 @@ def predict_logits(model, dataset: SwagDataset, args, env: utils.DistEnv, desc: 
         index = batch["index"].numpy()
         batch = training.to_device(batch, env.device)
         tic = time.perf_counter()
-        with utils.autocast(args.precision, env.device):
+        with precision_policy.autocast(args.precision, env.device):
             (out,) = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         logits[index] = out.float().cpu().numpy()  # the copy to the host synchronises the device
         batch_ms.append((time.perf_counter() - tic) * 1000)
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
 def run(args: argparse.Namespace) -> dict:
     training.resolve_model_files(args)
     env = utils.init_distributed(no_cuda=args.no_cuda)
-    choice = utils.setup_precision(args.precision, env.device, "run_swag.py", show=env.is_main)
+    choice = precision_policy.setup(args.precision, env.device, "run_swag.py", precision_policy.purpose_of(args),
+                                    show=env.is_main)
     args.precision, args.precision_reason = choice.name, choice.reason
     output_dir = Path(args.output_dir)
     if env.is_main:
@@ -265,6 +267,7 @@ def run(args: argparse.Namespace) -> dict:
             "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")
     model.to(env.device)
     results: dict = {"task": "swag", "init_checkpoint": args.init_checkpoint, "precision": args.precision,
+                     "precision_reason": args.precision_reason,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
                      "world_size": env.world_size, "max_seq_length": args.max_seq_length}
 

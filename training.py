@@ -3,7 +3,7 @@
 Read top to bottom:
 - precision and parallelism: `apply_parallelism_and_precision`, the one ordered function that turns a bare model
   into what the loop trains (TF32, activation checkpointing, device, DDP, its comm hook, torch.compile) and decides
-  how its maths runs (`Precision`: autocast, and a GradScaler for fp16);
+  how its maths runs (precision.py's `Precision`: autocast, and a GradScaler for fp16);
 - one optimizer step: `grad_sync` (DDP's no_sync during accumulation), `forward_backward` over one micro-batch,
   `optimizer_step` with the one fp16-overflow rule (unscale; a non-finite gradient skips the step);
 - bookkeeping: `Meter` keeps the losses on the device until a log step (no host sync per micro-batch) and measures
@@ -30,28 +30,10 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 import utils
+from precision import HELP_FINETUNING, Precision, add_arguments, configure_tf32, resolve
 
 # --------------------------------------------------------------------------------------------------------------
 # Precision and parallelism, applied in one place
-
-
-@dataclass
-class Precision:
-    """How the maths runs: `name` fp32/tf32/fp16/bf16, autocast for the forward pass, a GradScaler for fp16."""
-
-    name: str
-    device: torch.device
-    scaler: torch.amp.GradScaler
-    static_loss_scale: float | None = None  # fp16 with a fixed --loss_scale
-    reason: str = ""  # why this precision (what --precision auto saw), logged with the parameters
-    warning: str | None = None  # one line when the hardware only emulates the precision asked for
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        return utils.autocast(self.name, self.device)
-
-    @property
-    def loss_scale(self) -> float:
-        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
 
 
 def apply_parallelism_and_precision(model: torch.nn.Module, env: utils.DistEnv, precision: str = "auto", *,
@@ -62,7 +44,7 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: utils.DistEnv, 
     """Turn a bare model into the module the loop trains, and decide how its maths runs. The order matters; each
     step says why it comes where it does. Returns (the model to call, Precision); keep the bare model for saving.
 
-    precision: --precision (auto picks from the hardware, see utils.resolve_precision); loss_scale > 0: a static
+    precision: --precision (auto picks from the hardware, see precision.resolve); loss_scale > 0: a static
     fp16 loss scale, else dynamic from init_loss_scale; allreduce_fp16: all-reduce gradients in 16 bits;
     compile: True/False, or None for "on a GPU only" (a compiled model has `_orig_mod`); compile_mode:
     torch.compile's mode ("reduce-overhead": CUDA graphs).
@@ -70,12 +52,11 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: utils.DistEnv, 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     cuda = env.device.type == "cuda"
-    # 0. Which precision runs: auto follows the hardware (bf16 only where it is native).
-    choice = utils.resolve_precision(precision, env.device)
-    fp16 = choice.name == "fp16"
+    # 0. Which precision runs: auto follows the hardware (bf16 only where it is native; precision.resolve).
+    choice = resolve(precision, env.device)
     # 1. TF32: fp32 matmuls (the tf32 run, and what autocast leaves in fp32) on tensor cores, on GPUs that have
     #    them, unless fp32 was asked for by name; a no-op on CPU.
-    utils.configure_tf32(cuda and choice.name != "fp32")
+    configure_tf32(cuda and choice.name != "fp32")
     # 2. Activation checkpointing is a property of the bare encoder: set it before anything wraps the module.
     if checkpoint_activations:
         model.bert.encoder.checkpoint_activations = True
@@ -104,9 +85,7 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: utils.DistEnv, 
     if compile:
         model = torch.compile(model) if compile_mode == "default" else torch.compile(model, mode=compile_mode)
     # 7. Loss scaling for fp16 only (its range is narrow); bf16 has fp32's range and needs none.
-    static = loss_scale if fp16 and loss_scale > 0 else None
-    scaler = torch.amp.GradScaler(env.device.type, init_scale=static or init_loss_scale, enabled=fp16)
-    return model, Precision(choice.name, env.device, scaler, static, choice.reason, choice.warning)
+    return model, Precision.for_training(choice, env.device, loss_scale, init_loss_scale)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -400,7 +379,9 @@ class CheckpointManager:
 
     @staticmethod
     def read(path: str | Path) -> dict[str, Any]:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        from checkpoint_io import load_pt
+
+        return load_pt(path)
 
     def newest_readable(self, required: set[str]) -> dict[str, Any] | None:
         """The newest of this run's checkpoints that loads and holds the `required` keys (older ones are tried
@@ -410,7 +391,7 @@ class CheckpointManager:
             try:
                 ckpt = self.read(found[step])
             except Exception as e:  # truncated or corrupted by something outside our atomic writes: fall back
-                self.log(f"checkpoint {found[step]} cannot be read ({str(e).splitlines()[0]}); trying an older one")
+                self.log(f"{utils.describe_error(e)}; trying an older one")
                 continue
             if required <= set(ckpt):
                 return ckpt
@@ -508,7 +489,7 @@ def add_finetuning_arguments(parser: argparse.ArgumentParser, *, seed: int, log_
     g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
     g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
     g.add_argument("--seed", type=int, default=seed, help="random seed (the new head, dropout, shuffling)")
-    utils.add_precision_arguments(g)
+    add_arguments(g, help_text=HELP_FINETUNING)
     g.add_argument("--loss_scale", type=float, default=0.0,
                    help="fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale")
     r = parser.add_argument_group("runtime")

@@ -1,6 +1,6 @@
-"""Small helpers shared by the entry scripts: atomic writes, JSON-lines logging, distributed set-up, seeding,
-precision. Nothing here runs at import time and nothing here knows about BERT. torch is imported inside the
-functions that need it, so the data scripts that only write files start in milliseconds.
+"""Small helpers shared by the entry scripts: atomic writes, JSON-lines logging, distributed set-up, seeding
+(precision lives in precision.py). Nothing here runs at import time and nothing here knows about BERT. torch is
+imported inside the functions that need it, so the data scripts that only write files start in milliseconds.
 """
 from __future__ import annotations
 
@@ -233,7 +233,7 @@ def barrier(env: DistEnv) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Seeding and precision.
+# Seeding and RNG state.
 
 
 def set_seed(seed: int) -> None:
@@ -277,161 +277,6 @@ def _as_python_state(state):
     # After a save/load round trip the nested tuples of random.getstate() may come back as lists.
     version, internal, gauss = state
     return (version, tuple(internal), gauss)
-
-
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype for a precision name: fp16 -> float16, bf16 -> bfloat16, fp32/tf32 -> None (no autocast)."""
-    import torch
-
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """torch.autocast for fp16/bf16 on the given device; a no-op context for fp32/tf32."""
-    import torch
-
-    dtype = autocast_dtype(precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def configure_tf32(enabled: bool) -> None:
-    """TF32 matmuls/convolutions on GPUs that have them (Ampere+); harmless elsewhere."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Precision chosen from the hardware. `auto` never picks a precision the machine only emulates: on a CPU without
-# native bf16 (AVX2 only, most laptops, CI runners and cloud VMs) bf16 autocast was measured 20x slower than fp32
-# (AMD EPYC, AVX2: 13 s against 0.64 s a step of the CPU demo's model), while on AMX / AVX512-BF16 CPUs it is faster.
-
-PRECISION_CHOICES = ("auto", *PRECISIONS)
-CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo names of the native bf16 instructions
-
-
-@dataclass(frozen=True)
-class PrecisionChoice:
-    """What `--precision` resolved to on this device, and why (printed once, logged in the JSON summary)."""
-
-    name: str  # fp32 | tf32 | fp16 | bf16
-    reason: str
-    warning: str | None = None  # one line, when the user asked for something this hardware only emulates
-
-
-def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo (Linux), or None where there is no such file."""
-    try:
-        text = Path(cpuinfo).read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):  # x86 / Arm
-            return set(value.split())
-    return set()
-
-
-def cpu_native_bf16(flags: set[str] | None = None) -> tuple[bool, str]:
-    """Whether this CPU computes bf16 natively (AMX or AVX512-BF16), and the evidence, as (answer, reason).
-
-    Read from the CPU's own flags (`flags`, default /proc/cpuinfo); where there are none (not Linux), from
-    PyTorch's own capability query. Never from the model name: the same name ships with and without the flags.
-    """
-    if flags is None:
-        flags = cpu_flags()
-    if flags is not None:
-        found = [f for f in CPU_BF16_FLAGS if f in flags]
-        if found:
-            return True, f"the CPU has {' and '.join(found)}"
-        return False, f"the CPU has neither {' nor '.join(CPU_BF16_FLAGS)} (bf16 would be emulated)"
-    import torch
-
-    query = getattr(getattr(torch, "_C", None), "_cpu", None)
-    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
-        fn = getattr(query, name, None)
-        if fn is not None and fn():
-            return True, f"PyTorch reports {name.removeprefix('_is_').removesuffix('_supported')}"
-    return False, "no CPU flags to read and PyTorch reports no native bf16"
-
-
-def resolve_precision(requested: str, device: torch.device, flags: set[str] | None = None) -> PrecisionChoice:
-    """Turn `--precision` (auto, fp32, tf32, fp16, bf16) into the precision that runs on `device`.
-
-    auto: bf16 on GPUs that have it (Ampere and newer), fp16 with loss scaling on older GPUs; on CPUs bf16 only
-    where it is native (`cpu_native_bf16`), fp32 otherwise. An explicit choice is kept, with a one-line warning
-    when the CPU would emulate it. tf32 on a CPU is fp32 (TF32 is a GPU tensor-core format).
-    """
-    import torch
-
-    if requested not in PRECISION_CHOICES:
-        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {requested!r}")
-    device = torch.device(device)
-    if device.type == "cuda":
-        bf16_ok = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere+ (is_bf16_supported() counts emulation)
-        gpu = torch.cuda.get_device_name(device)
-        if requested == "auto":
-            if bf16_ok:
-                return PrecisionChoice("bf16", f"auto: {gpu} computes bf16 natively")
-            return PrecisionChoice("fp16", f"auto: {gpu} has no bf16, so fp16 with dynamic loss scaling")
-        warning = None if requested != "bf16" or bf16_ok else f"{gpu} has no native bf16: expect it to be slow"
-        return PrecisionChoice(requested, f"asked for {requested}", warning)
-    if device.type != "cpu":
-        return PrecisionChoice("fp32" if requested == "auto" else requested, f"{requested} on {device.type}")
-    native, why = cpu_native_bf16(flags)
-    if requested == "auto":
-        return PrecisionChoice("bf16" if native else "fp32", f"auto: {why}")
-    if requested == "tf32":
-        return PrecisionChoice("fp32", "asked for tf32: on a CPU that is fp32")
-    warning = None
-    if requested == "bf16" and not native:
-        warning = (f"--precision bf16 on this CPU: {why}, about an order of magnitude slower than fp32 "
-                   "(--precision auto picks fp32 here)")
-    elif requested == "fp16":
-        warning = "--precision fp16 on a CPU: float16 is emulated on most CPUs and slower than fp32"
-    return PrecisionChoice(requested, f"asked for {requested}", warning)
-
-
-PRECISION_HELP = ("auto: bf16 on GPUs that have it, else fp16 with loss scaling; on CPUs bf16 only where it is "
-                  "native (AMX or AVX512-BF16 in the CPU flags), else fp32. fp32 turns TF32 off on GPUs, tf32 "
-                  "turns it on. The choice and its reason are printed and logged")
-
-
-def add_precision_arguments(group, help_prefix: str = "") -> None:
-    """--precision {auto,fp32,tf32,fp16,bf16} (default auto), and the old switches --fp16/--amp and --bf16 as its
-    aliases (all set `precision`; argparse refuses two of them in one command line)."""
-    one = group.add_mutually_exclusive_group()
-    one.add_argument("--precision", choices=PRECISION_CHOICES, default="auto",
-                     help=f"{help_prefix}. {PRECISION_HELP}" if help_prefix else PRECISION_HELP)
-    one.add_argument("--fp16", "--amp", dest="precision", action="store_const", const="fp16",
-                     default=argparse.SUPPRESS, help="alias of --precision fp16")
-    one.add_argument("--bf16", dest="precision", action="store_const", const="bf16", default=argparse.SUPPRESS,
-                     help="alias of --precision bf16")
-
-
-def report_precision(choice: PrecisionChoice, prog: str, show: bool = True) -> None:
-    """Print the resolved precision and its reason once (and the warning, if any) on stderr."""
-    if not show:
-        return
-    print(f"{prog}: precision {choice.name} ({choice.reason})", file=sys.stderr, flush=True)
-    if choice.warning:
-        print(f"{prog}: warning: {choice.warning}", file=sys.stderr, flush=True)
-
-
-def setup_precision(requested: str, device: torch.device, prog: str, show: bool = True) -> PrecisionChoice:
-    """Resolve `--precision` on `device`, turn TF32 on for GPU matmuls unless fp32 was named, report the choice."""
-    choice = resolve_precision(requested, device)
-    configure_tf32(getattr(device, "type", str(device)) == "cuda" and choice.name != "fp32")
-    report_precision(choice, prog, show)
-    return choice
 
 
 # --------------------------------------------------------------------------------------------------------------

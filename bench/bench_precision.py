@@ -4,7 +4,7 @@ NVLAMB) of the CPU demo's model in fp32 and in bf16 autocast, alternating in one
     .venv/bin/python -m bench.bench_precision [--config configs/bert-small-cpu.json] [--batch 32] [--seq 128]
         [--steps 6] [--threads 1] [--out results/bench_precision.json]
 
-Records the CPU model, its bf16 flags (amx_bf16, avx512_bf16 from /proc/cpuinfo), what `utils.resolve_precision`
+Records the CPU model, its bf16 flags (amx_bf16, avx512_bf16 from /proc/cpuinfo), what `precision.resolve`
 picked for `auto` and why, the median step time of each precision, and the ratio. On a CPU without native bf16
 the bf16 step is emulated and much slower; where it is native, it is faster: auto must pick the faster one.
 """
@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=str(REPO / "results" / "bench_precision.json"))
     args = p.parse_args(argv)
 
-    import utils
+    import precision as precision_policy
     from modeling import BertConfig, BertForPreTraining
     from optimization import make_lamb, param_groups_for_bert
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    flags = utils.cpu_flags() or set()
-    auto = utils.resolve_precision("auto", torch.device("cpu"))
+    flags = precision_policy.cpu_flags() or set()
+    auto = precision_policy.resolve("auto", torch.device("cpu"))
     torch.manual_seed(0)
     config = BertConfig.from_json_file(args.config)
     model = BertForPreTraining(config)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def step(precision: str) -> float:
         start = time.perf_counter()
-        with utils.autocast(precision, torch.device("cpu")):
+        with precision_policy.autocast(precision, torch.device("cpu")):
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     median = {k: statistics.median(v) for k, v in times.items()}
     faster = min(median, key=median.get)
     result = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(), "cores": torch.get_num_threads(),
-              "bf16_flags": sorted(f for f in utils.CPU_BF16_FLAGS if f in flags),
+              "bf16_flags": sorted(f for f in precision_policy.CPU_BF16_FLAGS if f in flags),
               "avx512f": "avx512f" in flags, "auto": auto.name, "auto_reason": auto.reason,
               "config": Path(args.config).name, "batch": args.batch, "seq": args.seq, "steps": args.steps,
               "seconds_per_step": median, "bf16_over_fp32": median["bf16"] / median["fp32"],

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the MiniLM-L6 package's folder")
     p.add_argument("--out", type=Path, default=REPO / "results" / "glue_acceptance", help="output folder")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                   help="auto: bf16 where the CPU has it natively, else fp32 (utils.resolve_precision)")
+                   help="auto: bf16 where the CPU has it natively, else fp32 (precision.resolve, as a training run)")
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the runs (1 is fastest on a CPU shared with other jobs)")
     p.add_argument("--seed", type=int, default=2)
@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--padding", action="store_true", help="only measure dynamic padding against padding to 128")
     p.add_argument("--rounds", type=int, default=3, help="--padding: timed passes over each dev set")
     args = p.parse_args(argv)
-    from utils import resolve_precision
+    from precision import resolve
 
-    args.precision = resolve_precision(args.precision, "cpu").name  # one concrete name for every run and the table
+    args.precision = resolve(args.precision, "cpu").name  # one concrete name for every run and the table
     tasks = [t.strip().lower() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in RUNS]
     if unknown:

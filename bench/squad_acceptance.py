@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 import run_squad
+import precision as precision_policy
 import utils
 from processors import squad
 
@@ -59,7 +60,7 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            with utils.autocast(precision, torch.device("cpu")):
+            with precision_policy.autocast(precision, torch.device("cpu")):
                 loss = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                              batch["start_positions"], batch["end_positions"]).loss
             loss.backward()

@@ -217,6 +217,30 @@ def one_thread_on_a_busy_cpu():
         yield
 
 
+# --------------------------------------------------------------------------------------------------------------
+# --precision auto on a CPU follows the CPU's flags, or $BERT_CPU_BF16 when it is set (precision.py). So that every
+# CPU runs the same tests the same way, the suite decides as a CPU without native bf16 would (BERT_CPU_BF16=0)
+# unless the user set the variable for the run (`BERT_CPU_BF16=1 bash scripts/test.sh` runs it all as an AMX or
+# AVX512-BF16 CPU decides). Tests whose outcome depends on the decision take the `cpu_bf16` fixture and run under
+# both decisions on every CPU, so a green run means green on both kinds of CPU.
+
+USER_CPU_BF16 = os.environ.get("BERT_CPU_BF16", "")
+
+
+@pytest.fixture(autouse=True)
+def _auto_precision_decides_as_told(request, monkeypatch):
+    if "cpu_bf16" not in request.fixturenames and not USER_CPU_BF16:
+        monkeypatch.setenv("BERT_CPU_BF16", "0")
+
+
+@pytest.fixture(params=["0", "1"], ids=["auto=fp32", "auto=bf16"])
+def cpu_bf16(request, monkeypatch) -> str:
+    """Run the test as a CPU without (BERT_CPU_BF16=0) and with (=1) native bf16 decides; returns the precision
+    that --precision auto picks for training under that decision (fp32 or bf16)."""
+    monkeypatch.setenv("BERT_CPU_BF16", request.param)
+    return "bf16" if request.param == "1" else "fp32"
+
+
 _FILE_SECONDS: dict[str, float] = {}
 
 

@@ -772,6 +772,8 @@ def assert_one_line(code: int, stderr: str, prog: str, expect: tuple[str, ...]) 
     for word in expect:
         assert word in last, f"{word!r} not in the last line: {last}"
     assert any(word in last for word in ADVICE), f"says nothing about what to do: {last}"
+    # Never PyTorch's advice for a refused checkpoint (re-run with weights_only=False, allowlist its globals).
+    assert "weights_only" not in stderr and "safe_globals" not in stderr, stderr
     return last
 
 

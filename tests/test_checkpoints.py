@@ -237,12 +237,26 @@ class _Evil:
         return (print, ("pickled code ran",))
 
 
-def test_pickled_code_is_never_executed(tmp_path, capsys):
-    with open(tmp_path / "evil.pt", "wb") as f:
-        pickle.dump({"model": _Evil()}, f)
-    with pytest.raises(CheckpointError, match="was refused: it holds pickled objects") as exc:
-        checkpoint_io.read_state_dict(tmp_path / "evil.pt")
-    assert "\n" not in str(exc.value) and "weights_only=False" not in str(exc.value)  # one line, no unsafe advice
+class _Pickled:  # an ordinary class: torch.save writes it as a pickled global that weights_only refuses
+    pass
+
+
+@pytest.mark.parametrize("how", ["pickle.dump with __reduce__", "torch.save of a class instance"])
+def test_pickled_code_is_never_executed_and_the_refusal_is_our_one_line(tmp_path, capsys, how):
+    path = tmp_path / "evil.pt"
+    if how.startswith("pickle"):
+        with open(path, "wb") as f:
+            pickle.dump({"model": _Evil()}, f)
+    else:
+        torch.save({"model": {"w": torch.zeros(2)}, "args": _Pickled()}, path)
+    with pytest.raises(CheckpointError, match="was refused: it holds") as exc:
+        checkpoint_io.read_state_dict(path)
+    message = str(exc.value)
+    assert "\n" not in message and str(path) in message and ".safetensors" in message
+    # Ours only: none of PyTorch's advice to load it unsafely or to allowlist what it holds.
+    assert "weights_only" not in message and "safe_globals" not in message and "In PyTorch" not in message
+    if how.startswith("torch.save"):
+        assert "_Pickled" in message  # what was refused, by name
     assert "pickled code ran" not in capsys.readouterr().out
 
 

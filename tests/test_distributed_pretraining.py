@@ -47,7 +47,10 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     common = ["--max_steps", str(STEPS), "--log_freq", "1", "--num_steps_per_checkpoint", "100"]
 
     def run_args(name: str, batch: int, accum: int, *extra: str) -> list[str]:
-        args = args_for(data, config, tmp_path / name, *common, *extra)
+        # The comparisons below are at fp32 tolerances unless a run names fp16 or bf16: name fp32 for the others,
+        # whatever --precision auto would pick on this CPU.
+        named = {"--fp16", "--bf16"} & set(extra)
+        args = args_for(data, config, tmp_path / name, *common, *extra, *([] if named else ["--precision", "fp32"]))
         return args + ["--train_batch_size", str(batch), "--gradient_accumulation_steps", str(accum)]
 
     # One process: global batch 8 in one micro-batch, and in two micro-batches of 4.

@@ -27,10 +27,11 @@ def _lines(shared_data) -> list[str]:
 
 
 def _extract(tmp_path, minilm_dir, lines, output, *flags) -> dict:
+    """extract_features.py with its default precision (auto) unless `flags` name one."""
     (tmp_path / "input.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return extract_features.main(["--input_file", str(tmp_path / "input.txt"), "--output_file", str(output),
                                   "--init_checkpoint", str(minilm_dir), "--max_seq_length", str(MAX_SEQ),
-                                  "--precision", "fp32", "--disable_progress_bar", *flags])
+                                  "--disable_progress_bar", *flags])
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +42,11 @@ def hf_model(minilm_dir):
     return model, BertTokenizer.from_pretrained(str(minilm_dir))
 
 
-def test_features_match_transformers(tmp_path, minilm_dir, shared_data, hf_model):
+def test_features_match_transformers(tmp_path, minilm_dir, shared_data, hf_model, cpu_bf16):
     """Every line's tokens are transformers' tokens and every chosen layer's values its hidden states
-    (Google's indexing: -1 = the last layer's output = hidden_states[-1], 0 = the first layer's = hidden_states[1])."""
+    (Google's indexing: -1 = the last layer's output = hidden_states[-1], 0 = the first layer's = hidden_states[1]),
+    with the default flags, on a CPU that decides for bf16 and on one that does not (cpu_bf16): a command that
+    only reads a model computes in fp32 unless told otherwise, so the same command gives the same features."""
     model, tokenizer = hf_model
     lines = _lines(shared_data)
     layers = [-1, -2, -3, -4, 0, 5]
@@ -70,10 +73,19 @@ def test_features_match_transformers(tmp_path, minilm_dir, shared_data, hf_model
                 diff = (torch.tensor(layer["values"]) - ref).abs().max().item()
                 worst = max(worst, diff)
     print(f"max abs diff vs transformers over {summary['tokens']} tokens x {len(layers)} layers: {worst:.2e}")
-    assert worst <= 1e-5
+    assert worst <= 1e-5 and summary["precision"] == "fp32"
     assert len(records[2]["features"]) == MAX_SEQ  # the long line was cut
     assert [f["token"] for f in records[3]["features"]] == ["[CLS]", "[SEP]"]  # the blank line
     assert summary["lines"] == len(lines) and summary["tokens"] == sum(len(r["features"]) for r in records)
+
+
+def test_bf16_runs_only_when_named(tmp_path, minilm_dir, shared_data, cpu_bf16):
+    lines = _lines(shared_data)[:2]
+    default = _extract(tmp_path, minilm_dir, lines, tmp_path / "fp32.npz")
+    named = _extract(tmp_path, minilm_dir, lines, tmp_path / "bf16.npz", "--bf16")
+    assert (default["precision"], named["precision"]) == ("fp32", "bf16")
+    diff = np.abs(np.load(tmp_path / "fp32.npz")["features"] - np.load(tmp_path / "bf16.npz")["features"]).max()
+    assert 0 < diff < 0.25  # bf16 really ran, and computed the same features to bf16's precision
 
 
 def test_three_formats_hold_the_same_features(tmp_path, minilm_dir, shared_data):

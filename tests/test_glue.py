@@ -365,6 +365,23 @@ def _check_outputs(out: Path, dev, task) -> dict:
     return results
 
 
+def test_auto_trains_as_the_hardware_decides_and_evaluation_alone_is_fp32(tmp_path, shared_data, minilm_dir,
+                                                                          cpu_bf16):
+    """--precision auto: a run with --do_train trains (and evaluates) in the fastest native precision, which is
+    what the CPU decides (cpu_bf16: as one with and one without native bf16); a run that only evaluates the saved
+    model is fp32 on either, and equals the explicit fp32 evaluation."""
+    data = shared_data / "glue-sst2"
+    trained = _run(tmp_path / "train", minilm_dir, "sst-2", data, "--do_train", "--max_train_examples", "16",
+                   "--max_steps", "2", "--train_batch_size", "8", "--max_seq_length", "32", "--do_eval",
+                   "--max_eval_examples", "16")
+    assert trained["precision"] == cpu_bf16
+    evaluate = ["--do_eval", "--max_eval_examples", "16", "--max_seq_length", "32"]
+    alone = _run(tmp_path / "eval", tmp_path / "train" / "model.pt", "sst-2", data, *evaluate)
+    assert alone["precision"] == "fp32" and "only reads a model" in alone["precision_reason"]
+    named = _run(tmp_path / "eval32", tmp_path / "train" / "model.pt", "sst-2", data, *evaluate, "--precision", "fp32")
+    assert alone["eval"]["dev"] == named["eval"]["dev"]
+
+
 def test_sst2_learns_from_minilm(tmp_path, shared_data, minilm_dir):
     task, data = get_task("sst-2"), shared_data / "glue-sst2"
     _run(tmp_path, minilm_dir, "sst-2", data, "--do_train", "--do_eval", "--do_predict", "--skip_checkpoint",
@@ -388,7 +405,8 @@ def mrpc_run(tmp_path_factory, shared_data, minilm_dir) -> Path:
     out = tmp_path_factory.mktemp("mrpc")
     _run(out, minilm_dir, "mrpc", shared_data / "glue-mrpc", "--do_train", "--do_eval", "--do_predict",
          "--max_train_examples", "64", "--max_eval_examples", str(MRPC_EVAL), "--max_steps", "4",
-         "--train_batch_size", "16", "--learning_rate", "1e-4")
+         "--train_batch_size", "16", "--learning_rate", "1e-4",
+         "--precision", "fp32")  # its re-evaluation (fp32 on every CPU) is compared with its scores at 1e-6
     return out
 
 

@@ -130,6 +130,20 @@ def test_cli_question_and_context_prints_json(qa_dir, capsys, tmp_path, long_con
     assert printed[0]["answer"] == out[0]["answer"]
 
 
+def test_default_precision_is_fp32_on_every_cpu(qa_dir, capsys, long_context, cpu_bf16):
+    """inference.py only reads a model: auto is fp32 whether or not the CPU decides for bf16 in training (cpu_bf16),
+    and gives the explicit fp32 run's scores; bf16 runs only when named."""
+    context = long_context(120, "Madagascar")
+    argv = ["--init_checkpoint", str(qa_dir), "--question", "Where does the river go?", "--context", context,
+            "--max_seq_length", "64", "--max_query_length", "16", "--doc_stride", "24", "--n_best_size", "3"]
+    default = inference.main(argv)
+    assert "inference.py: precision fp32 (auto: fp32 because this command only reads a model" in capsys.readouterr().err
+    assert default == inference.main(argv + ["--precision", "fp32"])
+    named = inference.main(argv + ["--bf16"])
+    assert "inference.py: precision bf16 (asked for bf16)" in capsys.readouterr().err
+    assert named[0]["nbest"][0]["start_logit"] != default[0]["nbest"][0]["start_logit"]  # bf16 really ran
+
+
 def test_cli_input_file_json_lines_and_squad(qa_dir, capsys, tmp_path, shared_data):
     lines = [{"id": "x", "question": "Who?", "context": "Alice met Bob."},
              {"id": "y", "question": "What?", "context": "A cat sat on the mat."}]

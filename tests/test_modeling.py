@@ -163,12 +163,25 @@ def test_outputs_are_named_tuples_with_fixed_fields_in_positional_order():
                                   (torch.tensor([0, 2, 1]),), modeling.SequenceClassificationOutputWithLoss,
                                   ("loss", "logits")),
     }
+    outs = {}
     for name, (model, extra, cls, fields) in expected.items():
-        out = model.eval()(input_ids, token_type_ids, attention_mask, *extra)
+        out = outs[name] = model.eval()(input_ids, token_type_ids, attention_mask, *extra)
         assert type(out) is cls and isinstance(out, tuple), name
         assert out._fields == fields and len(out) == len(fields), name
-        for i, field in enumerate(fields):
-            assert out[i] is getattr(out, field), (name, field)
+    # Positional order is the API of callers that unpack: unpack by position and check each value against the
+    # written-out formula of what that position must hold (a swapped order fails here).
+    ce = torch.nn.functional.cross_entropy
+    loss, mlm, nsp, scores, relationship = outs["pretraining+labels"]
+    torch.testing.assert_close(mlm, ce(scores, labels[labels != -1]))  # scores [M, V] at the labelled slots
+    torch.testing.assert_close(nsp, ce(relationship, torch.tensor([0, 1, 1])))
+    torch.testing.assert_close(loss, mlm + nsp)
+    loss, start, end = outs["qa+labels"]
+    torch.testing.assert_close(loss, (ce(start, torch.tensor([1, 2, 3])) + ce(end, torch.tensor([2, 2, 4]))) / 2)
+    loss, logits = outs["classification+labels"]
+    torch.testing.assert_close(loss, ce(logits, torch.tensor([0, 2, 1])))
+    sequence_output, pooled = outs["encoder"]  # the pooler is tanh(dense([CLS]'s hidden state))
+    pooler = expected["encoder"][0].pooler.dense
+    torch.testing.assert_close(pooled, torch.tanh(pooler(sequence_output[:, 0])))
     # Shapes behind the names: scores at every position without labels, at the M labelled ones with them.
     scores = expected["pretraining"][0](input_ids, token_type_ids, attention_mask)
     assert scores.prediction_scores.shape == (3, 24, 1000) and scores.seq_relationship_score.shape == (3, 2)

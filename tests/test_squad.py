@@ -407,7 +407,8 @@ def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, t
     common = ["--config_file", str(config_file), "--vocab_file", str(uncased_vocab), "--do_lower_case",
               "--train_file", str(squad_subset), "--do_train", "--max_steps", "3", "--max_seq_length", "96",
               "--doc_stride", "32", "--max_query_length", "24", "--cache_dir", str(tmp_path / "cache"),
-              "--disable_progress_bar", "--learning_rate", "1e-3", "--seed", "5"]
+              "--disable_progress_bar", "--learning_rate", "1e-3", "--seed", "5",
+              "--precision", "fp32"]  # an fp32-tolerance comparison: never bf16, whatever auto would pick here
     run_squad.main(common + ["--train_batch_size", "8", "--output_dir", str(tmp_path / "one")])
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
