@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["NVLAMB", "BertAdam", "make_lamb", "param_groups_for_bert"]
+__all__ = ["NVLAMB", "BertAdam", "make_lamb", "make_optimizer", "param_groups_for_bert"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -368,3 +368,17 @@ def make_lamb(params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (
                              use_nvlamb=use_nvlamb)
     return NVLAMB(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                   use_nvlamb=use_nvlamb)
+
+
+def make_optimizer(name: str, params: Iterable, lr: float, weight_decay: float = 0.01,
+                   max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, prefer_fused: bool = True,
+                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.Optimizer:
+    """Pre-training's optimizer by name: "nvlamb" (`make_lamb`) or "adamw" (BertAdam with bias correction: AdamW's
+    maths on PyTorch's fused kernel, after the same global gradient clip)."""
+    if name == "nvlamb":
+        return make_lamb(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb, prefer_fused=prefer_fused)
+    if name == "adamw":
+        return BertAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                        bias_correction=True)
+    raise ValueError(f"unknown optimizer {name!r}: choose nvlamb or adamw")

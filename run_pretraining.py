@@ -84,7 +84,8 @@ import torch
 
 from pretraining_data import (DataPosition, Masker, PretrainingData, ShardInfo, ShardSpec, inspect_shards, list_shards,
                               load_eval_set, to_model_inputs)
-from training import (EXIT_STOPPED, DivergenceWatch, Meter, Precision, RunLogger, StopRequest,
+from precision import Precision
+from training import (EXIT_STOPPED, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest,
                       apply_parallelism_and_precision, forward_backward, optimizer_step, peak_flops, weights_finite)
 from utils import InputError
 
@@ -141,7 +142,12 @@ class PretrainConfig:
     train_batch_size: int = _flag(32, "sequences per process per optimizer step (all micro-batches together)")
     gradient_accumulation_steps: int = _flag(1, "micro-batches per optimizer step: micro-batch = "
                                                 "train_batch_size / gradient_accumulation_steps (must divide)")
-    learning_rate: float = _flag(5e-5, "peak learning rate of NVLAMB")
+    optimizer: str = _flag("nvlamb", "nvlamb: NVIDIA's LAMB (per-tensor trust ratio; the recipe for large "
+                                     "batches); adamw: decoupled AdamW with bias correction (what transformers, "
+                                     "Cramming and ModernBERT pre-train with; measured better at small batches, "
+                                     "README). Both clip the global gradient norm at --max_grad_norm",
+                           choices=("nvlamb", "adamw"))
+    learning_rate: float = _flag(5e-5, "peak learning rate")
     warmup_proportion: float = _flag(0.01, "fraction of --max_steps with a linear warm-up of the learning rate")
     lr_schedule: str = _flag("poly", "learning-rate schedule after warm-up (poly: NVIDIA's (1-progress)^0.5)",
                              choices=("poly", "linear", "cosine", "constant"))
@@ -149,8 +155,14 @@ class PretrainConfig:
     steps_this_run: int = _flag(-1, "stop after this many steps in this invocation (then checkpoint); -1: run "
                                     "to --max_steps")
     weight_decay: float = _flag(0.01, "decoupled weight decay (not for biases and LayerNorm)")
-    max_grad_norm: float = _flag(1.0, "global gradient-norm clip of NVLAMB")
-    use_nvlamb: bool = _flag(False, "apply LAMB's trust ratio also to the no-decay group (NVIDIA's NVLAMB switch)")
+    mlm_bias_init: str = _flag("zero", "the masked-LM output bias of a model trained from scratch: zero (BERT's) or "
+                                       "unigram (the log-frequency of each token among the first training shard's "
+                                       "masked targets, add-one smoothed: the model starts at the unigram loss "
+                                       "instead of learning word frequencies first; measured in README)",
+                               choices=("zero", "unigram"))
+    max_grad_norm: float = _flag(1.0, "global gradient-norm clip (<= 0: off)")
+    use_nvlamb: bool = _flag(False, "apply LAMB's trust ratio also to the no-decay group (NVIDIA's NVLAMB switch; "
+                                    "--optimizer nvlamb only)")
     seed: int = _flag(42, "random seed: model init, data order, dropout (rank r uses seed + r for dropout)")
     # --- precision
     precision: str = _flag("auto", "fp16: autocast float16 and a GradScaler (overflow steps are skipped); bf16: "
@@ -282,6 +294,8 @@ def parse_args(argv: list[str] | None = None) -> PretrainConfig:
         (cfg.eval_steps < 0 or cfg.eval_batch_size < 0 or cfg.max_eval_samples < 0,
          "--eval_steps, --eval_batch_size and --max_eval_samples must not be negative"),
         (cfg.compile and cfg.no_compile, "--compile and --no_compile contradict each other: pass one"),
+        (cfg.use_nvlamb and cfg.optimizer != "nvlamb", "--use_nvlamb is a switch of --optimizer nvlamb: drop it "
+                                                       "with --optimizer adamw"),
         (cfg.resume_step != -1 and not cfg.resume_from_checkpoint,
          "--resume_step needs --resume_from_checkpoint"),
         (cfg.phase2 and cfg.phase1_end_step < 0, f"--phase1_end_step {cfg.phase1_end_step} must not be negative"),
@@ -486,31 +500,23 @@ def refuse_used_output_dir(cfg: PretrainConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Evaluation
+# Evaluation: validation.Validator (held-out loss against the unigram entropy, and the context gain)
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, eval_set: dict[str, np.ndarray], batch_size: int, precision: Precision,
-             env) -> dict[str, float]:
-    """Masked-LM accuracy and mean cross-entropy over every masked position of the held-out set (all ranks)."""
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # correct, predicted positions, loss sum
-    for start in range(0, len(eval_set["input_ids"]), batch_size):
-        batch = {k: v.to(env.device) for k, v in to_model_inputs(eval_set, slice(start, start + batch_size)).items()}
-        with precision.autocast():
-            scores = model(**batch).prediction_scores.float()  # [B, P, V]: every prediction slot
-        used = batch["masked_lm_positions"] > 0  # [B, P]; 0 marks an unused slot
-        scores, labels = scores[used], batch["masked_lm_ids"][used]  # [M, V], [M]
-        sums += torch.stack([(scores.argmax(-1) == labels).sum().double(), torch.tensor(labels.numel(),
-                             dtype=torch.float64, device=env.device),
-                             torch.nn.functional.cross_entropy(scores, labels, reduction="sum").double()])
-    if env.distributed:
-        torch.distributed.all_reduce(sums)
-    model.train(was_training)
-    correct, count, loss = sums.tolist()
-    return {"eval_mlm_accuracy": correct / max(count, 1), "eval_mlm_loss": loss / max(count, 1),
-            "eval_masked_positions": int(count)}
+def make_validator(cfg: PretrainConfig, eval_set: dict[str, np.ndarray], precision: Precision, env):
+    """The held-out set's validator; the special ids from --vocab_file, or read off the held-out shards."""
+    from validation import SpecialIds, Validator
+
+    if cfg.vocab_file:
+        from tokenization import load_vocab
+
+        special = SpecialIds.from_vocab(load_vocab(cfg.vocab_file))
+    else:
+        special = SpecialIds.from_shards(eval_set)
+    try:
+        return Validator(eval_set, special, cfg.eval_batch_size or cfg.micro_batch_size, precision.autocast, env)
+    except ValueError as e:
+        raise InputError(f"--eval_dir {cfg.eval_dir}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -558,6 +564,7 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
     batches = iter(data)
     saved_at, last_loss, inject, consecutive_skips = -1, None, cfg.debug_inject_inf_at_step, 0
     watch = DivergenceWatch(env.device)  # fp16 overflows are the GradScaler's: those steps are skipped instead
+    host = HostMemory()
 
     def check_diverged() -> None:
         bad = watch.first()
@@ -609,6 +616,7 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
         scheduler.step()
         state.step += 1
         meter.step_taken(cfg.train_batch_size * env.world_size, real)
+        host.maybe_trim()
         bar.update(1)
         done = state.step == last_step
 
@@ -639,6 +647,7 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
     extra = {"mfu": mfu} if mfu is not None else {}
     if env.device.type == "cuda":
         extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(env.device) / 2 ** 30
+    extra["peak_host_memory_gib"] = host.peak_gib()
     return {"final_loss": last_loss, "training_sequences_per_second": meter.sequences_per_second(),
             **meter.real_rates(), **extra, "step": state.global_step, "phase_step": state.step, "skipped_steps": state.skipped_steps,
             "stopped_by_signal": (stop.signal_name or "a signal on another rank") if stopped else None}
@@ -646,6 +655,13 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
 
 # ---------------------------------------------------------------------------------------------------------------
 # main
+
+
+def _evaluated(result: dict[str, float], log) -> dict[str, float]:
+    from validation import describe
+
+    log(describe(result))
+    return result
 
 
 def report_stop(cfg: PretrainConfig, summary: dict, state: TrainState, env) -> int:
@@ -710,6 +726,13 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
                              f"or the right --phase1_end_step / --output_dir")
     elif resume is None and cfg.init_checkpoint:
         start = cfg.init_checkpoint
+    elif resume is None and cfg.mlm_bias_init == "unigram" and cfg.do_train:
+        from pretraining_data import unigram_log_prior
+
+        first = sorted(Path(cfg.input_dir).glob("*.hdf5"))[0]
+        with torch.no_grad():
+            model.cls.predictions.bias.copy_(unigram_log_prior(first, model.cls.predictions.bias.numel()))
+        log(f"masked-LM output bias: log unigram frequencies of the masked targets of {first.name}")
     if start is not None:
         try:
             state, _ = read_state_dict(start)
@@ -737,7 +760,7 @@ def _main(argv: list[str] | None) -> int:
 
     from checkpoint_io import load_checkpoint_state
     from modeling import count_parameters
-    from optimization import make_lamb, param_groups_for_bert
+    from optimization import make_optimizer, param_groups_for_bert
     from schedulers import get_scheduler
     from utils import init_distributed, set_seed
 
@@ -769,9 +792,10 @@ def _main(argv: list[str] | None) -> int:
             f"{'' if cfg.compile or cfg.no_compile else ' (the default on a ' + env.device.type.upper() + ')'}")
         if precision.warning:
             log(f"warning: {precision.warning}")
-        optimizer = make_lamb(param_groups_for_bert(raw_model, cfg.weight_decay), lr=cfg.learning_rate,
-                              weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-                              use_nvlamb=cfg.use_nvlamb, prefer_fused=env.device.type == "cuda")
+        optimizer = make_optimizer(cfg.optimizer, param_groups_for_bert(raw_model, cfg.weight_decay),
+                                   lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                   max_grad_norm=cfg.max_grad_norm if cfg.max_grad_norm > 0 else None,
+                                   use_nvlamb=cfg.use_nvlamb, prefer_fused=env.device.type == "cuda")
         scheduler = get_scheduler(cfg.lr_schedule, optimizer, cfg.warmup_proportion, cfg.max_steps)
         state = TrainState(phase=2 if cfg.phase2 else 1, step_offset=cfg.phase1_end_step if cfg.phase2 else 0)
         position = DataPosition()
@@ -782,8 +806,8 @@ def _main(argv: list[str] | None) -> int:
                                                      shards, log)
         eval_set = load_eval_set(cfg.eval_dir, cfg.shard_spec, cfg.max_eval_samples, env.rank, env.world_size) \
             if cfg.eval_dir else None
-        eval_batch = cfg.eval_batch_size or cfg.micro_batch_size
-        eval_fn = (lambda: evaluate(raw_model, eval_set, eval_batch, precision, env)) if eval_set else None
+        validator = make_validator(cfg, eval_set, precision, env) if eval_set else None
+        eval_fn = (lambda: _evaluated(validator(raw_model), log)) if validator else None
         logger.log("PARAMETER", {**dataclasses.asdict(cfg), "world_size": env.world_size, "device": str(env.device),
                                  "precision_requested": cfg.precision, "precision": precision.name,
                                  "precision_reason": precision.reason,

@@ -227,6 +227,38 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return None
 
 
+class HostMemory:
+    """Gives freed host memory back to the system, at most every `every_s` seconds, and reports the peak.
+
+    Why: a CPU training step allocates and frees tensors of sizes that change with every batch (unpadded tokens,
+    masked positions). glibc keeps the freed heap memory for reuse, and the fragments never fit again: measured
+    on BERT-mini at batch 64 (2-core EPYC), the resident memory grew from 2 to 6.5 GB in 10 minutes. malloc_trim
+    returns it: the same run stayed at about 2.2 GB, at the same speed (59 sequences/s). A no-op without glibc."""
+
+    def __init__(self, every_s: float = 10.0):
+        import ctypes
+        import ctypes.util
+
+        self.every_s, self.last = every_s, time.perf_counter()
+        try:
+            self._trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+            self._trim = None
+
+    def maybe_trim(self) -> None:
+        if self._trim is not None and time.perf_counter() - self.last >= self.every_s:
+            self._trim(0)
+            self.last = time.perf_counter()
+
+    @staticmethod
+    def peak_gib() -> float:
+        """This process's peak resident memory so far, GiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+        import resource
+        import sys
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
+
+
 class Meter:
     """What the log lines report: losses summed on the device between two log lines (no host sync per step), and
     throughput (sequences and model FLOPs) over the steps after the first `warmup_steps` of this run (start-up,

@@ -191,86 +191,79 @@ def pretraining_report(state: dict) -> dict:
             "curves": {"phase1": p1["losses"], "phase2": p2["losses"]}}
 
 
-def count_model_accuracies(train: dict, heldout: dict, special_ids: set[int], mask_id: int) -> dict[str, float]:
-    """Two count models from the training shard's original tokens (masks undone), scored on the held-out masked
-    slots (position > 0) as run_pretraining.py scores the model: unigram, the most frequent non-special token;
-    bigram, the most frequent non-special token after the token the model sees just before the slot (the unigram
-    guess when that token is [MASK] or never seen first in a training pair)."""
+def _most_frequent_follower(keys: "np.ndarray", values: "np.ndarray") -> dict[int, int]:
+    """key -> the value seen most often with it (ties: the smallest value)."""
+    import numpy as np
+
+    codes, counts = np.unique(keys.astype(np.int64) * (1 << 20) + values, return_counts=True)
+    first, second = codes >> 20, codes & ((1 << 20) - 1)
+    order = np.lexsort((-counts, first))  # by key, the most frequent value first
+    keep = order[np.r_[True, first[order][1:] != first[order][:-1]]]
+    return dict(zip(first[keep].tolist(), second[keep].tolist()))
+
+
+def count_model_accuracies(train: dict, heldout: dict, special) -> dict[str, float]:
+    """Three count models from the training shards' original tokens (masks undone), scored on the held-out
+    [MASK]ed slots that validation.Validator scores (validation.mask_slots: nothing to copy there, `<unk>` pieces
+    left out): unigram, the most frequent ordinary token; bigram, the most frequent token after the token the model
+    sees just before the slot; previous+next, the most frequent token between the two tokens the model sees around
+    the slot. Each backs off to the one before it when what it looks at is [MASK] or was never seen in training.
+    `special`: validation.SpecialIds."""
     import numpy as np
 
     from pretraining_data import unmask
+    from validation import mask_slots
 
     tokens = unmask(train["input_ids"], train["masked_lm_positions"], train["masked_lm_ids"]).astype(np.int64)
     real = train["input_mask"].astype(bool)
-    ordinary = real & ~np.isin(tokens, list(special_ids))
+    ordinary = real & ~np.isin(tokens, [special.cls, special.sep, special.mask, special.pad])
     unigram = int(np.bincount(tokens[ordinary]).argmax())
-    prev, cur = tokens[:, :-1], tokens[:, 1:]
-    pairs = (real[:, :-1] & ordinary[:, 1:])  # [N, S-1]: a real token followed by an ordinary one
-    codes, counts = np.unique(prev[pairs] * (1 << 32) + cur[pairs], return_counts=True)
-    first, second = codes >> 32, codes & ((1 << 32) - 1)
-    order = np.lexsort((-counts, first))  # by previous token, the most frequent follower first
-    keep = order[np.r_[True, first[order][1:] != first[order][:-1]]]
-    bigram = dict(zip(first[keep].tolist(), second[keep].tolist()))
+    pairs = real[:, :-1] & ordinary[:, 1:]  # [N, S-1]: a real token followed by an ordinary one
+    bigram = _most_frequent_follower(tokens[:, :-1][pairs], tokens[:, 1:][pairs])
+    triples = real[:, :-2] & ordinary[:, 1:-1] & real[:, 2:]  # [N, S-2]: an ordinary token between two real ones
+    around = tokens[:, :-2][triples] * (1 << 20) + tokens[:, 2:][triples]
+    between = _most_frequent_follower(around, tokens[:, 1:-1][triples])
 
-    positions, ids, inputs = heldout["masked_lm_positions"], heldout["masked_lm_ids"], heldout["input_ids"]
-    rows, slots = np.nonzero(positions > 0)
-    targets = ids[rows, slots]
-    before = inputs[rows, positions[rows, slots] - 1]
-    guesses = np.array([unigram if b == mask_id else bigram.get(int(b), unigram) for b in before.tolist()])
-    return {"unigram": float((targets == unigram).mean()), "bigram": float((guesses == targets).mean()),
-            "positions": int(len(targets))}
-
-
-def strip_context(input_ids, input_mask, positions, keep_ids: set[int], mask_id: int):
-    """input_ids with every real token that is not a masked slot and not in `keep_ids` ([CLS], [SEP]) replaced by
-    [MASK]: what is left to predict from is each slot's position, its segment and the sequence's length."""
-    import numpy as np
-
-    out = input_ids.copy()
-    slot = np.zeros(out.shape, dtype=bool)
-    rows, cols = np.nonzero(positions > 0)
-    slot[rows, positions[rows, cols]] = True
-    out[input_mask.astype(bool) & ~slot & ~np.isin(out, list(keep_ids))] = mask_id
-    return out
+    slots = mask_slots(heldout, special)  # [N, P]
+    rows, cols = np.nonzero(slots)
+    positions = heldout["masked_lm_positions"][rows, cols]
+    targets = heldout["masked_lm_ids"][rows, cols].astype(np.int64)
+    inputs = heldout["input_ids"].astype(np.int64)
+    before = inputs[rows, positions - 1]
+    after = inputs[rows, np.minimum(positions + 1, inputs.shape[1] - 1)]
+    guess_bigram = np.array([unigram if b == special.mask else bigram.get(b, unigram) for b in before.tolist()])
+    guess_between = np.array([g if special.mask in (b, a) else between.get(b * (1 << 20) + a, g)
+                              for g, b, a in zip(guess_bigram.tolist(), before.tolist(), after.tolist())])
+    return {"unigram": float((targets == unigram).mean()), "bigram": float((guess_bigram == targets).mean()),
+            "previous_next": float((guess_between == targets).mean()), "slots": int(len(targets))}
 
 
 def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike, vocab: Path, train_dir: str,
-                  eval_dir: str, max_samples: int) -> dict:
-    """Does the pre-trained model read the context? Its held-out masked-LM accuracy as evaluated in training, the
-    same with the context taken away (strip_context), and the two count models (count_model_accuracies) as
-    independent references: a model that uses context beats the bigram counts and loses accuracy without it."""
+                  eval_dir: str, max_samples: int, max_train_samples: int = 200_000) -> dict:
+    """Does the pre-trained model read the context? On the held-out [MASK]ed slots (validation.Validator: nothing
+    to copy there), its accuracy with the context and with every other token replaced by [MASK], beside three count
+    models of the training shards (count_model_accuracies; the first `max_train_samples` training samples) as
+    independent references: a model that reads the context beats the previous+next-token counts."""
+    import contextlib
+
     import torch
 
-    from checkpoint_io import load_checkpoint_state
-    from modeling import BertConfig, BertForPreTraining
-    from pretraining_data import to_model_inputs
+    from checkpoint_io import from_pretrained
+    from modeling import BertForPreTraining
     from tokenization import load_vocab
+    from utils import DistEnv
+    from validation import SpecialIds, Validator
 
-    ids_of = load_vocab(str(vocab))
-    special = {ids_of[t] for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")}
-    mask_id = ids_of["[MASK]"]
+    special = SpecialIds.from_vocab(load_vocab(str(vocab)))
     heldout = su.read_shards(eval_dir, max_samples)
-    counts = count_model_accuracies(su.read_shards(train_dir), heldout, special, mask_id)
-    model = BertForPreTraining(BertConfig.from_json_file(config_file)).eval()
-    load_checkpoint_state(model, torch.load(checkpoint, map_location="cpu", weights_only=True)["model"],
-                          source=str(checkpoint))
-    stripped = {**heldout, "input_ids": strip_context(heldout["input_ids"], heldout["input_mask"],
-                                                      heldout["masked_lm_positions"], {ids_of["[CLS]"],
-                                                      ids_of["[SEP]"]}, mask_id)}
-
-    @torch.no_grad()
-    def accuracy(arrays: dict) -> float:
-        correct = count = 0
-        for start in range(0, len(arrays["input_ids"]), 64):
-            batch = to_model_inputs(arrays, slice(start, start + 64))
-            used = batch["masked_lm_positions"] > 0  # [B, P]
-            guess = model(**batch).prediction_scores.argmax(-1)  # [B, P]
-            correct += int((guess[used] == batch["masked_lm_ids"][used]).sum())
-            count += int(used.sum())
-        return correct / max(count, 1)
-
-    return {"model": accuracy(heldout), "model_without_context": accuracy(stripped), **counts,
-            "checkpoint": str(checkpoint), "max_samples": max_samples}
+    counts = count_model_accuracies(su.read_shards(train_dir, max_train_samples), heldout, special)
+    model = from_pretrained(BertForPreTraining, checkpoint, config=str(config_file), log=None).eval()
+    with torch.no_grad():
+        result = Validator(heldout, special, 64, contextlib.nullcontext, DistEnv())(model)
+    return {"model": result["eval_mask_accuracy"], "model_without_context": result["eval_mask_accuracy_without_context"],
+            "context_gain": result["eval_context_gain"], "heldout_loss": result["eval_mlm_loss"],
+            "unigram_entropy": result["eval_unigram_entropy"], **counts, "checkpoint": str(checkpoint),
+            "max_samples": max_samples}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -361,11 +354,14 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
                       f"{su.fmt(held['baseline'], 4)}.", ""]
         probe = pre.get("context_probe")
         if probe:
-            lines += [f"Context probe (the final checkpoint, the same held-out slots, {probe['positions']} of them): "
-                      f"masked-LM accuracy **{su.fmt(probe['model'], 4)}** as trained, "
+            lines += [f"Context probe (the final checkpoint, on the {probe['slots']} held-out [MASK]ed slots: "
+                      f"nothing to copy there): accuracy **{su.fmt(probe['model'], 4)}** with the context, "
                       f"{su.fmt(probe['model_without_context'], 4)} with every other token of the input replaced "
-                      f"by [MASK] (position and segment alone); count models from the training shard: unigram "
-                      f"{su.fmt(probe['unigram'], 4)}, bigram (the previous token) {su.fmt(probe['bigram'], 4)}.", ""]
+                      f"by [MASK] (position and segment alone); count models from the training shards: unigram "
+                      f"{su.fmt(probe['unigram'], 4)}, bigram (the previous token) {su.fmt(probe['bigram'], 4)}, "
+                      f"previous and next token {su.fmt(probe['previous_next'], 4)}. Held-out masked-LM loss "
+                      f"{su.fmt(probe['heldout_loss'], 3)} nats against a unigram entropy of "
+                      f"{su.fmt(probe['unigram_entropy'], 3)}.", ""]
     models = [m for m in MODELS if any(m in ft["results"].get(t, {}) for t in ft["results"])]
     lines += ["Downstream (dev set; mean ± sample std over seeds, [min, max]):", "",
               "| task (metric) | majority class | " + " | ".join(models) + " |",
@@ -466,7 +462,10 @@ def main(argv: list[str] | None = None) -> dict:
     if "pretrained" in models or "random" in models:
         state, reused, pretrain_cmd = pretrained_run(args, log)
         pre = pretraining_report(state)
-        train_dir = Path(state["run_dir"]).parent / "hdf5_seq128"  # run_cpu_demo.sh's layout
+        input_dir = state["phase1"]["params"].get("input_dir")
+        train_dir = Path(input_dir) if input_dir else None  # where phase 1 trained
+        if train_dir is None or not train_dir.is_dir():
+            train_dir = Path(state["run_dir"]).parent / "hdf5_seq128"  # run_cpu_demo.sh's layout, moved
         if train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
             pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
                                                  pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])

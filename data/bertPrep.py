@@ -19,7 +19,9 @@ Folders under the working dir, as in the original:
     formatted_one_article_per_line/<dataset>_one_article_per_line.txt   one document per line
     sharded_training_shards_<N>_test_shards_<M>_fraction_<f>/<dataset>/<dataset>_{training,test}_<i>.txt
     hdf5_lower_case_<0|1>_seq_len_<S>_max_pred_<P>_masked_lm_prob_<p>_random_seed_<r>_dupe_factor_<d>/<dataset>/
-A JSON-lines log of every stage goes to <working dir>/bertPrep_log.jsonl.
+        training/<dataset>_training_<i>.hdf5    what run_pretraining.py --input_dir trains on
+        test/<dataset>_test_<i>.hdf5            the held-out documents: its --eval_dir
+A JSON-lines log of every stage (its wall time and peak memory included) goes to <working dir>/bertPrep_log.jsonl.
 """
 from __future__ import annotations
 
@@ -274,6 +276,11 @@ def list_shards(shard_dir: Path, dataset: str) -> list[Path]:
     return shards
 
 
+def hdf5_split(shard: Path) -> str:
+    """"training" or "test": the folder under the HDF5 directory that a text shard's HDF5 file goes to."""
+    return "test" if "_test_" in shard.name else "training"
+
+
 def cpd_command(args, shard: Path, output: Path, seed: int, num_workers: int) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "create_pretraining_data.py"), "--input_file", str(shard),
             "--output_file", str(output), "--vocab_file", str(args.vocab_file),
@@ -306,7 +313,11 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
     out_dir = dirs["hdf5"] / args.dataset
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     seed_index = {path: i for i, path in enumerate(sorted(str(s) for s in shards))}
-    todo = [(seed_index[str(s)], s, out_dir / f"{s.stem}.hdf5") for s in shards]
+    # Training and held-out (test) shards go to folders of their own: run_pretraining.py trains on every *.hdf5
+    # of --input_dir, so the held-out articles must not sit beside the training ones.
+    todo = [(seed_index[str(s)], s, out_dir / hdf5_split(s) / f"{s.stem}.hdf5") for s in shards]
+    for split in {hdf5_split(s) for s in shards}:
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
     todo = [t for t in todo if args.overwrite or not t[2].exists()]
     concurrency = max(1, min(args.n_processes, len(todo)))
     workers_each = max(1, args.n_processes // concurrency)  # few shards: give each one several workers
@@ -342,6 +353,17 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
 
 # --------------------------------------------------------------------------------------------------------------
 # CLI
+
+
+def resources(start: float) -> dict[str, float]:
+    """Wall time since `start`, and the peak resident memory of this process and of its largest child process
+    (the workers and create_pretraining_data.py calls), in MiB: what each stage costs, for the log."""
+    import resource
+
+    mib = 1024 if sys.platform != "darwin" else 1024 * 1024  # ru_maxrss: KiB on Linux, bytes on macOS
+    return {"elapsed_s": round(time.time() - start, 1),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / mib, 1),
+            "peak_child_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / mib, 1)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -422,9 +444,11 @@ def _main(argv) -> int:
     Path(args.working_dir).mkdir(parents=True, exist_ok=True)
     logger = JsonLogger(Path(args.working_dir) / "bertPrep_log.jsonl")
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
+    start = time.time()
     try:
         {"download": action_download, "text_formatting": action_text_formatting, "sharding": action_sharding,
          "create_hdf5_files": action_create_hdf5_files}[args.action](args, dirs, logger)
+        logger.log("action_done", {"action": args.action, "dataset": args.dataset, **resources(start)})
     finally:
         logger.close()
     return 0

@@ -7,6 +7,8 @@
 #   DATA_DIR  the working folder (default: $DATA_DIR, else $BERT_PREP_WORKING_DIR, else ./bert_data)
 # Environment (all optional):
 #   DUMP_DATE=latest|YYYYMMDD   WIKI_BASE_URL=https://dumps.wikimedia.org
+#   WIKIEXTRACTOR_DIR=folder of WikiExtractor output (wiki_* files, also .gz/.bz2): format it instead of
+#                     downloading and parsing a dump (wiki_only, wiki_books)
 #   BOOKS_DIR=folder of .txt books, or BOOKS_URL_LIST=file of URLs       (wiki_books)
 #   INPUT_DIR=folder of .txt files, DOC_BOUNDARY=file|blank_line|line    (custom)
 #   VOCAB_FILE=vocab.txt (default: downloads Google's uncased BERT-Large zip for its vocab.txt)
@@ -39,9 +41,13 @@ echo "dataset $DATASET, working dir $BERT_PREP_WORKING_DIR"
 # 1. Download (verified, resumable) and 2. format into one document per line.
 case "$DATASET" in
   wikicorpus_en|books_wiki_en_corpus)
-    "${PREP[@]}" --action download --dataset wikicorpus_en --dump_date "${DUMP_DATE:-latest}" \
-      --base_url "${WIKI_BASE_URL:-https://dumps.wikimedia.org}"
-    "${PREP[@]}" --action text_formatting --dataset wikicorpus_en ;;
+    if [[ -n "${WIKIEXTRACTOR_DIR:-}" ]]; then  # already extracted: format it, nothing to download
+      "${PREP[@]}" --action text_formatting --dataset wikicorpus_en --wikiextractor_dir "$WIKIEXTRACTOR_DIR"
+    else
+      "${PREP[@]}" --action download --dataset wikicorpus_en --dump_date "${DUMP_DATE:-latest}" \
+        --base_url "${WIKI_BASE_URL:-https://dumps.wikimedia.org}"
+      "${PREP[@]}" --action text_formatting --dataset wikicorpus_en
+    fi ;;
 esac
 if [[ "$DATASET" == books_wiki_en_corpus ]]; then
   "${PREP[@]}" --action download --dataset bookscorpus "${BOOKS[@]}"
@@ -66,4 +72,4 @@ for phase in 1 2; do
     --vocab_file "$VOCAB_FILE" --do_lower_case "${DO_LOWER_CASE:-1}" --dupe_factor "${DUPE_FACTOR:-5}" \
     --masked_lm_prob 0.15 --short_seq_prob 0.1
 done
-echo "done: HDF5 shards under $BERT_PREP_WORKING_DIR/hdf5_lower_case_*"
+echo "done: HDF5 shards under $BERT_PREP_WORKING_DIR/hdf5_lower_case_*/$DATASET/{training,test}"

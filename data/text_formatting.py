@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import bz2
+import gzip
 import html
 import itertools
 import multiprocessing
@@ -240,11 +241,18 @@ def format_wiki_dump(dump: str | os.PathLike, output: str | os.PathLike, num_wor
 # WikiExtractor output and plain text files
 
 
+def open_text(path: str | os.PathLike):
+    """A text file for reading, decompressed on the fly when its name ends in .gz or .bz2 (WikiExtractor's
+    --compress output, archived dumps of formatted text); UTF-8, a byte-order mark dropped, bad bytes replaced."""
+    opener = {".gz": gzip.open, ".bz2": bz2.open}.get(Path(path).suffix, open)
+    return opener(path, "rt", encoding="utf-8-sig", errors="replace")
+
+
 def iter_wikiextractor_docs(path: str | os.PathLike) -> Iterator[tuple[str, list[str]]]:
     """Stream (title, paragraphs) from a WikiExtractor file: `<doc id=.. url=.. title="T">`, the title line, the
     paragraphs, `</doc>`. The repeated title line is not part of the paragraphs."""
     title, paragraphs = None, []
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
+    with open_text(path) as f:
         for line in f:
             stripped = line.strip()
             if stripped.startswith("<doc ") and stripped.endswith(">"):
@@ -261,7 +269,7 @@ def iter_wikiextractor_docs(path: str | os.PathLike) -> Iterator[tuple[str, list
 
 
 def _is_wikiextractor(path: Path) -> bool:
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
+    with open_text(path) as f:
         return f.read(5) == "<doc "
 
 
@@ -284,7 +292,7 @@ def _iter_file_docs(path: Path, doc_boundary: str) -> Iterator[list[str]]:
         for _, paragraphs in iter_wikiextractor_docs(path):
             yield paragraphs
         return
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
+    with open_text(path) as f:
         if doc_boundary == "file":
             yield [line for line in (raw.strip() for raw in f) if line]
         elif doc_boundary == "line":
@@ -315,11 +323,13 @@ def check_text_file(path: str | os.PathLike, probe: int = 1 << 16, what: str = "
     of them not UTF-8 (an archive, an image, an HDF5 shard, a document in another encoding). Stray bad bytes in a
     real dump pass: they are replaced, as the readers do. `what` names the file in the message (a flag, or
     "input"); `expected` is appended to the advice (e.g. ", one sentence per line")."""
+    opener = {".gz": gzip.open, ".bz2": bz2.open}.get(Path(path).suffix, open)
     try:
-        with open(path, "rb") as f:
+        with opener(path, "rb") as f:
             head = f.read(probe)
     except OSError as e:
-        raise SystemExit(f"error: {what} {path} cannot be read ({e.strerror}): check its permissions") from None
+        raise SystemExit(f"error: {what} {path} cannot be read ({e.strerror or e}): check its permissions, or "
+                         "that a compressed file is complete") from None
     if b"\0" in head:
         raise SystemExit(f"error: {what} {path} is not text (it holds NUL bytes): give UTF-8 text"
                          f"{expected or ' files'}")

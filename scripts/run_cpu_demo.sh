@@ -139,6 +139,7 @@ with h5py.File(heldout, "r") as f:
 targets = ids[positions > 0]
 baseline = np.bincount(targets).max() / len(targets)
 print(f"baseline: always guessing the most frequent masked token scores {baseline:.3f} on the held-out set")
+learned = None
 for phase in (1, 2):
     path = run_dir / f"{job}.phase{phase}.json"
     if not path.is_file():
@@ -155,6 +156,19 @@ for phase in (1, 2):
     if "training_sequences_per_second" in final:
         line += f"; {final['training_sequences_per_second']:.1f} sequences/s"
     print(line)
+    if evals and "eval_context_gain" in evals[-1][1]:
+        learned = (phase, *evals[-1])
+if learned:
+    # Did it learn from context? The held-out loss against the best context-free guess (the held-out targets' own
+    # word frequencies), and what the context is worth on the [MASK]ed slots (validation.py).
+    phase, step, e = learned
+    below = e["eval_unigram_entropy"] - e["eval_mlm_loss"]
+    print(f"learned? phase {phase}, step {step}: held-out masked-LM loss {e['eval_mlm_loss']:.3f} nats against "
+          f"{e['eval_unigram_entropy']:.3f} for guessing from word frequencies alone ({abs(below):.3f} nats "
+          f"{'better' if below > 0 else 'worse'})")
+    print(f"learned? phase {phase}, step {step}: context gain {100 * e['eval_context_gain']:+.1f} points: "
+          f"{e['eval_mask_accuracy']:.3f} of the [MASK]ed held-out words right with their context, "
+          f"{e['eval_mask_accuracy_without_context']:.3f} with every other word hidden too")
 EOF
 echo "logs (JSON lines, and the console output): $run_dir"
 echo "checkpoints: $run_dir/checkpoints"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two-phase BERT pre-training (sequence 128, then 512) with NVLAMB, NVIDIA DeepLearningExamples' interface:
-# the same 25 positional arguments in the same order, with its DGX-1 (8 GPUs) defaults.
+# the same 25 positional arguments in the same order, with its DGX-1 (8 GPUs) defaults, and a 26th of ours.
 #
 #   bash scripts/run_pretraining.sh                                  # all defaults
 #   bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100-80g_8gpu_bf16)
@@ -29,11 +29,12 @@
 #   18 warmup_proportion_phase2  0.128
 #   19 train_steps_phase2        1563
 #   20 gradient_accumulation_steps_phase2 512
-#   21 DATA_DIR_PHASE1           $BERT_PREP_WORKING_DIR/hdf5_lower_case_1_seq_len_128_max_pred_20_..._dupe_factor_5/wikicorpus_en/
-#   22 DATA_DIR_PHASE2           $BERT_PREP_WORKING_DIR/hdf5_lower_case_1_seq_len_512_max_pred_80_..._dupe_factor_5/wikicorpus_en/
+#   21 DATA_DIR_PHASE1           $BERT_PREP_WORKING_DIR/hdf5_lower_case_1_seq_len_128_max_pred_20_..._dupe_factor_5/wikicorpus_en/training/
+#   22 DATA_DIR_PHASE2           $BERT_PREP_WORKING_DIR/hdf5_lower_case_1_seq_len_512_max_pred_80_..._dupe_factor_5/wikicorpus_en/training/
 #   23 CODEDIR                   this repository (the original: /workspace/bert, where the Dockerfile puts it)
 #   24 init_checkpoint           None      weights to start phase 1 from (NVIDIA .pt, Hugging Face folder, ckpt_<step>.pt)
 #   25 BERT_CONFIG               $CODEDIR/bert_config.json (BERT-large)
+#   26 optimizer                 nvlamb    nvlamb | adamw (ours; both phases: run_pretraining.py --optimizer)
 #
 # Environment (optional):
 #   RESULTS_DIR ($CODEDIR/results), CHECKPOINTS_DIR ($RESULTS_DIR/checkpoints), VOCAB_FILE (passed as --vocab_file),
@@ -65,8 +66,8 @@ fi
 die() { echo "run_pretraining.sh: $*" >&2; exit 1; }
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-dataset_phase1="hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en"
-dataset_phase2="hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en"
+dataset_phase1="hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training"
+dataset_phase2="hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training"
 prep_dir="${BERT_PREP_WORKING_DIR:-${DATA_DIR:-$(dirname "$script_dir")/data}}"
 
 train_batch_size=${1:-8192}
@@ -94,7 +95,9 @@ DATA_DIR_PHASE2=${22:-$prep_dir/$dataset_phase2/}
 CODEDIR=${23:-$(dirname "$script_dir")}
 init_checkpoint=${24:-None}
 BERT_CONFIG=${25:-$CODEDIR/bert_config.json}
-(( $# <= 25 )) || die "at most 25 positional arguments, got $# (see -h)"
+optimizer=${26:-nvlamb}
+(( $# <= 26 )) || die "at most 26 positional arguments, got $# (see -h)"
+[[ "$optimizer" == nvlamb || "$optimizer" == adamw ]] || die "argument 26 (optimizer) must be nvlamb or adamw, got '$optimizer'"
 
 RESULTS_DIR=${RESULTS_DIR:-$CODEDIR/results}
 CHECKPOINTS_DIR=${CHECKPOINTS_DIR:-$RESULTS_DIR/checkpoints}
@@ -167,7 +170,7 @@ gradient_accumulation_steps $accum"
        "--max_seq_length=$seqlen" "--max_predictions_per_seq=$maxpred"
        "--max_steps=$steps" "--warmup_proportion=$warmup" "--learning_rate=$lr"
        "--num_steps_per_checkpoint=$save_checkpoint_steps" "--seed=$seed"
-       "--json-summary=$RESULTS_DIR/$job_name.phase$phase.json" "${prec_flags[@]}")
+       "--json-summary=$RESULTS_DIR/$job_name.phase$phase.json" "--optimizer=$optimizer" "${prec_flags[@]}")
   [[ "$allreduce_post_accumulation" == true ]] && cmd+=(--allreduce_post_accumulation)
   [[ "$allreduce_post_accumulation_fp16" == true ]] && cmd+=(--allreduce_post_accumulation_fp16)
   [[ -n "${VOCAB_FILE:-}" ]] && cmd+=("--vocab_file=$VOCAB_FILE")

@@ -50,6 +50,7 @@ import run_squad
 import run_swag
 import training
 import utils
+import validation
 from data import bertPrep
 from modeling import BertConfig, BertForPreTraining
 
@@ -66,7 +67,7 @@ MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad
 TRIPWIRES = {
     "cpd": [(create_pretraining_data, "make_units"), (create_pretraining_data, "write_hdf5")],
     "cpd-tokenizing": [(create_pretraining_data, "process_corpus")],
-    "rp": [(run_pretraining, "train"), (run_pretraining, "evaluate")],
+    "rp": [(run_pretraining, "train"), (validation.Validator, "__call__")],
     "squad": [(run_squad, "train"), (run_squad, "predict_logits"), (run_squad, "build_features")],
     "glue": [(training, "finetune"), (run_glue, "predict_logits"), (run_glue, "encode_examples")],
     "swag": [(training, "finetune"), (run_swag, "predict_logits"), (run_swag, "encode_examples")],

@@ -426,6 +426,31 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     assert result["eval_masked_positions"] == total == 100 * PRED
     assert result["eval_mlm_accuracy"] == pytest.approx(correct / total, abs=1e-9)
     assert result["eval_mlm_loss"] == pytest.approx(loss / total, rel=1e-5)
+    # The unigram entropy of the same targets, written out: -sum p ln p over their frequencies; and the [MASK]ed
+    # slots (these shards put [MASK] at every prediction slot) with and without the rest of the input, from the
+    # full logits again, on inputs stripped by hand (every real token but [CLS] and [SEP] -> [MASK]).
+    targets, hits, count = [], {"with": 0, "without": 0}, 0
+    for shard in sorted(data.glob("*.hdf5"))[:3]:
+        take = min(40, 100 - count // PRED)
+        with h5py.File(shard) as f:
+            rows = {k: f[k][()][:take] for k in pretraining_data.SHARD_KEYS}
+        ids, mask = rows["input_ids"].astype(np.int64), rows["input_mask"].astype(np.int64)
+        labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"], rows["masked_lm_ids"], SEQ))
+        picked = labels >= 0
+        targets.append(labels[picked].numpy())
+        inputs = {"with": ids, "without": np.where((mask == 1) & (ids != CLS) & (ids != SEP), MASK, ids)}
+        for name, input_ids in inputs.items():
+            with torch.no_grad():
+                scores = model(torch.from_numpy(input_ids), torch.from_numpy(rows["segment_ids"]).long(),
+                               torch.from_numpy(mask))[0]  # [B, S, V]
+            hits[name] += int((scores.argmax(-1)[picked] == labels[picked]).sum())
+        count += int(picked.sum())
+    p = np.unique(np.concatenate(targets), return_counts=True)[1] / count
+    assert result["eval_unigram_entropy"] == pytest.approx(-(p * np.log(p)).sum(), rel=1e-9)
+    assert result["eval_mask_slots"] == count
+    assert result["eval_mask_accuracy"] == pytest.approx(hits["with"] / count, abs=1e-9)
+    assert result["eval_mask_accuracy_without_context"] == pytest.approx(hits["without"] / count, abs=1e-9)
+    assert result["eval_context_gain"] == pytest.approx((hits["with"] - hits["without"]) / count, abs=1e-9)
 
 
 def test_init_checkpoint_accepts_a_hugging_face_folder(tmp_path, data, config):
@@ -623,3 +648,81 @@ def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
     assert accuracy[-1] > baseline + 0.03  # ~0.10 against ~0.05: 2 points of margin is ~4 standard errors
     final = [r["data"] for r in log if r["step"] == "FINAL"][0]
     assert final["training_sequences_per_second"] > 0 and final["e2e_train_time"] > 0
+
+
+def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
+    """--optimizer adamw: the weights after each of 6 steps equal a hand-written loop over the same batches with
+    torch.optim.AdamW (decay on weight matrices only, by name), clip_grad_norm_ and the poly schedule written
+    out: lr_k = lr * (k / 6) / 0.34 during warm-up, lr * (1 - k / 6) ** 0.5 after it."""
+    from conftest import write_config
+
+    config = write_config(tmp_path / "config.json", dropout=0.0)
+    data = make_shards(tmp_path / "data", n_shards=1, n=48)
+    steps, lr, warmup = 6, 3e-3, 0.34
+    out = tmp_path / "out"
+    assert rp.main(args_for(data, config, out, "--optimizer", "adamw", "--max_steps", str(steps), "--learning_rate",
+                            str(lr), "--warmup_proportion", str(warmup), "--precision", "fp32",
+                            "--num_steps_per_checkpoint", "1", "--keep_checkpoints", str(steps))) == 0
+
+    utils.set_seed(42)  # run_pretraining's --seed: the same initial weights
+    model = BertForPreTraining(BertConfig.from_json_file(config)).train()
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    reference = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    shards = pretraining_data.inspect_shards(sorted(data.glob("*.hdf5")), pretraining_data.ShardSpec(SEQ, PRED, False),
+                                             "--input_dir")
+    stream = iter(pretraining_data.PretrainingData(shards, 42, 8, 0, 1))
+    for k in range(steps):
+        factor = (k / steps) / warmup if k / steps < warmup else (1 - k / steps) ** 0.5
+        for group in reference.param_groups:
+            group["lr"] = lr * factor
+        model(**next(stream)).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        reference.step()
+        reference.zero_grad()
+        ours = weights(out / f"ckpt_{k + 1}.pt")
+        for name, value in model.state_dict().items():
+            if name in ours:
+                torch.testing.assert_close(ours[name], value, atol=2e-6, rtol=1e-5, msg=f"step {k + 1}: {name}")
+    with pytest.raises(SystemExit, match="--use_nvlamb is a switch of --optimizer nvlamb"):
+        rp.main(args_for(data, config, tmp_path / "x", "--optimizer", "adamw", "--use_nvlamb"))
+
+
+def test_unigram_bias_init_starts_at_the_unigram_loss(tmp_path):
+    """--mlm_bias_init unigram: the output bias is ln of the add-one-smoothed target frequencies (written out on a
+    hand-made shard), and an untrained model's masked-LM loss on that shard is then the cross-entropy of those
+    frequencies (the embeddings' small random logits aside), where the zero bias starts near ln V."""
+    import h5py
+
+    from conftest import write_config
+
+    shard = tmp_path / "data" / "a.hdf5"
+    shard.parent.mkdir()
+    with h5py.File(shard, "w") as f:  # targets: 7 four times, 9 twice, 8 once, at used slots only
+        f["input_ids"] = np.full((3, SEQ), MASK, np.int32)
+        f["masked_lm_positions"] = np.array([[1, 2, 3], [4, 5, 0], [6, 7, 0]], np.int32)
+        f["masked_lm_ids"] = np.array([[7, 7, 9], [7, 8, 55], [9, 7, 55]], np.int32)
+    vocab = 12
+    prior = pretraining_data.unigram_log_prior(shard, vocab).numpy()
+    counts = np.ones(vocab)
+    counts[7], counts[8], counts[9] = 5, 2, 3  # + 1 each
+    np.testing.assert_allclose(prior, np.log(counts / counts.sum()), rtol=1e-6)
+
+    data = make_shards(tmp_path / "shards", n_shards=1, n=40)
+    config = write_config(tmp_path / "c.json", dropout=0.0)
+    losses = {}
+    for init in ("zero", "unigram"):
+        out = tmp_path / init
+        assert rp.main(args_for(data, config, out, "--max_steps", "1", "--learning_rate", "1e-9", "--mlm_bias_init",
+                                init, "--precision", "fp32", "--log_freq", "1")) == 0
+        losses[init] = read_log(out / "log.json")[1]["data"]["mlm_loss"]
+        if init == "unigram":
+            bias = weights(out / "ckpt_1.pt")["cls.predictions.bias"].numpy()
+            np.testing.assert_allclose(bias, pretraining_data.unigram_log_prior(sorted(data.glob("*.hdf5"))[0],
+                                                                                VOCAB).numpy(), atol=1e-6)
+    with h5py.File(sorted(data.glob("*.hdf5"))[0]) as f:
+        targets = f["masked_lm_ids"][()][f["masked_lm_positions"][()] > 0]
+    p = (np.bincount(targets, minlength=VOCAB) + 1.0) / (len(targets) + VOCAB)
+    cross_entropy = -np.log(p[targets]).mean()
+    assert abs(losses["unigram"] - cross_entropy) < 0.05 and abs(losses["zero"] - np.log(VOCAB)) < 0.1

@@ -196,8 +196,8 @@ def test_end_to_end_wiki_fixture_to_hdf5(shared_data, uncased_vocab, tmp_path):
     bertPrep.main(hdf5)
     out_dir = (tmp_path / "work" / "hdf5_lower_case_1_seq_len_64_max_pred_10_masked_lm_prob_0.15_random_seed_12345"
                "_dupe_factor_1" / "wikicorpus_en")
-    files = sorted(p.name for p in out_dir.glob("*.hdf5"))
-    assert files == ["wikicorpus_en_test_0.hdf5", "wikicorpus_en_training_0.hdf5"]
+    files = sorted(str(p.relative_to(out_dir)) for p in out_dir.glob("*/*.hdf5"))
+    assert files == ["test/wikicorpus_en_test_0.hdf5", "training/wikicorpus_en_training_0.hdf5"]
     expected = {"input_ids": ("int32", 64), "input_mask": ("int8", 64), "segment_ids": ("int8", 64),
                 "masked_lm_positions": ("int32", 10), "masked_lm_ids": ("int32", 10),
                 "next_sentence_labels": ("int8", None)}
@@ -216,7 +216,7 @@ def test_end_to_end_wiki_fixture_to_hdf5(shared_data, uncased_vocab, tmp_path):
                                   "--max_predictions_per_seq", "10", "--dupe_factor", "1", "--random_seed", "12345",
                                   "--num_workers", "1", "--no_progress"])
     for name in files:
-        with h5py.File(out_dir / name, "r") as a, h5py.File(tmp_path / "direct" / name, "r") as b:
+        with h5py.File(out_dir / name, "r") as a, h5py.File(tmp_path / "direct" / Path(name).name, "r") as b:
             for key in expected:
                 assert np.array_equal(a[key][:], b[key][:]), (name, key)
     # A rerun keeps finished files; a missing vocabulary is a clear error.
@@ -248,10 +248,71 @@ def test_create_datasets_from_start_script(shared_data, uncased_vocab, tmp_path,
     for seq, pred in ((128, 20), (512, 80)):
         folder = work / (f"hdf5_lower_case_1_seq_len_{seq}_max_pred_{pred}_masked_lm_prob_0.15_random_seed_12345"
                          f"_dupe_factor_1") / "custom"
-        names = sorted(p.name for p in folder.glob("*.hdf5"))
-        assert names == ["custom_test_0.hdf5", "custom_training_0.hdf5"]
+        names = sorted(str(p.relative_to(folder)) for p in folder.glob("*/*.hdf5"))
+        assert names == ["test/custom_test_0.hdf5", "training/custom_training_0.hdf5"]
         with h5py.File(folder / names[1], "r") as f:
             assert f["input_ids"].shape[1] == seq and f["masked_lm_positions"].shape[1] == pred
     bad = subprocess.run(["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "wikipedia"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown dataset" in bad.stderr
+
+
+def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_vocab, tmp_path, repo_root):
+    """The issue's corpus command on two files of the real Wikipedia slice (WikiExtractor output, gzipped):
+    WIKIEXTRACTOR_DIR=... data/create_datasets_from_start.sh wiki_only DIR. The held-out articles are whole
+    articles, in test/ only: none of their text is in a training shard, and the loader reads training/ (and refuses
+    a folder that mixes the two)."""
+    import os
+    import subprocess
+    import sys
+
+    import h5py
+
+    import pretraining_data
+
+    extracted = tmp_path / "text" / "AA"
+    extracted.mkdir(parents=True)
+    for name in ("wiki_00.gz", "wiki_01.gz"):
+        (extracted / name).write_bytes((shared_data / "wikipedia-en-slice" / "text" / "AA" / name).read_bytes())
+    env = {**os.environ, "WIKIEXTRACTOR_DIR": str(tmp_path / "text"), "VOCAB_FILE": str(uncased_vocab),
+           "N_PROCESSES": "2", "N_TRAINING_SHARDS": "2", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.1",
+           "DUPE_FACTOR": "1", "PYTHON": sys.executable}
+    work = tmp_path / "work"
+    proc = subprocess.run(["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "wiki_only", str(work)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (work / "download").exists()  # nothing was downloaded
+    # Whole articles: every test document is one formatted article, and none of them is in a training shard.
+    formatted = (work / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line.txt").read_text()
+    articles = [" ".join(a.split()) for a in formatted.splitlines()]
+    assert len(articles) > 50
+    shard_dir = work / "sharded_training_shards_2_test_shards_1_fraction_0.1" / "wikicorpus_en"
+
+    def documents(pattern):
+        docs = []
+        for path in sorted(shard_dir.glob(pattern)):
+            docs += [" ".join(d.split()) for d in path.read_text().split("\n\n") if d.strip()]
+        return docs
+
+    training, held_out = documents("*_training_*.txt"), documents("*_test_*.txt")
+    assert held_out and set(held_out) <= set(articles) and not set(held_out) & set(training)
+    assert len(training) + len(held_out) == len(articles)
+    hdf5 = work / "hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_1"
+    train_dir, test_dir = hdf5 / "wikicorpus_en" / "training", hdf5 / "wikicorpus_en" / "test"
+    assert sorted(p.name for p in train_dir.iterdir()) == ["wikicorpus_en_training_0.hdf5",
+                                                           "wikicorpus_en_training_1.hdf5"]
+    assert sorted(p.name for p in test_dir.iterdir()) == ["wikicorpus_en_test_0.hdf5"]
+    spec = pretraining_data.ShardSpec(128, 20, False)
+    shards = pretraining_data.inspect_shards(pretraining_data.list_shards(str(train_dir), "--input_dir"), spec,
+                                             "--input_dir")
+    batch = next(iter(pretraining_data.PretrainingData(shards, 1, 8, 0, 1)))
+    assert batch["input_ids"].shape == (8, 128) and (batch["input_ids"][:, 0] == 101).all()
+    with h5py.File(test_dir / "wikicorpus_en_test_0.hdf5", "r") as f:
+        assert f["input_ids"].shape[0] > 0
+    # NVIDIA's old layout kept training and test shards in one folder: the loader refuses to train on that.
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in [*train_dir.iterdir(), *test_dir.iterdir()]:
+        (mixed / path.name).symlink_to(path)
+    with pytest.raises(pretraining_data.DataError, match="held-out ones .*wikicorpus_en_test_0.hdf5"):
+        pretraining_data.list_shards(str(mixed), "--input_dir")

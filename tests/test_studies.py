@@ -462,10 +462,16 @@ CLS, SEP, MASK = 101, 102, 103  # bert-base-uncased's ids
 
 
 def probe_shards(root):
-    """Hand-made shards (S = 6). Training, original tokens: [CLS] a b a b [SEP] (slot at 2 holding b, masked) and
-    [CLS] a c d [SEP]. Unigram over ordinary tokens: a (3 of 7). Bigram: after [CLS] a, after a b (2 vs c 1), after
-    b a, after c d. Held-out slots: a after [CLS] (bigram right, unigram right), d after c (bigram right, unigram
-    wrong), b after a (bigram right, unigram wrong): bigram 3/3, unigram 1/3."""
+    """Hand-made shards (S = 6). Training, original tokens: [CLS] a b a b [SEP] (the slot at 2, b, masked) and
+    [CLS] a c d [SEP]. Unigram over ordinary tokens: a (3 of 7). Bigram (the token after): [CLS] -> a, a -> b (2
+    against c 1), b -> a, c -> d. Previous+next -> between: ([CLS], b) -> a, (a, a) -> b, (b, b) -> a, (a, [SEP])
+    -> b, ([CLS], c) -> a, (a, d) -> c, (c, [SEP]) -> d.
+    Held-out [MASK]ed slots, targets a, d, b, c:
+      [CLS] M c M b [SEP]: a between [CLS] and c (unigram, bigram, previous+next right); d between c and b
+                           (bigram right; (c, b) unseen: previous+next backs off to the bigram, right)
+      [CLS] a M [SEP]:     b between a and [SEP] (bigram, previous+next right)
+      [CLS] a M d [SEP]:   c between a and d (bigram says b: wrong; previous+next right)
+    So unigram 1/4, bigram 3/4, previous+next 4/4. A last slot holds a random token (not [MASK]): not scored."""
     a, b, c, d = 2000, 2001, 2002, 2003
 
     def shard(path, input_ids, input_mask, positions, ids):
@@ -479,22 +485,21 @@ def probe_shards(root):
 
     shard(root / "train" / "t.hdf5", [[CLS, a, MASK, a, b, SEP], [CLS, a, c, d, SEP, 0]],
           [[1] * 6, [1, 1, 1, 1, 1, 0]], [[2, 0, 0], [0, 0, 0]], [[b, 0, 0], [0, 0, 0]])
-    shard(root / "heldout" / "h.hdf5", [[CLS, MASK, c, MASK, b, SEP], [CLS, a, MASK, SEP, 0, 0]],
-          [[1] * 6, [1, 1, 1, 1, 0, 0]], [[1, 3, 0], [2, 0, 0]], [[a, d, 0], [b, 0, 0]])
+    shard(root / "heldout" / "h.hdf5", [[CLS, MASK, c, MASK, b, SEP], [CLS, a, MASK, SEP, 0, 0],
+                                        [CLS, a, MASK, d, SEP, 0], [CLS, d, a, SEP, 0, 0]],
+          [[1] * 6, [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]],
+          [[1, 3, 0], [2, 0, 0], [2, 0, 0], [1, 0, 0]], [[a, d, 0], [b, 0, 0], [c, 0, 0], [b, 0, 0]])
     return root / "train", root / "heldout"
 
 
-def test_count_models_score_the_heldout_slots_as_written_out(tmp_path):
+def test_count_models_score_the_heldout_mask_slots_as_written_out(tmp_path):
+    from validation import SpecialIds
+
     train, heldout = probe_shards(tmp_path)
     got = pretrain_study.count_model_accuracies(study_utils.read_shards(train), study_utils.read_shards(heldout),
-                                                {0, CLS, SEP, MASK, 100}, MASK)
-    assert got == {"unigram": pytest.approx(1 / 3), "bigram": 1.0, "positions": 3}
-
-
-def test_strip_context_keeps_slots_and_special_tokens():
-    ids = np.array([[CLS, 2000, 1999, 2001, SEP, 0]])  # the slot at 2 holds a random replacement
-    out = pretrain_study.strip_context(ids, np.array([[1, 1, 1, 1, 1, 0]]), np.array([[2, 0]]), {CLS, SEP}, MASK)
-    assert out.tolist() == [[CLS, MASK, 1999, MASK, SEP, 0]] and ids[0, 1] == 2000  # a copy
+                                                SpecialIds(CLS, SEP, MASK))
+    assert got == {"unigram": pytest.approx(1 / 4), "bigram": pytest.approx(3 / 4), "previous_next": 1.0,
+                   "slots": 4}
 
 
 def test_context_probe_runs_a_checkpoint(tmp_path, uncased_vocab):
@@ -503,8 +508,10 @@ def test_context_probe_runs_a_checkpoint(tmp_path, uncased_vocab):
     (tmp_path / "tiny.json").write_text(json.dumps(TINY_CONFIG))
     got = pretrain_study.context_probe(tmp_path / "ckpt_1.pt", tmp_path / "tiny.json", uncased_vocab, str(train),
                                        str(heldout), 0)
-    assert got["bigram"] == 1.0 and got["positions"] == 3
-    assert got["model"] in (0.0, 1 / 3, 2 / 3, 1.0) and got["model_without_context"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    assert got["previous_next"] == 1.0 and got["slots"] == 4
+    quarters = (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert got["model"] in quarters and got["model_without_context"] in quarters
+    assert got["context_gain"] == pytest.approx(got["model"] - got["model_without_context"])
 
 
 def test_reused_run_is_compared_by_its_global_batch(tmp_path):
@@ -517,3 +524,74 @@ def test_reused_run_is_compared_by_its_global_batch(tmp_path):
     assert pretrain_study.reuse_differences(state, args) == []
     args.processes = 1
     assert pretrain_study.reuse_differences(state, args) == ["phase 1 global batch 32 (flag: 16)"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The pre-training sweep and the side-by-side with transformers (issue 27), on tiny shards
+
+
+def tiny_bertprep_layout(root: Path) -> tuple[Path, Path, Path]:
+    """training/ and test/ shards as data/bertPrep.py lays them out (conftest's tiny random shards, ids < 100),
+    a 100-token vocabulary whose [CLS]/[SEP]/[MASK] are conftest's, and a 2-layer config without dropout."""
+    from conftest import make_shards, write_config
+
+    make_shards(root / "data" / "training", n_shards=2, n=40)
+    make_shards(root / "data" / "test", n_shards=1, n=24, seed=7)
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]) + "\n")
+    return root / "data", vocab, write_config(root / "config.json", dropout=0.0)
+
+
+def test_sweep_best_rate_and_scaling_exponent_as_written_out():
+    from bench import pretrain_sweep as ps
+
+    runs = [{"optimizer": "adamw", "batch": 64, "learning_rate": lr, "heldout_loss": loss, "finished": True}
+            for lr, loss in ((1e-3, 6.5), (2e-3, 6.1), (4e-3, 6.3))]
+    runs += [{"optimizer": "adamw", "batch": 256, "learning_rate": lr, "heldout_loss": loss, "finished": True}
+             for lr, loss in ((2e-3, 6.2), (4e-3, 5.9), (8e-3, float("nan")))]
+    best = ps.best_by_batch(runs)
+    assert {b: r["learning_rate"] for b, r in best["adamw"].items()} == {64: 2e-3, 256: 4e-3}
+    # lr doubles when the batch grows 4x: lr ~ batch^(ln 2 / ln 4) = batch^0.5
+    assert ps.scaling_exponents(best) == {"adamw": pytest.approx(0.5)}
+    assert ps.parse_runs(["nvlamb:32:1e-2,2e-2"]) == [("nvlamb", 32, 1e-2), ("nvlamb", 32, 2e-2)]
+    with pytest.raises(SystemExit, match="OPTIMIZER:BATCH:LR"):
+        ps.parse_runs(["adamw:1e-3"])
+
+
+def test_sweep_runs_for_real_and_reuses_finished_runs(tmp_path, capsys):
+    from bench import pretrain_sweep as ps
+
+    data, vocab, config = tiny_bertprep_layout(tmp_path)
+    argv = ["--data", str(data), "--out", str(tmp_path / "sweep"), "--config", str(config), "--vocab", str(vocab),
+            "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--sequences", "64", "--evals", "2",
+            "--max_eval_samples", "16", "--precision", "fp32", "--runs", "adamw:8:1e-3,1e-2", "nvlamb:16:1e-2"]
+    report = ps.main(argv)
+    assert [(r["optimizer"], r["batch"], r["steps"]) for r in report["runs"]] == [
+        ("adamw", 8, 8), ("adamw", 8, 8), ("nvlamb", 16, 4)]
+    assert all(r["finished"] and len(r["evals"]) == 2 for r in report["runs"])
+    for r in report["runs"]:
+        assert r["below_entropy"] == pytest.approx(r["unigram_entropy"] - r["heldout_loss"])
+    text = (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "| adamw | 8 | 0.001 | 8 |" in text and "Best learning rate" in text
+    assert (tmp_path / "sweep" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    again = ps.main(argv)  # nothing runs twice
+    assert capsys.readouterr().out.count("reusing") == 3
+    assert [r["heldout_loss"] for r in again["runs"]] == [r["heldout_loss"] for r in report["runs"]]
+
+
+def test_ours_and_transformers_start_equal_and_are_compared_step_by_step(tmp_path):
+    from bench import pretrain_vs_transformers as vs
+
+    data, vocab, config = tiny_bertprep_layout(tmp_path)
+    report = vs.main(["--data", str(data), "--out", str(tmp_path / "vs"), "--config", str(config), "--vocab",
+                      str(vocab), "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--steps", "4",
+                      "--batch", "8", "--lr", "1e-3", "--eval_every", "2", "--max_eval_samples", "16",
+                      "--precision", "fp32"])
+    assert [r["step"] for r in report["rows"]] == [0, 2, 4]
+    # Step 0: the same weights, evaluated by two implementations (ours: validation.Validator on modeling.py;
+    # theirs: transformers' BertForPreTraining and the evaluation written in the bench script).
+    zero = report["rows"][0]
+    assert abs(zero["difference"]) < 1e-5 and zero["ours_context_gain"] == zero["reference_context_gain"]
+    assert report["holds"] == all(r["difference"] <= vs.TOLERANCE for r in report["rows"])
+    assert "| 0 |" in (tmp_path / "vs" / "vs_transformers.md").read_text()

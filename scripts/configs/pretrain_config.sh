@@ -19,8 +19,8 @@ _pretrain_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
 # _pretrain_echo ARG1..ARG20: appends the data folders, CODEDIR, init_checkpoint and BERT_CONFIG of the GPU presets.
 _pretrain_echo() {
-  local p1="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/"
-  local p2="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/"
+  local p1="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training/"
+  local p2="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training/"
   echo "$@" "$p1" "$p2" /workspace/bert None /workspace/bert/bert_config.json
 }
 
