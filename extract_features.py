@@ -285,8 +285,7 @@ def _main(argv: list[str] | None) -> dict:
     from checkpoint_io import CheckpointError, from_pretrained
     from modeling import BertModel
     from tokenization import BertTokenizer, vocab_is_uncased
-    import training
-    from training import resolve_model_files
+    from finetuning import check_model_fits, resolve_model_files
 
     args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
     for name in ("batch_size", "max_seq_length"):
@@ -311,7 +310,7 @@ def _main(argv: list[str] | None) -> dict:
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         raise utils.InputError(f"--init_checkpoint {args.init_checkpoint}: {utils.describe_error(e)}") from e
     config = model.config
-    training.check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
+    check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
     if args.max_seq_length < 3:
         raise SystemExit(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)

@@ -88,6 +88,7 @@ def bench_padding(args) -> dict:
     import numpy as np
     import torch
 
+    import finetuning
     import run_glue
     from checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
@@ -101,10 +102,10 @@ def bench_padding(args) -> dict:
     for name, folder in (("mrpc", "glue-mrpc"), ("sst-2", "glue-sst2")):
         task = get_task(name)
         encoded = encode_examples(get_dev_examples(args.data / folder, task)["dev"], tokenizer, 128, task)
-        dataset = run_glue.GlueDataset(encoded)
+        dataset = finetuning.EncodedDataset(encoded)
         batch_size = 32
         dynamic = [run_glue.collate([dataset[i] for i in b])
-                   for b in run_glue.length_sorted_batches(encoded.lengths, batch_size)]
+                   for b in finetuning.length_sorted_batches(encoded.lengths, batch_size)]
         fixed = []
         for start in range(0, len(dataset), batch_size):
             batch = run_glue.collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])

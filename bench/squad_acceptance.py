@@ -52,7 +52,8 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
     tokenizer = BertTokenizer(init / "vocab.txt", do_lower_case=True)
     examples = squad.read_squad_examples(train_file, True, False)[:64]
     features = squad.convert_examples_to_features(examples, tokenizer, args.max_seq_length, 128, 64, True)
-    batch = run_squad.trim_batch(run_squad.feature_tensors(features[:args.batch_size], with_positions=True))
+    windows = run_squad.Windows(features[:args.batch_size], with_answers=True)
+    batch = run_squad.collate([windows[i] for i in range(len(windows))])
     model = from_pretrained(BertForQuestionAnswering, init, log=None).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     speeds = {}
@@ -61,8 +62,7 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
         for _ in range(3):
             start = time.perf_counter()
             with precision_policy.autocast(precision, torch.device("cpu")):
-                loss = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                             batch["start_positions"], batch["end_positions"]).loss
+                loss = model(**batch).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()

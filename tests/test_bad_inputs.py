@@ -44,11 +44,11 @@ from conftest import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shar
 import convert_checkpoint
 import create_pretraining_data
 import extract_features
+import finetuning
 import run_glue
 import run_pretraining
 import run_squad
 import run_swag
-import training
 import utils
 from data import bertPrep
 from modeling import BertConfig, BertForPreTraining
@@ -67,9 +67,9 @@ TRIPWIRES = {
     "cpd": [(create_pretraining_data, "make_units"), (create_pretraining_data, "write_hdf5")],
     "cpd-tokenizing": [(create_pretraining_data, "process_corpus")],
     "rp": [(run_pretraining, "train"), (run_pretraining, "evaluate")],
-    "squad": [(run_squad, "train"), (run_squad, "predict_logits"), (run_squad, "build_features")],
-    "glue": [(training, "finetune"), (run_glue, "predict_logits"), (run_glue, "encode_examples")],
-    "swag": [(training, "finetune"), (run_swag, "predict_logits"), (run_swag, "encode_examples")],
+    "squad": [(finetuning, "train"), (finetuning, "predict"), (run_squad, "build_features")],
+    "glue": [(finetuning, "train"), (finetuning, "predict"), (run_glue, "encode_examples")],
+    "swag": [(finetuning, "train"), (finetuning, "predict"), (run_swag, "encode_examples")],
     "extract": [(extract_features, "extract")],
     "convert": [(convert_checkpoint, "save_hf_directory"), (convert_checkpoint, "atomic_torch_save")],
     "bertprep": [],  # its stages are the work; each case fails on its inputs before a stage writes anything
