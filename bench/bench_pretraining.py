@@ -34,7 +34,7 @@ tokens, and attention goes through bert_padding.varlen_attention (on CPU: padded
 loss equals ours to rounding. run_pretraining.py gets the unpadded path by default (unpad "auto").
 
 "ours+packed" (--no_packed leaves it out) is the same model and weights again, unpadded, on packed rows: the first
---pack_pool sequences of the shard packed first-fit-decreasing, at most --pack_k a row, by create_pretraining_data's
+--pack_pool sequences of the shard packed first-fit-decreasing, at most --pack_k a row, by pretraining_format's
 own packer (what `--pack_sequences` writes), the rows shuffled, --batch rows a step. Each packed sequence attends
 only to itself (its own cu_seqlens entry), positions restart, NSP at its own [CLS]; the labels are the same sparse
 masked_lm_labels as the other rows. A packed step holds more sequences than the others, so this row is compared in
@@ -182,21 +182,21 @@ class PackedBatch:
 
 def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: int, seed: int
                         ) -> tuple[list[PackedBatch], Batch]:
-    """The first `pool` sequences of the shard packed (create_pretraining_data.pack_sequences: first-fit-decreasing,
+    """The first `pool` sequences of the shard packed (pretraining_format.pack_sequences: first-fit-decreasing,
     at most k a row), the rows shuffled (FFD opens rows longest first), `rows` rows a batch; and the first packed
     batch's sequences as a plain unpacked Batch (the step-0 check)."""
     import h5py
     import numpy as np
 
-    import create_pretraining_data
     import pretraining_data
+    import pretraining_format
 
     with h5py.File(shard, "r") as f:
-        arrays = {key: f[key][:pool] for key in pretraining_data.SHARD_KEYS}
+        arrays = {key: f[key][:pool] for key in pretraining_format.SHARD_KEYS}
     n, seq = arrays["input_ids"].shape
-    width = create_pretraining_data.packed_predictions(seq, arrays["masked_lm_positions"].shape[1], 0.15, k)
-    packed = create_pretraining_data.pack_sequences(arrays, k, width)
-    row, _, _ = create_pretraining_data.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
+    width = pretraining_format.packed_predictions(seq, arrays["masked_lm_positions"].shape[1], 0.15, k)
+    packed = pretraining_format.pack_sequences(arrays, k, width)
+    row, _, _ = pretraining_format.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
     order = np.random.default_rng(seed).permutation(len(packed["input_ids"]))  # [R_total]
     if len(order) < n_batches * rows:
         raise SystemExit(f"bench_pretraining: {pool} sequences pack into {len(order)} rows, fewer than {n_batches} x "
