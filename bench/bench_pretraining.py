@@ -63,6 +63,9 @@ from pathlib import Path
 
 import torch
 
+from checkpoint_io import CheckpointError
+from utils import InputError, script_errors
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
 GOALS = {("mini", "fp32"): 2.5, ("mini", "bf16"): 2.0, ("base", "fp32"): 1.3, ("base", "bf16"): 1.3}
@@ -109,7 +112,7 @@ def load_batches(shard: Path, n_batches: int, batch_size: int, start: int = 0) -
                   ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
                    "next_sentence_labels")}
     if len(arrays["input_ids"]) < n_batches * batch_size:
-        raise SystemExit(f"bench_pretraining: {shard} holds too few sequences for {n_batches} x {batch_size}")
+        raise InputError(f"{shard} holds too few sequences for {n_batches} x {batch_size}: lower --batches")
     labels = torch.full_like(arrays["input_ids"], -1)
     positions, ids = arrays["masked_lm_positions"], arrays["masked_lm_ids"]
     labels.scatter_(1, positions, torch.where(positions > 0, ids, -1))  # slot 0 writes -1 onto [CLS]
@@ -139,7 +142,7 @@ def build_pair(config_path: Path, seed: int):
     ours = modeling.BertForPreTraining(config)
     report = checkpoint_io.load_checkpoint_state(ours, hf.state_dict(), source="transformers BertForPreTraining")
     if report:
-        raise SystemExit(f"bench_pretraining: weights did not map one to one: {report}")
+        raise CheckpointError(f"the weights did not map one to one: {report}")
     return hf, ours, hf.config._attn_implementation
 
 
@@ -199,7 +202,7 @@ def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: in
     row, _, _ = pretraining_format.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
     order = np.random.default_rng(seed).permutation(len(packed["input_ids"]))  # [R_total]
     if len(order) < n_batches * rows:
-        raise SystemExit(f"bench_pretraining: {pool} sequences pack into {len(order)} rows, fewer than {n_batches} x "
+        raise InputError(f"{pool} sequences pack into {len(order)} rows, fewer than {n_batches} x "
                          f"{rows}: raise --pack_pool")
     batches = []
     for i in range(n_batches):
@@ -437,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input or a failed step: one line on stderr ("bench_pretraining: error: ..."), exit status 1."""
+    with script_errors("bench_pretraining", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     data_dir, vocab = Path(args.data_dir), Path(args.vocab_file)
     if not (data_dir / "valid.txt").is_file() or not vocab.is_file():

