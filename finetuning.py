@@ -197,15 +197,14 @@ def pad_sequences(sequences: Sequence[tuple[np.ndarray, np.ndarray]], shape: tup
     token_type_ids [L]) sequences: each is zero-padded ([PAD] is id 0) to S, the longest of the batch, so that a
     batch of short sentences costs what short sentences cost. `shape`: (B,), or (B, C) for C choices an example
     (then `sequences` holds example 0's C choices, then example 1's, ...)."""
-    longest = max(len(ids) for ids, _ in sequences)
-    input_ids = np.zeros((len(sequences), longest), dtype=np.int64)
+    lengths = np.array([len(ids) for ids, _ in sequences])
+    longest = int(lengths.max())
+    real = np.arange(longest)[None, :] < lengths[:, None]  # [N, S]: the real tokens, which come first in a row
+    input_ids = np.zeros(real.shape, dtype=np.int64)
     token_type_ids = np.zeros_like(input_ids)
-    attention_mask = np.zeros_like(input_ids)
-    for row, (ids, types) in enumerate(sequences):
-        input_ids[row, :len(ids)] = ids
-        token_type_ids[row, :len(ids)] = types
-        attention_mask[row, :len(ids)] = 1
-    arrays = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    input_ids[real] = np.concatenate([ids for ids, _ in sequences])  # row by row, as the mask is read
+    token_type_ids[real] = np.concatenate([types for _, types in sequences])
+    arrays = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": real.astype(np.int64)}
     return {name: torch.from_numpy(a.reshape(*shape, longest)) for name, a in arrays.items()}
 
 
