@@ -83,13 +83,13 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     try:
         layers = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"--layers {text!r}: expected comma-separated integers such as -1,-2,-3,-4") from None
+        raise utils.InputError(f"--layers {text!r}: expected comma-separated integers such as -1,-2,-3,-4") from None
     if not layers:
-        raise SystemExit("--layers is empty: give indices such as -1,-2,-3,-4")
+        raise utils.InputError("--layers is empty: give indices such as -1,-2,-3,-4")
     bad = [i for i in layers if not -num_layers <= i < num_layers]
     if bad:
-        raise SystemExit(f"--layers {bad} out of range for a {num_layers}-layer model: use {-num_layers}.."
-                         f"{num_layers - 1} (-1 is the last layer)")
+        raise utils.InputError(f"--layers {bad} out of range for a {num_layers}-layer model: use {-num_layers}.."
+                               f"{num_layers - 1} (-1 is the last layer)")
     return layers
 
 
@@ -110,8 +110,8 @@ def output_format(args) -> str:
         return args.format
     suffix = Path(args.output_file).suffix.lower()
     if suffix not in FORMATS:
-        raise SystemExit(f"--output_file {args.output_file}: cannot tell the format from {suffix or 'no suffix'!r}; "
-                         f"use {', '.join(FORMATS)} or --format")
+        raise utils.InputError(f"--output_file {args.output_file}: cannot tell the format from "
+                               f"{suffix or 'no suffix'!r}; use {', '.join(FORMATS)} or --format")
     return FORMATS[suffix]
 
 
@@ -123,20 +123,20 @@ def read_lines(path: str | Path) -> list[dict]:
     """Every line as {"text_a", "text_b"} (text_b None for a single text), split at " ||| " as Google's."""
     file = Path(path)
     if file.is_dir():
-        raise SystemExit(f"--input_file {path} is a folder: name a text file, one text a line")
+        raise utils.InputError(f"--input_file {path} is a folder: name a text file, one text a line")
     if not file.is_file():
-        raise SystemExit(f"--input_file {path} not found")
+        raise utils.InputError(f"--input_file {path} not found")
     try:
         data = file.read_bytes()
     except OSError as e:
-        raise SystemExit(f"--input_file {path} cannot be read ({e.strerror}): check its permissions") from None
+        raise utils.InputError(f"--input_file {path} cannot be read ({e.strerror}): check its permissions") from None
     try:
         if b"\0" in data:
             raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), data.index(b"\0") + 1, "NUL byte")
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SystemExit(f"--input_file {path} is not UTF-8 text (byte {e.start}): give UTF-8 text, one text a "
-                         "line") from None
+        raise utils.InputError(f"--input_file {path} is not UTF-8 text (byte {e.start}): give UTF-8 text, one text a "
+                               "line") from None
     items = []
     for line in io.StringIO(text, newline=None):  # universal newlines, as reading the file in text mode
         line = line.strip()
@@ -227,7 +227,7 @@ def open_writer(path: str | Path, fmt: str, layers: list[int], args, hidden_size
         try:
             import h5py  # noqa: F401
         except ImportError:
-            raise SystemExit("--format hdf5 needs h5py (pip install h5py); or write .npz / .jsonl") from None
+            raise utils.InputError("--format hdf5 needs h5py (pip install h5py); or write .npz / .jsonl") from None
     mode = "w" if fmt == "jsonl" else "w+b"
     with utils.atomic_open(path, mode, **({"encoding": "utf-8"} if fmt == "jsonl" else {})) as f:
         if fmt == "jsonl":
@@ -285,19 +285,18 @@ def _main(argv: list[str] | None) -> dict:
     from checkpoint_io import CheckpointError, from_pretrained
     from modeling import BertModel
     from tokenization import BertTokenizer, vocab_is_uncased
-    import training
-    from training import resolve_model_files
+    from finetuning import check_model_fits, resolve_model_files
 
     args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
     for name in ("batch_size", "max_seq_length"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be positive, got {getattr(args, name)}")
+            raise utils.InputError(f"--{name} must be positive, got {getattr(args, name)}")
     fmt = output_format(args)
     resolve_model_files(args)
     utils.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
     items = read_lines(args.input_file)
     if not items:
-        raise SystemExit(f"--input_file {args.input_file} is empty: give one text a line")
+        raise utils.InputError(f"--input_file {args.input_file} is empty: give one text a line")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = precision_policy.setup(args.precision, device, "extract_features.py", precision_policy.READ).name
@@ -311,9 +310,9 @@ def _main(argv: list[str] | None) -> dict:
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         raise utils.InputError(f"--init_checkpoint {args.init_checkpoint}: {utils.describe_error(e)}") from e
     config = model.config
-    training.check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
+    check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
     if args.max_seq_length < 3:
-        raise SystemExit(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
+        raise utils.InputError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)
     model.to(device)
     with open_writer(args.output_file, fmt, layers, args, config.hidden_size) as writer:

@@ -243,7 +243,7 @@ class Masker:
         return cls(len(vocab), special, vocab["[MASK]"], masked_lm_prob, max_predictions)
 
     def __call__(self, input_ids: np.ndarray, input_mask: np.ndarray, seed: list[int]):
-        from create_pretraining_data import dynamic_mask
+        from pretraining_format import dynamic_mask
 
         return dynamic_mask(input_ids, input_mask, self.vocab_size, self.special_ids, np.random.default_rng(seed),
                             self.masked_lm_prob, self.max_predictions, self.mask_id)

@@ -680,7 +680,7 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
     slots create_pretraining_data.py gives a packed row (enough for any K sequences of together S tokens)."""
     if not packed:
         return cfg.max_predictions_per_seq
-    from create_pretraining_data import packed_predictions
+    from pretraining_format import packed_predictions
 
     return packed_predictions(cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob, packed)
 

@@ -1,4 +1,4 @@
-"""The shared training core of run_pretraining.py, run_squad.py, run_glue.py and run_swag.py.
+"""The shared training core of run_pretraining.py and the fine-tuning recipe (finetuning.py).
 
 Read top to bottom:
 - precision and parallelism: `apply_parallelism_and_precision`, the one ordered function that turns a bare model
@@ -12,14 +12,13 @@ Read top to bottom:
   on resume (falling back past a damaged file), interrupted writes cleaned up;
 - `StopRequest`: SIGTERM / SIGUSR1 / SIGINT finish the step, write a checkpoint and exit EXIT_STOPPED;
 - `fit`: the fine-tuning loop (epochs of micro-batches in accumulation groups, optimizer and schedule, logging),
-  which the fine-tuning scripts call with their own batches and loss; run_pretraining.py keeps its own loop (steps,
-  phases, exact resume) built from the same parts.
+  which the fine-tuning recipe (finetuning.py) calls with a task's batches and loss; run_pretraining.py keeps its
+  own loop (steps, phases, exact resume) built from the same parts.
+The fine-tuning scripts' shared flags, model-file checks and prediction loop are finetuning.py's.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import math
 import re
 import signal
 import time
@@ -30,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 import utils
-from precision import HELP_FINETUNING, Precision, add_arguments, configure_tf32, resolve
+from precision import Precision, configure_tf32, resolve
 
 # --------------------------------------------------------------------------------------------------------------
 # Precision and parallelism, applied in one place
@@ -174,31 +173,6 @@ def accumulation_groups(batches: Iterable[dict], accumulation: int) -> Iterator[
             group = []
     if group:
         yield group
-
-
-def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: float, max_steps: float) -> int:
-    """Optimizer steps of a fine-tuning run: max_steps when positive, else ceil(epochs * steps per epoch); an
-    epoch's last partial accumulation group is a step of its own."""
-    if max_steps > 0:
-        return int(max_steps)
-    return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
-
-
-def shuffled_epochs(dataset: torch.utils.data.Dataset, micro_batch: int, collate_fn, seed: int,
-                    env: utils.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
-    """A fine-tuning dataset as epochs of shuffled micro-batches (each process its own share, as DistributedSampler
-    cuts it): returns (epoch -> that epoch's batches, micro-batches per epoch)."""
-    sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=seed) if env.distributed
-               else torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate_fn,
-                                         num_workers=num_workers, pin_memory=env.device.type == "cuda")
-
-    def epoch_batches(epoch: int) -> Iterable[dict]:
-        if env.distributed:
-            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every process
-        return loader
-
-    return epoch_batches, len(loader)
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -502,109 +476,6 @@ class StopRequest:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The fine-tuning scripts' shared flags
-
-
-def add_finetuning_arguments(parser: argparse.ArgumentParser, *, seed: int, log_freq: int,
-                             workers_help: str = "DataLoader worker processes",
-                             ) -> tuple[argparse._ArgumentGroup, argparse._ArgumentGroup]:
-    """The "training" and "runtime" flags every fine-tuning script shares (NVIDIA's names); returns the two groups
-    so that a script can add its own (e.g. --eval_batch_size) beside them."""
-    g = parser.add_argument_group("training")
-    g.add_argument("--train_batch_size", type=int, default=32,
-                   help="sequences per optimizer step per process (split into --gradient_accumulation_steps parts)")
-    g.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate of AdamW")
-    g.add_argument("--weight_decay", type=float, default=0.01, help="decoupled weight decay (not on biases/LayerNorm)")
-    g.add_argument("--max_grad_norm", type=float, default=1.0, help="global gradient-norm clip (<= 0: off)")
-    g.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs (fractions allowed)")
-    g.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides --num_train_epochs")
-    g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
-    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
-    g.add_argument("--seed", type=int, default=seed, help="random seed (the new head, dropout, shuffling)")
-    add_arguments(g, help_text=HELP_FINETUNING)
-    g.add_argument("--loss_scale", type=float, default=0.0,
-                   help="fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale")
-    r = parser.add_argument_group("runtime")
-    r.add_argument("--num_workers", type=int, default=0, help=workers_help)
-    r.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
-    r.add_argument("--log_freq", type=int, default=log_freq, help="log the training loss every N optimizer steps")
-    r.add_argument("--json-summary", dest="json_summary", default=None,
-                   help="JSON-lines log file (default: <output_dir>/dllogger.json)")
-    r.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
-    r.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
-    utils.add_debug_argument(r)
-    return g, r
-
-
-def check_finetuning_arguments(args: argparse.Namespace) -> None:
-    """One-line errors (utils.InputError) for the shared flags' impossible values."""
-    if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
-        raise utils.InputError(f"--train_batch_size {args.train_batch_size} must be a positive multiple of "
-                               f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
-    if args.train_batch_size < 1:
-        raise utils.InputError(f"--train_batch_size must be positive, got {args.train_batch_size}")
-    if not 0.0 <= args.warmup_proportion <= 1.0:
-        raise utils.InputError(f"--warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
-    if getattr(args, "do_train", False) and args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise utils.InputError("--num_train_epochs must be positive (or give --max_steps)")
-    if args.loss_scale < 0 or args.log_freq < 1 or args.num_workers < 0:
-        raise utils.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
-    output_dir = getattr(args, "output_dir", None)
-    if output_dir and Path(output_dir).exists() and not Path(output_dir).is_dir():
-        raise utils.InputError(f"--output_dir {output_dir} is a file: name a folder for the results")
-    if args.json_summary and Path(args.json_summary).is_dir():
-        raise utils.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
-
-
-def finetuning_setup(model: torch.nn.Module, args: argparse.Namespace, env: utils.DistEnv, total_steps: int):
-    """The model to train (parallelism and precision applied), AdamW (BertAdam: no bias correction, as BERT) over
-    the no-decay groups, and the linear warm-up schedule, from the shared flags. Returns (model, precision,
-    optimizer, scheduler)."""
-    from optimization import BertAdam, param_groups_for_bert
-    from schedulers import LinearWarmUpScheduler
-
-    ddp_model, precision = apply_parallelism_and_precision(model, env, args.precision, loss_scale=args.loss_scale)
-    optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
-                         weight_decay=args.weight_decay,
-                         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
-    scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
-    return ddp_model, precision, optimizer, scheduler
-
-
-def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: int) -> None:
-    """A one-line InputError, before any work, when the input cannot fit the model: a vocabulary with more tokens
-    than the model's vocab_size (its ids would index past the embedding table, an IndexError mid-run), or a
-    --max_seq_length beyond its max_position_embeddings (the same, for positions)."""
-    if vocab_size > config.vocab_size:
-        raise utils.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
-                               f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
-                               "--config_file)")
-    if max_seq_length > config.max_position_embeddings:
-        raise utils.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
-                               f"{config.max_position_embeddings}: pass at most that")
-
-
-def resolve_model_files(args: argparse.Namespace) -> None:
-    """--init_checkpoint must exist; --vocab_file defaults to a vocab.txt inside a checkpoint directory or beside a
-    checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its model.pt)."""
-    ckpt = Path(args.init_checkpoint)
-    if not ckpt.exists():
-        raise utils.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
-                               "Face directory")
-    if args.vocab_file is None:
-        folder = ckpt if ckpt.is_dir() else ckpt.parent
-        found = [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt") if p.is_file()]
-        if not found:
-            raise utils.InputError(f"no vocab.txt in or beside {ckpt}: pass --vocab_file")
-        args.vocab_file = str(found[0])
-    if not Path(args.vocab_file).is_file():
-        raise utils.InputError(f"--vocab_file {args.vocab_file} not found")
-    if args.config_file is not None and not Path(args.config_file).is_file():
-        raise utils.InputError(f"--config_file {args.config_file} not found")
-
-
-# --------------------------------------------------------------------------------------------------------------
 # The fine-tuning loop
 
 
@@ -655,41 +526,3 @@ def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str
         epoch += 1
     bar.close()
     return FitResult(steps=step, loss=last_loss, seconds=meter.elapsed(), sequences=meter.run_sequences)
-
-
-def finetune(model: torch.nn.Module, dataset: torch.utils.data.Dataset, collate_fn, loss_fn: LossFn,
-             args: argparse.Namespace, env: utils.DistEnv, logger: RunLogger) -> FitResult:
-    """Fine-tune `model` (bare: DDP and precision are applied here) on `dataset` with the shared flags: shuffled
-    micro-batches padded by `collate_fn`, AdamW with the linear warm-up schedule, `fit`."""
-    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
-    epoch_batches, per_epoch = shuffled_epochs(dataset, micro_batch, collate_fn, args.seed, env, args.num_workers)
-    total_steps = count_optimizer_steps(per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
-                                        args.max_steps)
-    ddp_model, precision, optimizer, scheduler = finetuning_setup(model, args, env, total_steps)
-    logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
-                             "micro_batch": micro_batch, "world_size": env.world_size, "precision": precision.name})
-    return fit(ddp_model, epoch_batches, loss_fn, optimizer, scheduler, precision, env, logger,
-               total_steps=total_steps, accumulation=args.gradient_accumulation_steps, log_freq=args.log_freq)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Evaluation helpers of the fine-tuning scripts
-
-
-def length_sorted_batches(lengths, batch_size: int) -> list[list[int]]:
-    """Evaluation batches of examples with similar lengths (longest first), so padding costs next to nothing."""
-    import numpy as np
-
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
-
-
-def latency_summary(batch_ms: list[float], sequences: int, seconds: float, batch_size: int) -> dict[str, float]:
-    """Per-batch latency percentiles and throughput of an evaluation pass (forward time only)."""
-    import numpy as np
-
-    ms = np.asarray(batch_ms)
-    return {"batch_size": batch_size, "batches": len(ms), "sequences": sequences,
-            "latency_ms_p50": float(np.percentile(ms, 50)), "latency_ms_p90": float(np.percentile(ms, 90)),
-            "latency_ms_p99": float(np.percentile(ms, 99)), "latency_ms_mean": float(ms.mean()),
-            "sequences_per_second": sequences / (ms.sum() / 1000), "wall_seconds": seconds}

@@ -32,6 +32,13 @@ import threading
 import time
 from pathlib import Path
 
+from utils import InputError, script_errors
+
+
+class RunFailed(Exception):
+    """A measured command ended with an error; the message ends with its last lines of stderr."""
+
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared" / "data"
 WIKIPEDIA_WORDS = 2.5e9  # English Wikipedia, as in the BERT paper
@@ -127,7 +134,7 @@ def measure(name: str, cmd: list[str], log_dir: Path) -> dict:
         proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         tail = err_path.read_text(errors="replace").strip().splitlines()[-3:]
-        raise SystemExit(f"error: {name} failed ({proc.returncode}): {' | '.join(tail)}")
+        raise RunFailed(f"{name} failed ({proc.returncode}): {' | '.join(tail)}")
     summary = json.loads(out_path.read_text().strip().splitlines()[-1])
     return {"name": name, "wall_s": round(wall, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
             "instances": summary["instances"], "instances_per_s": round(summary["instances"] / wall, 1),
@@ -166,6 +173,12 @@ def shard_stats(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
+    """Bad input or a failed step: one line on stderr ("bench_create_pretraining_data: error: ..."), exit status 1."""
+    with script_errors("bench_create_pretraining_data", argv, expected=(InputError, OSError, ValueError, RunFailed)):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three peers")
     p.add_argument("--dupe_factor", type=int, default=5)

@@ -34,7 +34,7 @@ tokens, and attention goes through bert_padding.varlen_attention (on CPU: padded
 loss equals ours to rounding. run_pretraining.py gets the unpadded path by default (unpad "auto").
 
 "ours+packed" (--no_packed leaves it out) is the same model and weights again, unpadded, on packed rows: the first
---pack_pool sequences of the shard packed first-fit-decreasing, at most --pack_k a row, by create_pretraining_data's
+--pack_pool sequences of the shard packed first-fit-decreasing, at most --pack_k a row, by pretraining_format's
 own packer (what `--pack_sequences` writes), the rows shuffled, --batch rows a step. Each packed sequence attends
 only to itself (its own cu_seqlens entry), positions restart, NSP at its own [CLS]; the labels are the same sparse
 masked_lm_labels as the other rows. A packed step holds more sequences than the others, so this row is compared in
@@ -62,6 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from checkpoint_io import CheckpointError
+from utils import InputError, script_errors
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -109,7 +112,7 @@ def load_batches(shard: Path, n_batches: int, batch_size: int, start: int = 0) -
                   ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
                    "next_sentence_labels")}
     if len(arrays["input_ids"]) < n_batches * batch_size:
-        raise SystemExit(f"bench_pretraining: {shard} holds too few sequences for {n_batches} x {batch_size}")
+        raise InputError(f"{shard} holds too few sequences for {n_batches} x {batch_size}: lower --batches")
     labels = torch.full_like(arrays["input_ids"], -1)
     positions, ids = arrays["masked_lm_positions"], arrays["masked_lm_ids"]
     labels.scatter_(1, positions, torch.where(positions > 0, ids, -1))  # slot 0 writes -1 onto [CLS]
@@ -139,7 +142,7 @@ def build_pair(config_path: Path, seed: int):
     ours = modeling.BertForPreTraining(config)
     report = checkpoint_io.load_checkpoint_state(ours, hf.state_dict(), source="transformers BertForPreTraining")
     if report:
-        raise SystemExit(f"bench_pretraining: weights did not map one to one: {report}")
+        raise CheckpointError(f"the weights did not map one to one: {report}")
     return hf, ours, hf.config._attn_implementation
 
 
@@ -182,24 +185,24 @@ class PackedBatch:
 
 def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: int, seed: int
                         ) -> tuple[list[PackedBatch], Batch]:
-    """The first `pool` sequences of the shard packed (create_pretraining_data.pack_sequences: first-fit-decreasing,
+    """The first `pool` sequences of the shard packed (pretraining_format.pack_sequences: first-fit-decreasing,
     at most k a row), the rows shuffled (FFD opens rows longest first), `rows` rows a batch; and the first packed
     batch's sequences as a plain unpacked Batch (the step-0 check)."""
     import h5py
     import numpy as np
 
-    import create_pretraining_data
     import pretraining_data
+    import pretraining_format
 
     with h5py.File(shard, "r") as f:
-        arrays = {key: f[key][:pool] for key in pretraining_data.SHARD_KEYS}
+        arrays = {key: f[key][:pool] for key in pretraining_format.SHARD_KEYS}
     n, seq = arrays["input_ids"].shape
-    width = create_pretraining_data.packed_predictions(seq, arrays["masked_lm_positions"].shape[1], 0.15, k)
-    packed = create_pretraining_data.pack_sequences(arrays, k, width)
-    row, _, _ = create_pretraining_data.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
+    width = pretraining_format.packed_predictions(seq, arrays["masked_lm_positions"].shape[1], 0.15, k)
+    packed = pretraining_format.pack_sequences(arrays, k, width)
+    row, _, _ = pretraining_format.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
     order = np.random.default_rng(seed).permutation(len(packed["input_ids"]))  # [R_total]
     if len(order) < n_batches * rows:
-        raise SystemExit(f"bench_pretraining: {pool} sequences pack into {len(order)} rows, fewer than {n_batches} x "
+        raise InputError(f"{pool} sequences pack into {len(order)} rows, fewer than {n_batches} x "
                          f"{rows}: raise --pack_pool")
     batches = []
     for i in range(n_batches):
@@ -437,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input or a failed step: one line on stderr ("bench_pretraining: error: ..."), exit status 1."""
+    with script_errors("bench_pretraining", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     data_dir, vocab = Path(args.data_dir), Path(args.vocab_file)
     if not (data_dir / "valid.txt").is_file() or not vocab.is_file():

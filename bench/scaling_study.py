@@ -45,6 +45,12 @@ import time
 from pathlib import Path
 
 from bench import study_utils as su
+from utils import InputError, script_errors
+
+
+class RunFailed(Exception):
+    """A pre-training run of the study failed or ended unfinished; the message names its folder."""
+
 
 REPO = su.REPO
 JOB = "scaling"
@@ -131,8 +137,8 @@ def pretrain(label: str, spec: dict, args, shards: Path, log) -> dict:
             return {**summary, "reused": True, "wall_seconds": wall.get("wall_seconds"), "command": cmd}
         if not args.restart:
             why = summary["state"] if not diff else "; ".join(diff)
-            raise SystemExit(f"scaling_study: {run_dir} holds a run that is not reusable ({why}): --restart runs it "
-                             "again (its folder is replaced)")
+            raise InputError(f"{run_dir} holds a run that is not reusable ({why}): --restart runs it again (its "
+                             "folder is replaced)")
         shutil.rmtree(run_dir)
     extra = f"--log_freq {args.log_freq} --num_workers 1 --eval_steps {args.eval_steps} " \
             f"--max_eval_samples {args.max_eval_samples} --disable_progress_bar"
@@ -145,10 +151,10 @@ def pretrain(label: str, spec: dict, args, shards: Path, log) -> dict:
     result = subprocess.run(cmd, env=env, cwd=REPO)
     wall = round(time.time() - started, 1)
     if result.returncode != 0:
-        raise SystemExit(f"scaling_study: run {label} failed (exit {result.returncode}); see {run_dir}")
+        raise RunFailed(f"run {label} failed (exit {result.returncode}); see {run_dir}")
     summary = su.phase_summary(log_path)
     if not summary["finished"]:
-        raise SystemExit(f"scaling_study: run {label} ended unfinished ({summary['state']}); see {run_dir}")
+        raise RunFailed(f"run {label} ended unfinished ({summary['state']}); see {run_dir}")
     (run_dir / "wall.json").write_text(json.dumps({"wall_seconds": wall, "command": cmd}) + "\n")
     return {**summary, "reused": False, "wall_seconds": wall, "command": cmd}
 
@@ -193,6 +199,12 @@ def markdown(report: dict, image: str | None = "scaling_loss.png", heading: str 
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Bad input or a failed step: one line on stderr ("scaling_study: error: ..."), exit status 1."""
+    with script_errors("scaling_study", argv, expected=(InputError, OSError, ValueError, RunFailed)):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=su.HelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "scaling")

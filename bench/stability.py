@@ -24,6 +24,13 @@ import sys
 import time
 from pathlib import Path
 
+from utils import InputError, script_errors
+
+
+class SeedFailed(Exception):
+    """A seed's run_glue.py process ended with an error; the message names its log."""
+
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
 SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # every other task: accuracy
@@ -98,8 +105,7 @@ def run_seeds(args) -> list[dict]:
             log.close()
             del running[seed]
             if proc.returncode != 0:
-                raise SystemExit(f"stability: seed {seed} failed (exit {proc.returncode}): see "
-                                 f"{args.out / f'seed_{seed}.log'}")
+                raise SeedFailed(f"seed {seed} failed (exit {proc.returncode}): see {args.out / f'seed_{seed}.log'}")
             results = json.loads((out_dir / "results.json").read_text())
             done[seed] = {"seed": seed, "score": score_of(results, args.task),
                           "seconds": round(time.time() - start, 1), "command": cmd}
@@ -121,6 +127,12 @@ def table(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Bad input or a failed step: one line on stderr ("stability: error: ..."), exit status 1."""
+    with script_errors("stability", argv, expected=(InputError, OSError, ValueError, SeedFailed)):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="mrpc", help="a GLUE task name (mrpc, sst-2, cola, ...)")
     p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
@@ -146,9 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
-        raise SystemExit(f"--seeds {args.seeds!r}: give comma-separated integers") from None
+        raise InputError(f"--seeds {args.seeds!r}: give comma-separated integers") from None
     if not args.seeds or args.parallel < 1:
-        raise SystemExit("--seeds needs at least one seed and --parallel at least 1")
+        raise InputError("--seeds needs at least one seed and --parallel at least 1")
     if args.data_dir is None:
         args.data_dir = DATA / FOLDER.get(args.task, f"glue-{args.task}")
     if args.init_checkpoint is None:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from data.sentence_segmentation import SEGMENTERS, get_segmenter
+from utils import InputError, script_errors
 
 
 @dataclass
@@ -102,8 +103,8 @@ def assign_shards(sizes: np.ndarray, cfg: ShardingConfig) -> np.ndarray:
     n_docs = len(sizes)
     n_shards = cfg.n_training_shards + cfg.n_test_shards
     if n_docs < n_shards:
-        raise SystemExit(f"error: only {n_docs} documents for {n_shards} shards: lower --n_training_shards / "
-                         f"--n_test_shards")
+        raise InputError(f"only {n_docs} documents for {n_shards} shards: lower --n_training_shards / "
+                         "--n_test_shards")
     perm = np.random.default_rng(cfg.seed).permutation(n_docs)
     n_test = 0
     if cfg.n_test_shards:
@@ -166,11 +167,13 @@ def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.P
     files = [Path(f) for f in input_files]
     for f in files:
         if not f.is_file():
-            raise SystemExit(f"error: sharding input {f} does not exist (run --action text_formatting first)")
+            raise InputError(f"sharding input {f} does not exist (run --action text_formatting first)")
     if cfg.n_training_shards < 1 or cfg.n_test_shards < 0 or not 0.0 <= cfg.fraction_test_set < 1.0:
-        raise SystemExit("error: need --n_training_shards >= 1, --n_test_shards >= 0, 0 <= --fraction_test_set < 1")
+        raise InputError("need --n_training_shards >= 1, --n_test_shards >= 0, 0 <= --fraction_test_set < 1")
     if cfg.n_test_shards and cfg.fraction_test_set == 0:
-        raise SystemExit("error: --n_test_shards > 0 needs --fraction_test_set > 0 (or set --n_test_shards 0)")
+        raise InputError("--n_test_shards > 0 needs --fraction_test_set > 0 (or set --n_test_shards 0)")
+    if cfg.num_workers < 1 or cfg.chunk_bytes <= 0:
+        raise InputError("--num_workers must be >= 1 and --chunk_mb > 0")
     output_prefix = Path(output_prefix)
     output_prefix.parent.mkdir(parents=True, exist_ok=True)
     start_time = time.time()
@@ -241,13 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.num_workers < 1 or args.chunk_mb <= 0:
-        raise SystemExit("error: --num_workers must be >= 1 and --chunk_mb > 0")
-    cfg = ShardingConfig(n_training_shards=args.n_training_shards, n_test_shards=args.n_test_shards,
-                         fraction_test_set=args.fraction_test_set, segmenter=args.segmenter, seed=args.random_seed,
-                         num_workers=args.num_workers, chunk_bytes=int(args.chunk_mb * (1 << 20)))
-    manifest = shard_corpus(args.input_files, args.output_prefix, cfg, progress=not args.no_progress)
+    """0 when the shards are written; bad input: one line on stderr, exit status 1."""
+    with script_errors("sharding.py", argv):
+        args = build_parser().parse_args(argv)
+        cfg = ShardingConfig(n_training_shards=args.n_training_shards, n_test_shards=args.n_test_shards,
+                             fraction_test_set=args.fraction_test_set, segmenter=args.segmenter,
+                             seed=args.random_seed, num_workers=args.num_workers,
+                             chunk_bytes=int(args.chunk_mb * (1 << 20)))
+        manifest = shard_corpus(args.input_files, args.output_prefix, cfg, progress=not args.no_progress)
     print(f"wrote {len(manifest['training'])} training + {len(manifest['test'])} test shards of "
           f"{manifest['documents']} documents to {Path(args.output_prefix).parent}")
     return 0

@@ -33,6 +33,8 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from utils import InputError, script_errors
+
 # Link namespaces whose links are not prose (an image with its caption, a category tag).
 DROP_LINK_NAMESPACES = {"file", "image", "media", "category"}
 # Tags whose content is not prose. Wikitables come out of mwparserfromhell as Tag("table"); list items as li/dt/dd.
@@ -218,7 +220,7 @@ def format_wiki_dump(dump: str | os.PathLike, output: str | os.PathLike, num_wor
 
     dump = Path(dump)
     if not dump.is_file():
-        raise SystemExit(f"error: Wikipedia dump {dump} does not exist (run --action download first)")
+        raise InputError(f"Wikipedia dump {dump} does not exist (run --action download first)")
     counts: Counter = Counter()
     start = time.time()
     with tqdm(total=dump.stat().st_size, unit="B", unit_scale=True, desc="wiki dump", disable=not progress) as bar, \
@@ -313,7 +315,7 @@ def list_text_files(inputs: Iterable[str | os.PathLike], pattern: str = "*.txt")
             files.extend(sorted(p for p in item.rglob(pattern) if p.is_file()
                                 and not any(part.startswith(".") for part in p.relative_to(item).parts)))
         else:
-            raise SystemExit(f"error: input {item} does not exist")
+            raise InputError(f"input {item} does not exist: name a text file or a folder of them")
     return files
 
 
@@ -328,14 +330,13 @@ def check_text_file(path: str | os.PathLike, probe: int = 1 << 16, what: str = "
         with opener(path, "rb") as f:
             head = f.read(probe)
     except OSError as e:
-        raise SystemExit(f"error: {what} {path} cannot be read ({e.strerror or e}): check its permissions, or "
-                         "that a compressed file is complete") from None
+        raise InputError(f"{what} {path} cannot be read ({e.strerror or e}): check its permissions, or that a "
+                         "compressed file is complete") from None
     if b"\0" in head:
-        raise SystemExit(f"error: {what} {path} is not text (it holds NUL bytes): give UTF-8 text"
-                         f"{expected or ' files'}")
+        raise InputError(f"{what} {path} is not text (it holds NUL bytes): give UTF-8 text{expected or ' files'}")
     bad = head.decode("utf-8", errors="replace").count("\ufffd")
     if bad > len(head) // 100:
-        raise SystemExit(f"error: {what} {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
+        raise InputError(f"{what} {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
                          f"convert it to UTF-8{expected}")
 
 
@@ -350,7 +351,7 @@ def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary
     from utils import atomic_open
 
     if not files:
-        raise SystemExit("error: no input files found (check the folder and --input_pattern)")
+        raise InputError("no input files found (check the folder and --input_pattern)")
     for path in files:  # before the work: a binary file would become documents of replacement characters
         check_text_file(path)
     output = Path(output)
@@ -393,9 +394,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """0 when the output is written; bad input: one line on stderr, exit status 1."""
+    with script_errors("text_formatting.py", argv):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     if args.num_workers < 1:
-        raise SystemExit("error: --num_workers must be >= 1")
+        raise InputError("--num_workers must be >= 1")
     first = Path(args.input[0])
     if len(args.input) == 1 and first.name.endswith((".xml.bz2", ".xml")):
         counts = format_wiki_dump(first, args.output, args.num_workers, not args.no_progress)

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from processors.glue import EncodedExamples, truncate_seq_pair
+from utils import InputError
 
 SPLIT_FILES = {"train": "train.csv", "val": "val.csv", "test": "test.csv"}
 _ENDING = re.compile(r"^ending(\d+)$")
@@ -41,8 +42,8 @@ class SwagExample:
     label: int | None
 
 
-class SwagDataError(SystemExit):
-    """A missing or malformed SWAG file; the one-line message names the file (exits non-zero)."""
+class SwagDataError(InputError):
+    """A missing or malformed SWAG file; the one-line message names the file and what to do."""
 
 
 def read_swag_examples(path: str | Path, split: str | None = None, require_labels: bool = True

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from utils import InputError, script_errors
+
 _ARTICLE = re.compile(r"^ ?= [^=].* = ?$")  # " = Title = " (a section is " = = Title = = ")
 _SECTION = re.compile(r"^ ?(= ){2,}.*( =){2,} ?$")
 _ESCAPE = re.compile(r"\s*@([-,.])@\s*")  # " @-@ " -> "-", " @,@ " -> ",", " @.@ " -> "."
@@ -91,7 +93,7 @@ def list_inputs(inputs: Iterable[str | Path]) -> list[Path]:
         elif item.is_file():
             files.append(item)
         else:
-            raise SystemExit(f"text_to_documents: input {item} does not exist: pass text files or folders")
+            raise InputError(f"input {item} does not exist: pass text files or folders")
     return files
 
 
@@ -115,8 +117,8 @@ def write_documents(inputs: Iterable[str | Path], output: str | Path, sentences:
     docs = [doc for path in list_inputs(inputs) for doc in iter_documents(path)]
     test_documents = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0
     if test_documents and len(docs) <= test_documents:
-        raise SystemExit(f"text_to_documents: {len(docs)} document(s) found, too few to hold out a test set: "
-                         f"give more text (documents are separated by blank lines) or --test_fraction 0")
+        raise InputError(f"{len(docs)} document(s) found, too few to hold out a test set: give more text "
+                         "(documents are separated by blank lines) or --test_fraction 0")
     train, test = (docs[:-test_documents], docs[-test_documents:]) if test_documents else (docs, [])
     _write(train, output, sentences)
     if test:
@@ -125,6 +127,12 @@ def write_documents(inputs: Iterable[str | Path], output: str | Path, sentences:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0 when the documents are written; bad input: one line on stderr ("text_to_documents: error: ..."), exit 1."""
+    with script_errors("text_to_documents", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True,
                    help="text files or folders of *.txt (WikiText, or documents separated by blank lines)")
@@ -136,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test_output", help="where the --test_fraction documents go")
     args = p.parse_args(argv)
     if not 0.0 <= args.test_fraction < 1.0:
-        raise SystemExit(f"text_to_documents: --test_fraction must be in [0, 1), got {args.test_fraction}")
+        raise InputError(f"--test_fraction must be in [0, 1), got {args.test_fraction}")
     if args.test_fraction and not args.test_output:
-        raise SystemExit("text_to_documents: --test_fraction needs --test_output")
+        raise InputError("--test_fraction needs --test_output")
     n_train, n_test = write_documents(args.input, args.output, args.sentences, args.test_fraction, args.test_output)
     if n_train == 0:
-        raise SystemExit(f"text_to_documents: no text found in {' '.join(args.input)}")
+        raise InputError(f"no text found in {' '.join(args.input)}: give text files or folders of them")
     print(f"text_to_documents: {n_train} documents -> {args.output}"
           + (f", {n_test} -> {args.test_output}" if n_test else ""))
     return 0

@@ -44,11 +44,12 @@ from conftest import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shar
 import convert_checkpoint
 import create_pretraining_data
 import extract_features
+import finetuning
+import pretraining_writer
 import run_glue
 import run_pretraining
 import run_squad
 import run_swag
-import training
 import utils
 import validation
 from data import bertPrep
@@ -65,12 +66,12 @@ MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad
          "convert": convert_checkpoint.main, "bertprep": bertPrep.main, "export": export_model.main}
 # The expensive step of each script: reaching it in a bad-input case is a failure (validation comes first).
 TRIPWIRES = {
-    "cpd": [(create_pretraining_data, "make_units"), (create_pretraining_data, "write_hdf5")],
-    "cpd-tokenizing": [(create_pretraining_data, "process_corpus")],
+    "cpd": [(pretraining_writer, "make_units"), (pretraining_writer, "write_hdf5")],
+    "cpd-tokenizing": [(pretraining_writer, "process_corpus")],
     "rp": [(run_pretraining, "train"), (validation.Validator, "__call__")],
-    "squad": [(run_squad, "train"), (run_squad, "predict_logits"), (run_squad, "build_features")],
-    "glue": [(training, "finetune"), (run_glue, "predict_logits"), (run_glue, "encode_examples")],
-    "swag": [(training, "finetune"), (run_swag, "predict_logits"), (run_swag, "encode_examples")],
+    "squad": [(finetuning, "train"), (finetuning, "predict"), (run_squad, "build_features")],
+    "glue": [(finetuning, "train"), (finetuning, "predict"), (run_glue, "encode_examples")],
+    "swag": [(finetuning, "train"), (finetuning, "predict"), (run_swag, "encode_examples")],
     "extract": [(extract_features, "extract")],
     "convert": [(convert_checkpoint, "save_hf_directory"), (convert_checkpoint, "atomic_torch_save")],
     "bertprep": [],  # its stages are the work; each case fails on its inputs before a stage writes anything
@@ -441,9 +442,9 @@ CASES = [
     Case("cpd-output-is-folder", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
          str(w.root), *cpd(w, d)], ("--output_file", "is a folder")),
     Case("cpd-output-under-a-file", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
-         str(w.a_file / "s.hdf5"), *cpd(w, d)], ("--output_file", "cannot create its folder")),
+         str(w.a_file / "s.hdf5"), *cpd(w, d)], ("--output_file", "cannot create the folder")),
     Case("cpd-output-read-only-folder", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
-         str(read_only_folder(d / "out") / "s.hdf5"), *cpd(w, d)], ("--output_file", "not writable"), as_user=True),
+         str(read_only_folder(d / "out") / "s.hdf5"), *cpd(w, d)], ("--output_file", "cannot write in"), as_user=True),
     Case("cpd-output-dir-is-file", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_dir",
          str(w.a_file), *cpd(w, d)], ("--output_dir", "a_file", "is a file")),
     Case("cpd-seq-too-short", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--max_seq_length", "4"),
@@ -1004,7 +1005,7 @@ def test_cpd_disk_full_during_the_shard_write(W, tmp_path, monkeypatch, capsys):
 def test_cpd_disk_full_refused_before_writing(W, tmp_path, monkeypatch, capsys):
     """The shard's exact size is checked against the free space before a byte is written."""
     free = shutil.disk_usage(tmp_path)._replace(free=10_000)
-    monkeypatch.setattr(create_pretraining_data.shutil, "disk_usage", lambda path: free)
+    monkeypatch.setattr(pretraining_writer.shutil, "disk_usage", lambda path: free)
     monkeypatch.setattr(utils, "atomic_open", None)  # never reached
     code, stderr = call("cpd", cpd_in(W, tmp_path, W.corpus), capsys)
     assert_one_line(code, stderr, "create_pretraining_data.py", ("shard.hdf5", "needs", "0.0 MiB free", "free some"))
@@ -1013,12 +1014,12 @@ def test_cpd_disk_full_refused_before_writing(W, tmp_path, monkeypatch, capsys):
 
 def test_cpd_large_shard_is_checked_against_its_uncompressed_size(W, tmp_path, monkeypatch, capsys):
     """Shards above IN_MEMORY_MAX_BYTES are written by HDF5 itself, after a check against the uncompressed size."""
-    monkeypatch.setattr(create_pretraining_data, "IN_MEMORY_MAX_BYTES", 0)
+    monkeypatch.setattr(pretraining_writer, "IN_MEMORY_MAX_BYTES", 0)
     assert create_pretraining_data.main(cpd_in(W, tmp_path / "a", W.corpus)) == 0  # that path writes a good shard
     with h5py.File(tmp_path / "a" / "out" / "shard.hdf5") as f:
         assert f["input_ids"].shape[1] == 32 and f["input_ids"].shape[0] > 0
     free = shutil.disk_usage(tmp_path)._replace(free=10_000)
-    monkeypatch.setattr(create_pretraining_data.shutil, "disk_usage", lambda path: free)
+    monkeypatch.setattr(pretraining_writer.shutil, "disk_usage", lambda path: free)
     code, stderr = call("cpd", cpd_in(W, tmp_path / "b", W.corpus), capsys)
     assert_one_line(code, stderr, "create_pretraining_data.py", ("shard.hdf5", "needs", "free some"))
     assert no_leftovers(tmp_path / "b" / "out") == []
@@ -1026,14 +1027,14 @@ def test_cpd_large_shard_is_checked_against_its_uncompressed_size(W, tmp_path, m
 
 def test_cpd_work_folder_fills(W, tmp_path, monkeypatch, capsys):
     """The token map of the work folder cannot be written: one line naming the work folder, which is removed."""
-    real_init = create_pretraining_data.CorpusBuilder.__init__
+    real_init = pretraining_writer.CorpusBuilder.__init__
 
     def init(self, folder, vocab_size):
         real_init(self, folder, vocab_size)
         self.file.close()
         self.file = open("/dev/full", "wb", buffering=0)
 
-    monkeypatch.setattr(create_pretraining_data.CorpusBuilder, "__init__", init)
+    monkeypatch.setattr(pretraining_writer.CorpusBuilder, "__init__", init)
     code, stderr = call("cpd", cpd_in(W, tmp_path, W.corpus), capsys)
     assert_one_line(code, stderr, "create_pretraining_data.py", (".shard.hdf5.work.", "No space left on device"))
     assert no_leftovers(tmp_path / "out") == []

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 import create_pretraining_data as cpd
+import pretraining_format
+import pretraining_writer as writer
 from tokenization import BertTokenizer
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0  # bert-base-uncased ids (checked against the vocabulary below)
@@ -263,7 +265,7 @@ def test_truncation_trims_the_longer_side():
         a0, b0 = rng.integers(0, 10_000, size=2)
         spans.append((a0, a0 + la, b0, b0 + lb))
     spans = np.array(spans)
-    out = cpd._truncate(spans, 125, np.random.default_rng(1))
+    out = writer._truncate(spans, 125, np.random.default_rng(1))
     front = removed = 0
     for (a0, a1, b0, b1), (c0, c1, d0, d1) in zip(spans, out):
         la, lb = a1 - a0, b1 - b0
@@ -361,7 +363,7 @@ def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_pa
         segment_bounds(ids[row])
 
     specials = [CLS, SEP, PAD, MASK]
-    masked, positions, labels = cpd.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(0),
+    masked, positions, labels = pretraining_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(0),
                                                  masked_lm_prob=PROB, max_predictions_per_seq=PRED)
     assert masked.shape == ids.shape and masked.dtype == ids.dtype
     assert positions.shape == labels.shape == (len(ids), PRED)
@@ -384,10 +386,10 @@ def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_pa
     assert abs(is_mask.mean() - 0.8) < 0.02 and abs(kept.mean() - 0.1) < 0.02 and abs(1 - is_mask.mean()
                                                                                       - kept.mean() - 0.1) < 0.02
     # New masks each call (epoch), and torch tensors in -> torch tensors out, the same draws for the same seed.
-    again = cpd.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(1), PROB, PRED)[1]
+    again = pretraining_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(1), PROB, PRED)[1]
     assert not np.array_equal(again, positions)
     torch = pytest.importorskip("torch")
-    t_masked, t_positions, t_labels = cpd.dynamic_mask(torch.from_numpy(ids), torch.from_numpy(mask), 30522,
+    t_masked, t_positions, t_labels = pretraining_format.dynamic_mask(torch.from_numpy(ids), torch.from_numpy(mask), 30522,
                                                        specials, np.random.default_rng(0), PROB, PRED)
     assert isinstance(t_masked, torch.Tensor) and t_positions.dtype == torch.int64
     np.testing.assert_array_equal(t_masked.numpy(), masked)
@@ -399,9 +401,9 @@ def test_piece_cache_tokenizes_like_the_python_tokenizer(uncased_vocab, cased_vo
     lines = ["Héllo  wörld\tTAB ΣΑΣ ΟΔΥΣΣΕΥΣ end.", "x\u2028y  \u200bz 中文字 mixed中文 ", "a" * 150 + " b",
              "\x1c\x85 ok", "don't stop-me (now)!", "The <unk> of 1 @,@ 000 km²", "naïve café Ångström"]
     for vocab, lower in ((uncased_vocab, True), (cased_vocab, False)):
-        cpd._init_worker(str(vocab), lower, threads_off=False)
-        cpd._PIECES = cpd._PieceTable()
-        ids, lengths = cpd._encode_lines(lines)
+        writer._init_worker(str(vocab), lower, threads_off=False)
+        writer._PIECES = writer._PieceTable()
+        ids, lengths = writer._encode_lines(lines)
         reference = [BertTokenizer(vocab, do_lower_case=lower, use_fast=False).encode(line) for line in lines]
         assert lengths.tolist() == [len(r) for r in reference]
         assert ids.tolist() == [i for r in reference for i in r]
@@ -413,11 +415,11 @@ def test_document_boundaries_and_blank_lines(uncased_vocab, tmp_path):
     b = tmp_path / "b.txt"
     a.write_text("\n\n first sentence one .\nsecond one .\n \n\n\nthird , in doc two .\n\x1c\n", encoding="utf-8")
     b.write_text("fourth in doc three .\r\nfifth too .\r\n", encoding="utf-8")
-    cpd._init_worker(str(uncased_vocab), True, threads_off=False)
-    builder = cpd.CorpusBuilder(str(tmp_path), 30522)
+    writer._init_worker(str(uncased_vocab), True, threads_off=False)
+    builder = writer.CorpusBuilder(str(tmp_path), 30522)
     for path, size in ((a, 7), (b, 5)):  # tiny chunks: breaks and lines cross chunk boundaries
-        for k, task in enumerate(cpd.byte_chunks(str(path), size)):
-            builder.add(cpd._tokenize_chunk(task), starts_file=k == 0)
+        for k, task in enumerate(writer.byte_chunks(str(path), size)):
+            builder.add(writer._tokenize_chunk(task), starts_file=k == 0)
     corpus = builder.finish()
     assert corpus.num_documents == 3
     assert np.diff(corpus.doc_start).tolist() == [2, 1, 2]
@@ -452,9 +454,9 @@ def test_bad_input_gives_a_clear_error(uncased_vocab, tmp_path, small_corpus):
         (["--input_file", str(binary), *base], "is not text"),
         (["--input_file", str(latin), *base], "is not UTF-8 text"),
         (["--input_file", str(small_corpus), "--output_file", str(empty_dir), "--vocab_file", str(uncased_vocab),
-          "--no_progress"], "is a folder: name the .hdf5 file"),
+          "--no_progress"], "is a folder: name the file to write"),
         (["--input_file", str(small_corpus), "--output_file", str(blank / "sub" / "o.hdf5"), "--vocab_file",
-          str(uncased_vocab), "--no_progress"], "cannot create its folder"),
+          str(uncased_vocab), "--no_progress"], "cannot create the folder"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import bert_padding
 import create_pretraining_data as cpd
 import pretraining_data
+import pretraining_format
 import run_pretraining as rp
 from conftest import args_for, make_shards, max_diff, read_log, weights
 from modeling import BertConfig, BertForPreTraining
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
 
 # Sequence length 256: a WikiText-2 pair is at least ~44 tokens (2 sentences), so rows of 3 need more than 128.
 SEQ, PRED, K = 256, 20, 3
-ROW_PRED = cpd.packed_predictions(SEQ, PRED, 0.15, K)  # 41 masked slots a packed row
+ROW_PRED = pretraining_format.packed_predictions(SEQ, PRED, 0.15, K)  # 41 masked slots a packed row
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def reference_ffd(lengths: list[int], capacity: int, max_per_row: int) -> list[l
 
 def test_first_fit_decreasing_on_a_worked_example():
     lengths = np.array([3, 7, 2, 5, 4, 1, 3])
-    row, slot, start = cpd.first_fit_decreasing(lengths, capacity=10, max_per_row=2)
+    row, slot, start = pretraining_format.first_fit_decreasing(lengths, capacity=10, max_per_row=2)
     # order 7(i1), 5(i3), 4(i4), 3(i0), 3(i6), 2(i2), 1(i5):
     # 7 -> row 0 [7]; 5 -> row 1 [5]; 4 -> row 1 [5,4] full (K=2); 3 -> row 0 [7,3] full; 3 -> row 2 [3];
     # 2 -> row 2 [3,2] full; 1 -> row 3 [1]
@@ -145,14 +146,14 @@ def test_first_fit_decreasing_on_a_worked_example():
     assert slot.tolist() == [1, 0, 1, 0, 1, 0, 0]
     assert start.tolist() == [7, 0, 3, 0, 5, 0, 0]
     with pytest.raises(ValueError, match="lengths"):
-        cpd.first_fit_decreasing(np.array([3, 11]), capacity=10, max_per_row=2)
+        pretraining_format.first_fit_decreasing(np.array([3, 11]), capacity=10, max_per_row=2)
 
 
 @pytest.mark.parametrize("max_per_row", [1, 2, 3, 5])
 def test_first_fit_decreasing_keeps_every_sequence_once_within_the_limits(max_per_row):
     rng = np.random.default_rng(max_per_row)
     lengths = np.concatenate([rng.integers(1, 129, 300), rng.integers(1, 30, 300)])  # long and short ones
-    row, slot, start = cpd.first_fit_decreasing(lengths, 128, max_per_row)
+    row, slot, start = pretraining_format.first_fit_decreasing(lengths, 128, max_per_row)
     expected = reference_ffd(lengths.tolist(), 128, max_per_row)
     got = [[] for _ in range(row.max() + 1)]
     for i in np.lexsort((slot, row)):
@@ -170,7 +171,7 @@ def test_first_fit_decreasing_keeps_every_sequence_once_within_the_limits(max_pe
 
 def test_pack_sequences_keeps_every_instance_of_real_rows(wiki):
     arrays = wiki["arrays"]
-    packed = cpd.pack_sequences(arrays, K, ROW_PRED)
+    packed = pretraining_format.pack_sequences(arrays, K, ROW_PRED)
     assert sorted(unpack_rows(packed)) == sorted(plain_rows(arrays))
     assert len(packed["input_ids"]) < len(arrays["input_ids"])
     for name in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -178,7 +179,7 @@ def test_pack_sequences_keeps_every_instance_of_real_rows(wiki):
         assert packed[name].dtype == arrays[name].dtype, name
     assert packed["next_sentence_positions"].dtype == np.int32
     with pytest.raises(ValueError, match="masked positions"):
-        cpd.pack_sequences(arrays, K, 5)
+        pretraining_format.pack_sequences(arrays, K, 5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -233,8 +234,8 @@ def packed_batch(wiki) -> dict:
     by_length = np.argsort(wiki["arrays"]["input_mask"].sum(1), kind="stable")
     chosen = np.sort(np.concatenate([by_length[:18], by_length[-18:]]))
     arrays = {k: v[chosen] for k, v in wiki["arrays"].items()}
-    packed = cpd.pack_sequences(arrays, K, ROW_PRED)
-    row, slot, start = cpd.first_fit_decreasing(arrays["input_mask"].sum(1), SEQ, K)
+    packed = pretraining_format.pack_sequences(arrays, K, ROW_PRED)
+    row, slot, start = pretraining_format.first_fit_decreasing(arrays["input_mask"].sum(1), SEQ, K)
     assert (np.bincount(row) == K).any() and (np.bincount(row) == 1).any()  # full rows and rows alone
     return {"plain": pretraining_data.to_model_inputs(arrays, slice(None)),
             "packed": pretraining_data.to_model_inputs(packed, slice(None)),

@@ -16,6 +16,7 @@ import pytest
 from data import bertPrep
 from data.sharding import ShardingConfig, assign_shards, balanced_assignment, shard_corpus, shard_name
 from data import sharding
+from utils import InputError
 
 
 def wikitext_articles(path: Path) -> list[str]:
@@ -131,15 +132,15 @@ def test_chunk_boundaries_split_lines_correctly(tmp_path):
 
 def test_assignment_errors_and_edge_cases(tmp_path):
     sizes = np.array([10, 20, 30])
-    with pytest.raises(SystemExit, match="only 3 documents for 4 shards"):
+    with pytest.raises(InputError, match="only 3 documents for 4 shards"):
         assign_shards(sizes, ShardingConfig(n_training_shards=2, n_test_shards=2))
     shard = assign_shards(sizes, ShardingConfig(n_training_shards=3, n_test_shards=0))
     assert sorted(shard.tolist()) == [0, 1, 2]
-    with pytest.raises(SystemExit, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):
         shard_corpus([tmp_path / "missing.txt"], tmp_path / "x", ShardingConfig(), progress=False)
     src = tmp_path / "in.txt"
     src.write_text("One. Two.\nThree.\n")
-    with pytest.raises(SystemExit, match="fraction_test_set > 0"):
+    with pytest.raises(InputError, match="fraction_test_set > 0"):
         shard_corpus([src], tmp_path / "x", ShardingConfig(n_training_shards=1, n_test_shards=1,
                                                            fraction_test_set=0.0), progress=False)
 

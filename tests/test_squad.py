@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import utils
+from modeling import BertConfig, BertForQuestionAnswering
 from processors import squad
 from tokenization import BertTokenizer
 
@@ -418,7 +419,7 @@ def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, t
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)["model"]
     two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)["model"]
     utils.set_seed(5)  # the initial weights both runs started from
-    initial = run_squad.BertForQuestionAnswering(run_squad.BertConfig.from_json_file(config_file)).state_dict()
+    initial = BertForQuestionAnswering(BertConfig.from_json_file(config_file)).state_dict()
     assert not torch.allclose(one["qa_outputs.weight"], initial["qa_outputs.weight"])  # 3 steps really trained
     for key in one:
         torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4, msg=key)

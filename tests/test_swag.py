@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
+import finetuning
 import run_swag
-from processors.swag import SwagExample, encode_examples, get_examples, read_swag_examples
+from processors.swag import SwagDataError, SwagExample, encode_examples, get_examples, read_swag_examples
 
 HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
 
@@ -58,7 +59,7 @@ def test_multiple_choice_matches_transformers(minilm_dir):
                         "She", ("stirs.", "puts the bowl in the oven and closes the door behind it.",
                                 "throws it.", "sings."), 0)
     encoded = encode_examples([example, other], BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True), 64)
-    batch = run_swag.collate([run_swag.SwagDataset(encoded)[i] for i in range(2)])
+    batch = run_swag.collate([finetuning.EncodedDataset(encoded)[i] for i in range(2)])
     assert batch["input_ids"].shape[:2] == (2, 4) and (batch["attention_mask"] == 0).any()  # padded choices
     with torch.no_grad():
         loss, logits = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["labels"])
@@ -105,15 +106,15 @@ def test_swag_csv_parses_exactly(tmp_path):
     assert test.label is None and test.guid == "test-0" and test.endings == examples[0].endings
 
     (tmp_path / "train.csv").write_text(test_header + "\n" + rows[1].rsplit(",", 1)[0] + "\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"train.csv: no label column"):
+    with pytest.raises(SwagDataError, match=r"train.csv: no label column"):
         get_examples(tmp_path, "train")
     (tmp_path / "bad.csv").write_text(HEADER + "\n" + rows[1].rsplit(",", 1)[0] + ",4\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"bad.csv:2: label '4' is not an ending index 0..3"):
+    with pytest.raises(SwagDataError, match=r"bad.csv:2: label '4' is not an ending index 0..3"):
         read_swag_examples(tmp_path / "bad.csv")
     (tmp_path / "bad.csv").write_text("sent1,sent2,ending0\na,b,c\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"bad.csv: the header .* needs sent1, sent2 and ending0, ending1"):
+    with pytest.raises(SwagDataError, match=r"bad.csv: the header .* needs sent1, sent2 and ending0, ending1"):
         read_swag_examples(tmp_path / "bad.csv")
-    with pytest.raises(SystemExit, match=r"SWAG file .*nowhere.*train.csv not found; is --data_dir"):
+    with pytest.raises(SwagDataError, match=r"SWAG file .*nowhere.*train.csv not found; is --data_dir"):
         get_examples(tmp_path / "nowhere", "train")
 
 
@@ -240,7 +241,7 @@ def test_saved_model_reloads_and_matches_transformers(swag_run, minilm_dir):
     assert hf.config.architectures == ["BertForMultipleChoice"]
     examples = get_examples(data, "val")[:6]
     encoded = encode_examples(examples, BertTokenizer(out / "hf_model" / "vocab.txt", do_lower_case=True), 64)
-    batch = run_swag.collate([run_swag.SwagDataset(encoded)[i] for i in range(len(examples))])
+    batch = run_swag.collate([finetuning.EncodedDataset(encoded)[i] for i in range(len(examples))])
     with torch.no_grad():
         (logits,) = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         ref = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],

@@ -14,6 +14,7 @@ import pytest
 
 from data import bertPrep
 from data import text_formatting as tf
+from utils import InputError
 
 NS = "http://www.mediawiki.org/xml/export-0.10/"
 
@@ -147,7 +148,7 @@ def test_bertprep_text_formatting_wikicorpus(tmp_path):
 def test_bertprep_text_formatting_missing_dump_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="expected one \\*.xml.bz2 dump"):
         bertPrep.main(["--action", "text_formatting", "--dataset", "wikicorpus_en", "--working_dir", str(tmp_path)])
-    with pytest.raises(SystemExit, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):
         tf.format_wiki_dump(tmp_path / "nope.xml.bz2", tmp_path / "o.txt", progress=False)
 
 

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+import finetuning
 import training
 import utils
 from conftest import SEQ, VOCAB
@@ -148,7 +149,7 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
     ce = lambda m, b: torch.nn.functional.cross_entropy(m(b["input_ids"]), b["labels"])  # noqa: E731
-    total = training.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
+    total = finetuning.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
     assert total == 6  # ceil(8 / 3) = 3 steps an epoch (the last one of 2 micro-batches)
     result = training.fit(model, lambda epoch: batches, ce, optimizer, scheduler, precision, env, logger,
                           total_steps=total, accumulation=3, log_freq=2)

@@ -74,9 +74,10 @@ def deployment(tmp_path_factory, minilm_dir):
 @pytest.fixture(scope="module")
 def server(deployment, tmp_path_factory):
     """A real tritonserver serving the repository; stopped (group-killed as a last resort) after the module."""
+    server_script = load_script("server")
     try:
-        load_script("server").find_installation()
-    except SystemExit as e:
+        server_script.find_installation()
+    except server_script.ServerError as e:
         pytest.skip(f"no Triton server binary: {e}")
     state = tmp_path_factory.mktemp("server_state")
     proc = subprocess.run(["bash", str(SCRIPTS / "launch_server.sh"), str(deployment[2]), "bert_qa,bert_qa_text",

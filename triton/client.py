@@ -26,7 +26,7 @@ import numpy as np
 
 from processors.items import read_items
 from processors.squad import answers_from_logits
-from utils import atomic_write_json
+from utils import InputError, atomic_write_json, script_errors
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}
@@ -95,9 +95,9 @@ def items_from_args(args: argparse.Namespace) -> list[dict]:
         try:
             return read_items(args.input_file)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"--input_file: {e}") from None
+            raise InputError(f"--input_file: {e}") from None
     if args.question is None or args.context is None:
-        raise SystemExit("give --question and --context, or --input_file")
+        raise InputError("give --question and --context, or --input_file")
     return [{"id": "0", "question": args.question, "context": args.context}]
 
 
@@ -107,11 +107,11 @@ def tokenizer_settings(args: argparse.Namespace) -> tuple[str, bool, int]:
     if args.export_dir:
         path = Path(args.export_dir) / "export.json"
         if not path.is_file():
-            raise SystemExit(f"--export_dir {args.export_dir} has no export.json: run triton/export_model.py")
+            raise InputError(f"--export_dir {args.export_dir} has no export.json: run triton/export_model.py")
         info = json.loads(path.read_text(encoding="utf-8"))
     vocab = args.vocab_file or (str(Path(args.export_dir) / info["vocab_file"]) if info.get("vocab_file") else None)
     if vocab is None:
-        raise SystemExit("no vocabulary: pass --vocab_file, or --export_dir of an export with a vocab.txt")
+        raise InputError("no vocabulary: pass --vocab_file, or --export_dir of an export with a vocab.txt")
     lower = args.do_lower_case if args.do_lower_case is not None else info.get("do_lower_case", True)
     return vocab, lower, args.max_seq_length or info.get("max_seq_length", 384)
 
@@ -128,7 +128,8 @@ class TritonQA:
         self.module, self.protocol, self.model_name, self.timeout = module, protocol, model_name, timeout
         dtypes = input_datatypes(self.client, model_name, protocol)
         if set(dtypes) != set(expected_inputs):
-            raise SystemExit(f"model {model_name} takes {sorted(dtypes)}, not {list(expected_inputs)}")
+            raise InputError(f"model {model_name} takes {sorted(dtypes)}, not {list(expected_inputs)}: is "
+                             "--model_name (or --text_model) right?")
         self.dtype = dtypes[expected_inputs[0]]
 
     def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str] = INPUT_NAMES, dtypes=None,
@@ -198,10 +199,16 @@ def answer_with_text_model(connection: TritonQA, items: Sequence[dict], batch_si
 
 
 def main(argv=None) -> int:
+    """0 with the answers on stdout (JSON); bad input or a server error: one line on stderr, exit status 1."""
+    with script_errors("client.py", argv):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     items = items_from_args(args)
     if args.batch_size < 1:
-        raise SystemExit(f"--batch_size {args.batch_size} must be >= 1")
+        raise InputError(f"--batch_size {args.batch_size} must be >= 1")
     from tritonclient.utils import InferenceServerException
 
     connection = None
@@ -220,9 +227,9 @@ def main(argv=None) -> int:
                                          args.max_answer_length, args.batch_size, args.version_2_with_negative,
                                          args.null_score_diff_threshold)
     except InferenceServerException as e:
-        raise SystemExit(f"--url {args.url} ({args.protocol}): server error: {str(e).splitlines()[0]}") from None
+        raise InputError(f"--url {args.url} ({args.protocol}): server error: {str(e).splitlines()[0]}") from None
     except ValueError as e:  # a bad item in --input_file
-        raise SystemExit(f"bad input: {e}") from None
+        raise InputError(f"bad input: {e}") from None
     finally:
         if connection is not None:
             connection.close()

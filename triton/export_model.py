@@ -118,7 +118,7 @@ def load_model(args: argparse.Namespace) -> nn.Module:
         except (FileNotFoundError, ValueError) as e:
             raise InputError(f"--checkpoint {args.checkpoint}: {describe_error(e)}") from e
         if not kwargs["num_labels"]:
-            raise SystemExit(f"--checkpoint {args.checkpoint} has no classifier: pass --num_labels")
+            raise InputError(f"--checkpoint {args.checkpoint} has no classifier: pass --num_labels")
     try:
         model = from_pretrained(cls, args.checkpoint, config=args.config_file, log=fresh.append, **kwargs)
     except (FileNotFoundError, ValueError) as e:
@@ -126,7 +126,7 @@ def load_model(args: argparse.Namespace) -> nn.Module:
     head_keys = ("qa_outputs.",) if args.task == "qa" else ("classifier.", "bert.pooler.")
     head_missing = [line for line in fresh if "initialised fresh" in line and any(h in line for h in head_keys)]
     if head_missing and not args.allow_fresh_head:
-        raise SystemExit(f"--checkpoint {args.checkpoint} has no {args.task} head ({head_missing[0]}); export a "
+        raise InputError(f"--checkpoint {args.checkpoint} has no {args.task} head ({head_missing[0]}); export a "
                          f"fine-tuned checkpoint, or pass --allow_fresh_head for a test model")
     for line in fresh:
         print(line, file=sys.stderr)
@@ -224,7 +224,7 @@ def verify(wrapper: ExportWrapper, files: dict[str, Path], dtype: torch.dtype, v
 def find_vocab(args: argparse.Namespace) -> Path | None:
     if args.vocab_file:
         if not Path(args.vocab_file).is_file():
-            raise SystemExit(f"--vocab_file {args.vocab_file} not found")
+            raise InputError(f"--vocab_file {args.vocab_file} not found")
         return Path(args.vocab_file)
     checkpoint = Path(args.checkpoint)
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
@@ -241,20 +241,20 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parse_args(argv)
     if args.opset < 17:
-        raise SystemExit(f"--opset {args.opset}: use 17 or later (LayerNormalization as one op)")
+        raise InputError(f"--opset {args.opset}: use 17 or later (LayerNormalization as one op)")
     if args.num_labels is not None and args.num_labels < 1:
-        raise SystemExit(f"--num_labels must be at least 1, got {args.num_labels}")
+        raise InputError(f"--num_labels must be at least 1, got {args.num_labels}")
     if not Path(args.checkpoint).exists():
-        raise SystemExit(f"--checkpoint {args.checkpoint} not found: give a fine-tuned checkpoint (.pt, .bin, "
+        raise InputError(f"--checkpoint {args.checkpoint} not found: give a fine-tuned checkpoint (.pt, .bin, "
                          ".safetensors or a Hugging Face folder)")
     if args.config_file is not None and not Path(args.config_file).is_file():
-        raise SystemExit(f"--config_file {args.config_file} not found")
+        raise InputError(f"--config_file {args.config_file} not found")
     vocab = find_vocab(args)  # before the export, not after it
     check_output_path(args.output_dir, "--output_dir", folder=True)
     model = load_model(args)
     config = model.config
     if not 1 <= args.max_seq_length <= config.max_position_embeddings:
-        raise SystemExit(f"--max_seq_length {args.max_seq_length} must be in [1, {config.max_position_embeddings}] "
+        raise InputError(f"--max_seq_length {args.max_seq_length} must be in [1, {config.max_position_embeddings}] "
                          f"(the model's max_position_embeddings)")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -282,7 +282,7 @@ def _main(argv) -> int:
         print(f"parity (max |export - PyTorch|): {diffs}", file=sys.stderr)
         bad = {k: v for k, v in diffs.items() if not v <= args.tolerance}
         if bad:
-            raise SystemExit(f"export parity failed: {bad} > --tolerance {args.tolerance}")
+            raise InputError(f"export parity failed: {bad} > --tolerance {args.tolerance}")
 
     if vocab is not None:
         with atomic_open(out / "vocab.txt", "wb") as f:

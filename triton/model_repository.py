@@ -37,7 +37,7 @@ import sysconfig
 from pathlib import Path
 
 from processors.items import SERVER_MAX_CONTEXT_CHARS, SERVER_MAX_QUESTION_CHARS, SERVER_MAX_WINDOWS
-from utils import atomic_open, atomic_write_json, atomic_write_text
+from utils import InputError, atomic_open, atomic_write_json, atomic_write_text, script_errors
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent
@@ -98,10 +98,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def read_export(export_dir: str | Path) -> dict:
     path = Path(export_dir) / "export.json"
     if not path.is_file():
-        raise SystemExit(f"--export_dir {export_dir} has no export.json: run triton/export_model.py first")
+        raise InputError(f"--export_dir {export_dir} has no export.json: run triton/export_model.py first")
     info = json.loads(path.read_text(encoding="utf-8"))
     if "onnx" not in info.get("files", {}):
-        raise SystemExit(f"--export_dir {export_dir} has no ONNX model: export with --format onnx")
+        raise InputError(f"--export_dir {export_dir} has no ONNX model: export with --format onnx")
     return info
 
 
@@ -199,18 +199,25 @@ def write_python_model(folder: Path, source: Path) -> None:
 
 
 def main(argv=None) -> int:
+    """0 when the repository is written; bad input: one line on stderr, exit status 1."""
+    with script_errors("model_repository.py", argv):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     info = read_export(args.export_dir)
     export_dir = Path(args.export_dir)
     if args.max_batch_size < 1:
-        raise SystemExit(f"--max_batch_size {args.max_batch_size} must be >= 1")
+        raise InputError(f"--max_batch_size {args.max_batch_size} must be >= 1")
     for name in ("max_context_chars", "max_question_chars", "max_windows"):
         if getattr(args, name) < 0:
-            raise SystemExit(f"--{name} {getattr(args, name)} must be >= 0 (0: no limit)")
+            raise InputError(f"--{name} {getattr(args, name)} must be >= 0 (0: no limit)")
     if args.text_model and info["task"] != "qa":
-        raise SystemExit("--text_model serves question answering only; the export is a classification model")
+        raise InputError("--text_model serves question answering only; the export is a classification model: "
+                         "export a question-answering model")
     if args.text_model and not info.get("vocab_file"):
-        raise SystemExit(f"--text_model needs a vocabulary: re-export with --vocab_file ({export_dir} has none)")
+        raise InputError(f"--text_model needs a vocabulary: re-export with --vocab_file ({export_dir} has none)")
     name = args.model_name or ("bert_qa" if info["task"] == "qa" else "bert_classifier")
     repository = Path(args.repository)
     version = repository / name / "1"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from utils import atomic_open, atomic_write_json, load_triton_script
+from utils import InputError, atomic_open, atomic_write_json, load_triton_script, script_errors
 
 client_script = load_triton_script("client")  # its connection helpers (triton/ is not a package: loaded by path)
 INPUT_NAMES = client_script.INPUT_NAMES
@@ -56,7 +56,7 @@ def input_dtype(module, url: str, model: str, protocol: str) -> str:
         client.close()
     missing = [n for n in INPUT_NAMES if n not in by_name]
     if missing:
-        raise SystemExit(f"--model_name {model} has no inputs {missing}: is it a BERT tensor model?")
+        raise InputError(f"--model_name {model} has no inputs {missing}: is it a BERT tensor model?")
     return by_name["input_ids"]
 
 
@@ -177,16 +177,23 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv=None) -> int:
+    """0 when every request succeeded, 1 when some failed (counted in the table); bad input or an unreachable
+    server: one line on stderr, exit status 1."""
+    with script_errors("perf.py", argv):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     if any(b < 1 for b in args.batch_sizes) or any(c < 1 for c in args.concurrency) or args.seq_length < 1:
-        raise SystemExit("--batch_sizes, --concurrency and --seq_length must be positive")
+        raise InputError("--batch_sizes, --concurrency and --seq_length must be positive")
     module = client_script.client_module(args.protocol)
     try:
         dtype = input_dtype(module, args.url, args.model_name, args.protocol)
-    except Exception as e:
-        if isinstance(e, SystemExit):
-            raise
-        raise SystemExit(f"--url {args.url} ({args.protocol}): cannot read model {args.model_name!r}: "
+    except InputError:
+        raise
+    except Exception as e:  # the client's own errors (connection refused, an unknown model)
+        raise InputError(f"--url {args.url} ({args.protocol}): cannot read model {args.model_name!r}: "
                          f"{str(e).splitlines()[0]}") from None
     rows = []
     for batch in args.batch_sizes:

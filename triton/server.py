@@ -33,9 +33,13 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from utils import atomic_write_json, pid_alive
+from utils import InputError, atomic_write_json, pid_alive
 
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
+
+
+class ServerError(Exception):
+    """No server binary, or a server that did not become ready; the message says why (with its log's tail)."""
 
 
 @dataclass
@@ -66,7 +70,7 @@ class Installation:
 
 
 def find_installation(explicit: str | None = None) -> Installation:
-    """The server binary and what it needs; SystemExit with what to install if there is none."""
+    """The server binary and what it needs; ServerError, saying what to install, if there is none."""
     candidates = [explicit, os.environ.get("TRITONSERVER"), shutil.which("tritonserver"), str(NGC_SERVER)]
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
@@ -80,8 +84,8 @@ def find_installation(explicit: str | None = None) -> Installation:
         if binary.is_file():
             return Installation(binary, package / "tritonserver" / "backends", package.parent / "nvidia_pytriton.libs",
                                 stub if stub.is_file() else None)
-    raise SystemExit("no tritonserver binary found: pip install nvidia-pytriton==0.7.0 (requirements-test.txt), "
-                     "run inside an NGC Triton container, or pass --tritonserver / set $TRITONSERVER")
+    raise ServerError("no tritonserver binary found: pip install nvidia-pytriton==0.7.0 (requirements-test.txt), "
+                      "run inside an NGC Triton container, or pass --tritonserver / set $TRITONSERVER")
 
 
 def prepare_backends(install: Installation, state_dir: Path) -> Path | None:
@@ -132,10 +136,10 @@ def start(repository: str | Path, models: list[str], state_dir: str | Path, time
     """Start tritonserver on free loopback ports and wait until it and `models` are ready."""
     repository = Path(repository).resolve()
     if not repository.is_dir():
-        raise SystemExit(f"--repository {repository} is not a folder: write one with triton/model_repository.py")
+        raise InputError(f"--repository {repository} is not a folder: write one with triton/model_repository.py")
     for model in models:
         if not (repository / model / "config.pbtxt").is_file():
-            raise SystemExit(f"model {model!r} has no config.pbtxt in {repository}")
+            raise InputError(f"model {model!r} has no config.pbtxt in {repository}: name a model of the repository")
     state_dir = Path(state_dir).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     install = find_installation(tritonserver)
@@ -169,10 +173,10 @@ def start(repository: str | Path, models: list[str], state_dir: str | Path, time
         last_error = log_tail(log)
         if proc.poll() is None:  # timed out: end it, do not leave it behind
             _stop_group(proc.pid, 10.0)
-            raise SystemExit(f"tritonserver not ready after {timeout:.0f} s (log {log}):\n{last_error}")
+            raise ServerError(f"tritonserver not ready after {timeout:.0f} s (log {log}):\n{last_error}")
         if "address already in use" not in last_error.lower():
             break
-    raise SystemExit(f"tritonserver exited before becoming ready (log {state_dir / 'server.log'}):\n{last_error}")
+    raise ServerError(f"tritonserver exited before becoming ready (log {state_dir / 'server.log'}):\n{last_error}")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -214,7 +218,7 @@ def stop(state_dir: str | Path, timeout: float = 30.0) -> dict:
     """Stop the server recorded in <state_dir>/server.json (the pid leads its own process group)."""
     state = Path(state_dir) / "server.json"
     if not state.is_file():
-        raise SystemExit(f"--state_dir {state_dir} has no server.json: no server started there (or already stopped)")
+        raise InputError(f"--state_dir {state_dir} has no server.json: no server started there (or already stopped)")
     info = json.loads(state.read_text(encoding="utf-8"))
     pid = int(info["pid"])
     killed = False
@@ -241,13 +245,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    """0 when the server is up (or stopped); bad input or a server that does not start: its message on stderr
+    (a failed start with its log's last lines) and exit status 1."""
     args = parse_args(argv)
-    if args.command == "start":
-        info = start(args.repository, args.models, args.state_dir, args.timeout, args.tritonserver,
-                     log_verbose=args.log_verbose)
-        print(json.dumps({**asdict(info), "http_url": info.http_url, "grpc_url": info.grpc_url}), flush=True)
-    else:
-        print(json.dumps(stop(args.state_dir, args.timeout)), flush=True)
+    try:
+        if args.command == "start":
+            info = start(args.repository, args.models, args.state_dir, args.timeout, args.tritonserver,
+                         log_verbose=args.log_verbose)
+            print(json.dumps({**asdict(info), "http_url": info.http_url, "grpc_url": info.grpc_url}), flush=True)
+        else:
+            print(json.dumps(stop(args.state_dir, args.timeout)), flush=True)
+    except (InputError, ServerError) as e:
+        raise SystemExit(f"server.py: error: {e}") from None
     return 0
 
 

@@ -1,0 +1,572 @@
+"""The fine-tuning recipe: the one run that run_glue.py, run_swag.py and run_squad.py share. Each script supplies a
+small `Task` (its flags, examples, encoding, batches, head and metrics); everything else is here, once.
+
+Read top to bottom:
+1. checks before any work: the shared flags (`build_parser`, `check_arguments`) and the model files
+   (`resolve_model_files`, `check_model_fits`);
+2. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
+   `token_type_ids`, `attention_mask` [B, S] (multiple choice: [B, C, S]) and the head's labels (`labels`, or
+   `start_positions` and `end_positions`), so one loss serves every task: `model(**batch).loss`;
+3. `Task`: what a task supplies;
+4. training: `shuffled_epochs` (a task's default batches), `count_optimizer_steps`, `train` (BertAdam, the linear
+   warm-up schedule, training.fit);
+5. prediction: `length_sorted_batches`, `predict` (the one prediction loop), `latency_summary`;
+6. `run`: the skeleton, in order: model files, environment, precision, logger, every input read, tokenizer, model,
+   fit, save, predict and score, results.json, the FINAL line; `main`, a script's main() around it.
+
+Messages go to stderr (rank 0 only); stdout carries one thing, the run's FINAL record as JSON, so that a caller can
+read it. Library code here raises utils.InputError for bad input; the script's main() turns it into one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+import precision as precision_policy  # the module; `precision` is a resolved name in the functions below
+import training
+import utils
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Checks before any work
+
+
+class FlagGroups(NamedTuple):
+    """The groups of a fine-tuning script's --help, for the script to add its own flags to."""
+
+    data: argparse._ArgumentGroup
+    model: argparse._ArgumentGroup
+    run: argparse._ArgumentGroup  # what to run
+    training: argparse._ArgumentGroup
+    runtime: argparse._ArgumentGroup
+
+
+def build_parser(prog: str, doc: str, *, modes: tuple[str, str, str], max_seq_length: tuple[int, str],
+                 predict_batch: tuple[str, int, str], seed: int, log_freq: int = 10, data_title: str = "data",
+                 random_init: bool = False, workers_help: str = "DataLoader worker processes",
+                 ) -> tuple[argparse.ArgumentParser, FlagGroups]:
+    """A fine-tuning script's parser with the flags every fine-tuning script shares (NVIDIA's names), in groups the
+    script adds its own to. What differs by task comes as arguments: `modes`, the help of --do_train, --do_eval,
+    --do_predict; `max_seq_length`, its default and help; `predict_batch`, the prediction batch flag, its default
+    and help; `seed` and `log_freq`, defaults; `random_init`: --init_checkpoint may be left out (then --config_file
+    makes a model of random weights). The description is the first paragraph of `doc`."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    data = p.add_argument_group(data_title)
+    data.add_argument("--output_dir", required=True, help="where results, predictions and the model go")
+
+    model = p.add_argument_group("model")
+    checkpoint = "ckpt_<step>.pt, an NVIDIA .pt, our fine-tuned model.pt, or a Hugging Face directory"
+    if random_init:
+        model.add_argument("--init_checkpoint", default=None, help=f"{checkpoint}; without it the model starts from "
+                                                                   "random weights (--config_file needed)")
+    else:
+        model.add_argument("--init_checkpoint", required=True, help=checkpoint)
+    model.add_argument("--config_file", default=None,
+                       help="bert_config.json; default: the config inside or beside --init_checkpoint")
+    model.add_argument("--vocab_file", default=None,
+                       help="vocab.txt; default: vocab.txt in or beside --init_checkpoint")
+    model.add_argument("--do_lower_case", action="store_true", help="lower-case the input (uncased models)")
+    model.add_argument("--max_seq_length", type=int, default=max_seq_length[0], help=max_seq_length[1])
+    model.add_argument("--bert_model", default=None, help="accepted for compatibility with the original; unused")
+
+    run = p.add_argument_group("what to run")
+    for flag, help_text in zip(("--do_train", "--do_eval", "--do_predict"), modes):
+        run.add_argument(flag, action="store_true", help=help_text)
+    run.add_argument("--skip_checkpoint", action="store_true", help="do not save the fine-tuned model")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--train_batch_size", type=int, default=32,
+                   help="sequences per optimizer step per process (split into --gradient_accumulation_steps parts)")
+    g.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate of AdamW")
+    g.add_argument("--weight_decay", type=float, default=0.01, help="decoupled weight decay (not on biases/LayerNorm)")
+    g.add_argument("--max_grad_norm", type=float, default=1.0, help="global gradient-norm clip (<= 0: off)")
+    g.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs (fractions allowed)")
+    g.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides --num_train_epochs")
+    g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--seed", type=int, default=seed, help="random seed (the new head, dropout, shuffling)")
+    precision_policy.add_arguments(g, help_text=precision_policy.HELP_FINETUNING)
+    g.add_argument("--loss_scale", type=float, default=0.0,
+                   help="fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale")
+    g.add_argument(predict_batch[0], type=int, default=predict_batch[1], help=predict_batch[2])
+
+    r = p.add_argument_group("runtime")
+    r.add_argument("--num_workers", type=int, default=0, help=workers_help)
+    r.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
+    r.add_argument("--log_freq", type=int, default=log_freq, help="log the training loss every N optimizer steps")
+    r.add_argument("--json-summary", dest="json_summary", default=None,
+                   help="JSON-lines log file (default: <output_dir>/dllogger.json)")
+    r.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
+    r.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
+    utils.add_debug_argument(r)
+    return p, FlagGroups(data, model, run, g, r)
+
+
+def add_subset_arguments(group: argparse._ArgumentGroup, *, eval_sets: str, splits: tuple[str, str],
+                         split_help: str) -> None:
+    """--max_train_examples, --max_eval_examples (of `eval_sets`) and --predict_split (`splits`: the labelled
+    split first, the default), for a task whose data folder holds its splits."""
+    group.add_argument("--max_train_examples", type=int, default=None,
+                       help="train on the first N training examples only (quick CPU runs)")
+    group.add_argument("--max_eval_examples", type=int, default=None,
+                       help=f"evaluate/predict on the first N examples of {eval_sets} only")
+    group.add_argument("--predict_split", choices=splits, default=splits[0], help=split_help)
+
+
+def check_arguments(args: argparse.Namespace, positive: Sequence[str] = ()) -> None:
+    """One-line errors (utils.InputError) for the shared flags' impossible values, and for the script's own
+    flags named in `positive` below 1."""
+    if not (args.do_train or args.do_eval or args.do_predict):
+        raise utils.InputError("nothing to do: pass at least one of --do_train, --do_eval, --do_predict")
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise utils.InputError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
+        raise utils.InputError(f"--train_batch_size {args.train_batch_size} must be a positive multiple of "
+                               f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
+    if args.train_batch_size < 1:
+        raise utils.InputError(f"--train_batch_size must be positive, got {args.train_batch_size}")
+    if not 0.0 <= args.warmup_proportion <= 1.0:
+        raise utils.InputError(f"--warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
+    if getattr(args, "do_train", False) and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise utils.InputError("--num_train_epochs must be positive (or give --max_steps)")
+    if args.loss_scale < 0 or args.log_freq < 1 or args.num_workers < 0:
+        raise utils.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
+    output_dir = getattr(args, "output_dir", None)
+    if output_dir and Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise utils.InputError(f"--output_dir {output_dir} is a file: name a folder for the results")
+    if args.json_summary and Path(args.json_summary).is_dir():
+        raise utils.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
+
+
+def resolve_model_files(args: argparse.Namespace) -> None:
+    """--init_checkpoint must exist (where a script may start from random weights, None with a --config_file);
+    --vocab_file defaults to a vocab.txt inside a checkpoint directory or beside a checkpoint file (or in the
+    hf_model/ a fine-tuning script wrote beside its model.pt). Also used by extract_features.py."""
+    ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
+    if ckpt is None and args.config_file is None:
+        raise utils.InputError("give --init_checkpoint, or --config_file to start from random weights")
+    if ckpt is not None and not ckpt.exists():
+        raise utils.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
+                               "Face directory")
+    if args.vocab_file is None:
+        folder = None if ckpt is None else ckpt if ckpt.is_dir() else ckpt.parent
+        found = [] if folder is None else [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt")
+                                           if p.is_file()]
+        if not found:
+            raise utils.InputError(f"no vocab.txt in or beside {ckpt or '--init_checkpoint'}: pass --vocab_file")
+        args.vocab_file = str(found[0])
+    if not Path(args.vocab_file).is_file():
+        raise utils.InputError(f"--vocab_file {args.vocab_file} not found")
+    if args.config_file is not None and not Path(args.config_file).is_file():
+        raise utils.InputError(f"--config_file {args.config_file} not found")
+
+
+def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: int) -> None:
+    """A one-line InputError, before any work, when the input cannot fit the model: a vocabulary with more tokens
+    than the model's vocab_size (its ids would index past the embedding table, an IndexError mid-run), or a
+    --max_seq_length beyond its max_position_embeddings (the same, for positions)."""
+    if vocab_size > config.vocab_size:
+        raise utils.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
+                               f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
+                               "--config_file)")
+    if max_seq_length > config.max_position_embeddings:
+        raise utils.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+                               f"{config.max_position_embeddings}: pass at most that")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. The batch vocabulary
+
+INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")  # what the model reads; the rest of a batch: labels
+
+
+def pad_sequences(sequences: Sequence[tuple[np.ndarray, np.ndarray]], shape: tuple[int, ...]
+                  ) -> dict[str, torch.Tensor]:
+    """input_ids, token_type_ids and attention_mask, int64 [*shape, S], from unpadded (input_ids [L],
+    token_type_ids [L]) sequences: each is zero-padded ([PAD] is id 0) to S, the longest of the batch, so that a
+    batch of short sentences costs what short sentences cost. `shape`: (B,), or (B, C) for C choices an example
+    (then `sequences` holds example 0's C choices, then example 1's, ...)."""
+    lengths = np.array([len(ids) for ids, _ in sequences])
+    longest = int(lengths.max())
+    real = np.arange(longest)[None, :] < lengths[:, None]  # [N, S]: the real tokens, which come first in a row
+    input_ids = np.zeros(real.shape, dtype=np.int64)
+    token_type_ids = np.zeros_like(input_ids)
+    input_ids[real] = np.concatenate([ids for ids, _ in sequences])  # row by row, as the mask is read
+    token_type_ids[real] = np.concatenate([types for _, types in sequences])
+    arrays = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": real.astype(np.int64)}
+    return {name: torch.from_numpy(a.reshape(*shape, longest)) for name, a in arrays.items()}
+
+
+class EncodedDataset(torch.utils.data.Dataset):
+    """A task's encoded examples for the DataLoader: item i is (`encoded.example(i)`, its label or None).
+    `encoded` is one of processors' encodings (glue.EncodedExamples: an example is its (input_ids, token_type_ids);
+    swag.EncodedChoices: a list of them, one per choice), which also gives `lengths` [N] (what each example is
+    padded to in a batch) and `labels` [N] or None."""
+
+    def __init__(self, encoded):
+        self.encoded, self.lengths, self.labels = encoded, encoded.lengths, encoded.labels
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __getitem__(self, i: int):
+        return self.encoded.example(i), None if self.labels is None else self.labels[i]
+
+
+def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Every task's training loss: its head's own (cross-entropy over classes or choices, mean squared error for a
+    regression, the mean of the start and end cross-entropies for SQuAD), from a batch in the vocabulary above."""
+    return model(**batch).loss
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. What a task supplies
+
+
+class Task:
+    """One fine-tuning task for `run`: the script's flags (`args`) and its parts. A task's encoded set (`encode`)
+    is a torch Dataset with `lengths` [N] (what each example is padded to in a batch, for length-sorted
+    prediction batches); `collate` makes a batch of its items in the batch vocabulary. The defaults below serve
+    a task whose examples are classified whole (GLUE, SWAG); run_squad.py overrides what differs."""
+
+    prog: str  # the script, as messages name it: "run_glue.py"
+    name: str  # results.json's "task"
+    model_class: type[torch.nn.Module]
+    head = "classifier."  # the head's parameter prefix: a fresh one is warned about when nothing trains it
+    head_description = "classifier for this task"
+    unit = "sequences"  # what --train_batch_size and the throughput numbers count
+    eval_batch_flag = "eval_batch_size"  # the flag of the prediction batch size
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of model_class beyond its config (e.g. num_labels)."""
+        return {}
+
+    def read(self) -> tuple[list, dict[str, list]]:
+        """Every input of the run, read and checked before any work: (training examples, or [] without
+        --do_train; {set name: examples} to evaluate or predict)."""
+        raise NotImplementedError
+
+    def encode(self, examples: list, tokenizer, env: utils.DistEnv, log: Callable[[str], None],
+               training: bool) -> torch.utils.data.Dataset:
+        raise NotImplementedError
+
+    def collate(self, items: list) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def epoch_batches(self, dataset, micro_batch: int, env: utils.DistEnv
+                      ) -> tuple[Callable[[int], Iterable[dict]], int]:
+        """(epoch -> this process's training micro-batches of that epoch, micro-batches per epoch)."""
+        return shuffled_epochs(dataset, micro_batch, self.collate, self.args.seed, env, self.args.num_workers)
+
+    def head_outputs(self, output) -> torch.Tensor:
+        """What prediction keeps of the model's output, [B, ...]: the logits."""
+        return output.logits
+
+    def score(self, name: str, examples: list, dataset, outputs: list[np.ndarray], log: Callable[[str], None]
+              ) -> tuple[dict | None, dict[str, dict]]:
+        """(metrics of the set `name`, or None; {prediction file name: {id: prediction}}) from `outputs`, the
+        head's output for each example of `dataset`, in order."""
+        raise NotImplementedError
+
+    def saved_fields(self, steps: int) -> dict[str, Any]:
+        """What model.pt records beside the model and its config."""
+        return {"task": self.name}
+
+    def hf_config_fields(self) -> dict[str, Any]:
+        """Entries added to hf_model/config.json (e.g. the label names)."""
+        return {}
+
+    def after_predictions(self, output_dir: Path, results: dict, logger: training.RunLogger) -> None:
+        """Runs once the prediction files are written (SQuAD: its external evaluation script reads them)."""
+
+    def final_record(self, results: dict) -> dict:
+        """The FINAL log line (also printed on stdout): metrics as <set>:<metric>, plus the throughput numbers."""
+        flat = {f"{name}:{k}": v for name, metrics in results.get("eval", {}).items() for k, v in metrics.items()}
+        if "train" in results:
+            flat[f"training_{self.unit}_per_second"] = results["train"][f"{self.unit}_per_second"]
+            flat["e2e_train_time"] = results["train"]["seconds"]
+        if "inference" in results:
+            flat[f"inference_{self.unit}_per_second"] = results["inference"][f"{self.unit}_per_second"]
+            flat["latency_ms_p99"] = results["inference"]["latency_ms_p99"]
+        return flat
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 4. Training
+
+
+def shuffled_epochs(dataset: torch.utils.data.Dataset, micro_batch: int, collate_fn, seed: int,
+                    env: utils.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
+    """A fine-tuning dataset as epochs of shuffled micro-batches (each process its own share, as DistributedSampler
+    cuts it): returns (epoch -> that epoch's batches, micro-batches per epoch)."""
+    sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=seed) if env.distributed
+               else torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate_fn,
+                                         num_workers=num_workers, pin_memory=env.device.type == "cuda")
+
+    def epoch_batches(epoch: int) -> Iterable[dict]:
+        if env.distributed:
+            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every process
+        return loader
+
+    return epoch_batches, len(loader)
+
+
+def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: float, max_steps: float) -> int:
+    """Optimizer steps of a fine-tuning run: max_steps when positive, else ceil(epochs * steps per epoch); an
+    epoch's last partial accumulation group is a step of its own."""
+    if max_steps > 0:
+        return int(max_steps)
+    return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
+
+
+def train(model: torch.nn.Module, task: Task, dataset, env: utils.DistEnv,
+          logger: training.RunLogger) -> training.FitResult:
+    """Fine-tune `model` (bare: parallelism and precision are applied here) on `dataset` with the shared flags:
+    the task's micro-batches, BertAdam (AdamW without bias correction, as BERT) over the no-decay groups, the
+    linear warm-up schedule, training.fit."""
+    from optimization import BertAdam, param_groups_for_bert
+    from schedulers import LinearWarmUpScheduler
+
+    args = task.args
+    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
+    epoch_batches, per_epoch = task.epoch_batches(dataset, micro_batch, env)
+    total_steps = count_optimizer_steps(per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
+                                        args.max_steps)
+    ddp_model, precision = training.apply_parallelism_and_precision(model, env, args.precision,
+                                                                    loss_scale=args.loss_scale)
+    optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
+                         weight_decay=args.weight_decay,
+                         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
+    scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
+    logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
+                             "micro_batch": micro_batch, "world_size": env.world_size, "precision": precision.name})
+    return training.fit(ddp_model, epoch_batches, loss, optimizer, scheduler, precision, env, logger,
+                        total_steps=total_steps, accumulation=args.gradient_accumulation_steps,
+                        log_freq=args.log_freq)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 5. Prediction
+
+
+def length_sorted_batches(lengths, batch_size: int) -> list[list[int]]:
+    """Prediction batches of examples with similar lengths (longest first), so padding costs next to nothing."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+@dataclass
+class Predictions:
+    outputs: list[np.ndarray]  # the head's output for each example, in the dataset's order
+    batch_ms: list[float]  # wall time of each batch (forward only, device synchronised by the copy to the host)
+    seconds: float  # the whole pass
+
+
+@torch.inference_mode()
+def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: utils.DistEnv,
+            desc: str) -> Predictions:
+    """The one prediction loop: the task head's output for every example of `dataset`, from batches of similar
+    lengths, each padded to its longest, put back in the dataset's order."""
+    from tqdm import tqdm
+
+    model.eval()
+    batches = length_sorted_batches(dataset.lengths, batch_size)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=task.collate,
+                                         num_workers=task.args.num_workers)
+    outputs: list = [None] * len(dataset)
+    batch_ms = []
+    start = time.perf_counter()
+    bar = tqdm(loader, desc=desc, unit="batch", mininterval=1,
+               disable=task.args.disable_progress_bar or not env.is_main)
+    for index, batch in zip(batches, bar):
+        inputs = training.to_device({k: batch[k] for k in INPUT_KEYS}, env.device)  # no labels: the head's outputs
+        tic = time.perf_counter()
+        with precision_policy.autocast(precision, env.device):
+            out = task.head_outputs(model(**inputs))
+        out = out.float().cpu().numpy()  # the copy to the host synchronises the device
+        batch_ms.append((time.perf_counter() - tic) * 1000)
+        for row, i in enumerate(index):
+            outputs[i] = out[row]
+    return Predictions(outputs, batch_ms, time.perf_counter() - start)
+
+
+def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_size: int,
+                    unit: str = "sequences") -> dict[str, float]:
+    """Per-batch latency percentiles and throughput of a prediction pass (forward time only); `count` examples
+    of `unit`."""
+    ms = np.asarray(batch_ms)
+    return {"batch_size": batch_size, "batches": len(ms), unit: count,
+            "latency_ms_p50": float(np.percentile(ms, 50)), "latency_ms_p90": float(np.percentile(ms, 90)),
+            "latency_ms_p99": float(np.percentile(ms, 99)), "latency_ms_mean": float(ms.mean()),
+            f"{unit}_per_second": count / (ms.sum() / 1000), "wall_seconds": seconds}
+
+
+def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, list], env: utils.DistEnv,
+             logger: training.RunLogger, log: Callable[[str], None]) -> dict:
+    """Predict every set, score it, write the prediction files (--do_predict); returns {"eval", "inference"}."""
+    args = task.args
+    batch_size = getattr(args, task.eval_batch_flag)
+    out: dict = {}
+    files: dict[str, dict] = {}
+    all_ms, count, seconds = [], 0, 0.0
+    for name, examples in eval_sets.items():
+        dataset = task.encode(examples, tokenizer, env, log, training=False)
+        result = predict(model, task, dataset, batch_size, args.precision, env, desc=name)
+        all_ms += result.batch_ms
+        count += len(dataset)
+        seconds += result.seconds
+        metrics, predictions = task.score(name, examples, dataset, result.outputs, log)
+        for file, entries in predictions.items():
+            files.setdefault(file, {}).update(entries)
+        if metrics is not None:
+            out.setdefault("eval", {})[name] = metrics
+            logger.log(("eval", name), metrics)
+    out["inference"] = latency_summary(all_ms, count, seconds, batch_size, task.unit)
+    log(f"inference: p50 {out['inference']['latency_ms_p50']:.1f} ms/batch, "
+        f"{out['inference'][f'{task.unit}_per_second']:.1f} {task.unit}/s")
+    if args.do_predict:
+        for file, entries in files.items():
+            utils.atomic_write_json(Path(args.output_dir) / file, entries)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 6. The run
+
+
+def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
+    """The task's model from --init_checkpoint (a head the checkpoint lacks starts fresh, and says so), or from
+    random weights and --config_file where the script allows it."""
+    from checkpoint_io import from_pretrained
+    from modeling import BertConfig
+
+    args = task.args
+    if args.init_checkpoint is None:
+        log("no --init_checkpoint: starting from random weights")
+        return task.model_class(BertConfig.from_json_file(args.config_file), **task.model_kwargs())
+    report: list[str] = []
+    model = from_pretrained(task.model_class, args.init_checkpoint, config=args.config_file, log=report.append,
+                            **task.model_kwargs())
+    for line in report:
+        log(line)
+    if not args.do_train and any("initialised fresh" in line and task.head in line for line in report):
+        log(f"warning: {args.init_checkpoint} has no {task.head_description}, so evaluation and predictions come "
+            "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")
+    return model
+
+
+def save_model(model: torch.nn.Module, task: Task, output_dir: Path, steps: int) -> None:
+    """model.pt ({"model": tensors under Hugging Face names, "config", and the task's fields}; loads with
+    torch.load(weights_only=True) and checkpoint_io.from_pretrained) and hf_model/, the same model as a
+    transformers directory (config.json, model.safetensors, vocab.txt)."""
+    from checkpoint_io import export_state_dict, save_hf_directory
+
+    utils.atomic_torch_save({"model": export_state_dict(model), "config": model.config.to_dict(),
+                             **task.saved_fields(steps)}, output_dir / "model.pt")
+    hf_dir = output_dir / "hf_model"
+    save_hf_directory(model, hf_dir, task.args.vocab_file)
+    extra = task.hf_config_fields()
+    if extra:
+        config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+        utils.atomic_write_json(hf_dir / "config.json", {**config, **extra})
+
+
+def main(task_class: type[Task], parse_args: Callable[[Sequence[str] | None], argparse.Namespace],
+         argv: Sequence[str] | None = None) -> dict:
+    """A fine-tuning script's main(argv): its flags parsed, its task run; returns the results (also results.json).
+    Bad input, a checkpoint that does not fit or cannot be read safely, a malformed data file or a full disk end
+    the run with one line on stderr and exit status 1 (--debug: the traceback)."""
+    with utils.script_errors(task_class.prog, argv):
+        return run(task_class(parse_args(argv)))
+
+
+def run(task: Task) -> dict:
+    """Fine-tune, save, predict and score as the task's flags say; returns the results (also results.json on
+    rank 0, whose FINAL record is logged and printed on stdout). Bad input raises utils.InputError (or a
+    checkpoint's, a data file's own error) before any training or prediction."""
+    from tokenization import BertTokenizer, casing_warning
+
+    args = task.args
+    # 1. The model files first: a missing checkpoint or vocabulary is a one-line error, not a traceback later.
+    resolve_model_files(args)
+    # 2. Where the run computes (torchrun's or Slurm's environment, else one process) and in what precision:
+    #    auto decides from that device, and from whether the run trains or only reads the model.
+    env = utils.init_distributed(no_cuda=args.no_cuda)
+    choice = precision_policy.setup(args.precision, env.device, task.prog, precision_policy.purpose_of(args),
+                                    show=env.is_main)
+    args.precision, args.precision_reason = choice.name, choice.reason
+    output_dir = Path(args.output_dir)
+    if env.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    logger = training.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
+                                progress=not args.disable_progress_bar)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
+    logger.log("PARAMETER", dict(vars(args)))
+
+    # 3. Read every input first: a missing or malformed dev file must fail before minutes of training, not after.
+    train_examples, eval_sets = task.read()
+    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+    warning = casing_warning(tokenizer.vocab, args.vocab_file, args.do_lower_case)
+    if warning:
+        log(f"warning: {warning}")
+
+    # 4. The model: the seed makes a fresh head (or random weights) the same on every process.
+    utils.set_seed(args.seed)
+    model = load_model(task, log)
+    check_model_fits(model.config, len(tokenizer), args.vocab_file, args.max_seq_length)
+    if model.config.vocab_size != len(tokenizer):
+        log(f"warning: the model's vocab_size {model.config.vocab_size} differs from {args.vocab_file} "
+            f"({len(tokenizer)} tokens)")
+    model.to(env.device)
+    utils.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
+    results: dict = {"task": task.name, "init_checkpoint": args.init_checkpoint, "precision": args.precision,
+                     "precision_reason": args.precision_reason,
+                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
+                     "world_size": env.world_size, "max_seq_length": args.max_seq_length}
+
+    # 5. Fit, and save on rank 0 (every process holds the same weights after the last all-reduce).
+    if args.do_train:
+        dataset = task.encode(train_examples, tokenizer, env, log, training=True)
+        fit = train(model, task, dataset, env, logger)
+        rate = fit.sequences / max(fit.seconds, 1e-9)
+        results["train"] = {"examples": len(dataset), "steps": fit.steps, "final_loss": fit.loss,
+                            "seconds": fit.seconds, f"{task.unit}_per_second": rate,
+                            "train_batch_size": args.train_batch_size * env.world_size,
+                            "epochs": args.num_train_epochs if args.max_steps <= 0 else None}
+        log(f"trained {fit.steps} steps in {fit.seconds:.1f} s ({rate:.1f} {task.unit}/s), final loss {fit.loss:.4f}")
+        if env.is_main and not args.skip_checkpoint:
+            save_model(model, task, output_dir, fit.steps)
+            log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
+
+    # 6. Predict and score on rank 0 alone; the other processes wait at the barrier.
+    utils.barrier(env)
+    if env.is_main and eval_sets:
+        results.update(evaluate(task, model, tokenizer, eval_sets, env, logger, log))
+        task.after_predictions(output_dir, results, logger)
+
+    # 7. The record: results.json, the FINAL log line, and the same record on stdout.
+    if env.is_main:
+        utils.atomic_write_json(output_dir / "results.json", results)
+        final = task.final_record(results)
+        logger.log("FINAL", final)
+        print(json.dumps(final, indent=2), flush=True)
+    logger.close()
+    utils.barrier(env)
+    if env.distributed:
+        torch.distributed.destroy_process_group()
+    return results
