@@ -260,7 +260,8 @@ def action_create_vocab(args, dirs, logger) -> None:
     if args.vocab_size is None:
         raise SystemExit("error: --action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
                          "bert-base-uncased)")
-    inputs = args.input_files.split(",") if args.input_files else [formatted_file(dirs, d) for d in _parts(args.dataset)]
+    inputs = (args.input_files.split(",") if args.input_files
+              else [formatted_file(dirs, d) for d in _parts(args.dataset)])
     for path in inputs:
         if not Path(path).is_file():
             raise SystemExit(f"error: {path} does not exist: run --action text_formatting --dataset {args.dataset} "
@@ -424,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab_size", type=int, help="create_vocab: lines of the vocab.txt to learn (specials included)")
     g.add_argument("--unused_slots", type=int, help="create_vocab: [unused] entries (default 99: [UNK] [CLS] [SEP] "
                                                      "[MASK] at Google's ids 100-103, or 0 when the size is too small)")
-    g.add_argument("--limit_alphabet", type=int, help="create_vocab: keep the N most frequent characters (default: all)")
+    g.add_argument("--limit_alphabet", type=int,
+                   help="create_vocab: keep the N most frequent characters (default: all)")
     g = p.add_argument_group("sharding")
     g.add_argument("--input_files", help="comma-separated one-document-per-line files (default: the formatted ones; "
                                          "create_vocab reads them too)")

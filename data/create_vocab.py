@@ -397,7 +397,8 @@ def read_alphabet(files: Sequence[Path], splitter: PreSplitter, limit_alphabet: 
 
 
 def learn_pieces(files: Sequence[Path], splitter: PreSplitter, pinned: list[str], merges: int, chunks: int = 0,
-                 progress: bool = False) -> tuple[list[str], int, int]:
+                 progress: bool = False, log: Callable[[str], None] = lambda message: None
+                 ) -> tuple[list[str], int, int]:
     """Pass 2: the pre-split words -> the `tokenizers` WordPiece trainer, which counts them (in Rust, on every
     core) and learns up to `merges` pieces beyond the `pinned` alphabet entries. Returns (pieces in the order
     learned, words learned from, words left out for being over 100 characters)."""
@@ -416,6 +417,9 @@ def learn_pieces(files: Sequence[Path], splitter: PreSplitter, pinned: list[str]
                 long_words += long
             words += len(text.split())
             yield text
+        if bar:
+            bar.close()
+        log(f"{words:,} words counted; merging pieces")  # the trainer's last step, with no progress of its own
 
     tokenizer = Tokenizer(models.WordPiece(unk_token=SPECIALS[0], max_input_chars_per_word=MAX_WORD_CHARS))
     # The words are split already: the trainer only splits them apart (a space is the only whitespace left), with no
@@ -428,8 +432,6 @@ def learn_pieces(files: Sequence[Path], splitter: PreSplitter, pinned: list[str]
     trainer = trainers.WordPieceTrainer(vocab_size=len(pinned) + merges, min_frequency=0, show_progress=False,
                                         special_tokens=pinned, limit_alphabet=0, continuing_subword_prefix="##")
     tokenizer.train_from_iterator(feed(), trainer=trainer, length=chunks or None)
-    if bar:
-        bar.close()
     trained = tokenizer.get_vocab(with_added_tokens=True)
     by_id = sorted(trained, key=trained.__getitem__)
     if by_id[:len(pinned)] != pinned:  # a change in tokenizers: a bug of ours to fix, not the user's
@@ -459,7 +461,7 @@ def learn_vocab(files: Sequence[Path], vocab_size: int, do_lower_case: bool = Tr
         f"{len(alphabet)} characters ({len(pinned)} entries with their '##' continuations); learning {merges} pieces")
 
     start = time.time()
-    pieces, words, long_words = learn_pieces(files, splitter, pinned, merges, chunks, progress) if merges else \
+    pieces, words, long_words = learn_pieces(files, splitter, pinned, merges, chunks, progress, log) if merges else \
         ([], 0, 0)
     if len(pieces) < merges:
         raise _input_error(f"--vocab_size {vocab_size} is too large for this corpus: after {len(pieces)} pieces no "

@@ -8,7 +8,6 @@ the pipeline's own scripts (create_pretraining_data.py, run_pretraining.py, bert
 from __future__ import annotations
 
 import gzip
-import os
 import random
 import subprocess
 import sys
@@ -271,7 +270,8 @@ def test_help_and_nothing_at_import():
     assert done.returncode == 0 and "--vocab_size" in done.stdout and "--cased" in done.stdout
     probe = ("import sys; import data.create_vocab as m; "
              "assert m._tables.cache_info().currsize == 0 and 'tokenizers' not in sys.modules")
-    assert subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=subprocess_env(), timeout=60).returncode == 0
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=subprocess_env(), timeout=60)
+    assert done.returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
