@@ -1,10 +1,11 @@
-"""Pre-training data, stage by stage: download -> text_formatting -> sharding -> create_hdf5_files.
+"""Pre-training data, stage by stage: download -> text_formatting (-> create_vocab) -> sharding -> create_hdf5_files.
 
 The interface of NVIDIA's data/bertPrep.py. Run it from the repository root as a module:
 
     export BERT_PREP_WORKING_DIR=/data/bert          # or DATA_DIR, or --working_dir
     python -m data.bertPrep --action download --dataset wikicorpus_en --dump_date latest
     python -m data.bertPrep --action text_formatting --dataset wikicorpus_en
+    python -m data.bertPrep --action create_vocab --dataset wikicorpus_en --vocab_size 16000   # optional: your own
     python -m data.bertPrep --action sharding --dataset wikicorpus_en
     python -m data.bertPrep --action create_hdf5_files --dataset wikicorpus_en --phase 1 --vocab_file vocab.txt
     python -m data.bertPrep --action create_hdf5_files --dataset wikicorpus_en --phase 2 --vocab_file vocab.txt
@@ -17,6 +18,7 @@ google_pretrained_weights (download only: Google's BERT-Large uncased zip, for i
 Folders under the working dir, as in the original:
     download/<dataset>/                                                 raw downloads
     formatted_one_article_per_line/<dataset>_one_article_per_line.txt   one document per line
+    vocab.txt                                                           create_vocab's output (default --vocab_file)
     sharded_training_shards_<N>_test_shards_<M>_fraction_<f>/<dataset>/<dataset>_{training,test}_<i>.txt
     hdf5_lower_case_<0|1>_seq_len_<S>_max_pred_<P>_masked_lm_prob_<p>_random_seed_<r>_dupe_factor_<d>/<dataset>/
         training/<dataset>_training_<i>.hdf5    what run_pretraining.py --input_dir trains on
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -39,7 +42,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ("wikicorpus_en", "bookscorpus", "books_wiki_en_corpus", "custom", "google_pretrained_weights")
-ACTIONS = ("download", "text_formatting", "sharding", "create_hdf5_files")
+ACTIONS = ("download", "text_formatting", "create_vocab", "sharding", "create_hdf5_files")
 # Phase presets of the original recipe; masked_lm_prob 0.15, dupe_factor 5, short_seq_prob 0.1 for both.
 PHASES = {1: {"max_seq_length": 128, "max_predictions_per_seq": 20},
           2: {"max_seq_length": 512, "max_predictions_per_seq": 80}}
@@ -240,6 +243,41 @@ def action_text_formatting(args, dirs, logger) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# create_vocab
+
+
+def vocab_output(args) -> Path:
+    return Path(args.vocab_file) if args.vocab_file else Path(args.working_dir) / "vocab.txt"
+
+
+def action_create_vocab(args, dirs, logger) -> None:
+    """A WordPiece vocabulary learned from the formatted text (data/create_vocab.py), in Google's layout, written to
+    --vocab_file (default <working_dir>/vocab.txt) for create_hdf5_files. It runs before sharding because it
+    needs only the formatted text, and learns from all of it: the test shards are held out from pre-training, not
+    from the vocabulary (as with Google's)."""
+    from data.create_vocab import create_vocab
+
+    if args.dataset == "google_pretrained_weights":
+        raise SystemExit("error: google_pretrained_weights has no text to learn a vocabulary from")
+    if args.vocab_size is None:
+        raise SystemExit("error: --action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
+                         "bert-base-uncased)")
+    inputs = (args.input_files.split(",") if args.input_files
+              else [formatted_file(dirs, d) for d in _parts(args.dataset)])
+    for path in inputs:
+        if not Path(path).is_file():
+            raise SystemExit(f"error: {path} does not exist: run --action text_formatting --dataset {args.dataset} "
+                             "first (or pass --input_files)")
+    output = vocab_output(args)
+    start = time.time()
+    result = create_vocab(inputs, output, args.vocab_size, bool(args.do_lower_case), args.unused_slots,
+                          args.limit_alphabet, progress=not args.no_progress, output_flag="--vocab_file",
+                          log=lambda message: print(f"create_vocab: {message}", flush=True))
+    logger.log("create_vocab", {"dataset": args.dataset, "output": str(output), **result.summary(),
+                                "elapsed_s": round(time.time() - start, 1)})
+
+
+# --------------------------------------------------------------------------------------------------------------
 # sharding
 
 
@@ -291,6 +329,24 @@ def cpd_command(args, shard: Path, output: Path, seed: int, num_workers: int) ->
             "--no_progress"]
 
 
+def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
+    """Finished HDF5 files are kept on a rerun: refuse to mix them with files of another vocabulary (a rerun with
+    another VOCAB_SIZE relearns vocab.txt; the folder's name does not say which vocabulary made it). The folder
+    records the sha256 of the vocab.txt its files were made with; --overwrite removes the old files first."""
+    from utils import atomic_write_text
+
+    digest = hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest()
+    stamp = out_dir / "vocab.sha256"
+    before = (stamp.read_text().split() or [None])[0] if stamp.is_file() else None
+    if existing and before not in (None, digest):
+        if not args.overwrite:
+            raise SystemExit(f"error: {out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
+                             f"--vocab_file {args.vocab_file}: pass --overwrite to redo them, or remove the folder")
+        for path in existing:  # before the new stamp: an interrupted rerun must not keep them as the new vocab's
+            path.unlink()
+    atomic_write_text(stamp, f"{digest}  {args.vocab_file}\n")
+
+
 def action_create_hdf5_files(args, dirs, logger) -> None:
     """create_pretraining_data.py over every shard, `--n_processes` at a time, each in its own process.
 
@@ -318,6 +374,7 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
     todo = [(seed_index[str(s)], s, out_dir / hdf5_split(s) / f"{s.stem}.hdf5") for s in shards]
     for split in {hdf5_split(s) for s in shards}:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
+    _check_same_vocabulary(args, out_dir, [t[2] for t in todo if t[2].exists()])
     todo = [t for t in todo if args.overwrite or not t[2].exists()]
     concurrency = max(1, min(args.n_processes, len(todo)))
     workers_each = max(1, args.n_processes // concurrency)  # few shards: give each one several workers
@@ -386,8 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--doc_boundary", choices=("file", "blank_line", "line"), default="file",
                    help="plain text: a document per file (default), per blank-line-separated block, or per line")
     g.add_argument("--input_pattern", default="*.txt", help="plain text: which files in the folder (default *.txt)")
+    g = p.add_argument_group("create_vocab (data/create_vocab.py: your own WordPiece vocabulary, Google's layout)")
+    g.add_argument("--vocab_size", type=int, help="create_vocab: lines of the vocab.txt to learn (specials included)")
+    g.add_argument("--unused_slots", type=int, help="create_vocab: [unused] entries (default 99: [UNK] [CLS] [SEP] "
+                                                     "[MASK] at Google's ids 100-103, or 0 when the size is too small)")
+    g.add_argument("--limit_alphabet", type=int,
+                   help="create_vocab: keep the N most frequent characters (default: all)")
     g = p.add_argument_group("sharding")
-    g.add_argument("--input_files", help="comma-separated one-document-per-line files (default: the formatted ones)")
+    g.add_argument("--input_files", help="comma-separated one-document-per-line files (default: the formatted ones; "
+                                         "create_vocab reads them too)")
     g.add_argument("--n_training_shards", type=int, default=256)
     g.add_argument("--n_test_shards", type=int, default=256)
     g.add_argument("--fraction_test_set", type=float, default=0.2, help="fraction of the bytes held out for test")
@@ -401,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--short_seq_prob", type=float, default=0.1)
     g.add_argument("--dupe_factor", type=int, default=5)
     g.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1, help="1 = uncased (default), 0 = cased")
-    g.add_argument("--vocab_file", help="WordPiece vocab.txt")
+    g.add_argument("--vocab_file", help="WordPiece vocab.txt: read by create_hdf5_files, written by create_vocab "
+                                        "(default there: <working_dir>/vocab.txt)")
     g.add_argument("--overwrite", action="store_true", help="redo HDF5 files that already exist")
     p.add_argument("--random_seed", type=int, default=12345)
     p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
@@ -446,8 +511,8 @@ def _main(argv) -> int:
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
     start = time.time()
     try:
-        {"download": action_download, "text_formatting": action_text_formatting, "sharding": action_sharding,
-         "create_hdf5_files": action_create_hdf5_files}[args.action](args, dirs, logger)
+        {"download": action_download, "text_formatting": action_text_formatting, "create_vocab": action_create_vocab,
+         "sharding": action_sharding, "create_hdf5_files": action_create_hdf5_files}[args.action](args, dirs, logger)
         logger.log("action_done", {"action": args.action, "dataset": args.dataset, **resources(start)})
     finally:
         logger.close()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# From nothing to phase 1 and phase 2 HDF5 shards in one call: download -> text_formatting -> sharding ->
-# create_hdf5_files (seq 128 / 20 predictions, then seq 512 / 80 predictions), as NVIDIA's script of the same name.
+# From nothing to phase 1 and phase 2 HDF5 shards in one call: download -> text_formatting (-> create_vocab) ->
+# sharding -> create_hdf5_files (seq 128 / 20 predictions, then seq 512 / 80 predictions), as NVIDIA's script of the
+# same name.
 #
 # Usage: data/create_datasets_from_start.sh [DATASET] [DATA_DIR]
 #   DATASET   wiki_only (default, = wikicorpus_en) | wiki_books (= books_wiki_en_corpus) | custom
@@ -12,6 +13,9 @@
 #   BOOKS_DIR=folder of .txt books, or BOOKS_URL_LIST=file of URLs       (wiki_books)
 #   INPUT_DIR=folder of .txt files, DOC_BOUNDARY=file|blank_line|line    (custom)
 #   VOCAB_FILE=vocab.txt (default: downloads Google's uncased BERT-Large zip for its vocab.txt)
+#   VOCAB_SIZE=16000 instead: learns $DATA_DIR/vocab.txt of that many entries from the formatted text (Google's
+#     layout, data/create_vocab.py) and makes the shards with it; a model config for it has vocab_size VOCAB_SIZE
+#     rounded up to a multiple of 8. UNUSED_SLOTS, LIMIT_ALPHABET: its optional --unused_slots / --limit_alphabet
 #   DO_LOWER_CASE=1  N_PROCESSES=$(nproc)  N_TRAINING_SHARDS=256  N_TEST_SHARDS=256  FRACTION_TEST_SET=0.2
 #   DUPE_FACTOR=5  RANDOM_SEED=12345  PYTHON=python3
 # Rerunning keeps finished downloads (verified) and finished HDF5 files; formatting and sharding are redone.
@@ -27,6 +31,15 @@ case "$dataset_arg" in
 esac
 
 PYTHON=${PYTHON:-python3}
+# Refused now rather than after the download: a learned vocabulary must not overwrite a given one.
+if [[ -n "${VOCAB_SIZE:-}" ]]; then
+  if [[ -n "${VOCAB_FILE:-}" ]]; then
+    echo "error: set VOCAB_SIZE (learn a vocabulary from the text) or VOCAB_FILE (use that one), not both" >&2; exit 2
+  fi
+  if ! [[ "$VOCAB_SIZE" =~ ^[0-9]+$ ]]; then
+    echo "error: VOCAB_SIZE must be a whole number of entries (e.g. 16000), got '$VOCAB_SIZE'" >&2; exit 2
+  fi
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."  # the repository root: bertPrep runs as a module from there
 PREP=("$PYTHON" -m data.bertPrep --working_dir "$BERT_PREP_WORKING_DIR" --n_processes "${N_PROCESSES:-$(nproc)}"
       --random_seed "${RANDOM_SEED:-12345}")
@@ -58,7 +71,16 @@ if [[ "$DATASET" == custom ]]; then
   "${PREP[@]}" --action text_formatting --dataset custom "${CUSTOM[@]}"
 fi
 
-if [[ -z "${VOCAB_FILE:-}" ]]; then
+if [[ -n "${VOCAB_SIZE:-}" ]]; then
+  # 2b. Your own vocabulary, from all the formatted text (before sharding: the test shards are held out from
+  # pre-training, not from the vocabulary, as with Google's).
+  VOCAB_FILE=$BERT_PREP_WORKING_DIR/vocab.txt
+  VOCAB_ARGS=(--vocab_size "$VOCAB_SIZE")
+  [[ -n "${UNUSED_SLOTS:-}" ]] && VOCAB_ARGS+=(--unused_slots "$UNUSED_SLOTS")
+  [[ -n "${LIMIT_ALPHABET:-}" ]] && VOCAB_ARGS+=(--limit_alphabet "$LIMIT_ALPHABET")
+  "${PREP[@]}" --action create_vocab --dataset "$DATASET" --vocab_file "$VOCAB_FILE" "${VOCAB_ARGS[@]}" \
+    --do_lower_case "${DO_LOWER_CASE:-1}"
+elif [[ -z "${VOCAB_FILE:-}" ]]; then
   "${PREP[@]}" --action download --dataset google_pretrained_weights
   VOCAB_FILE=$BERT_PREP_WORKING_DIR/download/google_pretrained_weights/uncased_L-24_H-1024_A-16/vocab.txt
 fi
@@ -72,4 +94,4 @@ for phase in 1 2; do
     --vocab_file "$VOCAB_FILE" --do_lower_case "${DO_LOWER_CASE:-1}" --dupe_factor "${DUPE_FACTOR:-5}" \
     --masked_lm_prob 0.15 --short_seq_prob 0.1
 done
-echo "done: HDF5 shards under $BERT_PREP_WORKING_DIR/hdf5_lower_case_*/$DATASET/{training,test}"
+echo "done: HDF5 shards under $BERT_PREP_WORKING_DIR/hdf5_lower_case_*/$DATASET/{training,test}, made with $VOCAB_FILE"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import json
 import os
 import pickle
@@ -52,7 +53,7 @@ import run_squad
 import run_swag
 import utils
 import validation
-from data import bertPrep
+from data import bertPrep, create_vocab
 from modeling import BertConfig, BertForPreTraining
 
 export_model = utils.load_triton_script("export_model")
@@ -60,10 +61,12 @@ export_model = utils.load_triton_script("export_model")
 NOBODY = 65534
 PROGS = {"cpd": "create_pretraining_data.py", "rp": "run_pretraining.py", "squad": "run_squad.py",
          "glue": "run_glue.py", "swag": "run_swag.py", "extract": "extract_features.py",
-         "convert": "convert_checkpoint.py", "bertprep": "bertPrep.py", "export": "export_model.py"}
+         "convert": "convert_checkpoint.py", "bertprep": "bertPrep.py", "export": "export_model.py",
+         "vocab": "create_vocab.py"}
 MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad": run_squad.main,
          "glue": run_glue.main, "swag": run_swag.main, "extract": extract_features.main,
-         "convert": convert_checkpoint.main, "bertprep": bertPrep.main, "export": export_model.main}
+         "convert": convert_checkpoint.main, "bertprep": bertPrep.main, "export": export_model.main,
+         "vocab": create_vocab.main}
 # The expensive step of each script: reaching it in a bad-input case is a failure (validation comes first).
 TRIPWIRES = {
     "cpd": [(pretraining_writer, "make_units"), (pretraining_writer, "write_hdf5")],
@@ -76,11 +79,13 @@ TRIPWIRES = {
     "convert": [(convert_checkpoint, "save_hf_directory"), (convert_checkpoint, "atomic_torch_save")],
     "bertprep": [],  # its stages are the work; each case fails on its inputs before a stage writes anything
     "export": [(export_model, "export_onnx"), (export_model, "export_torchscript")],
+    "vocab": [(create_vocab, "write_vocab")],
+    "vocab-learning": [(create_vocab, "learn_pieces")],
 }
 # Outputs that look complete, and leftovers of an interrupted write: none may exist after a refused case.
 LOOKS_COMPLETE = ("*.hdf5", "ckpt_*.pt", "model.pt", "model.onnx", "model.safetensors", "export.json",
                   "results.json", "predictions.json", "eval_results.json", "nbest_predictions.json", "*.npz",
-                  "features.*", "converted.pt", "*_one_article_per_line.txt", "*_training_*.txt", "*.tmp",
+                  "features.*", "converted.pt", "*_one_article_per_line.txt", "*_training_*.txt", "*.tmp", "vocab.txt",
                   ".*.work.*", ".formatting_*")
 # Words of a message that says what to do (or what the value must be).
 ADVICE = ("pass", "give", "use", "name", "choose", "check", "remove", "move", "write", "convert", "free", "lower",
@@ -192,6 +197,9 @@ def W():
     w.text_dir = root / "text_dir"  # a folder without .txt files
     w.text_dir.mkdir()
     (w.text_dir / "notes.md").write_text("not a corpus")
+    w.corpus_truncated_gz = root / "corpus.txt.gz"  # gzip cut in half: a download that stopped early
+    whole = gzip.compress(w.corpus.read_bytes() * 50)
+    w.corpus_truncated_gz.write_bytes(whole[:len(whole) // 2])
     w.a_file = root / "a_file"  # a regular file where a folder is needed
     w.a_file.write_text("I am a file")
 
@@ -361,7 +369,8 @@ class Case:
     as_user: bool = False  # run with permission checks that bite (unreadable / read-only cases)
     payload: bool = False  # a malicious pickle: its payload must not have run
     tokenizes: bool = False  # create_pretraining_data: the corpus must be read to find the problem (else not even
-    #                          tokenizing may start: flags, vocabulary, outputs and the files' bytes come first)
+    #                          tokenizing may start: flags, vocabulary, outputs and the files' bytes come first);
+    #                          create_vocab: the problem shows only once it learns (else learning may not start)
 
 
 def cpd(w, d, *extra):
@@ -407,6 +416,11 @@ def convert(w, d, *extra, source=None, output=None):
 def export(w, d, *extra, ckpt=None):
     return ["--checkpoint", str(ckpt or w.ckpt), "--output_dir", str(d / "out"), "--allow_fresh_head",
             "--max_seq_length", "32", "--no_verify", *extra]
+
+
+def vocab(w, d, *inputs, size="300", extra=()):
+    return [*(a for path in inputs for a in ("--input", str(path))), "--output_file", str(d / "out" / "vocab.txt"),
+            "--vocab_size", size, "--no_progress", *extra]
 
 
 def prep(w, d, action, *extra):
@@ -706,6 +720,52 @@ CASES = [
     Case("bertprep-working-dir-under-a-file", "bertprep", lambda w, d: prep(w, d, "sharding", "--dataset", "custom",
          "--working_dir", str(w.a_file / "work")), ("a_file/work", "Not a directory", "not a folder")),
 
+    Case("bertprep-vocab-without-formatted-text", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset",
+         "custom", "--vocab_size", "300"), ("custom_one_article_per_line.txt", "does not exist", "text_formatting")),
+    Case("bertprep-vocab-size-missing", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom",
+         "--input_files", str(w.corpus)), ("create_vocab", "needs --vocab_size")),
+    Case("bertprep-vocab-output-is-folder", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom",
+         "--input_files", str(w.corpus), "--vocab_size", "300", "--vocab_file", str(w.root)),
+         ("--vocab_file", "is a folder")),
+
+    # ---- data/create_vocab.py -------------------------------------------------------------------------------
+    Case("vocab-input-missing", "vocab", lambda w, d: vocab(w, d, d / "none.txt"),
+         ("--input", "none.txt", "does not exist")),
+    Case("vocab-input-none", "vocab", lambda w, d: vocab(w, d), ("--input", "required")),
+    Case("vocab-input-empty", "vocab", lambda w, d: vocab(w, d, w.empty), ("empty.txt", "no text to learn from")),
+    Case("vocab-input-blank-lines", "vocab", lambda w, d: vocab(w, d, w.blank, w.empty),
+         ("blank.txt", "empty.txt", "no text to learn from")),
+    Case("vocab-input-binary", "vocab", lambda w, d: vocab(w, d, w.corpus, w.binary),
+         ("--input", "binary.txt", "not text")),
+    Case("vocab-input-not-utf8", "vocab", lambda w, d: vocab(w, d, w.latin1), ("latin1.txt", "not UTF-8", "convert")),
+    Case("vocab-input-truncated-gzip", "vocab", lambda w, d: vocab(w, d, w.corpus_truncated_gz),
+         ("corpus.txt.gz", "truncated gzip")),
+    Case("vocab-input-folder-without-text", "vocab", lambda w, d: vocab(w, d, w.text_dir),
+         ("--input", "text_dir", "without text files")),
+    Case("vocab-input-unreadable", "vocab", lambda w, d: vocab(w, d, unreadable(copy_to(d, w.corpus))),
+         ("--input", "corpus.txt", "cannot be read"), as_user=True),
+    Case("vocab-size-below-the-specials", "vocab", lambda w, d: vocab(w, d, w.corpus, size="3"),
+         ("--vocab_size 3", "at least 6")),
+    Case("vocab-size-too-small-for-the-alphabet", "vocab", lambda w, d: vocab(w, d, w.corpus, size="40"),
+         ("--vocab_size 40", "too small", "alphabet entries")),
+    Case("vocab-size-too-small-for-the-slots", "vocab", lambda w, d: vocab(w, d, w.corpus, size="100",
+         extra=("--unused_slots", "99")), ("--vocab_size 100", "99 [unused] slots", "--unused_slots")),
+    Case("vocab-size-too-large-for-the-corpus", "vocab", lambda w, d: vocab(w, d, w.corpus, size="5000"),
+         ("--vocab_size 5000", "too large for this corpus", "or less"), tokenizes=True),
+    Case("vocab-unused-slots-negative", "vocab", lambda w, d: vocab(w, d, w.corpus, extra=("--unused_slots", "-1")),
+         ("--unused_slots -1", "0 or more")),
+    Case("vocab-limit-alphabet-zero", "vocab", lambda w, d: vocab(w, d, w.corpus, extra=("--limit_alphabet", "0")),
+         ("--limit_alphabet 0", "at least 1")),
+    Case("vocab-cased-and-lowercase", "vocab", lambda w, d: vocab(w, d, w.corpus, extra=("--cased",
+         "--do_lower_case")), ("--do_lower_case", "not allowed with", "--cased")),
+    Case("vocab-output-is-folder", "vocab", lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file", str(w.root),
+         "--vocab_size", "300"], ("--output_file", "is a folder")),
+    Case("vocab-output-under-a-file", "vocab", lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file",
+         str(w.a_file / "vocab.txt"), "--vocab_size", "300"], ("--output_file", "cannot create the folder")),
+    Case("vocab-output-read-only-folder", "vocab", lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file",
+         str(read_only_folder(d / "out") / "vocab.txt"), "--vocab_size", "300"], ("--output_file", "cannot write"),
+         as_user=True),
+
     # ---- triton/export_model.py -----------------------------------------------------------------------------
     Case("export-checkpoint-missing", "export", lambda w, d: export(w, d, ckpt=d / "x.pt"),
          ("--checkpoint", "not found")),
@@ -799,6 +859,8 @@ def test_bad_input_is_one_line(case: Case, W, tripwires, capsys, tmp_path_factor
     tripwires(case.script)
     if case.script == "cpd" and not case.tokenizes:
         tripwires("cpd-tokenizing")
+    if case.script == "vocab" and not case.tokenizes:
+        tripwires("vocab-learning")
     before = complete_looking(folder)  # a case's own inputs (a checkpoint already in the output folder)
     with as_a_user() if case.as_user else contextlib.nullcontext():
         code, stderr = call(case.script, argv, capsys)
@@ -919,7 +981,8 @@ def test_the_matrix_covers_every_script_and_launcher():
 DEBUG_CASES = {"cpd": "cpd-vocab-not-utf8", "rp": "rp-config-not-json", "squad": "squad-predict-malformed",
                "glue": "glue-checkpoint-malicious", "swag": "swag-checkpoint-malicious",
                "extract": "extract-checkpoint-malicious", "convert": "convert-input-malicious",
-               "bertprep": "bertprep-working-dir-under-a-file", "export": "export-checkpoint-malicious"}
+               "bertprep": "bertprep-working-dir-under-a-file", "export": "export-checkpoint-malicious",
+               "vocab": "vocab-input-missing"}
 
 
 @pytest.mark.parametrize("script", sorted(DEBUG_CASES))
