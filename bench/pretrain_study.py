@@ -69,10 +69,13 @@ def run_state(run_dir: Path) -> dict:
     job = logs[0].name[:-len(".phase1.json")] if logs else None
     phase1 = su.phase_summary(run_dir / f"{job}.phase1.json") if job else su.phase_summary(run_dir / "none")
     phase2 = su.phase_summary(run_dir / f"{job}.phase2.json") if job else su.phase_summary(run_dir / "none")
+    # A run of phase 1 only (no phase-2 log at all) is finished with phase 1.
+    phase1_only = job is not None and not (run_dir / f"{job}.phase2.json").exists()
+    last = phase1 if phase1_only else phase2
     checkpoint = None
-    if phase2["finished"]:
-        checkpoint = run_dir / "checkpoints" / f"ckpt_{phase2['final']['step']}.pt"
-    finished = phase1["finished"] and phase2["finished"] and checkpoint is not None and checkpoint.is_file()
+    if last["finished"]:
+        checkpoint = run_dir / "checkpoints" / f"ckpt_{last['final']['step']}.pt"
+    finished = phase1["finished"] and last["finished"] and checkpoint is not None and checkpoint.is_file()
     if finished:
         state = "finished"
     elif not phase1["finished"]:
@@ -129,7 +132,7 @@ def reuse_differences(state: dict, args) -> list[str]:
 
 def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:
     """(run_state of the run to fine-tune, reused?, the command that pre-trained it here or None)."""
-    run = newest_run(args.pretrain_out)
+    run = args.pretrain_run or newest_run(args.pretrain_out)
     if run is not None:
         state = run_state(run)
         if not state["finished"]:
@@ -401,6 +404,10 @@ def main(argv: list[str] | None = None) -> dict:
     g = p.add_argument_group("pre-training (scripts/run_cpu_demo.sh)")
     g.add_argument("--pretrain_out", type=Path, default=None,
                    help="run_cpu_demo.sh's --out: reused when it holds a finished run_*/ (None: <out>/pretrain)")
+    g.add_argument("--pretrain_run", type=Path, default=None,
+                   help="a finished pre-training run to fine-tune, made any way: a folder with <job>.phase1.json "
+                        "(and <job>.phase2.json, unless it ran phase 1 only) and checkpoints/ (run_pretraining.sh's "
+                        "RESULTS_DIR and CHECKPOINTS_DIR)")
     g.add_argument("--config", type=Path, default=REPO / "configs" / "bert-mini.json")
     g.add_argument("--phase1_steps", type=int, default=1500)
     g.add_argument("--phase2_steps", type=int, default=30)

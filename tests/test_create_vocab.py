@@ -362,8 +362,10 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
     assert "create_vocab" in (work / "bertPrep_log.jsonl").read_text()
     phase1 = work / ("hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_1"
                      ) / "custom"
-    assert sorted(p.name for p in phase1.glob("*.hdf5")) == ["custom_test_0.hdf5", "custom_training_0.hdf5"]
-    with h5py.File(phase1 / "custom_training_0.hdf5") as f:
+    # Training and held-out shards in folders of their own (run_pretraining reads every file of --input_dir).
+    assert sorted(str(p.relative_to(phase1)) for p in phase1.glob("*/*.hdf5")) == [
+        "test/custom_test_0.hdf5", "training/custom_training_0.hdf5"]
+    with h5py.File(phase1 / "training" / "custom_training_0.hdf5") as f:
         ids = f["input_ids"][:]
         assert (ids[:, 0] == 101).all() and ids.max() < 1003 and len(ids) > 50
         # The shards' text is the learned vocabulary's tokens: few pieces are [UNK].
@@ -372,9 +374,7 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
     config = tmp_path / "config_1008.json"
     BertConfig(vocab_size=1008, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                max_position_embeddings=128).to_json_file(config)
-    train_dir = tmp_path / "train"
-    train_dir.mkdir()
-    (train_dir / "custom_training_0.hdf5").symlink_to(phase1 / "custom_training_0.hdf5")
+    train_dir = phase1 / "training"
     out = tmp_path / "run"
     argv = args_for(train_dir, config, out, "--max_steps", "3", "--precision", "fp32", "--vocab_file", str(vocab),
                     seq=128, pred=20)
@@ -398,7 +398,7 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
         assert not list(other.glob("ckpt_*.pt"))
     # A rerun learns the same vocab.txt again and keeps the finished HDF5 files; a rerun with another size learns
     # another one: the kept HDF5 files of the old one are refused, not mixed with new ones.
-    made = {p: p.stat().st_mtime_ns for p in work.glob("hdf5_*/custom/*.hdf5")}
+    made = {p: p.stat().st_mtime_ns for p in work.glob("hdf5_*/custom/*/*.hdf5")}
     same = subprocess.run(["bash", script, "custom", str(work)], env=env, capture_output=True, text=True, timeout=600)
     assert same.returncode == 0, same.stderr[-3000:]
     assert read_vocab(vocab) == tokens and {p: p.stat().st_mtime_ns for p in made} == made and len(made) == 4
