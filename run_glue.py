@@ -317,9 +317,7 @@ def run(args: argparse.Namespace) -> dict:
         utils.atomic_write_json(output_dir / "results.json", results)
         logger.log("FINAL", _flat_summary(results))
     logger.close()
-    utils.barrier(env)
-    if env.distributed:
-        torch.distributed.destroy_process_group()
+    utils.end_process_group()
     return results
 
 

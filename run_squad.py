@@ -430,8 +430,7 @@ def run(args: argparse.Namespace) -> dict:
         logger.log("FINAL", summary)
         print(json.dumps(summary, indent=2), flush=True)
     logger.close()
-    if env.distributed:
-        torch.distributed.destroy_process_group()
+    utils.end_process_group()
     return summary
 
 

@@ -298,9 +298,7 @@ def run(args: argparse.Namespace) -> dict:
                          e2e_train_time=results["train"]["seconds"])
         logger.log("FINAL", final)
     logger.close()
-    utils.barrier(env)
-    if env.distributed:
-        torch.distributed.destroy_process_group()
+    utils.end_process_group()
     return results
 
 
