@@ -566,7 +566,5 @@ def run(task: Task) -> dict:
         logger.log("FINAL", final)
         print(json.dumps(final, indent=2), flush=True)
     logger.close()
-    utils.barrier(env)
-    if env.distributed:
-        torch.distributed.destroy_process_group()
+    utils.end_process_group()
     return results

@@ -87,6 +87,7 @@ from pretraining_data import (DataPosition, Masker, PretrainingData, ShardInfo, 
 from precision import Precision
 from training import (EXIT_STOPPED, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest,
                       apply_parallelism_and_precision, forward_backward, optimizer_step, peak_flops, weights_finite)
+import utils
 from utils import InputError
 
 
@@ -844,8 +845,8 @@ def _main(argv: list[str] | None) -> int:
         if data is not None:
             data.close()
         logger.close()
-        if owns_process_group and torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        if owns_process_group:
+            utils.end_process_group(clean=sys.exc_info()[0] is None)  # no barrier while an error propagates
 
 
 if __name__ == "__main__":

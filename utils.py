@@ -232,6 +232,20 @@ def barrier(env: DistEnv) -> None:
         torch.distributed.barrier()
 
 
+def end_process_group(clean: bool = True) -> None:
+    """Leave the default process group, if one is open. After a clean run every rank first meets the others at a
+    barrier: a rank that tears gloo down while a peer is still finishing its last collective can make that peer abort
+    ("terminate called without an active exception", seen once in CI on a 2-process run whose results were all
+    written). After a failure there is no barrier: the peers may be gone, and waiting for them would hang."""
+    import torch
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if clean:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Seeding and RNG state.
 
