@@ -412,7 +412,7 @@ def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
 
 def test_results_page_says_not_run_for_absent_studies(tmp_path):
     text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(tmp_path / "RESULTS.md")])
-    assert text.count("Not run: no `") == 4 and text.count("| not run |") == 4
+    assert text.count("Not run: no `") == 6 and text.count("| not run |") == 6
     assert (tmp_path / "RESULTS.md").read_text() == text
 
 
@@ -441,7 +441,7 @@ def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
     assert "| all-MiniLM-L6-v2, MRPC | 88.00 | 90.00 | 89.00 | 89.00 | 1.00 |" in text
     assert "| pretrained | 84.00 | 86.00 | 82.00 | 84.00 | 2.00 |" in text
     assert "| run C | 83.00 | 85.00 | 84.00 | 84.00 | 1.00 |" in text
-    assert text.count("Not run: no `") == 1 and "minilm_sst2/stability_sst-2.json" in text  # SST-2 MiniLM absent
+    assert text.count("Not run: no `") == 3 and "minilm_sst2/stability_sst-2.json" in text  # SST-2 MiniLM absent
     assert "- mrpc: pre-trained beats random initialisation by more than the seed spread" in text
     assert "- B vs A: downstream difference +0.0050 (NOT within 0.1 point; within the seed spread 0.0100)" in text
     for png in ("stability_minilm.png", "pretrain_loss.png", "pretrain_seeds.png", "scaling_loss.png"):
@@ -578,6 +578,12 @@ def test_sweep_runs_for_real_and_reuses_finished_runs(tmp_path, capsys):
     again = ps.main(argv)  # nothing runs twice
     assert capsys.readouterr().out.count("reusing") == 3
     assert [r["heldout_loss"] for r in again["runs"]] == [r["heldout_loss"] for r in report["runs"]]
+    # On the results page: the sweep's table and its plot, drawn again from the JSON.
+    page = tmp_path / "bench" / "RESULTS.md"
+    text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(page), "--sweep",
+                              str(tmp_path / "sweep" / "sweep.json")])
+    assert "## Pre-training sweep" in text and "| adamw | 8 | 0.001 | 8 |" in text and "](results/sweep.png)" in text
+    assert (page.parent / "results" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_ours_and_transformers_start_equal_and_are_compared_step_by_step(tmp_path):
@@ -595,3 +601,7 @@ def test_ours_and_transformers_start_equal_and_are_compared_step_by_step(tmp_pat
     assert abs(zero["difference"]) < 1e-5 and zero["ours_context_gain"] == zero["reference_context_gain"]
     assert report["holds"] == all(r["difference"] <= vs.TOLERANCE for r in report["rows"])
     assert "| 0 |" in (tmp_path / "vs" / "vs_transformers.md").read_text()
+    page = tmp_path / "bench" / "RESULTS.md"
+    text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(page), "--vs_transformers",
+                              str(tmp_path / "vs" / "vs_transformers.json")])
+    assert "## Ours against transformers" in text and "| 0 |" in text and "](results/vs_transformers.png)" in text
