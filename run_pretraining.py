@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -161,6 +162,8 @@ class PretrainConfig:
                                        "masked targets, add-one smoothed: the model starts at the unigram loss "
                                        "instead of learning word frequencies first; measured in README)",
                                choices=("zero", "unigram"))
+    no_nsp: bool = _flag(False, "train on the masked-LM loss alone (RoBERTa's choice); the next-sentence loss is "
+                                "still computed and logged, its head gets zero gradients (measured in README)")
     max_grad_norm: float = _flag(1.0, "global gradient-norm clip (<= 0: off)")
     use_nvlamb: bool = _flag(False, "apply LAMB's trust ratio also to the no-decay group (NVIDIA's NVLAMB switch; "
                                     "--optimizer nvlamb only)")
@@ -524,10 +527,14 @@ def make_validator(cfg: PretrainConfig, eval_set: dict[str, np.ndarray], precisi
 # The training loop
 
 
-def pretraining_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[3]: the loss to minimise (MLM + NSP), the MLM loss and the NSP loss of one micro-batch."""
+def pretraining_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], nsp: bool = True) -> torch.Tensor:
+    """[3]: the loss to minimise (MLM + NSP, or MLM alone with nsp=False), the MLM loss and the NSP loss of one
+    micro-batch."""
     out = model(**batch)  # modeling.PreTrainingOutputWithLoss
-    return torch.stack([out.loss, out.mlm_loss, out.nsp_loss])
+    # Without NSP the head still takes part with a zero weight: every parameter gets a gradient (zeros), so DDP's
+    # reducer, which expects one for each, needs no find_unused_parameters.
+    loss = out.loss if nsp else out.mlm_loss + 0.0 * out.nsp_loss
+    return torch.stack([loss, out.mlm_loss, out.nsp_loss])
 
 
 def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
@@ -561,6 +568,7 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
     accum = cfg.gradient_accumulation_steps
     last_step = cfg.max_steps if cfg.steps_this_run < 0 else min(cfg.max_steps, state.step + cfg.steps_this_run)
     meter = Meter(env, cfg.throughput_warmup_steps, peak_flops(env.device, precision.name), num_losses=3)
+    loss_fn = functools.partial(pretraining_losses, nsp=not cfg.no_nsp)
     bar = logger.progress(total=last_step, initial=state.step)
     batches = iter(data)
     saved_at, last_loss, inject, consecutive_skips = -1, None, cfg.debug_inject_inf_at_step, 0
@@ -594,7 +602,7 @@ def train(cfg: PretrainConfig, env, model, raw_model, precision: Precision, opti
             real = tuple(a + b for a, b in zip(real, real_counts(batch)))
             batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
             sync = micro_step == accum - 1 or not cfg.allreduce_post_accumulation
-            losses += forward_backward(model, batch, pretraining_losses, precision, accum, sync)
+            losses += forward_backward(model, batch, loss_fn, precision, accum, sync)
         if not precision.scaler.is_enabled():
             watch.record(losses[0], state.global_step + 1)
             if watch.every_step:

@@ -726,3 +726,40 @@ def test_unigram_bias_init_starts_at_the_unigram_loss(tmp_path):
     p = (np.bincount(targets, minlength=VOCAB) + 1.0) / (len(targets) + VOCAB)
     cross_entropy = -np.log(p[targets]).mean()
     assert abs(losses["unigram"] - cross_entropy) < 0.05 and abs(losses["zero"] - np.log(VOCAB)) < 0.1
+
+
+def test_no_nsp_trains_on_the_masked_lm_loss_alone(tmp_path):
+    """--no_nsp: after 3 AdamW steps the encoder and masked-LM head equal a hand-written loop that minimises
+    out.mlm_loss only (torch.optim.AdamW, constant lr, no clipping); the next-sentence head got zero gradients, so
+    AdamW moved it by weight decay alone: W <- W * (1 - lr * 0.01) per step. The NSP loss is still logged."""
+    from conftest import write_config
+
+    config = write_config(tmp_path / "config.json", dropout=0.0)
+    data = make_shards(tmp_path / "data", n_shards=1, n=32)
+    steps, lr = 3, 1e-3
+    out = tmp_path / "out"
+    assert rp.main(args_for(data, config, out, "--no_nsp", "--optimizer", "adamw", "--max_steps", str(steps),
+                            "--learning_rate", str(lr), "--lr_schedule", "constant", "--warmup_proportion", "0",
+                            "--max_grad_norm", "0", "--precision", "fp32", "--log_freq", "1")) == 0
+    utils.set_seed(42)
+    model = BertForPreTraining(BertConfig.from_json_file(config)).train()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    reference = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    shards = pretraining_data.inspect_shards(sorted(data.glob("*.hdf5")), pretraining_data.ShardSpec(SEQ, PRED, False),
+                                             "--input_dir")
+    stream = iter(pretraining_data.PretrainingData(shards, 42, 8, 0, 1))
+    for _ in range(steps):
+        model(**next(stream)).mlm_loss.backward()
+        reference.step()
+        reference.zero_grad()
+    ours = weights(out / f"ckpt_{steps}.pt")
+    for name, value in model.state_dict().items():
+        if name in ours:
+            torch.testing.assert_close(ours[name], value, atol=2e-6, rtol=1e-5, msg=name)
+    head = "cls.seq_relationship.weight"
+    torch.testing.assert_close(ours[head], start[head] * (1 - lr * 0.01) ** steps, atol=1e-7, rtol=1e-6)
+    logged = [r["data"] for r in read_log(out / "log.json") if isinstance(r["step"], int) and "nsp_loss" in r["data"]]
+    assert logged and all(np.isfinite(r["nsp_loss"]) and r["average_loss"] == r["mlm_loss"] for r in logged)
