@@ -128,30 +128,16 @@ def scaling_section(report: dict | None, path: Path, plots: Path, page_dir: Path
     return lines
 
 
-def sweep_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str,
-                  name: str = "sweep") -> list[str]:
-    """A learning-rate and batch sweep of pre-training (bench.pretrain_sweep): its table, and its plot drawn again."""
-    from bench import pretrain_sweep
-
+def table_and_plot_section(module, report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str,
+                           title: str, name: str) -> list[str]:
+    """A bench script's own Markdown table (its `markdown(report)`, whose first line is "# <title> ...") and its plot
+    (its `plot(report, path)`), drawn again from the JSON: the pre-training sweeps and ours-vs-transformers."""
     if report is None:
-        return [f"{heading} Pre-training sweep", ""] + not_run(
-            path, "Run `python -m bench.pretrain_sweep --out <studies>/sweep` (see its --help).")
-    png = pretrain_sweep.plot(report, plots / f"{name}.png")
-    text = pretrain_sweep.markdown(report).replace("# Pre-training sweep", f"{heading} Pre-training sweep", 1)
+        script = module.__name__
+        return [f"{heading} {title}", ""] + not_run(path, f"Run `python -m {script} --out <studies>/...` (see its --help).")
+    png = module.plot(report, plots / f"{name}.png")
+    text = module.markdown(report).replace(f"# {title}", f"{heading} {title}", 1)
     return text.splitlines() + ["", f"![{name}]({os.path.relpath(png, page_dir)})", "", f"From `{path}`.", ""]
-
-
-def vs_transformers_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str) -> list[str]:
-    """Ours against transformers' BertForPreTraining, same shards, steps and initial weights."""
-    from bench import pretrain_vs_transformers as vs
-
-    if report is None:
-        return [f"{heading} Ours against transformers", ""] + not_run(
-            path, "Run `python -m bench.pretrain_vs_transformers --out <studies>/vs_transformers` (see its --help).")
-    png = vs.plot(report, plots / "vs_transformers.png")
-    text = vs.markdown(report).replace("# Ours against", f"{heading} Ours against", 1)
-    return text.splitlines() + ["", f"![vs transformers]({os.path.relpath(png, page_dir)})", "", f"From `{path}`.",
-                                ""]
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -199,10 +185,13 @@ def main(argv: list[str] | None = None) -> str:
     for i, extra in enumerate((args.pretrain or [])[1:], start=2):
         lines += pretrain_section(load(extra), extra, plots, page_dir, "##", name=f"pretrain{i}")
     lines += scaling_section(found["scaling"], paths["scaling"], plots, page_dir, "##")
-    lines += sweep_section(found["sweep"], paths["sweep"], plots, page_dir, "##")
-    for i, extra in enumerate((args.sweep or [])[1:], start=2):
-        lines += sweep_section(load(extra), extra, plots, page_dir, "##", name=f"sweep{i}")
-    lines += vs_transformers_section(found["vs_transformers"], paths["vs_transformers"], plots, page_dir, "##")
+    from bench import pretrain_sweep, pretrain_vs_transformers
+
+    for i, sweep in enumerate(args.sweep or [paths["sweep"]], start=1):
+        lines += table_and_plot_section(pretrain_sweep, load(sweep), sweep, plots, page_dir, "##", "Pre-training sweep",
+                                        "sweep" if i == 1 else f"sweep{i}")
+    lines += table_and_plot_section(pretrain_vs_transformers, found["vs_transformers"], paths["vs_transformers"], plots,
+                                    page_dir, "##", "Ours against transformers", "vs_transformers")
     text = "\n".join(lines).rstrip() + "\n"
     args.out.write_text(text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")

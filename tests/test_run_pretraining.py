@@ -650,6 +650,21 @@ def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
     assert final["training_sequences_per_second"] > 0 and final["e2e_train_time"] > 0
 
 
+def reference_adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    """torch.optim.AdamW as BERT decays: weight matrices at 0.01, biases and LayerNorm not at all (by name)."""
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.999), eps=1e-6)
+
+
+def batches_of(data: Path):
+    """The batches of 8 that run_pretraining.py (seed 42, one process) trains on, in its order."""
+    shards = pretraining_data.inspect_shards(sorted(data.glob("*.hdf5")), pretraining_data.ShardSpec(SEQ, PRED, False),
+                                             "--input_dir")
+    return iter(pretraining_data.PretrainingData(shards, 42, 8, 0, 1))
+
+
 def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
     """--optimizer adamw: the weights after each of 6 steps equal a hand-written loop over the same batches with
     torch.optim.AdamW (decay on weight matrices only, by name), clip_grad_norm_ and the poly schedule written
@@ -666,13 +681,7 @@ def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
 
     utils.set_seed(42)  # run_pretraining's --seed: the same initial weights
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
-    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    reference = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.999), eps=1e-6)
-    shards = pretraining_data.inspect_shards(sorted(data.glob("*.hdf5")), pretraining_data.ShardSpec(SEQ, PRED, False),
-                                             "--input_dir")
-    stream = iter(pretraining_data.PretrainingData(shards, 42, 8, 0, 1))
+    reference, stream = reference_adamw(model, lr), batches_of(data)
     for k in range(steps):
         factor = (k / steps) / warmup if k / steps < warmup else (1 - k / steps) ** 0.5
         for group in reference.param_groups:
@@ -744,13 +753,7 @@ def test_no_nsp_trains_on_the_masked_lm_loss_alone(tmp_path):
     utils.set_seed(42)
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    reference = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.999), eps=1e-6)
-    shards = pretraining_data.inspect_shards(sorted(data.glob("*.hdf5")), pretraining_data.ShardSpec(SEQ, PRED, False),
-                                             "--input_dir")
-    stream = iter(pretraining_data.PretrainingData(shards, 42, 8, 0, 1))
+    reference, stream = reference_adamw(model, lr), batches_of(data)
     for _ in range(steps):
         model(**next(stream)).mlm_loss.backward()
         reference.step()
