@@ -51,6 +51,7 @@ import run_glue
 import run_pretraining
 import run_squad
 import run_swag
+import trainer
 import utils
 import validation
 from data import bertPrep, create_vocab
@@ -71,7 +72,7 @@ MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad
 TRIPWIRES = {
     "cpd": [(pretraining_writer, "make_units"), (pretraining_writer, "write_hdf5")],
     "cpd-tokenizing": [(pretraining_writer, "process_corpus")],
-    "rp": [(run_pretraining, "train"), (validation.Validator, "__call__")],
+    "rp": [(trainer.Trainer, "fit"), (validation.Validator, "__call__")],
     "squad": [(finetuning, "train"), (finetuning, "predict"), (run_squad, "build_features")],
     "glue": [(finetuning, "train"), (finetuning, "predict"), (run_glue, "encode_examples")],
     "swag": [(finetuning, "train"), (finetuning, "predict"), (run_swag, "encode_examples")],
