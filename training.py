@@ -1,4 +1,4 @@
-"""The shared training core of run_pretraining.py and the fine-tuning recipe (finetuning.py).
+"""The shared training core of pre-training (trainer.py) and the fine-tuning recipe (finetuning.py).
 
 Read top to bottom:
 - precision and parallelism: `apply_parallelism_and_precision`, the one ordered function that turns a bare model
@@ -12,8 +12,8 @@ Read top to bottom:
   on resume (falling back past a damaged file), interrupted writes cleaned up;
 - `StopRequest`: SIGTERM / SIGUSR1 / SIGINT finish the step, write a checkpoint and exit EXIT_STOPPED;
 - `fit`: the fine-tuning loop (epochs of micro-batches in accumulation groups, optimizer and schedule, logging),
-  which the fine-tuning recipe (finetuning.py) calls with a task's batches and loss; run_pretraining.py keeps its
-  own loop (steps, phases, exact resume) built from the same parts.
+  which the fine-tuning recipe (finetuning.py) calls with a task's batches and loss; pre-training has its own loop
+  (steps, phases, exact resume) built from the same parts: trainer.Trainer.
 The fine-tuning scripts' shared flags, model-file checks and prediction loop are finetuning.py's.
 """
 from __future__ import annotations
