@@ -57,14 +57,15 @@ from typing import Any
 
 import torch
 
+import cli
+import distributed
+from cli import InputError
 from pretraining_config import PretrainConfig, field_docs
 from pretraining_data import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
 from precision import Precision
 from trainer import (Trainer, checkpoint_manager, evaluate, find_resume_checkpoint, list_checkpoints,  # noqa: F401
                      refuse_used_output_dir)  # list_checkpoints: how tools and tests read a run's checkpoints
 from training import EXIT_STOPPED, RunLogger, StopRequest, apply_parallelism_and_precision
-import utils
-from utils import InputError
 
 # ---------------------------------------------------------------------------------------------------------------
 # Flags: one per field of pretraining_config's sections, --help grouped by section, help from the docstrings
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         docs, hints = field_docs(kind), typing.get_type_hints(kind)
         for f in dataclasses.fields(kind):
             _add_flag(group, f, hints[f.name], docs[f.name])
-    utils.add_debug_argument(group)  # read by utils.script_errors from the command line, not a config field
+    cli.add_debug_argument(group)  # read by cli.script_errors from the command line, not a config field
     return parser
 
 
@@ -180,7 +181,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     loaded later, with the rest of its state)."""
     from checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
     from modeling import BertConfig, BertForPreTraining
-    from utils import describe_error
+    from cli import describe_error
 
     m, d = cfg.model, cfg.data
     try:
@@ -203,7 +204,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
         raise InputError(f"--max_seq_length {d.max_seq_length} exceeds the config's max_position_embeddings "
                          f"{config.max_position_embeddings} ({m.config_file}): use shorter shards or a config with "
                          "more positions")
-    utils.set_seed(cfg.training.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    distributed.set_seed(cfg.training.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = BertForPreTraining(config)
     start = None
     if resume is None and cfg.checkpoint.phase2:
@@ -231,7 +232,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     return model
 
 
-def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: utils.DistEnv):
+def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: distributed.DistEnv):
     """The optimizer (--optimizer, decay on weight matrices only) and its learning-rate schedule."""
     from optimization import make_optimizer, param_groups_for_bert
     from schedulers import get_scheduler
@@ -243,7 +244,7 @@ def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: utils.
     return optimizer, get_scheduler(o.lr_schedule, optimizer, o.warmup_proportion, cfg.training.max_steps)
 
 
-def build_data(cfg: PretrainConfig, shards, env: utils.DistEnv, log) -> PretrainingData:
+def build_data(cfg: PretrainConfig, shards, env: distributed.DistEnv, log) -> PretrainingData:
     """This rank's stream of micro-batches from the start (a resume moves its position later)."""
     d = cfg.data
     packed = shards[0].packed  # inspect_shards checked that every shard is packed alike
@@ -267,7 +268,7 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
     return packed_predictions(d.max_seq_length, d.max_predictions_per_seq, d.masked_lm_prob, packed)
 
 
-def make_validator(cfg: PretrainConfig, precision: Precision, env: utils.DistEnv):
+def make_validator(cfg: PretrainConfig, precision: Precision, env: distributed.DistEnv):
     """The held-out set's validator (None without --eval_dir); the special ids from --vocab_file, or read off
     the held-out shards."""
     from validation import SpecialIds, Validator
@@ -315,7 +316,7 @@ def inject_inf_at(step: int):
 # main
 
 
-def report_stop(cfg: PretrainConfig, summary: dict, env: utils.DistEnv) -> int:
+def report_stop(cfg: PretrainConfig, summary: dict, env: distributed.DistEnv) -> int:
     """One line on stderr for a run stopped by a signal (what a launcher and a person need), and EXIT_STOPPED."""
     c = cfg.checkpoint
     saved = "" if c.skip_checkpoint or not summary["phase_step"] else f" (checkpoint ckpt_{summary['step']}.pt)"
@@ -330,8 +331,8 @@ def report_stop(cfg: PretrainConfig, summary: dict, env: utils.DistEnv) -> int:
 def main(argv: list[str] | None = None) -> int:
     """0: the phase ran to its --max_steps (or --steps_this_run); EXIT_STOPPED (75): stopped by a signal after its
     checkpoint, run again to resume; 1 (a one-line message): bad input or a failure."""
-    with utils.survive_broken_pipes():  # a launcher's dead `tee` must not cost the preemption checkpoint
-        with utils.script_errors("run_pretraining.py", argv):  # bad input, a checkpoint that does not fit, a
+    with cli.survive_broken_pipes():  # a launcher's dead `tee` must not cost the preemption checkpoint
+        with cli.script_errors("run_pretraining.py", argv):  # bad input, a checkpoint that does not fit, a
             return _main(argv)  # diverged run, a full disk: one line (--debug: the traceback)
 
 
@@ -343,7 +344,7 @@ def _main(argv: list[str] | None) -> int:
     from modeling import count_parameters
 
     owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-    env = utils.init_distributed(no_cuda=cfg.parallelism.no_cuda)
+    env = distributed.init_distributed(no_cuda=cfg.parallelism.no_cuda)
     log = (lambda msg: print(f"run_pretraining: {msg}", flush=True)) if env.is_main else (lambda msg: None)
     logger = RunLogger(cfg.logging.json_summary, Path(cfg.checkpoint.output_dir) / "tensorboard", enabled=env.is_main,
                        progress=not cfg.logging.disable_progress_bar)
@@ -386,7 +387,7 @@ def _main(argv: list[str] | None) -> int:
 
         optimizer, scheduler = build_optimizer(cfg, raw_model, env)
         data = build_data(cfg, shards, env, log)
-        utils.set_seed(cfg.training.seed + env.rank)  # dropout differs between ranks
+        distributed.set_seed(cfg.training.seed + env.rank)  # dropout differs between ranks
         trainer = Trainer(cfg, env, model, raw_model, optimizer, scheduler, precision, data, logger, stop, validator,
                           log)
         if cfg.debug.debug_inject_inf_at_step > 0:
@@ -410,7 +411,7 @@ def _main(argv: list[str] | None) -> int:
             data.close()
         logger.close()
         if owns_process_group:
-            utils.end_process_group(clean=sys.exc_info()[0] is None)  # no barrier while an error propagates
+            distributed.end_process_group(clean=sys.exc_info()[0] is None)  # no barrier while an error propagates
 
 
 if __name__ == "__main__":

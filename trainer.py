@@ -34,7 +34,7 @@ Logging (rank 0), every --log_freq steps: average_loss, mlm_loss, nsp_loss, lear
 loss_scale, phase (and mfu on a known GPU, from model FLOPs of real, non-padding tokens); the validator's numbers
 every --eval_steps and at the end; `fit` returns the FINAL line's numbers.
 
-Errors are typed (ResumeError, DivergedError: utils.InputError; CheckpointWriteError: OSError); the entry script's
+Errors are typed (ResumeError, DivergedError: cli.InputError; CheckpointWriteError: OSError); the entry script's
 main() turns them into its one line.
 """
 from __future__ import annotations
@@ -46,13 +46,14 @@ from typing import Any, Callable
 
 import torch
 
+import cli
+import distributed
+from cli import InputError
 from pretraining_config import PretrainConfig
 from pretraining_data import DataPosition, PretrainingData
 from precision import Precision
 from training import (CheckpointManager, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest, forward_backward,
                       optimizer_step, peak_flops, to_device, weights_finite)
-import utils
-from utils import InputError
 
 
 class ResumeError(InputError):
@@ -148,7 +149,7 @@ def refuse_used_output_dir(cfg: PretrainConfig) -> None:
                           "--resume_from_checkpoint to continue that run, or choose an empty folder")
 
 
-def gather_objects(obj: Any, env: utils.DistEnv) -> list[Any]:
+def gather_objects(obj: Any, env: distributed.DistEnv) -> list[Any]:
     """[obj of rank 0, obj of rank 1, ...] on every rank (a collective: every rank must call it)."""
     if not env.distributed:
         return [obj]
@@ -186,9 +187,10 @@ class Trainer:
 
     MAX_CONSECUTIVE_OVERFLOWS = 50
 
-    def __init__(self, cfg: PretrainConfig, env: utils.DistEnv, model: torch.nn.Module, raw_model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler, precision: Precision, data: PretrainingData,
-                 logger: RunLogger, stop: StopRequest, validator=None, log: Callable[[str], None] = lambda msg: None):
+    def __init__(self, cfg: PretrainConfig, env: distributed.DistEnv, model: torch.nn.Module,
+                 raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, precision: Precision,
+                 data: PretrainingData, logger: RunLogger, stop: StopRequest, validator=None,
+                 log: Callable[[str], None] = lambda msg: None):
         self.cfg, self.env, self.log = cfg, env, log
         self.model, self.raw_model = model, raw_model
         self.optimizer, self.scheduler, self.precision = optimizer, scheduler, precision
@@ -345,18 +347,18 @@ class Trainer:
         try:
             if payload is not None:
                 self.checkpoints.save(self.state.global_step, payload)
-        except OSError as e:  # a full disk: one line (utils.atomic_torch_save raises the OSError, not torch's)
+        except OSError as e:  # a full disk: one line (atomic_io.atomic_torch_save raises the OSError, not torch's)
             raise CheckpointWriteError(f"cannot write the checkpoint of step {self.state.global_step}: "
-                                       f"{utils.describe_error(e)}; the checkpoints written before are intact") from e
-        finally:  # every rank leaves once the file is complete: a rank that exits first (after a stop signal)
-            utils.barrier(self.env)  # could make the launcher (srun, torchrun) kill rank 0 in the middle of the write
+                                       f"{cli.describe_error(e)}; the checkpoints written before are intact") from e
+        finally:  # every rank leaves once the file is complete: a rank that exits first (after a stop signal) could
+            distributed.barrier(self.env)  # make the launcher (srun, torchrun) kill rank 0 in the middle of the write
 
     def state_dict(self) -> dict[str, Any] | None:
         """The checkpoint payload on rank 0 (the writer), None on the other ranks. A collective: every rank's RNG
         states go into it, so every rank calls it; only rank 0 copies the tensors."""
         from checkpoint_io import REDUNDANT_KEYS
 
-        rngs = gather_objects(utils.rng_state(), self.env)
+        rngs = gather_objects(distributed.rng_state(), self.env)
         if not self.env.is_main:
             return None
         data, pos, state = self.data, self.data.position, self.state
@@ -428,11 +430,11 @@ class Trainer:
         """Each rank's RNG states from the checkpoint; with a different number of processes, fresh per-rank seeds
         (the weights and data resume exactly; the dropout masks cannot)."""
         if len(ckpt["rng"]) == self.env.world_size:
-            utils.set_rng_state(ckpt["rng"][self.env.rank])
+            distributed.set_rng_state(ckpt["rng"][self.env.rank])
             return
         self.log(f"the checkpoint was written by {len(ckpt['rng'])} processes, this run has {self.env.world_size}: "
                  "dropout RNG re-seeded")
-        utils.set_seed(self.cfg.training.seed + self.env.rank + 1_000_003 * ckpt["phase_step"])
+        distributed.set_seed(self.cfg.training.seed + self.env.rank + 1_000_003 * ckpt["phase_step"])
 
 
 def evaluate(validator, raw_model: torch.nn.Module, log: Callable[[str], None]) -> dict[str, float]:

@@ -111,7 +111,7 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki") -> di
 
 def download_wikipedia(args, dest_dir: Path, logger) -> Path:
     from file_utils import DownloadError, download
-    from utils import atomic_write_json
+    from atomic_io import atomic_write_json
 
     if args.dump_date != "latest" and not re.fullmatch(r"\d{8}", args.dump_date):
         raise SystemExit(f"error: --dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
@@ -333,7 +333,7 @@ def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
     """Finished HDF5 files are kept on a rerun: refuse to mix them with files of another vocabulary (a rerun with
     another VOCAB_SIZE relearns vocab.txt; the folder's name does not say which vocabulary made it). The folder
     records the sha256 of the vocab.txt its files were made with; --overwrite removes the old files first."""
-    from utils import atomic_write_text
+    from atomic_io import atomic_write_text
 
     digest = hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest()
     stamp = out_dir / "vocab.sha256"
@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random_seed", type=int, default=12345)
     p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    from utils import add_debug_argument  # the repository root is importable: main() checked it
+    from cli import add_debug_argument  # the repository root is importable: main() checked it
 
     add_debug_argument(p)
     return p
@@ -481,7 +481,7 @@ def main(argv=None) -> int:
     """0 when the action finished; bad input, a failed download or a full disk: one line on stderr and exit
     status 1 (--debug: the traceback)."""
     try:
-        from utils import script_errors
+        from cli import script_errors
     except ModuleNotFoundError:
         raise SystemExit("error: run from the repository root as `python -m data.bertPrep ...`") from None
     with script_errors("bertPrep.py", argv):
@@ -503,7 +503,7 @@ def _main(argv) -> int:
     for key, value in PHASES[args.phase].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    from utils import JsonLogger
+    from atomic_io import JsonLogger
 
     dirs = directories(args)
     Path(args.working_dir).mkdir(parents=True, exist_ok=True)
