@@ -94,7 +94,7 @@ def load_pt(path: str | os.PathLike) -> Any:
             raise CheckpointError(f"checkpoint {path} was refused: it holds pickled data beyond tensors and plain "
                                   f"containers, or it is damaged; {todo}, or copy it again") from None
         if isinstance(e, OSError) and e.errno is not None:  # permissions, an I/O error: say what to check
-            from utils import describe_error
+            from cli import describe_error
 
             raise CheckpointError(f"checkpoint {path} cannot be read: {describe_error(OSError(e.errno, e.strerror))}"
                                   ) from None
@@ -272,7 +272,7 @@ def save_hf_directory(model: nn.Module, out_dir: str | os.PathLike, vocab_file: 
     """Write config.json, model.safetensors (and vocab.txt) that transformers' from_pretrained loads."""
     from safetensors.torch import save_file
 
-    from utils import atomic_open, atomic_write_json
+    from atomic_io import atomic_open, atomic_write_json
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import modeling
 from checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
-from utils import InputError, add_debug_argument, atomic_torch_save, check_output_path, script_errors
+from atomic_io import atomic_torch_save
+from cli import InputError, add_debug_argument, check_output_path, script_errors
 
 MODELS = {
     "pretraining": modeling.BertForPreTraining,

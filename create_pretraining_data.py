@@ -44,7 +44,7 @@ from typing import Sequence
 import numpy as np
 
 import pretraining_writer as writer
-from utils import InputError, add_debug_argument, check_output_path, describe_error, script_errors
+from cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
 
 
 def resolve_inputs(spec: str) -> list[str]:

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
-import utils
+import atomic_io
+import cli
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
     g.add_argument("--disable_progress_bar", action="store_true", help="no tqdm bar")
-    utils.add_debug_argument(g)
+    cli.add_debug_argument(g)
     return p
 
 
@@ -83,12 +84,12 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     try:
         layers = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise utils.InputError(f"--layers {text!r}: expected comma-separated integers such as -1,-2,-3,-4") from None
+        raise cli.InputError(f"--layers {text!r}: expected comma-separated integers such as -1,-2,-3,-4") from None
     if not layers:
-        raise utils.InputError("--layers is empty: give indices such as -1,-2,-3,-4")
+        raise cli.InputError("--layers is empty: give indices such as -1,-2,-3,-4")
     bad = [i for i in layers if not -num_layers <= i < num_layers]
     if bad:
-        raise utils.InputError(f"--layers {bad} out of range for a {num_layers}-layer model: use {-num_layers}.."
+        raise cli.InputError(f"--layers {bad} out of range for a {num_layers}-layer model: use {-num_layers}.."
                                f"{num_layers - 1} (-1 is the last layer)")
     return layers
 
@@ -110,7 +111,7 @@ def output_format(args) -> str:
         return args.format
     suffix = Path(args.output_file).suffix.lower()
     if suffix not in FORMATS:
-        raise utils.InputError(f"--output_file {args.output_file}: cannot tell the format from "
+        raise cli.InputError(f"--output_file {args.output_file}: cannot tell the format from "
                                f"{suffix or 'no suffix'!r}; use {', '.join(FORMATS)} or --format")
     return FORMATS[suffix]
 
@@ -123,19 +124,19 @@ def read_lines(path: str | Path) -> list[dict]:
     """Every line as {"text_a", "text_b"} (text_b None for a single text), split at " ||| " as Google's."""
     file = Path(path)
     if file.is_dir():
-        raise utils.InputError(f"--input_file {path} is a folder: name a text file, one text a line")
+        raise cli.InputError(f"--input_file {path} is a folder: name a text file, one text a line")
     if not file.is_file():
-        raise utils.InputError(f"--input_file {path} not found")
+        raise cli.InputError(f"--input_file {path} not found")
     try:
         data = file.read_bytes()
     except OSError as e:
-        raise utils.InputError(f"--input_file {path} cannot be read ({e.strerror}): check its permissions") from None
+        raise cli.InputError(f"--input_file {path} cannot be read ({e.strerror}): check its permissions") from None
     try:
         if b"\0" in data:
             raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), data.index(b"\0") + 1, "NUL byte")
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise utils.InputError(f"--input_file {path} is not UTF-8 text (byte {e.start}): give UTF-8 text, one text a "
+        raise cli.InputError(f"--input_file {path} is not UTF-8 text (byte {e.start}): give UTF-8 text, one text a "
                                "line") from None
     items = []
     for line in io.StringIO(text, newline=None):  # universal newlines, as reading the file in text mode
@@ -227,9 +228,9 @@ def open_writer(path: str | Path, fmt: str, layers: list[int], args, hidden_size
         try:
             import h5py  # noqa: F401
         except ImportError:
-            raise utils.InputError("--format hdf5 needs h5py (pip install h5py); or write .npz / .jsonl") from None
+            raise cli.InputError("--format hdf5 needs h5py (pip install h5py); or write .npz / .jsonl") from None
     mode = "w" if fmt == "jsonl" else "w+b"
-    with utils.atomic_open(path, mode, **({"encoding": "utf-8"} if fmt == "jsonl" else {})) as f:
+    with atomic_io.atomic_open(path, mode, **({"encoding": "utf-8"} if fmt == "jsonl" else {})) as f:
         if fmt == "jsonl":
             writer = JsonlWriter(f, layers, args.decimals)
         elif fmt == "npz":
@@ -277,7 +278,7 @@ def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, m
 def main(argv: list[str] | None = None) -> dict:
     """The summary; bad input, a checkpoint that cannot be read safely or a full disk end the run with one line
     on stderr and exit status 1 (--debug: the traceback)."""
-    with utils.script_errors("extract_features.py", argv):
+    with cli.script_errors("extract_features.py", argv):
         return _main(argv)
 
 
@@ -290,13 +291,13 @@ def _main(argv: list[str] | None) -> dict:
     args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
     for name in ("batch_size", "max_seq_length"):
         if getattr(args, name) < 1:
-            raise utils.InputError(f"--{name} must be positive, got {getattr(args, name)}")
+            raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
     fmt = output_format(args)
     resolve_model_files(args)
-    utils.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
+    cli.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
     items = read_lines(args.input_file)
     if not items:
-        raise utils.InputError(f"--input_file {args.input_file} is empty: give one text a line")
+        raise cli.InputError(f"--input_file {args.input_file} is empty: give one text a line")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = precision_policy.setup(args.precision, device, "extract_features.py", precision_policy.READ).name
@@ -308,11 +309,11 @@ def _main(argv: list[str] | None) -> dict:
         model = from_pretrained(BertModel, args.init_checkpoint, config=args.config_file, log=log,
                                 add_pooling_layer=False)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
-        raise utils.InputError(f"--init_checkpoint {args.init_checkpoint}: {utils.describe_error(e)}") from e
+        raise cli.InputError(f"--init_checkpoint {args.init_checkpoint}: {cli.describe_error(e)}") from e
     config = model.config
     check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
     if args.max_seq_length < 3:
-        raise utils.InputError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
+        raise cli.InputError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)
     model.to(device)
     with open_writer(args.output_file, fmt, layers, args, config.hidden_size) as writer:

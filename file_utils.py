@@ -348,7 +348,7 @@ def cached_path(path_or_url: str | os.PathLike, cache_dir: str | os.PathLike | N
         try:
             if not dest.exists():
                 download(url, dest, checksum=checksum, progress=progress, **download_kwargs)
-                from utils import atomic_write_json  # lazy: utils imports torch
+                from atomic_io import atomic_write_json  # lazy: utils imports torch
                 atomic_write_json(dest.with_name(dest.name + ".json"), {"url": url, "checksum": checksum})
             elif checksum:
                 download(url, dest, checksum=checksum, progress=progress, **download_kwargs)  # verifies, or refetches

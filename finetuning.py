@@ -15,7 +15,7 @@ Read top to bottom:
    fit, save, predict and score, results.json, the FINAL line; `main`, a script's main() around it.
 
 Messages go to stderr (rank 0 only); stdout carries one thing, the run's FINAL record as JSON, so that a caller can
-read it. Library code here raises utils.InputError for bad input; the script's main() turns it into one line.
+read it. Library code here raises cli.InputError for bad input; the script's main() turns it into one line.
 """
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ import torch
 
 import precision as precision_policy  # the module; `precision` is a resolved name in the functions below
 import training
-import utils
+import atomic_io
+import cli
+import distributed
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. Checks before any work
@@ -108,7 +110,7 @@ def build_parser(prog: str, doc: str, *, modes: tuple[str, str, str], max_seq_le
     r.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
     r.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
-    utils.add_debug_argument(r)
+    cli.add_debug_argument(r)
     return p, FlagGroups(data, model, run, g, r)
 
 
@@ -124,29 +126,29 @@ def add_subset_arguments(group: argparse._ArgumentGroup, *, eval_sets: str, spli
 
 
 def check_arguments(args: argparse.Namespace, positive: Sequence[str] = ()) -> None:
-    """One-line errors (utils.InputError) for the shared flags' impossible values, and for the script's own
+    """One-line errors (cli.InputError) for the shared flags' impossible values, and for the script's own
     flags named in `positive` below 1."""
     if not (args.do_train or args.do_eval or args.do_predict):
-        raise utils.InputError("nothing to do: pass at least one of --do_train, --do_eval, --do_predict")
+        raise cli.InputError("nothing to do: pass at least one of --do_train, --do_eval, --do_predict")
     for name in positive:
         if getattr(args, name) < 1:
-            raise utils.InputError(f"--{name} must be positive, got {getattr(args, name)}")
+            raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
     if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
-        raise utils.InputError(f"--train_batch_size {args.train_batch_size} must be a positive multiple of "
+        raise cli.InputError(f"--train_batch_size {args.train_batch_size} must be a positive multiple of "
                                f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
     if args.train_batch_size < 1:
-        raise utils.InputError(f"--train_batch_size must be positive, got {args.train_batch_size}")
+        raise cli.InputError(f"--train_batch_size must be positive, got {args.train_batch_size}")
     if not 0.0 <= args.warmup_proportion <= 1.0:
-        raise utils.InputError(f"--warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
+        raise cli.InputError(f"--warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
     if getattr(args, "do_train", False) and args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise utils.InputError("--num_train_epochs must be positive (or give --max_steps)")
+        raise cli.InputError("--num_train_epochs must be positive (or give --max_steps)")
     if args.loss_scale < 0 or args.log_freq < 1 or args.num_workers < 0:
-        raise utils.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
+        raise cli.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
     output_dir = getattr(args, "output_dir", None)
     if output_dir and Path(output_dir).exists() and not Path(output_dir).is_dir():
-        raise utils.InputError(f"--output_dir {output_dir} is a file: name a folder for the results")
+        raise cli.InputError(f"--output_dir {output_dir} is a file: name a folder for the results")
     if args.json_summary and Path(args.json_summary).is_dir():
-        raise utils.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
+        raise cli.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
 
 
 def resolve_model_files(args: argparse.Namespace) -> None:
@@ -155,21 +157,21 @@ def resolve_model_files(args: argparse.Namespace) -> None:
     hf_model/ a fine-tuning script wrote beside its model.pt). Also used by extract_features.py."""
     ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
     if ckpt is None and args.config_file is None:
-        raise utils.InputError("give --init_checkpoint, or --config_file to start from random weights")
+        raise cli.InputError("give --init_checkpoint, or --config_file to start from random weights")
     if ckpt is not None and not ckpt.exists():
-        raise utils.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
+        raise cli.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
                                "Face directory")
     if args.vocab_file is None:
         folder = None if ckpt is None else ckpt if ckpt.is_dir() else ckpt.parent
         found = [] if folder is None else [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt")
                                            if p.is_file()]
         if not found:
-            raise utils.InputError(f"no vocab.txt in or beside {ckpt or '--init_checkpoint'}: pass --vocab_file")
+            raise cli.InputError(f"no vocab.txt in or beside {ckpt or '--init_checkpoint'}: pass --vocab_file")
         args.vocab_file = str(found[0])
     if not Path(args.vocab_file).is_file():
-        raise utils.InputError(f"--vocab_file {args.vocab_file} not found")
+        raise cli.InputError(f"--vocab_file {args.vocab_file} not found")
     if args.config_file is not None and not Path(args.config_file).is_file():
-        raise utils.InputError(f"--config_file {args.config_file} not found")
+        raise cli.InputError(f"--config_file {args.config_file} not found")
 
 
 def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: int) -> None:
@@ -177,11 +179,11 @@ def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: i
     than the model's vocab_size (its ids would index past the embedding table, an IndexError mid-run), or a
     --max_seq_length beyond its max_position_embeddings (the same, for positions)."""
     if vocab_size > config.vocab_size:
-        raise utils.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
+        raise cli.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
                                f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
                                "--config_file)")
     if max_seq_length > config.max_position_embeddings:
-        raise utils.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+        raise cli.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
                                f"{config.max_position_embeddings}: pass at most that")
 
 
@@ -260,14 +262,14 @@ class Task:
         --do_train; {set name: examples} to evaluate or predict)."""
         raise NotImplementedError
 
-    def encode(self, examples: list, tokenizer, env: utils.DistEnv, log: Callable[[str], None],
+    def encode(self, examples: list, tokenizer, env: distributed.DistEnv, log: Callable[[str], None],
                training: bool) -> torch.utils.data.Dataset:
         raise NotImplementedError
 
     def collate(self, items: list) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def epoch_batches(self, dataset, micro_batch: int, env: utils.DistEnv
+    def epoch_batches(self, dataset, micro_batch: int, env: distributed.DistEnv
                       ) -> tuple[Callable[[int], Iterable[dict]], int]:
         """(epoch -> this process's training micro-batches of that epoch, micro-batches per epoch)."""
         return shuffled_epochs(dataset, micro_batch, self.collate, self.args.seed, env, self.args.num_workers)
@@ -310,7 +312,7 @@ class Task:
 
 
 def shuffled_epochs(dataset: torch.utils.data.Dataset, micro_batch: int, collate_fn, seed: int,
-                    env: utils.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
+                    env: distributed.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
     """A fine-tuning dataset as epochs of shuffled micro-batches (each process its own share, as DistributedSampler
     cuts it): returns (epoch -> that epoch's batches, micro-batches per epoch)."""
     sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=seed) if env.distributed
@@ -334,7 +336,7 @@ def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: flo
     return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
 
 
-def train(model: torch.nn.Module, task: Task, dataset, env: utils.DistEnv,
+def train(model: torch.nn.Module, task: Task, dataset, env: distributed.DistEnv,
           logger: training.RunLogger) -> training.FitResult:
     """Fine-tune `model` (bare: parallelism and precision are applied here) on `dataset` with the shared flags:
     the task's micro-batches, BertAdam (AdamW without bias correction, as BERT) over the no-decay groups, the
@@ -378,7 +380,7 @@ class Predictions:
 
 
 @torch.inference_mode()
-def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: utils.DistEnv,
+def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: distributed.DistEnv,
             desc: str) -> Predictions:
     """The one prediction loop: the task head's output for every example of `dataset`, from batches of similar
     lengths, each padded to its longest, put back in the dataset's order."""
@@ -416,7 +418,7 @@ def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_siz
             f"{unit}_per_second": count / (ms.sum() / 1000), "wall_seconds": seconds}
 
 
-def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, list], env: utils.DistEnv,
+def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, list], env: distributed.DistEnv,
              logger: training.RunLogger, log: Callable[[str], None]) -> dict:
     """Predict every set, score it, write the prediction files (--do_predict); returns {"eval", "inference"}."""
     args = task.args
@@ -441,7 +443,7 @@ def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str,
         f"{out['inference'][f'{task.unit}_per_second']:.1f} {task.unit}/s")
     if args.do_predict:
         for file, entries in files.items():
-            utils.atomic_write_json(Path(args.output_dir) / file, entries)
+            atomic_io.atomic_write_json(Path(args.output_dir) / file, entries)
     return out
 
 
@@ -476,14 +478,14 @@ def save_model(model: torch.nn.Module, task: Task, output_dir: Path, steps: int)
     transformers directory (config.json, model.safetensors, vocab.txt)."""
     from checkpoint_io import export_state_dict, save_hf_directory
 
-    utils.atomic_torch_save({"model": export_state_dict(model), "config": model.config.to_dict(),
+    atomic_io.atomic_torch_save({"model": export_state_dict(model), "config": model.config.to_dict(),
                              **task.saved_fields(steps)}, output_dir / "model.pt")
     hf_dir = output_dir / "hf_model"
     save_hf_directory(model, hf_dir, task.args.vocab_file)
     extra = task.hf_config_fields()
     if extra:
         config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-        utils.atomic_write_json(hf_dir / "config.json", {**config, **extra})
+        atomic_io.atomic_write_json(hf_dir / "config.json", {**config, **extra})
 
 
 def main(task_class: type[Task], parse_args: Callable[[Sequence[str] | None], argparse.Namespace],
@@ -491,13 +493,13 @@ def main(task_class: type[Task], parse_args: Callable[[Sequence[str] | None], ar
     """A fine-tuning script's main(argv): its flags parsed, its task run; returns the results (also results.json).
     Bad input, a checkpoint that does not fit or cannot be read safely, a malformed data file or a full disk end
     the run with one line on stderr and exit status 1 (--debug: the traceback)."""
-    with utils.script_errors(task_class.prog, argv):
+    with cli.script_errors(task_class.prog, argv):
         return run(task_class(parse_args(argv)))
 
 
 def run(task: Task) -> dict:
     """Fine-tune, save, predict and score as the task's flags say; returns the results (also results.json on
-    rank 0, whose FINAL record is logged and printed on stdout). Bad input raises utils.InputError (or a
+    rank 0, whose FINAL record is logged and printed on stdout). Bad input raises cli.InputError (or a
     checkpoint's, a data file's own error) before any training or prediction."""
     from tokenization import BertTokenizer, casing_warning
 
@@ -506,7 +508,7 @@ def run(task: Task) -> dict:
     resolve_model_files(args)
     # 2. Where the run computes (torchrun's or Slurm's environment, else one process) and in what precision:
     #    auto decides from that device, and from whether the run trains or only reads the model.
-    env = utils.init_distributed(no_cuda=args.no_cuda)
+    env = distributed.init_distributed(no_cuda=args.no_cuda)
     choice = precision_policy.setup(args.precision, env.device, task.prog, precision_policy.purpose_of(args),
                                     show=env.is_main)
     args.precision, args.precision_reason = choice.name, choice.reason
@@ -526,14 +528,14 @@ def run(task: Task) -> dict:
         log(f"warning: {warning}")
 
     # 4. The model: the seed makes a fresh head (or random weights) the same on every process.
-    utils.set_seed(args.seed)
+    distributed.set_seed(args.seed)
     model = load_model(task, log)
     check_model_fits(model.config, len(tokenizer), args.vocab_file, args.max_seq_length)
     if model.config.vocab_size != len(tokenizer):
         log(f"warning: the model's vocab_size {model.config.vocab_size} differs from {args.vocab_file} "
             f"({len(tokenizer)} tokens)")
     model.to(env.device)
-    utils.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
+    distributed.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
     results: dict = {"task": task.name, "init_checkpoint": args.init_checkpoint, "precision": args.precision,
                      "precision_reason": args.precision_reason,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
@@ -554,17 +556,17 @@ def run(task: Task) -> dict:
             log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
 
     # 6. Predict and score on rank 0 alone; the other processes wait at the barrier.
-    utils.barrier(env)
+    distributed.barrier(env)
     if env.is_main and eval_sets:
         results.update(evaluate(task, model, tokenizer, eval_sets, env, logger, log))
         task.after_predictions(output_dir, results, logger)
 
     # 7. The record: results.json, the FINAL log line, and the same record on stdout.
     if env.is_main:
-        utils.atomic_write_json(output_dir / "results.json", results)
+        atomic_io.atomic_write_json(output_dir / "results.json", results)
         final = task.final_record(results)
         logger.log("FINAL", final)
         print(json.dumps(final, indent=2), flush=True)
     logger.close()
-    utils.end_process_group()
+    distributed.end_process_group()
     return results

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
-import utils
+import atomic_io
+import cli
 from checkpoint_io import CheckpointError, from_pretrained, load_pt, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
@@ -191,7 +192,7 @@ def _find_vocab(args) -> str:
     ckpt = Path(args.init_checkpoint)
     candidate = ckpt / "vocab.txt" if ckpt.is_dir() else ckpt.parent / "vocab.txt"
     if not candidate.is_file():
-        raise utils.InputError(f"no vocab.txt in or beside {ckpt}: pass --vocab_file")
+        raise cli.InputError(f"no vocab.txt in or beside {ckpt}: pass --vocab_file")
     return str(candidate)
 
 
@@ -224,7 +225,7 @@ def load_model(args, log):
     else:
         num_labels, names = checkpoint_labels(args.init_checkpoint)
         if num_labels is None:
-            raise utils.InputError(f"{args.init_checkpoint} has no classifier head: fine-tune it with "
+            raise cli.InputError(f"{args.init_checkpoint} has no classifier head: fine-tune it with "
                              "run_glue.py first")
         model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, config=config,
                                 log=lines.append, num_labels=num_labels)
@@ -234,7 +235,7 @@ def load_model(args, log):
         log(line)
     if any(line.split(": ", 1)[-1].startswith("initialised fresh") and f" {head}." in f" {line}" for line in lines):
         task = "run_squad.py" if args.mode == "qa" else "run_glue.py"
-        raise utils.InputError(f"{args.init_checkpoint} has no {head} head (it would answer at random): "
+        raise cli.InputError(f"{args.init_checkpoint} has no {head} head (it would answer at random): "
                          f"fine-tune it with {task} first")
     return model
 
@@ -244,20 +245,20 @@ LIMIT_HINT = "raise it with --{name} (0 = no limit)"
 
 def items_from_args(args) -> list[dict]:
     """The items to answer or classify, each checked (UTF-8, not empty, within the character limits) before any
-    model work; utils.InputError (one line) for the first that is not."""
+    model work; cli.InputError (one line) for the first that is not."""
     if args.input_file:
         try:
             items = read_items(args.input_file)
         except (OSError, ValueError) as e:  # a missing file, bad JSON, bytes that are not UTF-8
-            raise utils.InputError(f"--input_file: {e}") from None
+            raise cli.InputError(f"--input_file: {e}") from None
         labels = [f"item {i} of --input_file {args.input_file}: the {{}}" for i in range(len(items))]
     elif args.mode == "qa":
         if args.question is None or args.context is None:
-            raise utils.InputError("give --question and --context, or --input_file")
+            raise cli.InputError("give --question and --context, or --input_file")
         items, labels = [{"id": "0", "question": args.question, "context": args.context}], ["--{}"]
     else:
         if args.text_a is None:
-            raise utils.InputError("give --text_a (and --text_b for pairs), or --input_file")
+            raise cli.InputError("give --text_a (and --text_b for pairs), or --input_file")
         items, labels = [{"id": "0", "text_a": args.text_a, "text_b": args.text_b}], ["--{}"]
     fields = (("question", args.max_question_chars, "max_question_chars"),
               ("context", args.max_context_chars, "max_context_chars")) if args.mode == "qa" else \
@@ -268,7 +269,7 @@ def items_from_args(args) -> list[dict]:
             for name, limit, limit_name in fields:
                 check_text(item.get(name), label.format(name), limit, limit_name, LIMIT_HINT)
     except ValueError as e:
-        raise utils.InputError(str(e)) from None
+        raise cli.InputError(str(e)) from None
     return items
 
 
@@ -277,16 +278,16 @@ def check_output_file(path: str) -> None:
     JSON is written to a temporary file there and renamed)."""
     target = Path(path)
     if target.is_dir():
-        raise utils.InputError(f"--output_file {path} is a folder: name a file")
+        raise cli.InputError(f"--output_file {path} is a folder: name a file")
     folder = target.parent
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
-        raise utils.InputError(f"--output_file {path}: {folder} {what}")
+        raise cli.InputError(f"--output_file {path}: {folder} {what}")
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".check"):
             pass
     except OSError as e:
-        raise utils.InputError(f"--output_file {path}: cannot write in {folder} ({e.strerror})") from None
+        raise cli.InputError(f"--output_file {path}: cannot write in {folder} ({e.strerror})") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (utils.InputError, CheckpointError, OSError, ValueError) as e:
+    except (cli.InputError, CheckpointError, OSError, ValueError) as e:
         if args.debug:
             raise
         message = " ".join(str(e).split()) or type(e).__name__
@@ -356,13 +357,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def run(args: argparse.Namespace) -> list[dict]:
     if not Path(args.init_checkpoint).exists():
-        raise utils.InputError(f"--init_checkpoint {args.init_checkpoint} not found")
+        raise cli.InputError(f"--init_checkpoint {args.init_checkpoint} not found")
     for name in ("batch_size", "doc_stride", "n_best_size", "max_answer_length"):
         if getattr(args, name) < 1:
-            raise utils.InputError(f"--{name} must be positive, got {getattr(args, name)}")
+            raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
     for name in ("max_context_chars", "max_question_chars", "max_windows"):
         if getattr(args, name) < 0:
-            raise utils.InputError(f"--{name} must be >= 0 (0: no limit), got {getattr(args, name)}")
+            raise cli.InputError(f"--{name} must be >= 0 (0: no limit), got {getattr(args, name)}")
     items = items_from_args(args)
     if args.output_file:
         check_output_file(args.output_file)
@@ -377,13 +378,13 @@ def run(args: argparse.Namespace) -> list[dict]:
     model = load_model(args, log).to(device)
     limit = model.config.max_position_embeddings
     if args.max_seq_length is not None and args.max_seq_length > limit:
-        raise utils.InputError(f"--max_seq_length {args.max_seq_length} exceeds the model's "
+        raise cli.InputError(f"--max_seq_length {args.max_seq_length} exceeds the model's "
                                f"max_position_embeddings {limit}")
     progress = not args.disable_progress_bar
     if args.mode == "qa":
         max_seq_length = args.max_seq_length or min(384, limit)
         if max_seq_length < args.max_query_length + 4:
-            raise utils.InputError(f"--max_seq_length {max_seq_length} must be at least --max_query_length "
+            raise cli.InputError(f"--max_seq_length {max_seq_length} must be at least --max_query_length "
                                    f"{args.max_query_length} + 4")
         out = answer_questions(
             model, tokenizer, items, max_seq_length=max_seq_length, doc_stride=args.doc_stride,
@@ -398,7 +399,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                        progress=progress)
     text = json.dumps(out, indent=2, ensure_ascii=False)
     if args.output_file:
-        utils.atomic_write_text(args.output_file, text + "\n")
+        atomic_io.atomic_write_text(args.output_file, text + "\n")
     print(text, flush=True)
     return out
 

@@ -42,7 +42,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from utils import InputError
+from cli import InputError
 
 
 class DataError(InputError):

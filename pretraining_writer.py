@@ -40,7 +40,7 @@ graph, CUDA graphs), the resumable data position stays a row count in a fixed fi
 process-split independence are unchanged), and the packing work is done once per dataset, not per epoch and rank
 (MLPerf's BERT packs offline too). The cost: a packed dataset is packed the same way every epoch.
 
-Errors: CorpusError (a utils.InputError) for a corpus that cannot make instances; OSError for a full disk, naming
+Errors: CorpusError (a cli.InputError) for a corpus that cannot make instances; OSError for a full disk, naming
 the file. Nothing here exits: create_pretraining_data.py's main() turns them into one line.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ import numpy as np
 
 from pretraining_format import (LAYOUT, PACKED_KEY, PACKED_LAYOUT, choose_positions, choose_whole_words, mask_chosen,
                                 masked_count, pack_sequences, packed_predictions)
-from utils import InputError
+from cli import InputError
 
 # Work-unit sizes. They shape the random streams, so they are constants: changing one changes the output arrays.
 CHUNK_BYTES = 1 << 18  # text per tokenization task
@@ -673,11 +673,11 @@ def check_free_space(path: Path, size: int) -> None:
 
 
 def write_file_image(path: Path, image: bytes) -> None:
-    """Write a finished file's bytes atomically (utils.atomic_open: a temporary file, fsync, rename), after
+    """Write a finished file's bytes atomically (atomic_io.atomic_open: a temporary file, fsync, rename), after
     checking that the folder has room for them: a full disk is one line (an OSError naming the file and the free
     space), before anything is written, and a disk that fills during the write still leaves no partial file and
     no file under the final name."""
-    from utils import atomic_open
+    from atomic_io import atomic_open
 
     path.parent.mkdir(parents=True, exist_ok=True)
     check_free_space(path, len(image))

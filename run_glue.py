@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 import finetuning
-import utils
+import cli
 from modeling import BertForSequenceClassification
 from processors.glue import (TASKS, compute_metrics, encode_examples, get_dev_examples, get_task,
                              get_test_examples, get_train_examples)
@@ -123,7 +123,7 @@ class GlueTask(finetuning.Task):
             sets.update({name: examples[:args.max_eval_examples] for name, examples in test_sets.items()})
         for name, examples in {**({"train": train} if args.do_train else {}), **sets}.items():
             if not examples:
-                raise utils.InputError(f"{task.display_name} {name} set in {args.data_dir} has no examples (a header "
+                raise cli.InputError(f"{task.display_name} {name} set in {args.data_dir} has no examples (a header "
                                        "row only?): check --data_dir")
         return train, sets
 

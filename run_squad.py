@@ -59,7 +59,9 @@ import torch
 
 import finetuning
 import training
-import utils
+import atomic_io
+import cli
+import distributed
 from modeling import BertForQuestionAnswering
 from processors import squad
 
@@ -108,15 +110,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.do_predict = args.do_predict or args.do_eval
     finetuning.check_arguments(args, positive=("predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"))
     if args.do_train and not args.train_file:
-        raise utils.InputError("--do_train needs --train_file (a SQuAD json such as train-v1.1.json)")
+        raise cli.InputError("--do_train needs --train_file (a SQuAD json such as train-v1.1.json)")
     if args.do_predict and not args.predict_file:
-        raise utils.InputError("--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)")
+        raise cli.InputError("--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)")
     for name in ("train_file", "predict_file", "eval_script", "config_file", "vocab_file"):
         value = getattr(args, name)
         if value is not None and not Path(value).is_file():
-            raise utils.InputError(f"--{name} {value} not found")
+            raise cli.InputError(f"--{name} {value} not found")
     if args.max_seq_length < args.max_query_length + 4:
-        raise utils.InputError(f"--max_seq_length {args.max_seq_length} must be at least --max_query_length "
+        raise cli.InputError(f"--max_seq_length {args.max_seq_length} must be at least --max_query_length "
                                f"{args.max_query_length} + 4 ([CLS], two [SEP] and one document token)")
     return args
 
@@ -134,7 +136,7 @@ def cache_dir_for(args: argparse.Namespace, input_file: str) -> Path | None:
     return beside if os.access(beside, os.W_OK) else Path(args.output_dir) / "cache"
 
 
-def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: utils.DistEnv, log,
+def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: distributed.DistEnv, log,
                    collective: bool) -> list[squad.InputFeatures]:
     """Features (windows) from the cache or built. `collective`: every process calls this; then process 0 builds
     and caches the features first and the others read the cache (one tokenization instead of one per process)."""
@@ -146,12 +148,12 @@ def build_features(args, input_file: str, examples, tokenizer, is_training: bool
 
         progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
     if sync and not env.is_main:
-        utils.barrier(env)  # wait for process 0 to write the cache, then read it
+        distributed.barrier(env)  # wait for process 0 to write the cache, then read it
     features, how = squad.load_or_build_features(
         input_file, examples, tokenizer, args.max_seq_length, args.doc_stride, args.max_query_length, is_training,
         args.version_2_with_negative, cache_dir, write_cache=env.is_main, progress=progress)
     if sync and env.is_main:
-        utils.barrier(env)
+        distributed.barrier(env)
     log(f"{input_file}: {len(examples)} questions -> {len(features)} windows ({how})")
     return features
 
@@ -243,7 +245,7 @@ class SquadTask(finetuning.Task):
 
     collate = staticmethod(collate)
 
-    def epoch_batches(self, dataset: Windows, micro_batch: int, env: utils.DistEnv):
+    def epoch_batches(self, dataset: Windows, micro_batch: int, env: distributed.DistEnv):
         """A seeded shuffle of the windows each epoch, every env.world_size-th window this process's, in batches
         (--group_by_length: batches of similar lengths, in random order)."""
         args = self.args
@@ -295,7 +297,7 @@ class SquadTask(finetuning.Task):
             record["eval_script"] = run_eval_script(args.eval_script, args.predict_file, output_dir,
                                                     args.version_2_with_negative)
             logger.log("EVAL_SCRIPT", record["eval_script"])
-        utils.atomic_write_json(output_dir / "eval_results.json", record)
+        atomic_io.atomic_write_json(output_dir / "eval_results.json", record)
 
     def saved_fields(self, steps: int) -> dict:
         return {"global_step": steps, "task": self.name}
@@ -326,12 +328,12 @@ def run_eval_script(script: str, predict_file: str, output_dir: Path, version_2:
         command += ["--na-prob-file", str(output_dir / "null_odds.json")]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise utils.InputError(f"--eval_script {script} failed (exit {done.returncode}): "
+        raise cli.InputError(f"--eval_script {script} failed (exit {done.returncode}): "
                                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no message'}")
     try:
         return json.loads(done.stdout)
     except json.JSONDecodeError:
-        raise utils.InputError(f"--eval_script {script} printed no JSON: {done.stdout[:200]!r}") from None
+        raise cli.InputError(f"--eval_script {script} printed no JSON: {done.stdout[:200]!r}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -341,7 +343,7 @@ def run_eval_script(script: str, predict_file: str, output_dir: Path, version_2:
 def main(argv: list[str] | None = None) -> dict:
     """The summary (also printed as JSON); bad input, a checkpoint that does not fit, a malformed SQuAD file or a
     full disk end the run with one line on stderr and exit status 1 (--debug: the traceback)."""
-    with utils.script_errors("run_squad.py", argv):
+    with cli.script_errors("run_squad.py", argv):
         task = SquadTask(parse_args(argv))
         return task.final_record(finetuning.run(task))
 

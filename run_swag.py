@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import finetuning
-import utils
+import cli
 from modeling import BertForMultipleChoice
 from processors.swag import accuracy, encode_examples, get_examples
 
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     finetuning.check_arguments(args, positive=("eval_batch_size",))
     if args.max_seq_length < 3:
-        raise utils.InputError(f"--max_seq_length must be at least 3, got {args.max_seq_length}")
+        raise cli.InputError(f"--max_seq_length must be at least 3, got {args.max_seq_length}")
     return args
 
 
@@ -104,7 +104,7 @@ class SwagTask(finetuning.Task):
             sets["test"] = get_examples(args.data_dir, "test")[:args.max_eval_examples]
         for name, examples in {"train": train, **sets}.items():
             if (name != "train" or args.do_train) and not examples:
-                raise utils.InputError(f"SWAG {name} set in {args.data_dir} has no examples")
+                raise cli.InputError(f"SWAG {name} set in {args.data_dir} has no examples")
         return train, sets
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> finetuning.EncodedDataset:

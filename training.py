@@ -1,4 +1,4 @@
-"""The shared training core of run_pretraining.py and the fine-tuning recipe (finetuning.py).
+"""The shared training core of pre-training (trainer.py) and the fine-tuning recipe (finetuning.py).
 
 Read top to bottom:
 - precision and parallelism: `apply_parallelism_and_precision`, the one ordered function that turns a bare model
@@ -12,8 +12,8 @@ Read top to bottom:
   on resume (falling back past a damaged file), interrupted writes cleaned up;
 - `StopRequest`: SIGTERM / SIGUSR1 / SIGINT finish the step, write a checkpoint and exit EXIT_STOPPED;
 - `fit`: the fine-tuning loop (epochs of micro-batches in accumulation groups, optimizer and schedule, logging),
-  which the fine-tuning recipe (finetuning.py) calls with a task's batches and loss; run_pretraining.py keeps its
-  own loop (steps, phases, exact resume) built from the same parts.
+  which the fine-tuning recipe (finetuning.py) calls with a task's batches and loss; pre-training has its own loop
+  (steps, phases, exact resume) built from the same parts: trainer.Trainer.
 The fine-tuning scripts' shared flags, model-file checks and prediction loop are finetuning.py's.
 """
 from __future__ import annotations
@@ -28,14 +28,16 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-import utils
+import atomic_io
+import cli
+import distributed
 from precision import Precision, configure_tf32, resolve
 
 # --------------------------------------------------------------------------------------------------------------
 # Precision and parallelism, applied in one place
 
 
-def apply_parallelism_and_precision(model: torch.nn.Module, env: utils.DistEnv, precision: str = "auto", *,
+def apply_parallelism_and_precision(model: torch.nn.Module, env: distributed.DistEnv, precision: str = "auto", *,
                                     loss_scale: float = 0.0, init_loss_scale: float = 2.0 ** 16,
                                     checkpoint_activations: bool = False, allreduce_fp16: bool = False,
                                     compile: bool | None = False, compile_mode: str = "default",
@@ -238,7 +240,7 @@ class Meter:
     throughput (sequences and model FLOPs) over the steps after the first `warmup_steps` of this run (start-up,
     compilation and cache warm-up are left out)."""
 
-    def __init__(self, env: utils.DistEnv, warmup_steps: int = 0, peak_flops: float | None = None,
+    def __init__(self, env: distributed.DistEnv, warmup_steps: int = 0, peak_flops: float | None = None,
                  num_losses: int = 1):
         self.env, self.warmup_steps, self.peak = env, warmup_steps, peak_flops
         self.losses = torch.zeros(num_losses, dtype=torch.float64, device=env.device)
@@ -320,13 +322,13 @@ class Meter:
 
 
 class RunLogger:
-    """dllogger-style JSON lines (utils.JsonLogger), TensorBoard scalars when the tensorboard package is installed
+    """dllogger-style JSON lines (atomic_io.JsonLogger), TensorBoard scalars when the tensorboard package is installed
     (optional), and the tqdm progress bar; rank 0 only (`enabled`)."""
 
     def __init__(self, json_path: str | Path, tensorboard_dir: str | Path | None, enabled: bool,
                  progress: bool = True):
         self.enabled, self.show_progress = enabled, progress and enabled
-        self.json = utils.JsonLogger(json_path, enabled=enabled)
+        self.json = atomic_io.JsonLogger(json_path, enabled=enabled)
         self.tensorboard = None
         if enabled and tensorboard_dir is not None:
             try:
@@ -363,7 +365,7 @@ class RunLogger:
 
 class CheckpointManager:
     """The ckpt_<step>.pt files of one folder. `owns(step)` says which of them belong to this run (pre-training:
-    the current phase's), the ones rotation and resume look at. Writes are atomic (utils.atomic_torch_save: a
+    the current phase's), the ones rotation and resume look at. Writes are atomic (atomic_io.atomic_torch_save: a
     temporary file, fsync, rename), reads use torch.load(weights_only=True), so a damaged or hostile file can
     neither run code nor be mistaken for a complete one."""
 
@@ -397,7 +399,7 @@ class CheckpointManager:
             try:
                 ckpt = self.read(found[step])
             except Exception as e:  # truncated or corrupted by something outside our atomic writes: fall back
-                self.log(f"{utils.describe_error(e)}; trying an older one")
+                self.log(f"{cli.describe_error(e)}; trying an older one")
                 continue
             if required <= set(ckpt):
                 return ckpt
@@ -407,7 +409,7 @@ class CheckpointManager:
     def save(self, step: int, payload: dict[str, Any]) -> Path:
         """Write ckpt_<step>.pt atomically, then drop this run's oldest beyond `keep` (never the new one)."""
         path = self.folder / f"ckpt_{step}.pt"
-        utils.atomic_torch_save(payload, path)
+        atomic_io.atomic_torch_save(payload, path)
         others = [p for s, p in self.mine().items() if s != step]
         for old in others[:max(len(others) - (self.keep - 1), 0)]:
             old.unlink(missing_ok=True)
@@ -415,7 +417,7 @@ class CheckpointManager:
         return path
 
     def remove_interrupted_writes(self) -> None:
-        """Temporary files left by a write that was killed (utils.atomic_open names them .<name>.*.tmp)."""
+        """Temporary files left by a write that was killed (atomic_io.atomic_open names them .<name>.*.tmp)."""
         for p in self.folder.glob(".ckpt_*.pt.*.tmp"):
             p.unlink(missing_ok=True)
 
@@ -457,7 +459,7 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def agreed(self, env: utils.DistEnv) -> bool:
+    def agreed(self, env: distributed.DistEnv) -> bool:
         """True when any rank was signalled: every rank stops after the same step.
 
         The vote is a MAX all-reduce of a CPU tensor over a gloo group (the default group on CPU; on GPUs a gloo
@@ -488,7 +490,7 @@ class FitResult:
 
 
 def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
-        loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler, precision: Precision, env: utils.DistEnv,
+        loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler, precision: Precision, env: distributed.DistEnv,
         logger: RunLogger, *, total_steps: int, accumulation: int, log_freq: int) -> FitResult:
     """Train `model` (the DDP-wrapped one when distributed) for `total_steps` optimizer steps.
 

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 
 class RunFailed(Exception):

@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         raise SystemExit("bench_lamb: torch-optimizer is missing; pip install torch-optimizer==0.3.0 "
                          "(requirements-test.txt)")
     from optimization import NVLAMB
-    from utils import atomic_write_json
+    from atomic_io import atomic_write_json
 
     if args.threads:
         torch.set_num_threads(args.threads)

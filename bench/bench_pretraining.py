@@ -64,7 +64,7 @@ from pathlib import Path
 import torch
 
 from checkpoint_io import CheckpointError
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -461,7 +461,7 @@ def _main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bench_pretraining: unknown --configs/--precisions entries {bad}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from utils import atomic_write_json
+    from atomic_io import atomic_write_json
 
     started = time.perf_counter()
     load_before = os.getloadavg()

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", default="results/bench_sentence_split.json")
     args = p.parse_args(argv)
     try:
-        from utils import atomic_write_json
+        from atomic_io import atomic_write_json
     except ModuleNotFoundError:
         raise SystemExit("error: run from the repository root as `python -m bench.bench_sentence_split`")
     path = Path(args.wikitext)

@@ -34,7 +34,9 @@ import onnxruntime
 import torch
 import transformers
 
-from utils import InputError, atomic_write_json, load_triton_script, script_errors
+from atomic_io import atomic_write_json
+from cli import InputError, script_errors
+from utils import load_triton_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SQUAD_DEV = REPO_ROOT.parent / "shared" / "data" / "squad-v1.1-dev" / "dev-v1.1.json"

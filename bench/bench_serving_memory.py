@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from utils import script_errors
+from cli import script_errors
 
 SETTINGS = {  # name -> (cpu_mem_arena, arena shrinkage after each run, malloc_trim after each batch)
     "arena (ONNX Runtime default)": (True, False, False),
@@ -152,7 +152,7 @@ def _main(argv=None) -> int:
                         "held_mib": max(one["held_mib"] for one in rounds), "big_batch_seconds": seconds,
                         "big_batch_seconds_median": round(statistics.median(seconds), 2),
                         "malloc_trim_ms_max": max(trims) if trims else None, "rounds": rounds})
-    from utils import atomic_write_json
+    from atomic_io import atomic_write_json
 
     report = {"command": ".venv/bin/python -m bench.bench_serving_memory " + " ".join(
                   argv if argv is not None else sys.argv[1:]),

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_after"] = os.getloadavg()
     report["wall_s"] = round(time.time() - start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    from utils import atomic_write_json
+    from atomic_io import atomic_write_json
 
     atomic_write_json(args.out, report)
     print(markdown(report))

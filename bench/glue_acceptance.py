@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,7 +165,7 @@ def _main(argv: list[str] | None = None) -> int:
     if args.init_checkpoint is None:
         args.init_checkpoint = minilm_dir()
     if args.padding:
-        from utils import atomic_write_json
+        from atomic_io import atomic_write_json
 
         if args.threads:
             import torch
@@ -211,7 +211,7 @@ def _main(argv: list[str] | None = None) -> int:
             "passed": None if run.goal is None else value >= run.goal,
             "inference": results["inference"],
         }
-        from utils import atomic_write_json
+        from atomic_io import atomic_write_json
 
         atomic_write_json(summary_path, summary)
     if not args.dry_run:

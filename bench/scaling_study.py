@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 from bench import study_utils as su
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 
 class RunFailed(Exception):

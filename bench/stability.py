@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 
 class SeedFailed(Exception):

@@ -50,6 +50,14 @@ WIKI_BASE_URL = "https://dumps.wikimedia.org"
 GOOGLE_WEIGHTS_URL = "https://storage.googleapis.com/bert_models/2018_10_18/uncased_L-24_H-1024_A-16.zip"
 
 
+def _input_error(message: str) -> Exception:
+    """A typed error for bad input (cli.InputError); main() makes it the one line "bertPrep.py: error: ...". Imported
+    here, not at the top: the module itself loads without the repository root (main() says how to run it)."""
+    from cli import InputError
+
+    return InputError(message)
+
+
 def directories(args) -> dict[str, Path]:
     work = Path(args.working_dir)
     suffix = (f"_lower_case_{int(bool(args.do_lower_case))}_seq_len_{args.max_seq_length}"
@@ -96,11 +104,11 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki") -> di
         break
     if dump_date == "latest":
         if listing is None:
-            raise SystemExit(f"error: cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): "
+            raise _input_error(f"cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): "
                              f"give --dump_date YYYYMMDD")
         names = [n for n in listing[1] if re.fullmatch(rf"{wiki}-\d{{8}}-pages-articles\.xml\.bz2", n)]
         if not names:
-            raise SystemExit(f"error: the latest {wiki} checksum listing names no pages-articles dump: give "
+            raise _input_error(f"the latest {wiki} checksum listing names no pages-articles dump: give "
                              f"--dump_date YYYYMMDD")
         dump_date = names[0].split("-")[1]
     filename = f"{wiki}-{dump_date}-pages-articles.xml.bz2"
@@ -111,14 +119,14 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki") -> di
 
 def download_wikipedia(args, dest_dir: Path, logger) -> Path:
     from file_utils import DownloadError, download
-    from utils import atomic_write_json
+    from atomic_io import atomic_write_json
 
     if args.dump_date != "latest" and not re.fullmatch(r"\d{8}", args.dump_date):
-        raise SystemExit(f"error: --dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
+        raise _input_error(f"--dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
     try:
         dump = resolve_wiki_dump(args.base_url, args.dump_date)
     except DownloadError as e:
-        raise SystemExit(f"error: {e}")
+        raise _input_error(str(e)) from e
     if dump["checksum"] is None:
         print(f"warning: no published checksum found for {dump['filename']}; verifying its size only", file=sys.stderr)
     logger.log("download", {"dataset": "wikicorpus_en", **dump})
@@ -126,7 +134,7 @@ def download_wikipedia(args, dest_dir: Path, logger) -> Path:
         path = download(dump["url"], dest_dir / dump["filename"], checksum=dump["checksum"],
                         progress=not args.no_progress)
     except DownloadError as e:
-        raise SystemExit(f"error: {e}")
+        raise _input_error(str(e)) from e
     atomic_write_json(dest_dir / "download_manifest.json", {**dump, "file": path.name})
     return path
 
@@ -136,7 +144,7 @@ def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
     from file_utils import DownloadError, download
 
     if not url_list.is_file():
-        raise SystemExit(f"error: URL list {url_list} does not exist")
+        raise _input_error(f"URL list {url_list} does not exist")
     paths = []
     for i, line in enumerate(url_list.read_text(encoding="utf-8").splitlines()):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -147,7 +155,7 @@ def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
             paths.append(download(url, dest_dir / f"{i:06d}_{name}", checksum=rest[0] if rest else None,
                                   progress=progress))
         except (DownloadError, ValueError) as e:
-            raise SystemExit(f"error: {url_list} line {i + 1}: {e}")
+            raise _input_error(f"{url_list} line {i + 1}: {e}")
     return paths
 
 
@@ -157,7 +165,7 @@ def extract_zip(archive: Path, dest_dir: Path) -> None:
     with zipfile.ZipFile(archive) as zf:
         for member in zf.namelist():
             if not (root / member).resolve().is_relative_to(root):
-                raise SystemExit(f"error: {archive} holds an unsafe path {member!r}; not extracting")
+                raise _input_error(f"{archive} holds an unsafe path {member!r}; not extracting")
         zf.extractall(root)
 
 
@@ -176,7 +184,7 @@ def action_download(args, dirs, logger) -> None:
             elif args.books_dir:
                 _require_dir(args.books_dir, "--books_dir")  # used in place by text_formatting, nothing to fetch
             else:
-                raise SystemExit("error: bookscorpus has no public download: give --books_dir (a folder of .txt "
+                raise _input_error("bookscorpus has no public download: give --books_dir (a folder of .txt "
                                  "books) or --books_url_list (a file of URLs)")
         elif dataset == "custom":
             _require_dir(args.input_dir, "--input_dir")
@@ -184,16 +192,16 @@ def action_download(args, dirs, logger) -> None:
             try:
                 archive = download(args.weights_url, dest / Path(args.weights_url).name, progress=not args.no_progress)
             except DownloadError as e:
-                raise SystemExit(f"error: {e}")
+                raise _input_error(str(e)) from e
             extract_zip(archive, dest)
             logger.log("download", {"dataset": dataset, "file": str(archive)})
 
 
 def _require_dir(path: str | None, flag: str) -> Path:
     if not path:
-        raise SystemExit(f"error: {flag} is required for this dataset")
+        raise _input_error(f"{flag} is required for this dataset")
     if not Path(path).is_dir():
-        raise SystemExit(f"error: {flag} {path} is not a folder: pass the folder that holds the text files")
+        raise _input_error(f"{flag} {path} is not a folder: pass the folder that holds the text files")
     return Path(path)
 
 
@@ -209,7 +217,7 @@ def find_wiki_dump(download_dir: Path) -> Path:
             return path
     dumps = sorted(download_dir.glob("*.xml.bz2")) if download_dir.is_dir() else []
     if len(dumps) != 1:
-        raise SystemExit(f"error: expected one *.xml.bz2 dump in {download_dir}, found {len(dumps)}: run "
+        raise _input_error(f"expected one *.xml.bz2 dump in {download_dir}, found {len(dumps)}: run "
                          f"--action download --dataset wikicorpus_en, or pass --wiki_dump PATH")
     return dumps[0]
 
@@ -218,7 +226,7 @@ def action_text_formatting(args, dirs, logger) -> None:
     from data import text_formatting as tf
 
     if args.dataset == "google_pretrained_weights":
-        raise SystemExit("error: google_pretrained_weights has no text to format")
+        raise _input_error("google_pretrained_weights has no text to format")
     progress = not args.no_progress
     for dataset in _parts(args.dataset):
         output = formatted_file(dirs, dataset)
@@ -258,15 +266,15 @@ def action_create_vocab(args, dirs, logger) -> None:
     from data.create_vocab import create_vocab
 
     if args.dataset == "google_pretrained_weights":
-        raise SystemExit("error: google_pretrained_weights has no text to learn a vocabulary from")
+        raise _input_error("google_pretrained_weights has no text to learn a vocabulary from")
     if args.vocab_size is None:
-        raise SystemExit("error: --action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
+        raise _input_error("--action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
                          "bert-base-uncased)")
     inputs = (args.input_files.split(",") if args.input_files
               else [formatted_file(dirs, d) for d in _parts(args.dataset)])
     for path in inputs:
         if not Path(path).is_file():
-            raise SystemExit(f"error: {path} does not exist: run --action text_formatting --dataset {args.dataset} "
+            raise _input_error(f"{path} does not exist: run --action text_formatting --dataset {args.dataset} "
                              "first (or pass --input_files)")
     output = vocab_output(args)
     start = time.time()
@@ -285,7 +293,7 @@ def action_sharding(args, dirs, logger) -> None:
     from data.sharding import ShardingConfig, shard_corpus
 
     if args.dataset == "google_pretrained_weights":
-        raise SystemExit("error: google_pretrained_weights has no text to shard")
+        raise _input_error("google_pretrained_weights has no text to shard")
     if args.input_files:
         inputs = args.input_files.split(",")
     else:
@@ -333,14 +341,14 @@ def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
     """Finished HDF5 files are kept on a rerun: refuse to mix them with files of another vocabulary (a rerun with
     another VOCAB_SIZE relearns vocab.txt; the folder's name does not say which vocabulary made it). The folder
     records the sha256 of the vocab.txt its files were made with; --overwrite removes the old files first."""
-    from utils import atomic_write_text
+    from atomic_io import atomic_write_text
 
     digest = hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest()
     stamp = out_dir / "vocab.sha256"
     before = (stamp.read_text().split() or [None])[0] if stamp.is_file() else None
     if existing and before not in (None, digest):
         if not args.overwrite:
-            raise SystemExit(f"error: {out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
+            raise _input_error(f"{out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
                              f"--vocab_file {args.vocab_file}: pass --overwrite to redo them, or remove the folder")
         for path in existing:  # before the new stamp: an interrupted rerun must not keep them as the new vocab's
             path.unlink()
@@ -358,14 +366,14 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
     from tqdm.auto import tqdm
 
     if not (REPO_ROOT / "create_pretraining_data.py").is_file():
-        raise SystemExit(f"error: {REPO_ROOT / 'create_pretraining_data.py'} is missing")
+        raise _input_error(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
     if not args.vocab_file or not Path(args.vocab_file).is_file():
-        raise SystemExit(f"error: --vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
+        raise _input_error(f"--vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
                          f"--action download --dataset google_pretrained_weights)")
     shard_dir = dirs["sharded"] / args.dataset
     shards = list_shards(shard_dir, args.dataset)
     if not shards:
-        raise SystemExit(f"error: no shards in {shard_dir}: run --action sharding with the same shard flags first")
+        raise _input_error(f"no shards in {shard_dir}: run --action sharding with the same shard flags first")
     out_dir = dirs["hdf5"] / args.dataset
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     seed_index = {path: i for i, path in enumerate(sorted(str(s) for s in shards))}
@@ -403,7 +411,7 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
     if failed:
         log = out_dir / "logs" / f"{failed[0].stem}.log"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        raise SystemExit(f"error: create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
+        raise _input_error(f"create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
                          f"{' '.join(tail)} (full log: {log})")
     print(f"{args.dataset}: {len(todo)} HDF5 files written ({len(shards) - len(todo)} already there) in {out_dir}")
 
@@ -471,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random_seed", type=int, default=12345)
     p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    from utils import add_debug_argument  # the repository root is importable: main() checked it
+    from cli import add_debug_argument  # the repository root is importable: main() checked it
 
     add_debug_argument(p)
     return p
@@ -481,7 +489,7 @@ def main(argv=None) -> int:
     """0 when the action finished; bad input, a failed download or a full disk: one line on stderr and exit
     status 1 (--debug: the traceback)."""
     try:
-        from utils import script_errors
+        from cli import script_errors
     except ModuleNotFoundError:
         raise SystemExit("error: run from the repository root as `python -m data.bertPrep ...`") from None
     with script_errors("bertPrep.py", argv):
@@ -493,17 +501,17 @@ def _main(argv) -> int:
     try:
         import file_utils  # noqa: F401  (top-level module: the repository root must be importable)
     except ModuleNotFoundError:
-        raise SystemExit("error: run from the repository root as `python -m data.bertPrep ...`")
+        raise _input_error("run from the repository root as `python -m data.bertPrep ...`")
     if not args.working_dir:
-        raise SystemExit("error: set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
+        raise _input_error("set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
     if args.n_processes < 1:
-        raise SystemExit("error: --n_processes must be >= 1")
+        raise _input_error("--n_processes must be >= 1")
     if Path(args.working_dir).exists() and not Path(args.working_dir).is_dir():
-        raise SystemExit(f"error: --working_dir {args.working_dir} is a file: name a folder")
+        raise _input_error(f"--working_dir {args.working_dir} is a file: name a folder")
     for key, value in PHASES[args.phase].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    from utils import JsonLogger
+    from atomic_io import JsonLogger
 
     dirs = directories(args)
     Path(args.working_dir).mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _input_error(message: str) -> Exception:
-    from utils import InputError  # the repository root is importable: main() or the importing module saw to it
+    from cli import InputError  # the repository root is importable: main() or the importing module saw to it
 
     return InputError(message)
 
@@ -479,7 +479,7 @@ def learn_vocab(files: Sequence[Path], vocab_size: int, do_lower_case: bool = Tr
 
 def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
     """vocab.txt: one token a line, UTF-8, "\\n" line ends, written atomically."""
-    from utils import atomic_write_text
+    from atomic_io import atomic_write_text
 
     atomic_write_text(path, "".join(f"{t}\n" for t in tokens))
 
@@ -491,7 +491,7 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
     """Check the flags, the output and the inputs, learn, write `output_file`. The library entry (bertPrep's
     create_vocab action, which names its output flag `output_flag`); InputError for anything the user can fix,
     before the learning pass wherever it can be known there."""
-    from utils import check_output_path
+    from cli import check_output_path
 
     check_sizes(vocab_size, unused_slots, limit_alphabet)
     check_output_path(output_file, output_flag)
@@ -511,7 +511,7 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from utils import add_debug_argument
+    from cli import add_debug_argument
 
     p = argparse.ArgumentParser(prog="create_vocab.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -541,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """0 when vocab.txt was written (a JSON summary on stdout's last line); bad input: one line on stderr, exit 1
     (--debug: the traceback)."""
-    from utils import script_errors
+    from cli import script_errors
 
     with script_errors("create_vocab.py", argv):
         args = build_parser().parse_args(argv)
@@ -553,6 +553,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as a file (python data/create_vocab.py): the repository root holds tokenization.py and utils.py.
+    # Run as a file (python data/create_vocab.py): the repository root holds tokenization.py and cli.py.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())

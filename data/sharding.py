@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from data.sentence_segmentation import SEGMENTERS, get_segmenter
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 
 @dataclass
@@ -126,7 +126,7 @@ def assign_shards(sizes: np.ndarray, cfg: ShardingConfig) -> np.ndarray:
 
 def _write_shard(job: tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray]) -> tuple[str, int, int]:
     """Worker: copy the given documents (in corpus order) from the segmented files into one shard, atomically."""
-    from utils import atomic_open
+    from atomic_io import atomic_open
 
     out_path, seg_paths, chunk, offset, size = job
     current, f = -1, None
@@ -162,7 +162,7 @@ def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.P
     """Run the three passes; returns the manifest (also written to `<output_prefix>_manifest.json`)."""
     from tqdm.auto import tqdm
 
-    from utils import atomic_write_json
+    from atomic_io import atomic_write_json
 
     files = [Path(f) for f in input_files]
     for f in files:

@@ -33,7 +33,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 # Link namespaces whose links are not prose (an image with its caption, a category tag).
 DROP_LINK_NAMESPACES = {"file", "image", "media", "category"}
@@ -216,7 +216,7 @@ def format_wiki_dump(dump: str | os.PathLike, output: str | os.PathLike, num_wor
     """Stream a pages-articles dump into `output`, one article per line. Returns counts per page kind."""
     from tqdm.auto import tqdm
 
-    from utils import atomic_open
+    from atomic_io import atomic_open
 
     dump = Path(dump)
     if not dump.is_file():
@@ -348,7 +348,7 @@ def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary
     """
     from tqdm.auto import tqdm
 
-    from utils import atomic_open
+    from atomic_io import atomic_open
 
     if not files:
         raise InputError("no input files found (check the folder and --input_pattern)")

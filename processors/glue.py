@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from utils import InputError
+from cli import InputError
 
 # ----------------------------------------------------------------------------------------------------------------
 # Examples and task descriptions

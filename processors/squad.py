@@ -416,7 +416,7 @@ def feature_cache_path(cache_dir: str | os.PathLike, input_file: str | os.PathLi
 
 def save_features(path: str | os.PathLike, features: Sequence[InputFeatures]) -> None:
     """Write features as flat integer arrays; the per-window maps are concatenated with offsets."""
-    from utils import atomic_open
+    from atomic_io import atomic_open
 
     if not features:
         raise ValueError("no features to cache")

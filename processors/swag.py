@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from processors.glue import EncodedExamples, truncate_seq_pair
-from utils import InputError
+from cli import InputError
 
 SPLIT_FILES = {"train": "train.csv", "val": "val.csv", "test": "test.csv"}
 _ENDING = re.compile(r"^ending(\d+)$")

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from utils import InputError, script_errors
+from cli import InputError, script_errors
 
 _ARTICLE = re.compile(r"^ ?= [^=].* = ?$")  # " = Title = " (a section is " = = Title = = ")
 _SECTION = re.compile(r"^ ?(= ){2,}.*( =){2,} ?$")
@@ -98,7 +98,7 @@ def list_inputs(inputs: Iterable[str | Path]) -> list[Path]:
 
 
 def _write(docs: list[list[str]], output: str | Path, sentences: bool) -> None:
-    from utils import atomic_open
+    from atomic_io import atomic_open
 
     split = sentence_splitter() if sentences else None
     with atomic_open(output, "w", encoding="utf-8") as out:

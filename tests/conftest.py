@@ -276,7 +276,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def disk_full_for_large_writes(monkeypatch, limit: int = 4096) -> None:
-    """Binary files opened for writing through os.fdopen (utils.atomic_open's temporary files) fail every write
+    """Binary files opened for writing through os.fdopen (atomic_io.atomic_open's temporary files) fail every write
     of more than `limit` bytes with ENOSPC, while small buffered writes and the final flush succeed: what a real
     full tmpfs did to torch.save (measured: its large record writes fail, close() succeeds, and torch.save raises
     'RuntimeError: [enforce fail at inline_container.cc] unexpected pos' chained to the OSError)."""

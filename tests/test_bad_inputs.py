@@ -42,6 +42,8 @@ import torch
 from conftest import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env,
                       write_config)
 
+import atomic_io
+import cli
 import convert_checkpoint
 import create_pretraining_data
 import extract_features
@@ -51,6 +53,7 @@ import run_glue
 import run_pretraining
 import run_squad
 import run_swag
+import trainer
 import utils
 import validation
 from data import bertPrep, create_vocab
@@ -71,7 +74,7 @@ MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad
 TRIPWIRES = {
     "cpd": [(pretraining_writer, "make_units"), (pretraining_writer, "write_hdf5")],
     "cpd-tokenizing": [(pretraining_writer, "process_corpus")],
-    "rp": [(run_pretraining, "train"), (validation.Validator, "__call__")],
+    "rp": [(trainer.Trainer, "fit"), (validation.Validator, "__call__")],
     "squad": [(finetuning, "train"), (finetuning, "predict"), (run_squad, "build_features")],
     "glue": [(finetuning, "train"), (finetuning, "predict"), (run_glue, "encode_examples")],
     "swag": [(finetuning, "train"), (finetuning, "predict"), (run_swag, "encode_examples")],
@@ -992,7 +995,7 @@ def test_debug_lets_the_error_through(script, W, tripwires, capsys):
     folder = W.root / "debug" / case.id
     folder.mkdir(parents=True)
     tripwires(script)
-    with pytest.raises(utils.EXPECTED_ERRORS) as raised:
+    with pytest.raises(cli.EXPECTED_ERRORS) as raised:
         MAINS[script]([*case.argv(W, folder), "--debug"])
     assert not isinstance(raised.value, SystemExit)
     assert any(word in str(raised.value) for word in case.expect)
@@ -1008,7 +1011,7 @@ def test_debug_shows_the_traceback_in_a_real_process(W, tmp_path):
     assert plain.stderr.startswith("create_pretraining_data.py: error: --vocab_file")
     assert "Traceback" not in plain.stderr
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
-    assert debug.stderr.strip().splitlines()[-1].startswith("utils.InputError: --vocab_file"), debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].startswith("cli.InputError: --vocab_file"), debug.stderr
     assert not (tmp_path / "s.hdf5").exists()
 
 
@@ -1017,7 +1020,7 @@ def test_script_errors_puts_every_message_in_one_form(capsys):
     message all become '<prog>: error: <one line>'; an unexpected exception (a bug) is never hidden."""
     def run(exc):
         with pytest.raises(SystemExit) as raised:
-            with utils.script_errors("x.py", []):
+            with cli.script_errors("x.py", []):
                 raise exc
         return raised.value.code
 
@@ -1028,10 +1031,10 @@ def test_script_errors_puts_every_message_in_one_form(capsys):
         "x.py: error: /d/f: No space left on device (free some space or write elsewhere, then run again)"
     assert run(ValueError("two\nlines")) == "x.py: error: two lines"
     with pytest.raises(KeyError):
-        with utils.script_errors("x.py", []):
+        with cli.script_errors("x.py", []):
             raise KeyError("a bug")
     with pytest.raises(OSError):
-        with utils.script_errors("x.py", ["--debug"]):
+        with cli.script_errors("x.py", ["--debug"]):
             raise OSError(errno.EACCES, "Permission denied")
 
 
@@ -1041,7 +1044,7 @@ def test_script_errors_puts_every_message_in_one_form(capsys):
 
 
 def dev_full_for(monkeypatch, name: str) -> None:
-    """utils.atomic_open's temporary file for `name` writes to /dev/full: every write fails with ENOSPC."""
+    """atomic_io.atomic_open's temporary file for `name` writes to /dev/full: every write fails with ENOSPC."""
     real = tempfile.mkstemp
 
     def mkstemp(*args, **kwargs):
@@ -1069,7 +1072,7 @@ def test_cpd_disk_full_refused_before_writing(W, tmp_path, monkeypatch, capsys):
     """The shard's exact size is checked against the free space before a byte is written."""
     free = shutil.disk_usage(tmp_path)._replace(free=10_000)
     monkeypatch.setattr(pretraining_writer.shutil, "disk_usage", lambda path: free)
-    monkeypatch.setattr(utils, "atomic_open", None)  # never reached
+    monkeypatch.setattr(atomic_io, "atomic_open", None)  # never reached
     code, stderr = call("cpd", cpd_in(W, tmp_path, W.corpus), capsys)
     assert_one_line(code, stderr, "create_pretraining_data.py", ("shard.hdf5", "needs", "0.0 MiB free", "free some"))
     assert no_leftovers(tmp_path / "out") == []
@@ -1105,7 +1108,7 @@ def test_cpd_work_folder_fills(W, tmp_path, monkeypatch, capsys):
 
 def test_checkpoint_write_on_a_full_disk_raises_the_oserror_alone(tmp_path, monkeypatch):
     """torch.save wraps a failed write in 'RuntimeError: [enforce fail at inline_container.cc] unexpected pos'
-    chained to the OSError (issue 17's 27-line report, two chained tracebacks): utils.atomic_torch_save raises the
+    chained to the OSError (issue 17's 27-line report, two chained tracebacks): atomic_io.atomic_torch_save raises the
     OSError itself, naming the file, and leaves nothing behind. (run_pretraining's whole path:
     tests/test_run_pretraining.py::test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint.)"""
     (tmp_path / "ckpt_1.pt").write_bytes(b"the previous checkpoint")
@@ -1117,9 +1120,9 @@ def test_checkpoint_write_on_a_full_disk_raises_the_oserror_alone(tmp_path, monk
             torch.save(checkpoint, f)
     (tmp_path / "bare.pt").unlink()
     with pytest.raises(OSError) as raised:
-        utils.atomic_torch_save(checkpoint, tmp_path / "ckpt_2.pt")
+        atomic_io.atomic_torch_save(checkpoint, tmp_path / "ckpt_2.pt")
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / "ckpt_2.pt")
-    assert utils.describe_error(raised.value) == (f"{tmp_path / 'ckpt_2.pt'}: No space left on device (free some "
+    assert cli.describe_error(raised.value) == (f"{tmp_path / 'ckpt_2.pt'}: No space left on device (free some "
                                                   "space or write elsewhere, then run again)")
     assert no_leftovers(tmp_path) == ["ckpt_1.pt"]
     assert (tmp_path / "ckpt_1.pt").read_bytes() == b"the previous checkpoint"

@@ -34,7 +34,7 @@ torch.distributed.init_process_group("gloo")  # main() then leaves the group alo
 import run_pretraining
 for argv in json.loads(sys.argv[1]):
     assert run_pretraining.main(argv) == 0
-torch.distributed.barrier()  # as utils.end_process_group: no rank tears gloo down while its peer is still in a collective
+torch.distributed.barrier()  # as distributed.end_process_group: no rank tears gloo down while its peer is still in a collective
 torch.distributed.destroy_process_group()
 """
 

@@ -155,17 +155,21 @@ def test_preset_makes_valid_run_pretraining_commands(presets, help_text, name, t
     assert len(commands) == 2, out.stdout
     arg = {i + 1: w for i, w in enumerate(words)}
     phase1, phase2 = (check_flags_against_run_pretraining(c, help_text) for c in commands)
-    assert (phase1.train_batch_size, phase1.max_steps, phase1.max_seq_length) == (int(arg[1]), int(arg[6]), 128)
-    assert phase1.gradient_accumulation_steps == (int(arg[11]) if arg[10] == "true" else 1)
-    assert (phase2.train_batch_size, phase2.max_steps, phase2.max_seq_length) == (int(arg[16]), int(arg[19]), 512)
-    assert phase2.phase2 and phase2.phase1_end_step == int(arg[6]) and phase2.resume_from_checkpoint
-    assert not phase1.phase2 and phase1.resume_from_checkpoint == (arg[8] == "true")
-    assert phase1.learning_rate == float(arg[2]) and phase2.learning_rate == float(arg[17])
-    assert phase1.seed == phase2.seed == int(arg[12])
-    assert phase1.precision == phase2.precision == arg[3]
-    assert phase1.input_dir == arg[21] and phase2.input_dir == arg[22] and phase1.config_file == arg[25]
-    assert phase1.output_dir == phase2.output_dir  # phase 2 finds phase 1's checkpoint there
-    assert phase1.allreduce_post_accumulation_fp16 == (arg[15] == "true")
+    assert (phase1.training.train_batch_size, phase1.training.max_steps, phase1.data.max_seq_length) == (
+        int(arg[1]), int(arg[6]), 128)
+    assert phase1.training.gradient_accumulation_steps == (int(arg[11]) if arg[10] == "true" else 1)
+    assert (phase2.training.train_batch_size, phase2.training.max_steps, phase2.data.max_seq_length) == (
+        int(arg[16]), int(arg[19]), 512)
+    assert phase2.checkpoint.phase2 and phase2.checkpoint.phase1_end_step == int(arg[6])
+    assert phase2.checkpoint.resume_from_checkpoint
+    assert not phase1.checkpoint.phase2 and phase1.checkpoint.resume_from_checkpoint == (arg[8] == "true")
+    assert phase1.optimizer.learning_rate == float(arg[2]) and phase2.optimizer.learning_rate == float(arg[17])
+    assert phase1.training.seed == phase2.training.seed == int(arg[12])
+    assert phase1.precision.precision == phase2.precision.precision == arg[3]
+    assert phase1.data.input_dir == arg[21] and phase2.data.input_dir == arg[22]
+    assert phase1.model.config_file == arg[25]
+    assert phase1.checkpoint.output_dir == phase2.checkpoint.output_dir  # phase 2 finds phase 1's checkpoint there
+    assert phase1.parallelism.allreduce_post_accumulation_fp16 == (arg[15] == "true")
     launcher = out.stdout.splitlines()[0]
     if int(arg[4]) > 1:
         assert f"-m torch.distributed.run --standalone --nproc_per_node={arg[4]} " in launcher
@@ -238,8 +242,9 @@ def test_phases_extra_args_and_cpu_processes(help_text, tmp_path):
     assert out.returncode == 0, out.stderr
     (flags,) = run_pretraining_commands(out.stdout)
     cfg = check_flags_against_run_pretraining(flags, help_text)
-    assert cfg.phase2 and cfg.log_freq == 5 and cfg.num_workers == 1 and cfg.vocab_file == "/v/vocab.txt"
-    assert cfg.eval_dir == "/eval" and cfg.max_seq_length == 256 and cfg.max_predictions_per_seq == 40 and cfg.precision == "bf16"
+    assert cfg.checkpoint.phase2 and cfg.logging.log_freq == 5 and cfg.data.num_workers == 1
+    assert cfg.data.vocab_file == "/v/vocab.txt" and cfg.evaluation.eval_dir == "/eval"
+    assert cfg.data.max_seq_length == 256 and cfg.data.max_predictions_per_seq == 40 and cfg.precision.precision == "bf16"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -267,14 +272,17 @@ def test_run_sub_builds_one_task_per_gpu(help_text, phase, nodes):
     assert mounts[f"/lustre/p{phase}"] == "/data" and mounts["/lustre/ckpt"] == "/checkpoints"
     cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
     world = int(nodes) * 8
-    assert cfg.input_dir == "/data" and cfg.output_dir == "/checkpoints" and cfg.resume_from_checkpoint
-    assert cfg.precision == "bf16" and cfg.allreduce_post_accumulation
+    assert cfg.data.input_dir == "/data" and cfg.checkpoint.output_dir == "/checkpoints"
+    assert cfg.checkpoint.resume_from_checkpoint
+    assert cfg.precision.precision == "bf16" and cfg.parallelism.allreduce_post_accumulation
     if phase == "1":
-        assert cfg.train_batch_size * world == 65536 and cfg.micro_batch_size == 256 and cfg.max_seq_length == 128
-        assert not cfg.phase2
+        assert cfg.training.train_batch_size * world == 65536 and cfg.training.micro_batch_size == 256
+        assert cfg.data.max_seq_length == 128
+        assert not cfg.checkpoint.phase2
     else:
-        assert cfg.train_batch_size * world == 32768 and cfg.micro_batch_size == 32 and cfg.max_seq_length == 512
-        assert cfg.phase2 and cfg.phase1_end_step == 7038
+        assert cfg.training.train_batch_size * world == 32768 and cfg.training.micro_batch_size == 32
+        assert cfg.data.max_seq_length == 512
+        assert cfg.checkpoint.phase2 and cfg.checkpoint.phase1_end_step == 7038
 
 
 def test_run_sub_takes_batch_lr_and_accumulation_from_the_environment(help_text):
@@ -284,7 +292,8 @@ def test_run_sub_takes_batch_lr_and_accumulation_from_the_environment(help_text)
     words = shlex.split(out.stdout)
     at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
     cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
-    assert (cfg.train_batch_size, cfg.learning_rate, cfg.gradient_accumulation_steps, cfg.precision) == (96, 1e-3, 3, "fp16")
+    assert (cfg.training.train_batch_size, cfg.optimizer.learning_rate, cfg.training.gradient_accumulation_steps,
+            cfg.precision.precision) == (96, 1e-3, 3, "fp16")
 
 
 @pytest.mark.parametrize("container", ["c", ""], ids=["container", "no_container"])
@@ -310,11 +319,11 @@ def test_run_sub_without_a_container_runs_the_checkout(help_text):
     venv = REPO / ".venv" / "bin" / "python"
     assert words[at - 2:at + 1] == [str(venv) if venv.exists() else "python3", "-u", str(REPO / "run_pretraining.py")]
     cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
-    assert (cfg.input_dir, cfg.output_dir, cfg.config_file) == ("/lustre/p1", "/lustre/ckpt",
+    assert (cfg.data.input_dir, cfg.checkpoint.output_dir, cfg.model.config_file) == ("/lustre/p1", "/lustre/ckpt",
                                                                  str(REPO / "bert_config.json"))
-    assert cfg.json_summary == "/lustre/ckpt/results/phase1.json" and cfg.resume_from_checkpoint
-    assert cfg.precision == "fp32"  # named: run_pretraining.py's own default (auto) could pick bf16 on a CPU
-    assert cfg.train_batch_size * 8 == 65536
+    assert cfg.logging.json_summary == "/lustre/ckpt/results/phase1.json" and cfg.checkpoint.resume_from_checkpoint
+    assert cfg.precision.precision == "fp32"  # named: run_pretraining.py's own default (auto) could pick bf16 on a CPU
+    assert cfg.training.train_batch_size * 8 == 65536
 
     out = run_sub({**env, "PYTHON": "/opt/py/bin/python3", "CONFIG": "/cfg/tiny.json"})
     words = shlex.split(out.stdout)

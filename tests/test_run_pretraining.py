@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 import torch
 
+import atomic_io
+import distributed
 import pretraining_data
 import run_pretraining as rp
 import training
-import utils
 from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
                       read_log, subprocess_env, weights, write_config)
 from checkpoint_io import from_pretrained, save_hf_directory
@@ -269,7 +270,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, dat
     with ENOSPC and it raises a RuntimeError chained to that OSError, the two chained tracebacks of issue 17; the
     file's close succeeds): one line naming the file and the error, no partial file, the second checkpoint
     intact and loadable."""
-    real_save, calls = utils.atomic_torch_save, []
+    real_save, calls = atomic_io.atomic_torch_save, []
 
     def save_until_full(obj, path):
         calls.append(path)
@@ -277,7 +278,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, dat
             disk_full_for_large_writes(monkeypatch)
         real_save(obj, path)
 
-    monkeypatch.setattr(utils, "atomic_torch_save", save_until_full)
+    monkeypatch.setattr(atomic_io, "atomic_torch_save", save_until_full)
     text = one_line_error(args_for(data, config, tmp_path / "out", "--max_steps", "5",
                                    "--num_steps_per_checkpoint", "1"))
     assert "ckpt_3.pt: No space left on device" in text and "intact" in text, text
@@ -305,7 +306,7 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_json_file(config))
-    from utils import DistEnv
+    from distributed import DistEnv
 
     model, precision = training.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
     optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
@@ -509,23 +510,23 @@ def test_phase1_to_phase2_handoff(tmp_path, data, config):
 
 
 # Runs run_pretraining.main with checkpoint writes slowed down (64 KiB chunks, 40 ms apart) through the same
-# utils.atomic_open, so that a SIGKILL can be aimed at the middle of a write.
+# atomic_io.atomic_open, so that a SIGKILL can be aimed at the middle of a write.
 SLOW_WRITER = """
 import io, sys, time
 sys.path.insert(0, {repo!r})
-import torch, utils
+import torch, atomic_io
 
 def slow_torch_save(obj, path):
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     payload = buffer.getvalue()
-    with utils.atomic_open(path, "wb") as f:
+    with atomic_io.atomic_open(path, "wb") as f:
         for i in range(0, len(payload), 1 << 16):
             f.write(payload[i:i + (1 << 16)])
             f.flush()
             time.sleep(0.04)
 
-utils.atomic_torch_save = slow_torch_save
+atomic_io.atomic_torch_save = slow_torch_save
 import run_pretraining
 sys.exit(run_pretraining.main(sys.argv[1:]))
 """
@@ -679,7 +680,7 @@ def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
                             str(lr), "--warmup_proportion", str(warmup), "--precision", "fp32",
                             "--num_steps_per_checkpoint", "1", "--keep_checkpoints", str(steps))) == 0
 
-    utils.set_seed(42)  # run_pretraining's --seed: the same initial weights
+    distributed.set_seed(42)  # run_pretraining's --seed: the same initial weights
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
     reference, stream = reference_adamw(model, lr), batches_of(data)
     for k in range(steps):
@@ -750,7 +751,7 @@ def test_no_nsp_trains_on_the_masked_lm_loss_alone(tmp_path):
     assert rp.main(args_for(data, config, out, "--no_nsp", "--optimizer", "adamw", "--max_steps", str(steps),
                             "--learning_rate", str(lr), "--lr_schedule", "constant", "--warmup_proportion", "0",
                             "--max_grad_norm", "0", "--precision", "fp32", "--log_freq", "1")) == 0
-    utils.set_seed(42)
+    distributed.set_seed(42)
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     reference, stream = reference_adamw(model, lr), batches_of(data)

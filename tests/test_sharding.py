@@ -16,7 +16,7 @@ import pytest
 from data import bertPrep
 from data.sharding import ShardingConfig, assign_shards, balanced_assignment, shard_corpus, shard_name
 from data import sharding
-from utils import InputError
+from cli import InputError
 
 
 def wikitext_articles(path: Path) -> list[str]:

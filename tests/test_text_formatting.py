@@ -14,7 +14,7 @@ import pytest
 
 from data import bertPrep
 from data import text_formatting as tf
-from utils import InputError
+from cli import InputError
 
 NS = "http://www.mediawiki.org/xml/export-0.10/"
 

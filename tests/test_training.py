@@ -10,7 +10,7 @@ import torch
 
 import finetuning
 import training
-import utils
+import distributed
 from conftest import SEQ, VOCAB
 from modeling import BertConfig, BertForPreTraining
 
@@ -53,7 +53,7 @@ def assert_same_grads(a, b, atol):
 
 @pytest.fixture
 def fp32():
-    model, precision = training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32")
+    model, precision = training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32")
     return precision
 
 
@@ -61,7 +61,7 @@ def test_activation_checkpointing_gives_the_same_gradients(fp32):
     """With dropout on: the recomputed forward must draw the same dropout masks (RNG state preserved)."""
     plain = tiny_model(dropout=0.1).train()
     checkpointed = tiny_model(dropout=0.1).train()
-    checkpointed, _ = training.apply_parallelism_and_precision(checkpointed, utils.DistEnv(), "fp32",
+    checkpointed, _ = training.apply_parallelism_and_precision(checkpointed, distributed.DistEnv(), "fp32",
                                                               checkpoint_activations=True)
     assert checkpointed.bert.encoder.checkpoint_activations
     batch = batch_of(8)
@@ -79,7 +79,7 @@ def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch):
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend="aot_eager", **kw))
     eager = tiny_model().train()
-    compiled, _ = training.apply_parallelism_and_precision(tiny_model().train(), utils.DistEnv(), "fp32",
+    compiled, _ = training.apply_parallelism_and_precision(tiny_model().train(), distributed.DistEnv(), "fp32",
                                                           compile=True)
     assert hasattr(compiled, "_orig_mod")
     batch = batch_of(8)
@@ -91,11 +91,11 @@ def test_compile_is_on_by_default_only_on_gpus_and_takes_its_mode(monkeypatch):
     the mode asked for (reduce-overhead: CUDA graphs), passed to torch.compile as is."""
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
-    training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32", compile=None)
+    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=None)
     assert calls == []
-    training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32", compile=True,
+    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
                                              compile_mode="reduce-overhead")
-    training.apply_parallelism_and_precision(tiny_model(), utils.DistEnv(), "fp32", compile=True)
+    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True)
     assert calls == [{"mode": "reduce-overhead"}, {}]
 
 
@@ -143,7 +143,7 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     y = (x[:, 0] > 0).long()
     batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]  # 8 micro-batches
     model = Linear()
-    env = utils.DistEnv()
+    env = distributed.DistEnv()
     _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)

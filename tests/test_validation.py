@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-import utils
+import distributed
 from validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
 
 PAD, CLS, SEP, MASK, V = 0, 2, 3, 4, 32
@@ -60,7 +60,7 @@ class LeftNeighbourPlusOne(torch.nn.Module):
 
 def test_the_numbers_written_out_by_hand():
     validator = Validator(hand_made_shard(), SpecialIds.from_vocab(VOCAB), batch_size=1,
-                          autocast=contextlib.nullcontext, env=utils.DistEnv())
+                          autocast=contextlib.nullcontext, env=distributed.DistEnv())
     result = validator(LeftNeighbourPlusOne())
     right, wrong = math.log(math.exp(10) + 31) - 10, math.log(math.exp(10) + 31)
     assert result["eval_masked_positions"] == 5 and result["eval_mask_slots"] == 3
@@ -75,7 +75,8 @@ def test_the_numbers_written_out_by_hand():
 def test_without_the_vocabulary_the_ids_come_from_the_shard_and_unk_pieces_count():
     special = SpecialIds.from_shards(hand_made_shard())
     assert (special.cls, special.sep, special.mask, special.unk_pieces) == (CLS, SEP, MASK, None)
-    result = Validator(hand_made_shard(), special, 2, contextlib.nullcontext, utils.DistEnv())(LeftNeighbourPlusOne())
+    validator = Validator(hand_made_shard(), special, 2, contextlib.nullcontext, distributed.DistEnv())
+    result = validator(LeftNeighbourPlusOne())
     # Now the slot inside `<unk>` counts: 4 [MASK]ed slots, still 2 right with the context, 0 without.
     assert result["eval_mask_slots"] == 4 and result["eval_mask_accuracy"] == pytest.approx(2 / 4)
     assert result["eval_context_gain"] == pytest.approx(2 / 4)
@@ -96,4 +97,4 @@ def test_held_out_shards_without_masks_are_refused():
     shard = hand_made_shard()
     shard["masked_lm_positions"][:] = 0
     with pytest.raises(ValueError, match="static masks"):
-        Validator(shard, SpecialIds(CLS, SEP, MASK), 2, contextlib.nullcontext, utils.DistEnv())
+        Validator(shard, SpecialIds(CLS, SEP, MASK), 2, contextlib.nullcontext, distributed.DistEnv())

@@ -26,7 +26,8 @@ import numpy as np
 
 from processors.items import read_items
 from processors.squad import answers_from_logits
-from utils import InputError, atomic_write_json, script_errors
+from atomic_io import atomic_write_json
+from cli import InputError, script_errors
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}

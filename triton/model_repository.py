@@ -37,7 +37,8 @@ import sysconfig
 from pathlib import Path
 
 from processors.items import SERVER_MAX_CONTEXT_CHARS, SERVER_MAX_QUESTION_CHARS, SERVER_MAX_WINDOWS
-from utils import InputError, atomic_open, atomic_write_json, atomic_write_text, script_errors
+from atomic_io import atomic_open, atomic_write_json, atomic_write_text
+from cli import InputError, script_errors
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent

@@ -33,7 +33,9 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from utils import InputError, atomic_write_json, pid_alive
+from atomic_io import atomic_write_json
+from cli import InputError
+from utils import pid_alive
 
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
 

@@ -1,0 +1,289 @@
+"""The configuration of a pre-training run, in sections: data, model, training, optimizer, precision, parallelism,
+checkpoint, evaluation, logging, debug. Each section is a frozen dataclass; each field is a command-line flag of
+run_pretraining.py with the same name and default (NVIDIA's interface: scripts/run_pretraining.sh and run.sub pass
+them), and the docstring under the field is its --help text (torchtitan's style; `field_docs` reads them).
+
+    cfg = run_pretraining.parse_args(argv)      # the parser builds the sections from the flags
+    cfg.training.max_steps, cfg.checkpoint.output_dir, cfg.flags()["max_steps"]
+
+`PretrainConfig.flags()` is the flat {flag: value} dict that the PARAMETER log line and every checkpoint's "args"
+record (the same keys as when the configuration was one flat dataclass).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pretraining_data import ShardSpec
+
+
+def flag(default: Any, *aliases: str, name: str | None = None, required: bool = False) -> Any:
+    """A field whose flag needs more than its name: other spellings (`aliases`), a flag name other than
+    --<field> (`name`: --json-summary), or a flag the command line must give (`required`)."""
+    return field(default=default, metadata={"aliases": aliases, "flag": name, "required": required})
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field name: the docstring under it, white space folded}, read from the class's source: Python keeps no
+    docstrings of attributes at run time."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The training shards and how they are read."""
+
+    input_dir: str | None = None
+    """folder of training shards: every *.hdf5 in it (NVIDIA's layout)"""
+    vocab_file: str | None = None
+    """vocab.txt: checked against the config's vocab_size; needed by --dynamic_masking"""
+    max_seq_length: int = 512
+    """sequence length S of the shards (checked)"""
+    max_predictions_per_seq: int = 80
+    """masked positions per sequence: the shards' width is checked against it; the cap for --dynamic_masking"""
+    dynamic_masking: bool = False
+    """draw new masks every epoch (for shards written unmasked with create_pretraining_data.py
+    --no_static_masking; masked ones are unmasked first)"""
+    masked_lm_prob: float = 0.15
+    """fraction of tokens masked by --dynamic_masking"""
+    length_bins: int = 0
+    """LDDL-style length binning (phase 2): group samples of similar real length into micro-batches, N bins of
+    max_seq_length / N each, every micro-batch cut to its bin's upper length (0: off)"""
+    num_workers: int = 4
+    """DataLoader worker processes building micro-batches from the shard in memory (0: in the training
+    process)"""
+
+    @property
+    def shard_spec(self) -> ShardSpec:
+        return ShardSpec(self.max_seq_length, self.max_predictions_per_seq, self.dynamic_masking)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model and its starting weights."""
+
+    config_file: str | None = flag(None, required=True)
+    """the model's bert_config.json"""
+    init_checkpoint: str | None = None
+    """start from these weights: a Hugging Face folder, an NVIDIA .pt, a ckpt_<step>.pt, a state-dict file
+    (optimizer state is not taken)"""
+    bert_model: str | None = None
+    """accepted for compatibility with NVIDIA's scripts and ignored: the model comes from --config_file"""
+    mlm_bias_init: Literal["zero", "unigram"] = "zero"
+    """the masked-LM output bias of a model trained from scratch: zero (BERT's) or unigram (the log-frequency of
+    each token among the first training shard's masked targets, add-one smoothed: the model starts at the unigram
+    loss instead of learning word frequencies first; measured in README)"""
+    no_nsp: bool = False
+    """train on the masked-LM loss alone (RoBERTa's choice); the next-sentence loss is still computed and logged,
+    its head gets zero gradients (measured in README)"""
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How much is trained, in what batches."""
+
+    do_train: bool = False
+    """train (without it, only evaluate on --eval_dir)"""
+    train_batch_size: int = 32
+    """sequences per process per optimizer step (all micro-batches together)"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches per optimizer step: micro-batch = train_batch_size / gradient_accumulation_steps (must
+    divide)"""
+    max_steps: int = 1000
+    """optimizer steps of this phase in total (the schedule's length)"""
+    steps_this_run: int = -1
+    """stop after this many steps in this invocation (then checkpoint); -1: run to --max_steps"""
+    seed: int = 42
+    """random seed: model init, data order, dropout (rank r uses seed + r for dropout)"""
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.train_batch_size // self.gradient_accumulation_steps
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer and its learning-rate schedule."""
+
+    optimizer: Literal["nvlamb", "adamw"] = "nvlamb"
+    """nvlamb: NVIDIA's LAMB (per-tensor trust ratio; the recipe for large batches); adamw: decoupled AdamW with
+    bias correction (what transformers, Cramming and ModernBERT pre-train with; measured better at small batches,
+    README). Both clip the global gradient norm at --max_grad_norm"""
+    learning_rate: float = 5e-5
+    """peak learning rate"""
+    warmup_proportion: float = 0.01
+    """fraction of --max_steps with a linear warm-up of the learning rate"""
+    lr_schedule: Literal["poly", "linear", "cosine", "constant"] = "poly"
+    """learning-rate schedule after warm-up (poly: NVIDIA's (1-progress)^0.5)"""
+    weight_decay: float = 0.01
+    """decoupled weight decay (not for biases and LayerNorm)"""
+    max_grad_norm: float = 1.0
+    """global gradient-norm clip (<= 0: off)"""
+    use_nvlamb: bool = False
+    """apply LAMB's trust ratio also to the no-decay group (NVIDIA's NVLAMB switch; --optimizer nvlamb only)"""
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """How the maths runs (precision.py)."""
+
+    precision: str = "auto"
+    """fp16: autocast float16 and a GradScaler (overflow steps are skipped); bf16: autocast bfloat16, no loss
+    scaling. The old --fp16/--amp/--bf16 switches are aliases"""
+    loss_scale: float = 0.0
+    """fp16 loss scale: 0 = dynamic (starts at --init_loss_scale, halves on overflow), > 0 = this static scale"""
+    init_loss_scale: float = 2.0 ** 20
+    """initial dynamic fp16 loss scale"""
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    """Data parallelism, memory and compilation (training.apply_parallelism_and_precision)."""
+
+    allreduce_post_accumulation: bool = False
+    """all-reduce gradients once per optimizer step (DDP no_sync on the other micro-batches) instead of after
+    every micro-batch"""
+    allreduce_post_accumulation_fp16: bool = False
+    """all-reduce gradients in fp16 (bf16 with --bf16 on GPUs): half the bytes"""
+    checkpoint_activations: bool = False
+    """recompute each layer's activations in the backward pass (less memory, about 30% more compute)"""
+    compile: bool = False
+    """torch.compile the model (the default on a GPU: see --no_compile)"""
+    no_compile: bool = False
+    """eager mode: the default on the CPU, where compiling costs minutes of a short run. On GPUs compiling is the
+    default because it was measured faster (BERT-large on an H100, bf16: phase 1 +30%, phase 2 +15%)"""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode: reduce-overhead adds CUDA graphs (static shapes: the fixed-slot head and the padded
+    path under compile give them)"""
+    no_cuda: bool = False
+    """train on the CPU even when a GPU is present"""
+    local_rank: int = flag(-1, "--local-rank")
+    """accepted for torch.distributed.launch compatibility; the LOCAL_RANK environment variable is used"""
+
+    @property
+    def compile_choice(self) -> bool | None:
+        """True/False as asked, None: the default for the device (compiled on a GPU only)."""
+        return True if self.compile else False if self.no_compile else None
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints, resuming, and the two phases."""
+
+    output_dir: str | None = flag(None, required=True)
+    """where ckpt_<step>.pt checkpoints are written"""
+    num_steps_per_checkpoint: int = 100
+    """write ckpt_<step>.pt every this many steps"""
+    keep_checkpoints: int = 3
+    """keep the newest this many checkpoints of the phase"""
+    skip_checkpoint: bool = False
+    """write no checkpoints at all"""
+    resume_from_checkpoint: bool = False
+    """continue from the newest complete checkpoint of the phase in --output_dir (start fresh when there is
+    none)"""
+    resume_step: int = -1
+    """with --resume_from_checkpoint: continue from ckpt_<resume_step>.pt instead"""
+    phase2: bool = False
+    """phase 2: start from phase 1's ckpt_<phase1_end_step>.pt with a fresh optimizer"""
+    phase1_end_step: int = 7038
+    """the last step of phase 1 (phase 2 checkpoints are numbered after it)"""
+
+    @property
+    def phase(self) -> int:
+        return 2 if self.phase2 else 1
+
+    @property
+    def step_offset(self) -> int:
+        """What this phase's steps are counted after in checkpoint names and logs (NVIDIA's numbering)."""
+        return self.phase1_end_step if self.phase2 else 0
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """Held-out masked-LM numbers (validation.Validator)."""
+
+    eval_dir: str | None = None
+    """folder of held-out *.hdf5 shards: masked-LM accuracy and loss"""
+    eval_steps: int = flag(0, "--num_steps_per_eval")
+    """evaluate every this many steps (0: only at the end)"""
+    eval_batch_size: int = 0
+    """sequences per process per evaluation batch (0: the training micro-batch)"""
+    max_eval_samples: int = 0
+    """evaluate on the first this many held-out samples (0: all)"""
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """What rank 0 reports."""
+
+    json_summary: str = flag("results/dllogger.json", "--json_summary", name="--json-summary")
+    """dllogger-style JSON lines log (rank 0)"""
+    log_freq: int = 1
+    """log every this many steps"""
+    throughput_warmup_steps: int = 3
+    """steps left out of training_sequences_per_second (start-up, compilation)"""
+    disable_progress_bar: bool = False
+    """no tqdm progress bar"""
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    """Faults the tests provoke on purpose; run_pretraining.main installs them as Trainer hooks."""
+
+    debug_inject_inf_at_step: int = -1
+    """TEST ONLY: put an inf into a gradient on the first attempt at this step (with --precision fp16)"""
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Every flag of run_pretraining.py, by section (in --help's order)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """data"""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """model"""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """training"""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """optimizer and learning-rate schedule"""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """precision"""
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    """parallelism and memory"""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """checkpoints and phases"""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """evaluation"""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """logging"""
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    """debugging (test only)"""
+
+    @classmethod
+    def from_flags(cls, flags: dict[str, Any]) -> PretrainConfig:
+        """The sections from a flat {flag: value} dict (argparse's namespace); a flag not given keeps its
+        default."""
+        sections = {}
+        for section in dataclasses.fields(cls):
+            kind = section.default_factory
+            sections[section.name] = kind(**{f.name: flags[f.name] for f in dataclasses.fields(kind)
+                                             if f.name in flags})
+        return cls(**sections)
+
+    def flags(self) -> dict[str, Any]:
+        """{flag: value} of every flag, flat: what the PARAMETER log line and a checkpoint's "args" hold."""
+        return {f.name: getattr(section, f.name) for section in self.sections()
+                for f in dataclasses.fields(section)}
+
+    def sections(self) -> list[Any]:
+        return [getattr(self, s.name) for s in dataclasses.fields(self)]
