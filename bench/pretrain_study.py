@@ -118,7 +118,7 @@ def reuse_differences(state: dict, args) -> list[str]:
     p1, p2 = state["phase1"]["params"], state["phase2"]["params"]
     lines = []
     for name, have, want in (("phase 1 steps", p1.get("max_steps"), args.phase1_steps),
-                             ("phase 2 steps", p2.get("max_steps"), args.phase2_steps),
+                             *((("phase 2 steps", p2.get("max_steps"), args.phase2_steps),) if p2 else ()),
                              ("phase 1 global batch", p1.get("train_batch_size", 0) * p1.get("world_size", 1),
                               args.batch * args.processes)):
         if have != want:
@@ -334,7 +334,9 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
              heading: str = "#") -> str:
     """The study's Markdown; `images`: the loss-curve and per-seed plots' links (None: none)."""
     pre, ft = report["pretraining"], report["finetuning"]
-    steps = f": {pre['phase1']['steps']} + {pre['phase2']['steps']} pre-training steps" if pre else ""
+    phase1_only = bool(pre) and pre["phase2"]["steps"] is None  # a run of phase 1 alone (--pretrain_run)
+    steps = "" if not pre else (f": {pre['phase1']['steps']} pre-training steps (phase 1 only)" if phase1_only else
+                                f": {pre['phase1']['steps']} + {pre['phase2']['steps']} pre-training steps")
     lines = [f"{heading} Pre-train, then fine-tune{steps} ({report['date']})", ""]
     if pre:
         p1, p2, held = pre["phase1"], pre["phase2"], pre["heldout"]
@@ -348,7 +350,7 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
         lines += [""] if warnings else []
         lines += ["| phase | steps | batch | lr | seq | masked-LM loss first logged -> last | seconds | sequences/s |",
                   "|---|---|---|---|---|---|---|---|"]
-        for name, p in (("1", p1), ("2", p2)):
+        for name, p in (("1", p1),) + ((("2", p2),) if not phase1_only else ()):
             lines.append(f"| {name} | {p['steps']} | {p['batch']} | {p['learning_rate']} | {p['max_seq_length']} | "
                          f"{su.fmt(p['first_mlm_loss'], 3)} -> {su.fmt(p['final_mlm_loss'], 3)} | "
                          f"{su.fmt(p['seconds'], 0)} | {su.fmt(p['sequences_per_second'], 1)} |")
