@@ -382,3 +382,22 @@ def make_optimizer(name: str, params: Iterable, lr: float, weight_decay: float =
         return BertAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                         bias_correction=True)
     raise ValueError(f"unknown optimizer {name!r}: choose nvlamb or adamw")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The peak learning rate at a small global batch: the rule of the small presets (scripts/configs/pretrain_config.sh:
+# cpu, small_1gpu_bf16), measured on CPU with bench/pretrain_sweep.py (README, "Does it make a good BERT?").
+# NVIDIA's 6e-3 at 65,536 sequences a step is LAMB's large-batch design point and says nothing about 32-256.
+
+SMALL_BATCH_LR = 1e-2  # NVLAMB's best peak rate at the reference batch (twice it collapsed onto the plateau)
+SMALL_BATCH_REFERENCE = 32  # global sequences per optimizer step at which SMALL_BATCH_LR was measured
+SMALL_BATCH_EXPONENT = 0.5  # lr_best ~ batch ** exponent: 1e-2 best at 32, 2e-2 better than 1e-2 at 128 (README)
+
+
+def small_batch_learning_rate(global_batch: int) -> float:
+    """NVLAMB's peak learning rate for pre-training a small BERT at `global_batch` sequences per optimizer step:
+    SMALL_BATCH_LR * (global_batch / SMALL_BATCH_REFERENCE) ** SMALL_BATCH_EXPONENT. Measured between 32 and 128
+    sequences a step; beyond them it is an extrapolation."""
+    if global_batch < 1:
+        raise ValueError(f"global batch {global_batch}: must be at least 1")
+    return SMALL_BATCH_LR * (global_batch / SMALL_BATCH_REFERENCE) ** SMALL_BATCH_EXPONENT

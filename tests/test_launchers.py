@@ -25,7 +25,8 @@ SHELL_SCRIPTS = sorted(REPO.glob("scripts/**/*.sh")) + [REPO / "run.sub"]
 PRECISIONS = {"auto", "fp16", "bf16", "tf32", "fp32"}
 EXPECTED_PRESETS = {"dgx1_8gpu_fp16", "dgx1_8gpu_fp32", "dgx2_16gpu_fp16", "dgx2_16gpu_fp32", "dgxa100-40g_8gpu_fp16",
                     "dgxa100-40g_8gpu_tf32", "dgxa100-80g_8gpu_fp16", "dgxa100-80g_8gpu_tf32", "dgxa100-80g_8gpu_bf16",
-                    "dgxh100_8gpu_bf16", "cpu"}
+                    "dgxh100_8gpu_bf16", "cpu", "small_1gpu_bf16"}
+SMALL_PRESETS = {"cpu", "small_1gpu_bf16"}  # ours: a small model at a small batch, the 26th argument (optimizer) named
 # NVIDIA's run_pretraining.sh (the HDF5-era version with 25 positional arguments): its defaults, arguments 1-20.
 NVIDIA_DEFAULTS = ["8192", "6e-3", "fp16", "8", "0.2843", "7038", "200", "false", "true", "true", "128", "12439",
                    "bert_lamb_pretraining", "true", "true", "4096", "4e-3", "0.128", "1563", "512"]
@@ -112,7 +113,10 @@ def test_every_expected_preset_is_defined(presets):
 @pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
 def test_preset_arguments_are_valid(presets, name):
     words = presets[name]
-    assert len(words) == 25, f"{name} echoes {len(words)} words, not the 25 positional arguments"
+    want = 26 if name in SMALL_PRESETS else 25
+    assert len(words) == want, f"{name} echoes {len(words)} words, not {want} positional arguments"
+    if want == 26:
+        assert words[25] in ("nvlamb", "adamw")
     arg = {i + 1: w for i, w in enumerate(words)}
     for i in INT_ARGS:
         assert re.fullmatch(r"[0-9]+", arg[i]), f"argument {i} = {arg[i]!r}"
@@ -129,7 +133,7 @@ def test_preset_arguments_are_valid(presets, name):
         assert arg[15] == "false", "half-precision all-reduce in a full-precision preset"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS - {"cpu"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS - SMALL_PRESETS))
 def test_gpu_presets_keep_nvidias_global_batch(presets, name):
     arg = {i + 1: w for i, w in enumerate(presets[name])}
     gpus = int(arg[4])
@@ -137,6 +141,18 @@ def test_gpu_presets_keep_nvidias_global_batch(presets, name):
     assert (arg[2], arg[6], arg[17], arg[19]) == ("6e-3", "7038", "4e-3", "1563")
     assert arg[25] == "/workspace/bert/bert_config.json" and arg[23] == "/workspace/bert"
     assert arg[3] == name.rsplit("_", 1)[1] and f"_{gpus}gpu_" in name
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_PRESETS))
+def test_small_presets_follow_the_measured_learning_rate_rule(presets, name):
+    """Phase 1's peak learning rate is optimization.small_batch_learning_rate of the preset's global batch (the rule
+    measured on CPU), and phase 2 takes half of it (the CPU demo's choice since its first round)."""
+    from optimization import small_batch_learning_rate
+
+    arg = {i + 1: w for i, w in enumerate(presets[name])}
+    assert arg[26] == "nvlamb"
+    assert float(arg[2]) == pytest.approx(small_batch_learning_rate(int(arg[1]) * int(arg[4])), rel=0.01)
+    assert float(arg[17]) == pytest.approx(float(arg[2]) / 2, rel=0.01)
 
 
 def test_cpu_preset_uses_this_repository(presets):

@@ -355,3 +355,14 @@ def test_bf16_params_stay_finite_and_close(fused):
         o = ours[k].detach().double()
         assert ours[k].dtype == dtype and torch.isfinite(o).all(), k
         assert float((o - r).abs().max()) <= 0.02 * max(float(r.abs().max()), 1e-3), k
+
+
+def test_small_batch_learning_rate_rule_gives_the_written_out_numbers():
+    """1e-2 at 32 sequences a step, times the square root of the batch ratio: 64 -> 1e-2 * sqrt(2) = 0.014142,
+    128 -> 2e-2, 256 -> 1e-2 * sqrt(8) = 0.028284, 8 -> 5e-3."""
+    from optimization import small_batch_learning_rate
+
+    for batch, lr in ((32, 0.01), (64, 0.0141421356), (128, 0.02), (256, 0.0282842712), (8, 0.005)):
+        assert small_batch_learning_rate(batch) == pytest.approx(lr, rel=1e-8), batch
+    with pytest.raises(ValueError, match="at least 1"):
+        small_batch_learning_rate(0)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Pre-training presets: each function echoes the 25 positional arguments of scripts/run_pretraining.sh.
+# Pre-training presets: each function echoes the 25 positional arguments of scripts/run_pretraining.sh (NVIDIA's),
+# and the small ones (cpu, small_1gpu_bf16) a 26th, the optimizer.
 #
 #   source scripts/configs/pretrain_config.sh
 #   bash scripts/run_pretraining.sh $(dgxa100-80g_8gpu_bf16)
@@ -97,10 +98,24 @@ cpu() {
   local demo="${CPU_DEMO_DIR:-$_pretrain_repo/results/cpu_demo}"
   echo 32 1e-2 auto 1 0.05 500 250 false true false 1 42 bert_cpu_demo false false \
        8 5e-3 0.1 20 1 "$demo/hdf5_seq128/" "$demo/hdf5_seq512/" "$_pretrain_repo" None \
-       "$_pretrain_repo/configs/bert-small-cpu.json"
+       "$_pretrain_repo/configs/bert-small-cpu.json" nvlamb
+}
+
+# ---- One GPU, a small BERT (ours): the small-batch learning-rate rule, measured on CPU ----------------------
+# For a first real pre-training on one GPU: configs/bert-mini.json (4 layers, hidden 256), global batch 256 at
+# sequence 128 for 30,000 steps (7.7 M sequences), then batch 64 at sequence 512 for 3,000 steps; NVLAMB, bf16.
+# The learning rates follow optimization.small_batch_learning_rate (the rule and its measurements are in README,
+# "Does it make a good BERT?"; batch 256 lies beyond the batches measured, 32-128, so it is the rule's
+# extrapolation). Not run on a GPU in this project yet: its speed and result are not measured. Data: the phase-1
+# and phase-2 folders of data/create_datasets_from_start.sh, as for the DGX presets.
+small_1gpu_bf16() {
+  local p1="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training/"
+  local p2="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training/"
+  echo 256 2.83e-2 bf16 1 0.1 30000 1000 false true false 1 42 bert_small_1gpu false false \
+       64 1.41e-2 0.1 3000 1 "$p1" "$p2" /workspace/bert None /workspace/bert/configs/bert-mini.json nvlamb
 }
 
 # Every preset, for scripts and tests that iterate over them.
 PRETRAIN_PRESETS=(dgx1_8gpu_fp16 dgx1_8gpu_fp32 dgx2_16gpu_fp16 dgx2_16gpu_fp32 dgxa100-40g_8gpu_fp16
                   dgxa100-40g_8gpu_tf32 dgxa100-80g_8gpu_fp16 dgxa100-80g_8gpu_tf32 dgxa100-80g_8gpu_bf16
-                  dgxh100_8gpu_bf16 cpu)
+                  dgxh100_8gpu_bf16 cpu small_1gpu_bf16)
