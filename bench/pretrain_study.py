@@ -358,7 +358,12 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
                       f"samples): **{su.fmt(held['accuracy'], 4)}**; always guessing the most frequent masked token: "
                       f"{su.fmt(held['baseline'], 4)}.", ""]
         probe = pre.get("context_probe")
-        if probe:
+        if probe and "slots" not in probe:  # the first probe's record (2026-11-23): every prediction slot, kept ones too
+            lines += [f"Context probe (the final checkpoint, on {probe['positions']} held-out prediction slots, "
+                      f"the copyable kept ones included): accuracy **{su.fmt(probe['model'], 4)}** with the context, "
+                      f"{su.fmt(probe['model_without_context'], 4)} with every other token replaced by [MASK]; "
+                      f"count models: unigram {su.fmt(probe['unigram'], 4)}, bigram {su.fmt(probe['bigram'], 4)}.", ""]
+        elif probe:
             lines += [f"Context probe (the final checkpoint, on the {probe['slots']} held-out [MASK]ed slots: "
                       f"nothing to copy there): accuracy **{su.fmt(probe['model'], 4)}** with the context, "
                       f"{su.fmt(probe['model_without_context'], 4)} with every other token of the input replaced "
