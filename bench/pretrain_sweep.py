@@ -144,12 +144,17 @@ def scaling_exponents(best: dict[str, dict[int, dict]]) -> dict[str, float]:
     return exponents
 
 
+def bf16_flags_text(report: dict) -> str:
+    """The CPU's bf16 flags as recorded in a report (precision.py's decision rests on them)."""
+    return ", ".join(report["bf16_flags"]) or "no avx512_bf16/amx_bf16"
+
+
 def markdown(report: dict) -> str:
+    setting = (f"{report['config']}, {report['sequences']:,} sequences a run (steps = sequences / batch), "
+               f"{report['schedule']} schedule, warm-up {report['warmup']}, precision {report['precision']}")
     lines = [f"# Pre-training sweep ({report['date']})", "",
-             f"{report['config']}, {report['sequences']:,} sequences a run (steps = sequences / batch), "
-             f"{report['schedule']} schedule, warm-up {report['warmup']}, precision {report['precision']}; "
-             f"held-out: {report['max_eval_samples']} sequences of {report['eval_dir']}. Machine: {report['cpu']}, "
-             f"{report['cores']} cores, flags: {', '.join(report['bf16_flags']) or 'no avx512_bf16/amx_bf16'}; "
+             f"{setting}; held-out: {report['max_eval_samples']} sequences of {report['eval_dir']}. Machine: "
+             f"{report['cpu']}, {report['cores']} cores, flags: {bf16_flags_text(report)}; "
              f"{report['parallel']} run(s) at a time, {report['threads']} thread(s) each.", "",
              f"Command: `{report['command']}`", "",
              "| optimizer | batch | lr | steps | held-out loss | unigram entropy | below it | context gain | "

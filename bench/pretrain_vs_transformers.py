@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bench import study_utils as su
-from bench.pretrain_sweep import cpu_description
+from bench.pretrain_sweep import bf16_flags_text, cpu_description
 
 REPO = su.REPO
 TOLERANCE = 0.05  # nats: ours may be worse than the reference by at most this much at equal steps
@@ -267,7 +267,7 @@ def markdown(report: dict) -> str:
              f"{Path(report['config']).name}, {report['steps']} steps x batch {report['batch']}, AdamW lr "
              f"{report['lr']:g}, linear warm-up {report['warmup']} then linear decay, precision "
              f"{report['ours']['precision']} (both); held-out: {report['max_eval_samples']} sequences of "
-             f"{report['eval_dir']}. Machine: {report['cpu']} ({', '.join(report['bf16_flags']) or 'no avx512_bf16/amx_bf16'}).",
+             f"{report['eval_dir']}. Machine: {report['cpu']} ({bf16_flags_text(report)}).",
              "", f"Command: `{report['command']}`", "",
              "| step | ours: held-out loss | transformers: held-out loss | ours - transformers | ours: context gain | "
              "transformers: context gain |", "|---|---|---|---|---|---|"]

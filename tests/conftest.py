@@ -148,6 +148,14 @@ def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: i
     return path
 
 
+def bert_config(**fields):
+    """A small modeling.BertConfig for tests: 2 layers, 4 heads, no dropout (exact comparisons), then `fields`."""
+    from modeling import BertConfig
+
+    return BertConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_dropout_prob": 0.0,
+                         "attention_probs_dropout_prob": 0.0, **fields})
+
+
 def args_for(data: Path, config: Path, out: Path, *extra: str, seq: int = SEQ, pred: int = PRED) -> list[str]:
     return ["--input_dir", str(data), "--config_file", str(config), "--output_dir", str(out), "--do_train",
             "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred), "--train_batch_size", "8",

@@ -11,6 +11,7 @@ import checkpoint_io
 import convert_checkpoint
 import modeling
 from checkpoint_io import CheckpointError, from_pretrained
+from conftest import bert_config
 from modeling import BertConfig
 
 
@@ -23,11 +24,8 @@ def _no_grad():
 
 
 def tiny_config(**overrides) -> BertConfig:
-    kwargs = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
-    kwargs.update(overrides)
-    return BertConfig(**kwargs)
+    return bert_config(**{"vocab_size": 1000, "hidden_size": 32, "intermediate_size": 64,
+                          "max_position_embeddings": 64, **overrides})
 
 
 def batch(seed=0, vocab=1000):

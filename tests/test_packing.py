@@ -440,14 +440,19 @@ def test_run_pretraining_learns_on_packed_shards(wiki, tmp_path):
     assert real > 1.2 * rows and final["training_real_tokens_per_second"] > real  # rows hold 1.5-2 sequences
 
 
+def six_steps_and_the_first_three(shards: Path, config: Path, tmp_path: Path, common: list[str]) -> tuple[Path, Path]:
+    """A 6-step reference run, and a second run stopped after 3 steps (--steps_this_run) for a test to resume."""
+    reference, part = tmp_path / "reference", tmp_path / "part"
+    assert rp.main(args_for(shards, config, reference, *common, seq=SEQ, pred=PRED)) == 0
+    assert rp.main(args_for(shards, config, part, *common, "--steps_this_run", "3", seq=SEQ, pred=PRED)) == 0
+    return reference, part
+
+
 def test_packed_run_resumes_exactly(wiki, tmp_path):
     """6 steps in one go against 3 + 3 with a resume (dropout on): the same weights and data position."""
     config = config_file(tmp_path)
     common = ["--max_steps", "6", "--gradient_accumulation_steps", "2", "--seed", "5"]
-    reference, part = tmp_path / "reference", tmp_path / "part"
-    assert rp.main(args_for(wiki["packed"], config, reference, *common, seq=SEQ, pred=PRED)) == 0
-    assert rp.main(args_for(wiki["packed"], config, part, *common, "--steps_this_run", "3", seq=SEQ,
-                            pred=PRED)) == 0
+    reference, part = six_steps_and_the_first_three(wiki["packed"], config, tmp_path, common)
     assert rp.main(args_for(wiki["packed"], config, part, *common, "--resume_from_checkpoint", seq=SEQ,
                             pred=PRED)) == 0
     diff = max_diff(weights(part / "ckpt_6.pt"), weights(reference / "ckpt_6.pt"))
@@ -559,10 +564,7 @@ def test_length_bins_group_lengths_see_every_sample_once_and_resume_exactly(tmp_
 def test_binned_run_resumes_exactly_and_refuses_another_binning(wiki, tmp_path):
     config = config_file(tmp_path)
     common = ["--max_steps", "6", "--seed", "5", "--length_bins", "4"]
-    reference, part = tmp_path / "reference", tmp_path / "part"
-    assert rp.main(args_for(wiki["unpacked"], config, reference, *common, seq=SEQ, pred=PRED)) == 0
-    assert rp.main(args_for(wiki["unpacked"], config, part, *common, "--steps_this_run", "3", seq=SEQ,
-                            pred=PRED)) == 0
+    reference, part = six_steps_and_the_first_three(wiki["unpacked"], config, tmp_path, common)
     with pytest.raises(SystemExit, match="--length_bins 4 and a global micro-batch of 8, this run with 2"):
         rp.main(args_for(wiki["unpacked"], config, part, "--max_steps", "6", "--length_bins", "2",
                          "--resume_from_checkpoint", seq=SEQ, pred=PRED))

@@ -15,7 +15,7 @@ import bert_padding
 import checkpoint_io
 import modeling
 import pretraining_data
-from conftest import SENTENCES, padded_batch
+from conftest import SENTENCES, bert_config, padded_batch
 from modeling import BertConfig, BertForPreTraining
 from tokenization import BertTokenizer
 
@@ -23,11 +23,8 @@ P = 8  # prediction slots per sequence (the shards' max_predictions_per_seq)
 
 
 def small_config(**overrides) -> BertConfig:
-    kwargs = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=128, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
-    kwargs.update(overrides)
-    return BertConfig(**kwargs)
+    return bert_config(**{"vocab_size": 30522, "hidden_size": 64, "intermediate_size": 128,
+                          "max_position_embeddings": 128, **overrides})
 
 
 @pytest.fixture(scope="module")
