@@ -54,3 +54,28 @@ parse_mode() {
   done
   [[ "$do_train" == true || "$do_eval" == true || "$do_predict" == true ]] || die "argument $1 (mode) is empty"
 }
+
+# check_model_files: arguments 1 (init_checkpoint), 3 (vocab_file) and 4 (config_file) of the GLUE and SWAG
+# launchers exist (None: taken from the checkpoint's folder).
+check_model_files() {
+  [[ -e "$init_checkpoint" ]] || die "init_checkpoint $init_checkpoint not found (argument 1)"
+  [[ "$vocab_file" == None || -f "$vocab_file" ]] || die "vocab_file $vocab_file not found (argument 3; None: the \
+checkpoint folder's vocab.txt)"
+  [[ "$config_file" == None || -f "$config_file" ]] || die "config_file $config_file not found (argument 4; None: \
+the checkpoint's config)"
+}
+
+# append_finetune_flags: the training / evaluation / prediction flags of run_glue.py and run_swag.py, appended to
+# the caller's cmd array from its variables (parse_mode's do_train/do_eval/do_predict, the positional arguments).
+append_finetune_flags() {
+  [[ "$do_train" == true ]] && cmd+=(--do_train "--train_batch_size=$batch_size"
+    "--gradient_accumulation_steps=$gradient_accumulation_steps" "--learning_rate=$learning_rate"
+    "--warmup_proportion=$warmup_proportion" "--num_train_epochs=$epochs" "--max_steps=$max_steps")
+  [[ "$do_eval" == true ]] && cmd+=(--do_eval)
+  [[ "$do_predict" == true ]] && cmd+=(--do_predict)
+  [[ "$do_eval" == true || "$do_predict" == true ]] && cmd+=("--eval_batch_size=$batch_size")
+  [[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
+  [[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
+  [[ "$config_file" != None ]] && cmd+=("--config_file=$config_file")
+  return 0
+}

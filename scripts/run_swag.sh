@@ -91,13 +91,9 @@ parse_mode 15 "$mode"
 [[ "$DO_LOWER_CASE" == true || "$DO_LOWER_CASE" == false ]] || die "DO_LOWER_CASE must be true or false"
 if [[ "$DRY_RUN" != 1 ]]; then
   [[ -f "$CODEDIR/run_swag.py" ]] || die "no run_swag.py in CODEDIR $CODEDIR"
-  [[ -e "$init_checkpoint" ]] || die "init_checkpoint $init_checkpoint not found (argument 1)"
+  check_model_files
   [[ -d "$data_dir" ]] || die "SWAG folder $data_dir not found (argument 2): the data/ folder of \
 github.com/rowanz/swagaf (train.csv, val.csv), or set BERT_PREP_WORKING_DIR"
-  [[ "$vocab_file" == None || -f "$vocab_file" ]] || die "vocab_file $vocab_file not found (argument 3; None: the \
-checkpoint folder's vocab.txt)"
-  [[ "$config_file" == None || -f "$config_file" ]] || die "config_file $config_file not found (argument 4; None: \
-the checkpoint's config)"
 fi
 
 # ---- build the command ----------------------------------------------------------------------------------------
@@ -111,15 +107,7 @@ env_prefix=()
 cmd=("${env_prefix[@]}" "${launcher[@]}" "$CODEDIR/run_swag.py" "--data_dir=$data_dir"
      "--init_checkpoint=$init_checkpoint" "--output_dir=$out_dir" "--max_seq_length=$MAX_SEQ_LENGTH"
      "--seed=$seed" "--json-summary=$out_dir/dllogger.json" "${prec_flags[@]}")
-[[ "$do_train" == true ]] && cmd+=(--do_train "--train_batch_size=$batch_size"
-  "--gradient_accumulation_steps=$gradient_accumulation_steps" "--learning_rate=$learning_rate"
-  "--warmup_proportion=$warmup_proportion" "--num_train_epochs=$epochs" "--max_steps=$max_steps")
-[[ "$do_eval" == true ]] && cmd+=(--do_eval)
-[[ "$do_predict" == true ]] && cmd+=(--do_predict)
-[[ "$do_eval" == true || "$do_predict" == true ]] && cmd+=("--eval_batch_size=$batch_size")
-[[ "$DO_LOWER_CASE" == true ]] && cmd+=(--do_lower_case)
-[[ "$vocab_file" != None ]] && cmd+=("--vocab_file=$vocab_file")
-[[ "$config_file" != None ]] && cmd+=("--config_file=$config_file")
+append_finetune_flags
 # shellcheck source=signals.sh
 source "$script_dir/signals.sh"
 launch_job run_swag.sh "$out_dir/logfile" "$num_gpu" "SWAG, precision $precision, $num_gpu process(es)"
