@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_only:
         print(markdown(json.loads(args.print_only.read_text())))
         return 0
-    sys.path.insert(0, str(REPO))
-    from data.create_vocab import list_input_files
+    from data.create_vocab import list_input_files  # run as `python -m bench.bench_vocab` from the repository root
 
     files = list_input_files([args.data])
     if len(files) <= args.held_out:

@@ -541,7 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """0 when vocab.txt was written (a JSON summary on stdout's last line); bad input: one line on stderr, exit 1
     (--debug: the traceback)."""
-    from cli import script_errors
+    try:
+        from cli import script_errors
+    except ModuleNotFoundError:  # as data/bertPrep.py: the repository root must be importable, no sys.path edit
+        raise SystemExit("error: run from the repository root as `python -m data.create_vocab ...`") from None
 
     with script_errors("create_vocab.py", argv):
         args = build_parser().parse_args(argv)
@@ -553,6 +556,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as a file (python data/create_vocab.py): the repository root holds tokenization.py and cli.py.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())
