@@ -13,24 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from bench import study_utils as su
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -78,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
             times[name].append(step(name))
     median = {k: statistics.median(v) for k, v in times.items()}
     faster = min(median, key=median.get)
-    result = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(), "cores": torch.get_num_threads(),
+    result = {"date": time.strftime("%Y-%m-%d"), "cpu": su.cpu_description()[0], "cores": torch.get_num_threads(),
               "bf16_flags": sorted(f for f in precision_policy.CPU_BF16_FLAGS if f in flags),
               "avx512f": "avx512f" in flags, "auto": auto.name, "auto_reason": auto.reason,
               "config": Path(args.config).name, "batch": args.batch, "seq": args.seq, "steps": args.steps,

@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,27 +38,13 @@ DATA = REPO.parent / "shared" / "data"
 
 def machine() -> dict:
     """CPU model, core count and the bf16 flags precision.py reads, for the record."""
-    model = ""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")),
-                     "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
     import tokenizers
 
-    return {"cpu": model or platform.processor(), "cores": os.cpu_count(),
-            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "python": platform.python_version(), "tokenizers": tokenizers.__version__}
+    from bench.study_utils import cpu_description
 
+    model, flags = cpu_description()
+    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags, "python": platform.python_version(), "tokenizers": tokenizers.__version__}
 
 def held_out_words(files: list[Path], lower: bool) -> collections.Counter:
     """BasicTokenizer's words of the files (create_vocab's pre-splitting, proven equal to it), counted."""

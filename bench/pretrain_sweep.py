@@ -24,7 +24,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -207,20 +206,6 @@ def plot(report: dict, path: Path) -> Path:
     return su.save_figure(plt, fig, path)
 
 
-def cpu_description() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or "unknown", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = [f for f in ("avx512_bf16", "amx_bf16") if f in line.split()]
-                break
-    except OSError:
-        pass
-    return model, flags
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=su.HelpFormatter)
     p.add_argument("--data", type=Path, help="a folder with training/ and test/ HDF5 shards (bertPrep's layout)")
@@ -251,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = parse_runs(args.runs)
     args.threads = max(1, (os.cpu_count() or 1) // args.parallel)
     args.out.mkdir(parents=True, exist_ok=True)
-    cpu, flags = cpu_description()
+    cpu, flags = su.cpu_description()
     report = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "bf16_flags": flags,
               "cores": os.cpu_count(), "config": str(args.config), "sequences": args.sequences,
               "warmup": args.warmup, "schedule": args.schedule, "precision": args.precision,

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bench import study_utils as su
-from bench.pretrain_sweep import bf16_flags_text, cpu_description
+from bench.pretrain_sweep import bf16_flags_text
 
 REPO = su.REPO
 TOLERANCE = 0.05  # nats: ours may be worse than the reference by at most this much at equal steps
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"pretrain_vs_transformers: run_pretraining.py failed; see {ours_out / 'output.txt'}")
     ours = ours_result(ours_out)
     rows = compare(ours, reference, zero)
-    cpu, flags = cpu_description()
+    cpu, flags = su.cpu_description()
     report = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "bf16_flags": flags,
               "config": str(args.config), "steps": args.steps, "batch": args.batch, "lr": args.lr,
               "warmup": args.warmup, "max_eval_samples": args.max_eval_samples, "eval_dir": str(args.eval_dir),
