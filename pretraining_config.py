@@ -59,6 +59,10 @@ class DataConfig:
     length_bins: int = 0
     """LDDL-style length binning (phase 2): group samples of similar real length into micro-batches, N bins of
     max_seq_length / N each, every micro-batch cut to its bin's upper length (0: off)"""
+    mix_shards: int = 1
+    """shuffle the samples of K shards together (K shards in memory at once; 1: one shard at a time, NVIDIA's
+    way). A shard holds a few hundred articles, each dupe_factor times: a small batch trains on one for thousands
+    of steps and chases its words; 8 or more makes the stream closer to the corpus"""
     num_workers: int = 4
     """DataLoader worker processes building micro-batches from the shard in memory (0: in the training
     process)"""

@@ -9,11 +9,15 @@ masked_lm_* hold a row's slots; they are recognised by next_sentence_positions, 
 model attends within each sequence and reads NSP at each [CLS]. A folder's shards must all be packed alike.
 
 The stream. Every *.hdf5 in the folder, sorted by name. Epoch e visits the shards in a permutation drawn from
-(seed, e); shard s is read in a permutation drawn from (seed, e, s). That ordered stream is cut into GLOBAL
-micro-batches of micro_batch * world_size consecutive samples (a shard's remainder smaller than one is dropped),
-and rank r trains on the r-th slice of each: what a global step sees does not depend on how it is split across
-processes, and the data position (epoch, shard index, sample offset) is one number a checkpoint stores and any
-number of processes can resume from. One shard is held in memory, the next is read in a background thread;
+(seed, e), in groups of `mix_shards` consecutive shards of that order (--mix_shards K; 1, NVIDIA's way, by
+default); a group's samples, its shards' rows one after the other, are read in a permutation drawn from
+(seed, e, s), s its first shard. Why mix: a shard holds a few hundred articles, each dupe_factor times, and a
+small batch trains for thousands of steps on one shard, chasing its words (the training loss jumps at every shard
+change); K shards shuffled together make the stream K times closer to the corpus. That ordered stream is cut into
+GLOBAL micro-batches of micro_batch * world_size consecutive samples (a group's remainder smaller than one is
+dropped), and rank r trains on the r-th slice of each: what a global step sees does not depend on how it is split
+across processes, and the data position (epoch, group index, sample offset) is one number a checkpoint stores and
+any number of processes can resume from. One group is held in memory, the next is read in a background thread;
 DataLoader workers cut the micro-batches. With dynamic masking the stored masks are undone and new ones drawn by
 create_pretraining_data.dynamic_mask, seeded by (seed, epoch, shard, offset): a resumed run draws the same masks.
 
@@ -56,8 +60,8 @@ PACKED_KEY = "next_sentence_positions"  # [N, K] in packed shards only
 
 @dataclass
 class DataPosition:
-    """Where the global sample stream stands: after `sample_offset` samples of the `shard_index`-th shard of
-    epoch `epoch`'s shard order. The same on every rank."""
+    """Where the global sample stream stands: after `sample_offset` samples of the `shard_index`-th group of
+    epoch `epoch`'s shard order (the shard itself without --mix_shards). The same on every rank."""
 
     epoch: int = 0
     shard_index: int = 0
@@ -290,6 +294,26 @@ def read_rows(path: Path, rows: np.ndarray) -> dict[str, np.ndarray]:
         return {key: f[key][()][rows] for key in shard_keys(f)}
 
 
+def read_group_rows(paths: list[Path], sizes: list[int], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The given rows of shards read as one (row i of the group: the shards' rows one after the other), in that
+    order. Masked-slot arrays of different widths are padded with 0, the unused slot."""
+    if len(paths) == 1:
+        return read_rows(paths[0], rows)
+    starts = np.cumsum([0, *sizes])  # [K + 1]
+    which = np.searchsorted(starts, rows, side="right") - 1  # [R] the shard of each row
+    parts = [read_rows(p, rows[which == k] - starts[k]) for k, p in enumerate(paths)]
+    out = {}
+    for key in parts[0]:
+        width = max(part[key].shape[1:] for part in parts)
+        padded = [np.pad(part[key], [(0, 0)] + [(0, w - v) for w, v in zip(width, part[key].shape[1:])])
+                  for part in parts]
+        merged = np.empty((len(rows), *width), dtype=np.result_type(*padded))
+        for k, part in enumerate(padded):
+            merged[which == k] = part  # each shard's rows back in the requested order
+        out[key] = merged
+    return out
+
+
 def real_lengths(path: Path) -> tuple[np.ndarray, int]:
     """[N] real tokens of every row of a shard, and its sequence length S (length binning)."""
     import h5py
@@ -358,51 +382,58 @@ class PretrainingData:
 
     def __init__(self, shards: list[ShardInfo], seed: int, micro_batch: int, rank: int, world_size: int,
                  num_workers: int = 0, pin_memory: bool = False, masker: Masker | None = None,
-                 position: DataPosition | None = None, length_bins: int = 0):
+                 position: DataPosition | None = None, length_bins: int = 0, mix_shards: int = 1):
         self.shards, self.seed, self.micro_batch = shards, seed, micro_batch
+        self.mix_shards = max(1, min(mix_shards, len(shards)))
         self.rank, self.world_size = rank, world_size
         self.global_batch = micro_batch * world_size
         self.num_workers, self.pin_memory, self.masker = num_workers, pin_memory, masker
         self.position = position or DataPosition()
         self.length_bins = length_bins
-        if max(s.num_samples for s in shards) < self.global_batch:
+        if max(s.num_samples for s in shards) * self.mix_shards < self.global_batch:
             raise DataError(f"every shard holds fewer samples than one global micro-batch ({self.global_batch} = "
-                            f"micro-batch {micro_batch} x {world_size} processes): use a smaller batch or bigger "
-                            "shards")
+                            f"micro-batch {micro_batch} x {world_size} processes): use a smaller batch, bigger "
+                            "shards or a larger --mix_shards")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
         self._stream: weakref.ref | None = None
 
     def shard_order(self, epoch: int) -> np.ndarray:
         return epoch_shard_order(self.seed, epoch, len(self.shards))
 
+    def group(self, epoch: int, index: int) -> list[int]:
+        """The shards (indices in sorted order) of the `index`-th group of epoch `epoch`."""
+        return [int(i) for i in self.shard_order(epoch)[index * self.mix_shards: (index + 1) * self.mix_shards]]
+
     def _usable(self, pos: DataPosition) -> DataPosition:
-        """The first position at or after `pos` with a whole global micro-batch left in its shard."""
+        """The first position at or after `pos` with a whole global micro-batch left in its group."""
         while True:
-            if pos.shard_index >= len(self.shards):
+            if pos.shard_index * self.mix_shards >= len(self.shards):
                 pos = DataPosition(pos.epoch + 1, 0, 0)
-            shard = self.shards[self.shard_order(pos.epoch)[pos.shard_index]]
-            if pos.sample_offset + self.global_batch <= shard.num_samples:
+            if pos.sample_offset + self.global_batch <= sum(self.shards[i].num_samples
+                                                            for i in self.group(pos.epoch, pos.shard_index)):
                 return pos
             pos = DataPosition(pos.epoch, pos.shard_index + 1, 0)
 
     def _load(self, pos: DataPosition) -> tuple[DataPosition, ShardBatches]:
-        """Read this rank's rows of the shard at `pos` (runs in the prefetch thread)."""
-        shard_id = int(self.shard_order(pos.epoch)[pos.shard_index])
-        shard = self.shards[shard_id]
-        order = shard_sample_order(self.seed, pos.epoch, shard_id, shard.num_samples)
+        """Read this rank's rows of the group at `pos` (runs in the prefetch thread)."""
+        group = [self.shards[i] for i in self.group(pos.epoch, pos.shard_index)]
+        shard_id = self.group(pos.epoch, pos.shard_index)[0]  # seeds the group's orders and masks
+        num_samples = sum(s.num_samples for s in group)
+        order = shard_sample_order(self.seed, pos.epoch, shard_id, num_samples)
         widths = None
         if self.length_bins:
-            lengths, seq_len = real_lengths(shard.path)  # [N], S
+            lengths, seq_len = zip(*(real_lengths(s.path) for s in group))  # [N_k], S
+            lengths, seq_len = np.concatenate(lengths), seq_len[0]
             order = binned_order(order, lengths, self.length_bins, seq_len, self.global_batch,
                                  np.random.default_rng([self.seed, pos.epoch, shard_id, 3]))
-        n_batches = (shard.num_samples - pos.sample_offset) // self.global_batch
+        n_batches = (num_samples - pos.sample_offset) // self.global_batch
         global_blocks = order[pos.sample_offset: pos.sample_offset + n_batches * self.global_batch]
         global_blocks = global_blocks.reshape(n_batches, self.global_batch)  # [K, G]
         if self.length_bins:  # one width per global micro-batch: every rank's slice gets the same shape
             widths = bin_width(lengths[global_blocks].max(1), self.length_bins, seq_len)  # [K]
         blocks = global_blocks.reshape(n_batches, self.world_size, self.micro_batch)[:, self.rank]  # [K, B]
         offsets = pos.sample_offset + self.global_batch * np.arange(n_batches)
-        arrays = read_rows(shard.path, blocks.reshape(-1))
+        arrays = read_group_rows([s.path for s in group], [s.num_samples for s in group], blocks.reshape(-1))
         mask_key = [self.seed, pos.epoch, shard_id, 2]
         return pos, ShardBatches(arrays, self.micro_batch, offsets, mask_key, self.masker, widths)
 

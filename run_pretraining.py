@@ -158,6 +158,7 @@ def _flag_checks(cfg: PretrainConfig) -> list[tuple[bool, str]]:
         (d.dynamic_masking and not d.vocab_file, "--dynamic_masking needs --vocab_file (the [MASK] id and the "
                                                  "vocabulary size)"),
         (not 0.0 < d.masked_lm_prob <= 1.0, f"--masked_lm_prob {d.masked_lm_prob} must be in (0, 1]"),
+        (d.mix_shards < 1, f"--mix_shards {d.mix_shards} must be at least 1 (1: one shard at a time)"),
         (not 0 <= d.length_bins <= d.max_seq_length,
          f"--length_bins {d.length_bins} must be in [0, max_seq_length={d.max_seq_length}] (0: off)"),
         (not t.do_train and not e.eval_dir, "nothing to do: pass --do_train (and/or --eval_dir to evaluate)"),
@@ -254,7 +255,7 @@ def build_data(cfg: PretrainConfig, shards, env: distributed.DistEnv, log) -> Pr
         if d.dynamic_masking else None
     return PretrainingData(shards, cfg.training.seed, cfg.training.micro_batch_size, env.rank, env.world_size,
                            num_workers=d.num_workers, pin_memory=env.device.type == "cuda", masker=masker,
-                           length_bins=d.length_bins)
+                           length_bins=d.length_bins, mix_shards=d.mix_shards)
 
 
 def _masked_slots(cfg: PretrainConfig, packed: int) -> int:

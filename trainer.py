@@ -383,7 +383,8 @@ class Trainer:
                      "files": [s.path.name for s in data.shards],
                      # binned orders depend on the global micro-batch: recorded so a resume can check it
                      **({"length_bins": data.length_bins, "global_micro_batch": data.global_batch}
-                        if data.length_bins else {})},
+                        if data.length_bins else {}),
+                     **({"mix_shards": data.mix_shards} if data.mix_shards > 1 else {})},
             "phase": state.phase,
             "step": state.global_step,
             "phase_step": state.step,
@@ -425,6 +426,10 @@ class Trainer:
         if d["files"] != files:
             raise ResumeError(f"--input_dir {self.cfg.data.input_dir} does not hold the shards the checkpoint was "
                               f"trained on ({len(d['files'])} then, {len(files)} now): resume with the same data")
+        if d.get("mix_shards", 1) != self.data.mix_shards:
+            raise ResumeError(f"the checkpoint read its shards in groups of {d.get('mix_shards', 1)} (--mix_shards), "
+                              f"this run in groups of {self.data.mix_shards}: its data position means another "
+                              "place in the stream, so resume with the same --mix_shards")
         bins, global_batch = self.cfg.data.length_bins, self.data.global_batch
         then = (d.get("length_bins", 0), d.get("global_micro_batch", global_batch))
         if then != (bins, global_batch if bins else then[1]):

@@ -252,7 +252,9 @@ for phase in $PHASES; do
   if [[ "$phase" == 1 ]]; then steps=$train_steps; else steps=$train_steps_phase2; fi
   reached=$(final_field "$phase" phase_step)
   global=$(final_field "$phase" step)
-  if [[ $JOB_STATUS == "$EXIT_STOPPED" || -n "$STOP_SIGNAL" ]]; then
+  # Stopped: the job said so (75), or a stop signal came and the job ended cleanly or died of a signal. A job that
+  # failed otherwise after a stop signal (a traceback while stopping) is reported as the failure it is, below.
+  if [[ $JOB_STATUS == "$EXIT_STOPPED" ]] || { [[ -n "$STOP_SIGNAL" ]] && (( JOB_STATUS == 0 || JOB_STATUS > 128 )); }; then
     by=$(final_field "$phase" stopped_by_signal)
     [[ -n "$by" ]] || by=${STOP_SIGNAL:-a signal}
     echo "run_pretraining.sh: phase $phase stopped at step ${global:-?} by $by: $(resume_hint "$phase")" >&2

@@ -155,6 +155,73 @@ def test_stream_is_independent_of_the_process_split_and_resumes_exactly(tmp_path
     first.close()
 
 
+def test_mixed_shards_are_shuffled_together_as_written_and_resume_exactly(tmp_path):
+    """--mix_shards 2 over 5 shards of 40: epoch e visits groups of 2 consecutive shards of its shard order (the
+    last group is one shard), each group's rows (its shards' rows one after the other) in the permutation drawn
+    from (seed, e, first shard, 1), written out here with numpy; split across processes and resumed exactly."""
+    folder = make_shards(tmp_path / "d", n_shards=5, n=40, tag=True)
+
+    def mixed(micro, rank=0, world=1, position=None, workers=0):
+        shards = [pretraining_data.ShardInfo(p, 40, False) for p in sorted(folder.glob("*.hdf5"))]
+        return pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, rank=rank, world_size=world,
+                                                num_workers=workers, position=position, mix_shards=2)
+
+    single = take(mixed(12), 17)  # epoch 0: 2 groups of 80 rows (6 batches each) + 1 of 40 (3): 15 batches
+    shard_order = np.random.default_rng([7, 0]).permutation(5)
+    expected = []
+    for group in (shard_order[0:2], shard_order[2:4], shard_order[4:5]):
+        rows = np.concatenate([s * 40 + np.arange(40) for s in group])  # the tags, shard after shard
+        order = np.random.default_rng([7, 0, int(group[0]), 1]).permutation(len(rows))
+        expected += rows[order][: len(rows) // 12 * 12].tolist()
+    tags = [int(t) for b in single[:15] for t in b["input_ids"][:, 1]]
+    assert tags == expected
+    mixing = [len({t // 40 for t in b["input_ids"][:, 1].tolist()}) for b in single[:12]]
+    assert all(m <= 2 for m in mixing) and sum(m == 2 for m in mixing) >= 10  # each batch from both of its shards
+    ranks = [take(mixed(6, rank=r, world=2), 17) for r in range(2)]
+    for k in range(17):
+        for key in single[k]:
+            assert torch.equal(single[k][key], torch.cat([ranks[0][k][key], ranks[1][k][key]])), (k, key)
+    first = mixed(12)
+    it = iter(first)
+    for _ in range(8):
+        next(it)
+    assert first.position == pretraining_data.DataPosition(epoch=0, shard_index=1, sample_offset=24)
+    resumed = take(mixed(12, position=first.position, workers=1), 9)
+    first.close()
+    for k in range(9):
+        for key in resumed[k]:
+            assert torch.equal(resumed[k][key], single[8 + k][key])
+
+
+def test_group_rows_pad_narrower_masked_slots_with_unused_slots(tmp_path):
+    wide = make_shards(tmp_path / "a", n_shards=1, pred=5)
+    narrow = make_shards(tmp_path / "b", n_shards=1, pred=3, seed=1)
+    paths = [wide / "shard_00.hdf5", narrow / "shard_00.hdf5"]
+    rows = np.array([41, 3, 79, 0, 40])
+    got = pretraining_data.read_group_rows(paths, [40, 40], rows)
+    a, b = (pretraining_data.read_rows(p, np.arange(40)) for p in paths)
+    for key in a:
+        for out, r in zip(got[key], rows):
+            src = np.atleast_1d(a[key][r] if r < 40 else b[key][r - 40])
+            out = np.atleast_1d(out)
+            assert np.array_equal(out[: len(src)], src) and not out[len(src):].any(), (key, r)
+    assert got["masked_lm_positions"].shape == (5, 5)
+
+
+def test_mixed_run_resumes_exactly_and_refuses_another_mix(tmp_path, data, config):
+    common = ["--max_steps", "6", "--seed", "5", "--mix_shards", "2", "--log_freq", "1"]
+    reference, part = tmp_path / "reference", tmp_path / "part"
+    assert rp.main(args_for(data, config, reference, *common)) == 0
+    assert rp.main(args_for(data, config, part, *common, "--steps_this_run", "3")) == 0
+    text = one_line_error(args_for(data, config, part, "--max_steps", "6", "--resume_from_checkpoint"))
+    assert "read its shards in groups of 2 (--mix_shards), this run in groups of 1" in text
+    assert rp.main(args_for(data, config, part, *common, "--resume_from_checkpoint")) == 0
+    assert max_diff(weights(part / "ckpt_6.pt"), weights(reference / "ckpt_6.pt")) == 0.0
+    assert torch.load(part / "ckpt_6.pt", weights_only=True)["data"]["mix_shards"] == 2
+    assert "--mix_shards 0 must be at least 1" in one_line_error(args_for(data, config, tmp_path / "x",
+                                                                          "--mix_shards", "0"))
+
+
 def test_an_abandoned_or_closed_stream_ends_its_workers(tmp_path):
     """DataLoader workers ignore SIGTERM, so nothing else would end them: a stream dropped half-way (or closed)
     must end its workers at once, or the interpreter's exit waits for them forever."""

@@ -92,8 +92,10 @@ def test_sigterm_checkpoints_stops_the_launcher_and_leaves_nothing_behind(tmp_pa
     status = proc.wait(timeout=90)
     stderr = (tmp_path / "stderr").read_text()
     assert status == EXIT_STOPPED, stderr[-3000:]
-    final = [r["data"] for r in read_log(results / "t.phase1.json") if r["step"] == "FINAL"][-1]
-    step = final["step"]
+    finals = [r["data"] for r in read_log(results / "t.phase1.json") if r["step"] == "FINAL"]
+    assert finals, f"no FINAL record; the run's stderr ends:\n{stderr[-3000:]}"
+    step = finals[-1]["step"]
+    final = finals[-1]
     assert final["stopped_by_signal"] == "SIGTERM" and 3 <= step < 100_000
     assert (ckpt / f"ckpt_{step}.pt").is_file()  # the preemption checkpoint
     last = stderr.strip().splitlines()[-1]
