@@ -21,7 +21,9 @@ attending only to itself with its own positions and NSP read at its own [CLS] (m
 --max_predictions_per_seq stays the per-sequence value (a packed row's slots are checked against K times it). The
 stream, resume and checkpoints count rows, so "sequences" in the throughput are rows. --length_bins N (LDDL-style,
 for phase 2) groups samples of similar real length into the same micro-batches; the order depends on the global
-micro-batch, which must stay the same on resume.
+micro-batch, which must stay the same on resume. --mix_shards K shuffles K shards' samples together (one shard at
+a time by default, NVIDIA's way): at a small batch one shard lasts thousands of steps; K must stay the same on
+resume.
 
 Stopping and resuming. ckpt_<step>.pt is written every --num_steps_per_checkpoint steps, at the end and on
 SIGTERM/SIGUSR1/SIGINT (the current step finishes, a checkpoint is written, exit 75 = EX_TEMPFAIL: "run again to
