@@ -34,6 +34,7 @@ Errors are DataError (one line, naming the flag and the file); run_pretraining.p
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import signal
@@ -456,7 +457,8 @@ class PretrainingData:
             loader = torch.utils.data.DataLoader(
                 batches, batch_size=None, shuffle=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
                 generator=torch.Generator().manual_seed(self.seed), worker_init_fn=_ignore_stop_signals)
-            stream = iter(loader)
+            with _stop_signals_blocked():  # the workers start here: see _ignore_stop_signals
+                stream = iter(loader)
             try:
                 for k, batch in enumerate(stream):
                     self.position = DataPosition(pos.epoch, pos.shard_index,
@@ -479,11 +481,30 @@ class PretrainingData:
 def _ignore_stop_signals(worker_id: int) -> None:
     """DataLoader workers ignore SIGTERM/SIGUSR1/SIGINT: Slurm, `timeout` and Ctrl-C signal every process of the
     job, and a worker dying of it would crash the training process before it can write its checkpoint. The
-    training process ends them (PretrainingData.close); if it dies, they notice and exit on their own."""
+    training process ends them (PretrainingData.close); if it dies, they notice and exit on their own.
+
+    A worker starts with these signals blocked (_stop_signals_blocked, inherited through fork): before this runs,
+    torch's worker loop installs a SIGTERM handler that dies of any SIGTERM not sent by the parent, and a new
+    DataLoader starts at every shard, so a preemption landing in that window crashed the run (exit 1, not 75).
+    A signal that arrived meanwhile is pending; SIG_IGN discards it, then the worker unblocks."""
     from training import STOP_SIGNALS
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Block the stop signals in this thread while DataLoader workers fork (they inherit the mask); a signal that
+    arrives meanwhile is delivered on leaving (or to another thread at once), so the training process still stops."""
+    from training import STOP_SIGNALS
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def load_eval_set(folder: str, spec: ShardSpec, max_samples: int, rank: int, world_size: int,

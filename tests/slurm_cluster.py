@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -35,10 +36,31 @@ def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_PORTS_GIVEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A port for a server that starts later (slurmctld, a rendezvous store, MASTER_PORT), free now.
+
+    Chosen below the kernel's ephemeral range: bind(0) and every outgoing connection take their ports from that
+    range, so a port from it could be taken by the cluster's own traffic (or a later bind(0)) before our server
+    binds it, and a rendezvous whose port was taken waits for its store until the test's timeout (CI saw a
+    two-node launch hang). Never the same port twice in one test session."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").is_file() else 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10_000, max(low, 10_001))
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in 10000-{low}")
 
 
 def _stop_pid(pid: int, timeout: float = 10.0) -> None:
@@ -98,8 +120,8 @@ class SlurmCluster:
         self.conf.write_text("\n".join([
             "ClusterName=tests",
             "SlurmctldHost=localhost(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             f"SlurmUser={user}",
             f"SlurmdUser={user}",
             "AuthType=auth/munge",

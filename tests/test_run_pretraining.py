@@ -246,6 +246,31 @@ def test_an_abandoned_or_closed_stream_ends_its_workers(tmp_path):
     assert workers_gone()
 
 
+def _sigterm_then_ignore(worker_id: int) -> None:
+    """A preemption landing in a new worker before it ignores the stop signals: SIGTERM from a process other
+    than its parent (here the worker itself; Slurm's in a real job) while torch's worker handler is in place."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # an unblocked SIGTERM would have killed the worker by now
+    ORIGINAL_IGNORE(worker_id)
+
+
+ORIGINAL_IGNORE = pretraining_data._ignore_stop_signals
+
+
+def test_a_stop_signal_while_workers_start_does_not_kill_them(tmp_path, monkeypatch):
+    """A new DataLoader (and new workers) starts at every shard; a SIGTERM sent to the job's process group while
+    one starts must not kill its worker (the training process would crash with exit 1 instead of checkpointing
+    and exiting 75: CI saw it once in the preemption test). Two shards: the signal lands in both shards' workers."""
+    folder = make_shards(tmp_path / "d", n_shards=2, n=40)
+    monkeypatch.setattr(pretraining_data, "_ignore_stop_signals", _sigterm_then_ignore)
+    data = stream(folder, 8, workers=1)
+    try:
+        batches = take(data, 12)  # 5 micro-batches a shard: three DataLoaders, three workers signalled
+    finally:
+        data.close()
+    assert len(batches) == 12
+
+
 def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
     folder = make_shards(tmp_path / "d", n_shards=1, n=40, vocab=VOCAB, unmasked=True)
     masker = pretraining_data.Masker(vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK,

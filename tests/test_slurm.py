@@ -17,9 +17,9 @@ Without the packages (and no root to apt-get them: scripts/install_slurm.sh) the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from conftest import make_shards, max_diff, read_log, subprocess_env, weights, write_config
-from slurm_cluster import SlurmCluster, missing_binaries
+from slurm_cluster import SlurmCluster, free_port, missing_binaries
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS1, STEPS2 = 100, 3  # phase 1 long enough (2-4 s) to be struck twice mid-run, phase 2 a few steps
@@ -54,12 +54,6 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
             "p2": make_shards(root / "p2", n_shards=1, n=24, seq=SEQ2, pred=PRED2, seed=1),
             # dropout off: ranks draw their own dropout masks, and the runs here are compared with one process
             "config": write_config(root / "bert_config.json", dropout=0.0)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_env(inputs: dict[str, Path], checkpoints: Path, phase: int = 1, **extra: str) -> dict[str, str]:
@@ -134,10 +128,14 @@ class TwoNodes:
 
     def checkpoints(self) -> Path:
         """Wait for both launchers; their checkpoint folder."""
+        deadline = time.monotonic() + 240
         for node in self.nodes:
-            node.wait(timeout=240)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.wait(timeout=max(1.0, deadline - time.monotonic()))
         assert [node.returncode for node in self.nodes] == [0, 0], \
-            "\n".join(log.read_text()[-3000:] for log in self.logs)
+            "launchers' exit statuses (None: still running after 240 s): " \
+            f"{[node.returncode for node in self.nodes]}\n" + \
+            "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in self.logs)
         return self.results / "checkpoints"
 
     def stop(self) -> None:
