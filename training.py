@@ -37,6 +37,19 @@ from precision import Precision, configure_tf32, resolve
 # Precision and parallelism, applied in one place
 
 
+def _no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for "no buffer broadcast before each forward": `forward_sync_buffers` since torch 2.13, which
+    deprecates `broadcast_buffers` (still the only name in older torch, e.g. an NGC container's). The new switch
+    still syncs buffers once at wrap time: harmless, BERT's buffers (position ids) are equal on every rank."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 def apply_parallelism_and_precision(model: torch.nn.Module, env: distributed.DistEnv, precision: str = "auto", *,
                                     loss_scale: float = 0.0, init_loss_scale: float = 2.0 ** 16,
                                     checkpoint_activations: bool = False, allreduce_fp16: bool = False,
@@ -64,10 +77,10 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: distributed.Dis
     # 3. Weights to the device, and they stay fp32: autocast casts per op, the optimizer updates fp32 weights.
     model.to(env.device)
     # 4. DDP: broadcasts rank 0's weights now, and averages gradients over ranks in buckets during backward.
-    #    Gradients are views into the buckets (no copy); no buffers need broadcasting in BERT.
+    #    Gradients are views into the buckets (no copy); no buffers need broadcasting in BERT at each forward.
     if env.distributed:
-        model = DDP(model, device_ids=[env.local_rank] if cuda else None, broadcast_buffers=False,
-                    gradient_as_bucket_view=True)
+        model = DDP(model, device_ids=[env.local_rank] if cuda else None, gradient_as_bucket_view=True,
+                    **_no_forward_buffer_sync())
         # 5. The comm hook compresses each bucket to 16 bits for the all-reduce (and back): half the traffic.
         #    bf16 (fp32's range) when training in bf16 on GPUs; PyTorch's bf16 hook needs NCCL, so gloo uses fp16.
         if allreduce_fp16:
