@@ -46,11 +46,10 @@ def free_port() -> int:
     range, so a port from it could be taken by the cluster's own traffic (or a later bind(0)) before our server
     binds it, and a rendezvous whose port was taken waits for its store until the test's timeout (CI saw a
     two-node launch hang). Never the same port twice in one test session."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
-        if Path("/proc/sys/net/ipv4/ip_local_port_range").is_file() else 32768
-    rng = random.Random()
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.is_file() else 32768
     for _ in range(1000):
-        port = rng.randrange(10_000, max(low, 10_001))
+        port = random.randrange(10_000, low)
         if port in _PORTS_GIVEN:
             continue
         with socket.socket() as s:

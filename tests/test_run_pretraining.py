@@ -246,15 +246,15 @@ def test_an_abandoned_or_closed_stream_ends_its_workers(tmp_path):
     assert workers_gone()
 
 
+ORIGINAL_IGNORE = pretraining_data._ignore_stop_signals
+
+
 def _sigterm_then_ignore(worker_id: int) -> None:
     """A preemption landing in a new worker before it ignores the stop signals: SIGTERM from a process other
     than its parent (here the worker itself; Slurm's in a real job) while torch's worker handler is in place."""
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)  # an unblocked SIGTERM would have killed the worker by now
     ORIGINAL_IGNORE(worker_id)
-
-
-ORIGINAL_IGNORE = pretraining_data._ignore_stop_signals
 
 
 def test_a_stop_signal_while_workers_start_does_not_kill_them(tmp_path, monkeypatch):
