@@ -1,0 +1,336 @@
+"""Issue 27, item 5: a BERT-mini pre-trained on one GPU in minutes, on the Wikipedia slice, fine-tuned anywhere.
+
+Two sub-commands, one for each machine:
+
+    python -m bench.gpu_study run --text_dir T --eval_dir E --vocab V --config C --out OUT [--budget_s 300]
+    python -m bench.gpu_study import --from OUT --to RUNS
+
+`run` (on the GPU machine; also runs on a CPU with tiny settings, which is how the tests check it):
+1. Data: T holds the slice's training text shards (one sentence per line, a blank line between articles), plain or
+   xz-compressed; they become dupe-factor-1 shards written unmasked (`create_pretraining_data.py --output_dir
+   --dupe_factor 1 --no_static_masking`), masked anew every epoch by `--dynamic_masking`. E is the held-out folder
+   of the CPU studies (static masks), evaluated on its first --eval_samples sequences as they were.
+2. Probe: every run (--runs, e.g. adamw:1e-3,nvlamb:2.83e-2) trains --probe_steps steps at the same time as the
+   others, evaluates and checkpoints once: this compiles the model (torch.compile is the default on a GPU; the
+   compiled graphs are cached for step 3), checks every stage end to end, and measures steps per second with the
+   runs side by side.
+3. Pre-training: every run again, side by side, from scratch, with --max_steps = the steps that fit --budget_s at the
+   slowest run's probe rate (the probe's start-up time taken off first), rounded down to a hundred and capped at
+   --max_steps_cap, so that each learning-rate schedule runs to its end. A run still going at 1.25 x the budget gets
+   SIGTERM: run_pretraining.py then writes a checkpoint and stops (exit 75), and that checkpoint is exported.
+4. Export to OUT: per run its JSON-lines log (<name>.log.json) and its final weights in bf16
+   (<name>.bf16.safetensors: 15 MB for BERT-mini with a 16 K vocabulary, under the device tool's 16 MB a file);
+   gpu_study.json (machine, data, probe, steps, each run's last evaluation and throughput) and a table on stdout.
+
+`import` (here): turns OUT into one pre-training run folder per run that `bench.pretrain_study --pretrain_run`
+fine-tunes: <RUNS>/<name>/checkpoints/ckpt_<step>.pt ({"model": fp32 state dict}) and <name>.phase1.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_runs(text: str) -> list[tuple[str, str, str]]:
+    """'adamw:1e-3,nvlamb:2.83e-2' -> [(name, optimizer, lr)]; the name is optimizer_lr."""
+    runs = []
+    for item in text.split(","):
+        optimizer, _, lr = item.partition(":")
+        if optimizer not in ("adamw", "nvlamb") or not lr:
+            raise ValueError(f"--runs item {item!r}: expected OPTIMIZER:LR with OPTIMIZER adamw or nvlamb")
+        float(lr)
+        runs.append((f"{optimizer}_{lr}", optimizer, lr))
+    return runs
+
+
+def last_record(log: Path, step=None, key: str | None = None) -> dict:
+    """The data of the last JSON line of `log` (at `step`, holding `key`), or {}."""
+    found = {}
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            data = record.get("data", {})
+            if (step is None or record.get("step") == step) and (key is None or key in data):
+                found = data
+    return found
+
+
+def steps_that_fit(budget_s: float, probe_steps: int, probe_wall_s: float, steps_per_s: float, cap: int) -> int:
+    """Steps that fit `budget_s` at `steps_per_s`, after the probe's start-up (its wall time minus its steps' time),
+    rounded down to a hundred (at least 100), at most `cap`."""
+    startup = max(0.0, probe_wall_s - probe_steps / steps_per_s)
+    steps = int((budget_s - startup) * steps_per_s) // 100 * 100
+    return max(100, min(cap, steps))
+
+
+def prepare_data(args, work: Path, log) -> dict:
+    """Text shards (plain or .xz) -> dupe-factor-1 unmasked HDF5 shards in work/shards."""
+    text = work / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    sources = sorted(p for p in args.text_dir.iterdir() if p.name.endswith((".txt", ".txt.xz")))
+    if not sources:
+        raise SystemExit(f"gpu_study: error: --text_dir {args.text_dir} holds no .txt or .txt.xz files")
+    started = time.time()
+
+    def unpack(src: Path) -> None:
+        target = text / src.name.removesuffix(".xz")
+        if src.suffix == ".xz":
+            with open(target, "wb") as f:
+                subprocess.run(["xz", "-dc", str(src)], stdout=f, check=True)
+        else:
+            shutil.copyfile(src, target)
+
+    with ThreadPoolExecutor(max(1, args.workers)) as pool:
+        list(pool.map(unpack, sources))
+    unpacked = time.time() - started
+    cmd = [sys.executable, "create_pretraining_data.py", "--input_file", str(text), "--output_dir", str(work / "shards"),
+           "--vocab_file", str(args.vocab), "--do_lower_case", "--max_seq_length", "128",
+           "--max_predictions_per_seq", "20", "--dupe_factor", "1", "--random_seed", "12345", "--no_static_masking",
+           "--compression", "none", "--num_workers", str(args.workers), "--no_progress"]
+    log(" ".join(cmd))
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"gpu_study: create_pretraining_data.py failed (exit {result.returncode}): "
+                         f"{result.stderr.strip().splitlines()[-1:]}")
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    return {"text_shards": len(sources), "unpack_s": round(unpacked, 1), "shard_s": round(time.time() - started - unpacked, 1),
+            "instances": summary.get("instances"), "tokens": summary.get("tokens")}
+
+
+def pretraining_command(args, work: Path, run_dir: Path, optimizer: str, lr: str, steps: int, eval_steps: int
+                        ) -> list[str]:
+    return [sys.executable, "run_pretraining.py", "--do_train", "--input_dir", str(work / "shards"),
+            "--eval_dir", str(args.eval_dir), "--max_eval_samples", str(args.eval_samples), "--eval_steps",
+            str(eval_steps), "--config_file", str(args.config), "--vocab_file", str(args.vocab), "--output_dir",
+            str(run_dir / "checkpoints"), "--max_seq_length", "128", "--max_predictions_per_seq", "20",
+            "--dynamic_masking", "--train_batch_size", str(args.batch), "--max_steps", str(steps), "--optimizer",
+            optimizer, "--learning_rate", lr, "--warmup_proportion", str(args.warmup_proportion), "--lr_schedule",
+            "linear", "--mlm_bias_init", "unigram", "--mix_shards", str(args.mix_shards), "--num_workers",
+            str(args.loader_workers), "--num_steps_per_checkpoint", str(steps), "--keep_checkpoints", "1",
+            "--log_freq", str(max(1, min(100, steps // 10))), "--disable_progress_bar",
+            "--json-summary", str(run_dir / "log.json"), *args.extra]
+
+
+def run_side_by_side(commands: dict[str, list[str]], logs: dict[str, Path], kill_after_s: float | None, log
+                     ) -> dict[str, dict]:
+    """Start every command at once; SIGTERM the ones still running after kill_after_s; wall time and exit code."""
+    started = time.time()
+    procs = {}
+    for name, cmd in commands.items():
+        log(f"[{name}] {' '.join(cmd)}")
+        procs[name] = subprocess.Popen(cmd, cwd=REPO, stdout=open(logs[name], "w"), stderr=subprocess.STDOUT)
+    results, terminated = {}, set()
+    while len(results) < len(procs):
+        time.sleep(0.5)
+        for name, proc in procs.items():
+            if name in results:
+                continue
+            if proc.poll() is not None:
+                results[name] = {"returncode": proc.returncode, "wall_s": round(time.time() - started, 1),
+                                 "terminated": name in terminated}
+            elif kill_after_s is not None and time.time() - started > kill_after_s and name not in terminated:
+                log(f"[{name}] still running after {kill_after_s:.0f} s: SIGTERM (it checkpoints and stops)")
+                proc.send_signal(signal.SIGTERM)
+                terminated.add(name)
+    return results
+
+
+def environment() -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "python": sys.version.split()[0],
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
+                    gpu_memory_gib=round(props.total_memory / 2**30, 1), multiprocessors=props.multi_processor_count)
+    else:
+        info["device"] = "cpu"
+    try:
+        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                           if line.startswith("model name"))
+        info["cpu_count"] = os.cpu_count()
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def export_weights(checkpoint: Path, target: Path) -> int:
+    """The checkpoint's model weights in bf16 (floating tensors; others as they are) as safetensors; returns bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    import checkpoint_io
+
+    state = checkpoint_io.load_pt(checkpoint)["model"]
+    tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+    tmp = target.with_name(target.name + ".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, target)
+    return target.stat().st_size
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    found = sorted(folder.glob("ckpt_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    return found[-1] if found else None
+
+
+def cmd_run(args) -> dict:
+    runs = parse_runs(args.runs)
+    for flag, path in (("--text_dir", args.text_dir), ("--eval_dir", args.eval_dir), ("--vocab", args.vocab),
+                       ("--config", args.config)):
+        if not path.exists():
+            raise SystemExit(f"gpu_study: error: {flag} {path} does not exist")
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    progress = open(args.out / "gpu_study.log", "a")
+
+    def log(message: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {message}"
+        print(line, flush=True)
+        progress.write(line + "\n")
+        progress.flush()
+
+    report = {"environment": environment(), "runs": {}, "settings": {
+        "config": args.config.name, "batch": args.batch, "warmup_proportion": args.warmup_proportion,
+        "schedule": "linear", "mix_shards": args.mix_shards, "eval_samples": args.eval_samples,
+        "budget_s": args.budget_s, "extra": args.extra}}
+    log(f"environment: {report['environment']}")
+    report["data"] = prepare_data(args, work, log)
+    log(f"data: {report['data']}")
+
+    def side_by_side(stage: str, steps: int, eval_steps: int, kill_after_s: float | None) -> dict[str, dict]:
+        dirs = {name: work / stage / name for name, _, _ in runs}
+        for d in dirs.values():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+        commands = {name: pretraining_command(args, work, dirs[name], opt, lr, steps, eval_steps)
+                    for name, opt, lr in runs}
+        results = run_side_by_side(commands, {n: dirs[n] / "output.txt" for n in dirs}, kill_after_s, log)
+        for name, result in results.items():
+            result["final"] = last_record(dirs[name] / "log.json", "FINAL")
+            result["eval"] = last_record(dirs[name] / "log.json", key="eval_mlm_loss")
+            result["dir"] = dirs[name]
+            log(f"[{name}] {stage}: exit {result['returncode']} in {result['wall_s']} s, "
+                f"{result['final'].get('training_sequences_per_second', 0):.0f} seq/s, eval {result['eval']}")
+            if result["returncode"] not in (0, 75):
+                tail = (dirs[name] / "output.txt").read_text().splitlines()[-15:]
+                log(f"[{name}] output's last lines:\n" + "\n".join(tail))
+        return results
+
+    probe = side_by_side("probe", args.probe_steps, 0, None)
+    failed = [n for n, r in probe.items() if r["returncode"] != 0 or not r["final"]]
+    if failed:
+        raise SystemExit(f"gpu_study: the probe failed for {', '.join(failed)}: see {args.out / 'gpu_study.log'}")
+    for name, r in probe.items():  # the probe's own checkpoint exports too: the export path is checked before step 3
+        export_weights(newest_checkpoint(r["dir"] / "checkpoints"), work / f"{name}.probe.safetensors")
+    rate = min(r["final"]["training_sequences_per_second"] for r in probe.values()) / args.batch
+    wall = max(r["wall_s"] for r in probe.values())
+    steps = steps_that_fit(args.budget_s, args.probe_steps, wall, rate, args.max_steps_cap)
+    report["probe"] = {"steps": args.probe_steps, "wall_s": wall, "steps_per_s": round(rate, 2),
+                       "sequences_per_s": {n: round(r["final"]["training_sequences_per_second"], 1)
+                                           for n, r in probe.items()}}
+    report["steps"] = steps
+    log(f"probe: {rate:.2f} steps/s side by side, start-up and probe {wall:.0f} s: {steps} steps each")
+
+    main_runs = side_by_side("pretrain", steps, max(1, steps // args.evaluations), 1.25 * args.budget_s)
+    for name, r in main_runs.items():
+        entry = {"returncode": r["returncode"], "wall_s": r["wall_s"], "terminated": r["terminated"],
+                 "final": r["final"], "eval": r["eval"]}
+        checkpoint = newest_checkpoint(r["dir"] / "checkpoints")
+        if checkpoint is not None:
+            entry["checkpoint_step"] = int(checkpoint.stem.split("_")[1])
+            entry["weights_bytes"] = export_weights(checkpoint, args.out / f"{name}.bf16.safetensors")
+        if (r["dir"] / "log.json").is_file():
+            shutil.copyfile(r["dir"] / "log.json", args.out / f"{name}.log.json")
+        report["runs"][name] = entry
+    tmp = args.out / "gpu_study.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    os.replace(tmp, args.out / "gpu_study.json")
+    print_table(report, log)
+    return report
+
+
+def print_table(report: dict, log) -> None:
+    log("| run | steps | seq/s | wall s | held-out loss | unigram entropy | below | [MASK] acc | context gain |")
+    log("|---|---|---|---|---|---|---|---|---|")
+    for name, r in report["runs"].items():
+        e, f = r["eval"], r["final"]
+        if not e:
+            log(f"| {name} | {r.get('checkpoint_step')} | - | {r['wall_s']} | no evaluation | | | | |")
+            continue
+        log(f"| {name} | {f.get('step', r.get('checkpoint_step'))} | {f.get('training_sequences_per_second', 0):.0f} "
+            f"| {r['wall_s']} | {e['eval_mlm_loss']:.3f} | {e['eval_unigram_entropy']:.3f} "
+            f"| {e['eval_unigram_entropy'] - e['eval_mlm_loss']:+.3f} | {e['eval_mask_accuracy']:.3f} "
+            f"| {100 * e['eval_context_gain']:+.1f} |")
+
+
+def cmd_import(args) -> list[Path]:
+    """OUT of `run` -> <to>/<name>/ run folders for bench.pretrain_study --pretrain_run."""
+    import torch
+    from safetensors.torch import load_file
+
+    import atomic_io
+
+    report = json.loads((args.source / "gpu_study.json").read_text())
+    made = []
+    for name, entry in report["runs"].items():
+        weights, log_file = args.source / f"{name}.bf16.safetensors", args.source / f"{name}.log.json"
+        if not weights.is_file() or not log_file.is_file():
+            raise SystemExit(f"gpu_study: error: {weights} or {log_file} is missing: the run did not finish there")
+        run_dir = args.to / name
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        state = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(weights)).items()}
+        atomic_io.atomic_torch_save({"model": state}, run_dir / "checkpoints" / f"ckpt_{entry['checkpoint_step']}.pt")
+        shutil.copyfile(log_file, run_dir / f"{name}.phase1.json")
+        made.append(run_dir)
+        print(f"gpu_study: {run_dir} (step {entry['checkpoint_step']})")
+    return made
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_study", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="on the GPU machine: data, probe, pre-training side by side, export")
+    p.add_argument("--text_dir", type=Path, required=True, help="training text shards (.txt or .txt.xz)")
+    p.add_argument("--eval_dir", type=Path, required=True, help="held-out HDF5 shards (seq 128, 20 predictions)")
+    p.add_argument("--vocab", type=Path, required=True)
+    p.add_argument("--config", type=Path, required=True, help="the model's bert_config.json")
+    p.add_argument("--out", type=Path, required=True, help="logs, weights, gpu_study.json")
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpu_study"), help="shards and checkpoints (scratch)")
+    p.add_argument("--runs", default="adamw:1e-3,nvlamb:2.83e-2", help="OPTIMIZER:LR,... trained side by side")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--warmup_proportion", type=float, default=0.1)
+    p.add_argument("--mix_shards", type=int, default=8)
+    p.add_argument("--budget_s", type=float, default=300.0, help="wall seconds of the pre-training (step 3)")
+    p.add_argument("--probe_steps", type=int, default=300)
+    p.add_argument("--max_steps_cap", type=int, default=30000, help="at most this many steps (the preset's 30,000)")
+    p.add_argument("--evaluations", type=int, default=10, help="held-out evaluations per run")
+    p.add_argument("--eval_samples", type=int, default=2048)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the data")
+    p.add_argument("--loader_workers", type=int, default=4, help="DataLoader workers per run")
+    p.add_argument("extra", nargs="*", help="after --: more run_pretraining.py flags for every run")
+    i = sub.add_parser("import", help="here: OUT -> run folders for bench.pretrain_study --pretrain_run")
+    i.add_argument("--from", dest="source", type=Path, required=True)
+    i.add_argument("--to", type=Path, required=True)
+    args = parser.parse_args(argv)
+    return cmd_run(args) if args.command == "run" else cmd_import(args)
+
+
+if __name__ == "__main__":
+    main()
