@@ -70,10 +70,10 @@ def last_record(log: Path, step=None, key: str | None = None) -> dict:
 
 def steps_that_fit(budget_s: float, probe_steps: int, probe_wall_s: float, steps_per_s: float, cap: int) -> int:
     """Steps that fit `budget_s` at `steps_per_s`, after the probe's start-up (its wall time minus its steps' time),
-    rounded down to a hundred (at least 100), at most `cap`."""
+    rounded down to a hundred, at least 100, then at most `cap`."""
     startup = max(0.0, probe_wall_s - probe_steps / steps_per_s)
     steps = int((budget_s - startup) * steps_per_s) // 100 * 100
-    return max(100, min(cap, steps))
+    return min(cap, max(100, steps))
 
 
 def prepare_data(args, work: Path, log) -> dict:
@@ -169,16 +169,17 @@ def environment() -> dict:
 
 
 def export_weights(checkpoint: Path, target: Path) -> int:
-    """The checkpoint's model weights in bf16 (floating tensors; others as they are) as safetensors; returns bytes."""
+    """The checkpoint's model weights in bf16 (floating tensors; others as they are) as safetensors, its model config
+    and step in the file's metadata; returns bytes."""
     import torch
     from safetensors.torch import save_file
 
     import checkpoint_io
 
-    state = checkpoint_io.load_pt(checkpoint)["model"]
-    tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+    ckpt = checkpoint_io.load_pt(checkpoint)
+    tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in ckpt["model"].items()}
     tmp = target.with_name(target.name + ".tmp")
-    save_file(tensors, str(tmp))
+    save_file(tensors, str(tmp), metadata={"config": json.dumps(ckpt["config"]), "step": str(ckpt.get("step"))})
     os.replace(tmp, target)
     return target.stat().st_size
 
@@ -281,21 +282,33 @@ def print_table(report: dict, log) -> None:
 
 def cmd_import(args) -> list[Path]:
     """OUT of `run` -> <to>/<name>/ run folders for bench.pretrain_study --pretrain_run."""
-    import torch
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     import atomic_io
+    from modeling import BertConfig
 
     report = json.loads((args.source / "gpu_study.json").read_text())
     made = []
     for name, entry in report["runs"].items():
+        if "checkpoint_step" not in entry:  # diverged or failed before its first checkpoint: nothing to fine-tune
+            print(f"gpu_study: {name} skipped: it ended with exit {entry['returncode']} and no checkpoint")
+            continue
         weights, log_file = args.source / f"{name}.bf16.safetensors", args.source / f"{name}.log.json"
         if not weights.is_file() or not log_file.is_file():
             raise SystemExit(f"gpu_study: error: {weights} or {log_file} is missing: the run did not finish there")
         run_dir = args.to / name
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        with safe_open(str(weights), "pt") as f:
+            config = json.loads((f.metadata() or {}).get("config", "null"))
+        if config is None:  # exported before the metadata carried it
+            if args.config is None:
+                raise SystemExit(f"gpu_study: error: {weights} carries no model config: give --config")
+            config = BertConfig.from_json_file(args.config).to_dict()
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(weights)).items()}
-        atomic_io.atomic_torch_save({"model": state}, run_dir / "checkpoints" / f"ckpt_{entry['checkpoint_step']}.pt")
+        step = entry["checkpoint_step"]
+        atomic_io.atomic_torch_save({"model": state, "config": config, "step": step},
+                                    run_dir / "checkpoints" / f"ckpt_{step}.pt")
         shutil.copyfile(log_file, run_dir / f"{name}.phase1.json")
         made.append(run_dir)
         print(f"gpu_study: {run_dir} (step {entry['checkpoint_step']})")
@@ -328,6 +341,8 @@ def main(argv: list[str] | None = None):
     i = sub.add_parser("import", help="here: OUT -> run folders for bench.pretrain_study --pretrain_run")
     i.add_argument("--from", dest="source", type=Path, required=True)
     i.add_argument("--to", type=Path, required=True)
+    i.add_argument("--config", type=Path, default=None, help="the model's bert_config.json, for weights whose file "
+                   "carries none")
     args = parser.parse_args(argv)
     return cmd_run(args) if args.command == "run" else cmd_import(args)
 

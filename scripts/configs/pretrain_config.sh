@@ -101,18 +101,19 @@ cpu() {
        "$_pretrain_repo/configs/bert-small-cpu.json" nvlamb
 }
 
-# ---- One GPU, a small BERT (ours): the small-batch learning-rate rule, measured on CPU ----------------------
+# ---- One GPU, a small BERT (ours): AdamW, measured on an H200 --------------------------------------------
 # For a first real pre-training on one GPU: configs/bert-mini.json (4 layers, hidden 256), global batch 256 at
-# sequence 128 for 30,000 steps (7.7 M sequences), then batch 64 at sequence 512 for 3,000 steps; NVLAMB, bf16.
-# The learning rates follow optimization.small_batch_learning_rate (the rule and its measurements are in README,
-# "Does it make a good BERT?"; batch 256 lies beyond the batches measured, 32-128, so it is the rule's
-# extrapolation). Not run on a GPU in this project yet: its speed and result are not measured. Data: the phase-1
-# and phase-2 folders of data/create_datasets_from_start.sh, as for the DGX presets.
+# sequence 128 for 30,000 steps (7.7 M sequences), then batch 64 at sequence 512 for 3,000 steps; AdamW, bf16.
+# Phase 1's rate is measured (README, "Pre-training on one GPU"; bench/gpu_study.py, H200, 2026-11-26): at batch
+# 256, AdamW 1e-3 learned best of six runs; NVLAMB at the CPU rule's extrapolation (2.83e-2) diverged and at 1e-2
+# fell back onto the unigram plateau after 5,000 steps; NVLAMB 4e-3 learned, behind AdamW. Phase 2 takes half of
+# phase 1's rate, as the cpu preset does: not measured. Data: the phase-1 and phase-2 folders of
+# data/create_datasets_from_start.sh, as for the DGX presets.
 small_1gpu_bf16() {
   local p1="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training/"
   local p2="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training/"
-  echo 256 2.83e-2 bf16 1 0.1 30000 1000 false true false 1 42 bert_small_1gpu false false \
-       64 1.41e-2 0.1 3000 1 "$p1" "$p2" /workspace/bert None /workspace/bert/configs/bert-mini.json nvlamb
+  echo 256 1e-3 bf16 1 0.1 30000 1000 false true false 1 42 bert_small_1gpu false false \
+       64 5e-4 0.1 3000 1 "$p1" "$p2" /workspace/bert None /workspace/bert/configs/bert-mini.json adamw
 }
 
 # Every preset, for scripts and tests that iterate over them.

@@ -1,0 +1,97 @@
+"""bench/gpu_study.py: the GPU run of issue 27 as one command, checked on the CPU with a tiny model.
+
+The step count that fits a wall-time budget is checked against the arithmetic written out; the whole command runs
+for real (text shards plain and xz-compressed -> unmasked shards -> probe -> pre-training -> bf16 export), and the
+export is compared with torch's own bf16 rounding of the checkpoint it came from; `import` gives the run folder that
+bench.pretrain_study fine-tunes."""
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+
+import pytest
+import torch
+
+from bench import gpu_study
+
+
+def test_steps_that_fit_the_budget_as_written_out():
+    # The H200 probe of 2026-11-26: 300 steps, 38 s of wall time, 63.48 steps/s side by side, budget 300 s.
+    # Start-up = 38 - 300 / 63.48 = 33.274 s; (300 - 33.274) * 63.48 = 16,932 steps -> 16,900.
+    assert gpu_study.steps_that_fit(300, 300, 38.0, 63.48, 30000) == 16900
+    assert gpu_study.steps_that_fit(300, 300, 38.0, 200.0, 30000) == 30000  # the cap
+    assert gpu_study.steps_that_fit(10, 300, 38.0, 63.48, 30000) == 100  # never fewer than 100
+    assert gpu_study.steps_that_fit(10, 300, 38.0, 63.48, 20) == 20  # the cap last (tests, smoke runs)
+    assert gpu_study.steps_that_fit(60, 10, 5.0, 10.0, 30000) == 500  # start-up 4 s: 56 * 10 = 560 -> 500
+
+
+def test_runs_are_parsed_and_bad_ones_refused():
+    assert gpu_study.parse_runs("adamw:1e-3,nvlamb:2.83e-2") == [("adamw_1e-3", "adamw", "1e-3"),
+                                                                 ("nvlamb_2.83e-2", "nvlamb", "2.83e-2")]
+    for bad in ("sgd:1e-3", "adamw", "adamw:fast"):
+        with pytest.raises(ValueError):
+            gpu_study.parse_runs(bad)
+
+
+def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(tmp_path, shared_data, uncased_vocab):
+    from bench.pretrain_study import run_state
+    from modeling import BertConfig
+
+    sample = shared_data / "bert-sample-text" / "sample_text.txt"
+    text = tmp_path / "text"
+    text.mkdir()
+    shutil.copyfile(sample, text / "a.txt")
+    (text / "b.txt.xz").write_bytes(lzma.compress(sample.read_bytes()))
+    (text / "ignored.json").write_text("{}")
+    heldout = tmp_path / "eval"
+    heldout.mkdir()
+    import create_pretraining_data
+
+    create_pretraining_data.main(["--input_file", str(sample), "--output_file", str(heldout / "heldout.hdf5"),
+                                  "--vocab_file", str(uncased_vocab), "--do_lower_case", "--max_seq_length", "128",
+                                  "--max_predictions_per_seq", "20", "--dupe_factor", "1", "--random_seed", "7",
+                                  "--no_progress"])
+    config = tmp_path / "config.json"
+    BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+               max_position_embeddings=128).to_json_file(config)
+    out, work = tmp_path / "out", tmp_path / "work"
+    report = gpu_study.main(["run", "--text_dir", str(text), "--eval_dir", str(heldout), "--vocab", str(uncased_vocab),
+                             "--config", str(config), "--out", str(out), "--work", str(work), "--runs", "adamw:1e-3",
+                             "--batch", "4", "--probe_steps", "3", "--budget_s", "120", "--max_steps_cap", "20",
+                             "--evaluations", "2", "--eval_samples", "16", "--workers", "2", "--loader_workers", "0",
+                             "--mix_shards", "2"])
+    assert report["data"]["text_shards"] == 2 and report["steps"] == 20
+    run = report["runs"]["adamw_1e-3"]
+    assert run["returncode"] == 0 and run["checkpoint_step"] == 20 and run["final"]["step"] == 20
+    assert 0 < run["eval"]["eval_unigram_entropy"] and run["eval"]["eval_mask_slots"] > 0
+    assert json.loads((out / "gpu_study.json").read_text())["steps"] == 20
+
+    # The export is the checkpoint's weights rounded to bf16 by torch, with the config in the file's metadata.
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    ckpt = torch.load(work / "pretrain" / "adamw_1e-3" / "checkpoints" / "ckpt_20.pt", weights_only=True)
+    exported = load_file(str(out / "adamw_1e-3.bf16.safetensors"))
+    assert exported.keys() == ckpt["model"].keys()
+    for name, tensor in ckpt["model"].items():
+        want = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        assert exported[name].dtype == want.dtype and torch.equal(exported[name], want), name
+    with safe_open(str(out / "adamw_1e-3.bf16.safetensors"), "pt") as f:
+        assert json.loads(f.metadata()["config"]) == ckpt["config"]
+
+    # import: a finished run folder with a ckpt_<step>.pt that pretrain_study fine-tunes.
+    made = gpu_study.main(["import", "--from", str(out), "--to", str(tmp_path / "runs")])
+    assert made == [tmp_path / "runs" / "adamw_1e-3"]
+    state = run_state(made[0])
+    assert state["finished"], state["state"]
+    imported = torch.load(state["checkpoint"], weights_only=True)
+    assert imported["config"] == ckpt["config"] and imported["step"] == 20
+    for name, tensor in exported.items():
+        assert torch.equal(imported["model"][name], tensor.float() if tensor.is_floating_point() else tensor), name
+
+
+def test_gpu_study_refuses_a_missing_input_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="--text_dir .* does not exist"):
+        gpu_study.main(["run", "--text_dir", str(tmp_path / "nope"), "--eval_dir", str(tmp_path), "--vocab",
+                        str(tmp_path), "--config", str(tmp_path), "--out", str(tmp_path / "out")])
