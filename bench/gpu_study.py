@@ -280,6 +280,59 @@ def print_table(report: dict, log) -> None:
             f"| {100 * e['eval_context_gain']:+.1f} |")
 
 
+def curves(log: Path) -> dict:
+    """A run's JSON-lines log -> {"losses": [[step, training masked-LM loss]], "evals": [[step, [MASK] accuracy,
+    held-out loss, context gain, unigram entropy]]} (study_utils.plot_runs' layout)."""
+    losses, evals = [], []
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step, data = record.get("step"), record.get("data", {})
+        if isinstance(step, int) and "mlm_loss" in data:
+            losses.append([step, data["mlm_loss"]])
+        if isinstance(step, int) and "eval_mlm_loss" in data:
+            evals.append([step, data["eval_mask_accuracy"], data["eval_mlm_loss"], data["eval_context_gain"],
+                          data["eval_unigram_entropy"]])
+    return {"losses": losses, "evals": evals}
+
+
+def markdown(studies: list[tuple[Path, dict]], heading: str = "##", image: str | None = None) -> str:
+    """The results page's section: every run of every `run` call (each a gpu_study.json, its logs beside it)."""
+    lines = [f"{heading} Pre-training on one GPU (bench.gpu_study)", ""]
+    for path, report in studies[:1]:
+        env, st = report["environment"], report["settings"]
+        lines += [f"{env.get('device')} ({env.get('gpu_memory_gib')} GiB), torch {env.get('torch')}, CUDA "
+                  f"{env.get('cuda')}, {env.get('cpu_count')} CPU cores ({env.get('cpu')}); {st['config']}, batch "
+                  f"{st['batch']}, warm-up {st['warmup_proportion']:.0%} then linear decay, --mlm_bias_init unigram, "
+                  f"--dynamic_masking, --mix_shards {st['mix_shards']}, bf16 autocast, torch.compile; held-out: the "
+                  f"first {st['eval_samples']} sequences of the CPU studies' evaluation set. The runs of one call "
+                  "train side by side on the one GPU, each for the steps that fit the call's budget.", ""]
+    lines += ["| call (date, budget) | run | steps | sequences/s | wall s | held-out loss | unigram entropy | below it "
+              "| [MASK] accuracy | context gain (points) | end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path, report in studies:
+        call = f"{path.parent.name} ({report['environment'].get('date', '')[:16]}, {report['settings']['budget_s']:.0f} s)"
+        for name, run in report["runs"].items():
+            evals = curves(path.parent / f"{name}.log.json")["evals"]
+            finite = [e for e in evals if e[2] == e[2]]  # NaN != NaN
+            last = finite[-1] if finite else None
+            end = "finished" if run["returncode"] == 0 else f"exit {run['returncode']}" + (
+                ": diverged (the last row is its last finite evaluation)" if len(finite) < len(evals) else "")
+            steps = run.get("checkpoint_step") or f"{report.get('steps')} planned"
+            sps = run["final"].get("training_sequences_per_second")
+            cells = ([f"{last[2]:.3f}", f"{last[4]:.3f}", f"{last[4] - last[2]:+.3f}", f"{last[1]:.3f}",
+                      f"{100 * last[3]:+.1f}"] if last else ["-"] * 5)
+            if last and run["returncode"] != 0:
+                cells[0] += f" (step {last[0]})"
+            lines.append(f"| {call} | {name} | {steps} | {f'{sps:,.0f}' if sps else '-'} | {run['wall_s']} | "
+                         + " | ".join(cells) + f" | {end} |")
+    lines.append("")
+    if image:
+        lines += [f"![gpu_study]({image})", ""]
+    return "\n".join(lines)
+
+
 def cmd_import(args) -> list[Path]:
     """OUT of `run` -> <to>/<name>/ run folders for bench.pretrain_study --pretrain_run."""
     from safetensors import safe_open

@@ -142,6 +142,23 @@ def table_and_plot_section(module, report: dict | None, path: Path, plots: Path,
     return text.splitlines() + ["", f"![{name}]({os.path.relpath(png, page_dir)})", "", f"From `{path}`.", ""]
 
 
+def gpu_section(paths: list[Path], plots: Path, page_dir: Path, heading: str) -> list[str]:
+    """bench.gpu_study's runs (every --gpu_study file), one table and one plot of all their runs."""
+    from bench import gpu_study
+
+    if not paths:
+        return [f"{heading} Pre-training on one GPU (bench.gpu_study)", "",
+                "Not run: no --gpu_study file given (it needs a GPU: see bench/gpu_study.py).", ""]
+    studies = [(path, json.loads(path.read_text())) for path in paths]
+    runs = {f"{path.parent.name}: {name}": gpu_study.curves(path.parent / f"{name}.log.json")
+            for path, report in studies for name in report["runs"]}
+    png = su.plot_runs({k: {"losses": v["losses"], "evals": [e[:2] for e in v["evals"] if e[2] == e[2]]}
+                        for k, v in runs.items()}, plots / "gpu_study.png",
+                       title="BERT-mini on one GPU: masked-LM loss (train), [MASK] accuracy (held-out)")
+    text = gpu_study.markdown(studies, heading, os.path.relpath(png, page_dir))
+    return text.splitlines() + [f"From {', '.join(f'`{p}`' for p in paths)}.", ""]
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=su.HelpFormatter)
@@ -158,6 +175,8 @@ def main(argv: list[str] | None = None) -> str:
                    help="a pre-training sweep's JSON, repeatable (None: <studies>/sweep/sweep.json)")
     p.add_argument("--vs_transformers", type=Path, default=None,
                    help="None: <studies>/vs_transformers/vs_transformers.json")
+    p.add_argument("--gpu_study", type=Path, action="append", default=None,
+                   help="a bench.gpu_study run's gpu_study.json (its <run>.log.json files beside it), repeatable")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
     p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
     args = p.parse_args(argv)
@@ -195,6 +214,7 @@ def main(argv: list[str] | None = None) -> str:
                                         "sweep" if i == 1 else f"sweep{i}")
     lines += table_and_plot_section(pretrain_vs_transformers, found["vs_transformers"], paths["vs_transformers"], plots,
                                     page_dir, "##", "Ours against transformers", "vs_transformers")
+    lines += gpu_section(args.gpu_study or [], plots, page_dir, "##")
     text = "\n".join(lines).rstrip() + "\n"
     args.out.write_text(text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")
