@@ -38,7 +38,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import atomic_io
+from bench import study_utils as su
+
+REPO = su.REPO
 
 
 def parse_runs(text: str) -> list[tuple[str, str, str]]:
@@ -55,17 +58,8 @@ def parse_runs(text: str) -> list[tuple[str, str, str]]:
 
 def last_record(log: Path, step=None, key: str | None = None) -> dict:
     """The data of the last JSON line of `log` (at `step`, holding `key`), or {}."""
-    found = {}
-    if log.is_file():
-        for line in log.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            data = record.get("data", {})
-            if (step is None or record.get("step") == step) and (key is None or key in data):
-                found = data
-    return found
+    return next((r.get("data", {}) for r in reversed(su.read_log(log))
+                 if (step is None or r.get("step") == step) and (key is None or key in r.get("data", {}))), {})
 
 
 def steps_that_fit(budget_s: float, probe_steps: int, probe_wall_s: float, steps_per_s: float, cap: int) -> int:
@@ -159,12 +153,7 @@ def environment() -> dict:
                     gpu_memory_gib=round(props.total_memory / 2**30, 1), multiprocessors=props.multi_processor_count)
     else:
         info["device"] = "cpu"
-    try:
-        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                           if line.startswith("model name"))
-        info["cpu_count"] = os.cpu_count()
-    except (OSError, StopIteration):
-        pass
+    info["cpu"], info["cpu_count"] = su.cpu_description()[0], os.cpu_count()
     return info
 
 
@@ -172,21 +161,23 @@ def export_weights(checkpoint: Path, target: Path) -> int:
     """The checkpoint's model weights in bf16 (floating tensors; others as they are) as safetensors, its model config
     and step in the file's metadata; returns bytes."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     import checkpoint_io
 
     ckpt = checkpoint_io.load_pt(checkpoint)
     tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in ckpt["model"].items()}
-    tmp = target.with_name(target.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"config": json.dumps(ckpt["config"]), "step": str(ckpt.get("step"))})
-    os.replace(tmp, target)
-    return target.stat().st_size
+    data = save(tensors, metadata={"config": json.dumps(ckpt["config"]), "step": str(ckpt.get("step"))})
+    with atomic_io.atomic_open(target) as f:
+        f.write(data)
+    return len(data)
 
 
 def newest_checkpoint(folder: Path) -> Path | None:
-    found = sorted(folder.glob("ckpt_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
-    return found[-1] if found else None
+    from training import CheckpointManager
+
+    found = CheckpointManager(folder).all()
+    return found[max(found)] if found else None
 
 
 def cmd_run(args) -> dict:
@@ -259,9 +250,7 @@ def cmd_run(args) -> dict:
         if (r["dir"] / "log.json").is_file():
             shutil.copyfile(r["dir"] / "log.json", args.out / f"{name}.log.json")
         report["runs"][name] = entry
-    tmp = args.out / "gpu_study.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    os.replace(tmp, args.out / "gpu_study.json")
+    atomic_io.atomic_write_json(args.out / "gpu_study.json", report)
     print_table(report, log)
     return report
 
@@ -284,11 +273,7 @@ def curves(log: Path) -> dict:
     """A run's JSON-lines log -> {"losses": [[step, training masked-LM loss]], "evals": [[step, [MASK] accuracy,
     held-out loss, context gain, unigram entropy]]} (study_utils.plot_runs' layout)."""
     losses, evals = [], []
-    for line in log.read_text().splitlines() if log.is_file() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in su.read_log(log):
         step, data = record.get("step"), record.get("data", {})
         if isinstance(step, int) and "mlm_loss" in data:
             losses.append([step, data["mlm_loss"]])
@@ -338,7 +323,6 @@ def cmd_import(args) -> list[Path]:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    import atomic_io
     from modeling import BertConfig
 
     report = json.loads((args.source / "gpu_study.json").read_text())
