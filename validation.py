@@ -16,6 +16,11 @@ writes them), these numbers (the JSON keys of run_pretraining.py's log):
                            the same slots, with every other token of the input replaced by [MASK] too ([CLS], [SEP]
                            and padding kept): what the model gets from positions and frequencies alone
   eval_context_gain        eval_mask_accuracy - eval_mask_accuracy_without_context: what the context is worth
+  eval_mask_accuracy_most_frequent
+                           the same slots, always guessing their commonest target: the context-free guess that
+                           eval_mask_accuracy must beat. Early in training the gain can be positive with
+                           eval_mask_accuracy still at this level: the guesses without context got worse (a row of
+                           [MASK]s is unlike anything trained on), not the use of the context better
   eval_mask_slots          the [MASK]ed slots counted (all ranks)
 
 Slots whose target is a piece of WikiText's `<unk>` placeholder (`<` `un` `##k` `>`, four pieces that predict
@@ -119,15 +124,21 @@ class Validator:
         self.slots = mask_slots(eval_set, special)  # [N, P]
         self.stripped = {**eval_set, "input_ids": strip_context(eval_set["input_ids"], eval_set["input_mask"],
                                                                 special)}
-        # The entropy is of the whole held-out set's targets: add up every rank's counts once.
-        targets = eval_set["masked_lm_ids"][eval_set["masked_lm_positions"] > 0]
-        counts = torch.from_numpy(np.bincount(targets.astype(np.int64), minlength=int(targets.max()) + 1))
-        if env.distributed:
+        # Both context-free references are of the whole held-out set: every rank's counts added up once.
+        targets = eval_set["masked_lm_ids"][eval_set["masked_lm_positions"] > 0]  # every prediction slot's
+        self.entropy = entropy_of_counts(self._counts(targets))
+        slot_counts = self._counts(eval_set["masked_lm_ids"][self.slots])
+        self.most_frequent = float(slot_counts.max() / max(slot_counts.sum(), 1))
+
+    def _counts(self, targets: np.ndarray) -> np.ndarray:
+        """How often each id occurs among `targets`, summed over the ranks."""
+        counts = torch.from_numpy(np.bincount(targets.astype(np.int64), minlength=int(targets.max(initial=0)) + 1))
+        if self.env.distributed:
             size = torch.tensor([len(counts)])
             torch.distributed.all_reduce(size, op=torch.distributed.ReduceOp.MAX)
-            counts = torch.nn.functional.pad(counts, (0, int(size) - len(counts))).to(env.device)
+            counts = torch.nn.functional.pad(counts, (0, int(size) - len(counts))).to(self.env.device)
             torch.distributed.all_reduce(counts)
-        self.entropy = entropy_of_counts(counts.cpu().numpy())
+        return counts.cpu().numpy()
 
     @torch.no_grad()
     def _scores(self, model, arrays: dict[str, np.ndarray], start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +175,8 @@ class Validator:
         return {"eval_mlm_accuracy": correct / max(count, 1), "eval_mlm_loss": loss / max(count, 1),
                 "eval_masked_positions": int(count), "eval_unigram_entropy": self.entropy,
                 "eval_mask_accuracy": with_context, "eval_mask_accuracy_without_context": without_context,
-                "eval_context_gain": with_context - without_context, "eval_mask_slots": int(mask_count)}
+                "eval_context_gain": with_context - without_context,
+                "eval_mask_accuracy_most_frequent": self.most_frequent, "eval_mask_slots": int(mask_count)}
 
 
 def describe(result: dict[str, float]) -> str:
@@ -173,4 +185,5 @@ def describe(result: dict[str, float]) -> str:
     return (f"held-out masked-LM loss {result['eval_mlm_loss']:.3f} nats, unigram entropy of its targets "
             f"{result['eval_unigram_entropy']:.3f} ({below:.3f} nats below it); context gain "
             f"{100 * result['eval_context_gain']:+.1f} points ([MASK]ed slots: {result['eval_mask_accuracy']:.3f} "
-            f"with the context, {result['eval_mask_accuracy_without_context']:.3f} without)")
+            f"with the context, {result['eval_mask_accuracy_without_context']:.3f} without, "
+            f"{result['eval_mask_accuracy_most_frequent']:.3f} always guessing the commonest word)")

@@ -2,12 +2,12 @@
 
     .venv/bin/python -m bench.pretrain_study --out results/studies/pretrain \\
         [--pretrain_out DIR] [--config configs/bert-mini.json] [--phase1_steps 1500] [--phase2_steps 30] \\
-        [--dupe_factor 5] [--batch 32] [--lr 1e-2] [--seeds 1,2,3,4,5] [--tasks mrpc,sst-2] \\
+        [--dupe_factor 5] [--batch 32] [--lr 1e-2] [--optimizer nvlamb] [--seeds 1,2,3,4,5] [--tasks mrpc,sst-2] \\
         [--models pretrained,random,minilm] [--small_lr 2e-4] [--minilm_mrpc_json F] [--minilm_sst2_json F]
 
 1. Pre-training, with the recipe's own launcher: `scripts/run_cpu_demo.sh --config C --out PRETRAIN_OUT
-   --phase1_steps N1 --phase2_steps N2 --dupe_factor D --batch B --lr LR` (WikiText-2 valid + test from
-   ../shared/data, the last 5% of its documents held out; phase 1 at sequence 128, phase 2 at 512, batch 8; LAMB).
+   --phase1_steps N1 --phase2_steps N2 --dupe_factor D --batch B --lr LR --optimizer O` (WikiText-2 valid + test from
+   ../shared/data, the last 5% of its documents held out; phase 1 at sequence 128, phase 2 at 512, batch 8).
    Or reuse: when --pretrain_out (default <out>/pretrain) already holds a run_*/ folder, the newest one is used as
    it is, if both its phases finished (a FINAL record at their last step); an unfinished newest run is refused,
    never silently replaced. The model fine-tuned is its last checkpoint, checkpoints/ckpt_<last step>.pt.
@@ -92,7 +92,7 @@ def demo_command(args) -> list[str]:
     cmd = ["bash", str(REPO / "scripts" / "run_cpu_demo.sh"), "--config", str(args.config), "--out",
            str(args.pretrain_out), "--phase1_steps", str(args.phase1_steps), "--phase2_steps", str(args.phase2_steps),
            "--dupe_factor", str(args.dupe_factor), "--batch", str(args.batch), "--lr", str(args.lr),
-           "--processes", str(args.processes), "--vocab", str(args.vocab)]
+           "--optimizer", args.optimizer, "--processes", str(args.processes), "--vocab", str(args.vocab)]
     for corpus in args.corpus or []:
         cmd += ["--corpus", str(corpus)]
     return cmd
@@ -114,7 +114,7 @@ def tee(cmd: list[str], env: dict, log_path: Path) -> int:
 
 def reuse_differences(state: dict, args) -> list[str]:
     """How a reused run's settings differ from --phase1_steps, --phase2_steps, --batch x --processes (the global
-    batch), --lr and --config."""
+    batch), --lr, --optimizer and --config."""
     p1, p2 = state["phase1"]["params"], state["phase2"]["params"]
     lines = []
     for name, have, want in (("phase 1 steps", p1.get("max_steps"), args.phase1_steps),
@@ -125,6 +125,9 @@ def reuse_differences(state: dict, args) -> list[str]:
             lines.append(f"{name} {have} (flag: {want})")
     if p1.get("learning_rate") is None or abs(p1["learning_rate"] - float(args.lr)) > 1e-12:
         lines.append(f"phase 1 learning rate {p1.get('learning_rate')} (flag: {args.lr})")
+    optimizer = p1.get("optimizer", "nvlamb")  # logs from before --optimizer existed: NVLAMB, the only one
+    if optimizer != args.optimizer:
+        lines.append(f"optimizer {optimizer} (flag: {args.optimizer})")
     if Path(p1.get("config_file") or "").name != args.config.name:
         lines.append(f"config {p1.get('config_file')} (flag: {args.config})")
     return lines
@@ -422,7 +425,9 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--batch", type=int, default=32, help="phase 1 sequences per step and process")
     g.add_argument("--processes", type=int, default=1, help="pre-training processes (gloo); each takes --batch "
                    "sequences a step and --threads threads")
-    g.add_argument("--lr", default="1e-2", help="phase 1 peak learning rate (LAMB)")
+    g.add_argument("--lr", default="1e-2", help="phase 1 peak learning rate (of --optimizer)")
+    g.add_argument("--optimizer", choices=("nvlamb", "adamw"), default="nvlamb",
+                   help="pre-training optimizer (the cpu preset's NVLAMB, or AdamW)")
     g.add_argument("--corpus", action="append", type=Path, help="text to pre-train on (repeatable; None: "
                    "WikiText-2 valid + test from ../shared/data)")
     g.add_argument("--vocab", type=Path, default=su.VOCAB, help="the uncased BERT vocabulary")

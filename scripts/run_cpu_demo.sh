@@ -18,7 +18,7 @@
 # ../shared/data/bert-vocab/bert-base-uncased-vocab.txt, or $VOCAB_FILE), --out DIR, --phase1_steps N,
 # --phase2_steps N, --config FILE (model; default configs/bert-small-cpu.json), --batch N and --lr X (phase 1's
 # sequences per optimizer step per process and peak learning rate; default 32 and 1e-2; phase 2 gets half of --lr,
-# as in the preset), --processes N (CPU
+# as in the preset), --optimizer nvlamb|adamw (default nvlamb, the preset's), --processes N (CPU
 # processes with gloo, each with --batch: N x batch sequences a step; default 1), --dupe_factor N (phase 1 shards;
 # default 3), -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
 # (default: torch's; 1 when the machine is busy, i.e. the load average is at least the number of cores: on a shared
@@ -39,6 +39,7 @@ config=""
 batch=""
 lr=""
 processes=""
+optimizer=""
 dupe_factor=3
 while (( $# )); do
   case "$1" in
@@ -53,6 +54,7 @@ while (( $# )); do
     --config) [[ $# -ge 2 && -f "$2" ]] || die "--config needs an existing BERT config JSON file"; config="$2"; shift 2 ;;
     --batch) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--batch needs a positive integer"; batch="$2"; shift 2 ;;
     --lr) [[ "${2:-}" =~ ^[0-9.]+([eE]-?[0-9]+)?$ ]] || die "--lr needs a positive number"; lr="$2"; shift 2 ;;
+    --optimizer) [[ "${2:-}" =~ ^(adamw|nvlamb)$ ]] || die "--optimizer needs adamw or nvlamb"; optimizer="$2"; shift 2 ;;
     --processes) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--processes needs a positive integer"; processes="$2"; shift 2 ;;
     --dupe_factor) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--dupe_factor needs a positive integer"
                    dupe_factor="$2"; shift 2 ;;
@@ -112,6 +114,7 @@ args=($(CPU_DEMO_DIR="$out" cpu))
 [[ -n "$batch" ]] && args[0]=$batch
 [[ -n "$lr" ]] && { args[1]=$lr; args[16]=$(awk -v x="$lr" 'BEGIN { printf "%g", x / 2 }'); }
 [[ -n "$processes" ]] && args[3]=$processes
+[[ -n "$optimizer" ]] && args[25]=$optimizer
 [[ -n "$config" ]] && args[24]="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"
 run_dir="$out/run_$(date +%y%m%d_%H%M%S)"
 export RESULTS_DIR="$run_dir" CHECKPOINTS_DIR="$run_dir/checkpoints"
@@ -185,6 +188,12 @@ if learned:
     print(f"learned? phase {phase}, step {step}: context gain {100 * e['eval_context_gain']:+.1f} points: "
           f"{e['eval_mask_accuracy']:.3f} of the [MASK]ed held-out words right with their context, "
           f"{e['eval_mask_accuracy_without_context']:.3f} with every other word hidden too")
+    commonest = e.get("eval_mask_accuracy_most_frequent")
+    if commonest is not None:
+        print(f"learned? phase {phase}, step {step}: always guessing the commonest of those words scores "
+              f"{commonest:.3f}" + (": with the context the model does no better, so the gain is its guesses without "
+              "context getting worse (a row of [MASK]s is unlike its training), not a use of the context"
+              if e["eval_context_gain"] > 0 and e["eval_mask_accuracy"] <= commonest else ""))
 EOF
 echo "logs (JSON lines, and the console output): $run_dir"
 echo "checkpoints: $run_dir/checkpoints"

@@ -949,6 +949,8 @@ LAUNCHER_CASES = [
     ("cpu-demo-config-folder", "run_cpu_demo.sh", lambda w, d: ["--config", str(w.root)],
      ("--config", "existing BERT config JSON file")),
     ("cpu-demo-unknown-option", "run_cpu_demo.sh", lambda w, d: ["--phases", "3"], ("unknown option '--phases'",)),
+    ("cpu-demo-optimizer-unknown", "run_cpu_demo.sh", lambda w, d: ["--optimizer", "sgd"],
+     ("--optimizer", "adamw or nvlamb")),
 ]
 
 

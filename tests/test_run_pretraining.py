@@ -544,6 +544,7 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     assert result["eval_mask_accuracy"] == pytest.approx(hits["with"] / count, abs=1e-9)
     assert result["eval_mask_accuracy_without_context"] == pytest.approx(hits["without"] / count, abs=1e-9)
     assert result["eval_context_gain"] == pytest.approx((hits["with"] - hits["without"]) / count, abs=1e-9)
+    assert result["eval_mask_accuracy_most_frequent"] == pytest.approx(p.max(), rel=1e-9)  # the commonest target
 
 
 def test_init_checkpoint_accepts_a_hugging_face_folder(tmp_path, data, config):

@@ -252,9 +252,9 @@ def tiny_study(tmp_path_factory, shared_data):
     minilm = fake_stability(root / "minilm" / "stability_mrpc.json", "mrpc", [0.75], init="minilm")
     argv = ["--out", str(root / "study"), "--config", str(root / "tiny.json"), "--corpus",
             str(tiny_corpus(root / "corpus.txt")), "--phase1_steps", "3", "--phase2_steps", "1", "--dupe_factor", "1",
-            "--batch", "4", "--tasks", "mrpc", "--seeds", "1", "--max_train_examples", "16",
-            "--max_eval_examples", "16", "--max_steps", "1", "--max_seq_length", "32", "--small_batch", "8",
-            "--minilm_mrpc_json", str(minilm)]
+            "--batch", "4", "--optimizer", "adamw", "--lr", "1e-3", "--tasks", "mrpc", "--seeds", "1",
+            "--max_train_examples", "16", "--max_eval_examples", "16", "--max_steps", "1", "--max_seq_length", "32",
+            "--small_batch", "8", "--minilm_mrpc_json", str(minilm)]
     return root, argv, pretrain_study.main(argv)
 
 
@@ -272,6 +272,9 @@ def test_pretrain_study_runs_end_to_end(tiny_study):
     printed = (study / "pretrain" / "cpu_demo_output.log").read_text().split("most frequent masked token scores ")[1]
     assert f"{pre['heldout']['baseline']:.3f}" == printed.split()[0]
     assert pre["phase1"]["steps"] == 3 and pre["phase2"]["steps"] == 1 and pre["phase2"]["max_seq_length"] == 512
+    # --optimizer and --lr reach run_pretraining.py through run_cpu_demo.sh (the preset's own is NVLAMB 1e-2)
+    params = next(r["data"] for r in phase1 if r["step"] == "PARAMETER")
+    assert (params["optimizer"], params["learning_rate"]) == ("adamw", 1e-3)
     # each seed's score is its own results.json's F1; the random model started from ckpt_0.pt beside its vocab
     for model in ("pretrained", "random"):
         results = json.loads((study / f"{model}_mrpc" / "seed_1" / "results.json").read_text())
@@ -290,6 +293,9 @@ def test_pretrain_study_second_call_reuses_everything(tiny_study, monkeypatch):
     assert again["pretraining_reused"] is True and again["pretraining"] == first["pretraining"]
     assert again["finetuning"]["results"] == first["finetuning"]["results"]
     assert all(s["reused"] for s in again["finetuning"]["sources"].values())
+    # a reused pre-training made with another optimizer than the flag's is named in a warning
+    other = pretrain_study.main([*argv, "--optimizer", "nvlamb"])
+    assert "optimizer adamw (flag: nvlamb)" in other["pretraining_warnings"]
     # other fine-tuning settings are not reused: bench.stability is asked to run (and refused here)
     with pytest.raises(AssertionError, match="nothing should run here"):
         pretrain_study.main([*argv, "--small_lr", "1e-3"])
@@ -520,10 +526,12 @@ def test_reused_run_is_compared_by_its_global_batch(tmp_path):
               "config_file": "bert-mini.json"}
     state = {"phase1": {"params": params}, "phase2": {"params": {"max_steps": 2}}}
     args = type("Args", (), {"phase1_steps": 20, "phase2_steps": 2, "batch": 16, "processes": 2, "lr": "3e-3",
-                             "config": Path("configs/bert-mini.json")})
-    assert pretrain_study.reuse_differences(state, args) == []
+                             "optimizer": "nvlamb", "config": Path("configs/bert-mini.json")})
+    assert pretrain_study.reuse_differences(state, args) == []  # a log without "optimizer" is NVLAMB's
     args.processes = 1
     assert pretrain_study.reuse_differences(state, args) == ["phase 1 global batch 32 (flag: 16)"]
+    args.processes, args.optimizer = 2, "adamw"
+    assert pretrain_study.reuse_differences(state, args) == ["optimizer nvlamb (flag: adamw)"]
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ With the context: slot (0,2) sees 20 -> 21 right; (0,3) sees [MASK] -> 29 wrong;
 (1,2) sees `<` -> 29 wrong; (1,5) sees `>` -> 29 wrong. Over every slot 2/5 right. The [MASK]ed slots less the one
 inside `<unk>` are (0,2), (0,4), (1,5): 2/3 right.
 Without the context every real token but [CLS]/[SEP] is [MASK], so every guess is 29: 0/3. Context gain 2/3.
-Targets 21, 22, 23, 11, 24 are all different: unigram entropy ln 5.
+Targets 21, 22, 23, 11, 24 are all different: unigram entropy ln 5; always guessing the commonest target of the
+three [MASK]ed slots (21, 23, 24: a tie, any one) is right at 1 of 3.
 Loss: a right guess costs ln(e^10 + 31) - 10, a wrong one ln(e^10 + 31); two right, three wrong.
 """
 from __future__ import annotations
@@ -70,6 +71,8 @@ def test_the_numbers_written_out_by_hand():
     assert result["eval_mask_accuracy"] == pytest.approx(2 / 3)
     assert result["eval_mask_accuracy_without_context"] == 0
     assert result["eval_context_gain"] == pytest.approx(2 / 3)
+    # The [MASK]ed slots' targets 21, 23, 24 are all different: the commonest one is right at 1 slot of 3.
+    assert result["eval_mask_accuracy_most_frequent"] == pytest.approx(1 / 3)
 
 
 def test_without_the_vocabulary_the_ids_come_from_the_shard_and_unk_pieces_count():
@@ -80,6 +83,7 @@ def test_without_the_vocabulary_the_ids_come_from_the_shard_and_unk_pieces_count
     # Now the slot inside `<unk>` counts: 4 [MASK]ed slots, still 2 right with the context, 0 without.
     assert result["eval_mask_slots"] == 4 and result["eval_mask_accuracy"] == pytest.approx(2 / 4)
     assert result["eval_context_gain"] == pytest.approx(2 / 4)
+    assert result["eval_mask_accuracy_most_frequent"] == pytest.approx(1 / 4)
 
 
 def test_helpers_on_written_out_rows():
@@ -98,3 +102,50 @@ def test_held_out_shards_without_masks_are_refused():
     shard["masked_lm_positions"][:] = 0
     with pytest.raises(ValueError, match="static masks"):
         Validator(shard, SpecialIds(CLS, SEP, MASK), 2, contextlib.nullcontext, distributed.DistEnv())
+
+
+RANK_WORKER = """
+import contextlib, json, sys
+import torch
+sys.path.insert(0, {tests!r})
+import distributed
+from test_validation import LeftNeighbourPlusOne, VOCAB, hand_made_shard
+from validation import SpecialIds, Validator
+torch.distributed.init_process_group("gloo")
+rank = torch.distributed.get_rank()
+mine = {{k: v[rank:rank + 1] for k, v in hand_made_shard().items()}}  # rank r holds row r
+env = distributed.DistEnv(rank=rank, world_size=2)
+result = Validator(mine, SpecialIds.from_vocab(VOCAB), 1, contextlib.nullcontext, env)(LeftNeighbourPlusOne())
+print(json.dumps(result))
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_two_ranks_holding_a_row_each_give_the_one_process_numbers(tmp_path):
+    """Every number is a sum over the ranks: two gloo processes, row 0 on rank 0 and row 1 on rank 1, report what
+    one process with both rows reports (written out above)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import subprocess_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = RANK_WORKER.format(tests=str(Path(__file__).parent))
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**subprocess_env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)}) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    for out, _ in outs:
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["eval_masked_positions"] == 5 and result["eval_mask_slots"] == 3
+        assert result["eval_mask_accuracy"] == pytest.approx(2 / 3)
+        assert result["eval_context_gain"] == pytest.approx(2 / 3)
+        assert result["eval_unigram_entropy"] == pytest.approx(math.log(5))
+        assert result["eval_mask_accuracy_most_frequent"] == pytest.approx(1 / 3)
