@@ -22,7 +22,11 @@ Loss: a right guess costs ln(e^10 + 31) - 10, a wrong one ln(e^10 + 31); two rig
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,6 +34,8 @@ import pytest
 import torch
 
 import distributed
+from conftest import subprocess_env
+from slurm_cluster import free_port
 from validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
 
 PAD, CLS, SEP, MASK, V = 0, 2, 3, 4, 32
@@ -125,17 +131,7 @@ torch.distributed.destroy_process_group()
 def test_two_ranks_holding_a_row_each_give_the_one_process_numbers(tmp_path):
     """Every number is a sum over the ranks: two gloo processes, row 0 on rank 0 and row 1 on rank 1, report what
     one process with both rows reports (written out above)."""
-    import json
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from conftest import subprocess_env
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # below the ephemeral range, as every MASTER_PORT of the suite (slurm_cluster.free_port)
     script = RANK_WORKER.format(tests=str(Path(__file__).parent))
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**subprocess_env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
