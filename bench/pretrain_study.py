@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> dict:
         input_dir = state["phase1"]["params"].get("input_dir")
         train_dir = Path(input_dir) if input_dir else None  # where phase 1 trained
         if train_dir is None or not train_dir.is_dir():
-            train_dir = Path(state["run_dir"]).parent / "hdf5_seq128"  # run_cpu_demo.sh's layout, moved
+            train_dir = Path(state["run_dir"]).parent / "hdf5_phase1"  # run_cpu_demo.sh's layout, moved
         if train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
             pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
                                                  pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])

@@ -270,7 +270,8 @@ def iter_wikiextractor_docs(path: str | os.PathLike) -> Iterator[tuple[str, list
                 paragraphs.append(stripped)
 
 
-def _is_wikiextractor(path: Path) -> bool:
+def is_wikiextractor(path: str | os.PathLike) -> bool:
+    """True when the file (gzip or bz2 by its suffix) starts like WikiExtractor's output: `<doc `."""
     with open_text(path) as f:
         return f.read(5) == "<doc "
 
@@ -290,7 +291,7 @@ def _format_text_file(job: tuple[str, str, str]) -> tuple[int, int]:
 
 
 def _iter_file_docs(path: Path, doc_boundary: str) -> Iterator[list[str]]:
-    if _is_wikiextractor(path):
+    if is_wikiextractor(path):
         for _, paragraphs in iter_wikiextractor_docs(path):
             yield paragraphs
         return

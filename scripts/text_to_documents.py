@@ -12,7 +12,11 @@ The conversion, which is all this file does:
   * WikiText's escapes are undone: " @-@ " -> "-", " @,@ " -> ",", " @.@ " -> "."; "<unk>" is dropped (BERT's
     tokenizer would cut it into "<", "un", "##k", ">", four tokens of noise);
   * every paragraph of an article goes, space-joined, onto the article's one line.
+WikiExtractor output (`<doc ...>` ... `</doc>`, gzip-compressed or not: ../shared/data/wikipedia-en-slice, or the
+output of an older recipe's WikiExtractor step) is read with data/text_formatting.py's reader: one document per
+`<doc>`, its paragraphs as they are, the repeated title line dropped.
 Any other text file (no WikiText headings found) is read as documents separated by blank lines.
+A folder stands for every *.txt, *.gz and wiki_* file under it (sorted; data/create_vocab.py's rule).
 With --sentences each paragraph is split into sentences by data/sentence_segmentation.py (blingfire) when it is
 importable, else at " . ", " ? ", " ! " (right for WikiText's pre-tokenized text, rough for other text).
 --test_fraction F writes the last F of the documents (at least one) to a second file, for held-out evaluation.
@@ -48,7 +52,13 @@ def is_wikitext(lines: list[str]) -> bool:
 
 def iter_documents(path: str | Path) -> Iterator[list[str]]:
     """Yield each document of a text file as a list of paragraphs (non-empty, cleaned for WikiText)."""
-    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    from data.text_formatting import is_wikiextractor, iter_wikiextractor_docs, open_text
+
+    if is_wikiextractor(path):
+        yield from (paragraphs for _, paragraphs in iter_wikiextractor_docs(path) if paragraphs)
+        return
+    with open_text(path) as f:
+        lines = f.read().splitlines()
     wikitext = is_wikitext(lines)
     doc: list[str] = []
     for raw in lines:
@@ -84,19 +94,6 @@ def sentence_splitter() -> Callable[[str], list[str]]:
 _SENTENCE_END = re.compile(r"(?<= [.?!]) ")
 
 
-def list_inputs(inputs: Iterable[str | Path]) -> list[Path]:
-    """Files as given, and the *.txt files of folders (sorted, recursive)."""
-    files: list[Path] = []
-    for item in map(Path, inputs):
-        if item.is_dir():
-            files.extend(sorted(p for p in item.rglob("*.txt") if p.is_file()))
-        elif item.is_file():
-            files.append(item)
-        else:
-            raise InputError(f"input {item} does not exist: pass text files or folders")
-    return files
-
-
 def _write(docs: list[list[str]], output: str | Path, sentences: bool) -> None:
     from atomic_io import atomic_open
 
@@ -114,7 +111,9 @@ def write_documents(inputs: Iterable[str | Path], output: str | Path, sentences:
                     test_fraction: float = 0.0, test_output: str | Path | None = None) -> tuple[int, int]:
     """Write the documents of every input to `output`, the last `test_fraction` of them (at least one when > 0) to
     `test_output`, atomically. Returns (training documents, test documents)."""
-    docs = [doc for path in list_inputs(inputs) for doc in iter_documents(path)]
+    from data.create_vocab import list_input_files
+
+    docs = [doc for path in list_input_files(list(inputs)) for doc in iter_documents(path)]
     test_documents = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0
     if test_documents and len(docs) <= test_documents:
         raise InputError(f"{len(docs)} document(s) found, too few to hold out a test set: give more text "
@@ -135,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True,
-                   help="text files or folders of *.txt (WikiText, or documents separated by blank lines)")
+                   help="text files or folders of them (WikiText, WikiExtractor output, or documents separated by blank lines; "
+                        ".gz read as gzip)")
     p.add_argument("--output", required=True, help="the output file")
     p.add_argument("--sentences", action="store_true",
                    help="one sentence per line, a blank line between documents (create_pretraining_data.py's input)")

@@ -9,6 +9,7 @@ file and the summary.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -143,15 +144,13 @@ def test_gpu_presets_keep_nvidias_global_batch(presets, name):
     assert arg[3] == name.rsplit("_", 1)[1] and f"_{gpus}gpu_" in name
 
 
-def test_cpu_preset_follows_the_measured_learning_rate_rule(presets):
-    """The cpu preset's phase-1 peak learning rate is optimization.small_batch_learning_rate of its global batch
-    (the rule measured on CPU between 32 and 128 sequences a step), with NVLAMB; phase 2 takes half of it."""
-    from optimization import small_batch_learning_rate
-
+def test_cpu_preset_takes_the_rate_measured_for_the_demo(presets):
+    """The cpu preset (the README's main job): AdamW 1e-3 at batch 32 for 4,000 steps, the run that left the
+    word-frequency plateau on the demo's Wikipedia shards (README "The main job"); phase 2 takes half of it."""
     arg = {i + 1: w for i, w in enumerate(presets["cpu"])}
-    assert arg[26] == "nvlamb"
-    assert float(arg[2]) == pytest.approx(small_batch_learning_rate(int(arg[1]) * int(arg[4])), rel=0.01)
-    assert float(arg[17]) == pytest.approx(float(arg[2]) / 2, rel=0.01)
+    assert (arg[1], arg[4], arg[6], arg[26]) == ("32", "1", "4000", "adamw")
+    assert float(arg[2]) == 1e-3 and float(arg[17]) == 5e-4
+    assert arg[21].endswith("/hdf5_phase1/") and arg[22].endswith("/hdf5_seq512/")
 
 
 def test_small_gpu_preset_takes_the_rate_measured_on_a_gpu(presets):
@@ -510,6 +509,41 @@ def test_two_phases_for_real(shared_data, tmp_path):
     assert (results / "tiny.phase1.json").is_file() and (results / "tiny.phase2.json").is_file()
 
 
+def test_cpu_demo_learns_its_vocabulary_and_writes_the_measured_shards(shared_data, tmp_path):
+    """The README's main job on one Wikipedia file, 2 + 1 steps of a 1-layer model: the vocabulary is learned from
+    the training text, the config takes its size (1234 lines -> 1240, the next multiple of 8), phase 1 trains on
+    sequence-64 shards with 30% masked (20 slots), held out at 15% (10 slots), with AdamW 1e-3 held constant."""
+    import h5py
+    import numpy as np
+
+    config = tmp_path / "tiny.json"
+    config.write_text('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
+                      '"intermediate_size": 64, "max_position_embeddings": 512}')
+    out = tmp_path / "demo"
+    corpus = shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz"
+    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {corpus} --vocab_size 1234 --config {config} "
+               f"--phase1_steps 2 --phase2_steps 1 --out {out}", env={"PYTHON": sys.executable})
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1234 and lines[100:104] == ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert json.loads((out / "bert_config.json").read_text())["vocab_size"] == 1240
+    with h5py.File(out / "hdf5_phase1" / "train.hdf5", "r") as f:
+        ids, positions = f["input_ids"][:], f["masked_lm_positions"][:]
+    assert ids.shape[1] == 64 and positions.shape[1] == 20
+    full = (ids > 0).sum(1) == 64  # Google's rule: round(masked_lm_prob x the sequence's tokens, [CLS] and [SEP] too)
+    assert full.any() and ((positions[full] > 0).sum(1) == round(0.3 * 64)).all()
+    with h5py.File(out / "hdf5_heldout" / "heldout.hdf5", "r") as f:
+        assert f["input_ids"].shape[1] == 64 and f["masked_lm_positions"].shape[1] == 10
+        held = f["input_ids"][:]
+        assert ((f["masked_lm_positions"][:][(held > 0).sum(1) == 64] > 0).sum(1) == round(0.15 * 64)).all()
+    phase1 = next(out.glob("run_*/bert_cpu_demo.phase1.json")).read_text().splitlines()
+    params = next(r["data"] for r in map(json.loads, phase1) if r["step"] == "PARAMETER")
+    assert (params["optimizer"], params["learning_rate"], params["lr_schedule"]) == ("adamw", 1e-3, "constant")
+    assert (params["max_seq_length"], params["max_predictions_per_seq"]) == (64, 20)
+    assert Path(params["vocab_file"]) == out / "vocab.txt"
+    assert "learned? phase 1, step 2: context gain" in run.stdout
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # scripts/text_to_documents.py, the CPU demo's text step
 
@@ -552,6 +586,30 @@ def test_plain_text_documents_are_blank_line_separated(tmp_path):
     source = tmp_path / "mine.txt"
     source.write_text("First doc, line one.\nLine two.\n\n\nSecond doc.\n")
     assert list(iter_documents(source)) == [["First doc, line one.", "Line two."], ["Second doc."]]
+
+
+def test_wikiextractor_files_become_documents(shared_data, tmp_path):
+    """The CPU demo's default corpus: the Wikipedia slice's gzipped WikiExtractor files, read through a folder."""
+    import gzip
+
+    from scripts.text_to_documents import iter_documents, write_documents
+
+    source = shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz"
+    with gzip.open(source, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("<doc ")]
+    # the reference, written out: a <doc> line, the title line, then the paragraphs (non-empty lines, stripped) up
+    # to </doc>
+    first = [line.strip() for line in lines[starts[0] + 2:lines.index("</doc>")] if line.strip()]
+    docs = list(iter_documents(source))
+    assert len(docs) == len(starts) == 38 and docs[0] == first  # PROVENANCE: article 12, "Anarchism", comes first
+    assert docs[0][0].startswith("Anarchism is a political philosophy")
+    folder = tmp_path / "text" / "AA"  # a folder of wiki_* files without a suffix, as WikiExtractor writes them
+    folder.mkdir(parents=True)
+    (folder / "wiki_00").write_text("\n".join(lines[:lines.index("</doc>") + 1]) + "\n", encoding="utf-8")
+    (folder / "notes.md").write_text("not a corpus file\n")
+    assert write_documents([tmp_path / "text"], tmp_path / "docs.txt") == (1, 0)
+    assert (tmp_path / "docs.txt").read_text(encoding="utf-8") == " ".join(first) + "\n"
 
 
 def test_real_wikitext_article_count(shared_data, tmp_path):

@@ -377,8 +377,9 @@ def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypat
 
 
 def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
-    """Runs A (1 process) and C (2 gloo processes, lr x sqrt 2) for 2 steps on the tiny study's shards; the
-    fine-tuning is a stand-in that checks each checkpoint exists and returns scores chosen here."""
+    """Runs A (1 process) and C (2 gloo processes, lr x sqrt 2) for 2 steps on shards the study builds from the
+    tiny study's corpus; the fine-tuning is a stand-in that checks each checkpoint exists and returns scores chosen
+    here."""
     from bench import stability
 
     root, _, _ = tiny_study
@@ -391,7 +392,7 @@ def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
                  "command": stability.glue_command(args, s, args.out / f"seed_{s}")} for i, s in enumerate(args.seeds)]
 
     monkeypatch.setattr(stability, "run_seeds", fake_seeds)
-    argv = ["--out", str(root / "scaling"), "--shards", str(root / "study" / "pretrain"), "--config",
+    argv = ["--out", str(root / "scaling"), "--corpus", str(root / "corpus.txt"), "--dupe_factor", "1", "--config",
             str(root / "tiny.json"), "--batch", "4", "--steps", "2", "--processes", "2", "--runs", "A,C",
             "--eval_steps", "1", "--max_eval_samples", "8", "--log_freq", "1", "--glue_task", "mrpc",
             "--glue_seeds", "1,2"]
