@@ -6,14 +6,16 @@
         [--models pretrained,random,minilm] [--small_lr 2e-4] [--minilm_mrpc_json F] [--minilm_sst2_json F]
 
 1. Pre-training, with the recipe's own launcher: `scripts/run_cpu_demo.sh --config C --out PRETRAIN_OUT
-   --phase1_steps N1 --phase2_steps N2 --dupe_factor D --batch B --lr LR --optimizer O` (WikiText-2 valid + test from
-   ../shared/data, the last 5% of its documents held out; phase 1 at sequence 128, phase 2 at 512, batch 8).
+   --phase1_steps N1 --phase2_steps N2 --dupe_factor D --batch B --lr LR --optimizer O [--vocab V] [--corpus T]`
+   (the demo's own text unless --corpus: 25 files of the Wikipedia slice, the last 5% of the documents held out;
+   its vocabulary learned from the training text unless --vocab; phase 1 at sequence 64 with 30% masked and a
+   constant rate, phase 2 at 512, batch 8).
    Or reuse: when --pretrain_out (default <out>/pretrain) already holds a run_*/ folder, the newest one is used as
    it is, if both its phases finished (a FINAL record at their last step); an unfinished newest run is refused,
    never silently replaced. The model fine-tuned is its last checkpoint, checkpoints/ckpt_<last step>.pt.
 2. Random initialisation of the same architecture: BertForPreTraining(config) of modeling.py after
    distributed.set_seed(--random_init_seed), saved as <out>/random_init/ckpt_0.pt ({"model", "config"}, the layout of
-   run_pretraining.py's checkpoints) with bert_config.json and the uncased vocab.txt beside it. With the default
+   run_pretraining.py's checkpoints) with bert_config.json and the pre-training's vocab.txt beside it. With the default
    seed 42, the pre-training's own seed, these are exactly the weights the pre-training started from.
 3. Fine-tuning, with bench.stability (one run_glue.py process per seed): every model on every task, --seeds
    (default 5). MRPC: the full training set, 3 epochs; SST-2: the first 10,000 training sentences, 1 epoch; all
@@ -92,7 +94,11 @@ def demo_command(args) -> list[str]:
     cmd = ["bash", str(REPO / "scripts" / "run_cpu_demo.sh"), "--config", str(args.config), "--out",
            str(args.pretrain_out), "--phase1_steps", str(args.phase1_steps), "--phase2_steps", str(args.phase2_steps),
            "--dupe_factor", str(args.dupe_factor), "--batch", str(args.batch), "--lr", str(args.lr),
-           "--optimizer", args.optimizer, "--processes", str(args.processes), "--vocab", str(args.vocab)]
+           "--optimizer", args.optimizer, "--processes", str(args.processes)]
+    if args.vocab:  # else the demo learns one of --vocab_size pieces from its training text
+        cmd += ["--vocab", str(args.vocab)]
+    else:
+        cmd += ["--vocab_size", str(args.vocab_size)]
     for corpus in args.corpus or []:
         cmd += ["--corpus", str(corpus)]
     return cmd
@@ -429,8 +435,10 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--optimizer", choices=("nvlamb", "adamw"), default="nvlamb",
                    help="pre-training optimizer (the cpu preset's NVLAMB, or AdamW)")
     g.add_argument("--corpus", action="append", type=Path, help="text to pre-train on (repeatable; None: "
-                   "WikiText-2 valid + test from ../shared/data)")
-    g.add_argument("--vocab", type=Path, default=su.VOCAB, help="the uncased BERT vocabulary")
+                   "run_cpu_demo.sh's default, 25 files of ../shared/data/wikipedia-en-slice)")
+    g.add_argument("--vocab", type=Path, default=None, help="an existing vocabulary for the pre-training (e.g. "
+                   "bert-base-uncased's; None: the one run_cpu_demo.sh learns, or the reused run's own)")
+    g.add_argument("--vocab_size", type=int, default=8000, help="the learned vocabulary's size (without --vocab)")
     g.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the pre-training")
     g.add_argument("--random_init_seed", type=int, default=42, help="seed of the random initialisation (42 is the "
                    "pre-training's own: the same starting weights)")
@@ -462,7 +470,8 @@ def main(argv: list[str] | None = None) -> dict:
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     args.out = args.out.resolve()
     args.pretrain_out = (args.pretrain_out or args.out / "pretrain").resolve()
-    args.config, args.vocab = args.config.resolve(), args.vocab.resolve()  # run_cpu_demo.sh runs in the repository
+    args.config = args.config.resolve()  # run_cpu_demo.sh runs in the repository
+    args.vocab = args.vocab.resolve() if args.vocab else None
     args.corpus = [c.resolve() for c in args.corpus or []]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     tasks = [t.strip().lower() for t in args.tasks.split(",") if t.strip()]
@@ -470,7 +479,7 @@ def main(argv: list[str] | None = None) -> dict:
     if bad or not models or not tasks:
         raise SystemExit(f"--models: one or more of {', '.join(MODELS)} (got {args.models!r}); --tasks: at least one")
     seeds = su.parse_seeds(args.seeds)
-    if not args.vocab.is_file():
+    if args.vocab and not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -481,6 +490,12 @@ def main(argv: list[str] | None = None) -> dict:
     if "pretrained" in models or "random" in models:
         state, reused, pretrain_cmd = pretrained_run(args, log)
         pre = pretraining_report(state)
+        run_vocab = state["phase1"]["params"].get("vocab_file")
+        if args.vocab is None:  # the run's own: what its shards and checkpoint were made with
+            if not run_vocab or not Path(run_vocab).is_file():
+                raise SystemExit(f"pretrain_study: the pre-training in {state['run_dir']} names no vocabulary that "
+                                 f"exists ({run_vocab}): give --vocab")
+            args.vocab = Path(run_vocab)
         input_dir = state["phase1"]["params"].get("input_dir")
         train_dir = Path(input_dir) if input_dir else None  # where phase 1 trained
         if train_dir is None or not train_dir.is_dir():

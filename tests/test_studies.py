@@ -156,8 +156,11 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
                               lr=1e-4 if model == "minilm" else 2e-4, init=inits[model])
         flags += ["--minilm_mrpc_json" if task == "mrpc" else "--minilm_sst2_json", str(path)] if model == "minilm" \
             else ["--stability_json", f"{model}:{task}={path}"]
-    report = pretrain_study.main(["--out", str(tmp_path / "study"), "--pretrain_out", str(pretrain_out),
-                                  "--seeds", "1,2,3", *flags])
+    argv = ["--out", str(tmp_path / "study"), "--pretrain_out", str(pretrain_out), "--seeds", "1,2,3", *flags]
+    # this run's log names no vocabulary (runs from before run_cpu_demo.sh passed its own): --vocab is asked for
+    with pytest.raises(SystemExit, match="names no vocabulary that exists .None.: give --vocab"):
+        pretrain_study.main(argv)
+    report = pretrain_study.main([*argv, "--vocab", str(study_utils.VOCAB)])
     # Pre-training, read back from the logs
     pre = report["pretraining"]
     assert report["pretraining_reused"] is True
@@ -252,7 +255,7 @@ def tiny_study(tmp_path_factory, shared_data):
     minilm = fake_stability(root / "minilm" / "stability_mrpc.json", "mrpc", [0.75], init="minilm")
     argv = ["--out", str(root / "study"), "--config", str(root / "tiny.json"), "--corpus",
             str(tiny_corpus(root / "corpus.txt")), "--phase1_steps", "3", "--phase2_steps", "1", "--dupe_factor", "1",
-            "--batch", "4", "--optimizer", "adamw", "--lr", "1e-3", "--tasks", "mrpc", "--seeds", "1",
+            "--batch", "4", "--optimizer", "adamw", "--lr", "1e-3", "--vocab_size", "1000", "--tasks", "mrpc", "--seeds", "1",
             "--max_train_examples", "16", "--max_eval_examples", "16", "--max_steps", "1", "--max_seq_length", "32",
             "--small_batch", "8", "--minilm_mrpc_json", str(minilm)]
     return root, argv, pretrain_study.main(argv)
@@ -281,6 +284,9 @@ def test_pretrain_study_runs_end_to_end(tiny_study):
         assert report["finetuning"]["results"]["mrpc"][model]["scores"] == [results["eval"]["dev"]["f1"]]
         assert report["finetuning"]["per_seed"]["mrpc"][model][0]["dev"]["acc"] == results["eval"]["dev"]["acc"]
     assert results["init_checkpoint"] == str(study / "random_init" / "ckpt_0.pt")
+    # no --vocab: the demo learned a 1,000-piece vocabulary, and the random model and fine-tuning use that one
+    learned = (study / "pretrain" / "vocab.txt").read_text(encoding="utf-8")
+    assert len(learned.splitlines()) == 1000 and (study / "random_init" / "vocab.txt").read_text() == learned
     assert report["finetuning"]["results"]["mrpc"]["minilm"]["mean"] == 0.75
     assert set(report["verdicts"]) == {"mrpc"}
     assert (study / "pretrain_loss.png").is_file() and (study / "pretrain_study.md").is_file()
@@ -435,7 +441,7 @@ def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
             path = fake_stability(tmp_path / "given" / model / "stability_mrpc.json", task, scores)
             flags += ["--stability_json", f"{model}:mrpc={path}"]
     pretrain_study.main(["--out", str(studies / "pretrain"), "--pretrain_out", str(tmp_path / "pretrain_mini"),
-                         "--tasks", "mrpc", "--seeds", "1,2,3", *flags])
+                         "--tasks", "mrpc", "--seeds", "1,2,3", "--vocab", str(study_utils.VOCAB), *flags])
     config = tmp_path / "small.json"
     config.write_text(json.dumps(TINY_CONFIG))
     fake_scaling(studies / "scaling", config, tmp_path / "shards")
