@@ -129,7 +129,13 @@ import json, sys
 from atomic_io import atomic_write_json
 
 source, vocab, target = sys.argv[1:]
-config = json.load(open(source, encoding="utf-8"))
+try:
+    with open(source, encoding="utf-8") as f:
+        config = json.load(f)
+    int(config["vocab_size"])
+except (ValueError, KeyError, TypeError) as e:
+    sys.exit(f"run_cpu_demo.sh: --config {source} is not a BERT config JSON with a vocab_size ({e}): give one "
+             "such as configs/bert-small-cpu.json")
 with open(vocab, encoding="utf-8") as f:
     lines = sum(1 for _ in f)
 if not config["vocab_size"] - 8 < lines <= config["vocab_size"]:

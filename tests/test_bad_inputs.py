@@ -951,6 +951,10 @@ LAUNCHER_CASES = [
     ("cpu-demo-unknown-option", "run_cpu_demo.sh", lambda w, d: ["--phases", "3"], ("unknown option '--phases'",)),
     ("cpu-demo-optimizer-unknown", "run_cpu_demo.sh", lambda w, d: ["--optimizer", "sgd"],
      ("--optimizer", "adamw or nvlamb")),
+    ("cpu-demo-config-not-json", "run_cpu_demo.sh", lambda w, d: ["--corpus", str(w.corpus), "--vocab", str(w.vocab),
+     "--config", str(w.config_notjson), "--out", str(d / "out")], ("--config", "not_json.json", "not a BERT config")),
+    ("cpu-demo-vocab-size-zero", "run_cpu_demo.sh", lambda w, d: ["--vocab_size", "0"],
+     ("--vocab_size", "positive integer")),
 ]
 
 
