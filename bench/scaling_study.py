@@ -22,9 +22,9 @@ whether it is within the seed spread (|difference| <= max of the two standard de
 Shards are built once (<out>/shards: scripts/text_to_documents.py then create_pretraining_data.py at sequence 128
 for training, dupe factor --dupe_factor, and for the held-out 5% of the documents) and shared by the three runs;
 --shards DIR takes an existing folder with hdf5_seq128/ and hdf5_heldout128/ instead (sequence 128, 20 slots:
-an earlier study's <out>/shards; the CPU demo's shards are sequence 64 now and do not fit). A run whose folder already holds a finished log with
-the same settings is reused (its wall time too); one that is unfinished or differs is refused (--restart runs
-it again). On this CPU every process gets --threads OpenMP threads (default 1), so B and C put P processes on
+an earlier study's <out>/shards; the CPU demo's shards are sequence 64 now and do not fit). A run whose folder
+already holds a finished log with the same settings is reused (its wall time too); one that is unfinished or
+differs is refused (--restart runs it again). On this CPU every process gets --threads OpenMP threads (default 1), so B and C put P processes on
 the cores: their wall time measures this machine, not what P GPUs would take.
 
 On GPUs it is the same command: scripts/run_pretraining.sh starts one process per GPU with torchrun
