@@ -1,4 +1,4 @@
-"""Issue 27, item 5: a BERT-mini pre-trained on one GPU in minutes, on the Wikipedia slice, fine-tuned anywhere.
+"""Issue 27, item 5: a small BERT (BERT-mini, BERT-small) pre-trained on one GPU in minutes, on the Wikipedia slice.
 
 Two sub-commands, one for each machine:
 
@@ -289,13 +289,14 @@ def markdown(studies: list[tuple[Path, dict]], heading: str = "##", image: str |
     for path, report in studies[:1]:
         env, st = report["environment"], report["settings"]
         lines += [f"{env.get('device')} ({env.get('gpu_memory_gib')} GiB), torch {env.get('torch')}, CUDA "
-                  f"{env.get('cuda')}, {env.get('cpu_count')} CPU cores ({env.get('cpu')}); {st['config']}, batch "
-                  f"{st['batch']}, warm-up {st['warmup_proportion']:.0%} then linear decay, --mlm_bias_init unigram, "
-                  f"--dynamic_masking, --mix_shards {st['mix_shards']}, bf16 autocast, torch.compile; held-out: the "
+                  f"{env.get('cuda')}, {env.get('cpu_count')} CPU cores ({env.get('cpu')}); each call's model "
+                  f"config in the column 'model', batch {st['batch']}, warm-up {st['warmup_proportion']:.0%} then "
+                  f"linear decay, --mlm_bias_init unigram, --dynamic_masking, --mix_shards {st['mix_shards']}, bf16 "
+                  "autocast, torch.compile; held-out: the "
                   f"first {st['eval_samples']} sequences of the CPU studies' evaluation set. The runs of one call "
                   "train side by side on the one GPU, each for the steps that fit the call's budget.", ""]
-    lines += ["| call (date, budget) | run | steps | sequences/s | wall s | held-out loss | unigram entropy | below it "
-              "| [MASK] accuracy | context gain (points) | end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| call (date, budget) | model | run | steps | sequences/s | wall s | held-out loss | unigram entropy "
+              "| below it | [MASK] accuracy | context gain (points) | end |", "|" + "---|" * 12]
     for path, report in studies:
         call = f"{path.parent.name} ({report['environment'].get('date', '')[:16]}, {report['settings']['budget_s']:.0f} s)"
         for name, run in report["runs"].items():
@@ -310,7 +311,8 @@ def markdown(studies: list[tuple[Path, dict]], heading: str = "##", image: str |
                       f"{100 * last[3]:+.1f}"] if last else ["-"] * 5)
             if last and run["returncode"] != 0:
                 cells[0] += f" (step {last[0]})"
-            lines.append(f"| {call} | {name} | {steps} | {f'{sps:,.0f}' if sps else '-'} | {run['wall_s']} | "
+            lines.append(f"| {call} | {report['settings']['config']} | {name} | {steps} | "
+                         f"{f'{sps:,.0f}' if sps else '-'} | {run['wall_s']} | "
                          + " | ".join(cells) + f" | {end} |")
     lines.append("")
     if image:

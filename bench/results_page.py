@@ -154,7 +154,7 @@ def gpu_section(paths: list[Path], plots: Path, page_dir: Path, heading: str) ->
             for path, report in studies for name in report["runs"]}
     png = su.plot_runs({k: {"losses": v["losses"], "evals": [e[:2] for e in v["evals"] if e[2] == e[2]]}
                         for k, v in runs.items()}, plots / "gpu_study.png",
-                       title="BERT-mini on one GPU: masked-LM loss (train), [MASK] accuracy (held-out)")
+                       title="on one GPU: masked-LM loss (train), [MASK] accuracy (held-out)")
     text = gpu_study.markdown(studies, heading, os.path.relpath(png, page_dir))
     return text.splitlines() + [f"From {', '.join(f'`{p}`' for p in paths)}.", ""]
 

@@ -80,7 +80,8 @@ def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(tmp_path, 
     with safe_open(str(out / "adamw_1e-3.bf16.safetensors"), "pt") as f:
         assert json.loads(f.metadata()["config"]) == ckpt["config"]
 
-    # The results page's section: the run's row carries its log's last held-out evaluation; the plot is drawn.
+    # The results page's section: the run's row carries its call's model config and its log's last held-out
+    # evaluation; the plot is drawn.
     from bench import results_page
 
     page = results_page.main(["--studies", str(tmp_path / "none"), "--gpu_study", str(out / "gpu_study.json"),
@@ -88,7 +89,8 @@ def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(tmp_path, 
     last = [json.loads(line)["data"] for line in (out / "adamw_1e-3.log.json").read_text().splitlines()
             if "eval_mlm_loss" in line][-1]
     row = next(line for line in page.splitlines() if "| adamw_1e-3 |" in line)
-    assert "| adamw_1e-3 | 20 |" in row and f"| {last['eval_mlm_loss']:.3f} |" in row and row.endswith("| finished |")
+    assert "| config.json | adamw_1e-3 | 20 |" in row and f"| {last['eval_mlm_loss']:.3f} |" in row
+    assert row.endswith("| finished |")
     assert (tmp_path / "page" / "results" / "gpu_study.png").is_file()
 
     # import: a finished run folder with a ckpt_<step>.pt that pretrain_study fine-tunes.
