@@ -192,14 +192,13 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     except (OSError, ValueError) as e:
         raise InputError(f"--config_file: {describe_error(e)}") from e
     if d.vocab_file:
-        from tokenization import load_vocab
+        from tokenization import load_vocab, vocab_fits_config
 
         try:
             vocab_size = len(load_vocab(d.vocab_file))
         except (OSError, ValueError) as e:
             raise InputError(f"--vocab_file {d.vocab_file}: {describe_error(e)}") from e
-        # The config may pad the vocabulary up to a multiple of 8 (NVIDIA: 30522 -> 30528), never more
-        if not config.vocab_size - 8 < vocab_size <= config.vocab_size:
+        if not vocab_fits_config(vocab_size, config.vocab_size):
             raise InputError(f"--vocab_file {d.vocab_file} has {vocab_size} tokens but the config's vocab_size is "
                              f"{config.vocab_size}: the vocabulary the shards were written with must match the "
                              "config (up to padding to a multiple of 8)")

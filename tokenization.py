@@ -40,6 +40,12 @@ def load_vocab(vocab_file: str | os.PathLike) -> "collections.OrderedDict[str, i
     return vocab
 
 
+def vocab_fits_config(vocab_tokens: int, config_vocab_size: int) -> bool:
+    """Whether a model config's vocab_size fits a vocabulary of `vocab_tokens` entries: the same number, or padded up
+    by fewer than 8 rows (NVIDIA pads 30522 to 30528 for tensor-core shapes); never smaller."""
+    return config_vocab_size - 8 < vocab_tokens <= config_vocab_size
+
+
 def vocab_is_uncased(vocab: dict[str, int]) -> bool:
     """No token with an ASCII capital letter (special tokens such as [CLS] aside): an uncased vocabulary. ASCII
     only: bert-base-uncased's vocabulary keeps a few capitals of other scripts (lower-casing leaves them alone)."""

@@ -24,8 +24,8 @@ for training, dupe factor --dupe_factor, and for the held-out 5% of the document
 --shards DIR takes an existing folder with hdf5_seq128/ and hdf5_heldout128/ instead (sequence 128, 20 slots:
 an earlier study's <out>/shards; the CPU demo's shards are sequence 64 now and do not fit). A run whose folder
 already holds a finished log with the same settings is reused (its wall time too); one that is unfinished or
-differs is refused (--restart runs it again). On this CPU every process gets --threads OpenMP threads (default 1), so B and C put P processes on
-the cores: their wall time measures this machine, not what P GPUs would take.
+differs is refused (--restart runs it again). On this CPU every process gets --threads OpenMP threads (default 1),
+so B and C put P processes on the cores: their wall time measures this machine, not what P GPUs would take.
 
 On GPUs it is the same command: scripts/run_pretraining.sh starts one process per GPU with torchrun
 (--nproc_per_node P) and NCCL when CUDA is present, e.g. seed 001's setting on a 4-GPU machine:

@@ -121,13 +121,14 @@ else
   echo "== 2/4 vocabulary $vocab (--vocab)"
 fi
 config_src="${config:-$repo/configs/bert-small-cpu.json}"
-# The model's vocab_size follows the vocabulary: kept when it already fits (run_pretraining.py's rule, lines in
-# (vocab_size - 8, vocab_size]: bert-base-uncased's 30522 stays 30522), else create_vocab's padding to a multiple of 8.
+# The model's vocab_size follows the vocabulary: kept when it already fits (tokenization.vocab_fits_config, the rule
+# run_pretraining.py checks: bert-base-uncased's 30522 stays 30522), else create_vocab's padding to a multiple of 8.
 "$PYTHON" - "$config_src" "$vocab" "$out/bert_config.json" <<'EOF'
 import json, sys
 
 from atomic_io import atomic_write_json
 from data.create_vocab import config_vocab_size
+from tokenization import vocab_fits_config
 
 source, vocab, target = sys.argv[1:]
 try:
@@ -139,7 +140,7 @@ except (ValueError, KeyError, TypeError) as e:
              "such as configs/bert-small-cpu.json")
 with open(vocab, encoding="utf-8") as f:
     lines = sum(1 for _ in f)
-if not config["vocab_size"] - 8 < lines <= config["vocab_size"]:
+if not vocab_fits_config(lines, config["vocab_size"]):
     config["vocab_size"] = config_vocab_size(lines)
 atomic_write_json(target, config)
 print(f"model config: {source} with vocab_size {config['vocab_size']} -> {target}")

@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True,
-                   help="text files or folders of them (WikiText, WikiExtractor output, or documents separated by blank lines; "
-                        ".gz read as gzip)")
+                   help="text files or folders of them (WikiText, WikiExtractor output, or documents separated by "
+                        "blank lines; .gz read as gzip)")
     p.add_argument("--output", required=True, help="the output file")
     p.add_argument("--sentences", action="store_true",
                    help="one sentence per line, a blank line between documents (create_pretraining_data.py's input)")

@@ -148,3 +148,11 @@ def test_casing_is_read_from_the_vocabulary(uncased_vocab, cased_vocab):
     assert vocab_is_uncased(uncased) and not vocab_is_uncased(cased)
     assert "--do_lower_case" in casing_warning(uncased, "v.txt", do_lower_case=False)
     assert casing_warning(uncased, "v.txt", True) is None and casing_warning(cased, "v.txt", False) is None
+
+
+def test_vocab_fits_config_allows_padding_below_eight_rows_only():
+    vocab_fits_config = tokenization.vocab_fits_config
+    assert vocab_fits_config(30522, 30522) and vocab_fits_config(30522, 30528)  # NVIDIA's padding of uncased
+    assert vocab_fits_config(1234, 1240) and vocab_fits_config(1233, 1240)  # 7 rows of padding: fits
+    assert not vocab_fits_config(1232, 1240)  # 8 rows over: another vocabulary
+    assert not vocab_fits_config(30529, 30528)  # a config smaller than the vocabulary never fits
