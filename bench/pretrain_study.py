@@ -561,12 +561,14 @@ def main(argv: list[str] | None = None) -> dict:
                              "max_seq_length": args.max_seq_length, "results": results, "baselines": baselines,
                              "per_seed": details, "sources": sources},
               "rule": su.RULE, "verdicts": verdicts, "notes": notes, "wall_seconds": round(time.time() - started, 1)}
+    # The report first: the plots need matplotlib (requirements-test.txt), and a missing plotting library must not
+    # lose an hour of fine-tuning (the runs are reused on a second call, but the JSON is the result).
+    su.write_report(args.out, "pretrain_study", report, markdown(report))
     if pre:
         su.plot_pretraining(pre["curves"], pre["heldout"], args.out / "pretrain_loss.png",
                             title=f"pre-training {Path(pre['config_file'] or '').name}")
     su.plot_seeds({t: {m: s["scores"] for m, s in results[t].items()} for t in tasks}, args.out / "pretrain_seeds.png",
                   baselines=baselines)
-    su.write_report(args.out, "pretrain_study", report, markdown(report))
     return report
 
 
