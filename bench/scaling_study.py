@@ -313,9 +313,9 @@ def _main(argv: list[str] | None = None) -> dict:
               "rule": f"within 0.1 point: |mean(X) - mean(A)| <= {WITHIN}; within the seed spread: |mean(X) - "
                       "mean(A)| <= max(std(X), std(A))", "sources": sources,
               "wall_seconds": round(time.time() - started, 1)}
+    su.write_report(args.out, "scaling_study", report, markdown(report))  # before the plot: see pretrain_study.main
     su.plot_runs({f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v for k, v in runs.items()},
                  args.out / "scaling_loss.png", title=f"scaling study, {Path(args.config).name}", baseline=baseline)
-    su.write_report(args.out, "scaling_study", report, markdown(report))
     return report
 
 
