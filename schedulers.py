@@ -15,8 +15,11 @@ run_pretraining.py stepped its scheduler *before* the optimizer, so its step k u
 by one step (its last step got LR 0 instead of its first).
 
 Resume: `state_dict()` holds the step and the schedule's parameters (plain Python numbers, fine for
-torch.load(weights_only=True)); `load_state_dict()` also writes the LR for the current step into the optimizer, so
-the order in which optimizer and scheduler are restored does not matter.
+torch.load(weights_only=True)). `load_state_dict()` takes only the step from it: the schedule's parameters (base LR,
+warm-up, total_steps, degree) stay this scheduler's own, i.e. the resumed command's, as in Hugging Face's Trainer
+and torchtitan, so a run extended with a larger --max_steps continues along the new curve instead of sitting at
+the old schedule's end (LR 0); `changes()` names what differs, for the log. It also writes the LR for the current
+step into the optimizer, so the order in which optimizer and scheduler are restored does not matter.
 """
 from __future__ import annotations
 
@@ -61,8 +64,17 @@ class _WarmUpScheduler(LRScheduler):
 
     _get_closed_form_lr = get_lr
 
+    def changes(self, state_dict: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """{parameter: (the saved schedule's value, this one's)} for each schedule parameter that differs."""
+        ours = {k: v for k, v in self.state_dict().items() if not k.startswith("_") and k != "last_epoch"}
+        return {k: (state_dict[k], v) for k, v in ours.items() if k in state_dict and state_dict[k] != v}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from the saved step (last_epoch) on this scheduler's own schedule (see the module docstring)."""
+        own = {k: v for k, v in self.__dict__.items() if k != "optimizer"}
         super().load_state_dict(state_dict)
+        own["last_epoch"], own["_step_count"] = self.last_epoch, self._step_count
+        self.__dict__.update(own)
         # Re-apply the LR of the restored step, whatever the optimizer was loaded with or reset to.
         for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             group["lr"] = lr

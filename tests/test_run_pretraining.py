@@ -491,6 +491,29 @@ def test_checkpoints_contents_rotation_refusal_and_resume_step(tmp_path, data, c
     assert torch.load(out / "ckpt_10.pt", weights_only=True)["step"] == 10
 
 
+def test_resumed_run_follows_its_own_schedule_and_hyperparameters(tmp_path, data, config, capsys):
+    """Extending a finished run (a larger --max_steps) or changing its rate on resume: the checkpoint gives the step
+    and the optimizer's moments, the command gives the schedule. (Restoring the saved schedule, as torch's
+    load_state_dict does, left the extended steps at the old schedule's end: learning rate 0, silently.)"""
+    out = tmp_path / "out"
+    assert rp.main(args_for(data, config, out, "--max_steps", "4", "--log_freq", "1")) == 0
+    capsys.readouterr()
+    assert rp.main(args_for(data, config, out, "--max_steps", "8", "--log_freq", "1", "--resume_from_checkpoint",
+                            "--learning_rate", "2e-2", "--weight_decay", "0.05")) == 0
+    said = capsys.readouterr()
+    assert "resumed with this run's hyper-parameters, not ckpt_4.pt's" in said.out + said.err
+    assert "total_steps 4 -> 8" in said.out + said.err and "weight_decay 0.01 -> 0.05" in said.out + said.err
+    rates = {r["step"]: r["data"]["learning_rate"] for r in read_log(out / "log.json")
+             if isinstance(r["step"], int) and "learning_rate" in r["data"]}
+    # The default poly schedule written out for this run (base 2e-2, warm-up 0.2 of 8 steps, degree 0.5): logged
+    # step N used the rate of 0-based step k = N - 1, past the warm-up: base * (1 - k / 8) ** 0.5.
+    for n in (5, 6, 7, 8):
+        assert rates[n] == pytest.approx(2e-2 * (1 - (n - 1) / 8) ** 0.5, rel=1e-9)
+    ckpt = torch.load(out / "ckpt_8.pt", map_location="cpu", weights_only=True)
+    assert ckpt["scheduler"]["total_steps"] == 8
+    assert {g["weight_decay"] for g in ckpt["optimizer"]["param_groups"]} == {0.0, 0.05}  # no decay: biases, LN
+
+
 def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, data, config):
     out = tmp_path / "out"
     assert rp.main(args_for(data, config, out, "--max_steps", "3")) == 0

@@ -121,6 +121,27 @@ def test_state_dict_round_trip_continues_identically(cls, optimizer_first):
     assert first + rest == uninterrupted
 
 
+@pytest.mark.parametrize("name", ["poly", "constant"])
+def test_loading_keeps_this_schedule_and_takes_only_the_step(name):
+    """A run extended on resume (total 50 -> 100, rates halved -> BASES): from the saved step on, the LRs are this
+    scheduler's written-out curve, not the saved one's (which would be 0 from step 50); changes() names the
+    differences."""
+    opt = make_optimizer()
+    for group in opt.param_groups:
+        group["lr"] /= 2
+    short = get_scheduler(name, opt, WARMUP, 50)
+    lrs_over(short, opt, 50)
+    saved = short.state_dict()
+    opt = make_optimizer()
+    sched = get_scheduler(name, opt, WARMUP, TOTAL)
+    assert sched.changes(saved) == {"total_steps": (50, TOTAL), "base_lrs": ([b / 2 for b in BASES], list(BASES))}
+    sched.load_state_dict(saved)
+    assert sched.last_epoch == 50 and sched.total_steps == TOTAL
+    for k, lrs in enumerate(lrs_over(sched, opt, 60), start=50):
+        for lr, base in zip(lrs, BASES):
+            assert lr == pytest.approx(expected(name, k, base), rel=1e-12, abs=1e-15), (name, k)
+
+
 def test_bad_arguments():
     opt = make_optimizer()
     with pytest.raises(ValueError, match="unknown scheduler"):
