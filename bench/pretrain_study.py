@@ -467,6 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--stability_json", action="append", metavar="MODEL:TASK=FILE",
                    help="reuse a stability JSON for any model and task (repeatable)")
     args = p.parse_args(argv)
+    su.require_matplotlib("pretrain_study")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     args.out = args.out.resolve()
     args.pretrain_out = (args.pretrain_out or args.out / "pretrain").resolve()

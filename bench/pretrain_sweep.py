@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tag", default="", help="appended to run folder names (e.g. a config variant)")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more run_pretraining.py flags (last)")
     args = p.parse_args(argv)
+    su.require_matplotlib("pretrain_sweep")
     if args.data:
         args.train_dir = args.train_dir or args.data / "training"
         args.eval_dir = args.eval_dir or args.data / "test"

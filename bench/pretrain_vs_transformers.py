@@ -320,6 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--parallel", action="store_true", help="run both at once, one thread each")
     args = p.parse_args(argv)
+    su.require_matplotlib("pretrain_vs_transformers")
     args.train_dir, args.eval_dir = args.data / "training", args.data / "test"
     if not (args.train_dir.is_dir() and args.eval_dir.is_dir()):
         raise SystemExit(f"--data {args.data} needs training/ and test/ folders of HDF5 shards")

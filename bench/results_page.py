@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
     p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
     args = p.parse_args(argv)
+    su.require_matplotlib("results_page")
     paths = {"mrpc": args.minilm_mrpc or args.studies / "minilm_mrpc" / "stability_mrpc.json",
              "sst-2": args.minilm_sst2 or args.studies / "minilm_sst2" / "stability_sst-2.json",
              "pretrain": (args.pretrain or [args.studies / "pretrain" / "pretrain_study.json"])[0],

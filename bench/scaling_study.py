@@ -244,6 +244,7 @@ def _main(argv: list[str] | None = None) -> dict:
     g.add_argument("--data_root", type=Path, default=su.DATA)
     g.add_argument("--no_glue", action="store_true", help="pre-training only")
     args = p.parse_args(argv)
+    su.require_matplotlib("scaling_study")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     args.out, args.config, args.vocab = args.out.resolve(), args.config.resolve(), args.vocab.resolve()
     args.corpus = [c.resolve() for c in args.corpus] if args.corpus else None

@@ -299,6 +299,16 @@ def fmt(x: float | None, digits: int = 4) -> str:
 # Plots (matplotlib's Agg backend: files only, no display)
 
 
+def require_matplotlib(script: str) -> None:
+    """A one-line SystemExit unless matplotlib imports: a study checks this when it starts, not when its hours of
+    work are done and only the plots are left (matplotlib is a test/bench requirement, not a runtime one)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit(f"{script}: its plots need matplotlib, which is not installed: run `bash scripts/setup_cpu.sh "
+                         "--test` (requirements-test.txt) first") from None
+
+
 def _pyplot():
     import matplotlib
 

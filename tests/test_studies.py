@@ -143,6 +143,29 @@ def test_scripts_have_help_and_do_nothing_on_import():
         assert e.value.code == 0
 
 
+def test_studies_refuse_to_start_without_matplotlib(tmp_path, monkeypatch):
+    """The plots come last; a study without matplotlib must say so in one line before its first minute of work (a
+    one-hour pre-training study once lost its report to the missing import at the very end)."""
+    from bench import pretrain_sweep, pretrain_vs_transformers
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    missing = tmp_path / "missing"
+    calls = {"pretrain_study": (pretrain_study, ["--out", str(tmp_path / "a"), "--pretrain_run", str(missing)]),
+             "scaling_study": (scaling_study, ["--out", str(tmp_path / "b"), "--shards", str(missing)]),
+             "pretrain_sweep": (pretrain_sweep, ["--out", str(tmp_path / "c"), "--runs", "adamw:32:1e-3",
+                                                 "--data", str(missing)]),
+             "pretrain_vs_transformers": (pretrain_vs_transformers, ["--out", str(tmp_path / "d"),
+                                                                     "--data", str(missing)]),
+             "results_page": (results_page, ["--out", str(tmp_path / "e" / "RESULTS.md"),
+                                             "--plots", str(tmp_path / "e")])}
+    for name, (module, argv) in calls.items():
+        with pytest.raises(SystemExit) as exc:
+            module.main(argv)
+        said = str(exc.value.code)
+        assert said.startswith(name) and "its plots need matplotlib" in said and "setup_cpu.sh --test" in said, said
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing was started or written
+
+
 def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypatch, capsys):
     no_training(monkeypatch)
     pretrain_out = tmp_path / "pretrain_mini"
