@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["NVLAMB", "BertAdam", "make_lamb", "make_optimizer", "param_groups_for_bert"]
+__all__ = ["NVLAMB", "BertAdam", "load_state_keeping_hyperparameters", "make_lamb", "make_optimizer",
+           "param_groups_for_bert"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -403,3 +404,27 @@ def small_batch_learning_rate(global_batch: int) -> float:
     if global_batch < 1:
         raise ValueError(f"global batch {global_batch}: must be at least 1")
     return SMALL_BATCH_LR * (global_batch / SMALL_BATCH_REFERENCE) ** SMALL_BATCH_EXPONENT
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal hyper-parameter values, whether numbers, tuples / lists (betas come back either way) or tensors."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def load_state_keeping_hyperparameters(optimizer: torch.optim.Optimizer,
+                                       state_dict: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Load a saved optimizer's state (moments, step counts) but keep this optimizer's hyper-parameters (betas, eps,
+    weight decay...; torch's load_state_dict would take the saved ones). The LR is left to the scheduler. Returns
+    {name: (saved value, this one's)} for each that differs, as schedulers' `changes()` does."""
+    ours = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state_dict)
+    changed = {}
+    for group, own in zip(optimizer.param_groups, ours, strict=True):
+        changed.update({k: (group.get(k), v) for k, v in own.items()
+                        if k not in ("lr", "initial_lr") and not _same(group.get(k), v)})
+        group.update(own)
+    return changed

@@ -50,6 +50,7 @@ import torch
 import cli
 import distributed
 from cli import InputError
+from optimization import load_state_keeping_hyperparameters
 from pretraining_config import PretrainConfig
 from pretraining_data import DataPosition, PretrainingData
 from precision import Precision
@@ -111,15 +112,6 @@ def real_counts(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The phase's checkpoints, and which one a run resumes from
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal hyper-parameter values, whether numbers, tuples / lists (betas come back either way) or tensors."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def checkpoint_manager(cfg: PretrainConfig, log: Callable[[str], None] = lambda msg: None) -> CheckpointManager:
@@ -412,20 +404,14 @@ class Trainer:
         self.check_fits(ckpt)
         load_checkpoint_state(self.raw_model, ckpt["model"], source=f"ckpt_{ckpt['step']}.pt")
         # The checkpoint gives the optimizer's state (moments, step counts) and the schedule's step; the
-        # hyper-parameters stay this command's (torch's load_state_dict would take the saved ones): a run resumed
-        # with a larger --max_steps or another --learning_rate / --weight_decay follows what it was told, and the
-        # log says what changed.
-        ours = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        changed = {f"{k} {group[k]} -> {v}" for group, own in zip(self.optimizer.param_groups, ours, strict=True)
-                   for k, v in own.items() if k not in ("lr", "initial_lr") and not _same(group.get(k), v)}
-        for group, own in zip(self.optimizer.param_groups, ours, strict=True):
-            group.update(own)
-        changed |= {f"{k} {old} -> {new}" for k, (old, new) in self.scheduler.changes(ckpt["scheduler"]).items()}
+        # hyper-parameters stay this command's: a run resumed with a larger --max_steps or another --learning_rate /
+        # --weight_decay follows what it was told, and the log says what changed.
+        changed = {**load_state_keeping_hyperparameters(self.optimizer, ckpt["optimizer"]),
+                   **self.scheduler.changes(ckpt["scheduler"])}
         self.scheduler.load_state_dict(ckpt["scheduler"])
         if changed:
             self.log(f"resumed with this run's hyper-parameters, not ckpt_{ckpt['step']}.pt's: "
-                     + ", ".join(sorted(changed)))
+                     + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in sorted(changed.items())))
         if self.precision.scaler.is_enabled() and ckpt["grad_scaler"] is not None:
             self.precision.scaler.load_state_dict(ckpt["grad_scaler"])
         self.state = TrainState(ckpt["phase"], ckpt["phase_step"], ckpt["phase1_end_step"], ckpt["skipped_steps"])
