@@ -54,16 +54,12 @@ from optimization import load_state_keeping_hyperparameters
 from pretraining_config import PretrainConfig
 from pretraining_data import DataPosition, PretrainingData
 from precision import Precision
-from training import (CheckpointManager, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest, forward_backward,
-                      optimizer_step, peak_flops, to_device, weights_finite)
+from training import (CheckpointManager, DivergedError, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest,
+                      forward_backward, optimizer_step, peak_flops, to_device, weights_finite)
 
 
 class ResumeError(InputError):
     """A checkpoint that does not fit this run (another phase, optimizer or data) or an output folder in use."""
-
-
-class DivergedError(InputError):
-    """The loss became inf/NaN, or fp16 overflowed step after step."""
 
 
 class CheckpointWriteError(OSError):

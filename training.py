@@ -11,6 +11,8 @@ Read top to bottom:
 - `CheckpointManager`: ckpt_<step>.pt files written atomically, the newest N kept, the newest readable one found
   on resume (falling back past a damaged file), interrupted writes cleaned up;
 - `StopRequest`: SIGTERM / SIGUSR1 / SIGINT finish the step, write a checkpoint and exit EXIT_STOPPED;
+- `DivergenceWatch` and `DivergedError`: a non-finite loss stops training with one line instead of going on with
+  NaN weights;
 - `fit`: the fine-tuning loop (epochs of micro-batches in accumulation groups, optimizer and schedule, logging),
   which the fine-tuning recipe (finetuning.py) calls with a task's batches and loss; pre-training has its own loop
   (steps, phases, exact resume) built from the same parts: trainer.Trainer.
@@ -149,6 +151,10 @@ def optimizer_step(optimizer: torch.optim.Optimizer, precision: Precision) -> bo
         optimizer.step()
     scaler.update(precision.static_loss_scale)
     return finite
+
+
+class DivergedError(cli.InputError):
+    """The loss became inf/NaN, or fp16 overflowed step after step."""
 
 
 class DivergenceWatch:
@@ -510,9 +516,11 @@ def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str
     epoch_batches(epoch) yields this process's micro-batches of one epoch (CPU tensors); groups of `accumulation`
     of them make one optimizer step (gradients all-reduced on the group's last micro-batch only). The schedule
     steps only when the optimizer did (an fp16 overflow skips both). The loss stays on the device until a log
-    step: one host sync every `log_freq` steps.
+    step: one host sync every `log_freq` steps. A non-finite loss (fp32/bf16) raises DivergedError naming its
+    step: on a CPU before that step's optimizer update, on a GPU at the next log step.
     """
     meter = Meter(env)
+    watch = DivergenceWatch(env.device)
     bar = logger.progress(total_steps, desc="train")
     step, epoch, last_loss = 0, 0, float("nan")
     model.train()
@@ -522,6 +530,10 @@ def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str
             for i, batch in enumerate(group):
                 losses += forward_backward(model, to_device(batch, env.device), loss_fn, precision, len(group),
                                            sync=i == len(group) - 1)[:1]
+            if not precision.scaler.is_enabled():  # fp16 overflows are the GradScaler's: those steps are skipped
+                watch.record(losses[0], step + 1)
+                if watch.every_step:  # on a CPU, before NaN gradients reach the weights
+                    _stop_if_diverged(watch)
             taken = optimizer_step(optimizer, precision)
             optimizer.zero_grad(set_to_none=True)
             if taken:
@@ -531,6 +543,7 @@ def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str
             step += 1
             bar.update(1)
             if step % log_freq == 0 or step == total_steps:
+                _stop_if_diverged(watch)  # on a GPU, read at log steps only: no host sync per step
                 last_loss = meter.mean_losses()[0]
                 logger.log(step, {"loss": last_loss, "learning_rate": optimizer.param_groups[0]["lr"],
                                   "epoch": epoch, "loss_scale": precision.loss_scale,
@@ -541,3 +554,11 @@ def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str
         epoch += 1
     bar.close()
     return FitResult(steps=step, loss=last_loss, seconds=meter.elapsed(), sequences=meter.run_sequences)
+
+
+def _stop_if_diverged(watch: DivergenceWatch) -> None:
+    """Fine-tuning with a non-finite loss ends here, before its NaN weights are evaluated or saved as a result."""
+    bad = watch.first()
+    if bad is not None:
+        raise DivergedError(f"the loss became non-finite at fine-tuning step {bad}: training diverged (lower "
+                            "--learning_rate, or try --precision fp32); nothing was evaluated or saved")

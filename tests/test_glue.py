@@ -496,6 +496,51 @@ def test_run_glue_errors(tmp_path, minilm_dir, shared_data):
                        str(tmp_path / "missing.pt"), "--output_dir", str(tmp_path), "--do_eval"])
 
 
+def test_diverged_fine_tuning_is_an_error_not_a_result(tmp_path, minilm_dir, shared_data):
+    """A learning rate of 1e30 makes the weights overflow after one update: the run stops with one line naming
+    the step, and writes no results.json that would report a NaN model's accuracy (a GPU run once wrote
+    acc 0.4908, every prediction one class, with exit status 0)."""
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit, match=r"^run_glue\.py: error: the loss became non-finite at fine-tuning step \d+"):
+        _run(out, minilm_dir, "sst-2", shared_data / "glue-sst2", "--do_train", "--do_eval", "--learning_rate",
+             "1e30", "--warmup_proportion", "0", "--max_train_examples", "64", "--max_eval_examples", "16",
+             "--max_steps", "4", "--train_batch_size", "16", "--skip_checkpoint")
+    assert not (out / "results.json").exists()
+
+
+def test_nan_probe_finds_the_first_non_finite_micro_batch(tmp_path, minilm_dir, shared_data):
+    """bench/nan_probe.py on the same diverging run: micro-batch 1 meets the real weights and is finite; its update
+    of about lr = 1e30 per weight makes micro-batch 2 overflow, in fp32 as well, which the replays must show; the
+    saved batch and weights load with weights_only=True and hold those enormous weights. A healthy run reports
+    first_bad null after all its micro-batches."""
+    from bench import nan_probe
+
+    glue = ["--task_name", "sst-2", "--data_dir", str(shared_data / "glue-sst2"), "--init_checkpoint",
+            str(minilm_dir), "--do_lower_case", "--do_train", "--warmup_proportion", "0", "--max_train_examples",
+            "64", "--train_batch_size", "16", "--max_steps", "3", "--skip_checkpoint", "--disable_progress_bar",
+            "--seed", "2"]
+    report = nan_probe.main(["--out", str(tmp_path / "bad"), "--", *glue, "--output_dir", str(tmp_path / "o1"),
+                             "--learning_rate", "1e30"])
+    assert report["first_bad"] == 2
+    assert not math.isfinite(report["loss"]) and report["bad_parameters"]
+    assert report["replays"]["as_run"]["loss_finite"] is False and report["replays"]["fp32"]["loss_finite"] is False
+    assert not any(name.startswith("sdpa_") for name in report["replays"])  # GPU-only replays
+    saved = torch.load(tmp_path / "bad" / "bad_batch.pt", weights_only=True)
+    assert saved["batch"]["input_ids"].shape[0] == 16
+    assert max(float(v.abs().max()) for v in saved["model"].values() if v.is_floating_point()) > 1e25
+    healthy = nan_probe.main(["--out", str(tmp_path / "good"), "--", *glue, "--output_dir", str(tmp_path / "o2"),
+                              "--learning_rate", "1e-4"])
+    assert healthy == {"first_bad": None, "micro_batches": 3}
+    # an infinite learning rate: micro-batch 1 is finite, and it is the update after it that breaks the weights
+    broken = nan_probe.main(["--out", str(tmp_path / "update"), "--", *glue, "--output_dir", str(tmp_path / "o3"),
+                             "--learning_rate", "inf"])
+    assert broken["first_bad_update"] == 1 and broken["learning_rate"] == math.inf
+    assert "bert.embeddings.word_embeddings.weight" in broken["bad_parameters"]
+    assert all(math.isfinite(g) for g in broken["their_grad_max_abs"])
+    saved = torch.load(tmp_path / "update" / "bad_update.pt", weights_only=True)
+    assert all(torch.isfinite(w).all() for w in saved["weights_before"])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Launcher presets: every flag they produce is one run_glue.py knows, and the values parse
 

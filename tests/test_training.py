@@ -159,3 +159,37 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     assert all({"loss", "learning_rate", "epoch", "loss_scale"} <= r["data"].keys() for r in records)
     assert records[-1]["data"]["loss"] < records[0]["data"]["loss"]
     assert result.steps == 6 and result.sequences == 2 * 64 and result.loss == records[-1]["data"]["loss"]
+
+
+@pytest.mark.parametrize("every_step", [True, False], ids=["cpu-checks-every-step", "gpu-checks-at-log-steps"])
+def test_fit_stops_at_a_non_finite_loss(tmp_path, monkeypatch, every_step):
+    """A NaN in the third micro-batch makes step 3's loss NaN: fit raises DivergedError naming step 3. Read every
+    step (the CPU's way), the NaN gradients never reach the weights; read at log steps (the GPU's way: no host
+    sync per step) it is still step 3 that is named, at the log step after it."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 4)
+    x[16] = float("nan")  # micro-batch 3 of 8 rows
+    y = (x[:, 0] > 0).long()
+    batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 40, 8)]
+    model = torch.nn.Linear(4, 2)
+    env = distributed.DistEnv()
+    _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    ce = lambda m, b: torch.nn.functional.cross_entropy(m(b["input_ids"]), b["labels"])  # noqa: E731
+
+    class Watch(training.DivergenceWatch):  # the device decides every_step; here the test does
+        def __init__(self, device):
+            super().__init__(device)
+            self.every_step = every_step
+
+    monkeypatch.setattr(training, "DivergenceWatch", Watch)
+    with pytest.raises(training.DivergedError, match="non-finite at fine-tuning step 3:"):
+        training.fit(model, lambda epoch: batches, ce, optimizer, scheduler, precision, env, logger,
+                     total_steps=5, accumulation=1, log_freq=2)
+    logger.close()
+    if every_step:
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+    else:  # step 3 was taken before the log step read the flag at step 4
+        assert not all(torch.isfinite(p).all() for p in model.parameters())
