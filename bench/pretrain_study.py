@@ -303,6 +303,21 @@ def make_random_init(config: dict, vocab: Path, seed: int, out_dir: Path) -> Pat
     return path
 
 
+def write_finetune_config(config: dict, dropout: float, out_dir: Path) -> Path:
+    """out_dir/finetune_config_dropout<P>.json: the pre-trained checkpoint's config with hidden_dropout_prob and
+    attention_probs_dropout_prob set to P (the name carries P, so a study's reuse check tells dropouts apart)."""
+    from modeling import BertConfig
+
+    if not 0.0 <= dropout < 1.0:
+        raise SystemExit(f"pretrain_study: --finetune_dropout {dropout}: give a probability in [0, 1)")
+    bert_config = BertConfig.from_dict({**config, "hidden_dropout_prob": dropout,
+                                        "attention_probs_dropout_prob": dropout},
+                                       source="the pre-trained checkpoint's config")
+    path = out_dir / f"finetune_config_dropout{dropout:g}.json"
+    bert_config.to_json_file(path)
+    return path
+
+
 def checkpoint_config(path: str | os.PathLike) -> dict:
     import torch
 
@@ -459,6 +474,11 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--max_eval_examples", type=int, default=None)
     g.add_argument("--max_steps", type=int, default=-1)
     g.add_argument("--max_seq_length", type=int, default=128)
+    g.add_argument("--finetune_dropout", type=float, default=None,
+                   help="fine-tune the pre-trained and random models with both dropouts at this value (BERT's "
+                        "0.1), through a copy of the checkpoint's config given to run_glue.py as --config_file "
+                        "(None: the checkpoint's own config, as studies 1-9 ran: a pre-training config with "
+                        "dropout 0 fine-tuned without dropout)")
     g.add_argument("--glue_threads", type=int, default=1, help="threads per fine-tuning run")
     g.add_argument("--parallel", type=int, default=1, help="fine-tuning runs at a time")
     g.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-mrpc/, glue-sst2/")
@@ -511,9 +531,16 @@ def main(argv: list[str] | None = None) -> dict:
             log(f"pretrain_study: random initialisation (seed {args.random_init_seed}) -> {random_ckpt}")
     inits = {"pretrained": pre["checkpoint"] if pre else None, "random": random_ckpt,
              "minilm": args.minilm_checkpoint}
+    finetune_config = None
+    if args.finetune_dropout is not None and state is not None:
+        finetune_config = write_finetune_config(checkpoint_config(state["checkpoint"]), args.finetune_dropout,
+                                                args.out)
+        log(f"pretrain_study: fine-tuning config with dropout {args.finetune_dropout} -> {finetune_config}")
     model_settings = {m: {"learning_rate": args.minilm_lr if m == "minilm" else args.small_lr,
                           "batch_size": args.minilm_batch if m == "minilm" else args.small_batch,
-                          "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)"}
+                          "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)",
+                          "config_file": str(finetune_config) if finetune_config and m != "minilm" else
+                          "the checkpoint's"}
                       for m in models}
 
     # 3: fine-tuning
@@ -530,7 +557,8 @@ def main(argv: list[str] | None = None) -> dict:
                 batch=model_settings[model]["batch_size"], lr=model_settings[model]["learning_rate"],
                 seq=args.max_seq_length, max_train=settings["max_train"], max_eval=args.max_eval_examples,
                 max_steps=args.max_steps, threads=args.glue_threads, parallel=args.parallel,
-                vocab=args.vocab if model != "minilm" else None, data_dir=data_dir)
+                vocab=args.vocab if model != "minilm" else None, data_dir=data_dir,
+                config_file=finetune_config if model != "minilm" else None)
             summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)), log)
             results[task][model] = su.stats_of(summary)
             details[task][model] = su.seed_details(summary)
@@ -557,7 +585,7 @@ def main(argv: list[str] | None = None) -> dict:
               "pretraining_warnings": state.get("warnings", []) if state else [],
               "pretraining_wall_seconds": state.get("wall_seconds") if state else None,
               "random_init": {"checkpoint": str(random_ckpt), "seed": args.random_init_seed} if random_ckpt else None,
-              "finetuning": {"seeds": seeds, "model_settings": model_settings,
+              "finetuning": {"seeds": seeds, "model_settings": model_settings, "dropout": args.finetune_dropout,
                              "task_settings": {t: task_settings(args, t) for t in tasks},
                              "max_seq_length": args.max_seq_length, "results": results, "baselines": baselines,
                              "per_seed": details, "sources": sources},

@@ -164,7 +164,7 @@ def beats(a: dict, b: dict) -> dict[str, Any]:
 # run_glue.py flags that make two stability runs comparable (--seed, --output_dir and file locations excluded)
 SETTING_FLAGS = {"--task_name": str, "--num_train_epochs": float, "--train_batch_size": int, "--learning_rate": float,
                  "--max_seq_length": int, "--max_train_examples": int, "--max_eval_examples": int,
-                 "--max_steps": int}
+                 "--max_steps": int, "--config_file": str}  # the config: pretrain_study names it by its dropout
 
 
 def settings_of(command: list[str]) -> dict[str, Any]:
@@ -181,8 +181,10 @@ def settings_of(command: list[str]) -> dict[str, Any]:
 def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], out: Path, *, epochs: float,
                    batch: int, lr: float, seq: int, max_train: int | None, max_eval: int | None, max_steps: int,
                    threads: int, parallel: int, vocab: str | os.PathLike | None = None,
-                   data_dir: str | os.PathLike | None = None) -> list[str]:
-    """bench.stability's command line for one (model, task)."""
+                   data_dir: str | os.PathLike | None = None,
+                   config_file: str | os.PathLike | None = None) -> list[str]:
+    """bench.stability's command line for one (model, task); config_file: run_glue.py's --config_file (None: the
+    config inside or beside the checkpoint)."""
     argv = ["--task", task, "--seeds", ",".join(map(str, seeds)), "--epochs", str(epochs), "--batch_size",
             str(batch), "--learning_rate", str(lr), "--max_seq_length", str(seq), "--threads", str(threads),
             "--parallel", str(parallel), "--out", str(out)]
@@ -192,6 +194,8 @@ def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], 
         argv += ["--vocab_file", str(vocab)]
     if data_dir is not None:
         argv += ["--data_dir", str(data_dir)]
+    if config_file is not None:
+        argv += ["--config_file", str(config_file)]
     if max_train is not None:
         argv += ["--max_train_examples", str(max_train)]
     if max_eval is not None:
@@ -209,7 +213,8 @@ def expected_settings(argv: list[str]) -> dict[str, Any]:
             "--max_seq_length": int(values["--max_seq_length"]),
             "--max_train_examples": int(values["--max_train_examples"]) if "--max_train_examples" in values else None,
             "--max_eval_examples": int(values["--max_eval_examples"]) if "--max_eval_examples" in values else None,
-            "--max_steps": int(values["--max_steps"]) if "--max_steps" in values else None}
+            "--max_steps": int(values["--max_steps"]) if "--max_steps" in values else None,
+            "--config_file": values.get("--config_file")}
 
 
 def differences(summary: dict, argv: list[str]) -> list[str]:

@@ -328,6 +328,32 @@ def test_pretrain_study_second_call_reuses_everything(tiny_study, monkeypatch):
     # other fine-tuning settings are not reused: bench.stability is asked to run (and refused here)
     with pytest.raises(AssertionError, match="nothing should run here"):
         pretrain_study.main([*argv, "--small_lr", "1e-3"])
+    with pytest.raises(AssertionError, match="nothing should run here"):  # nor another fine-tuning dropout
+        pretrain_study.main([*argv, "--finetune_dropout", "0.1"])
+
+
+def test_pretrain_study_fine_tunes_with_the_dropout_asked_for(tiny_study, tmp_path):
+    """--finetune_dropout 0.25: the pre-trained and random models fine-tune through a copy of the checkpoint's
+    config in which only the two dropouts are 0.25, given to every run_glue.py command as --config_file; a second
+    call with the same flag reuses those runs."""
+    root, argv, first = tiny_study
+    argv = [a.replace(str(root / "study"), str(tmp_path / "study")) for a in argv]
+    argv += ["--pretrain_run", str(next(p for p in (root / "study" / "pretrain").glob("run_*") if p.is_dir())),
+             "--vocab", str(root / "study" / "pretrain" / "vocab.txt"), "--finetune_dropout", "0.25"]
+    report = pretrain_study.main(argv)
+    config = tmp_path / "study" / "finetune_config_dropout0.25.json"
+    written, inside = json.loads(config.read_text()), torch.load(first["pretraining"]["checkpoint"],
+                                                                  weights_only=True)["config"]
+    assert inside["hidden_dropout_prob"] != 0.25 and inside["attention_probs_dropout_prob"] != 0.25
+    assert written == {**inside, "hidden_dropout_prob": 0.25, "attention_probs_dropout_prob": 0.25}
+    for model in ("pretrained", "random"):
+        summary = json.loads((tmp_path / "study" / f"{model}_mrpc" / "stability_mrpc.json").read_text())
+        command = summary["runs"][0]["command"]
+        assert command[command.index("--config_file") + 1] == str(config)
+        assert report["finetuning"]["model_settings"][model]["config_file"] == str(config)
+    assert report["finetuning"]["dropout"] == 0.25
+    again = pretrain_study.main(argv)
+    assert all(s["reused"] for s in again["finetuning"]["sources"].values())
 
 
 # --------------------------------------------------------------------------------------------------------------
