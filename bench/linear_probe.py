@@ -7,8 +7,8 @@ already hold, before any fine-tuning.
 Fine-tuning moves every weight, so "the pre-trained model fine-tunes no better than random initialisation" can
 mean two things: its features hold nothing the task needs, or the fine-tuning does not use what they hold. The probe
 tells them apart. Each checkpoint's encoder runs once over the task's train and dev sentences (fp32, eval mode, no
-gradient) and gives two features per sentence: the last layer's vector at [CLS] and the mean of its vectors over
-the real tokens. A logistic regression (scikit-learn, on standardised features) is fitted on the training
+gradient) and gives two features per sentence: one layer's (--layer, the last by default) vector at [CLS] and the
+mean of its vectors over the real tokens. A logistic regression (scikit-learn, on standardised features) is fitted on the training
 sentences, its inverse regularisation C chosen from --cs on the last --holdout of them, then refitted on all of
 them and scored on dev. The same code, data and classifier for every checkpoint, side by side with the
 majority class; JSON out and a Markdown table printed.
@@ -31,10 +31,11 @@ DATA = REPO.parent / "shared" / "data"
 FOLDER = {"sst-2": "glue-sst2", "cola": "glue-cola"}
 
 
-def sentence_features(model, encoded, batch_size: int = 128) -> dict[str, np.ndarray]:
-    """{"cls": [N, H], "mean": [N, H]} float32: the last layer at [CLS], and its mean over each sentence's real
-    tokens, from a bare BertModel in eval mode over `encoded` (processors.glue.EncodedExamples). Batches are
-    length-sorted (little padding); rows come back in the examples' order."""
+def sentence_features(model, encoded, batch_size: int = 128, layer: int = -1) -> dict[str, np.ndarray]:
+    """{"cls": [N, H], "mean": [N, H]} float32: one encoder layer's output (`layer` counts as extract_features.py's
+    --layers: -1 the last, 0 the first layer's output) at [CLS], and its mean over each sentence's real tokens, from
+    a bare BertModel in eval mode over `encoded` (processors.glue.EncodedExamples). Batches are length-sorted
+    (little padding); rows come back in the examples' order."""
     from finetuning import length_sorted_batches, pad_sequences
 
     n, hidden = len(encoded), model.config.hidden_size
@@ -43,7 +44,8 @@ def sentence_features(model, encoded, batch_size: int = 128) -> dict[str, np.nda
     with torch.no_grad():
         for idx in length_sorted_batches(encoded.lengths, batch_size):
             batch = pad_sequences([encoded.example(i) for i in idx], (len(idx),))
-            seq = model(**batch)[0]  # [B, S, H]: the last layer's output (padding positions are masked below)
+            states = model(**batch, output_hidden_states=True).hidden_states  # embeddings, then each layer
+            seq = states[1:][layer]  # [B, S, H] (padding positions are masked below)
             mask = batch["attention_mask"].unsqueeze(-1).to(seq.dtype)  # [B, S, 1]
             out["cls"][idx] = seq[:, 0].float().numpy()
             out["mean"][idx] = ((seq * mask).sum(1) / mask.sum(1)).float().numpy()  # [B, H]
@@ -90,6 +92,7 @@ def _main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max_train_examples", type=int, default=None)
     p.add_argument("--max_eval_examples", type=int, default=None)
     p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--layer", type=int, default=-1, help="the encoder layer probed: -1 the last, 0 the first")
     p.add_argument("--cs", default="0.001,0.01,0.1,1", help="inverse regularisation strengths to choose from")
     p.add_argument("--holdout", type=float, default=0.1, help="share of train that chooses C")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: the default)")
@@ -119,7 +122,10 @@ def _main(argv: list[str] | None = None) -> dict:
         tokenizer = BertTokenizer(str(vocab), do_lower_case=True)
         model = from_pretrained(BertModel, path, config=args.config_file, log=None)
         t0 = time.time()
-        feats = {split: (sentence_features(model, enc), enc.labels) for split, enc in
+        layers = model.config.num_hidden_layers
+        if not -layers <= args.layer < layers:
+            raise InputError(f"--layer {args.layer}: {name} has {layers} layers ({-layers}..{layers - 1})")
+        feats = {split: (sentence_features(model, enc, layer=args.layer), enc.labels) for split, enc in
                  (("train", encode_examples(train, tokenizer, args.max_seq_length, task)),
                   ("dev", encode_examples(dev, tokenizer, args.max_seq_length, task)))}
         results[name] = {"checkpoint": str(path), "features_seconds": round(time.time() - t0, 1)}
@@ -130,16 +136,27 @@ def _main(argv: list[str] | None = None) -> dict:
     majority = float(max(np.mean(dev_labels == k) for k in range(len(task.labels))))
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.linear_probe",
                                                                   *(argv if argv is not None else sys.argv[1:])],
-              "task": args.task, "train_examples": len(train), "dev_examples": len(dev), "majority": majority,
+              "task": args.task, "layer": args.layer, "train_examples": len(train), "dev_examples": len(dev), "majority": majority,
               "results": results, "wall_seconds": round(time.time() - started, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
+    return report
+
+
+def markdown(report: dict) -> str:
+    """The probe's table: dev accuracy of each checkpoint's [CLS] and mean-of-tokens features, beside the majority
+    class, with the layer, the data sizes and the command under it."""
+    cmd = report["command"]
+    layer = report.get("layer", cmd[cmd.index("--layer") + 1] if "--layer" in cmd else -1)
     lines = ["| checkpoint | dev acc., [CLS] | dev acc., mean of tokens | C ([CLS], mean) |", "|---|---|---|---|"]
     lines += [f"| {n} | {r['cls']['dev_accuracy']:.4f} | {r['mean']['dev_accuracy']:.4f} | {r['cls']['C']:g}, "
-              f"{r['mean']['C']:g} |" for n, r in results.items()]
-    lines.append(f"| majority class | {majority:.4f} | {majority:.4f} | |")
-    print("\n".join(lines))
-    return report
+              f"{r['mean']['C']:g} |" for n, r in report["results"].items()]
+    lines.append(f"| majority class | {report['majority']:.4f} | {report['majority']:.4f} | |")
+    lines += ["", f"{report['task'].upper()}, layer {layer}, {report['train_examples']} training and "
+              f"{report['dev_examples']} dev sentences, {report['date']}, {report['wall_seconds']} s. Command: "
+              f"`python -m bench.linear_probe {' '.join(cmd[3:])}`."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

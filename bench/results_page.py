@@ -11,6 +11,7 @@ Inputs (each can be named on its own; by default under --studies):
     scaling/scaling_study.json        python -m bench.scaling_study --out <studies>/scaling ...
     sweep/sweep.json                  python -m bench.pretrain_sweep --out <studies>/sweep ... (--sweep: repeatable)
     vs_transformers/vs_transformers.json  python -m bench.pretrain_vs_transformers --out <studies>/vs_transformers ...
+    --linear_probe F (repeatable, no default)  python -m bench.linear_probe --out F ...
 A study whose file is absent is listed as "not run" with the path looked at; the page is still written. Seed
 tables follow NVIDIA's README (each seed's score, then mean and standard deviation, in percent); the plots are
 drawn again from the numbers in the JSON files, so the page does not depend on the studies' own PNGs.
@@ -159,6 +160,18 @@ def gpu_section(paths: list[Path], plots: Path, page_dir: Path, heading: str) ->
     return text.splitlines() + [f"From {', '.join(f'`{p}`' for p in paths)}.", ""]
 
 
+def linear_probe_section(paths: list[Path], heading: str) -> list[str]:
+    """bench.linear_probe's reports (every --linear_probe file), each its own table."""
+    from bench import linear_probe
+
+    lines = [f"{heading} Frozen-feature linear probes (bench.linear_probe)", ""]
+    if not paths:
+        return lines + ["Not run: no --linear_probe file given (see bench/linear_probe.py).", ""]
+    for path in paths:
+        lines += linear_probe.markdown(json.loads(path.read_text())).splitlines() + ["", f"From `{path}`.", ""]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=su.HelpFormatter)
@@ -177,6 +190,8 @@ def main(argv: list[str] | None = None) -> str:
                    help="None: <studies>/vs_transformers/vs_transformers.json")
     p.add_argument("--gpu_study", type=Path, action="append", default=None,
                    help="a bench.gpu_study run's gpu_study.json (its <run>.log.json files beside it), repeatable")
+    p.add_argument("--linear_probe", type=Path, action="append", default=None,
+                   help="a bench.linear_probe report, repeatable")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
     p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
     args = p.parse_args(argv)
@@ -216,6 +231,7 @@ def main(argv: list[str] | None = None) -> str:
     lines += table_and_plot_section(pretrain_vs_transformers, found["vs_transformers"], paths["vs_transformers"], plots,
                                     page_dir, "##", "Ours against transformers", "vs_transformers")
     lines += gpu_section(args.gpu_study or [], plots, page_dir, "##")
+    lines += linear_probe_section(args.linear_probe or [], "##")
     text = "\n".join(lines).rstrip() + "\n"
     args.out.write_text(text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")

@@ -26,6 +26,13 @@ def test_features_are_the_cls_vector_and_the_masked_mean(minilm_dir, shared_data
             seq = model(ids, types)[0][0]  # [L, H]
         torch.testing.assert_close(torch.from_numpy(got["cls"][i]), seq[0], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(got["mean"][i]), seq.mean(0), rtol=1e-4, atol=1e-5)
+    # --layer 0: the first encoder layer's output, i.e. that layer applied to the embeddings
+    first = linear_probe.sentence_features(model, encoded, batch_size=16, layer=0)
+    ids, types = (torch.from_numpy(a).long()[None] for a in encoded.example(3))
+    with torch.no_grad():
+        x = model.embeddings(ids, types)  # [1, L, H]
+        layer0 = model.encoder.layer[0](x, None)[0]  # [L, H]
+    torch.testing.assert_close(torch.from_numpy(first["mean"][3]), layer0.mean(0), rtol=1e-4, atol=1e-5)
 
 
 def test_probe_reads_sentiment_from_minilm_and_not_from_random_weights(tmp_path, minilm_dir, shared_data):

@@ -478,6 +478,29 @@ def test_results_page_says_not_run_for_absent_studies(tmp_path):
     assert (tmp_path / "RESULTS.md").read_text() == text
 
 
+def test_results_page_renders_linear_probes(tmp_path):
+    """Each --linear_probe report becomes its own table: every checkpoint's two dev accuracies and chosen Cs, the
+    majority class, the layer and the command, in the file's order."""
+    reports = []
+    for layer, acc in ((0, 0.664), (-1, 0.633)):
+        report = {"date": "2026-11-27 12:00", "command": ["python", "-m", "bench.linear_probe", "--checkpoint",
+                                                          "pretrained=p.pt", "--layer", str(layer)],
+                  "task": "sst-2", "layer": layer, "train_examples": 20000, "dev_examples": 872, "majority": 0.5092,
+                  "results": {"pretrained": {"cls": {"dev_accuracy": acc, "C": 0.1},
+                                             "mean": {"dev_accuracy": 0.6445, "C": 0.01}}},
+                  "wall_seconds": 12.5}
+        reports.append(tmp_path / f"probe{layer}.json")
+        reports[-1].write_text(json.dumps(report))
+    text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(tmp_path / "RESULTS.md"),
+                              "--linear_probe", str(reports[0]), "--linear_probe", str(reports[1])])
+    section = text.split("## Frozen-feature linear probes (bench.linear_probe)")[1]
+    assert section.index("| pretrained | 0.6640 | 0.6445 | 0.1, 0.01 |") < section.index(
+        "| pretrained | 0.6330 | 0.6445 | 0.1, 0.01 |")
+    assert section.count("| majority class | 0.5092 | 0.5092 | |") == 2
+    assert "SST-2, layer 0, 20000 training and 872 dev sentences" in section and "SST-2, layer -1," in section
+    assert "`python -m bench.linear_probe --checkpoint pretrained=p.pt --layer 0`" in section
+
+
 def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
     no_training(monkeypatch)
     studies = tmp_path / "studies"
