@@ -126,6 +126,20 @@ def test_checkpoint_manager_keeps_newest_and_falls_back(tmp_path):
     assert not list(tmp_path.glob(".ckpt_*"))
 
 
+def fit_parts(model: torch.nn.Module, tmp_path, lr: float):
+    """What fit() needs beside the model and its batches: fp32 on this CPU, plain SGD at a constant rate, a log."""
+    env = distributed.DistEnv()
+    _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    return env, precision, optimizer, scheduler, logger
+
+
+def cross_entropy(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(batch["input_ids"]), batch["labels"])
+
+
 def test_fit_learns_and_logs_on_the_device(tmp_path):
     """A linear classifier trained by fit() with accumulation: the loss falls, every log line has the shared keys,
     and the step count follows epochs, batches and accumulation."""
@@ -143,15 +157,10 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     y = (x[:, 0] > 0).long()
     batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]  # 8 micro-batches
     model = Linear()
-    env = distributed.DistEnv()
-    _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
-    ce = lambda m, b: torch.nn.functional.cross_entropy(m(b["input_ids"]), b["labels"])  # noqa: E731
+    env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.5)
     total = finetuning.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
     assert total == 6  # ceil(8 / 3) = 3 steps an epoch (the last one of 2 micro-batches)
-    result = training.fit(model, lambda epoch: batches, ce, optimizer, scheduler, precision, env, logger,
+    result = training.fit(model, lambda epoch: batches, cross_entropy, optimizer, scheduler, precision, env, logger,
                           total_steps=total, accumulation=3, log_freq=2)
     logger.close()
     records = [json.loads(line) for line in (tmp_path / "log.json").read_text().splitlines()]
@@ -172,12 +181,7 @@ def test_fit_stops_at_a_non_finite_loss(tmp_path, monkeypatch, every_step):
     y = (x[:, 0] > 0).long()
     batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 40, 8)]
     model = torch.nn.Linear(4, 2)
-    env = distributed.DistEnv()
-    _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
-    ce = lambda m, b: torch.nn.functional.cross_entropy(m(b["input_ids"]), b["labels"])  # noqa: E731
+    env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.1)
 
     class Watch(training.DivergenceWatch):  # the device decides every_step; here the test does
         def __init__(self, device):
@@ -186,7 +190,7 @@ def test_fit_stops_at_a_non_finite_loss(tmp_path, monkeypatch, every_step):
 
     monkeypatch.setattr(training, "DivergenceWatch", Watch)
     with pytest.raises(training.DivergedError, match="non-finite at fine-tuning step 3:"):
-        training.fit(model, lambda epoch: batches, ce, optimizer, scheduler, precision, env, logger,
+        training.fit(model, lambda epoch: batches, cross_entropy, optimizer, scheduler, precision, env, logger,
                      total_steps=5, accumulation=1, log_freq=2)
     logger.close()
     if every_step:
