@@ -418,7 +418,9 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
     lines += ["", "Fine-tuning settings: " + "; ".join(f"{m}: lr {s['learning_rate']}, batch {s['batch_size']}"
                                                        for m, s in ft["model_settings"].items()) +
               "; " + "; ".join(f"{t}: {s['epochs']} epoch(s), {s['max_train'] or 'all'} training examples"
-                               for t, s in ft["task_settings"].items()) + f"; sequence {ft['max_seq_length']}.", ""]
+                               for t, s in ft["task_settings"].items()) + f"; sequence {ft['max_seq_length']}"
+              + (f"; dropout {ft['dropout']} in fine-tuning (the checkpoint's config with both dropouts changed)"
+                 if ft.get("dropout") is not None else "") + ".", ""]
     for name, src in ft["sources"].items():
         lines.append(f"- {name}: `{src['source']}`{' (reused)' if src['reused'] else ''}"
                      + (f"; warnings: {'; '.join(src['warnings'])}" if src["warnings"] else ""))

@@ -44,3 +44,54 @@ def test_two_seeds_of_mrpc_run_and_aggregate(tmp_path, shared_data, minilm_dir, 
     with pytest.raises(RuntimeError, match="a run started"):
         stability.main([*common, "--seeds", "3,4", "--learning_rate", "2e-4"])
     assert len(launches) == 1 and "0.0002" in launches[0]
+
+
+def test_gpu_finetune_call_runs_every_group_on_a_cpu(tmp_path, shared_data, uncased_vocab):
+    """bench/gpu_finetune_call.sh, the device call's script, run here at the tiniest size (1 seed, 40 sentences a
+    task, a 1-layer model): every group finishes, each through bench.stability with the checkpoint and dropout
+    config its name says, and ft.tar.xz holds every group's summary for the trip back."""
+    import subprocess
+    import sys
+    import tarfile
+
+    import torch
+
+    from modeling import BertConfig, BertForPreTraining
+
+    ft = tmp_path / "ft"
+    for task in ("sst2", "mrpc"):
+        (ft / f"glue-{task}").mkdir(parents=True)
+        for split in ("train", "dev"):
+            lines = (shared_data / f"glue-{task}" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:41]
+            (ft / f"glue-{task}" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64)
+    for name, seed in (("pre", 1), ("rand", 2)):
+        torch.manual_seed(seed)
+        torch.save({"model": BertForPreTraining(config).state_dict(), "config": config.to_dict()}, ft / f"{name}.pt")
+    for name, p in (("drop01", 0.1), ("drop0", 0.0)):
+        (ft / f"{name}.json").write_text(json.dumps({**config.to_dict(), "hidden_dropout_prob": p,
+                                                      "attention_probs_dropout_prob": p}))
+    (ft / "vocab.txt").write_bytes(uncased_vocab.read_bytes())
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"OUT": str(out), "FT": str(ft), "SEEDS": "1", "DEADLINE": "400", "PY": sys.executable,
+           "WORK": str(tmp_path / "work"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    repo = stability.REPO
+    done = subprocess.run(["bash", str(repo / "bench" / "gpu_finetune_call.sh")], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (out / "call.log").read_text()
+    groups = ["sst2_pre_d01", "sst2_rand_d01", "sst2_pre_d0", "sst2_rand_d0", "sst2_pre_d01_1e-4",
+              "sst2_rand_d01_1e-4", "mrpc_pre_d01_1e-4", "mrpc_rand_d01_1e-4", "mrpc_pre_d01_2e-4",
+              "mrpc_rand_d01_2e-4"]
+    assert all(f"end {g} (exit 0)" in log for g in groups) and "call done" in log
+    with tarfile.open(out / "ft.tar.xz") as tar:
+        for group in groups:
+            task = "sst-2" if group.startswith("sst2") else "mrpc"
+            summary = json.load(tar.extractfile(f"./{group}/stability_{task}.json"))
+            cmd = summary["runs"][0]["command"]
+            model, dropout = group.split("_")[1], group.split("_")[2]
+            assert cmd[cmd.index("--init_checkpoint") + 1] == f"{ft}/{model}.pt"
+            assert cmd[cmd.index("--config_file") + 1] == f"{ft}/{'drop01' if dropout == 'd01' else 'drop0'}.json"
+            assert cmd[cmd.index("--learning_rate") + 1] == ("0.0001" if group.endswith("1e-4") else "0.0002")

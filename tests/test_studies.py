@@ -352,6 +352,7 @@ def test_pretrain_study_fine_tunes_with_the_dropout_asked_for(tiny_study, tmp_pa
         assert command[command.index("--config_file") + 1] == str(config)
         assert report["finetuning"]["model_settings"][model]["config_file"] == str(config)
     assert report["finetuning"]["dropout"] == 0.25
+    assert "; dropout 0.25 in fine-tuning" in (tmp_path / "study" / "pretrain_study.md").read_text()
     again = pretrain_study.main(argv)
     assert all(s["reused"] for s in again["finetuning"]["sources"].values())
 
