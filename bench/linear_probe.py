@@ -16,7 +16,6 @@ majority class; JSON out and a Markdown table printed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from atomic_io import atomic_write_json
 from cli import InputError, script_errors
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def _main(argv: list[str] | None = None) -> dict:
               "task": args.task, "layer": args.layer, "train_examples": len(train), "dev_examples": len(dev), "majority": majority,
               "results": results, "wall_seconds": round(time.time() - started, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(args.out, report)
     print(markdown(report))
     return report
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from atomic_io import atomic_torch_save, atomic_write_json
 from cli import script_errors
 
 REPLAYS = ("as_run", "fp32", "unpad_never", "unpad_always", "sdpa_math", "sdpa_efficient", "sdpa_flash",
@@ -106,10 +107,10 @@ def watch_steps(out: Path, original, names: dict[int, str]):
                   "bad_parameters": [names.get(id(params[i]), f"parameter {i}") for i in bad][:20],
                   "their_grad_max_abs": [float(params[i].grad.abs().max()) if params[i].grad is not None else None
                                          for i in bad][:20]}
-        torch.save({"weights_before": [t.cpu() for t in before],
-                    "grads": [None if p.grad is None else p.grad.detach().cpu() for p in params]},
-                   out / "bad_update.pt")
-        (out / "nan_probe.json").write_text(json.dumps(report, indent=2) + "\n")
+        atomic_torch_save({"weights_before": [t.cpu() for t in before],
+                           "grads": [None if p.grad is None else p.grad.detach().cpu() for p in params]},
+                          out / "bad_update.pt")
+        atomic_write_json(out / "nan_probe.json", report)
         raise FoundNonFinite(f"update {count[0]}")
 
     return optimizer_step
@@ -132,10 +133,10 @@ def watch(out: Path, original, names: dict[int, str]):
                   "device": str(batch["input_ids"].device), "precision": precision.name}
         cpu_batch = {k: v.detach().cpu() for k, v in batch.items()}
         weights = {k: v.detach().cpu() for k, v in bare(model).state_dict().items()}
-        torch.save({"batch": cpu_batch, "model": weights}, out / "bad_batch.pt")
+        atomic_torch_save({"batch": cpu_batch, "model": weights}, out / "bad_batch.pt")
         report["replays"] = {name: replay(name, model, batch, loss_fn, precision) for name in REPLAYS
                              if not name.startswith("sdpa_") or batch["input_ids"].is_cuda}
-        (out / "nan_probe.json").write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write_json(out / "nan_probe.json", report)
         raise FoundNonFinite(f"micro-batch {count[0]}")
 
     return forward_backward, count
@@ -167,7 +168,7 @@ def _main(argv: list[str] | None = None) -> dict:
     try:
         run_glue.main(glue_args + ["--debug"])  # --debug: run_glue's own errors keep their type and traceback
         report = {"first_bad": None, "micro_batches": count[0]}
-        (args.out / "nan_probe.json").write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write_json(args.out / "nan_probe.json", report)
     except FoundNonFinite:
         report = json.loads((args.out / "nan_probe.json").read_text())
     finally:
