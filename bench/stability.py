@@ -105,6 +105,7 @@ def run_seeds(args) -> list[dict]:
             log.close()
             del running[seed]
             if proc.returncode != 0:
+                stop_all(running)  # a failed study leaves no seed running on behind it
                 raise SeedFailed(f"seed {seed} failed (exit {proc.returncode}): see {args.out / f'seed_{seed}.log'}")
             results = json.loads((out_dir / "results.json").read_text())
             done[seed] = {"seed": seed, "score": score_of(results, args.task),
@@ -113,6 +114,20 @@ def run_seeds(args) -> list[dict]:
                   f"({done[seed]['seconds']} s)", flush=True)
         time.sleep(0.2)
     return [done[s] for s in args.seeds]
+
+
+def stop_all(running: dict) -> None:
+    """End the seeds still running (SIGTERM, then SIGKILL after 10 s) and close their logs."""
+    for proc, *_ in running.values():
+        proc.terminate()
+    for proc, _, _, _, log in running.values():
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    running.clear()
 
 
 def table(summary: dict) -> str:

@@ -46,6 +46,30 @@ def test_two_seeds_of_mrpc_run_and_aggregate(tmp_path, shared_data, minilm_dir, 
     assert len(launches) == 1 and "0.0002" in launches[0]
 
 
+def test_a_failed_seed_stops_the_seeds_running_beside_it(tmp_path, monkeypatch):
+    """Seed 1 fails at once while seed 2 would run for a minute: the study ends with SeedFailed naming seed 1's log,
+    and seed 2's process is ended, not left running behind it (a diverged fine-tuning now fails its seed)."""
+    import subprocess
+    import sys
+    import time
+
+    started = {}
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        seed = int(cmd[cmd.index("--seed") + 1])
+        code = "import sys; sys.exit(3)" if seed == 1 else "import time; time.sleep(60)"
+        started[seed] = real_popen([sys.executable, "-c", code], **kwargs)
+        return started[seed]
+
+    monkeypatch.setattr(stability.subprocess, "Popen", popen)
+    t0 = time.time()
+    with pytest.raises(stability.SeedFailed, match=r"seed 1 failed \(exit 3\): see .*seed_1\.log"):
+        stability._main(["--task", "mrpc", "--seeds", "2,1", "--parallel", "2", "--init_checkpoint",
+                         str(tmp_path), "--data_dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert started[2].poll() is not None and time.time() - t0 < 30
+
+
 def test_gpu_finetune_call_runs_every_group_on_a_cpu(tmp_path, shared_data, uncased_vocab):
     """bench/gpu_finetune_call.sh, the device call's script, run here at the tiniest size (1 seed, 40 sentences a
     task, a 1-layer model): every group finishes, each through bench.stability with the checkpoint and dropout
