@@ -8,10 +8,10 @@ Fine-tuning moves every weight, so "the pre-trained model fine-tunes no better t
 mean two things: its features hold nothing the task needs, or the fine-tuning does not use what they hold. The probe
 tells them apart. Each checkpoint's encoder runs once over the task's train and dev sentences (fp32, eval mode, no
 gradient) and gives two features per sentence: one layer's (--layer, the last by default) vector at [CLS] and the
-mean of its vectors over the real tokens. A logistic regression (scikit-learn, on standardised features) is fitted on the training
-sentences, its inverse regularisation C chosen from --cs on the last --holdout of them, then refitted on all of
-them and scored on dev. The same code, data and classifier for every checkpoint, side by side with the
-majority class; JSON out and a Markdown table printed.
+mean of its vectors over the real tokens. A logistic regression (scikit-learn, on standardised features) is
+fitted on the training sentences, its inverse regularisation C chosen from --cs on the last --holdout of them, then
+refitted on all of them and scored on dev. The same code, data and classifier for every checkpoint, side by side
+with the majority class; JSON out and a Markdown table printed.
 """
 from __future__ import annotations
 
@@ -136,7 +136,8 @@ def _main(argv: list[str] | None = None) -> dict:
     majority = float(max(np.mean(dev_labels == k) for k in range(len(task.labels))))
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.linear_probe",
                                                                   *(argv if argv is not None else sys.argv[1:])],
-              "task": args.task, "layer": args.layer, "train_examples": len(train), "dev_examples": len(dev), "majority": majority,
+              "task": args.task, "layer": args.layer, "train_examples": len(train), "dev_examples": len(dev),
+              "majority": majority,
               "results": results, "wall_seconds": round(time.time() - started, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, report)
