@@ -16,6 +16,7 @@ with the majority class; JSON out and a Markdown table printed.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -156,7 +157,7 @@ def markdown(report: dict) -> str:
     lines.append(f"| majority class | {report['majority']:.4f} | {report['majority']:.4f} | |")
     lines += ["", f"{report['task'].upper()}, layer {layer}, {report['train_examples']} training and "
               f"{report['dev_examples']} dev sentences, {report['date']}, {report['wall_seconds']} s. Command: "
-              f"`python -m bench.linear_probe {' '.join(cmd[3:])}`."]
+              f"`python -m bench.linear_probe {shlex.join(cmd[3:])}`."]
     return "\n".join(lines)
 
 
