@@ -331,10 +331,7 @@ class Trainer:
                 "stopped_by_signal": (self.stop.signal_name or "a signal on another rank") if stopped else None}
 
     def check_diverged(self) -> None:
-        bad = self.watch.first()
-        if bad is not None:
-            raise DivergedError(f"the loss became non-finite at step {bad}: training diverged (lower "
-                                f"--learning_rate); no checkpoint was written from that step on")
+        self.watch.check("step", "lower --learning_rate", "no checkpoint was written from that step on")
 
     # --- checkpoints
 

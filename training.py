@@ -177,6 +177,14 @@ class DivergenceWatch:
         step = int(self.first_bad)
         return None if step < 0 else step
 
+    def check(self, where: str, advice: str, consequence: str) -> None:
+        """Raise DivergedError once a loss was non-finite: "the loss became non-finite at <where> <step>: training
+        diverged (<advice>); <consequence>" (one host sync)."""
+        bad = self.first()
+        if bad is not None:
+            raise DivergedError(f"the loss became non-finite at {where} {bad}: training diverged ({advice}); "
+                                f"{consequence}")
+
 
 def weights_finite(model: torch.nn.Module) -> bool:
     """Every parameter finite (one host sync): checked before a checkpoint is written."""
@@ -558,7 +566,4 @@ def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str
 
 def _stop_if_diverged(watch: DivergenceWatch) -> None:
     """Fine-tuning with a non-finite loss ends here, before its NaN weights are evaluated or saved as a result."""
-    bad = watch.first()
-    if bad is not None:
-        raise DivergedError(f"the loss became non-finite at fine-tuning step {bad}: training diverged (lower "
-                            "--learning_rate, or try --precision fp32); nothing was evaluated or saved")
+    watch.check("fine-tuning step", "lower --learning_rate, or try --precision fp32", "nothing was evaluated or saved")

@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> dict:
     given = given_jsons(args)
 
     # 1-2: the two small models' checkpoints
-    pre, state, reused, pretrain_cmd, random_ckpt = None, None, None, None, None
+    pre, state, reused, pretrain_cmd, random_ckpt, finetune_config = None, None, None, None, None, None
     if "pretrained" in models or "random" in models:
         state, reused, pretrain_cmd = pretrained_run(args, log)
         pre = pretraining_report(state)
@@ -527,17 +527,16 @@ def main(argv: list[str] | None = None) -> dict:
             pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
                                                  pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])
             log(f"pretrain_study: context probe {pre['context_probe']}")
+        if "random" in models or args.finetune_dropout is not None:  # both start from the checkpoint's config
+            config = checkpoint_config(state["checkpoint"])
         if "random" in models:
-            random_ckpt = make_random_init(checkpoint_config(state["checkpoint"]), args.vocab,
-                                           args.random_init_seed, args.out / "random_init")
+            random_ckpt = make_random_init(config, args.vocab, args.random_init_seed, args.out / "random_init")
             log(f"pretrain_study: random initialisation (seed {args.random_init_seed}) -> {random_ckpt}")
+        if args.finetune_dropout is not None:
+            finetune_config = write_finetune_config(config, args.finetune_dropout, args.out)
+            log(f"pretrain_study: fine-tuning config with dropout {args.finetune_dropout} -> {finetune_config}")
     inits = {"pretrained": pre["checkpoint"] if pre else None, "random": random_ckpt,
              "minilm": args.minilm_checkpoint}
-    finetune_config = None
-    if args.finetune_dropout is not None and state is not None:
-        finetune_config = write_finetune_config(checkpoint_config(state["checkpoint"]), args.finetune_dropout,
-                                                args.out)
-        log(f"pretrain_study: fine-tuning config with dropout {args.finetune_dropout} -> {finetune_config}")
     model_settings = {m: {"learning_rate": args.minilm_lr if m == "minilm" else args.small_lr,
                           "batch_size": args.minilm_batch if m == "minilm" else args.small_batch,
                           "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)",

@@ -342,8 +342,8 @@ def test_pretrain_study_fine_tunes_with_the_dropout_asked_for(tiny_study, tmp_pa
              "--vocab", str(root / "study" / "pretrain" / "vocab.txt"), "--finetune_dropout", "0.25"]
     report = pretrain_study.main(argv)
     config = tmp_path / "study" / "finetune_config_dropout0.25.json"
-    written, inside = json.loads(config.read_text()), torch.load(first["pretraining"]["checkpoint"],
-                                                                  weights_only=True)["config"]
+    written = json.loads(config.read_text())
+    inside = torch.load(first["pretraining"]["checkpoint"], weights_only=True)["config"]
     assert inside["hidden_dropout_prob"] != 0.25 and inside["attention_probs_dropout_prob"] != 0.25
     assert written == {**inside, "hidden_dropout_prob": 0.25, "attention_probs_dropout_prob": 0.25}
     for model in ("pretrained", "random"):
