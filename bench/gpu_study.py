@@ -1,9 +1,20 @@
 """Issue 27, item 5: a small BERT (BERT-mini, BERT-small) pre-trained on one GPU in minutes, on the Wikipedia slice.
 
-Two sub-commands, one for each machine:
+Three sub-commands: one before the GPU call, one on the GPU machine, one after it:
 
+    python -m bench.gpu_study prepare --out .gpu_data        [--slice ../shared/data/wikipedia-en-slice/text]
     python -m bench.gpu_study run --text_dir T --eval_dir E --vocab V --config C --out OUT [--budget_s 300]
     python -m bench.gpu_study import --from OUT --to RUNS
+
+`prepare` (here, about five minutes on 2 cores): the folder that `run` and bench/gpu_study_call.sh read, made from
+the Wikipedia slice by the pipeline's own stages, as the CPU studies made theirs: `data.bertPrep` text_formatting and
+sharding (32 training shards, 2 held-out shards of whole articles, 2% of the text), a 16,000-piece vocabulary
+learned by `data.create_vocab --limit_alphabet 1000` from the training shards alone, and `data.bertPrep
+create_hdf5_files --phase 1` with it (sequence 128, 20 predictions, dupe factor 5). It keeps text/ (the training
+shards, xz), eval/ (the first held-out HDF5 shard: the first --eval_samples sequences `run` evaluates on), vocab.txt,
+BERT-mini's and BERT-small's configs for that vocabulary (Turc et al.'s shapes, dropout 0.1), glue.tar.xz (MRPC's
+and SST-2's train.tsv and dev.tsv) and PREPARED.json (the command, the sizes, and the held-out set's prediction slots
+and unigram entropy, which equal the CPU studies' when the vocabulary is learned anew byte for byte).
 
 `run` (on the GPU machine; also runs on a CPU with tiny settings, which is how the tests check it):
 1. Data: T holds the slice's training text shards (one sentence per line, a blank line between articles), plain or
@@ -320,6 +331,127 @@ def markdown(studies: list[tuple[Path, dict]], heading: str = "##", image: str |
     return "\n".join(lines)
 
 
+# Turc et al.'s shapes (BERT-Mini: L=4, H=256; BERT-Small: L=4, H=512), with BERT's dropout; vocab_size is set by
+# `prepare` from the learned vocabulary.
+SHAPES = {"mini": {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
+          "small": {"hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048}}
+
+
+def shape_configs(vocab_entries: int, out: Path) -> list[Path]:
+    """bert-<shape>-<N>k.json for each of SHAPES: 4 layers, dropout 0.1, vocab_size = the vocabulary's entries
+    rounded up to a multiple of 8 (what run_pretraining.py --vocab_file accepts)."""
+    from modeling import BertConfig
+
+    vocab_size = -(-vocab_entries // 8) * 8
+    made = []
+    for shape, dims in SHAPES.items():
+        path = out / f"bert-{shape}-{round(vocab_entries / 1000)}k.json"
+        config = BertConfig(vocab_size=vocab_size, num_hidden_layers=4, max_position_embeddings=512,
+                            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **dims)
+        config.to_json_file(path)  # inside the .part folder, renamed whole when complete
+        made.append(path)
+    return made
+
+
+def heldout_summary(eval_dir: Path, samples: int, mask_id: int) -> dict:
+    """What run_pretraining.py's evaluation reads of `eval_dir` (its first `samples` sequences): the prediction
+    slots, the ones holding [MASK] (`mask_id`), and the unigram entropy of their targets
+    (validation.unigram_entropy)."""
+    from validation import unigram_entropy
+
+    arrays = su.read_shards(eval_dir, samples, ("input_ids", "masked_lm_positions", "masked_lm_ids"))
+    rows, slots = (arrays["masked_lm_positions"] > 0).nonzero()
+    positions = arrays["masked_lm_positions"][rows, slots]
+    targets = arrays["masked_lm_ids"][rows, slots]
+    masked = int((arrays["input_ids"][rows, positions] == mask_id).sum()) if len(rows) else 0
+    return {"sequences": int(len(arrays["input_ids"])), "prediction_slots": int(len(targets)), "mask_slots": masked,
+            "unigram_entropy": round(unigram_entropy(targets), 6) if len(targets) else None}
+
+
+def cmd_prepare(args) -> dict:
+    """The Wikipedia slice -> args.out (text/, eval/, vocab.txt, two model configs, glue.tar.xz, PREPARED.json)."""
+    for name in ("out", "slice", "glue_root", "work"):  # the pipeline's stages run from the repository root
+        setattr(args, name, getattr(args, name).resolve())
+    if not args.slice.is_dir():
+        raise SystemExit(f"gpu_study: error: --slice {args.slice} is not a folder of WikiExtractor output")
+    for task in ("glue-mrpc", "glue-sst2"):
+        if not (args.glue_root / task / "train.tsv").is_file():
+            raise SystemExit(f"gpu_study: error: --glue_root {args.glue_root} has no {task}/train.tsv")
+    if args.out.exists() and any(args.out.iterdir()):
+        raise SystemExit(f"gpu_study: error: --out {args.out} is not empty: remove it or name another folder")
+    started, stages = time.time(), {}
+    work, marker = args.work, args.work / ".gpu_study_prepare"  # only a folder this command made is emptied
+    if work.exists() and any(work.iterdir()) and not marker.is_file():
+        raise SystemExit(f"gpu_study: error: --work {work} is not empty and was not made by `prepare`: name a new "
+                         "or empty folder")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    marker.touch()
+    stage_dir = args.out.with_name(args.out.name + ".part")  # renamed to --out only when complete
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    (stage_dir / "text").mkdir(parents=True)
+    (stage_dir / "eval").mkdir()
+
+    def step(name: str, cmd: list[str]) -> None:
+        t = time.time()
+        print(f"gpu_study prepare: {' '.join(cmd)}", flush=True)
+        result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"gpu_study: {name} failed (exit {result.returncode}): "
+                             f"{' '.join(result.stderr.strip().splitlines()[-1:])}")
+        stages[name] = round(time.time() - t, 1)
+
+    prep = [sys.executable, "-m", "data.bertPrep", "--working_dir", str(work), "--dataset", "wikicorpus_en",
+            "--n_processes", str(args.workers), "--random_seed", "12345", "--no_progress"]
+    shards = ["--n_training_shards", str(args.n_training_shards), "--n_test_shards", str(args.n_test_shards),
+              "--fraction_test_set", str(args.fraction_test_set)]
+    step("text_formatting", prep + ["--action", "text_formatting", "--wikiextractor_dir", str(args.slice)])
+    step("sharding", prep + ["--action", "sharding", *shards])
+    shard_dir = next(work.glob("sharded_*")) / "wikicorpus_en"
+    training = sorted(shard_dir.glob("wikicorpus_en_training_*.txt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    vocab = stage_dir / "vocab.txt"
+    inputs = [a for path in training for a in ("--input", str(path))]  # the training shards alone, as the studies'
+    step("create_vocab", [sys.executable, "-m", "data.create_vocab", *inputs,
+                          "--output_file", str(vocab), "--vocab_size", str(args.vocab_size), "--limit_alphabet",
+                          str(args.limit_alphabet), "--no_progress"])
+    step("create_hdf5_files", prep + ["--action", "create_hdf5_files", "--phase", "1", "--vocab_file", str(vocab),
+                                      *shards])
+    heldout = sorted(next(work.glob("hdf5_*")).glob("wikicorpus_en/test/*.hdf5"))
+    shutil.copyfile(heldout[0], stage_dir / "eval" / heldout[0].name)
+
+    t = time.time()
+
+    def compress(src: Path) -> None:
+        with open(stage_dir / "text" / (src.name + ".xz"), "wb") as f:
+            subprocess.run(["xz", "-6", "-c", str(src)], stdout=f, check=True)
+
+    with ThreadPoolExecutor(max(1, args.workers)) as pool:
+        list(pool.map(compress, training))
+    stages["xz"] = round(time.time() - t, 1)
+    entries = vocab.read_text(encoding="utf-8").splitlines()
+    configs = shape_configs(len(entries), stage_dir)
+    with subprocess.Popen(["tar", "-cJf", str(stage_dir / "glue.tar.xz"), "-C", str(args.glue_root),
+                           *[f"{task}/{name}" for task in ("glue-mrpc", "glue-sst2")
+                             for name in ("train.tsv", "dev.tsv", "PROVENANCE.txt")
+                             if (args.glue_root / task / name).is_file()]]) as tar:
+        if tar.wait() != 0:
+            raise SystemExit(f"gpu_study: tar of {args.glue_root}'s GLUE files failed")
+    report = {"command": "python -m bench.gpu_study prepare " + " ".join(args.argv),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": su.cpu_description()[0],
+              "stages_s": stages, "wall_s": round(time.time() - started, 1),
+              "training_shards": len(training), "heldout_shard": heldout[0].name,
+              "heldout": heldout_summary(stage_dir / "eval", args.eval_samples, entries.index("[MASK]")),
+              "vocab_entries": len(entries),
+              "configs": [p.name for p in configs],
+              "bytes": sum(p.stat().st_size for p in stage_dir.rglob("*") if p.is_file())}
+    atomic_io.atomic_write_json(stage_dir / "PREPARED.json", report)
+    if args.out.exists():
+        args.out.rmdir()  # empty (checked above)
+    stage_dir.rename(args.out)
+    print(json.dumps(report), flush=True)
+    return report
+
+
 def cmd_import(args) -> list[Path]:
     """OUT of `run` -> <to>/<name>/ run folders for bench.pretrain_study --pretrain_run."""
     from safetensors import safe_open
@@ -377,13 +509,29 @@ def main(argv: list[str] | None = None):
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the data")
     p.add_argument("--loader_workers", type=int, default=4, help="DataLoader workers per run")
     p.add_argument("extra", nargs="*", help="after --: more run_pretraining.py flags for every run")
+    r = sub.add_parser("prepare", help="here: the Wikipedia slice -> the folder that `run` reads (.gpu_data)")
+    r.add_argument("--out", type=Path, required=True, help="the folder to make (absent or empty), e.g. .gpu_data")
+    r.add_argument("--slice", type=Path, default=su.DATA / "wikipedia-en-slice" / "text",
+                   help="WikiExtractor output (the shared Wikipedia slice)")
+    r.add_argument("--glue_root", type=Path, default=su.DATA, help="holds glue-mrpc/ and glue-sst2/")
+    r.add_argument("--work", type=Path, default=Path("/tmp/gpu_study_prepare"), help="the pipeline's working folder "
+                   "(scratch: new, empty, or an earlier prepare's, which is emptied first)")
+    r.add_argument("--n_training_shards", type=int, default=32)
+    r.add_argument("--n_test_shards", type=int, default=2)
+    r.add_argument("--fraction_test_set", type=float, default=0.02)
+    r.add_argument("--vocab_size", type=int, default=16000)
+    r.add_argument("--limit_alphabet", type=int, default=1000)
+    r.add_argument("--eval_samples", type=int, default=2048, help="held-out sequences `run` evaluates on (the "
+                   "summary in PREPARED.json counts these)")
+    r.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     i = sub.add_parser("import", help="here: OUT -> run folders for bench.pretrain_study --pretrain_run")
     i.add_argument("--from", dest="source", type=Path, required=True)
     i.add_argument("--to", type=Path, required=True)
     i.add_argument("--config", type=Path, default=None, help="the model's bert_config.json, for weights whose file "
                    "carries none")
     args = parser.parse_args(argv)
-    return cmd_run(args) if args.command == "run" else cmd_import(args)
+    args.argv = list(sys.argv[1:] if argv is None else argv)[1:]
+    return {"run": cmd_run, "prepare": cmd_prepare, "import": cmd_import}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import lzma
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,3 +109,89 @@ def test_gpu_study_refuses_a_missing_input_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--text_dir .* does not exist"):
         gpu_study.main(["run", "--text_dir", str(tmp_path / "nope"), "--eval_dir", str(tmp_path), "--vocab",
                         str(tmp_path), "--config", str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(tmp_path, shared_data):
+    """`gpu_study prepare` on two files of the real Wikipedia slice, then bench/gpu_study_call.sh (the device call)
+    on what it made, at the tiniest size: the text shards travel byte for byte, the learned vocabulary has exactly
+    --vocab_size entries, the configs are Turc et al.'s shapes for it, and the held-out summary equals what
+    run_pretraining.py's own evaluation of the same sequences logs; every fine-tuning group of the call finishes."""
+    import lzma
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    slice_dir = tmp_path / "slice" / "AA"
+    slice_dir.mkdir(parents=True)
+    for name in ("wiki_00.gz", "wiki_01.gz"):
+        shutil.copyfile(shared_data / "wikipedia-en-slice" / "text" / "AA" / name, slice_dir / name)
+    data, work = tmp_path / "gpu_data", tmp_path / "prep"
+    report = gpu_study.main(["prepare", "--out", str(data), "--slice", str(tmp_path / "slice"), "--work", str(work),
+                             "--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set", "0.1",
+                             "--vocab_size", "3000", "--limit_alphabet", "300", "--eval_samples", "64",
+                             "--workers", "2"])
+    assert not (tmp_path / "gpu_data.part").exists()
+    assert json.loads((data / "PREPARED.json").read_text()) == report
+    shards = next(work.glob("sharded_*")) / "wikicorpus_en"
+    for i in range(2):
+        packed = lzma.decompress((data / "text" / f"wikicorpus_en_training_{i}.txt.xz").read_bytes())
+        assert packed == (shards / f"wikicorpus_en_training_{i}.txt").read_bytes()
+    assert sorted(p.name for p in (data / "text").iterdir()) == [f"wikicorpus_en_training_{i}.txt.xz" for i in (0, 1)]
+    assert [p.name for p in (data / "eval").iterdir()] == ["wikicorpus_en_test_0.hdf5"]
+    entries = (data / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert len(entries) == 3000 == report["vocab_entries"] and entries[103] == "[MASK]"
+    mini = json.loads((data / "bert-mini-3k.json").read_text())
+    small = json.loads((data / "bert-small-3k.json").read_text())
+    assert (mini["hidden_size"], mini["num_attention_heads"], mini["intermediate_size"]) == (256, 4, 1024)
+    assert (small["hidden_size"], small["num_attention_heads"], small["intermediate_size"]) == (512, 8, 2048)
+    for config in (mini, small):
+        assert config["vocab_size"] == 3000 and config["num_hidden_layers"] == 4
+        assert config["hidden_dropout_prob"] == config["attention_probs_dropout_prob"] == 0.1
+    with tarfile.open(data / "glue.tar.xz") as tar:
+        names = set(tar.getnames())
+    assert {f"glue-{t}/{s}.tsv" for t in ("mrpc", "sst2") for s in ("train", "dev")} <= names
+    with pytest.raises(SystemExit, match="--out .* is not empty"):
+        gpu_study.main(["prepare", "--out", str(data), "--slice", str(tmp_path / "slice")])
+    with pytest.raises(SystemExit, match="--work .* was not made by `prepare`"):  # never empties a user's folder
+        gpu_study.main(["prepare", "--out", str(tmp_path / "new"), "--slice", str(tmp_path / "slice"),
+                        "--work", str(tmp_path / "slice")])
+    assert (slice_dir / "wiki_00.gz").is_file()
+
+    # The device call, as it runs on the GPU machine, at the tiniest size.
+    from modeling import BertConfig
+
+    config = tmp_path / "tiny.json"
+    BertConfig(vocab_size=3000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+               max_position_embeddings=128).to_json_file(config)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "GPU_DATA": str(data), "CONFIG": str(config), "BUDGET": "120",
+           "PROBE": "3", "CAP": "20", "EVAL_SAMPLES": "64", "BATCH": "4", "SEEDS": "1", "DEADLINE": "900",
+           "WORK": str(tmp_path / "gs_work"), "TMP_ROOT": str(tmp_path / "gs"), "OMP_NUM_THREADS": "1",
+           "FT_EXTRA": "--max_train_examples 16 --max_eval_examples 16",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    done = subprocess.run(["bash", str(gpu_study.REPO / "bench" / "gpu_study_call.sh")], cwd=gpu_study.REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    log = (out / "call.log").read_text()
+    assert done.returncode == 0 and "call done" in log, log[-3000:]
+    groups = ["mrpc_1e-4", "sst2_full_1e-4_pre", "sst2_full_1e-4_rand", "mrpc_2e-4"]
+    assert all(f"stage finetune {g} ended (exit 0)" in log for g in groups), log[-3000:]
+
+    # run_pretraining.py's evaluation of the same held-out sequences counts what PREPARED.json says.
+    evaluated = [json.loads(line)["data"] for line in (out / "adamw_1e-3.log.json").read_text().splitlines()
+                 if "eval_mlm_loss" in line][-1]
+    assert evaluated["eval_masked_positions"] == report["heldout"]["prediction_slots"]
+    assert evaluated["eval_mask_slots"] == report["heldout"]["mask_slots"]
+    assert evaluated["eval_unigram_entropy"] == pytest.approx(report["heldout"]["unigram_entropy"], abs=1e-6)
+
+    # SST-2 was fine-tuned for one epoch on every training sentence the run was given, each model alone.
+    with tarfile.open(out / "ft.tar.xz") as tar:
+        for group, model in (("sst2_full_1e-4_pre", "pretrained"), ("sst2_full_1e-4_rand", "random")):
+            member = next(n for n in tar.getnames()
+                          if n.startswith(f"ft/{group}/") and n.endswith("stability_sst-2.json"))
+            summary = json.load(tar.extractfile(member))
+            cmd = summary["runs"][0]["command"]
+            assert cmd[cmd.index("--num_train_epochs") + 1] in ("1", "1.0")
+            assert cmd[cmd.index("--learning_rate") + 1] == "0.0001"
+            assert (model == "random") == ("random_init" in cmd[cmd.index("--init_checkpoint") + 1])
