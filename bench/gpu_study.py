@@ -11,10 +11,11 @@ the Wikipedia slice by the pipeline's own stages, as the CPU studies made theirs
 sharding (32 training shards, 2 held-out shards of whole articles, 2% of the text), a 16,000-piece vocabulary
 learned by `data.create_vocab --limit_alphabet 1000` from the training shards alone, and `data.bertPrep
 create_hdf5_files --phase 1` with it (sequence 128, 20 predictions, dupe factor 5). It keeps text/ (the training
-shards, xz), eval/ (the first held-out HDF5 shard: the first --eval_samples sequences `run` evaluates on), vocab.txt,
-BERT-mini's and BERT-small's configs for that vocabulary (Turc et al.'s shapes, dropout 0.1), glue.tar.xz (MRPC's
-and SST-2's train.tsv and dev.tsv) and PREPARED.json (the command, the sizes, and the held-out set's prediction slots
-and unigram entropy, which equal the CPU studies' when the vocabulary is learned anew byte for byte).
+shards, xz), eval/ (the first --eval_samples sequences of the first held-out HDF5 shard: what `run` evaluates),
+vocab.txt, BERT-mini's and BERT-small's configs for that vocabulary (Turc et al.'s shapes, dropout 0.1), glue.tar.xz
+(MRPC's and SST-2's train.tsv and dev.tsv) and PREPARED.json (the command, the sizes, and the held-out set's
+prediction slots and unigram entropy, which equal the CPU studies' when the vocabulary is learned anew byte for byte).
+The device tool carries 64 MiB with the repository: training shards beyond --max_mib are left out, the last first.
 
 `run` (on the GPU machine; also runs on a CPU with tiny settings, which is how the tests check it):
 1. Data: T holds the slice's training text shards (one sentence per line, a blank line between articles), plain or
@@ -368,6 +369,40 @@ def heldout_summary(eval_dir: Path, samples: int, mask_id: int) -> dict:
             "unigram_entropy": round(unigram_entropy(targets), 6) if len(targets) else None}
 
 
+def first_sequences(src: Path, dst: Path, n: int) -> int:
+    """An HDF5 shard holding the first `n` sequences of `src` (every array and attribute, same dtypes and
+    compression): all that `run` evaluates of it with --eval_samples n; returns the sequences written."""
+    import h5py
+
+    with h5py.File(src, "r") as f, h5py.File(dst, "w") as g:  # dst is inside prepare's .part folder
+        g.attrs.update(dict(f.attrs))
+        for key, data in f.items():
+            rows = min(n, len(data)) if n > 0 else len(data)
+            chunks = (min(rows, data.chunks[0]), *data.chunks[1:]) if data.chunks and rows else None
+            g.create_dataset(key, data=data[:rows], compression=data.compression,
+                             compression_opts=data.compression_opts, chunks=chunks)
+        return rows
+
+
+def shards_that_fit(sizes: list[int], room: int) -> int:
+    """How many of `sizes` (bytes, in order) fit in `room` bytes taken from the first one on."""
+    total = 0
+    for i, size in enumerate(sizes):
+        total += size
+        if total > room:
+            return i
+    return len(sizes)
+
+
+def tracked_bytes() -> int:
+    """Bytes of the repository's tracked files: what travels to the device machine beside the carried folder."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode != 0:
+        return 0
+    return sum((REPO / name).stat().st_size for name in listed.stdout.decode().split("\0")
+               if name and (REPO / name).is_file())
+
+
 def cmd_prepare(args) -> dict:
     """The Wikipedia slice -> args.out (text/, eval/, vocab.txt, two model configs, glue.tar.xz, PREPARED.json)."""
     for name in ("out", "slice", "glue_root", "work"):  # the pipeline's stages run from the repository root
@@ -417,7 +452,7 @@ def cmd_prepare(args) -> dict:
     step("create_hdf5_files", prep + ["--action", "create_hdf5_files", "--phase", "1", "--vocab_file", str(vocab),
                                       *shards])
     heldout = sorted(next(work.glob("hdf5_*")).glob("wikicorpus_en/test/*.hdf5"))
-    shutil.copyfile(heldout[0], stage_dir / "eval" / heldout[0].name)
+    first_sequences(heldout[0], stage_dir / "eval" / heldout[0].name, args.eval_samples)
 
     t = time.time()
 
@@ -436,10 +471,25 @@ def cmd_prepare(args) -> dict:
                              if (args.glue_root / task / name).is_file()]]) as tar:
         if tar.wait() != 0:
             raise SystemExit(f"gpu_study: tar of {args.glue_root}'s GLUE files failed")
+    # What travels to the device machine (the repository's tracked files and the carried folder) has a limit: the
+    # training text is the bulk, so only the shards that fit go, the first ones first.
+    text = [stage_dir / "text" / (p.name + ".xz") for p in training]
+    others = sum(p.stat().st_size for p in stage_dir.rglob("*") if p.is_file() and p not in text)
+    room = args.max_mib * 2**20 - tracked_bytes() - others if args.max_mib > 0 else sum(p.stat().st_size for p in text)
+    kept = shards_that_fit([p.stat().st_size for p in text], room)
+    if kept == 0:
+        raise SystemExit(f"gpu_study: error: no training shard fits --max_mib {args.max_mib} beside the repository "
+                         "and the other files: raise it or make the shards smaller (--n_training_shards)")
+    for p in text[kept:]:
+        p.unlink()
+    if kept < len(text):
+        print(f"gpu_study prepare: {kept} of the {len(text)} training shards fit --max_mib {args.max_mib} beside "
+              f"the repository; {len(text) - kept} left out", flush=True)
     report = {"command": "python -m bench.gpu_study prepare " + " ".join(args.argv),
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": su.cpu_description()[0],
               "stages_s": stages, "wall_s": round(time.time() - started, 1),
-              "training_shards": len(training), "heldout_shard": heldout[0].name,
+              "training_shards": len(training), "text_shards": kept, "max_mib": args.max_mib,
+              "heldout_shard": heldout[0].name,
               "heldout": heldout_summary(stage_dir / "eval", args.eval_samples, entries.index("[MASK]")),
               "vocab_entries": len(entries),
               "configs": [p.name for p in configs],
@@ -524,6 +574,9 @@ def main(argv: list[str] | None = None):
     r.add_argument("--eval_samples", type=int, default=2048, help="held-out sequences `run` evaluates on (the "
                    "summary in PREPARED.json counts these)")
     r.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    r.add_argument("--max_mib", type=float, default=62.0, help="what travels to the device machine, the "
+                   "repository's tracked files included (the device tool carries 64 MiB; 2 kept for the repository "
+                   "to grow): the training text shards that do not fit are left out, the last ones first; 0: all")
     i = sub.add_parser("import", help="here: OUT -> run folders for bench.pretrain_study --pretrain_run")
     i.add_argument("--from", dest="source", type=Path, required=True)
     i.add_argument("--to", type=Path, required=True)

@@ -195,3 +195,23 @@ def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(tmp_pa
             assert cmd[cmd.index("--num_train_epochs") + 1] in ("1", "1.0")
             assert cmd[cmd.index("--learning_rate") + 1] == "0.0001"
             assert (model == "random") == ("random_init" in cmd[cmd.index("--init_checkpoint") + 1])
+
+
+def test_shards_that_fit_and_the_first_sequences_of_a_shard(tmp_path, shared_data, uncased_vocab):
+    assert gpu_study.shards_that_fit([10, 20, 30], 60) == 3
+    assert gpu_study.shards_that_fit([10, 20, 30], 59) == 2  # 10 + 20 + 30 = 60 > 59
+    assert gpu_study.shards_that_fit([10, 20, 30], 9) == 0
+    import h5py
+
+    import create_pretraining_data
+
+    shard = tmp_path / "full.hdf5"
+    create_pretraining_data.main(["--input_file", str(shared_data / "bert-sample-text" / "sample_text.txt"),
+                                  "--output_file", str(shard), "--vocab_file", str(uncased_vocab), "--do_lower_case",
+                                  "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "2",
+                                  "--no_progress"])
+    assert gpu_study.first_sequences(shard, tmp_path / "first.hdf5", 7) == 7
+    with h5py.File(shard, "r") as full, h5py.File(tmp_path / "first.hdf5", "r") as first:
+        assert set(first) == set(full) and len(full["input_ids"]) > 7 and dict(first.attrs) == dict(full.attrs)
+        for key in full:
+            assert first[key].dtype == full[key].dtype and (first[key][:] == full[key][:7]).all(), key
