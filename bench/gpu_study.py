@@ -31,7 +31,8 @@ The device tool carries 64 MiB with the repository: training shards beyond --max
    --max_steps_cap, so that each learning-rate schedule runs to its end. A run still going at 1.25 x the budget gets
    SIGTERM: run_pretraining.py then writes a checkpoint and stops (exit 75), and that checkpoint is exported.
 4. Export to OUT: per run its JSON-lines log (<name>.log.json) and its final weights in bf16
-   (<name>.bf16.safetensors: 15 MB for BERT-mini with a 16 K vocabulary, under the device tool's 16 MB a file);
+   (<name>.bf16.safetensors: 15.1 MB for BERT-mini with a 16 K vocabulary, under the device tool's 16 MiB a file;
+   with --checkpoints N also the weights after 1/N, 2/N, ... of the steps, <name>.step<S>.bf16.safetensors);
    gpu_study.json (machine, data, probe, steps, each run's last evaluation and throughput) and a table on stdout.
 
 `import` (here): turns OUT into one pre-training run folder per run that `bench.pretrain_study --pretrain_run`
@@ -116,8 +117,8 @@ def prepare_data(args, work: Path, log) -> dict:
             "instances": summary.get("instances"), "tokens": summary.get("tokens")}
 
 
-def pretraining_command(args, work: Path, run_dir: Path, optimizer: str, lr: str, steps: int, eval_steps: int
-                        ) -> list[str]:
+def pretraining_command(args, work: Path, run_dir: Path, optimizer: str, lr: str, steps: int, eval_steps: int,
+                        checkpoints: int = 1) -> list[str]:
     return [sys.executable, "run_pretraining.py", "--do_train", "--input_dir", str(work / "shards"),
             "--eval_dir", str(args.eval_dir), "--max_eval_samples", str(args.eval_samples), "--eval_steps",
             str(eval_steps), "--config_file", str(args.config), "--vocab_file", str(args.vocab), "--output_dir",
@@ -125,7 +126,8 @@ def pretraining_command(args, work: Path, run_dir: Path, optimizer: str, lr: str
             "--dynamic_masking", "--train_batch_size", str(args.batch), "--max_steps", str(steps), "--optimizer",
             optimizer, "--learning_rate", lr, "--warmup_proportion", str(args.warmup_proportion), "--lr_schedule",
             "linear", "--mlm_bias_init", "unigram", "--mix_shards", str(args.mix_shards), "--num_workers",
-            str(args.loader_workers), "--num_steps_per_checkpoint", str(steps), "--keep_checkpoints", "1",
+            str(args.loader_workers), "--num_steps_per_checkpoint", str(max(1, steps // checkpoints)),
+            "--keep_checkpoints", str(checkpoints + (1 if steps % checkpoints else 0)),  # + the final step's
             "--log_freq", str(max(1, min(100, steps // 10))), "--disable_progress_bar",
             "--json-summary", str(run_dir / "log.json"), *args.extra]
 
@@ -217,12 +219,13 @@ def cmd_run(args) -> dict:
     report["data"] = prepare_data(args, work, log)
     log(f"data: {report['data']}")
 
-    def side_by_side(stage: str, steps: int, eval_steps: int, kill_after_s: float | None) -> dict[str, dict]:
+    def side_by_side(stage: str, steps: int, eval_steps: int, kill_after_s: float | None, checkpoints: int = 1
+                     ) -> dict[str, dict]:
         dirs = {name: work / stage / name for name, _, _ in runs}
         for d in dirs.values():
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
-        commands = {name: pretraining_command(args, work, dirs[name], opt, lr, steps, eval_steps)
+        commands = {name: pretraining_command(args, work, dirs[name], opt, lr, steps, eval_steps, checkpoints)
                     for name, opt, lr in runs}
         results = run_side_by_side(commands, {n: dirs[n] / "output.txt" for n in dirs}, kill_after_s, log)
         for name, result in results.items():
@@ -251,7 +254,8 @@ def cmd_run(args) -> dict:
     report["steps"] = steps
     log(f"probe: {rate:.2f} steps/s side by side, start-up and probe {wall:.0f} s: {steps} steps each")
 
-    main_runs = side_by_side("pretrain", steps, max(1, steps // args.evaluations), 1.25 * args.budget_s)
+    main_runs = side_by_side("pretrain", steps, max(1, steps // args.evaluations), 1.25 * args.budget_s,
+                             args.checkpoints)
     for name, r in main_runs.items():
         entry = {"returncode": r["returncode"], "wall_s": r["wall_s"], "terminated": r["terminated"],
                  "final": r["final"], "eval": r["eval"]}
@@ -259,6 +263,15 @@ def cmd_run(args) -> dict:
         if checkpoint is not None:
             entry["checkpoint_step"] = int(checkpoint.stem.split("_")[1])
             entry["weights_bytes"] = export_weights(checkpoint, args.out / f"{name}.bf16.safetensors")
+            # --checkpoints N: the earlier ones too (the run's weights after 1/N, 2/N, ... of its steps), each as
+            # <name>.step<S>.bf16.safetensors, for probing how transfer grows with the tokens seen.
+            from training import CheckpointManager
+
+            entry["earlier_steps"] = sorted(s for s in CheckpointManager(r["dir"] / "checkpoints").all()
+                                            if s != entry["checkpoint_step"])
+            for step in entry["earlier_steps"]:
+                export_weights(r["dir"] / "checkpoints" / f"ckpt_{step}.pt",
+                               args.out / f"{name}.step{step}.bf16.safetensors")
         if (r["dir"] / "log.json").is_file():
             shutil.copyfile(r["dir"] / "log.json", args.out / f"{name}.log.json")
         report["runs"][name] = entry
@@ -526,10 +539,17 @@ def cmd_import(args) -> list[Path]:
             if args.config is None:
                 raise SystemExit(f"gpu_study: error: {weights} carries no model config: give --config")
             config = BertConfig.from_json_file(args.config).to_dict()
-        state = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(weights)).items()}
-        step = entry["checkpoint_step"]
-        atomic_io.atomic_torch_save({"model": state, "config": config, "step": step},
-                                    run_dir / "checkpoints" / f"ckpt_{step}.pt")
+        exports = {entry["checkpoint_step"]: weights}
+        for step in entry.get("earlier_steps", []):  # brought back only where they fit the device tool's files
+            earlier = args.source / f"{name}.step{step}.bf16.safetensors"
+            if earlier.is_file():
+                exports[step] = earlier
+            else:
+                print(f"gpu_study: {name}: {earlier.name} did not come back: step {step} is not imported")
+        for step, path in exports.items():
+            state = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
+            atomic_io.atomic_torch_save({"model": state, "config": config, "step": step},
+                                        run_dir / "checkpoints" / f"ckpt_{step}.pt")
         shutil.copyfile(log_file, run_dir / f"{name}.phase1.json")
         made.append(run_dir)
         print(f"gpu_study: {run_dir} (step {entry['checkpoint_step']})")
@@ -555,6 +575,8 @@ def main(argv: list[str] | None = None):
     p.add_argument("--probe_steps", type=int, default=300)
     p.add_argument("--max_steps_cap", type=int, default=30000, help="at most this many steps (the preset's 30,000)")
     p.add_argument("--evaluations", type=int, default=10, help="held-out evaluations per run")
+    p.add_argument("--checkpoints", type=int, default=1, help="checkpoints kept and exported per run, evenly spaced "
+                   "(1: the final weights only; N: also after 1/N, 2/N, ... of the steps)")
     p.add_argument("--eval_samples", type=int, default=2048)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes for the data")
     p.add_argument("--loader_workers", type=int, default=4, help="DataLoader workers per run")

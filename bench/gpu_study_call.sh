@@ -6,14 +6,17 @@
 #
 # .gpu_data/ (made here by `python -m bench.gpu_study prepare --out .gpu_data`, about 5 minutes on 2 cores) holds:
 # text/ (the slice's training text shards, .txt.xz), eval/ (held-out HDF5), vocab.txt, the model configs (CONFIG),
-# glue.tar.xz (glue-mrpc/ and glue-sst2/ with train.tsv and dev.tsv). What comes back in $OUT (the device tool
-# returns at most 8 files of 16 MB): gpu_study.json, the run's log, the bf16 weights split in 15 MB parts
-# (`cat weights.part* > <run>.bf16.safetensors`, then `python -m bench.gpu_study import`), ft.tar.xz (every
-# fine-tuning's JSON and logs) and call.log. Environment overrides (a dry run on a CPU takes tiny values): BUDGET
-# (s of pre-training), PROBE (steps), CAP (at most this many steps), BATCH, CONFIG, RUNS (the first is fine-tuned),
+# glue.tar.xz (glue-mrpc/ and glue-sst2/ with train.tsv and dev.tsv). What comes back in $OUT (the device tool returns
+# at most 8 files of 16 MiB): gpu_study.json, the run's log, the bf16 weights split in 16 MB parts (BERT-mini: one;
+# `cat weights.part* > <run>.bf16.safetensors`, then `python -m bench.gpu_study import`), ft.tar.xz (every
+# fine-tuning's JSON and logs) and call.log. Environment overrides (a dry run on a CPU takes tiny values): BUDGET (s
+# of pre-training), PROBE (steps), CAP (at most this many steps), BATCH, CONFIG, RUNS (the first is fine-tuned),
 # EVAL_SAMPLES (held-out sequences, default 2048), DEADLINE (s from the start after which fine-tuning stops), SEEDS
-# (of every fine-tuning, default 1,2,3,4,5), GPU_DATA (the folder, default .gpu_data), TEXT, WORK, TMP_ROOT,
-# FT_EXTRA (more bench.pretrain_study flags). tests/test_gpu_study.py runs it so on a CPU.
+# (of every fine-tuning, default 1,2,3,4,5), GPU_DATA (the folder, default .gpu_data), TEXT, WORK, TMP_ROOT, FT_EXTRA
+# (more bench.pretrain_study flags), CKPTS (default 1; N: the run's weights after 1/N, 2/N, ... of its steps come back
+# too, as <run>.step<S>.bf16.safetensors, where each fits one file: BERT-mini's 15.1 MB do, BERT-small's 43 MB do not;
+# with BERT-mini, CKPTS=3 makes 7 of the 8 files the device tool returns, CKPTS=4 all 8). tests/test_gpu_study.py runs
+# it so on a CPU.
 #
 # The fine-tuning: MRPC at lr 1e-4 and 2e-4 (3 epochs), and SST-2 on all 67,349 sentences for one epoch at 1e-4,
 # pre-trained and random initialisation, every seed: the 5-seed form of the CPU's two-seed SST-2 column of
@@ -27,7 +30,7 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?}
 BUDGET=${BUDGET:-210}; PROBE=${PROBE:-200}; CAP=${CAP:-30000}; EVAL_SAMPLES=${EVAL_SAMPLES:-2048}
-BATCH=${BATCH:-256}; DEADLINE=${DEADLINE:-545}
+BATCH=${BATCH:-256}; DEADLINE=${DEADLINE:-545}; CKPTS=${CKPTS:-1}
 D=${GPU_DATA:-.gpu_data}
 CONFIG=${CONFIG:-$D/bert-small-16k.json}; RUNS=${RUNS:-adamw:1e-3}
 FT_EXTRA=${FT_EXTRA:-}; WORK=${WORK:-/tmp/gs_work}; TMP=${TMP_ROOT:-/tmp/gs}; SEEDS=${SEEDS:-1,2,3,4,5}
@@ -39,9 +42,14 @@ rm -rf "$TMP" "$WORK"; mkdir -p "$TMP/gs" "$TMP/glue"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
 python3 -m bench.gpu_study run --text_dir "${TEXT:-$D/text}" --eval_dir "$D/eval" --vocab "$D/vocab.txt" \
     --config "$CONFIG" --out "$TMP/gs" --work "$WORK" --budget_s "$BUDGET" --probe_steps "$PROBE" \
-    --max_steps_cap "$CAP" --eval_samples "$EVAL_SAMPLES" --batch "$BATCH" --workers "$(nproc)" --runs "$RUNS" || { echo "gpu_study run failed"; exit 1; }
+    --max_steps_cap "$CAP" --eval_samples "$EVAL_SAMPLES" --checkpoints "$CKPTS" --batch "$BATCH" \
+    --workers "$(nproc)" --runs "$RUNS" || { echo "gpu_study run failed"; exit 1; }
 cp "$TMP/gs/gpu_study.json" "$TMP/gs/$name.log.json" "$OUT/"
-split -b 15000000 -d "$TMP/gs/$name.bf16.safetensors" "$OUT/weights.part"
+split -b 16000000 -d "$TMP/gs/$name.bf16.safetensors" "$OUT/weights.part"  # the tool's 16 MiB a file
+for f in "$TMP/gs/$name".step*.bf16.safetensors; do  # the earlier checkpoints (CKPTS > 1) that fit one file
+    [ -e "$f" ] || continue
+    if [ "$(stat -c %s "$f")" -le 16000000 ]; then cp "$f" "$OUT/"; else echo "not brought back (over 16 MB): $f"; fi
+done
 echo "stage pretrain done at ${SECONDS} s"
 python3 -m bench.gpu_study import --from "$TMP/gs" --to "$TMP/runs" || exit 1
 tar -xJf "$D/glue.tar.xz" -C "$TMP/glue"
