@@ -24,8 +24,9 @@
 # sequences/s each, so one epoch of SST-2 is about 65 s of the call.
 #
 # The context probe of bench.pretrain_study (count models over 200,000 training sequences, on the CPU) runs once,
-# in the MRPC fine-tuning at 1e-4, before the others start: on 2026-11-26 four of them at once, each beside 10 to
-# 16 fine-tuning processes, took four of the call's minutes and left too few for SST-2 on all its sentences.
+# in the MRPC fine-tuning at 1e-4; the other groups start at the same time with --no_context_probe: on 2026-11-26
+# four probes at once, each beside 10 to 16 fine-tuning processes, took four of the call's minutes and left too few
+# for SST-2 on all its sentences.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?}
@@ -68,11 +69,8 @@ pack() { tar -cJf "$OUT/ft.tar.xz" -C "$TMP" --exclude='*.pt' --exclude='*.safet
     ft $(cd "$TMP" && ls ft_*.txt) || true; }
 SST2="--sst2_max_train_examples 67349 --sst2_epochs 1"
 finetune mrpc_1e-4 1e-4 mrpc pretrained,random "$SEEDS" "$NSEEDS"
-wait "${PIDS[@]}"; pack
-mv "$WORK/shards" "$WORK/shards.probed"  # the probe is in mrpc_1e-4's JSON: the others skip it
-PIDS=()
-finetune sst2_full_1e-4_pre 1e-4 sst-2 pretrained "$SEEDS" "$NSEEDS" $SST2
-finetune sst2_full_1e-4_rand 1e-4 sst-2 random "$SEEDS" "$NSEEDS" $SST2
-finetune mrpc_2e-4 2e-4 mrpc pretrained,random "$SEEDS" "$NSEEDS"
+finetune sst2_full_1e-4_pre 1e-4 sst-2 pretrained "$SEEDS" "$NSEEDS" $SST2 --no_context_probe
+finetune sst2_full_1e-4_rand 1e-4 sst-2 random "$SEEDS" "$NSEEDS" $SST2 --no_context_probe
+finetune mrpc_2e-4 2e-4 mrpc pretrained,random "$SEEDS" "$NSEEDS" --no_context_probe
 wait "${PIDS[@]}"; pack
 echo "call done at ${SECONDS} s"

@@ -460,6 +460,8 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--random_init_seed", type=int, default=42, help="seed of the random initialisation (42 is the "
                    "pre-training's own: the same starting weights)")
     g = p.add_argument_group("fine-tuning (bench.stability)")
+    g.add_argument("--no_context_probe", action="store_true", help="skip the context probe of the checkpoint (count "
+                   "models over the training shards: minutes of CPU), e.g. where another run of the study does it")
     g.add_argument("--models", default=",".join(MODELS), help="which of pretrained,random,minilm")
     g.add_argument("--tasks", default=",".join(TASKS), help="GLUE tasks")
     g.add_argument("--seeds", default="1,2,3,4,5")
@@ -523,7 +525,9 @@ def main(argv: list[str] | None = None) -> dict:
         train_dir = Path(input_dir) if input_dir else None  # where phase 1 trained
         if train_dir is None or not train_dir.is_dir():
             train_dir = Path(state["run_dir"]).parent / "hdf5_phase1"  # run_cpu_demo.sh's layout, moved
-        if train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
+        if args.no_context_probe:
+            log("pretrain_study: context probe not run (--no_context_probe)")
+        elif train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
             pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
                                                  pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])
             log(f"pretrain_study: context probe {pre['context_probe']}")

@@ -199,8 +199,12 @@ def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(tmp_pa
     assert evaluated["eval_mask_slots"] == report["heldout"]["mask_slots"]
     assert evaluated["eval_unigram_entropy"] == pytest.approx(report["heldout"]["unigram_entropy"], abs=1e-6)
 
-    # SST-2 was fine-tuned for one epoch on every training sentence the run was given, each model alone.
+    # SST-2 was fine-tuned for one epoch on every training sentence the run was given, each model alone; only the
+    # first MRPC group ran the context probe, the others started beside it without one.
     with tarfile.open(out / "ft.tar.xz") as tar:
+        for group in groups:
+            report_json = json.load(tar.extractfile(f"ft/{group}/pretrain_study.json"))
+            assert ("context_probe" in report_json["pretraining"]) == (group == "mrpc_1e-4"), group
         for group, model in (("sst2_full_1e-4_pre", "pretrained"), ("sst2_full_1e-4_rand", "random")):
             member = next(n for n in tar.getnames()
                           if n.startswith(f"ft/{group}/") and n.endswith("stability_sst-2.json"))
