@@ -478,12 +478,9 @@ def cmd_prepare(args) -> dict:
     stages["xz"] = round(time.time() - t, 1)
     entries = vocab.read_text(encoding="utf-8").splitlines()
     configs = shape_configs(len(entries), stage_dir)
-    with subprocess.Popen(["tar", "-cJf", str(stage_dir / "glue.tar.xz"), "-C", str(args.glue_root),
-                           *[f"{task}/{name}" for task in ("glue-mrpc", "glue-sst2")
-                             for name in ("train.tsv", "dev.tsv", "PROVENANCE.txt")
-                             if (args.glue_root / task / name).is_file()]]) as tar:
-        if tar.wait() != 0:
-            raise SystemExit(f"gpu_study: tar of {args.glue_root}'s GLUE files failed")
+    glue = [f"{task}/{name}" for task in ("glue-mrpc", "glue-sst2")
+            for name in ("train.tsv", "dev.tsv", "PROVENANCE.txt") if (args.glue_root / task / name).is_file()]
+    step("glue", ["tar", "-cJf", str(stage_dir / "glue.tar.xz"), "-C", str(args.glue_root), *glue])
     # What travels to the device machine (the repository's tracked files and the carried folder) has a limit: the
     # training text is the bulk, so only the shards that fit go, the first ones first.
     text = [stage_dir / "text" / (p.name + ".xz") for p in training]
