@@ -187,10 +187,15 @@ def export_weights(checkpoint: Path, target: Path) -> int:
     return len(data)
 
 
-def newest_checkpoint(folder: Path) -> Path | None:
+def checkpoints(folder: Path) -> dict[int, Path]:
+    """step -> ckpt_<step>.pt of a run's checkpoint folder, by step."""
     from training import CheckpointManager
 
-    found = CheckpointManager(folder).all()
+    return CheckpointManager(folder).all()
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    found = checkpoints(folder)
     return found[max(found)] if found else None
 
 
@@ -265,13 +270,10 @@ def cmd_run(args) -> dict:
             entry["weights_bytes"] = export_weights(checkpoint, args.out / f"{name}.bf16.safetensors")
             # --checkpoints N: the earlier ones too (the run's weights after 1/N, 2/N, ... of its steps), each as
             # <name>.step<S>.bf16.safetensors, for probing how transfer grows with the tokens seen.
-            from training import CheckpointManager
-
-            entry["earlier_steps"] = sorted(s for s in CheckpointManager(r["dir"] / "checkpoints").all()
-                                            if s != entry["checkpoint_step"])
-            for step in entry["earlier_steps"]:
-                export_weights(r["dir"] / "checkpoints" / f"ckpt_{step}.pt",
-                               args.out / f"{name}.step{step}.bf16.safetensors")
+            earlier = {s: path for s, path in checkpoints(r["dir"] / "checkpoints").items() if path != checkpoint}
+            entry["earlier_steps"] = sorted(earlier)
+            for step, path in earlier.items():
+                export_weights(path, args.out / f"{name}.step{step}.bf16.safetensors")
         if (r["dir"] / "log.json").is_file():
             shutil.copyfile(r["dir"] / "log.json", args.out / f"{name}.log.json")
         report["runs"][name] = entry
@@ -367,18 +369,16 @@ def shape_configs(vocab_entries: int, out: Path) -> list[Path]:
     return made
 
 
-def heldout_summary(eval_dir: Path, samples: int, mask_id: int) -> dict:
+def heldout_summary(eval_dir: Path, samples: int, vocab: list[str]) -> dict:
     """What run_pretraining.py's evaluation reads of `eval_dir` (its first `samples` sequences): the prediction
-    slots, the ones holding [MASK] (`mask_id`), and the unigram entropy of their targets
-    (validation.unigram_entropy)."""
-    from validation import unigram_entropy
+    slots, the [MASK]ed ones it scores (validation.mask_slots) and the unigram entropy of their targets."""
+    from validation import SpecialIds, mask_slots, unigram_entropy
 
     arrays = su.read_shards(eval_dir, samples, ("input_ids", "masked_lm_positions", "masked_lm_ids"))
-    rows, slots = (arrays["masked_lm_positions"] > 0).nonzero()
-    positions = arrays["masked_lm_positions"][rows, slots]
-    targets = arrays["masked_lm_ids"][rows, slots]
-    masked = int((arrays["input_ids"][rows, positions] == mask_id).sum()) if len(rows) else 0
-    return {"sequences": int(len(arrays["input_ids"])), "prediction_slots": int(len(targets)), "mask_slots": masked,
+    targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
+    special = SpecialIds.from_vocab({token: i for i, token in enumerate(vocab)})
+    return {"sequences": int(len(arrays["input_ids"])), "prediction_slots": int(len(targets)),
+            "mask_slots": int(mask_slots(arrays, special).sum()),
             "unigram_entropy": round(unigram_entropy(targets), 6) if len(targets) else None}
 
 
@@ -500,7 +500,7 @@ def cmd_prepare(args) -> dict:
               "stages_s": stages, "wall_s": round(time.time() - started, 1),
               "training_shards": len(training), "text_shards": kept, "max_mib": args.max_mib,
               "heldout_shard": heldout[0].name,
-              "heldout": heldout_summary(stage_dir / "eval", args.eval_samples, entries.index("[MASK]")),
+              "heldout": heldout_summary(stage_dir / "eval", args.eval_samples, entries),
               "vocab_entries": len(entries),
               "configs": [p.name for p in configs],
               "bytes": sum(p.stat().st_size for p in stage_dir.rglob("*") if p.is_file())}
