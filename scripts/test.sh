@@ -10,5 +10,11 @@ bash scripts/setup_cpu.sh --test
 if [[ "$(id -u)" == 0 ]]; then
   bash scripts/install_slurm.sh || echo "test.sh: Slurm is not installed: tests/test_slurm.py will skip" >&2
 fi
+# The GPU call scripts' dry runs (tests/test_gpu_study.py, tests/test_stability.py) pack and unpack with xz, which
+# minimal images may lack (Debian priority "standard"): as root, apt-get it when it is missing.
+if ! command -v xz > /dev/null && [[ "$(id -u)" == 0 ]] && command -v apt-get > /dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xz-utils; } > /dev/null \
+    || echo "test.sh: xz is not installed: the GPU call scripts' dry runs will fail" >&2
+fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec .venv/bin/python -m pytest -ra --durations=20 "${@:-tests}"
