@@ -6,7 +6,8 @@
         [--models pretrained,random,minilm] [--small_lr 2e-4] [--minilm_mrpc_json F] [--minilm_sst2_json F]
 
 1. Pre-training, with the recipe's own launcher: `scripts/run_cpu_demo.sh --config C --out PRETRAIN_OUT
-   --phase1_steps N1 --phase2_steps N2 --dupe_factor D --batch B --lr LR --optimizer O [--vocab V] [--corpus T]`
+   --phase1_steps N1 --phase2_steps N2 --dupe_factor D --batch B --lr LR --optimizer O [--vocab V] [--corpus T]
+   [--init_checkpoint C]`
    (the demo's own text unless --corpus: 25 files of the Wikipedia slice, the last 5% of the documents held out;
    its vocabulary learned from the training text unless --vocab; phase 1 at sequence 64 with 30% masked and a
    constant rate, phase 2 at 512, batch 8).
@@ -101,6 +102,8 @@ def demo_command(args) -> list[str]:
         cmd += ["--vocab_size", str(args.vocab_size)]
     for corpus in args.corpus or []:
         cmd += ["--corpus", str(corpus)]
+    if args.init_checkpoint:  # continued pre-training (needs --vocab and --config: the checkpoint's own)
+        cmd += ["--init_checkpoint", str(args.init_checkpoint)]
     return cmd
 
 
@@ -456,6 +459,9 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--vocab", type=Path, default=None, help="an existing vocabulary for the pre-training (e.g. "
                    "bert-base-uncased's; None: the one run_cpu_demo.sh learns, or the reused run's own)")
     g.add_argument("--vocab_size", type=int, default=8000, help="the learned vocabulary's size (without --vocab)")
+    g.add_argument("--init_checkpoint", type=Path, default=None, help="phase 1 starts from these weights "
+                   "(run_cpu_demo.sh --init_checkpoint: continued pre-training; give the checkpoint's --vocab and "
+                   "--config)")
     g.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the pre-training")
     g.add_argument("--random_init_seed", type=int, default=42, help="seed of the random initialisation (42 is the "
                    "pre-training's own: the same starting weights)")
@@ -498,6 +504,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.config = args.config.resolve()  # run_cpu_demo.sh runs in the repository
     args.vocab = args.vocab.resolve() if args.vocab else None
     args.corpus = [c.resolve() for c in args.corpus or []]
+    args.init_checkpoint = args.init_checkpoint.resolve() if args.init_checkpoint else None
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     tasks = [t.strip().lower() for t in args.tasks.split(",") if t.strip()]
     bad = [m for m in models if m not in MODELS]

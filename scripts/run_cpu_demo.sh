@@ -5,6 +5,10 @@
 #   bash scripts/run_cpu_demo.sh                       # 25 files (4 M words) of ../shared/data/wikipedia-en-slice
 #   bash scripts/run_cpu_demo.sh --corpus my_texts/    # any text: files, or folders of *.txt / *.gz / wiki_*
 #   bash scripts/run_cpu_demo.sh --phase1_steps 50 --phase2_steps 5    # a quicker look (it will not learn much)
+#   bash scripts/run_cpu_demo.sh --corpus reviews.txt --init_checkpoint results/cpu_demo/run_*/checkpoints/ckpt_4020.pt \
+#     --vocab results/cpu_demo/vocab.txt --config results/cpu_demo/bert_config.json --out results/continued
+#                                                      # continue pre-training a model on other text (domain- or
+#                                                      # task-adaptive pre-training, Gururangan et al. 2020)
 #
 # Steps (everything under --out, default results/cpu_demo):
 #   1. text -> one sentence per line, a blank line between documents (scripts/text_to_documents.py: WikiExtractor
@@ -32,7 +36,9 @@
 # and --lr X (phase 1's sequences per optimizer step per process and peak learning rate; default 32 and 1e-3; phase 2
 # gets half of --lr, as in the preset), --optimizer nvlamb|adamw (default adamw, the preset's), --processes N (CPU
 # processes with gloo, each with --batch: N x batch sequences a step; default 1), --dupe_factor N (phase 1 shards;
-# default 1), -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
+# default 1), --init_checkpoint FILE (phase 1 starts from these weights instead of a random initialisation, with a
+# fresh optimizer: a ckpt_<step>.pt, an NVIDIA .pt or a Hugging Face folder; needs --vocab, the model's own
+# vocabulary, and --config, its shape), -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
 # (default: torch's; 1 when the machine is busy, i.e. the load average is at least the number of cores: on a shared
 # 2-core machine two OpenMP threads stall whenever one is descheduled, measured 4x slower than one thread).
 set -euo pipefail
@@ -54,6 +60,7 @@ processes=""
 optimizer=""
 dupe_factor=1
 vocab_size=8000
+init_checkpoint=""
 while (( $# )); do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -73,6 +80,7 @@ while (( $# )); do
     --processes) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--processes needs a positive integer"; processes="$2"; shift 2 ;;
     --dupe_factor) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--dupe_factor needs a positive integer"
                    dupe_factor="$2"; shift 2 ;;
+    --init_checkpoint) [[ $# -ge 2 ]] || die "--init_checkpoint needs a checkpoint"; init_checkpoint="$2"; shift 2 ;;
     *) die "unknown option '$1' (see -h)" ;;
   esac
 done
@@ -84,6 +92,13 @@ if (( ${#corpus[@]} == 0 )); then
   corpus=("$slice"/wiki_{00..24}.gz)
 fi
 [[ -z "$vocab" || -f "$vocab" ]] || die "vocabulary $vocab not found (--vocab)"
+if [[ -n "$init_checkpoint" ]]; then
+  [[ -e "$init_checkpoint" ]] || die "checkpoint $init_checkpoint not found (--init_checkpoint)"
+  # A vocabulary learned from the new text would not match the checkpoint's embeddings, nor the default config
+  # its shape: both must be the model's own.
+  [[ -n "$vocab" ]] || die "--init_checkpoint needs --vocab: the vocabulary the checkpoint was trained with"
+  [[ -n "$config" ]] || die "--init_checkpoint needs --config: the checkpoint's model config (its bert_config.json)"
+fi
 for path in "${corpus[@]}"; do
   [[ -e "$path" ]] || die "corpus $path not found (--corpus)"
 done
@@ -168,6 +183,7 @@ args=($(CPU_DEMO_DIR="$out" cpu))
 [[ -n "$processes" ]] && args[3]=$processes
 [[ -n "$optimizer" ]] && args[25]=$optimizer
 args[24]="$out/bert_config.json"
+[[ -n "$init_checkpoint" ]] && args[23]="$(cd "$(dirname "$init_checkpoint")" && pwd)/$(basename "$init_checkpoint")"
 run_dir="$out/run_$(date +%y%m%d_%H%M%S)"
 export RESULTS_DIR="$run_dir" CHECKPOINTS_DIR="$run_dir/checkpoints"
 export EVAL_DIR_PHASE1="$out/hdf5_heldout" VOCAB_FILE="$vocab"

@@ -955,6 +955,9 @@ LAUNCHER_CASES = [
      "--config", str(w.config_notjson), "--out", str(d / "out")], ("--config", "not_json.json", "not a BERT config")),
     ("cpu-demo-vocab-size-zero", "run_cpu_demo.sh", lambda w, d: ["--vocab_size", "0"],
      ("--vocab_size", "positive integer")),
+    ("cpu-demo-init-checkpoint-missing", "run_cpu_demo.sh", lambda w, d: ["--corpus", str(w.corpus), "--vocab",
+     str(w.vocab), "--init_checkpoint", str(d / "none.pt"), "--out", str(d / "out")],
+     ("none.pt", "not found", "--init_checkpoint")),
 ]
 
 

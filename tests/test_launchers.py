@@ -544,6 +544,44 @@ def test_cpu_demo_learns_its_vocabulary_and_writes_the_measured_shards(shared_da
     assert "learned? phase 1, step 2: context gain" in run.stdout
 
 
+def test_cpu_demo_continues_pre_training_from_a_checkpoint(shared_data, tmp_path):
+    """--init_checkpoint: a second run on other text starts from the first run's weights. With --lr 0 AdamW moves
+    nothing (lr x update and lr x weight decay are both 0), so the second run's phase-1 checkpoint must hold the
+    first run's weights exactly; a run that started from its own initialisation (seed 42, output bias at the log
+    word frequencies) would not."""
+    import torch
+
+    config = tmp_path / "tiny.json"
+    config.write_text('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
+                      '"intermediate_size": 64, "max_position_embeddings": 512}')
+    text = shared_data / "wikipedia-en-slice" / "text" / "AA"
+    first, second = tmp_path / "first", tmp_path / "second"
+    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_00.gz'} --vocab_size 1234 "
+               f"--config {config} --phase1_steps 2 --phase2_steps 1 --out {first}", env={"PYTHON": sys.executable})
+    assert run.returncode == 0, run.stderr[-3000:]
+    start = next(first.glob("run_*/checkpoints/ckpt_3.pt"))
+    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_01.gz'} --init_checkpoint {start} "
+               f"--vocab {first / 'vocab.txt'} --config {first / 'bert_config.json'} --lr 0 --phase1_steps 1 "
+               f"--phase2_steps 1 --out {second}", env={"PYTHON": sys.executable})
+    assert run.returncode == 0, run.stderr[-3000:]
+    phase1 = next(second.glob("run_*/bert_cpu_demo.phase1.json")).read_text().splitlines()
+    params = next(r["data"] for r in map(json.loads, phase1) if r["step"] == "PARAMETER")
+    assert Path(params["init_checkpoint"]) == start
+    before = torch.load(start, map_location="cpu", weights_only=True)["model"]
+    after = torch.load(next(second.glob("run_*/checkpoints/ckpt_1.pt")), map_location="cpu", weights_only=True)["model"]
+    assert before.keys() == after.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0, msg=name)
+    # Without the model's own vocabulary or config the run is refused before any work (one line, exit 1).
+    for missing in ("--vocab", "--config"):
+        flags = {"--vocab": f"--vocab {first / 'vocab.txt'}", "--config": f"--config {first / 'bert_config.json'}"}
+        flags.pop(missing)
+        run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_01.gz'} --init_checkpoint {start} "
+                   f"{' '.join(flags.values())} --out {tmp_path / 'refused'}", env={"PYTHON": sys.executable})
+        assert run.returncode == 1 and f"--init_checkpoint needs {missing}" in run.stderr, run.stderr
+        assert not (tmp_path / "refused").exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # scripts/text_to_documents.py, the CPU demo's text step
 
