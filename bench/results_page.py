@@ -12,6 +12,7 @@ Inputs (each can be named on its own; by default under --studies):
     sweep/sweep.json                  python -m bench.pretrain_sweep --out <studies>/sweep ... (--sweep: repeatable)
     vs_transformers/vs_transformers.json  python -m bench.pretrain_vs_transformers --out <studies>/vs_transformers ...
     --linear_probe F (repeatable, no default)  python -m bench.linear_probe --out F ...
+    --adaptive F (repeatable, no default)      python -m bench.adaptive_study --out DIR ... (DIR/adaptive_study.json)
 A study whose file is absent is listed as "not run" with the path looked at; the page is still written. Seed
 tables follow NVIDIA's README (each seed's score, then mean and standard deviation, in percent); the plots are
 drawn again from the numbers in the JSON files, so the page does not depend on the studies' own PNGs.
@@ -172,6 +173,18 @@ def linear_probe_section(paths: list[Path], heading: str) -> list[str]:
     return lines
 
 
+def adaptive_section(paths: list[Path], heading: str) -> list[str]:
+    """bench.adaptive_study's reports (every --adaptive file), each its own table."""
+    from bench import adaptive_study
+
+    lines = [f"{heading} Task-adaptive pre-training: four starts for SST-2 (bench.adaptive_study)", ""]
+    if not paths:
+        return lines + ["Not run: no --adaptive file given (see bench/adaptive_study.py).", ""]
+    for path in paths:
+        lines += adaptive_study.markdown(json.loads(path.read_text())).splitlines() + ["", f"From `{path}`.", ""]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=su.HelpFormatter)
@@ -192,6 +205,8 @@ def main(argv: list[str] | None = None) -> str:
                    help="a bench.gpu_study run's gpu_study.json (its <run>.log.json files beside it), repeatable")
     p.add_argument("--linear_probe", type=Path, action="append", default=None,
                    help="a bench.linear_probe report, repeatable")
+    p.add_argument("--adaptive", type=Path, action="append", default=None,
+                   help="a bench.adaptive_study report, repeatable")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
     p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
     args = p.parse_args(argv)
@@ -232,6 +247,7 @@ def main(argv: list[str] | None = None) -> str:
                                     page_dir, "##", "Ours against transformers", "vs_transformers")
     lines += gpu_section(args.gpu_study or [], plots, page_dir, "##")
     lines += linear_probe_section(args.linear_probe or [], "##")
+    lines += adaptive_section(args.adaptive or [], "##")
     text = "\n".join(lines).rstrip() + "\n"
     args.out.write_text(text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")

@@ -1,0 +1,218 @@
+"""Is SST-2's failure on the CPU the pre-training text's domain? Task-adaptive pre-training, four starts (issue 27).
+
+    .venv/bin/python -m bench.adaptive_study --out results/studies/adaptive [--config configs/bert-small-cpu.json] \\
+        [--wiki_steps 4000] [--task_steps 4000] [--task_dupe_factor 10] [--doc_sentences 8] \\
+        [--seeds 1,2,3,4,5] [--small_lr 1e-4,3e-4,1e-3] [--sst2_max_train_examples 10000] [--sst2_epochs 1] [--parallel 2]
+
+The CPU studies' pre-trained models fine-tune on SST-2 no better than random initialisation, and a linear probe
+finds no sentiment in their features: is it the text (Wikipedia has few opinions about films) or the amount of it?
+Four starting points, one fine-tuning:
+
+1. wikipedia: the README's main job, `scripts/run_cpu_demo.sh` (its Wikipedia text and learned vocabulary,
+   AdamW 1e-3, --wiki_steps phase-1 steps at sequence 64, 20 at 512), run by bench.pretrain_study;
+2. random: that run's initial weights (seed 42), no pre-training;
+3. sst2-text: masked-LM pre-training from that same random start on the text of SST-2's training sentences, their
+   labels dropped (Gururangan et al. 2020, "Don't Stop Pretraining": task-adaptive pre-training), with the Wikipedia
+   run's vocabulary and config: run_cpu_demo.sh --corpus with --task_steps and --task_dupe_factor. SST-2 has no
+   documents; --doc_sentences consecutive sentences make one, so that a sequence of 64 holds several instead of one
+   short phrase. The demo holds out the last 5% of those documents (a held-out set that flatters: SST-2's training
+   sentences are phrases of one another, and most held-out ones occur inside training ones). The dev set's
+   sentences come from other reviews (two short ones, "bad ." and "very bad .", occur inside training sentences, as
+   in GLUE's own split);
+4. wikipedia+sst2-text: the same from the Wikipedia model's last checkpoint (run_cpu_demo.sh --init_checkpoint).
+
+Each is fine-tuned by bench.pretrain_study (bench.stability: one run_glue.py per seed) on the first
+--sst2_max_train_examples labelled SST-2 sentences for --sst2_epochs, batch 32, sequence 128, at every rate of
+--small_lr (a pre-trained start may need a gentler rate than a random one), and probed by bench.linear_probe
+(frozen features, all 67,349 training sentences, dev accuracy). Verdicts by the results page's rule
+(study_utils.RULE): each start against random initialisation at the same rate, and each at its best rate (chosen on
+dev, for every start alike) against random's best; and the pairs that answer the question, at their best rates:
+sst2-text against random (does the domain's own text teach sentiment?), wikipedia+sst2-text against sst2-text and
+against wikipedia (does each text add to the other?). Output: <out>/adaptive_study.json and .md; each arm's
+pre-training under <out>/<arm>/pretrain/, its pretrain_study report per rate under <out>/<arm>/lr<rate>/.
+A second call reuses every finished run; one with another --sst2_max_train_examples or --sst2_epochs reuses the
+pre-training and writes its fine-tunings and report under names that say so (lr<rate>_n<N>_ep<E>/,
+adaptive_study_n<N>_ep<E>.json).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from atomic_io import atomic_write_text
+from bench import study_utils as su
+
+REPO = su.REPO
+ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")
+
+
+def sst2_documents(data_dir: Path, out: Path, per_doc: int) -> dict:
+    """SST-2's training sentences, labels dropped, in file order, `per_doc` to a document (blank-line separated):
+    the plain-text input of run_cpu_demo.sh --corpus. Returns {"sentences", "documents", "words"}."""
+    from processors.glue import get_task, get_train_examples
+
+    sentences = [e.text_a.strip() for e in get_train_examples(data_dir, get_task("sst-2"))]
+    sentences = [s for s in sentences if s]
+    docs = [sentences[i:i + per_doc] for i in range(0, len(sentences), per_doc)]
+    atomic_write_text(out, "".join("\n".join(doc) + "\n\n" for doc in docs))
+    return {"sentences": len(sentences), "documents": len(docs), "words": sum(len(s.split()) for s in sentences)}
+
+
+def markdown(report: dict) -> str:
+    lrs, rows = report["learning_rates"], report["arms"]
+    head = " | ".join(f"SST-2 dev acc., lr {lr}" for lr in lrs)
+    lines = [f"| start | pre-training | {head} | at its best rate against random's best (difference, spread) | "
+             "linear probe, [CLS] / mean of tokens |", "|---" * (4 + len(lrs)) + "|"]
+    for arm in ARMS:
+        r = rows[arm]
+        cells = []
+        for lr in lrs:
+            m = r["sst2"][lr]
+            cell = f"{m['mean']:.4f} ± {m['std']:.4f}"
+            cells.append(f"**{cell}**" if lr == r["best_lr"] else cell)
+        v = r["against_random"]["best"] if r["against_random"] else None
+        verdict = "" if v is None else (f"{'**beats**' if v['beats'] else 'does not beat'} ({v['difference']:+.4f}, "
+                                        f"{v['spread']:.4f})")
+        p = r["linear_probe"]
+        lines.append(f"| {arm} | {r['pretraining']} | {' | '.join(cells)} | {verdict} | {p['cls']:.4f} / "
+                     f"{p['mean']:.4f} |")
+    majority = f"{report['majority']:.4f}"
+    lines.append(f"| majority class | | {' | '.join(majority for _ in lrs)} | | {majority} |")
+    lines += [""] + [f"- {name}, each at its best rate: {'**beats**' if v['beats'] else 'does not beat'} "
+                     f"({v['difference']:+.4f}, spread {v['spread']:.4f})" for name, v in report["pairs"].items()]
+    t, fine = report["sst2_text"], report["finetuning"]
+    lines += ["", f"Fine-tuning: the first {fine['sst2_max_train_examples']} labelled sentences, {fine['sst2_epochs']:g} "
+              f"epoch(s), {fine['seeds']} seeds, batch {fine['batch']}; bold: each start's best rate. "
+              f"Rule: {report['rule']}. "
+              f"SST-2 text: {t['sentences']} sentences, {t['words']} words, {t['documents']} documents. "
+              f"{report['date']}, {report['cpu']}, {report['wall_seconds']} s. Command: "
+              f"`python -m bench.adaptive_study {' '.join(report['command'][3:])}`."]
+    return "\n".join(lines) + "\n"
+
+
+def pretraining_line(pre: dict | None) -> str:
+    """'N1 + N2 steps, S s' of a pretrain_study pre-training report, or 'none'."""
+    if not pre:
+        return "none"
+    p1 = pre["phase1"]
+    return f"{p1['steps']} + {pre['phase2']['steps']} steps, {pre.get('wall_seconds')} s"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from bench import linear_probe, pretrain_study
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "adaptive")
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "bert-small-cpu.json")
+    p.add_argument("--wiki_steps", type=int, default=4000, help="phase-1 steps on Wikipedia (the main job's)")
+    p.add_argument("--task_steps", type=int, default=4000, help="phase-1 steps on SST-2's text")
+    p.add_argument("--task_dupe_factor", type=int, default=10, help="masked copies of SST-2's text (create_"
+                   "pretraining_data.py --dupe_factor): 10 gives about as many sequences as 4,000 steps of 32 read")
+    p.add_argument("--doc_sentences", type=int, default=8, help="SST-2 sentences per document")
+    p.add_argument("--phase2_steps", type=int, default=20)
+    p.add_argument("--seeds", default="1,2,3,4,5")
+    p.add_argument("--small_lr", default="1e-4,3e-4,1e-3", help="fine-tuning learning rates, comma-separated: every "
+                   "start is fine-tuned at each, and compared at the same rate and at its best")
+    p.add_argument("--sst2_max_train_examples", type=int, default=10000)
+    p.add_argument("--sst2_epochs", type=float, default=1.0)
+    p.add_argument("--max_steps", type=int, default=-1, help="fine-tuning steps cap (quick runs)")
+    p.add_argument("--max_eval_examples", type=int, default=None, help="dev sentences (quick runs)")
+    p.add_argument("--probe_max_train_examples", type=int, default=None, help="linear probe sentences (quick runs)")
+    p.add_argument("--parallel", type=int, default=2, help="fine-tuning runs at a time")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="threads of each pre-training (default: the cores this process may use)")
+    p.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-sst2/ (SST-2's train.tsv, dev.tsv)")
+    g = p.add_argument_group("sizes (the defaults are the main job's; smaller for quick runs and the tests)")
+    g.add_argument("--corpus", action="append", type=Path, help="the Wikipedia arm's text (None: the main job's)")
+    g.add_argument("--vocab_size", type=int, default=8000, help="the vocabulary learned from that text")
+    g.add_argument("--batch", type=int, default=32, help="pre-training sequences per step")
+    g.add_argument("--small_batch", type=int, default=32, help="fine-tuning batch")
+    g.add_argument("--max_seq_length", type=int, default=128, help="fine-tuning and probe sequence length")
+    args = p.parse_args(argv)
+    data_dir = args.data_root.resolve() / "glue-sst2"
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    lrs = [f"{float(x):g}" for x in args.small_lr.split(",") if x.strip()]
+    common = ["--optimizer", "adamw", "--lr", "1e-3", "--phase2_steps", str(args.phase2_steps), "--tasks", "sst-2",
+              "--seeds", args.seeds, "--sst2_max_train_examples",
+              str(args.sst2_max_train_examples), "--sst2_epochs", str(args.sst2_epochs), "--max_steps",
+              str(args.max_steps), "--parallel", str(args.parallel), "--no_context_probe",
+              "--data_root", str(args.data_root.resolve()), "--batch", str(args.batch), "--small_batch",
+              str(args.small_batch), "--max_seq_length", str(args.max_seq_length), "--threads", str(args.threads)]
+    if args.max_eval_examples:
+        common += ["--max_eval_examples", str(args.max_eval_examples)]
+
+    # Fine-tuning folders and the report are named by any setting that differs from the defaults, so that a second
+    # call with fewer labels or more epochs reuses the pre-training beside the first call's results.
+    suffix = "".join(f"_{key}{value:g}" for key, value, default in (
+        ("n", args.sst2_max_train_examples, 10000), ("ep", args.sst2_epochs, 1.0)) if value != default)
+
+    def study(arm: str, lr: str, models: str, pretraining: list[str]) -> dict:
+        """One arm fine-tuned at one rate; the arm's pre-training runs with its first rate and is reused after."""
+        return pretrain_study.main(["--out", str(out / arm / f"lr{lr}{suffix}"), "--pretrain_out", str(out / arm / "pretrain"),
+                                    "--small_lr", lr, "--models", models, *pretraining, *common])
+
+    # 1-2: Wikipedia, and the random start it began from
+    wiki_pre = ["--config", str(args.config), "--phase1_steps", str(args.wiki_steps), "--dupe_factor", "1",
+                "--vocab_size", str(args.vocab_size), *[a for c in args.corpus or [] for a in ("--corpus", str(c))]]
+    wiki = {lr: study("wikipedia", lr, "pretrained,random", wiki_pre) for lr in lrs}
+    demo = out / "wikipedia" / "pretrain"  # run_cpu_demo.sh's --out: vocab.txt and bert_config.json
+    vocab, config = demo / "vocab.txt", demo / "bert_config.json"
+    # 3-4: SST-2's text, from the random start and from the Wikipedia model
+    text = out / "sst2_text.txt"
+    text_stats = sst2_documents(data_dir, text, args.doc_sentences)
+    task_pre = ["--corpus", str(text), "--vocab", str(vocab), "--config", str(config), "--phase1_steps",
+                str(args.task_steps), "--dupe_factor", str(args.task_dupe_factor)]
+    tapt = {lr: study("sst2-text", lr, "pretrained", task_pre) for lr in lrs}
+    wiki_ckpt = wiki[lrs[0]]["pretraining"]["checkpoint"]
+    both = {lr: study("wikipedia+sst2-text", lr, "pretrained", ["--init_checkpoint", wiki_ckpt, *task_pre])
+            for lr in lrs}
+
+    first = {"wikipedia": wiki[lrs[0]], "sst2-text": tapt[lrs[0]], "wikipedia+sst2-text": both[lrs[0]]}
+    starts = {"random": wiki[lrs[0]]["random_init"]["checkpoint"],
+              **{arm: r["pretraining"]["checkpoint"] for arm, r in first.items()}}
+    probe_argv = [a for arm in ARMS for a in ("--checkpoint", f"{arm}={starts[arm]}")]
+    probe_argv += ["--vocab_file", str(vocab), "--task", "sst-2", "--data_dir", str(data_dir), "--out",
+                   str(out / "linear_probe.json"), "--max_seq_length", str(args.max_seq_length)]
+    if args.probe_max_train_examples:
+        probe_argv += ["--max_train_examples", str(args.probe_max_train_examples)]
+    if args.max_eval_examples:
+        probe_argv += ["--max_eval_examples", str(args.max_eval_examples)]
+    probe = linear_probe.main(probe_argv)
+
+    scores = {"random": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["random"] for lr in lrs},
+              "wikipedia": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs},
+              "sst2-text": {lr: tapt[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs},
+              "wikipedia+sst2-text": {lr: both[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs}}
+    best = {arm: max(lrs, key=lambda lr: by_lr[lr]["mean"]) for arm, by_lr in scores.items()}
+    top = {arm: scores[arm][best[arm]] for arm in ARMS}  # each start at its best rate (chosen on dev, for all alike)
+    arms = {arm: {"checkpoint": starts[arm], "pretraining": pretraining_line(first.get(arm, {}).get("pretraining")),
+                  "pretraining_report": first.get(arm, {}).get("pretraining"),
+                  "sst2": {lr: {k: v for k, v in scores[arm][lr].items() if k != "date"} for lr in lrs},
+                  "best_lr": best[arm],
+                  "against_random": None if arm == "random" else {
+                      "same_lr": {lr: su.beats(scores[arm][lr], scores["random"][lr]) for lr in lrs},
+                      "best": su.beats(top[arm], top["random"])},
+                  "linear_probe": {k: probe["results"][arm][k]["dev_accuracy"] for k in ("cls", "mean")}}
+            for arm in ARMS}
+    pairs = {f"{a} against {b}": su.beats(top[a], top[b]) for a, b in
+             (("sst2-text", "random"), ("wikipedia+sst2-text", "sst2-text"), ("wikipedia+sst2-text", "wikipedia"))}
+    cpu, flags = su.cpu_description()
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.adaptive_study",
+                                                                  *(argv if argv is not None else sys.argv[1:])],
+              "cpu": f"{cpu} ({', '.join(flags) or 'no bf16 flags'})", "sst2_text": text_stats, "learning_rates": lrs,
+              "finetuning": {"sst2_max_train_examples": args.sst2_max_train_examples, "sst2_epochs": args.sst2_epochs,
+                             "seeds": len(su.parse_seeds(args.seeds)), "batch": args.small_batch},
+              "majority": wiki[lrs[0]]["finetuning"]["baselines"]["sst-2"], "arms": arms, "pairs": pairs,
+              "rule": su.RULE, "linear_probe": str(out / "linear_probe.json"),
+              "wall_seconds": round(time.time() - started, 1)}
+    su.write_report(out, f"adaptive_study{suffix}", report, markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
