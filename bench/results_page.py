@@ -161,27 +161,15 @@ def gpu_section(paths: list[Path], plots: Path, page_dir: Path, heading: str) ->
     return text.splitlines() + [f"From {', '.join(f'`{p}`' for p in paths)}.", ""]
 
 
-def linear_probe_section(paths: list[Path], heading: str) -> list[str]:
-    """bench.linear_probe's reports (every --linear_probe file), each its own table."""
-    from bench import linear_probe
-
-    lines = [f"{heading} Frozen-feature linear probes (bench.linear_probe)", ""]
+def report_sections(module, paths: list[Path], heading: str, title: str, flag: str) -> list[str]:
+    """A bench script's reports (every --<flag> file), each its own table by the script's `markdown(report)`: the
+    linear probes (bench.linear_probe) and the task-adaptive studies (bench.adaptive_study)."""
+    lines = [f"{heading} {title}", ""]
     if not paths:
-        return lines + ["Not run: no --linear_probe file given (see bench/linear_probe.py).", ""]
+        script = module.__name__.split(".")[-1]
+        return lines + [f"Not run: no --{flag} file given (see bench/{script}.py).", ""]
     for path in paths:
-        lines += linear_probe.markdown(json.loads(path.read_text())).splitlines() + ["", f"From `{path}`.", ""]
-    return lines
-
-
-def adaptive_section(paths: list[Path], heading: str) -> list[str]:
-    """bench.adaptive_study's reports (every --adaptive file), each its own table."""
-    from bench import adaptive_study
-
-    lines = [f"{heading} Task-adaptive pre-training: four starts for SST-2 (bench.adaptive_study)", ""]
-    if not paths:
-        return lines + ["Not run: no --adaptive file given (see bench/adaptive_study.py).", ""]
-    for path in paths:
-        lines += adaptive_study.markdown(json.loads(path.read_text())).splitlines() + ["", f"From `{path}`.", ""]
+        lines += module.markdown(json.loads(path.read_text())).splitlines() + ["", f"From `{path}`.", ""]
     return lines
 
 
@@ -246,8 +234,12 @@ def main(argv: list[str] | None = None) -> str:
     lines += table_and_plot_section(pretrain_vs_transformers, found["vs_transformers"], paths["vs_transformers"], plots,
                                     page_dir, "##", "Ours against transformers", "vs_transformers")
     lines += gpu_section(args.gpu_study or [], plots, page_dir, "##")
-    lines += linear_probe_section(args.linear_probe or [], "##")
-    lines += adaptive_section(args.adaptive or [], "##")
+    from bench import adaptive_study, linear_probe
+
+    lines += report_sections(linear_probe, args.linear_probe or [], "##",
+                             "Frozen-feature linear probes (bench.linear_probe)", "linear_probe")
+    lines += report_sections(adaptive_study, args.adaptive or [], "##",
+                             "Task-adaptive pre-training: four starts for SST-2 (bench.adaptive_study)", "adaptive")
     text = "\n".join(lines).rstrip() + "\n"
     args.out.write_text(text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")
