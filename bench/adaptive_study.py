@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.adaptive_study --out results/studies/adaptive [--config configs/bert-small-cpu.json] \\
         [--wiki_steps 4000] [--task_steps 4000] [--task_dupe_factor 10] [--doc_sentences 8] \\
-        [--seeds 1,2,3,4,5] [--small_lr 1e-4,3e-4,1e-3] [--sst2_max_train_examples 10000] [--sst2_epochs 1] [--parallel 2]
+        [--seeds 1,2,3,4,5] [--small_lr 1e-4,3e-4,1e-3,3e-3] [--sst2_max_train_examples 10000] [--sst2_epochs 1] [--parallel 2]
 
 The CPU studies' pre-trained models fine-tune on SST-2 no better than random initialisation, and a linear probe
 finds no sentiment in their features: is it the text (Wikipedia has few opinions about films) or the amount of it?
@@ -44,6 +44,7 @@ from pathlib import Path
 
 from atomic_io import atomic_write_text
 from bench import study_utils as su
+from cli import InputError, script_errors
 
 REPO = su.REPO
 ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")
@@ -102,6 +103,12 @@ def pretraining_line(pre: dict | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Bad input: one line on stderr ("adaptive_study: error: ..."), exit status 1."""
+    with script_errors("adaptive_study", argv):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> dict:
     from bench import linear_probe, pretrain_study
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--doc_sentences", type=int, default=8, help="SST-2 sentences per document")
     p.add_argument("--phase2_steps", type=int, default=20)
     p.add_argument("--seeds", default="1,2,3,4,5")
-    p.add_argument("--small_lr", default="1e-4,3e-4,1e-3", help="fine-tuning learning rates, comma-separated: every "
+    p.add_argument("--small_lr", default="1e-4,3e-4,1e-3,3e-3", help="fine-tuning learning rates, comma-separated: every "
                    "start is fine-tuned at each, and compared at the same rate and at its best")
     p.add_argument("--sst2_max_train_examples", type=int, default=10000)
     p.add_argument("--sst2_epochs", type=float, default=1.0)
@@ -133,10 +140,19 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--max_seq_length", type=int, default=128, help="fine-tuning and probe sequence length")
     args = p.parse_args(argv)
     data_dir = args.data_root.resolve() / "glue-sst2"
+    for name in ("train.tsv", "dev.tsv"):
+        if not (data_dir / name).is_file():
+            raise InputError(f"--data_root {args.data_root}: {data_dir / name} not found (SST-2 from GLUE: "
+                             "../shared/data/glue-sst2 holds it)")
+    try:
+        lrs = [f"{float(x):g}" for x in args.small_lr.split(",") if x.strip()]
+    except ValueError:
+        lrs = []
+    if not lrs or any(float(lr) <= 0 for lr in lrs):
+        raise InputError(f"--small_lr {args.small_lr!r}: give positive learning rates, comma-separated (1e-4,1e-3)")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    lrs = [f"{float(x):g}" for x in args.small_lr.split(",") if x.strip()]
     common = ["--optimizer", "adamw", "--lr", "1e-3", "--phase2_steps", str(args.phase2_steps), "--tasks", "sst-2",
               "--seeds", args.seeds, "--sst2_max_train_examples",
               str(args.sst2_max_train_examples), "--sst2_epochs", str(args.sst2_epochs), "--max_steps",

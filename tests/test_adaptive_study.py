@@ -134,3 +134,17 @@ def test_help_and_nothing_at_import():
     with pytest.raises(SystemExit) as e:
         adaptive_study.main(["--help"])
     assert e.value.code == 0
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--small_lr", "fast"], ("--small_lr", "positive learning rates")),
+    (["--small_lr", "0,1e-3"], ("--small_lr", "positive learning rates")),
+    (["--data_root", "/nonexistent"], ("--data_root", "train.tsv not found")),
+])
+def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, argv, words):
+    with pytest.raises(SystemExit) as e:
+        adaptive_study.main(["--out", str(tmp_path / "study"), *argv])
+    message = str(e.value.code)
+    assert message.startswith("adaptive_study: error: ") and "\n" not in message
+    assert all(w in message for w in words), message
+    assert not (tmp_path / "study").exists()
