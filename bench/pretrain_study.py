@@ -37,6 +37,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -137,9 +138,20 @@ def reuse_differences(state: dict, args) -> list[str]:
     optimizer = p1.get("optimizer", "nvlamb")  # logs from before --optimizer existed: NVLAMB, the only one
     if optimizer != args.optimizer:
         lines.append(f"optimizer {optimizer} (flag: {args.optimizer})")
-    if Path(p1.get("config_file") or "").name != args.config.name:
-        lines.append(f"config {p1.get('config_file')} (flag: {args.config})")
-    return lines
+    return lines + config_differences(p1.get("config_file"), args.config)
+
+
+def config_differences(used: str | None, flag: Path) -> list[str]:
+    """How a run's model config (`used`, its log's config_file) differs from --config, key by key. vocab_size is
+    left out: run_cpu_demo.sh sets it from the vocabulary and writes <out>/bert_config.json, so a run made from
+    --config reads as the same. A config that cannot be read (a run folder that moved) is compared by file name."""
+    try:
+        have, want = json.loads(Path(used).read_text()), json.loads(flag.read_text())
+    except (OSError, TypeError, ValueError):
+        return [] if Path(used or "").name == flag.name else [f"config {used} (flag: {flag})"]
+    keys = [k for k in sorted((set(have) | set(want)) - {"vocab_size"}) if have.get(k) != want.get(k)]
+    return [f"config {used}: " + ", ".join(f"{k} {have.get(k)!r} (flag {flag.name}: {want.get(k)!r})" for k in keys)
+            ] if keys else []
 
 
 def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:

@@ -237,6 +237,23 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
         assert (study / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_reused_run_config_is_compared_by_content_not_by_name(tmp_path):
+    """run_cpu_demo.sh writes <out>/bert_config.json from --config with the vocabulary's size: that is the same
+    model, so no warning; another shape is named key by key; an unreadable config falls back to the file name."""
+    flag = tmp_path / "bert-mini.json"
+    flag.write_text(json.dumps({**TINY_CONFIG, "vocab_size": 30522}))
+    same = tmp_path / "run" / "bert_config.json"
+    same.parent.mkdir()
+    same.write_text(json.dumps({**TINY_CONFIG, "vocab_size": 8000}))
+    assert pretrain_study.config_differences(str(same), flag) == []
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**TINY_CONFIG, "hidden_size": 64, "vocab_size": 8000}))
+    assert pretrain_study.config_differences(str(other), flag) == [
+        f"config {other}: hidden_size 64 (flag bert-mini.json: 32)"]
+    assert pretrain_study.config_differences(str(tmp_path / "gone" / "bert-mini.json"), flag) == []
+    assert pretrain_study.config_differences("tiny.json", flag) == [f"config tiny.json (flag: {flag})"]
+
+
 def test_given_json_with_other_settings_is_used_with_warnings(tmp_path, shared_data, monkeypatch):
     no_training(monkeypatch)
     given = fake_stability(tmp_path / "m" / "stability_mrpc.json", "mrpc", [0.9, 0.8], seeds=[1, 2], lr=3e-5)
