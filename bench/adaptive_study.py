@@ -37,6 +37,7 @@ adaptive_study_n<N>_ep<E>.json).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -198,7 +199,14 @@ def _main(argv: list[str] | None = None) -> dict:
         probe_argv += ["--max_train_examples", str(args.probe_max_train_examples)]
     if args.max_eval_examples:
         probe_argv += ["--max_eval_examples", str(args.max_eval_examples)]
-    probe = linear_probe.main(probe_argv)
+    # The probe of the same checkpoints with the same settings is reused, as the fine-tunings are (a new
+    # pre-training run has a new run_<time>/ folder, so the same paths are the same weights).
+    probe_json = out / "linear_probe.json"
+    probe = json.loads(probe_json.read_text()) if probe_json.is_file() else None
+    if probe is not None and probe.get("command", [])[3:] == probe_argv:
+        print(f"adaptive_study: reusing {probe_json} (the same checkpoints and settings)", flush=True)
+    else:
+        probe = linear_probe.main(probe_argv)
 
     scores = {"random": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["random"] for lr in lrs},
               "wikipedia": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs},

@@ -305,3 +305,18 @@ def disk_full_for_large_writes(monkeypatch, limit: int = 4096) -> None:
         return real_fdopen(fd, mode, *args, **kwargs)
 
     monkeypatch.setattr(os, "fdopen", fdopen)
+
+
+def no_training(monkeypatch):
+    """Any attempt to train in the bench studies (their launcher subprocesses, bench.stability's seeds) fails the
+    test: for checking that a second call reuses every finished run."""
+    import types
+
+    from bench import pretrain_study, scaling_study, stability
+
+    def refuse(*a, **k):
+        raise AssertionError(f"nothing should run here: {a} {k}")
+
+    for module in (pretrain_study, scaling_study):
+        monkeypatch.setattr(module, "subprocess", types.SimpleNamespace(run=refuse, Popen=refuse))
+    monkeypatch.setattr(stability, "run_seeds", refuse)

@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from bench import adaptive_study
+from conftest import no_training
 
 TINY_CONFIG = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                "intermediate_size": 64, "max_position_embeddings": 512}
@@ -40,6 +41,7 @@ def tiny_adaptive(tmp_path_factory, shared_data):
             "--doc_sentences", "4", "--phase2_steps", "1", "--batch", "4", "--seeds", "1,2", "--small_lr", "1e-4,1e-3",
             "--sst2_max_train_examples", "16", "--max_steps", "1", "--small_batch", "8", "--max_seq_length", "32",
             "--parallel", "1", "--data_root", str(root / "data")]
+    (root / "argv.json").write_text(json.dumps(argv))  # for the second call (test_second_call_reuses_everything)
     return root, adaptive_study.main(argv)
 
 
@@ -106,6 +108,20 @@ def test_four_starts_are_fine_tuned_and_probed(tiny_adaptive):
     # fine-tuned on 16 labelled sentences, not the default 10,000: the folders and the report say so
     assert "| wikipedia+sst2-text |" in (study / "adaptive_study_n16.md").read_text()
     assert json.loads((study / "adaptive_study_n16.json").read_text())["finetuning"]["sst2_max_train_examples"] == 16
+
+
+def test_second_call_reuses_everything(tiny_adaptive, monkeypatch):
+    """The same command again trains nothing and probes nothing: the pre-trainings, fine-tunings and the probe
+    are read back, and the report's numbers are the first call's."""
+    from bench import linear_probe
+
+    root, first = tiny_adaptive
+    no_training(monkeypatch)
+    monkeypatch.setattr(linear_probe, "main", lambda *a, **k: pytest.fail(f"the probe ran again: {a}"))
+    again = adaptive_study.main(json.loads((root / "argv.json").read_text()))
+    for arm in adaptive_study.ARMS:
+        assert again["arms"][arm]["sst2"] == first["arms"][arm]["sst2"]
+        assert again["arms"][arm]["linear_probe"] == first["arms"][arm]["linear_probe"]
 
 
 def test_results_page_renders_the_study(tiny_adaptive, tmp_path):

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from bench import pretrain_study, results_page, scaling_study, study_utils
+from conftest import no_training
 
 # MRPC dev: 408 pairs, 279 of them paraphrases, so predicting "paraphrase" everywhere scores F1 2*279/(279+408);
 # SST-2 dev: 872 sentences, 444 positive, so always "positive" scores accuracy 444/872.
@@ -111,20 +112,6 @@ def fake_stability(path, task: str, scores: list[float], seeds: list[int] | None
 SCORES = {("pretrained", "mrpc"): [0.84, 0.86, 0.82], ("random", "mrpc"): [MRPC_MAJORITY_F1] * 3,
           ("minilm", "mrpc"): [0.88, 0.90, 0.89], ("pretrained", "sst-2"): [0.70, 0.74, 0.72],
           ("random", "sst-2"): [0.70, 0.74, 0.66], ("minilm", "sst-2"): [0.86, 0.88, 0.87]}
-
-
-def no_training(monkeypatch):
-    """Any attempt to train (the studies' launcher subprocesses, bench.stability's seeds) fails the test."""
-    import types
-
-    from bench import stability
-
-    def refuse(*a, **k):
-        raise AssertionError(f"nothing should run here: {a} {k}")
-
-    for module in (pretrain_study, scaling_study):
-        monkeypatch.setattr(module, "subprocess", types.SimpleNamespace(run=refuse, Popen=refuse))
-    monkeypatch.setattr(stability, "run_seeds", refuse)
 
 
 # --------------------------------------------------------------------------------------------------------------
