@@ -38,9 +38,10 @@
 # processes with gloo, each with --batch: N x batch sequences a step; default 1), --dupe_factor N (phase 1 shards;
 # default 1), --init_checkpoint FILE (phase 1 starts from these weights instead of a random initialisation, with a
 # fresh optimizer: a ckpt_<step>.pt, an NVIDIA .pt or a Hugging Face folder; needs --vocab, the model's own
-# vocabulary, and --config, its shape), -h. Environment: PYTHON (default .venv/bin/python if present, else python3), OMP_NUM_THREADS
-# (default: torch's; 1 when the machine is busy, i.e. the load average is at least the number of cores: on a shared
-# 2-core machine two OpenMP threads stall whenever one is descheduled, measured 4x slower than one thread).
+# vocabulary, and --config, its shape), -h. Environment: PYTHON (default .venv/bin/python if present, else
+# python3), OMP_NUM_THREADS (default: torch's; 1 when the machine is busy, i.e. the load average is at least the
+# number of cores: on a shared 2-core machine two OpenMP threads stall whenever one is descheduled, measured 4x
+# slower than one thread).
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
