@@ -1,16 +1,19 @@
 """The processes of a run: torchrun's environment, or Slurm's, or a single process (DistEnv, init_distributed,
-barrier, end_process_group), and the seeds and RNG states each process keeps (set_seed, rng_state,
-set_rng_state: what a resumed run restores). torch is imported inside the functions that need it.
+barrier, end_process_group, exit_script: how an entry script's process ends), and the seeds and RNG states each
+process keeps (set_seed, rng_state, set_rng_state: what a resumed run restores). torch is imported inside the
+functions that need it.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -85,7 +88,8 @@ def end_process_group(clean: bool = True) -> None:
     """Leave the default process group, if one is open. After a clean run every rank first meets the others at a
     barrier: a rank that tears gloo down while a peer is still finishing its last collective can make that peer abort
     ("terminate called without an active exception", seen once in CI on a 2-process run whose results were all
-    written). After a failure there is no barrier: the peers may be gone, and waiting for them would hang."""
+    written). After a failure there is no barrier: the peers may be gone, and waiting for them would hang. The same
+    abort has a second cause that no barrier removes, at the interpreter's exit: see exit_script."""
     import torch
 
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -93,6 +97,39 @@ def end_process_group(clean: bool = True) -> None:
     if clean:
         torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def exit_script(main: Callable[[], object]) -> NoReturn:
+    """Run an entry script's main() and end the process with its status: an int that main returns, or the code of
+    the SystemExit it raises (script_errors' 1); any other return value is success (0).
+
+    One process of a multi-process run (WORLD_SIZE > 1: torchrun's or Slurm's) ends with os._exit once its output
+    is flushed, skipping Python's finalisation. Why: DistributedDataParallel keeps the process group alive after
+    destroy_process_group (torch 2.13: its gloo worker threads are never joined), and a worker drops its reference
+    to a collective's tensors just after the collective completes. When that drop comes after the interpreter has
+    begun to finalise, the thread cannot take the GIL, is ended by pthread_exit, and the process aborts ("terminate
+    called without an active exception", exit 134) after a run that had written everything: a Slurm phase marked
+    FAILED, its dependent phase cancelled. Measured with bench/exit_race.py. Nothing is lost by skipping the
+    finalisation: the scripts close their logs and write checkpoints atomically before main returns, and
+    logging's handlers and stdout/stderr are flushed here. A single process exits the usual way (sys.exit).
+    """
+    try:
+        status = main()
+        code = status if isinstance(status, int) and not isinstance(status, bool) else 0
+    except SystemExit as stop:
+        code = stop.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python itself does
+        print(code, file=sys.stderr)
+        code = 1
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken console must not change the status
+            stream.flush()
+    os._exit(code)
 
 
 # --------------------------------------------------------------------------------------------------------------

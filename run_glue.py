@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 import finetuning
 import cli
+import distributed
 from modeling import BertForSequenceClassification
 from processors.glue import (TASKS, compute_metrics, encode_examples, get_dev_examples, get_task,
                              get_test_examples, get_train_examples)
@@ -189,4 +190,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    distributed.exit_script(main)  # a multi-process run's end: see exit_script

@@ -417,4 +417,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_script(main)  # not sys.exit: see exit_script for a multi-process run's end

@@ -349,4 +349,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    distributed.exit_script(main)  # a multi-process run's end: see exit_script

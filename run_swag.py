@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 import finetuning
 import cli
+import distributed
 from modeling import BertForMultipleChoice
 from processors.swag import accuracy, encode_examples, get_examples
 
@@ -152,4 +153,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    distributed.exit_script(main)  # a multi-process run's end: see exit_script

@@ -250,7 +250,16 @@ class SlurmCluster:
             if info.get("JobState") in states:
                 return info
             if info.get("JobState") in final:
-                raise SlurmError(f"job {job_id} ended {info.get('JobState')} (waiting for {sorted(states)}): {info}")
+                raise SlurmError(f"job {job_id} ended {info.get('JobState')} (waiting for {sorted(states)}): {info}"
+                                 f"\n{job_output(info)}")
             time.sleep(poll)
         raise SlurmError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s "
-                         f"(waiting for {sorted(states)}): {info}\n{self.logs()}")
+                         f"(waiting for {sorted(states)}): {info}\n{job_output(info)}\n{self.logs()}")
+
+
+def job_output(info: dict[str, str], tail: int = 4000) -> str:
+    """The end of a job's own output file (its StdOut), so that a failed job's error says why it failed."""
+    path = Path(info.get("StdOut", ""))
+    if not info.get("StdOut") or not path.is_file():
+        return f"--- job output: {info.get('StdOut') or 'no StdOut'} (not a file)"
+    return f"--- {path} (last {tail} characters)\n" + path.read_text(errors="replace")[-tail:]

@@ -31,11 +31,11 @@ sys.path.insert(0, {repo!r})
 import torch
 torch.set_num_threads(1)
 torch.distributed.init_process_group("gloo")  # main() then leaves the group alone: several runs share it
-import run_pretraining
+import distributed, run_pretraining
 for argv in json.loads(sys.argv[1]):
     assert run_pretraining.main(argv) == 0
-torch.distributed.barrier()  # as distributed.end_process_group: no rank tears gloo down while its peer is still in a collective
-torch.distributed.destroy_process_group()
+distributed.end_process_group()  # barrier, destroy: no rank tears gloo down while its peer is still in a collective
+distributed.exit_script(lambda: 0)  # as the entry scripts end: without finalisation under gloo's live threads
 """
 
 
