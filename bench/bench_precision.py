@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from atomic_io import atomic_write_text
 from bench import study_utils as su
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
               "faster": faster, "auto_picked_the_faster": auto.name == faster,
               "load_average": list(os.getloadavg())}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(f"{result['cpu']} ({result['cores']} threads), bf16 flags: {result['bf16_flags'] or 'none'}")
     print(f"auto -> {auto.name} ({auto.reason})")
     print("| precision | s/step (median) |\n|---|---|")

@@ -30,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from atomic_io import atomic_write_text
 from bench import study_utils as su
 
 REPO = su.REPO
@@ -105,7 +106,7 @@ def run_one(args, spec: tuple[str, int, float], log) -> dict:
     log(f"pretrain_sweep: {out.name}: {args.sequences // batch} steps")
     with open(out / "output.txt", "w") as console:
         code = subprocess.run(cmd, cwd=REPO, env=env, stdout=console, stderr=subprocess.STDOUT).returncode
-    done.write_text(json.dumps(cmd[1:]))
+    atomic_write_text(done, json.dumps(cmd[1:]))  # the marker a second call trusts: never half-written
     summary = summarise(out, optimizer, batch, lr)
     summary["returncode"] = code
     if code:

@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from atomic_io import atomic_write_text
 from bench import study_utils as su
 from bench.pretrain_sweep import bf16_flags_text
 
@@ -184,7 +185,7 @@ def run_reference(args, start_dir: Path, out: Path) -> dict:
     seconds = time.time() - started
     result = {"evals": evals, "losses": losses, "seconds": seconds, "precision": name,
               "sequences_per_second": args.steps * args.batch / seconds}
-    (out / "reference.json").write_text(json.dumps(result, indent=1))
+    atomic_write_text(out / "reference.json", json.dumps(result, indent=1))
     return result
 
 

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from atomic_io import atomic_write_text
 from bench import study_utils as su
 
 REPO = su.REPO
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> str:
     lines += report_sections(adaptive_study, args.adaptive or [], "##",
                              "Task-adaptive pre-training: four starts for SST-2 (bench.adaptive_study)", "adaptive")
     text = "\n".join(lines).rstrip() + "\n"
-    args.out.write_text(text)
+    atomic_write_text(args.out, text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")
     return text
 

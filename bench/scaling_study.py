@@ -44,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+from atomic_io import atomic_write_text
 from bench import study_utils as su
 from cli import InputError, script_errors
 
@@ -155,7 +156,7 @@ def pretrain(label: str, spec: dict, args, shards: Path, log) -> dict:
     summary = su.phase_summary(log_path)
     if not summary["finished"]:
         raise RunFailed(f"run {label} ended unfinished ({summary['state']}); see {run_dir}")
-    (run_dir / "wall.json").write_text(json.dumps({"wall_seconds": wall, "command": cmd}) + "\n")
+    atomic_write_text(run_dir / "wall.json", json.dumps({"wall_seconds": wall, "command": cmd}) + "\n")
     return {**summary, "reused": False, "wall_seconds": wall, "command": cmd}
 
 

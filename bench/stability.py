@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from atomic_io import atomic_write_text
 from cli import InputError, script_errors
 
 
@@ -188,9 +189,10 @@ def _main(argv: list[str] | None = None) -> dict:
     summary = {"date": time.strftime("%Y-%m-%d"), "task": args.task, "metric": SCORE.get(args.task, "acc"),
                "init_checkpoint": str(args.init_checkpoint), "runs": runs,
                "aggregate": aggregate([r["score"] for r in runs]), "wall_seconds": round(time.time() - start, 1)}
-    (args.out / f"stability_{args.task}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # Atomic: the studies take an existing stability_<task>.json as a finished run and reuse it.
+    atomic_write_text(args.out / f"stability_{args.task}.json", json.dumps(summary, indent=2) + "\n")
     text = table(summary)
-    (args.out / f"stability_{args.task}.md").write_text(text + "\n")
+    atomic_write_text(args.out / f"stability_{args.task}.md", text + "\n")
     print(text)
     return summary
 

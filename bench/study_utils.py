@@ -14,6 +14,8 @@ import platform
 from pathlib import Path
 from typing import Any, Callable
 
+from atomic_io import atomic_write_text
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
 VOCAB = DATA / "bert-vocab" / "bert-base-uncased-vocab.txt"
@@ -363,8 +365,8 @@ def save_figure(plt, fig, path: str | os.PathLike) -> Path:
 
 def write_report(out: Path, name: str, report: dict, text: str) -> None:
     """<out>/<name>.json (the numbers) and <out>/<name>.md (the table), and the table on stdout."""
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{name}.md").write_text(text)
+    atomic_write_text(out / f"{name}.json", json.dumps(report, indent=2) + "\n")  # a study reuses what it finds:
+    atomic_write_text(out / f"{name}.md", text)  # a killed write must not leave a half file under the final name
     print(text)
 
 
