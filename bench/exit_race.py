@@ -4,12 +4,14 @@ finalisation (sys.exit) or through distributed.exit_script.
     .venv/bin/python -m bench.exit_race [--runs 40] [--numel 1048576] [--out results/exit_race]
 
 Each run is one `torchrun --standalone --nproc_per_node 2` launch of this file's worker, which does what the end of
-run_pretraining.py does, and nothing else: DistributedDataParallel built on the default gloo group (it keeps that
-group's worker threads alive after destroy_process_group), one last all-reduce of --numel floats (the loss or stop
-vote), then distributed.end_process_group (barrier, destroy). The worker then leaves with sys.exit(0) ("sys.exit")
-or with distributed.exit_script ("exit_script"), alternating run by run. A run fails when torchrun does not exit 0;
-"aborts" counts the failed runs whose output holds "terminate called without an active exception", the message of a
-gloo thread that could not take the GIL during finalisation.
+run_pretraining.py does, and nothing else: DistributedDataParallel built on the default gloo group, one last
+all-reduce of --numel floats (the loss or stop vote), then distributed.end_process_group (barrier, destroy) while
+the model is still referenced, as in run_pretraining's `finally`. The worker then leaves with sys.exit(0)
+("sys.exit": the group's threads, which torch keeps after destroy_process_group, live on into the interpreter's
+finalisation) or with distributed.exit_script ("exit_script"), alternating run by run. A run fails when torchrun
+does not exit 0; "aborts" counts the failed runs whose output holds "terminate called without an active exception",
+the message of a gloo thread that could not take the GIL during finalisation; "hung" the launches still running
+after --timeout seconds (killed then, with their workers).
 
 Writes <out>/exit_race.json (every run's exit status) and exit_race.md (the table); prints the table.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,17 +49,24 @@ def worker(way: str, numel: int) -> None:
     distributed.exit_script(lambda: 0)
 
 
-def launch(way: str, numel: int) -> dict:
+def launch(way: str, numel: int, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "bench.exit_race", "--worker", way, "--numel", str(numel)]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    output = done.stdout + done.stderr
-    return {"way": way, "returncode": done.returncode, "abort": ABORT in output,
-            "seconds": round(time.perf_counter() - start, 2),
-            "tail": "" if done.returncode == 0 else output[-1500:]}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own process group: a hung launch is killed with its workers
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        hung = True
+    failed = hung or proc.returncode != 0
+    return {"way": way, "returncode": None if hung else proc.returncode, "hung": hung, "abort": ABORT in output,
+            "seconds": round(time.perf_counter() - start, 2), "tail": output[-1500:] if failed else ""}
 
 
 def summarise(runs: list[dict]) -> dict[str, dict]:
@@ -64,7 +74,8 @@ def summarise(runs: list[dict]) -> dict[str, dict]:
     for way in WAYS:
         mine = [r for r in runs if r["way"] == way]
         table[way] = {"runs": len(mine), "failed": sum(r["returncode"] != 0 for r in mine),
-                      "aborts": sum(r["returncode"] != 0 and r["abort"] for r in mine)}
+                      "aborts": sum(r["returncode"] != 0 and r["abort"] for r in mine),
+                      "hung": sum(r["hung"] for r in mine)}
     return table
 
 
@@ -72,27 +83,29 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=40, help="launches of each way (they alternate)")
     p.add_argument("--numel", type=int, default=1 << 20, help="floats in the last all-reduce")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a launch counts as hung")
     p.add_argument("--out", default=str(REPO / "results" / "exit_race"))
     p.add_argument("--worker", choices=WAYS, help=argparse.SUPPRESS)  # one process of a run, under torchrun
     args = p.parse_args(argv)
     if args.worker:
         worker(args.worker, args.numel)
         return {}
-    if args.runs < 1 or args.numel < 1:
-        p.error("--runs and --numel must be at least 1")
+    if args.runs < 1 or args.numel < 1 or args.timeout <= 0:
+        p.error("--runs and --numel must be at least 1, --timeout positive")
 
     from tqdm import tqdm
 
-    runs = [launch(way, args.numel) for _ in tqdm(range(args.runs), desc="exit_race") for way in WAYS]
+    runs = [launch(way, args.numel, args.timeout) for _ in tqdm(range(args.runs), desc="exit_race") for way in WAYS]
     table = summarise(runs)
     cpu, bf16 = su.cpu_description()
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "cpu_bf16_flags": bf16, "cores": os.cpu_count(),
               "command": ["python", "-m", "bench.exit_race", *(argv if argv is not None else sys.argv[1:])],
               "numel": args.numel, "summary": table, "runs": runs}
     text = (f"{report['date']}, {cpu} ({os.cpu_count()} cores), {args.runs} two-process launches each way, "
-            f"last all-reduce {args.numel} floats\n\n| ending | runs | failed | aborted (terminate called) |\n"
-            "|---|---|---|---|\n" +
-            "".join(f"| {way} | {t['runs']} | {t['failed']} | {t['aborts']} |\n" for way, t in table.items()))
+            f"last all-reduce {args.numel} floats\n\n| ending | runs | failed | aborted (terminate called) | hung |\n"
+            "|---|---|---|---|---|\n" +
+            "".join(f"| {way} | {t['runs']} | {t['failed']} | {t['aborts']} | {t['hung']} |\n"
+                    for way, t in table.items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     su.write_report(out, "exit_race", report, text)

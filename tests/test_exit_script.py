@@ -2,7 +2,7 @@
 
 A single process exits the usual way, with main's status; one process of a multi-process run (WORLD_SIZE > 1) ends
 without Python's finalisation (os._exit: its atexit handlers do not run), after flushing what it printed. Why: see
-exit_script's docstring; bench/exit_race.py counts the aborts it removes (bench/RESULTS.md).
+exit_script's docstring; bench/exit_race.py counts the aborts it removes (README, Reliability).
 """
 from __future__ import annotations
 
@@ -85,6 +85,27 @@ def test_exit_race_bench_runs_both_endings(tmp_path):
     plain = by_way["sys.exit"]
     assert plain["returncode"] == 0 or plain["abort"], plain["tail"]  # a failure other than the abort is a bug
     assert report["summary"] == {"sys.exit": {"runs": 1, "failed": int(plain["returncode"] != 0),
-                                              "aborts": int(plain["abort"])},
-                                 "exit_script": {"runs": 1, "failed": 0, "aborts": 0}}
-    assert "| exit_script | 1 | 0 | 0 |" in (out / "exit_race.md").read_text()
+                                              "aborts": int(plain["abort"]), "hung": 0},
+                                 "exit_script": {"runs": 1, "failed": 0, "aborts": 0, "hung": 0}}
+    assert "| exit_script | 1 | 0 | 0 | 0 |" in (out / "exit_race.md").read_text()
+
+
+def test_exit_race_bench_kills_a_hung_launch_with_its_workers(tmp_path):
+    """--timeout shorter than a launch's start-up: every launch counts as hung and is killed; no process of it (the
+    launcher or a worker it had started) is left running."""
+    out = tmp_path / "race"
+    done = subprocess.run([sys.executable, "-m", "bench.exit_race", "--runs", "1", "--timeout", "0.5", "--out",
+                           str(out)], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "exit_race.json").read_text())
+    assert [(r["hung"], r["returncode"]) for r in report["runs"]] == [(True, None), (True, None)]
+    assert {way: t["hung"] for way, t in report["summary"].items()} == {"sys.exit": 1, "exit_script": 1}
+    left = [cmdline for cmdline in map(cmdline_of, Path("/proc").glob("[0-9]*")) if b"bench.exit_race\0" in cmdline]
+    assert left == [], f"processes of a killed launch are still running: {left}"
+
+
+def cmdline_of(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""
