@@ -52,8 +52,7 @@ def worker(way: str, numel: int) -> None:
 def launch(way: str, numel: int, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "bench.exit_race", "--worker", way, "--numel", str(numel)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # cwd=REPO: `-m` puts the checkout on the workers' sys.path
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group: a hung launch is killed with its workers
