@@ -387,20 +387,20 @@ def make_optimizer(name: str, params: Iterable, lr: float, weight_decay: float =
 
 # ---------------------------------------------------------------------------------------------------------------
 # The peak learning rate at a small global batch: the rule of the CPU preset (scripts/configs/pretrain_config.sh:
-# cpu), measured on CPU with bench/pretrain_sweep.py (README, "Does it make a good BERT?").
+# cpu), measured on CPU with bench/pretrain_sweep.py (bench/STUDIES.md, "The learning-rate rule").
 # NVIDIA's 6e-3 at 65,536 sequences a step is LAMB's large-batch design point and says nothing about 32-256.
 
 SMALL_BATCH_LR = 1e-2  # NVLAMB's best peak rate at the reference batch (twice it collapsed onto the plateau)
 SMALL_BATCH_REFERENCE = 32  # global sequences per optimizer step at which SMALL_BATCH_LR was measured
-SMALL_BATCH_EXPONENT = 0.5  # lr_best ~ batch ** exponent: 1e-2 best at 32, 2e-2 better than 1e-2 at 128 (README)
+SMALL_BATCH_EXPONENT = 0.5  # lr_best ~ batch ** exponent: 1e-2 best at 32, 2e-2 better than 1e-2 at 128 (the same page)
 
 
 def small_batch_learning_rate(global_batch: int) -> float:
     """NVLAMB's peak learning rate for pre-training a small BERT at `global_batch` sequences per optimizer step:
     SMALL_BATCH_LR * (global_batch / SMALL_BATCH_REFERENCE) ** SMALL_BATCH_EXPONENT. Measured on CPU between 32 and
     128 sequences a step, in runs of 40,000 sequences. It does not extrapolate: at 256 (BERT-mini on an H200, runs
-    of 8,400-16,900 steps, README) its 2.83e-2 diverged, 1e-2 learned and then fell back onto the unigram plateau,
-    and 4e-3 learned; the small_1gpu_bf16 preset uses AdamW 1e-3, the best there."""
+    of 8,400-16,900 steps, bench/STUDIES.md) its 2.83e-2 diverged, 1e-2 learned and then fell back onto the unigram
+    plateau, and 4e-3 learned; the small_1gpu_bf16 preset uses AdamW 1e-3, the best there."""
     if global_batch < 1:
         raise ValueError(f"global batch {global_batch}: must be at least 1")
     return SMALL_BATCH_LR * (global_batch / SMALL_BATCH_REFERENCE) ** SMALL_BATCH_EXPONENT

@@ -86,10 +86,10 @@ class ModelConfig:
     mlm_bias_init: Literal["zero", "unigram"] = "zero"
     """the masked-LM output bias of a model trained from scratch: zero (BERT's) or unigram (the log-frequency of
     each token among the first training shard's masked targets, add-one smoothed: the model starts at the unigram
-    loss instead of learning word frequencies first; measured in README)"""
+    loss instead of learning word frequencies first; measured in bench/STUDIES.md)"""
     no_nsp: bool = False
     """train on the masked-LM loss alone (RoBERTa's choice); the next-sentence loss is still computed and logged,
-    its head gets zero gradients (measured in README)"""
+    its head gets zero gradients (measured in bench/STUDIES.md)"""
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class OptimizerConfig:
     optimizer: Literal["nvlamb", "adamw"] = "nvlamb"
     """nvlamb: NVIDIA's LAMB (per-tensor trust ratio; the recipe for large batches); adamw: decoupled AdamW with
     bias correction (what transformers, Cramming and ModernBERT pre-train with; measured better at small batches,
-    README). Both clip the global gradient norm at --max_grad_norm"""
+    bench/STUDIES.md). Both clip the global gradient norm at --max_grad_norm"""
     learning_rate: float = 5e-5
     """peak learning rate"""
     warmup_proportion: float = 0.01

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call of issue 27, item 5 (see README "Pre-training on one GPU"): pre-train with bench.gpu_study, then
-# fine-tune the result and its random initialisation on MRPC and SST-2 on the same GPU, all inside the call's limit.
+# One device call of issue 27, item 5 (bench/STUDIES.md, "Pre-training on one GPU"): pre-train with bench.gpu_study,
+# then fine-tune the result and its random initialisation on MRPC and SST-2 on the same GPU, all inside the call's limit.
 #
 #   OUT=<folder> bash bench/gpu_study_call.sh     (on the GPU machine; .gpu_data/ carried beside the repository)
 #
@@ -20,8 +20,8 @@
 #
 # The fine-tuning: MRPC at lr 1e-4 and 2e-4 (3 epochs), and SST-2 on all 67,349 sentences for one epoch at 1e-4,
 # pre-trained and random initialisation, every seed: the 5-seed form of the CPU's two-seed SST-2 column of
-# 2026-11-26 (the README's "BERT-small on one GPU"). On 2026-11-26, 16 fine-tunings side by side ran at about 1,056
-# sequences/s each, so one epoch of SST-2 is about 65 s of the call.
+# 2026-11-26 (bench/STUDIES.md, "BERT-small on one GPU"). On 2026-11-26, 16 fine-tunings side by side ran at about
+# 1,056 sequences/s each, so one epoch of SST-2 is about 65 s of the call.
 #
 # The context probe of bench.pretrain_study (count models over 200,000 training sequences, on the CPU) runs once,
 # in the MRPC fine-tuning at 1e-4; the other groups start at the same time with --no_context_probe: on 2026-11-26

@@ -23,7 +23,7 @@
 #      held-out set every 500 steps of phase 1;
 #   5. a summary: masked-LM loss at the start and at the end, and whether the model learned from context: held-out
 #      loss against the word-frequency entropy, the context gain, and always guessing the commonest word.
-# Why these choices (measured on this recipe, README "The main job"): a small vocabulary makes the output layer, most
+# Why these choices (bench/STUDIES.md, "How the recipe was found"): a small vocabulary makes the output layer, most
 # of a 2-layer model's step, 4x cheaper; 30% masking gives twice the predictions a sequence; sequence 64 takes half
 # the time a step of 128 does, and at 128 the model had not left the word-frequency plateau after 3,000 steps where
 # at 64 it left it at about 2,500; a learning rate that stays high (no decay) is what lets it leave (the same run
@@ -190,9 +190,9 @@ export RESULTS_DIR="$run_dir" CHECKPOINTS_DIR="$run_dir/checkpoints"
 export EVAL_DIR_PHASE1="$out/hdf5_heldout" VOCAB_FILE="$vocab"
 export MAX_SEQ_LENGTH_PHASE1="$p1_seq" MAX_PRED_PHASE1="$p1_pred"
 # --mlm_bias_init unigram: the output bias starts at the log word frequencies, so the steps go to learning from
-# context instead of to learning word frequencies first (measured in README; phase 2 keeps phase 1's).
+# context instead of to learning word frequencies first (bench/STUDIES.md; phase 2 keeps phase 1's).
 # --lr_schedule constant: the model leaves the word-frequency plateau only while the rate is high; a rate decayed
-# over the demo's few thousand steps keeps it there (README "The main job").
+# over the demo's few thousand steps keeps it there (the same page, runs C and F).
 export EXTRA_ARGS="--log_freq 10 --num_workers 1 --eval_steps 500 --max_eval_samples 2000 --mlm_bias_init unigram \
 --lr_schedule constant"
 echo "== 4/4 pre-training: phase 1 ${args[5]} steps (seq $p1_seq), phase 2 ${args[18]} steps (seq 512); logs in $run_dir"

@@ -155,7 +155,7 @@ def test_cpu_preset_takes_the_rate_measured_for_the_demo(presets):
 
 def test_small_gpu_preset_takes_the_rate_measured_on_a_gpu(presets):
     """small_1gpu_bf16: batch 256 on one GPU, where the CPU rule's extrapolation (NVLAMB 2.83e-2) diverged and
-    AdamW 1e-3 learned best (bench/gpu_study.py on an H200, README): AdamW, 1e-3, phase 2 half of it."""
+    AdamW 1e-3 learned best (bench/gpu_study.py on an H200, bench/STUDIES.md): AdamW, 1e-3, phase 2 half of it."""
     arg = {i + 1: w for i, w in enumerate(presets["small_1gpu_bf16"])}
     assert (arg[1], arg[4], arg[26]) == ("256", "1", "adamw")
     assert float(arg[2]) == 1e-3 and float(arg[17]) == 5e-4
