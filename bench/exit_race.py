@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench import study_utils as su
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = su.REPO
 WAYS = ("sys.exit", "exit_script")
 ABORT = "terminate called without an active exception"
 
