@@ -9,8 +9,10 @@ gather for the masked-LM head.
 
 Kernels (checked against torch 2.13): `torch.nn.attention.varlen.varlen_attn` (CUDA, fp16/bf16, has no dropout
 argument: it is chosen only when the effective attention dropout is 0, i.e. a config with
-attention_probs_dropout_prob 0 or eval mode), `flash_attn.flash_attn_varlen_qkvpacked_func` (CUDA, fp16/bf16,
-applies dropout; when the package is importable), else `padded_sdpa`: pad q/k/v back to [B, N, S, D] around one
+attention_probs_dropout_prob 0 or eval mode), `flash_varlen`: the FlashAttention-2 kernel under it called
+directly (`aten::_flash_attention_forward`, CUDA sm80+, fp16/bf16, applies dropout, differentiable; BERT's
+pre-training with attention dropout 0.1 on a GPU takes this one), `flash_attn.flash_attn_varlen_qkvpacked_func`
+(CUDA, fp16/bf16, applies dropout; when the package is importable), else `padded_sdpa`: pad q/k/v back to [B, N, S, D] around one
 F.scaled_dot_product_attention call with the key-padding mask and the configured dropout (every device; the CPU
 path). The first use of each choice is logged in one line saying which kernel runs and why.
 
@@ -45,8 +47,15 @@ class Unpadded(NamedTuple):
     max_seqlen: int  # the longest sequence of the batch (a Python int: varlen kernels size their grid with it)
     batch: int  # B
     seqlen: int  # S
-    key_mask: torch.Tensor  # [B, 1, 1, S] bool, True = a real key: the padded fallback's SDPA mask
-    # (packed rows: the block-diagonal [B, 1, S, S] mask, True = query and key in the same sequence)
+    key_mask: torch.Tensor | None  # [B, 1, 1, S] bool, True = a real key: the padded fallback's SDPA mask
+    # (packed rows: the block-diagonal [B, 1, S, S] mask, True = query and key in the same sequence); None when
+    # made on the host (host_unpad_info): the model derives it on the device
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Unpadded":
+        """The same description with its tensors on `device` (the lengths stay Python ints)."""
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return self._replace(indices=move(self.indices), cu_seqlens=move(self.cu_seqlens),
+                             key_mask=move(self.key_mask))
 
 
 def has_padding(attention_mask: torch.Tensor | None) -> bool:
@@ -75,6 +84,18 @@ def unpad_info(attention_mask: torch.Tensor, packed: Packed | None = None) -> Un
         key_mask = packed.block_mask  # [B, 1, S, S]
     cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [sequences + 1], starts at 0
     return Unpadded(indices, cu_seqlens, int(lengths.max()), B, S, key_mask)
+
+
+def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor | None = None) -> Unpadded | None:
+    """unpad_info of a micro-batch while it is still on the host, or None when it has no padding and is not packed.
+
+    Why: on a GPU, unpad_info's nonzero and longest length are host syncs that drain the queue at every
+    micro-batch (measured on an H200, BERT-large phase 2: the GPU idle 38% of the step). On the host they cost
+    microseconds; the loop moves the result with the batch and the model takes it (BertModel's `unpadded`)."""
+    packed = None if sequence_starts is None else packed_layout(attention_mask, sequence_starts)
+    if packed is None and not has_padding(attention_mask):
+        return None
+    return unpad_info(attention_mask, packed)._replace(key_mask=None)  # the mask is derived on the device
 
 
 def unpad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
@@ -133,8 +154,12 @@ def packed_layout(attention_mask: torch.Tensor, sequence_starts: torch.Tensor) -
 
 
 class Kernel(NamedTuple):
-    name: str  # "varlen_attn", "flash_attn" or "padded_sdpa"
+    name: str  # one of KERNELS
     reason: str  # one line: why this kernel and not a faster one
+
+
+KERNELS = ("varlen_attn", "flash_varlen", "flash_attn", "padded_sdpa")
+"""The variable-length attention kernels, for BertConfig.varlen_kernel (which may also be "auto")."""
 
 
 def _importable(module: str) -> bool:
@@ -144,10 +169,46 @@ def _importable(module: str) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
-def choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> Kernel:
+def _torch_flash_available() -> bool:
+    """torch's own FlashAttention-2 varlen entry point (aten::_flash_attention_forward, the kernel varlen_attn and
+    nested tensors call), built into this torch and supported by the current GPU (sm80 and newer)."""
+    if not hasattr(torch.ops.aten, "_flash_attention_forward") or not torch.cuda.is_available():
+        return False
+    return torch.backends.cuda.is_flash_attention_available() and torch.cuda.get_device_capability() >= (8, 0)
+
+
+@torch.compiler.assume_constant_result  # a rule over constants: a compiled graph holds its answer, not its code
+def choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, preference: str = "auto") -> Kernel:
     """The kernel for attention over [T, N, D] sequences on this device and dtype with this *effective* attention
-    dropout (0 in eval mode). A configured dropout is never dropped: dropout_p > 0 never picks varlen_attn."""
+    dropout (0 in eval mode). A configured dropout is never dropped: dropout_p > 0 never picks varlen_attn.
+
+    preference: "auto" (the rule below) or a name from KERNELS (BertConfig.varlen_kernel); a named kernel that
+    cannot run here gives way to the rule, and the reason says so."""
+    return _choose_kernel(device_type, dtype, dropout_p, preference)
+
+
+@functools.lru_cache(maxsize=None)  # every layer asks at every forward
+def _choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, preference: str) -> Kernel:
+    auto = _auto_kernel(device_type, dtype, dropout_p)
+    if preference in ("auto", auto.name):
+        return auto
+    if preference not in KERNELS:
+        raise ValueError(f"varlen_kernel {preference!r} is not one of {('auto',) + KERNELS}")
+    cuda_half = device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    usable = {"padded_sdpa": True,
+              "varlen_attn": cuda_half and dropout_p == 0.0 and _importable("torch.nn.attention.varlen"),
+              "flash_varlen": cuda_half and _torch_flash_available(),
+              "flash_attn": cuda_half and _importable("flash_attn")}[preference]
+    if usable:
+        return Kernel(preference, "asked for by the config's varlen_kernel")
+    return Kernel(auto.name, f"the config asks for {preference}, which cannot run here ({device_type} {dtype}, "
+                             f"attention dropout {dropout_p}); {auto.reason}")
+
+
+choose_kernel.cache_clear = _choose_kernel.cache_clear  # for tests that change what is importable
+
+
+def _auto_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> Kernel:
     half = dtype in (torch.float16, torch.bfloat16)
     if device_type != "cuda":
         return Kernel("padded_sdpa", f"{device_type}: the varlen kernels are CUDA-only, so attention pads around "
@@ -157,11 +218,15 @@ def choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> Ker
     if dropout_p == 0.0 and _importable("torch.nn.attention.varlen"):
         return Kernel("varlen_attn", "cuda, attention dropout 0 (config or eval): torch's varlen_attn, which has no "
                                      "dropout")
+    if _torch_flash_available():
+        return Kernel("flash_varlen", f"cuda, attention dropout {dropout_p}: torch's FlashAttention-2 varlen kernel "
+                                      f"(aten::_flash_attention_forward), which applies it")
     if _importable("flash_attn"):
         return Kernel("flash_attn", f"cuda, attention dropout {dropout_p}: flash_attn's varlen kernel applies it "
                                     f"(torch's varlen_attn has no dropout)")
-    return Kernel("padded_sdpa", f"cuda, attention dropout {dropout_p}: torch's varlen_attn has no dropout and "
-                                 f"flash_attn is not installed, so attention pads around SDPA, which applies it")
+    return Kernel("padded_sdpa", f"cuda, attention dropout {dropout_p}: no FlashAttention varlen kernel with dropout "
+                                 f"here (torch's needs sm80+, flash_attn is not installed), so attention pads "
+                                 f"around SDPA, which applies it")
 
 
 @functools.lru_cache(maxsize=None)
@@ -169,18 +234,25 @@ def _announce(kernel: Kernel) -> None:
     log.info("variable-length attention: %s (%s)", kernel.name, kernel.reason)
 
 
-def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float) -> torch.Tensor:
+def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float, preference: str = "auto") -> torch.Tensor:
     """Bidirectional attention of every sequence over its own real tokens.
 
     qkv [T, 3, N, D] (the query/key/value projections of the real tokens), dropout_p the effective attention
-    dropout (0 in eval) -> [T, N, D]."""
-    kernel = choose_kernel(qkv.device.type, qkv.dtype, float(dropout_p))
-    _announce(kernel)
+    dropout (0 in eval), preference BertConfig.varlen_kernel -> [T, N, D]."""
+    kernel = choose_kernel(qkv.device.type, qkv.dtype, float(dropout_p), preference)
+    if not torch.compiler.is_compiling():  # a log call would break a compiled graph: announced by eager calls
+        _announce(kernel)
     if kernel.name == "varlen_attn":
         from torch.nn.attention.varlen import varlen_attn
 
         q, k, v = qkv.unbind(1)  # each [T, N, D]
         return varlen_attn(q, k, v, info.cu_seqlens, info.cu_seqlens, info.max_seqlen, info.max_seqlen)
+    if kernel.name == "flash_varlen":
+        q, k, v = qkv.unbind(1)  # each [T, N, D], the head dimension contiguous as the kernel needs
+        # (output, logsumexp, rng state, unused, debug mask); autograd runs aten::_flash_attention_backward with
+        # the same dropout mask (the rng state), and inductor calls the op as it is (a fallback kernel).
+        return torch.ops.aten._flash_attention_forward(q, k, v, info.cu_seqlens, info.cu_seqlens, info.max_seqlen,
+                                                       info.max_seqlen, dropout_p, False, False)[0]
     if kernel.name == "flash_attn":
         from flash_attn import flash_attn_varlen_qkvpacked_func
 

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import (Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, unpad, unpad_info,
-                          varlen_attention)
+from bert_padding import (KERNELS, Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, unpad,
+                          unpad_info, varlen_attention)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -70,7 +70,10 @@ class BertConfig:
     """Pad the embedding and output rows to a multiple of this (8 for tensor cores); exports keep vocab_size."""
     unpad: str = "auto"
     """Run the encoder on the real tokens only ([T, H]) when a batch has padding: auto (where no output at a padding
-    position is read: pre-training with labels; never under torch.compile or tracing), always, never."""
+    position is read: pre-training with labels; never inside a torch.compile'd graph or a trace), always, never."""
+    varlen_kernel: str = "auto"
+    """The attention kernel of the unpadded path: auto (bert_padding.choose_kernel's rule), varlen_attn,
+    flash_varlen, flash_attn or padded_sdpa; a named kernel that cannot run on the device gives way to the rule."""
 
     _UNPAD = ("auto", "always", "never")
     _ACTIVATIONS = ("gelu", "bias_gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish")
@@ -105,6 +108,8 @@ class BertConfig:
             raise ValueError(f"{source}: hidden_act {self.hidden_act!r} is not one of {self._ACTIVATIONS}")
         if self.unpad not in self._UNPAD:
             raise ValueError(f"{source}: unpad {self.unpad!r} is not one of {self._UNPAD}")
+        if self.varlen_kernel not in ("auto",) + KERNELS:
+            raise ValueError(f"{source}: varlen_kernel {self.varlen_kernel!r} is not one of {('auto',) + KERNELS}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "BertConfig":
@@ -141,8 +146,9 @@ class BertConfig:
         d = dataclasses.asdict(self)
         if d["pad_vocab_size_multiple"] == 1:  # keep Google's key set unless padding is asked for
             del d["pad_vocab_size_multiple"]
-        if d["unpad"] == "auto":  # likewise: a speed setting, written only when it is not the default
-            del d["unpad"]
+        for key in ("unpad", "varlen_kernel"):  # likewise: speed settings, written only when not the default
+            if d[key] == "auto":
+                del d[key]
         return d
 
     def to_json_file(self, path: str | os.PathLike) -> None:
@@ -204,6 +210,7 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.varlen_kernel = config.varlen_kernel
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None) -> torch.Tensor:
         # One GEMM for q, k and v instead of three: the weights are concatenated on the fly (3 H x H, small next
@@ -215,7 +222,7 @@ class BertSelfAttention(nn.Module):
         if isinstance(attn_mask, Unpadded):
             T, H = x.shape
             qkv = qkv.view(T, 3, self.num_heads, self.head_size)  # [T, 3, N, D]: split the 3H columns
-            y = varlen_attention(qkv, attn_mask, dropout_p)  # [T, N, D]
+            y = varlen_attention(qkv, attn_mask, dropout_p, self.varlen_kernel)  # [T, N, D]
             return y.reshape(T, H)  # [T, H]: the heads side by side again
         B, S, H = x.shape
         # Split the 3H columns into (q/k/v, head, head dim); SDPA wants the heads before the positions.
@@ -364,13 +371,18 @@ class BertModel(nn.Module):
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
     def unpadded(self, attention_mask: torch.Tensor | None, padding_positions_read: bool,
-                 packed: Packed | None = None) -> Unpadded | None:
-        """Where this batch's real tokens are, when the encoder is to run on them alone; None for the padded path."""
+                 packed: Packed | None = None, host: Unpadded | None = None) -> Unpadded | None:
+        """Where this batch's real tokens are, when the encoder is to run on them alone; None for the padded path.
+        host: the same description made on the host before the batch moved (bert_padding.host_unpad_info), used
+        instead of computing it here (which syncs the device); it is None when the batch has no padding."""
         mode = self.config.unpad
         if mode == "never" or (mode == "auto" and padding_positions_read):
             return None
         if mode == "auto" and (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()):
             return None  # data-dependent shapes: a graph break under compile, a frozen shape in a trace
+        if host is not None:
+            key_mask = packed.block_mask if packed is not None else attention_mask[:, None, None, :].bool()
+            return host._replace(key_mask=key_mask)  # [B, 1, S, S] / [B, 1, 1, S], as unpad_info makes it
         if packed is not None:  # the sequences' boundaries are needed even in a row without padding
             return unpad_info(attention_mask, packed)
         return unpad_info(attention_mask) if has_padding(attention_mask) else None  # no padding: the plain path
@@ -378,7 +390,7 @@ class BertModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
                 padding_positions_read: bool = True, sequence_starts: torch.Tensor | None = None,
-                ) -> BertModelOutput | BertModelOutputWithHiddenStates:
+                unpadded: Unpadded | None = None) -> BertModelOutput | BertModelOutputWithHiddenStates:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         packed = None
@@ -386,7 +398,7 @@ class BertModel(nn.Module):
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
             packed = packed_layout(attention_mask, sequence_starts)
-        info = self.unpadded(attention_mask, padding_positions_read, packed)
+        info = self.unpadded(attention_mask, padding_positions_read, packed, host=unpadded)
         if info is not None:  # the real tokens only: [B, S] -> [T]
             if packed is not None:
                 position_ids = packed.position_ids.reshape(-1)  # [B*S], restarting in every sequence
@@ -449,6 +461,11 @@ class BertLMPredictionHead(nn.Module):
         return F.linear(self.transform(x), self.decoder.weight, self.bias)  # [..., V]
 
 
+COMPILE_REGIONS = (BertEmbeddings, BertLayer, BertLMPredictionHead)
+"""What torch.compile takes one by one under regional compilation (training.apply_parallelism_and_precision,
+compile_scope "layers"): the repeated layer, whose one graph serves every layer, and the two ends around it."""
+
+
 class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
@@ -492,7 +509,7 @@ class BertForPreTraining(nn.Module):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_labels=None,
                 next_sentence_labels=None, masked_lm_positions=None, masked_lm_ids=None, next_sentence_positions=None,
-                ) -> PreTrainingOutput | PreTrainingOutputWithLoss:
+                unpadded=None) -> PreTrainingOutput | PreTrainingOutputWithLoss:
         fixed_slots = masked_lm_positions is not None
         if fixed_slots and (masked_lm_ids is None or masked_lm_labels is not None):
             raise ValueError("BertForPreTraining: pass masked_lm_positions together with masked_lm_ids, and not "
@@ -506,7 +523,7 @@ class BertForPreTraining(nn.Module):
         sequence_output, pooled_output = self.bert(
             input_ids, token_type_ids, attention_mask,
             padding_positions_read=masked_lm_labels is None and not fixed_slots,
-            sequence_starts=next_sentence_positions)  # [B, S, H], [B, H] (packed: [B, K, H])
+            sequence_starts=next_sentence_positions, unpadded=unpadded)  # [B, S, H], [B, H] (packed: [B, K, H])
         seq_relationship_score = self.cls.seq_relationship(pooled_output)  # [B, 2] (packed: [B, K, 2])
         if masked_lm_labels is None and not fixed_slots:
             return PreTrainingOutput(self.cls.predictions(sequence_output), seq_relationship_score)  # [B, S, V]

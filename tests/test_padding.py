@@ -144,19 +144,72 @@ def test_unpad_pad_round_trip_and_offsets():
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_rule_never_drops_a_configured_dropout(device, dtype, monkeypatch):
-    for flash in (False, True):
-        monkeypatch.setattr(bert_padding, "_importable", lambda m, flash=flash: m != "flash_attn" or flash)
-        bert_padding.choose_kernel.cache_clear()
-        with_dropout = bert_padding.choose_kernel(device, dtype, 0.1)
-        without = bert_padding.choose_kernel(device, dtype, 0.0)
-        assert with_dropout.name != "varlen_attn"  # torch's varlen_attn has no dropout argument
-        assert with_dropout.reason and "\n" not in with_dropout.reason
-        if device == "cpu" or dtype == torch.float32:
-            assert with_dropout.name == without.name == "padded_sdpa"
-        else:
-            assert without.name == "varlen_attn"
-            assert with_dropout.name == ("flash_attn" if flash else "padded_sdpa")
+    """The rule, for every combination of what is importable: varlen_attn (no dropout argument) only at dropout 0;
+    with dropout, torch's own FlashAttention varlen entry (flash_varlen, which applies it) where the GPU has it,
+    else flash_attn's, else SDPA around padding; fp32 and CPUs always pad around SDPA."""
+    for torch_flash in (False, True):
+        for flash in (False, True):
+            monkeypatch.setattr(bert_padding, "_importable", lambda m, flash=flash: m != "flash_attn" or flash)
+            monkeypatch.setattr(bert_padding, "_torch_flash_available", lambda tf=torch_flash: tf)
+            bert_padding.choose_kernel.cache_clear()
+            with_dropout = bert_padding.choose_kernel(device, dtype, 0.1)
+            without = bert_padding.choose_kernel(device, dtype, 0.0)
+            assert with_dropout.name != "varlen_attn"  # torch's varlen_attn has no dropout argument
+            assert with_dropout.reason and "\n" not in with_dropout.reason
+            if device == "cpu" or dtype == torch.float32:
+                assert with_dropout.name == without.name == "padded_sdpa"
+            else:
+                assert without.name == "varlen_attn"
+                assert with_dropout.name == ("flash_varlen" if torch_flash else "flash_attn" if flash
+                                             else "padded_sdpa")
     bert_padding.choose_kernel.cache_clear()
+
+
+def test_a_named_kernel_is_used_where_it_can_run_and_gives_way_where_it_cannot(monkeypatch):
+    """BertConfig.varlen_kernel: a kernel named there is taken when this device, dtype and dropout allow it;
+    otherwise the rule's choice runs and the reason names what was asked for (a config written on a GPU still
+    loads and runs on a CPU). Names outside the list are refused by the config."""
+    monkeypatch.setattr(bert_padding, "_torch_flash_available", lambda: True)
+    bert_padding.choose_kernel.cache_clear()
+    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1, "padded_sdpa").name == "padded_sdpa"
+    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.0, "flash_varlen").name == "flash_varlen"
+    gave_way = bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1, "varlen_attn")  # it has no dropout
+    assert gave_way.name == "flash_varlen" and "varlen_attn" in gave_way.reason
+    on_cpu = bert_padding.choose_kernel("cpu", torch.float32, 0.1, "flash_varlen")
+    assert on_cpu.name == "padded_sdpa" and "flash_varlen" in on_cpu.reason
+    bert_padding.choose_kernel.cache_clear()
+    with pytest.raises(ValueError, match="varlen_kernel"):
+        BertConfig(varlen_kernel="triton")
+    assert "varlen_kernel" not in BertConfig().to_dict()
+    assert BertConfig(varlen_kernel="padded_sdpa").to_dict()["varlen_kernel"] == "padded_sdpa"
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_unpadding_described_on_the_host_gives_the_same_losses_and_gradients(wiki_batch, layout):
+    """The training loop describes a micro-batch's real tokens on the host (bert_padding.host_unpad_info: no device
+    sync) and hands the description to the model with the batch; the model must compute exactly what it computes
+    when it finds them itself, on plain rows and on packed rows (two sequences a row, positions restarting)."""
+    _, model = twin_models()
+    batch = fixed(wiki_batch)
+    starts = None
+    if layout == "packed":  # rows 0 and 2 hold 3 and 8 words: put the second one behind the first, in row 0
+        starts = torch.zeros(len(batch["input_ids"]), 2, dtype=torch.long)
+        batch = {k: v.clone() for k, v in batch.items()}
+        n0, n2 = int(batch["attention_mask"][0].sum()), int(batch["attention_mask"][2].sum())
+        for key in ("input_ids", "token_type_ids", "attention_mask"):
+            batch[key][0, n0:n0 + n2] = batch[key][2, :n2]
+        starts[0, 1] = n0
+        batch["next_sentence_positions"] = starts
+        batch["next_sentence_labels"] = torch.stack([batch["next_sentence_labels"], torch.full_like(
+            batch["next_sentence_labels"], -1)], 1)
+        batch["next_sentence_labels"][0, 1] = 1
+    host = bert_padding.host_unpad_info(batch["attention_mask"], starts)
+    assert host is not None and host.key_mask is None
+    assert bert_padding.host_unpad_info(torch.ones(2, 5, dtype=torch.long)) is None  # no padding, not packed
+    out_device, grads_device = loss_and_grads(model.train(), batch)
+    out_host, grads_host = loss_and_grads(model.train(), {**batch, "unpadded": host.to("cpu")})
+    torch.testing.assert_close(out_host.loss, out_device.loss, atol=0, rtol=0)
+    assert max_grad_diff(grads_host, grads_device) == 0.0
 
 
 def test_the_kernel_in_use_is_said_in_one_line(caplog):
