@@ -169,6 +169,10 @@ class ParallelismConfig:
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile's mode: reduce-overhead adds CUDA graphs (static shapes: the fixed-slot head and the padded
     path under compile give them)"""
+    compile_scope: Literal["layers", "model"] = "layers"
+    """what torch.compile takes: each encoder layer (and the embeddings and the masked-LM head) on its own, so one
+    graph serves all layers and the unpadded path compiles too; or the whole model in one graph (the padded path
+    only)"""
     no_cuda: bool = False
     """train on the CPU even when a GPU is present"""
     local_rank: int = flag(-1, "--local-rank")
@@ -236,6 +240,10 @@ class LoggingConfig:
     """log every this many steps"""
     throughput_warmup_steps: int = 3
     """steps left out of training_sequences_per_second (start-up, compilation)"""
+    profile_steps: int = 0
+    """profile this many steps after the throughput warm-up with torch.profiler (rank 0; they are left out of the
+    throughput too) and write <output_dir>/profile.json: the top kernels by device time, what share of the step
+    each part takes (matrix products, attention, fused kernels, optimizer, copies) and how long the GPU waited"""
     disable_progress_bar: bool = False
     """no tqdm progress bar"""
 

@@ -67,7 +67,7 @@ from pretraining_data import Masker, PretrainingData, inspect_shards, list_shard
 from precision import Precision
 from trainer import (Trainer, checkpoint_manager, evaluate, find_resume_checkpoint, list_checkpoints,  # noqa: F401
                      refuse_used_output_dir)  # list_checkpoints: how tools and tests read a run's checkpoints
-from training import EXIT_STOPPED, RunLogger, StopRequest, apply_parallelism_and_precision
+from training import EXIT_STOPPED, RunLogger, StopRequest, apply_parallelism_and_precision, compiled
 
 # ---------------------------------------------------------------------------------------------------------------
 # Flags: one per field of pretraining_config's sections, --help grouped by section, help from the docstrings
@@ -144,6 +144,10 @@ def _flag_checks(cfg: PretrainConfig) -> list[tuple[bool, str]]:
         (p.loss_scale < 0, f"--loss_scale {p.loss_scale} must be 0 (dynamic) or positive (static)"),
         (t.seed < 0, f"--seed {t.seed} must be a non-negative integer"),
         (lg.log_freq < 1, f"--log_freq {lg.log_freq} must be at least 1"),
+        (lg.profile_steps < 0, f"--profile_steps {lg.profile_steps} must not be negative"),
+        (lg.profile_steps > 0 and lg.throughput_warmup_steps < 1,
+         "--profile_steps profiles the steps after the warm-up: give --throughput_warmup_steps 1 or more (the "
+         "first step compiles and allocates)"),
         (c.num_steps_per_checkpoint < 1, f"--num_steps_per_checkpoint {c.num_steps_per_checkpoint} must be >= 1"),
         (c.keep_checkpoints < 1, f"--keep_checkpoints {c.keep_checkpoints} must be at least 1"),
         (d.num_workers < 0, f"--num_workers {d.num_workers} must not be negative"),
@@ -369,9 +373,10 @@ def _main(argv: list[str] | None) -> int:
             raw_model, env, cfg.precision.precision, loss_scale=cfg.precision.loss_scale,
             init_loss_scale=cfg.precision.init_loss_scale, checkpoint_activations=par.checkpoint_activations,
             allreduce_fp16=par.allreduce_post_accumulation_fp16, compile=par.compile_choice,
-            compile_mode=par.compile_mode)
+            compile_mode=par.compile_mode, compile_scope=par.compile_scope)
+        scope = compiled(model)
         log(f"precision {precision.name} ({precision.reason}); "
-            f"{'torch.compile, mode ' + par.compile_mode if hasattr(model, '_orig_mod') else 'eager mode'}"
+            f"{f'torch.compile of the {scope}, mode ' + par.compile_mode if scope else 'eager mode'}"
             f"{'' if par.compile or par.no_compile else ' (the default on a ' + env.device.type.upper() + ')'}")
         if precision.warning:
             log(f"warning: {precision.warning}")

@@ -56,18 +56,24 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: distributed.Dis
                                     loss_scale: float = 0.0, init_loss_scale: float = 2.0 ** 16,
                                     checkpoint_activations: bool = False, allreduce_fp16: bool = False,
                                     compile: bool | None = False, compile_mode: str = "default",
-                                    ) -> tuple[torch.nn.Module, Precision]:
+                                    compile_scope: str = "layers") -> tuple[torch.nn.Module, Precision]:
     """Turn a bare model into the module the loop trains, and decide how its maths runs. The order matters; each
     step says why it comes where it does. Returns (the model to call, Precision); keep the bare model for saving.
 
     precision: --precision (auto picks from the hardware, see precision.resolve); loss_scale > 0: a static
     fp16 loss scale, else dynamic from init_loss_scale; allreduce_fp16: all-reduce gradients in 16 bits;
-    compile: True/False, or None for "on a GPU only" (a compiled model has `_orig_mod`); compile_mode:
-    torch.compile's mode ("reduce-overhead": CUDA graphs).
+    compile: True/False, or None for "on a GPU only"; compile_mode: torch.compile's mode ("reduce-overhead": CUDA
+    graphs); compile_scope: "layers" compiles each region of modeling.COMPILE_REGIONS in place (regional
+    compilation), "model" wraps the whole model (it then has `_orig_mod`). `compiled(model)` tells either.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if compile_scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile_scope {compile_scope!r} is not one of {COMPILE_SCOPES}")
     cuda = env.device.type == "cuda"
+    if compile is None:  # on GPUs, where it was measured faster; not on CPUs, where compiling costs minutes
+        compile = cuda
+    kwargs = {} if compile_mode == "default" else {"mode": compile_mode}
     # 0. Which precision runs: auto follows the hardware (bf16 only where it is native; precision.resolve).
     choice = resolve(precision, env.device)
     # 1. TF32: fp32 matmuls (the tf32 run, and what autocast leaves in fp32) on tensor cores, on GPUs that have
@@ -76,14 +82,26 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: distributed.Dis
     # 2. Activation checkpointing is a property of the bare encoder: set it before anything wraps the module.
     if checkpoint_activations:
         model.bert.encoder.checkpoint_activations = True
-    # 3. Weights to the device, and they stay fp32: autocast casts per op, the optimizer updates fp32 weights.
+    # 3. Regional compilation: each encoder layer (and the embeddings and the masked-LM head) is compiled in place,
+    #    before DDP sees the module. The 24 layers of BERT-large share one graph, so compiling costs one layer's
+    #    time instead of the whole model's (on this 2-core CPU: 44 s against 134 s for BERT-large), and the
+    #    data-dependent work between regions (unpadding's nonzero, the sequences' lengths) stays in eager mode, so
+    #    the unpadded path compiles too (its layers see [T, H]: recompiled once with T symbolic). In place, the
+    #    state dict keeps its names.
+    if compile and compile_scope == "layers":
+        from modeling import COMPILE_REGIONS
+
+        for module in model.modules():
+            if isinstance(module, COMPILE_REGIONS):
+                module.compile(**kwargs)
+    # 4. Weights to the device, and they stay fp32: autocast casts per op, the optimizer updates fp32 weights.
     model.to(env.device)
-    # 4. DDP: broadcasts rank 0's weights now, and averages gradients over ranks in buckets during backward.
+    # 5. DDP: broadcasts rank 0's weights now, and averages gradients over ranks in buckets during backward.
     #    Gradients are views into the buckets (no copy); no buffers need broadcasting in BERT at each forward.
     if env.distributed:
         model = DDP(model, device_ids=[env.local_rank] if cuda else None, gradient_as_bucket_view=True,
                     **_no_forward_buffer_sync())
-        # 5. The comm hook compresses each bucket to 16 bits for the all-reduce (and back): half the traffic.
+        # 6. The comm hook compresses each bucket to 16 bits for the all-reduce (and back): half the traffic.
         #    bf16 (fp32's range) when training in bf16 on GPUs; PyTorch's bf16 hook needs NCCL, so gloo uses fp16.
         if allreduce_fp16:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -91,17 +109,25 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: distributed.Dis
             hook = default_hooks.bf16_compress_hook if choice.name == "bf16" and cuda \
                 else default_hooks.fp16_compress_hook
             model.register_comm_hook(None, hook)
-    # 6. torch.compile goes around DDP, so that its DDPOptimizer splits the graph at bucket boundaries and the
-    #    all-reduces still overlap the backward pass.
-    #    None: on GPUs, where it was measured faster (BERT-large, H100, bf16: +30% phase 1, +15% phase 2); not on
-    #    CPUs, where compiling costs minutes on a few cores. Under compile, unpad "auto" keeps the padded path:
-    #    static shapes, one graph.
-    if compile is None:
-        compile = cuda
-    if compile:
-        model = torch.compile(model) if compile_mode == "default" else torch.compile(model, mode=compile_mode)
-    # 7. Loss scaling for fp16 only (its range is narrow); bf16 has fp32's range and needs none.
+    # 7. Whole-model compilation (compile_scope "model") goes around DDP, so that its DDPOptimizer splits the graph
+    #    at bucket boundaries and the all-reduces still overlap the backward pass. Unpad "auto" then keeps the
+    #    padded path: static shapes, one graph.
+    if compile and compile_scope == "model":
+        model = torch.compile(model, **kwargs)
+    # 8. Loss scaling for fp16 only (its range is narrow); bf16 has fp32's range and needs none.
     return model, Precision.for_training(choice, env.device, loss_scale, init_loss_scale)
+
+
+COMPILE_SCOPES = ("layers", "model")
+
+
+def compiled(model: torch.nn.Module) -> str | None:
+    """How `model` (as apply_parallelism_and_precision returned it) is compiled: "model", "layers" or None."""
+    if hasattr(model, "_orig_mod"):
+        return "model"
+    if any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()):
+        return "layers"
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -204,7 +230,8 @@ def accumulation_groups(batches: Iterable[dict], accumulation: int) -> Iterator[
         yield group
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Every value (tensors, bert_padding.Unpadded) moved with non_blocking copies."""
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
@@ -293,11 +320,15 @@ class Meter:
         self.run_sequences += sequences
         self.run_real = [self.run_real[0] + real[0], self.run_real[1] + real[1]]
         if self.steps <= self.warmup_steps:  # still warming up: restart the clock
-            self._sync()
-            self.start, self.sequences, self.flops, self.real = time.perf_counter(), 0, 0.0, [0, 0]
+            self.restart_clock()
         else:
             self.sequences += sequences
             self.real = [self.real[0] + real[0], self.real[1] + real[1]]
+
+    def restart_clock(self) -> None:
+        """Time from now on (what ran since the warm-up was not training: a profile being summarised)."""
+        self._sync()
+        self.start, self.sequences, self.flops, self.real = time.perf_counter(), 0, 0.0, [0, 0]
 
     def _sync(self) -> None:
         if self.env.device.type == "cuda":

@@ -72,31 +72,58 @@ def test_activation_checkpointing_gives_the_same_gradients(fp32):
     assert_same_grads(a, b, atol=1e-6)
 
 
-def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch):
-    """--compile: the model is wrapped by torch.compile after DDP, traced by Dynamo and differentiated by AOT
-    autograd with the gradients of eager mode. The backend here is aot_eager (seconds, not a minute of C++ builds
-    on 2 cores); inductor's own numerics are checked once, with fullgraph=True, in tests/test_padding.py."""
+@pytest.mark.parametrize("unpad", ["never", "always"])
+@pytest.mark.parametrize("scope", ["layers", "model"])
+def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch, scope, unpad):
+    """--compile: by default each encoder layer, the embeddings and the masked-LM head are compiled in place
+    (regional compilation: one graph serves every layer); --compile_scope model wraps the whole model after DDP.
+    Either is traced by Dynamo and differentiated by AOT autograd with the gradients of eager mode, on the padded
+    and on the unpadded path (whose layers see [T, H] with T changing from batch to batch: recompiled once with T
+    symbolic, then no more). The backend here is aot_eager (seconds, not a minute of C++ builds on 2 cores);
+    inductor's own numerics are checked once, with fullgraph=True, in tests/test_padding.py."""
+    from torch._dynamo.utils import counters
+
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    counters.clear()
     eager = tiny_model().train()
-    compiled, _ = training.apply_parallelism_and_precision(tiny_model().train(), distributed.DistEnv(), "fp32",
-                                                          compile=True)
-    assert hasattr(compiled, "_orig_mod")
-    batch = batch_of(8)
-    assert_same_grads(grads(eager, [batch], fp32), grads(compiled, [batch], fp32), atol=1e-4)
+    eager.config.unpad = unpad
+    bare = tiny_model().train()
+    bare.config.unpad = unpad
+    compiled, _ = training.apply_parallelism_and_precision(bare, distributed.DistEnv(), "fp32", compile=True,
+                                                          compile_scope=scope)
+    assert training.compiled(compiled) == scope and training.compiled(eager) is None
+    assert hasattr(compiled, "_orig_mod") == (scope == "model")
+    assert list(dict(compiled.named_parameters())) == [n for n, _ in eager.named_parameters()] or scope == "model"
+    for n, seed in ((8, 1), (6, 2), (4, 3)):  # three batches of other real-token counts
+        batch = batch_of(n, seed)
+        assert_same_grads(grads(eager, [batch], fp32), grads(compiled, [batch], fp32), atol=1e-4)
+    if scope == "layers":  # 3 regions, each compiled at most twice (static, then T symbolic) over 3 batches
+        assert 3 <= counters["stats"]["unique_graphs"] <= 6, dict(counters["stats"])
+    torch._dynamo.reset()
 
 
 def test_compile_is_on_by_default_only_on_gpus_and_takes_its_mode(monkeypatch):
     """compile=None (run_pretraining.py without --compile or --no_compile): eager on the CPU; True compiles with
-    the mode asked for (reduce-overhead: CUDA graphs), passed to torch.compile as is."""
+    the mode asked for (reduce-overhead: CUDA graphs), passed to torch.compile as is, for every region or for the
+    whole model."""
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
     training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=None)
     assert calls == []
     training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
-                                             compile_mode="reduce-overhead")
-    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True)
+                                             compile_mode="reduce-overhead", compile_scope="model")
+    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
+                                             compile_scope="model")
     assert calls == [{"mode": "reduce-overhead"}, {}]
+    calls.clear()
+    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
+                                             compile_mode="reduce-overhead")
+    assert calls == [{"mode": "reduce-overhead"}] * 4  # embeddings, 2 layers, the masked-LM head
+    with pytest.raises(ValueError, match="compile_scope"):
+        training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
+                                                 compile_scope="heads")
 
 
 def test_accumulating_two_halves_equals_one_batch(fp32):
