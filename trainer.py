@@ -49,13 +49,16 @@ import torch
 
 import cli
 import distributed
+from bert_padding import host_unpad_info
 from cli import InputError
+from atomic_io import atomic_write_json
 from optimization import load_state_keeping_hyperparameters
 from pretraining_config import PretrainConfig
-from pretraining_data import DataPosition, PretrainingData
+from pretraining_data import PACKED_KEY, DataPosition, PretrainingData
 from precision import Precision
+from profiling import StepProfiler
 from training import (CheckpointManager, DivergedError, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest,
-                      forward_backward, optimizer_step, peak_flops, to_device, weights_finite)
+                      compiled, forward_backward, optimizer_step, peak_flops, to_device, weights_finite)
 
 
 class ResumeError(InputError):
@@ -200,12 +203,19 @@ class Trainer:
         self.data, self._batches = data, None  # the stream starts at the first step, from the resumed position
         self.logger, self.stop, self.validator = logger, stop, validator
         self.state = TrainState(cfg.checkpoint.phase, step_offset=cfg.checkpoint.step_offset)
-        self.meter = Meter(env, cfg.logging.throughput_warmup_steps, peak_flops(env.device, precision.name),
-                           num_losses=3)
+        # Profiled steps (--profile_steps) come right after the warm-up and are not timed either.
+        self.meter = Meter(env, cfg.logging.throughput_warmup_steps + cfg.logging.profile_steps,
+                           peak_flops(env.device, precision.name), num_losses=3)
+        self.profiler = StepProfiler(cfg.logging.profile_steps, env.device) \
+            if cfg.logging.profile_steps > 0 and env.rank == 0 else None
         self.watch = DivergenceWatch(env.device)  # fp16 overflows are the GradScaler's: those steps are skipped
         self.host = HostMemory()
         self.checkpoints = checkpoint_manager(cfg, log)
         self.hooks: list[Hook] = []
+        # The model unpads a batch when its config says always, or auto outside a whole-model graph (which keeps the
+        # padded path; regional compilation leaves the choice in eager code).
+        unpad = raw_model.config.unpad
+        self.host_unpad = unpad == "always" or (unpad == "auto" and compiled(model) != "model")
         self.lr = optimizer.param_groups[0]["lr"]  # the rate the last step used
         self.last_loss: float | None = None
         self.consecutive_skips = 0
@@ -227,6 +237,7 @@ class Trainer:
             if not self.step():
                 continue  # fp16 overflow: nothing moved but the data position and the loss scale
             bar.update(1)
+            self.profile()
             done = state.step == last
             if self.due(cfg.logging.log_freq) or done:
                 self.log_losses(bar)
@@ -240,6 +251,22 @@ class Trainer:
             self.save_checkpoint()  # preempted: save where we are, so that the requeued job continues from here
         bar.close()
         return self.summary(stopped)
+
+    def profile(self) -> None:
+        """--profile_steps: start the profiler once the warm-up steps are taken, stop it N steps later and write
+        <output_dir>/profile.json (rank 0)."""
+        if self.profiler is None:
+            return
+        warmup = self.cfg.logging.throughput_warmup_steps
+        if self.meter.steps == warmup:
+            self.profiler.start()
+        elif self.meter.steps == warmup + self.profiler.steps:
+            summary = self.profiler.stop()
+            self.profiler = None
+            path = Path(self.cfg.checkpoint.output_dir) / "profile.json"
+            atomic_write_json(path, summary)
+            self.log(f"profile of {summary['steps']} steps written to {path}")
+            self.meter.restart_clock()  # summarising the profile took seconds of the host: not training time
 
     def due(self, interval: int) -> bool:
         """Whether the step just taken is a multiple of `interval` (0: never)."""
@@ -259,8 +286,7 @@ class Trainer:
             # Gradients are all-reduced after every micro-batch, or with --allreduce_post_accumulation only after
             # the last one (DDP's no_sync on the others).
             sync = micro_step == accum - 1 or not self.cfg.parallelism.allreduce_post_accumulation
-            losses += forward_backward(self.model, to_device(batch, self.env.device), self.loss_fn,
-                                       self.precision, accum, sync)
+            losses += forward_backward(self.model, self.to_device(batch), self.loss_fn, self.precision, accum, sync)
         if not self.precision.scaler.is_enabled():
             self.watch.record(losses[0], self.state.global_step + 1)
             if self.watch.every_step:
@@ -280,6 +306,16 @@ class Trainer:
         self.meter.step_taken(self.cfg.training.train_batch_size * self.env.world_size, real)
         self.host.maybe_trim()
         return True
+
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The micro-batch on the device; where the model will run on the real tokens only, with the description of
+        where they are (bert_padding.host_unpad_info) made here on the host, so the device never waits for it."""
+        moved = to_device(batch, self.env.device)
+        if self.host_unpad:
+            info = host_unpad_info(batch["attention_mask"], batch.get(PACKED_KEY))
+            if info is not None:
+                moved["unpadded"] = info.to(self.env.device, non_blocking=True)
+        return moved
 
     def next_batch(self) -> dict[str, torch.Tensor]:
         if self._batches is None:  # started here, not in __init__: load_state_dict may move the position first
