@@ -1,111 +1,122 @@
 #!/usr/bin/env bash
-# BERT-large pre-training throughput on one GPU, through run_pretraining.py itself on real WikiText-2 shards:
-# phase 1 (seq 128) and phase 2 (seq 512), bf16, each as
-#   padded    the padded path (config unpad "never"): every padded token goes through every GEMM
-#   unpadded  the unpadded path (unpad "always"): real tokens only, variable-length attention
-#   packed    shards written with create_pretraining_data.py --pack_sequences 3 (unpad "auto")
-# times eager and torch.compile (compile keeps the padded path unless unpad is "always"), plus fp16 eager phase 1.
-# Each row reports rows/s, real sequences/s, real tokens/s, MFU (real tokens only, against the dense bf16 peak)
-# and peak memory, from run_pretraining.py's FINAL line.
-#   bash bench/gpu_pretraining.sh DATA_DIR OUT_DIR
-# DATA_DIR holds valid.txt, test.txt (WikiText-2) and bert-base-uncased-vocab.txt. Results: OUT_DIR/<row>.json
-# (run_pretraining.py's JSON lines), OUT_DIR/summary.json and OUT_DIR/summary.md.
-# Smaller settings (the test runs this on the CPU): BENCH_CONFIG (model config; default bert_config.json),
-# BENCH_BATCH1/BENCH_ACC1/BENCH_STEPS1 (phase 1: 256/2/25), BENCH_BATCH2/BENCH_ACC2/BENCH_STEPS2 (64/4/15),
-# BENCH_MODES ("eager compile"), BENCH_PRECISION (bf16), BENCH_FP16 (1: add the fp16 row), BENCH_WARMUP (5 steps
-# left out of the timing), BENCH_WORKERS (16).
-set -euo pipefail
-data=${1:?usage: bash bench/gpu_pretraining.sh DATA_DIR OUT_DIR}; out=${2:?usage: bash bench/gpu_pretraining.sh DATA_DIR OUT_DIR}
+# Issue 43's device call: BERT-large (bert_config.json) pre-training throughput on one GPU, path by path, beside
+# transformers, on real Wikipedia shards, in one call that ends before DEADLINE seconds.
+#
+#   python -m bench.gpu_speed prepare --out .gpu_speed           # here, on the CPU (10 s; 14 MB)
+#   OUT=<folder> bash bench/gpu_pretraining.sh .gpu_speed         # on the GPU machine, .gpu_speed carried
+#
+# First `gpu_speed check_flash` (the flash_varlen kernel against padded SDPA: flash_check.json), then one process a
+# row, in the order of ROWS, each row skipped when fewer than MIN_ROW_S seconds are left. A row's name is
+# p<phase>_<path>_<mode>:
+#   path   padded    run_pretraining.py, unpad never: every token of the padded rows goes through every layer
+#          unpadded  unpad always: the layers run on the real tokens, attention through bert_padding's variable-length
+#                    kernel (flash_varlen on a GPU: FlashAttention-2 with the attention dropout of 0.1)
+#          packed    the packed shards (create_pretraining_data.py --pack_sequences 3), unpad auto (= unpadded)
+#          sdpa      unpadded, but attention padded around SDPA (the kernel before flash_varlen)
+#          model     padded, --compile_scope model: the whole model in one graph (the default until regional
+#                    compilation; the rest compile each layer)
+#          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
+#   mode   compile | eager
+# Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches (the dgxh100 preset's micro-batch of 256);
+# phase 2: 512, BATCH2 / ACC2 (micro-batch 32). Each row: WARMUP steps (compilation), PROFILE profiled steps
+# (torch.profiler: top kernels, GPU busy share), then TIMED timed steps; bf16 autocast, NVLAMB lr 6e-3.
+# Comes back in $OUT (the device tool returns 8 files): gpu.txt, call.json (date and settings), call.log,
+# flash_check.json, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile; refreshed after
+# every row).
+# Environment (tests/test_packing.py runs it small on a CPU): ROWS, DEADLINE (540), MIN_ROW_S (45), ROW_MAX_S (180:
+# a row is stopped after this long), BATCH1 (1024),
+# ACC1 (4), BATCH2 (128), ACC2 (4), WARMUP (3), PROFILE (2), TIMED (8), PRECISION (bf16), WORKERS (4), PYTHON
+# (python3), CHECK (1: run check_flash when a GPU is there), LOG_FREQ (5).
+set -u
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+D=${1:-.gpu_speed}
+OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
-config=${BENCH_CONFIG:-bert_config.json}
-modes=${BENCH_MODES:-eager compile}
-warmup=${BENCH_WARMUP:-5}
-precision=${BENCH_PRECISION:-bf16}
-workers=${BENCH_WORKERS:-16}
-for f in valid.txt test.txt bert-base-uncased-vocab.txt; do
-  [[ -f "$data/$f" ]] || { echo "gpu_pretraining.sh: error: $data/$f is missing (DATA_DIR needs WikiText-2's valid.txt and test.txt and the uncased vocabulary)" >&2; exit 1; }
+# The default order is the next lend's: what 2026-11-28's two calls left open first (transformers beside our best
+# path in the same call, the whole-model compile, attention padded around SDPA), then the rest.
+ROWS=${ROWS:-p1_unpadded_compile p1_hf_compile p2_unpadded_compile p2_hf_compile p1_model_compile \
+p2_padded_compile p2_sdpa_compile p2_packed_compile p1_padded_compile p1_packed_compile p2_model_compile \
+p1_padded_eager p2_padded_eager p1_hf_eager p2_hf_eager}
+DEADLINE=${DEADLINE:-540}; MIN_ROW_S=${MIN_ROW_S:-45}; ROW_MAX_S=${ROW_MAX_S:-180}
+BATCH1=${BATCH1:-1024}; ACC1=${ACC1:-4}; BATCH2=${BATCH2:-128}; ACC2=${ACC2:-4}
+WARMUP=${WARMUP:-3}; PROFILE=${PROFILE:-2}; TIMED=${TIMED:-8}; PRECISION=${PRECISION:-bf16}; WORKERS=${WORKERS:-4}
+for f in vocab.txt config_never.json config_always.json config_auto.json config_sdpa.json p1_plain p1_packed \
+         p2_plain p2_packed; do
+  [[ -e "$D/$f" ]] || { echo "gpu_pretraining.sh: error: $D/$f is missing: make $D with python -m bench.gpu_speed prepare --out $D" >&2; exit 1; }
 done
-cd "$(dirname "$0")/.."  # the repository: python -m scripts.text_to_documents
+cd "$(dirname "$0")/.."  # the repository: run_pretraining.py, python -m bench.gpu_speed
+mkdir -p "$OUT"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$out"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi: no GPU"; } \
-  | tee "$out/gpu.txt"
-"$PYTHON" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" \
-  | tee -a "$out/gpu.txt"
-
-"$PYTHON" -m scripts.text_to_documents --input "$data/valid.txt" "$data/test.txt" --sentences --output "$work/train.txt"
-for spec in "128 20" "512 80"; do
-  set -- $spec
-  for kind in plain packed; do
-    extra=(); [[ $kind == packed ]] && extra=(--pack_sequences 3)
-    mkdir -p "$work/hdf5_${kind}_$1"
-    "$PYTHON" create_pretraining_data.py --input_file "$work/train.txt" --output_file "$work/hdf5_${kind}_$1/train.hdf5" \
-      --vocab_file "$data/bert-base-uncased-vocab.txt" --do_lower_case --max_seq_length "$1" \
-      --max_predictions_per_seq "$2" --dupe_factor 2 --random_seed 1 --num_workers "$workers" --no_progress "${extra[@]}"
-  done
-done
-for unpad in never always auto; do  # the same model, three settings of its unpadding switch
-  "$PYTHON" - "$config" "$work/config_$unpad.json" "$unpad" <<'EOF'
-import json, sys
-config = json.load(open(sys.argv[1]))
-config["unpad"] = sys.argv[3]
-json.dump(config, open(sys.argv[2], "w"), indent=2)
+mkdir -p "$work/logs"
+exec > >(tee -a "$OUT/call.log") 2>&1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv 2>/dev/null \
+    || echo "no nvidia-smi: no GPU"; } | tee "$OUT/gpu.txt"
+"$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" \
+  | tee -a "$OUT/gpu.txt"
+nproc | sed 's/^/host cores /' | tee -a "$OUT/gpu.txt"
+"$PYTHON" - "$OUT/call.json" "date=$(date -u '+%Y-%m-%d %H:%M UTC')" "data=$D" "rows=$ROWS" "deadline=$DEADLINE" \
+  "batch1=$BATCH1" "acc1=$ACC1" "batch2=$BATCH2" "acc2=$ACC2" "warmup=$WARMUP" "profile=$PROFILE" "timed=$TIMED" \
+  "precision=$PRECISION" <<'EOF'
+import json, sys  # what ran, for the results page (bench.gpu_speed.markdown); a title and a note can be added
+settings = dict(arg.split("=", 1) for arg in sys.argv[2:])
+json.dump({"date": settings.pop("date"), "settings": settings}, open(sys.argv[1], "w"), indent=2)
 EOF
-done
+if [[ ${CHECK:-1} == 1 ]] && command -v nvidia-smi > /dev/null; then
+  timeout 120 "$PYTHON" -m bench.gpu_speed check_flash --out "$OUT" > "$work/logs/check_flash.log" 2>&1
+  echo "check_flash: exit $? at ${SECONDS} s"; tail -n 3 "$work/logs/check_flash.log"
+fi
 
-run() {  # name seq max_pred batch accumulation steps shards unpad extra-flags...
-  local name=$1 seq=$2 pred=$3 batch=$4 acc=$5 steps=$6 shards=$7 unpad=$8; shift 8
-  "$PYTHON" run_pretraining.py --do_train --input_dir "$work/hdf5_${shards}_$seq" --config_file "$work/config_$unpad.json" \
-    --vocab_file "$data/bert-base-uncased-vocab.txt" --output_dir "$work/ckpt_$name" --max_seq_length "$seq" \
-    --max_predictions_per_seq "$pred" --train_batch_size "$batch" --gradient_accumulation_steps "$acc" \
-    --learning_rate 6e-3 --warmup_proportion 0.2843 --max_steps "$steps" --skip_checkpoint --log_freq 5 \
-    --num_workers 4 --throughput_warmup_steps "$warmup" --disable_progress_bar --json-summary "$out/$name.json" "$@" \
-    > "$out/$name.log" 2>&1 || { echo "$name FAILED"; tail -20 "$out/$name.log"; return 0; }
-  echo "$name: $(grep FINAL "$out/$name.json" | tail -1)"
+run_row() {  # name: p<phase>_<path>_<mode>
+  local name=$1 phase path mode
+  IFS=_ read -r phase path mode <<< "$name"
+  phase=${phase#p}
+  local seq=128 pred=20 batch=$BATCH1 acc=$ACC1
+  [[ $phase == 2 ]] && { seq=512; pred=80; batch=$BATCH2; acc=$ACC2; }
+  local shards=plain config=never extra=()
+  case $path in
+    padded) ;;
+    unpadded) config=always ;;
+    packed) shards=packed config=auto ;;
+    sdpa) config=sdpa ;;
+    model) extra=(--compile_scope model) ;;
+    hf) ;;
+    *) echo "unknown path in row $name"; return ;;
+  esac
+  local left=$((DEADLINE - SECONDS))
+  if (( left < MIN_ROW_S )); then echo "skip $name: ${left} s left"; return; fi
+  (( left > ROW_MAX_S )) && left=$ROW_MAX_S
+  local steps=$((WARMUP + PROFILE + TIMED)) started=$SECONDS status
+  echo "row $name (${left} s left at ${SECONDS} s)"
+  if [[ $path == hf ]]; then
+    local flag=(); [[ $mode == compile ]] && flag=(--compile)
+    timeout -k 10 "$left" "$PYTHON" -m bench.gpu_speed hf --input_dir "$D/p${phase}_plain" \
+      --config "$D/config_never.json" --json-summary "$work/logs/$name.json" --train_batch_size "$batch" \
+      --gradient_accumulation_steps "$acc" --max_steps "$steps" --throughput_warmup_steps "$WARMUP" \
+      --profile_steps "$PROFILE" --precision "$PRECISION" "${flag[@]}" > "$work/logs/$name.log" 2>&1
+    status=$?
+  else
+    local flag=--no_compile; [[ $mode == compile ]] && flag=--compile
+    timeout -k 10 "$left" "$PYTHON" run_pretraining.py --do_train --input_dir "$D/p${phase}_$shards" \
+      --config_file "$D/config_$config.json" --vocab_file "$D/vocab.txt" --output_dir "$work/ckpt_$name" \
+      --max_seq_length "$seq" --max_predictions_per_seq "$pred" --train_batch_size "$batch" \
+      --gradient_accumulation_steps "$acc" --learning_rate 6e-3 --warmup_proportion 0.2843 --max_steps "$steps" \
+      --skip_checkpoint --log_freq "${LOG_FREQ:-5}" --num_workers "$WORKERS" --throughput_warmup_steps "$WARMUP" \
+      --profile_steps "$PROFILE" --disable_progress_bar --json-summary "$work/logs/$name.json" \
+      --precision "$PRECISION" "$flag" "${extra[@]}" > "$work/logs/$name.log" 2>&1
+    status=$?
+    [[ -f "$work/ckpt_$name/profile.json" ]] && cp "$work/ckpt_$name/profile.json" "$work/logs/$name.profile.json"
+    rm -rf "$work/ckpt_$name"
+  fi
+  echo "$name $phase $path $mode $((SECONDS - started)) $status" >> "$work/rows.txt"
+  echo "row $name: exit $status in $((SECONDS - started)) s"
+  [[ $status == 0 ]] || tail -n 5 "$work/logs/$name.log"
+  "$PYTHON" -m bench.gpu_speed summarize "$work" --out "$OUT" > /dev/null 2>&1 || echo "summarize failed"
+  tar -czf "$OUT/logs.tar.gz" -C "$work" logs rows.txt
 }
-b1=${BENCH_BATCH1:-256} a1=${BENCH_ACC1:-2} s1=${BENCH_STEPS1:-25}
-b2=${BENCH_BATCH2:-64} a2=${BENCH_ACC2:-4} s2=${BENCH_STEPS2:-15}
-for mode in $modes; do
-  flag=--no_compile; [[ $mode == compile ]] && flag=--compile
-  for layout in padded unpadded packed; do
-    case $layout in padded) shards=plain unpad=never ;; unpadded) shards=plain unpad=always ;; packed) shards=packed unpad=auto ;; esac
-    run "phase1_${layout}_$mode" 128 20 "$b1" "$a1" "$s1" "$shards" "$unpad" --precision "$precision" "$flag"
-    run "phase2_${layout}_$mode" 512 80 "$b2" "$a2" "$s2" "$shards" "$unpad" --precision "$precision" "$flag"
-  done
+
+for row in $ROWS; do
+  run_row "$row"
 done
-[[ " $modes " == *" eager "* && ${BENCH_FP16:-1} == 1 ]] && run phase1_padded_fp16_eager 128 20 "$b1" "$a1" "$s1" plain never --fp16 --no_compile
-
-"$PYTHON" - "$out" "$precision" <<'EOF'
-import json, sys
-from pathlib import Path
-
-out, precision = Path(sys.argv[1]), sys.argv[2]
-rows = []
-for path in sorted(out.glob("phase*.json")):
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
-    phase, layout, *rest = path.stem.split("_")
-    row = {"run": path.stem, "phase": int(phase[-1]), "layout": layout, "mode": rest[-1],
-           "precision": "fp16" if "fp16" in rest else precision, "finished": final is not None}
-    if final:
-        row.update(rows_per_s=final["training_sequences_per_second"],
-                   sequences_per_s=final["training_real_sequences_per_second"],
-                   tokens_per_s=final["training_real_tokens_per_second"], mfu=final.get("mfu"),
-                   peak_memory_gib=final.get("peak_memory_gib"))
-    rows.append(row)
-(out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
-fmt = lambda x, f: "n/a" if x is None else format(x, f)
-lines = ["| phase | layout | mode | precision | rows/s | sequences/s | real tokens/s | MFU | peak GiB |",
-         "|---|---|---|---|---|---|---|---|---|"]
-for r in rows:
-    if not r["finished"]:
-        lines.append(f"| {r['phase']} | {r['layout']} | {r['mode']} | {r['precision']} | failed (see {r['run']}.log) |"
-                     " | | | |")
-        continue
-    lines.append(f"| {r['phase']} | {r['layout']} | {r['mode']} | {r['precision']} | {r['rows_per_s']:,.1f} | "
-                 f"{r['sequences_per_s']:,.1f} | {r['tokens_per_s']:,.0f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
-                 f"{'' if r['mfu'] is None else '%'} | {fmt(r['peak_memory_gib'], '.1f')} |")
-(out / "summary.md").write_text("\n".join(lines) + "\n")
-print("\n".join(lines))
-EOF
+"$PYTHON" -m bench.gpu_speed summarize "$work" --out "$OUT"
+echo "call done at ${SECONDS} s"

@@ -83,17 +83,6 @@ def build_shards(args, log) -> Path:
     return shards
 
 
-def count_samples(folder: Path) -> int:
-    """Training sequences in the shards of `folder` (0 when it holds none)."""
-    import h5py
-
-    total = 0
-    for path in sorted(folder.glob("*.hdf5")):
-        with h5py.File(path, "r") as f:
-            total += len(f["input_ids"])
-    return total
-
-
 def run_specs(args) -> dict[str, dict]:
     p = args.processes
     specs = {"A": {"processes": 1, "lr": args.lr, "what": "1 process"},
@@ -279,7 +268,7 @@ def _main(argv: list[str] | None = None) -> dict:
                        "heldout_loss": evals[-1][2] if evals else None, "losses": losses, "evals": evals,
                        "command": summary["command"]}
     baseline = su.heldout_baseline(shards / "hdf5_heldout128", args.max_eval_samples)
-    shard_samples = count_samples(shards / "hdf5_seq128")
+    shard_samples = su.count_samples(shards / "hdf5_seq128")
     for run in runs.values():
         run["epochs"] = run["global_batch"] * run["steps"] / shard_samples if shard_samples else None
 

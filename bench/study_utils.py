@@ -95,6 +95,17 @@ def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
             "evals": sorted([s, a, lo] for s, (a, lo) in evals.items())}
 
 
+def count_samples(folder: Path) -> int:
+    """Training sequences in the shards of `folder` (0 when it holds none)."""
+    import h5py
+
+    total = 0
+    for path in sorted(folder.glob("*.hdf5")):
+        with h5py.File(path, "r") as f:
+            total += len(f["input_ids"])
+    return total
+
+
 def read_shards(folder: str | os.PathLike, max_samples: int = 0, keys: tuple[str, ...] | None = None) -> dict:
     """The arrays `keys` (None: every array of NVIDIA's shard format) of every .hdf5 in `folder` (or the one file),
     in sorted order, the first `max_samples` samples (0: all): the samples run_pretraining.py's evaluation reads."""

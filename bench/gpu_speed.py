@@ -1,0 +1,491 @@
+"""Issue 43's device call, prepared here: BERT-large pre-training speed on one GPU, path by path, beside transformers.
+
+    python -m bench.gpu_speed prepare --out .gpu_speed     # here, on the CPU: real shards, vocabulary, configs
+    OUT=<folder> bash bench/gpu_pretraining.sh .gpu_speed   # on the GPU machine, .gpu_speed carried (one call)
+    python -m bench.gpu_speed summarize <folder>            # summary.json / summary.md (the call script runs it)
+
+`prepare` turns the first --files files of the Wikipedia slice (../shared/data) into documents
+(scripts.text_to_documents), then into four folders of HDF5 shards with the recipe's own create_pretraining_data.py
+and the uncased vocabulary: phase 1 (sequence 128, 20 predictions) and phase 2 (512, 80), each plain and packed
+(--pack_sequences 3). It writes BERT-large's config (bert_config.json) four times, differing only in the speed
+settings the rows compare: unpad never / always / auto, and always with the padded-SDPA attention kernel.
+
+The call script runs one process per row, each through run_pretraining.py itself (the data loader, NVLAMB, bf16
+autocast, the Trainer) with --profile_steps (the profile lands in the row's summary). The peer rows run `hf` below.
+
+`hf`: transformers' BertForPreTraining (sdpa attention) trained on the same shards with the same micro-batch,
+accumulation, steps, warm-up, precision (bf16 autocast), optimizer (our NVLAMB) and compilation (torch.compile of
+the whole model, transformers' own way): its forward with dense labels (-100 where nothing is predicted), so its
+masked-LM head scores every position, as transformers does. Its FLOPs for MFU are counted as ours (trainer.batch_flops:
+the model's work on real tokens, the head on the labelled positions), so MFU and real tokens/s compare directly.
+It writes run_pretraining.py's kind of JSON lines, with the FINAL record the summary reads.
+
+`check_flash` (GPU only): the flash_varlen attention kernel (bert_padding) against padded SDPA in fp32 on random
+sequences of mixed lengths, forward and gradients; with dropout: applied, unbiased over many draws, the same under
+the same seed; and compiled against eager. Writes flash_check.json; exits 1 when a check fails.
+
+`summarize DIR`: every row's FINAL numbers and profile, the ratio of each row's real tokens/s to transformers' in the
+same phase, as summary.json and a Markdown table (summary.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bench import study_utils as su
+
+REPO = su.REPO
+SHARED = REPO.parent / "shared" / "data"
+PHASES = {1: (128, 20), 2: (512, 80)}  # sequence length, predictions per sequence
+CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {},
+           "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"}}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# prepare (CPU)
+
+
+def prepare(args) -> dict:
+    from create_pretraining_data import main as create_pretraining_data
+    from scripts.text_to_documents import main as text_to_documents
+
+    slice_dir = Path(args.slice)
+    files = sorted(p for p in slice_dir.iterdir() if p.name.startswith("wiki_"))[:args.files]
+    if not files:
+        raise SystemExit(f"gpu_speed: error: --slice {slice_dir} holds no wiki_* files")
+    vocab = Path(args.vocab)
+    if not vocab.is_file():
+        raise SystemExit(f"gpu_speed: error: --vocab {vocab} not found")
+    out = Path(args.out)
+    stage = out.with_name(out.name + ".part")  # renamed to --out only when complete
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    started = time.time()
+    text = stage / "train.txt"
+    if text_to_documents(["--input", *map(str, files), "--sentences", "--output", str(text)]) not in (0, None):
+        raise SystemExit("gpu_speed: error: text_to_documents failed")
+    shutil.copy(vocab, stage / "vocab.txt")
+    for phase, (seq, pred) in PHASES.items():
+        for kind in ("plain", "packed"):
+            folder = stage / f"p{phase}_{kind}"
+            folder.mkdir()
+            extra = ["--pack_sequences", "3"] if kind == "packed" else []
+            code = create_pretraining_data([
+                "--input_file", str(text), "--output_file", str(folder / "train.hdf5"), "--vocab_file",
+                str(vocab), "--do_lower_case", "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred),
+                "--dupe_factor", str(args.dupe_factor), "--random_seed", "12345", "--num_workers",
+                str(args.workers), "--no_progress", *extra])
+            if code not in (0, None):
+                raise SystemExit(f"gpu_speed: error: create_pretraining_data failed for p{phase}_{kind}")
+    text.unlink()
+    base = json.loads(Path(args.config).read_text())
+    for name, fields in CONFIGS.items():
+        (stage / f"config_{name}.json").write_text(json.dumps({**base, **fields}, indent=2) + "\n")
+    report = {"command": "python -m bench.gpu_speed " + " ".join(args.argv), "files": len(files),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "wall_s": round(time.time() - started, 1),
+              "rows": {p.name: su.count_samples(p) for p in sorted(stage.glob("p*_*"))}}
+    (stage / "prepare.json").write_text(json.dumps(report, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    stage.rename(out)
+    print(json.dumps(report, indent=2))
+    return report
+
+
+# --------------------------------------------------------------------------------------------------------------
+# hf: the peer
+
+
+def dense_labels(positions, ids, seq: int):
+    """[B, S] masked-LM labels for transformers (-100 where nothing is predicted) from the shards' slots (position
+    0: an unused slot)."""
+    import numpy as np
+
+    labels = np.full((len(positions), seq), -100, dtype=np.int64)
+    rows, slots = np.nonzero(positions)
+    labels[rows, positions[rows, slots]] = ids[rows, slots]
+    return labels
+
+
+def run_hf(args) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+
+    from atomic_io import JsonLogger
+    from bench.study_utils import read_shards
+    from checkpoint_io import hf_config
+    from modeling import BertConfig
+    from optimization import make_optimizer, param_groups_for_bert
+    from profiling import StepProfiler
+    from trainer import batch_flops
+    from training import peak_flops
+
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    ours = BertConfig.from_json_file(args.config)
+    hf_cfg = transformers.BertConfig(**hf_config(ours, "BertForPreTraining"))
+    hf_cfg._attn_implementation = "sdpa"
+    model = transformers.BertForPreTraining(hf_cfg).to(device).train()
+    optimizer = make_optimizer("nvlamb", param_groups_for_bert(model, 0.01), lr=args.learning_rate)
+    step_model = torch.compile(model) if args.compile else model
+    arrays = read_shards(args.input_dir)
+    n, seq = arrays["input_ids"].shape
+    micro = args.train_batch_size // args.gradient_accumulation_steps
+    if n < micro:
+        raise SystemExit(f"gpu_speed hf: error: --input_dir {args.input_dir} holds {n} rows, fewer than a "
+                         f"micro-batch of {micro}")
+    labels = dense_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)
+    tensors = {"input_ids": torch.from_numpy(arrays["input_ids"].astype(np.int64)),
+               "attention_mask": torch.from_numpy(arrays["input_mask"].astype(np.int64)),
+               "token_type_ids": torch.from_numpy(arrays["segment_ids"].astype(np.int64)),
+               "labels": torch.from_numpy(labels),
+               "next_sentence_label": torch.from_numpy(arrays["next_sentence_labels"].astype(np.int64))}
+    positions = torch.from_numpy(arrays["masked_lm_positions"].astype(np.int64))
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    logger = JsonLogger(args.json_summary, enabled=True)
+    peak = peak_flops(device, args.precision)
+    profiler = StepProfiler(args.profile_steps, device) if args.profile_steps else None
+    timed = {"rows": 0, "tokens": 0, "flops": 0.0}
+    start = time.perf_counter()
+    first_step_s = None
+    cursor = 0
+    for step in range(1, args.max_steps + 1):
+        if step == args.throughput_warmup_steps + 1 and profiler is not None:
+            profiler.start()
+        if step == args.throughput_warmup_steps + args.profile_steps + 1:
+            if profiler is not None:
+                logger.log("PROFILE", profiler.stop())
+            sync(device)
+            start = time.perf_counter()
+        for _ in range(args.gradient_accumulation_steps):
+            rows = torch.arange(cursor, cursor + micro) % n
+            cursor += micro
+            batch = {k: v[rows].to(device, non_blocking=True) for k, v in tensors.items()}
+            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = step_model(**batch).loss / args.gradient_accumulation_steps
+            loss.backward()
+            if step > args.throughput_warmup_steps + args.profile_steps:
+                mask = tensors["attention_mask"][rows]
+                timed["rows"] += micro
+                timed["tokens"] += int(mask.sum())
+                timed["flops"] += batch_flops(ours, {"attention_mask": mask, "masked_lm_positions": positions[rows]})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step == 1:
+            sync(device)
+            first_step_s = time.perf_counter() - start
+        if step % args.log_freq == 0:
+            logger.log(step, {"average_loss": float(loss) * args.gradient_accumulation_steps})
+    sync(device)
+    seconds = time.perf_counter() - start
+    final = {"final_loss": float(loss) * args.gradient_accumulation_steps,
+             "training_sequences_per_second": timed["rows"] / seconds,
+             "training_real_sequences_per_second": timed["rows"] / seconds,
+             "training_real_tokens_per_second": timed["tokens"] / seconds,
+             "first_step_s": first_step_s, "timed_steps": args.max_steps - args.throughput_warmup_steps
+             - args.profile_steps}
+    if peak:
+        final["mfu"] = timed["flops"] / seconds / peak
+    if device.type == "cuda":
+        final["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+    logger.log("FINAL", final)
+    logger.close()
+    print(json.dumps(final))
+    return final
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# check_flash (GPU)
+
+
+def relative_error(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def check_flash(args) -> dict:
+    import torch
+
+    import bert_padding as bp
+
+    kernel = args.kernel
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_speed check_flash: error: needs a CUDA GPU (--device cpu --kernel padded_sdpa "
+                         "rehearses the checks on the CPU)")
+    out = Path(args.out)
+    torch.manual_seed(0)
+    device, dtype = torch.device(args.device), torch.bfloat16
+    lengths = [128, 77, 3, 512, 300, 1, 64, 511]
+    S, N, D = 512, 16, 64
+    mask = (torch.arange(S)[None] < torch.tensor(lengths)[:, None]).int().to(device)  # [B, S]
+    info = bp.unpad_info(mask)
+    T = int(mask.sum())
+    report: dict = {"torch": torch.__version__, "tokens": T, "kernel": kernel,
+                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "kernel_auto_dropout": bp.choose_kernel(device.type, dtype, 0.1).name, "checks": {}}
+
+    def attend(qkv, kernel, p):
+        return bp.varlen_attention(qkv, info, p, kernel)
+
+    qkv = torch.randn(T, 3, N, D, device=device, dtype=dtype, requires_grad=True)
+    grad_out = torch.randn(T, N, D, device=device, dtype=dtype)
+    reference = qkv.detach().float().requires_grad_(True)
+    ref = attend(reference, "padded_sdpa", 0.0)  # fp32: the padded SDPA path
+    ref.backward(grad_out.float())
+    flash = attend(qkv, kernel, 0.0)
+    flash.backward(grad_out)
+    checks = report["checks"]
+    checks["forward_rel_error"] = relative_error(flash, ref)
+    checks["grad_rel_error"] = relative_error(qkv.grad, reference.grad)
+    # Dropout: applied (two draws differ), the same under the same seed, unbiased (the mean of many draws
+    # approaches the output without dropout), finite gradients.
+    with torch.no_grad():
+        torch.manual_seed(1)
+        a = attend(qkv, kernel, 0.1)
+        torch.manual_seed(1)
+        b = attend(qkv, kernel, 0.1)
+        c = attend(qkv, kernel, 0.1)
+        mean = sum(attend(qkv, kernel, 0.1).float() for _ in range(args.draws)) / args.draws
+    checks["dropout_same_seed_equal"] = bool(torch.equal(a, b))
+    checks["dropout_draws_differ"] = not bool(torch.equal(a, c))
+    checks["dropout_mean_rel_error"] = relative_error(mean, flash.detach().float())
+    checks["dropout_single_draw_rel_error"] = relative_error(a, flash.detach())
+    qkv.grad = None
+    attend(qkv, kernel, 0.1).backward(grad_out)
+    checks["dropout_grad_finite"] = bool(torch.isfinite(qkv.grad).all())
+    compiled = torch.compile(lambda x: bp.varlen_attention(x, info, 0.0, kernel), backend=args.backend)
+    checks["compiled_rel_error"] = relative_error(compiled(qkv.detach()), flash.detach())
+    passed = (checks["forward_rel_error"] < 1e-2 and checks["grad_rel_error"] < 2e-2
+              and checks["dropout_same_seed_equal"] and checks["dropout_draws_differ"]
+              and checks["dropout_mean_rel_error"] < 0.5 * checks["dropout_single_draw_rel_error"]
+              and checks["dropout_grad_finite"] and checks["compiled_rel_error"] < 1e-2)
+    report["passed"] = passed
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "flash_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    if not passed:
+        raise SystemExit("gpu_speed check_flash: a check failed (see flash_check.json)")
+    return report
+
+
+# --------------------------------------------------------------------------------------------------------------
+# summarize
+
+
+def read_records(path: Path) -> list[dict]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a killed row
+    return records
+
+
+def summarize(folder: Path, out: Path | None = None) -> list[dict]:
+    """Every row of the call (folder/rows.txt: name, phase, path, mode, wall seconds, exit status, one a line; the
+    rows' logs in folder/logs) with its FINAL numbers and profile, and the ratio of its real tokens/s to
+    transformers' in the same phase and mode; written to out (default: folder) as summary.json and summary.md."""
+    out = out or folder
+    rows = []
+    listing = folder / "rows.txt"
+    for line in (listing.read_text().splitlines() if listing.is_file() else []):
+        name, phase, layout, mode, wall, status = line.split()
+        log = folder / "logs" / f"{name}.json"
+        records = read_records(log) if log.is_file() else []
+        final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
+        profile = next((r["data"] for r in records if r.get("step") == "PROFILE"), None)
+        profile_file = folder / "logs" / f"{name}.profile.json"
+        if profile is None and profile_file.is_file():
+            profile = json.loads(profile_file.read_text())
+        row = {"run": name, "phase": int(phase), "layout": layout, "mode": mode, "wall_s": int(wall),
+               "exit": int(status), "finished": final is not None}
+        if final:
+            row.update(rows_per_s=final["training_sequences_per_second"],
+                       sequences_per_s=final["training_real_sequences_per_second"],
+                       tokens_per_s=final["training_real_tokens_per_second"], mfu=final.get("mfu"),
+                       peak_memory_gib=final.get("peak_memory_gib"))
+        if profile:
+            row["profile"] = profile
+        rows.append(row)
+    for row in rows:
+        peer = next((r for r in rows if r["phase"] == row["phase"] and r["layout"] == "hf" and r["finished"]
+                     and r["mode"] == row["mode"]), None)
+        if row["finished"] and peer:
+            row["ratio_to_transformers"] = row["tokens_per_s"] / peer["tokens_per_s"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "summary.md").write_text(table(rows) + "\n")
+    print(table(rows))
+    return rows
+
+
+def fmt(x, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x * scale, spec) + suffix
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| phase | path | mode | rows/s | sequences/s | real tokens/s | MFU | peak GiB | vs transformers | "
+             "GPU busy | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r["finished"]:
+            lines.append(f"| {r['phase']} | {r['layout']} | {r['mode']} | failed (exit {r['exit']}, see logs/"
+                         f"{r['run']}.log) | | | | | | | {r['wall_s']} |")
+            continue
+        busy = (r.get("profile") or {}).get("busy_share")
+        lines.append(f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r['rows_per_s'], ',.1f')} | "
+                     f"{fmt(r['sequences_per_s'], ',.1f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
+                     f"{fmt(r.get('mfu'), '.1f', 100, '%')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
+                     f"{fmt(r.get('ratio_to_transformers'), '.2f', 1, 'x')} | {fmt(busy, '.0f', 100, '%')} | "
+                     f"{r['wall_s']} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The results page's section (bench.results_page --gpu_speed DIR)
+
+
+def steady_rates(folder: Path) -> dict[str, float]:
+    """{row: rows/s between its last two step log lines}, read from the call's logs.tar.gz: a second estimate of
+    each run_pretraining.py row's rate, independent of its FINAL line (it includes the one host sync of a log step).
+    transformers' rows log no batch size and are left out."""
+    import tarfile
+
+    rates = {}
+    archive = folder / "logs.tar.gz"
+    if not archive.is_file():
+        return rates
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            name = Path(member.name)
+            if name.parent.name != "logs" or name.suffix != ".json" or name.name.endswith(".profile.json"):
+                continue
+            records = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines()
+                       if line.strip()]
+            batch = next((r["data"].get("train_batch_size") for r in records if r.get("step") == "PARAMETER"), None)
+            steps = [r for r in records if isinstance(r.get("step"), int)]
+            if batch and len(steps) >= 2:
+                a, b = steps[-2], steps[-1]
+                rates[name.stem] = (b["step"] - a["step"]) * batch / (b["timestamp"] - a["timestamp"])
+    return rates
+
+
+def markdown(folder: Path) -> str:
+    """One call's section: what ran where (call.json, gpu.txt), the rows' table, and where each row's GPU time
+    went (the profile's parts and its busy share)."""
+    meta = json.loads((folder / "call.json").read_text()) if (folder / "call.json").is_file() else {}
+    rows = json.loads((folder / "summary.json").read_text())
+    gpu = (folder / "gpu.txt").read_text().strip().splitlines() if (folder / "gpu.txt").is_file() else []
+    steady = steady_rates(folder)
+    settings = ", ".join(f"{k} {v}" for k, v in (meta.get("settings") or {}).items() if k != "rows")
+    lines = [f"**{meta.get('title', folder.name)}** ({meta.get('date', 'date not recorded')}). "
+             f"{'; '.join(gpu[1:])}. Command: `{meta.get('command', 'OUT=<folder> bash bench/gpu_pretraining.sh')}`"
+             f"{'; settings: ' + settings if settings else ''}.", ""]
+    if meta.get("note"):
+        lines += [meta["note"], ""]
+    lines += ["| phase | path | rows/s | sequences/s | real tokens/s | MFU | vs transformers | rows/s, last log "
+              "steps | peak GiB | GPU busy (profile) | matmul / fused / attention / optimizer |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    mistimed = set(meta.get("final_mistimed", []))  # rows whose FINAL rates a bug of that call's code spoilt
+    for r in rows:
+        if not r["finished"]:
+            lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | failed (exit {r['exit']}) | | | | | | | | |")
+            continue
+        prof = r.get("profile") or {}
+        parts = prof.get("parts") or {}
+        share = lambda k: fmt((parts.get(k) or {}).get("share"), ".0f", 100, "%")  # noqa: E731
+        cells = [fmt(r["rows_per_s"], ",.0f"), fmt(r["sequences_per_s"], ",.0f"), fmt(r["tokens_per_s"], ",.0f"),
+                 fmt(r.get("mfu"), ".1f", 100, "%")]
+        ratio = fmt(r.get("ratio_to_transformers"), ".2f", 1, "x")
+        if r["run"] in mistimed:
+            cells = [f"~~{c}~~" for c in cells]  # struck out: the rate from the log lines stands instead
+            peer = next((p for p in rows if p["phase"] == r["phase"] and p["layout"] == "hf" and p["finished"]),
+                        None)
+            if peer and r["run"] in steady:  # real tokens a row are the run's own, whatever its clock
+                tokens = steady[r["run"]] * r["tokens_per_s"] / r["rows_per_s"]
+                ratio = f"{tokens / peer['tokens_per_s']:.2f}x (log)"
+        lines.append(
+            f"| {r['phase']} | {r['layout']} {r['mode']} | {' | '.join(cells)} | {ratio} | "
+            f"{fmt(steady.get(r['run']), ',.0f')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
+            f"{fmt(prof.get('busy_share'), '.0f', 100, '%')} | {share('matmul')} / {share('fused (compiled)')} / "
+            f"{share('attention')} / {share('optimizer')} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None):
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_speed", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    pr = sub.add_parser("prepare", help="real shards, vocabulary and configs for the device call (CPU)")
+    pr.add_argument("--out", default=str(REPO / ".gpu_speed"))
+    pr.add_argument("--slice", default=str(SHARED / "wikipedia-en-slice" / "text" / "AA"),
+                    help="WikiExtractor folder of wiki_* files")
+    pr.add_argument("--files", type=int, default=6, help="the first this many files of --slice (about 1 MB each)")
+    pr.add_argument("--vocab", default=str(SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"))
+    pr.add_argument("--config", default=str(REPO / "bert_config.json"))
+    pr.add_argument("--dupe_factor", type=int, default=1)
+    pr.add_argument("--workers", type=int, default=2)
+    hf = sub.add_parser("hf", help="train transformers' BertForPreTraining on the shards and time it")
+    hf.add_argument("--input_dir", required=True)
+    hf.add_argument("--config", required=True, help="our bert_config.json (converted to transformers' config)")
+    hf.add_argument("--json-summary", dest="json_summary", required=True)
+    hf.add_argument("--train_batch_size", type=int, required=True, help="rows per optimizer step")
+    hf.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    hf.add_argument("--max_steps", type=int, required=True)
+    hf.add_argument("--throughput_warmup_steps", type=int, default=3)
+    hf.add_argument("--profile_steps", type=int, default=0)
+    hf.add_argument("--learning_rate", type=float, default=6e-3)
+    hf.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    hf.add_argument("--compile", action="store_true")
+    hf.add_argument("--cpu", action="store_true", help="on the CPU even when a GPU is present (the tests)")
+    hf.add_argument("--log_freq", type=int, default=5)
+    hf.add_argument("--seed", type=int, default=42)
+    ch = sub.add_parser("check_flash", help="the flash_varlen kernel against padded SDPA (GPU)")
+    ch.add_argument("--out", required=True)
+    ch.add_argument("--kernel", default="flash_varlen", help="the kernel checked (padded_sdpa: a CPU rehearsal)")
+    ch.add_argument("--device", default="cuda")
+    ch.add_argument("--draws", type=int, default=200, help="dropout draws averaged")
+    ch.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled check")
+    sm = sub.add_parser("summarize", help="summary.json and summary.md of a call's rows")
+    sm.add_argument("folder")
+    sm.add_argument("--out", help="where summary.json and summary.md go (default: the folder)")
+    args = p.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    return args
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    if args.command == "prepare":
+        return prepare(args)
+    if args.command == "hf":
+        if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
+            raise SystemExit("gpu_speed hf: error: --train_batch_size must be a multiple of "
+                             "--gradient_accumulation_steps")
+        if args.max_steps <= args.throughput_warmup_steps + args.profile_steps:
+            raise SystemExit("gpu_speed hf: error: --max_steps must exceed the warm-up and profiled steps")
+        return run_hf(args)
+    if args.command == "check_flash":
+        return check_flash(args)
+    return summarize(Path(args.folder), Path(args.out) if args.out else None)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

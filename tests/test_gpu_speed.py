@@ -1,0 +1,185 @@
+"""Issue 43's device call, rehearsed at tiny size on the CPU, and the profiler it reads.
+
+bench/gpu_pretraining.sh over shards from `bench.gpu_speed prepare`: every path (padded, unpadded, packed, SDPA
+around padding, transformers) finishes and is summarised with its profile and its ratio to transformers; the
+rates follow from the layouts. `gpu_speed hf` gives transformers the shards' labels. profiling.py: the GPU's busy
+time is the union of the kernels' intervals (against a brute-force count), real H200 kernel names fall into the
+right parts of a step, and run_pretraining.py --profile_steps writes a profile whose summarising is not counted as
+training time. The check of the flash_varlen kernel runs on a GPU only; its logic is rehearsed here on padded SDPA.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import profiling
+import run_pretraining as rp
+from bench import gpu_speed
+from conftest import args_for, make_shards, read_log, write_config
+from modeling import BertConfig
+from pretraining_data import mlm_labels
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = "p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager"
+
+
+@pytest.fixture(scope="module")
+def speed_data(tmp_path_factory, shared_data, uncased_vocab) -> Path:
+    """`gpu_speed prepare` on one file of the Wikipedia slice, with a one-layer model in place of BERT-large."""
+    tmp = tmp_path_factory.mktemp("gpu_speed")
+    tiny = tmp / "tiny.json"
+    BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+               max_position_embeddings=512).to_json_file(tiny)
+    gpu_speed.main(["prepare", "--out", str(tmp / "data"), "--files", "1", "--config", str(tiny), "--workers", "1",
+                    "--slice", str(shared_data / "wikipedia-en-slice" / "text" / "AA"), "--vocab", str(uncased_vocab)])
+    return tmp / "data"
+
+
+def test_prepare_writes_both_phases_plain_and_packed_and_the_four_configs(speed_data):
+    report = json.loads((speed_data / "prepare.json").read_text())
+    for phase in (1, 2):
+        assert 0 < report["rows"][f"p{phase}_packed"] < report["rows"][f"p{phase}_plain"]  # rows hold >1 sequence
+    configs = {name: json.loads((speed_data / f"config_{name}.json").read_text()) for name in gpu_speed.CONFIGS}
+    assert configs["never"]["unpad"] == "never" and configs["always"]["unpad"] == "always"
+    assert "unpad" not in configs["auto"] and configs["sdpa"]["varlen_kernel"] == "padded_sdpa"
+    assert {k: v for k, v in configs["sdpa"].items() if k not in ("unpad", "varlen_kernel")} == configs["auto"]
+
+
+def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "ROWS": ROWS, "BATCH1": "8", "ACC1": "2",
+           "BATCH2": "4", "ACC2": "2", "WARMUP": "1", "PROFILE": "1", "TIMED": "2", "PRECISION": "fp32",
+           "WORKERS": "1", "OMP_NUM_THREADS": "1", "LOG_FREQ": "1"}
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["call.json", "call.log", "gpu.txt", "logs.tar.gz",
+                                                     "summary.json", "summary.md"]  # the device tool returns 8
+    assert json.loads((out / "call.json").read_text())["settings"]["rows"] == ROWS
+    rows = {r["run"]: r for r in json.loads((out / "summary.json").read_text())}
+    assert sorted(rows) == sorted(ROWS.split())
+    assert all(r["finished"] and r["exit"] == 0 for r in rows.values()), done.stdout
+    for name, r in rows.items():
+        seq = 128 if r["phase"] == 1 else 512
+        if r["layout"] == "packed":  # a packed row is one to three sequences
+            assert r["rows_per_s"] < r["sequences_per_s"] <= 3.05 * r["rows_per_s"]
+        else:
+            assert math.isclose(r["sequences_per_s"], r["rows_per_s"], rel_tol=1e-3)
+        assert 0.3 * seq * r["rows_per_s"] < r["tokens_per_s"] <= seq * r["rows_per_s"] * 1.001  # padding excluded
+        peer = rows[f"p{r['phase']}_hf_eager"]
+        assert math.isclose(r["ratio_to_transformers"], r["tokens_per_s"] / peer["tokens_per_s"], rel_tol=1e-9)
+        assert r["profile"]["steps"] == 1 and r["profile"]["operators"], name  # a CPU profile: operators
+    table = (out / "summary.md").read_text()
+    assert table.count("\n") == 2 + len(rows) and "| 2 | sdpa | eager |" in table
+    # The results page renders the call from its folder (the log-line rates come from logs.tar.gz).
+    page = gpu_speed.markdown(out)
+    assert all(f"| {r['phase']} | {r['layout']} eager |" in page for r in rows.values())
+    assert gpu_speed.steady_rates(out).keys() == {n for n in rows if "_hf_" not in n}
+
+
+def test_call_script_refuses_a_folder_that_prepare_did_not_make(tmp_path):
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(tmp_path)],
+                          env={**os.environ, "OUT": str(tmp_path / "out")}, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and "python -m bench.gpu_speed prepare" in done.stderr
+
+
+def test_transformers_gets_the_shards_labels(tmp_path):
+    """dense_labels: the original token at each used slot's position, -100 everywhere else; the same positions and
+    tokens as the recipe's own mlm_labels (whose 'nothing' is -1)."""
+    folder = make_shards(tmp_path / "shards", n_shards=1, short_rows=3)
+    from bench.study_utils import read_shards
+
+    arrays = read_shards(folder)
+    seq = arrays["input_ids"].shape[1]
+    labels = gpu_speed.dense_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)
+    expected = np.full_like(labels, -100)
+    for row, (positions, ids) in enumerate(zip(arrays["masked_lm_positions"], arrays["masked_lm_ids"])):
+        for position, token in zip(positions, ids):
+            if position > 0:
+                expected[row, position] = token
+    np.testing.assert_array_equal(labels, expected)
+    ours = mlm_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)
+    np.testing.assert_array_equal(np.where(ours < 0, -100, ours), labels)
+
+
+def test_flash_check_logic_rehearsed_on_padded_sdpa(tmp_path):
+    """The device call's kernel check, with padded SDPA standing in for flash_varlen: the comparisons it makes
+    (fp32 reference, dropout applied, seeded, unbiased, compiled = eager) pass for a kernel known to be right."""
+    report = gpu_speed.main(["check_flash", "--out", str(tmp_path), "--kernel", "padded_sdpa", "--device", "cpu",
+                             "--draws", "12", "--backend", "aot_eager"])
+    assert report["passed"] and json.loads((tmp_path / "flash_check.json").read_text())["passed"]
+    checks = report["checks"]
+    assert checks["forward_rel_error"] < 1e-2 and checks["dropout_draws_differ"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# profiling.py
+
+
+def test_busy_time_is_the_union_of_the_kernels_intervals():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        starts = rng.integers(0, 1000, 30)
+        intervals = [(int(s), int(s + rng.integers(1, 80))) for s in starts]
+        covered = np.zeros(1200, dtype=bool)  # brute force on integer time steps
+        for s, e in intervals:
+            covered[s:e] = True
+        assert profiling.busy_time(intervals) == covered.sum()
+
+
+@pytest.mark.parametrize("name, part", [  # kernel names from the H200 profiles of 2026-11-28
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x6_nt_align8>", "matmul"),
+    ("triton_tem_fused_addmm_0", "matmul"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128>>", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64", "attention"),
+    ("triton_per_fused__to_copy_add_native_dropout_native_layer_norm_native_layer_norm_backward_view_6",
+     "fused (compiled)"),
+    ("triton_poi_fused_gelu_gelu_backward_4", "fused (compiled)"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::TensorListMetadata<4>>",
+     "optimizer"),
+    ("Memcpy HtoD (Pageable -> Device)", "copy"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "element-wise (eager)"),
+])
+def test_kernels_fall_into_the_parts_of_a_step(name, part):
+    assert profiling.category(name) == part
+
+
+def test_profile_steps_write_a_profile_not_counted_as_training(tmp_path, monkeypatch):
+    """--profile_steps 2 after one warm-up step: profile.json in --output_dir ranks the operators of the profiled
+    steps (on a CPU, by their own time); summarising the profile takes the host a while (here a second, made so)
+    and the throughput that FINAL reports must not include it."""
+    real_stop = profiling.StepProfiler.stop
+
+    def slow_stop(self):
+        summary = real_stop(self)
+        time.sleep(1.0)
+        return summary
+
+    monkeypatch.setattr(profiling.StepProfiler, "stop", slow_stop)
+    data, config = make_shards(tmp_path / "data"), write_config(tmp_path / "config.json")
+    out = tmp_path / "out"
+    assert rp.main(args_for(data, config, out, "--max_steps", "8", "--throughput_warmup_steps", "1",
+                            "--profile_steps", "2", "--skip_checkpoint", "--log_freq", "1")) == 0
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["steps"] == 2 and profile["operators"]
+    assert any(op["name"].startswith("aten::") for op in profile["operators"])
+    assert 0.5 < sum(op["share"] for op in profile["operators"]) <= 1.0 + 1e-9  # the top ones: most of the time
+    final = next(r["data"] for r in read_log(out / "log.json") if r["step"] == "FINAL")
+    # 5 timed steps of 8 rows: with the second counted, the rate would be below 40 rows/s
+    assert final["training_sequences_per_second"] > 60, final
+
+
+def test_profile_steps_need_a_warm_up(tmp_path):
+    data, config = make_shards(tmp_path / "data"), write_config(tmp_path / "config.json")
+    with pytest.raises(SystemExit, match="--profile_steps profiles the steps after the warm-up"):
+        rp.main(args_for(data, config, tmp_path / "out", "--profile_steps", "2", "--throughput_warmup_steps", "0"))
