@@ -174,6 +174,25 @@ def report_sections(module, paths: list[Path], heading: str, title: str, flag: s
     return lines
 
 
+def gpu_speed_section(folders: list[Path], heading: str) -> list[str]:
+    """BERT-large pre-training speed on one GPU, path by path, beside transformers (bench/gpu_pretraining.sh), one
+    table per device call."""
+    from bench import gpu_speed
+
+    lines = [f"{heading} BERT-large pre-training speed on one GPU (bench/gpu_pretraining.sh)", ""]
+    if not folders:
+        return lines + ["Not run: no --gpu_speed folder given (it needs a GPU: see bench/gpu_speed.py).", ""]
+    lines += ["Each row is its own process through run_pretraining.py (transformers' rows: `bench.gpu_speed hf`), "
+              "bf16 autocast, NVLAMB, compiled; MFU counts the model's FLOPs on real (non-padding) tokens against "
+              "the 989 TFLOP/s dense bf16 peak; 'vs transformers' is the ratio of real tokens/s to transformers' "
+              "row of the same phase in the same call; the profile's parts are shares of the GPU's kernel time "
+              "over two profiled steps (`profiling.py`), its busy share the part of those steps during "
+              "which any kernel ran (the profiler's own host overhead lowers it where the host is the limit).", ""]
+    for folder in folders:
+        lines += gpu_speed.markdown(folder).splitlines() + ["", f"From `{folder}`.", ""]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=su.HelpFormatter)
@@ -196,6 +215,8 @@ def main(argv: list[str] | None = None) -> str:
                    help="a bench.linear_probe report, repeatable")
     p.add_argument("--adaptive", type=Path, action="append", default=None,
                    help="a bench.adaptive_study report, repeatable")
+    p.add_argument("--gpu_speed", type=Path, action="append", default=None,
+                   help="a bench/gpu_pretraining.sh call's folder (summary.json, gpu.txt, call.json), repeatable")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
     p.add_argument("--plots", type=Path, default=None, help="where the PNGs go (None: results/ beside --out)")
     args = p.parse_args(argv)
@@ -241,6 +262,7 @@ def main(argv: list[str] | None = None) -> str:
                              "Frozen-feature linear probes (bench.linear_probe)", "linear_probe")
     lines += report_sections(adaptive_study, args.adaptive or [], "##",
                              "Task-adaptive pre-training: four starts for SST-2 (bench.adaptive_study)", "adaptive")
+    lines += gpu_speed_section(args.gpu_speed or [], "##")
     text = "\n".join(lines).rstrip() + "\n"
     atomic_write_text(args.out, text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")
