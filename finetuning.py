@@ -35,7 +35,7 @@ import precision as precision_policy  # the module; `precision` is a resolved na
 import training
 import atomic_io
 import cli
-import distributed
+import dist_env
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. Checks before any work
@@ -262,14 +262,14 @@ class Task:
         --do_train; {set name: examples} to evaluate or predict)."""
         raise NotImplementedError
 
-    def encode(self, examples: list, tokenizer, env: distributed.DistEnv, log: Callable[[str], None],
+    def encode(self, examples: list, tokenizer, env: dist_env.DistEnv, log: Callable[[str], None],
                training: bool) -> torch.utils.data.Dataset:
         raise NotImplementedError
 
     def collate(self, items: list) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def epoch_batches(self, dataset, micro_batch: int, env: distributed.DistEnv
+    def epoch_batches(self, dataset, micro_batch: int, env: dist_env.DistEnv
                       ) -> tuple[Callable[[int], Iterable[dict]], int]:
         """(epoch -> this process's training micro-batches of that epoch, micro-batches per epoch)."""
         return shuffled_epochs(dataset, micro_batch, self.collate, self.args.seed, env, self.args.num_workers)
@@ -312,7 +312,7 @@ class Task:
 
 
 def shuffled_epochs(dataset: torch.utils.data.Dataset, micro_batch: int, collate_fn, seed: int,
-                    env: distributed.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
+                    env: dist_env.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
     """A fine-tuning dataset as epochs of shuffled micro-batches (each process its own share, as DistributedSampler
     cuts it): returns (epoch -> that epoch's batches, micro-batches per epoch)."""
     sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=seed) if env.distributed
@@ -336,7 +336,7 @@ def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: flo
     return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
 
 
-def train(model: torch.nn.Module, task: Task, dataset, env: distributed.DistEnv,
+def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv,
           logger: training.RunLogger) -> training.FitResult:
     """Fine-tune `model` (bare: parallelism and precision are applied here) on `dataset` with the shared flags:
     the task's micro-batches, BertAdam (AdamW without bias correction, as BERT) over the no-decay groups, the
@@ -380,7 +380,7 @@ class Predictions:
 
 
 @torch.inference_mode()
-def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: distributed.DistEnv,
+def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: dist_env.DistEnv,
             desc: str) -> Predictions:
     """The one prediction loop: the task head's output for every example of `dataset`, from batches of similar
     lengths, each padded to its longest, put back in the dataset's order."""
@@ -418,7 +418,7 @@ def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_siz
             f"{unit}_per_second": count / (ms.sum() / 1000), "wall_seconds": seconds}
 
 
-def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, list], env: distributed.DistEnv,
+def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, list], env: dist_env.DistEnv,
              logger: training.RunLogger, log: Callable[[str], None]) -> dict:
     """Predict every set, score it, write the prediction files (--do_predict); returns {"eval", "inference"}."""
     args = task.args
@@ -508,7 +508,7 @@ def run(task: Task) -> dict:
     resolve_model_files(args)
     # 2. Where the run computes (torchrun's or Slurm's environment, else one process) and in what precision:
     #    auto decides from that device, and from whether the run trains or only reads the model.
-    env = distributed.init_distributed(no_cuda=args.no_cuda)
+    env = dist_env.init_distributed(no_cuda=args.no_cuda)
     choice = precision_policy.setup(args.precision, env.device, task.prog, precision_policy.purpose_of(args),
                                     show=env.is_main)
     args.precision, args.precision_reason = choice.name, choice.reason
@@ -528,14 +528,14 @@ def run(task: Task) -> dict:
         log(f"warning: {warning}")
 
     # 4. The model: the seed makes a fresh head (or random weights) the same on every process.
-    distributed.set_seed(args.seed)
+    dist_env.set_seed(args.seed)
     model = load_model(task, log)
     check_model_fits(model.config, len(tokenizer), args.vocab_file, args.max_seq_length)
     if model.config.vocab_size != len(tokenizer):
         log(f"warning: the model's vocab_size {model.config.vocab_size} differs from {args.vocab_file} "
             f"({len(tokenizer)} tokens)")
     model.to(env.device)
-    distributed.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
+    dist_env.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
     results: dict = {"task": task.name, "init_checkpoint": args.init_checkpoint, "precision": args.precision,
                      "precision_reason": args.precision_reason,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
@@ -556,7 +556,7 @@ def run(task: Task) -> dict:
             log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
 
     # 6. Predict and score on rank 0 alone; the other processes wait at the barrier.
-    distributed.barrier(env)
+    dist_env.barrier(env)
     if env.is_main and eval_sets:
         results.update(evaluate(task, model, tokenizer, eval_sets, env, logger, log))
         task.after_predictions(output_dir, results, logger)
@@ -568,5 +568,5 @@ def run(task: Task) -> dict:
         logger.log("FINAL", final)
         print(json.dumps(final, indent=2), flush=True)
     logger.close()
-    distributed.end_process_group()
+    dist_env.end_process_group()
     return results

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 import finetuning
 import cli
-import distributed
+import dist_env
 from modeling import BertForSequenceClassification
 from processors.glue import (TASKS, compute_metrics, encode_examples, get_dev_examples, get_task,
                              get_test_examples, get_train_examples)
@@ -190,4 +190,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    distributed.exit_script(main)  # a multi-process run's end: see exit_script
+    dist_env.exit_script(main)  # a multi-process run's end: see exit_script

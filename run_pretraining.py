@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 import cli
-import distributed
+import dist_env
 from cli import InputError
 from pretraining_config import PretrainConfig, field_docs
 from pretraining_data import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
@@ -210,7 +210,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
         raise InputError(f"--max_seq_length {d.max_seq_length} exceeds the config's max_position_embeddings "
                          f"{config.max_position_embeddings} ({m.config_file}): use shorter shards or a config with "
                          "more positions")
-    distributed.set_seed(cfg.training.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    dist_env.set_seed(cfg.training.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = BertForPreTraining(config)
     start = None
     if resume is None and cfg.checkpoint.phase2:
@@ -238,7 +238,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     return model
 
 
-def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: distributed.DistEnv):
+def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: dist_env.DistEnv):
     """The optimizer (--optimizer, decay on weight matrices only) and its learning-rate schedule."""
     from optimization import make_optimizer, param_groups_for_bert
     from schedulers import get_scheduler
@@ -250,7 +250,7 @@ def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: distri
     return optimizer, get_scheduler(o.lr_schedule, optimizer, o.warmup_proportion, cfg.training.max_steps)
 
 
-def build_data(cfg: PretrainConfig, shards, env: distributed.DistEnv, log) -> PretrainingData:
+def build_data(cfg: PretrainConfig, shards, env: dist_env.DistEnv, log) -> PretrainingData:
     """This rank's stream of micro-batches from the start (a resume moves its position later)."""
     d = cfg.data
     packed = shards[0].packed  # inspect_shards checked that every shard is packed alike
@@ -274,7 +274,7 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
     return packed_predictions(d.max_seq_length, d.max_predictions_per_seq, d.masked_lm_prob, packed)
 
 
-def make_validator(cfg: PretrainConfig, precision: Precision, env: distributed.DistEnv):
+def make_validator(cfg: PretrainConfig, precision: Precision, env: dist_env.DistEnv):
     """The held-out set's validator (None without --eval_dir); the special ids from --vocab_file, or read off
     the held-out shards."""
     from validation import SpecialIds, Validator
@@ -322,7 +322,7 @@ def inject_inf_at(step: int):
 # main
 
 
-def report_stop(cfg: PretrainConfig, summary: dict, env: distributed.DistEnv) -> int:
+def report_stop(cfg: PretrainConfig, summary: dict, env: dist_env.DistEnv) -> int:
     """One line on stderr for a run stopped by a signal (what a launcher and a person need), and EXIT_STOPPED."""
     c = cfg.checkpoint
     saved = "" if c.skip_checkpoint or not summary["phase_step"] else f" (checkpoint ckpt_{summary['step']}.pt)"
@@ -350,7 +350,7 @@ def _main(argv: list[str] | None) -> int:
     from modeling import count_parameters
 
     owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-    env = distributed.init_distributed(no_cuda=cfg.parallelism.no_cuda)
+    env = dist_env.init_distributed(no_cuda=cfg.parallelism.no_cuda)
     log = (lambda msg: print(f"run_pretraining: {msg}", flush=True)) if env.is_main else (lambda msg: None)
     logger = RunLogger(cfg.logging.json_summary, Path(cfg.checkpoint.output_dir) / "tensorboard", enabled=env.is_main,
                        progress=not cfg.logging.disable_progress_bar)
@@ -394,7 +394,7 @@ def _main(argv: list[str] | None) -> int:
 
         optimizer, scheduler = build_optimizer(cfg, raw_model, env)
         data = build_data(cfg, shards, env, log)
-        distributed.set_seed(cfg.training.seed + env.rank)  # dropout differs between ranks
+        dist_env.set_seed(cfg.training.seed + env.rank)  # dropout differs between ranks
         trainer = Trainer(cfg, env, model, raw_model, optimizer, scheduler, precision, data, logger, stop, validator,
                           log)
         if cfg.debug.debug_inject_inf_at_step > 0:
@@ -418,8 +418,8 @@ def _main(argv: list[str] | None) -> int:
             data.close()
         logger.close()
         if owns_process_group:
-            distributed.end_process_group(clean=sys.exc_info()[0] is None)  # no barrier while an error propagates
+            dist_env.end_process_group(clean=sys.exc_info()[0] is None)  # no barrier while an error propagates
 
 
 if __name__ == "__main__":
-    distributed.exit_script(main)  # not sys.exit: see exit_script for a multi-process run's end
+    dist_env.exit_script(main)  # not sys.exit: see exit_script for a multi-process run's end

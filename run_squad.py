@@ -61,7 +61,7 @@ import finetuning
 import training
 import atomic_io
 import cli
-import distributed
+import dist_env
 from modeling import BertForQuestionAnswering
 from processors import squad
 
@@ -136,7 +136,7 @@ def cache_dir_for(args: argparse.Namespace, input_file: str) -> Path | None:
     return beside if os.access(beside, os.W_OK) else Path(args.output_dir) / "cache"
 
 
-def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: distributed.DistEnv, log,
+def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: dist_env.DistEnv, log,
                    collective: bool) -> list[squad.InputFeatures]:
     """Features (windows) from the cache or built. `collective`: every process calls this; then process 0 builds
     and caches the features first and the others read the cache (one tokenization instead of one per process)."""
@@ -148,12 +148,12 @@ def build_features(args, input_file: str, examples, tokenizer, is_training: bool
 
         progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
     if sync and not env.is_main:
-        distributed.barrier(env)  # wait for process 0 to write the cache, then read it
+        dist_env.barrier(env)  # wait for process 0 to write the cache, then read it
     features, how = squad.load_or_build_features(
         input_file, examples, tokenizer, args.max_seq_length, args.doc_stride, args.max_query_length, is_training,
         args.version_2_with_negative, cache_dir, write_cache=env.is_main, progress=progress)
     if sync and env.is_main:
-        distributed.barrier(env)
+        dist_env.barrier(env)
     log(f"{input_file}: {len(examples)} questions -> {len(features)} windows ({how})")
     return features
 
@@ -245,7 +245,7 @@ class SquadTask(finetuning.Task):
 
     collate = staticmethod(collate)
 
-    def epoch_batches(self, dataset: Windows, micro_batch: int, env: distributed.DistEnv):
+    def epoch_batches(self, dataset: Windows, micro_batch: int, env: dist_env.DistEnv):
         """A seeded shuffle of the windows each epoch, every env.world_size-th window this process's, in batches
         (--group_by_length: batches of similar lengths, in random order)."""
         args = self.args
@@ -349,4 +349,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    distributed.exit_script(main)  # a multi-process run's end: see exit_script
+    dist_env.exit_script(main)  # a multi-process run's end: see exit_script

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 import finetuning
 import cli
-import distributed
+import dist_env
 from modeling import BertForMultipleChoice
 from processors.swag import accuracy, encode_examples, get_examples
 
@@ -153,4 +153,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    distributed.exit_script(main)  # a multi-process run's end: see exit_script
+    dist_env.exit_script(main)  # a multi-process run's end: see exit_script

@@ -48,7 +48,7 @@ from typing import Any, Callable
 import torch
 
 import cli
-import distributed
+import dist_env
 from bert_padding import host_unpad_info
 from cli import InputError
 from atomic_io import atomic_write_json
@@ -154,7 +154,7 @@ def refuse_used_output_dir(cfg: PretrainConfig) -> None:
                           "--resume_from_checkpoint to continue that run, or choose an empty folder")
 
 
-def gather_objects(obj: Any, env: distributed.DistEnv) -> list[Any]:
+def gather_objects(obj: Any, env: dist_env.DistEnv) -> list[Any]:
     """[obj of rank 0, obj of rank 1, ...] on every rank (a collective: every rank must call it)."""
     if not env.distributed:
         return [obj]
@@ -192,7 +192,7 @@ class Trainer:
 
     MAX_CONSECUTIVE_OVERFLOWS = 50
 
-    def __init__(self, cfg: PretrainConfig, env: distributed.DistEnv, model: torch.nn.Module,
+    def __init__(self, cfg: PretrainConfig, env: dist_env.DistEnv, model: torch.nn.Module,
                  raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, precision: Precision,
                  data: PretrainingData, logger: RunLogger, stop: StopRequest, validator=None,
                  log: Callable[[str], None] = lambda msg: None):
@@ -387,14 +387,14 @@ class Trainer:
             raise CheckpointWriteError(f"cannot write the checkpoint of step {self.state.global_step}: "
                                        f"{cli.describe_error(e)}; the checkpoints written before are intact") from e
         finally:  # every rank leaves once the file is complete: a rank that exits first (after a stop signal) could
-            distributed.barrier(self.env)  # make the launcher (srun, torchrun) kill rank 0 in the middle of the write
+            dist_env.barrier(self.env)  # make the launcher (srun, torchrun) kill rank 0 in the middle of the write
 
     def state_dict(self) -> dict[str, Any] | None:
         """The checkpoint payload on rank 0 (the writer), None on the other ranks. A collective: every rank's RNG
         states go into it, so every rank calls it; only rank 0 copies the tensors."""
         from checkpoint_io import REDUNDANT_KEYS
 
-        rngs = gather_objects(distributed.rng_state(), self.env)
+        rngs = gather_objects(dist_env.rng_state(), self.env)
         if not self.env.is_main:
             return None
         data, pos, state = self.data, self.data.position, self.state
@@ -478,11 +478,11 @@ class Trainer:
         """Each rank's RNG states from the checkpoint; with a different number of processes, fresh per-rank seeds
         (the weights and data resume exactly; the dropout masks cannot)."""
         if len(ckpt["rng"]) == self.env.world_size:
-            distributed.set_rng_state(ckpt["rng"][self.env.rank])
+            dist_env.set_rng_state(ckpt["rng"][self.env.rank])
             return
         self.log(f"the checkpoint was written by {len(ckpt['rng'])} processes, this run has {self.env.world_size}: "
                  "dropout RNG re-seeded")
-        distributed.set_seed(self.cfg.training.seed + self.env.rank + 1_000_003 * ckpt["phase_step"])
+        dist_env.set_seed(self.cfg.training.seed + self.env.rank + 1_000_003 * ckpt["phase_step"])
 
 
 def evaluate(validator, raw_model: torch.nn.Module, log: Callable[[str], None]) -> dict[str, float]:

@@ -32,7 +32,7 @@ import torch
 
 import atomic_io
 import cli
-import distributed
+import dist_env
 from precision import Precision, configure_tf32, resolve
 
 # --------------------------------------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
     return {"broadcast_buffers": False}
 
 
-def apply_parallelism_and_precision(model: torch.nn.Module, env: distributed.DistEnv, precision: str = "auto", *,
+def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEnv, precision: str = "auto", *,
                                     loss_scale: float = 0.0, init_loss_scale: float = 2.0 ** 16,
                                     checkpoint_activations: bool = False, allreduce_fp16: bool = False,
                                     compile: bool | None = False, compile_mode: str = "default",
@@ -294,7 +294,7 @@ class Meter:
     throughput (sequences and model FLOPs) over the steps after the first `warmup_steps` of this run (start-up,
     compilation and cache warm-up are left out)."""
 
-    def __init__(self, env: distributed.DistEnv, warmup_steps: int = 0, peak_flops: float | None = None,
+    def __init__(self, env: dist_env.DistEnv, warmup_steps: int = 0, peak_flops: float | None = None,
                  num_losses: int = 1):
         self.env, self.warmup_steps, self.peak = env, warmup_steps, peak_flops
         self.losses = torch.zeros(num_losses, dtype=torch.float64, device=env.device)
@@ -517,7 +517,7 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def agreed(self, env: distributed.DistEnv) -> bool:
+    def agreed(self, env: dist_env.DistEnv) -> bool:
         """True when any rank was signalled: every rank stops after the same step.
 
         The vote is a MAX all-reduce of a CPU tensor over a gloo group (the default group on CPU; on GPUs a gloo
@@ -548,7 +548,7 @@ class FitResult:
 
 
 def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
-        loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler, precision: Precision, env: distributed.DistEnv,
+        loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler, precision: Precision, env: dist_env.DistEnv,
         logger: RunLogger, *, total_steps: int, accumulation: int, log_freq: int) -> FitResult:
     """Train `model` (the DDP-wrapped one when distributed) for `total_steps` optimizer steps.
 

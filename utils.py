@@ -1,7 +1,7 @@
 """Two helpers with no better home: loading a triton/ script as a module, and asking whether a process is alive.
 
 What utils.py held before is in modules named after their concept: cli.py (InputError, the one-line error contract
-of the entry scripts, --debug, the console that may die), distributed.py (DistEnv, init_distributed, barrier,
+of the entry scripts, --debug, the console that may die), dist_env.py (DistEnv, init_distributed, barrier,
 end_process_group, seeds and RNG states) and atomic_io.py (atomic writes, the JSON-lines log).
 """
 from __future__ import annotations

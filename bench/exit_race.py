@@ -1,14 +1,14 @@
 """How often a two-process gloo run aborts at its very end, ending the way the entry scripts end: through Python's
-finalisation (sys.exit) or through distributed.exit_script.
+finalisation (sys.exit) or through dist_env.exit_script.
 
     .venv/bin/python -m bench.exit_race [--runs 40] [--numel 1048576] [--out results/exit_race]
 
 Each run is one `torchrun --standalone --nproc_per_node 2` launch of this file's worker, which does what the end of
 run_pretraining.py does, and nothing else: DistributedDataParallel built on the default gloo group, one last
-all-reduce of --numel floats (the loss or stop vote), then distributed.end_process_group (barrier, destroy) while
+all-reduce of --numel floats (the loss or stop vote), then dist_env.end_process_group (barrier, destroy) while
 the model is still referenced, as in run_pretraining's `finally`. The worker then leaves with sys.exit(0)
 ("sys.exit": the group's threads, which torch keeps after destroy_process_group, live on into the interpreter's
-finalisation) or with distributed.exit_script ("exit_script"), alternating run by run. A run fails when torchrun
+finalisation) or with dist_env.exit_script ("exit_script"), alternating run by run. A run fails when torchrun
 does not exit 0; "aborts" counts the failed runs whose output holds "terminate called without an active exception",
 the message of a gloo thread that could not take the GIL during finalisation; "hung" the launches still running
 after --timeout seconds (killed then, with their workers).
@@ -36,17 +36,17 @@ def worker(way: str, numel: int) -> None:
     """One process of a run (under torchrun)."""
     import torch
 
-    import distributed
+    import dist_env
 
-    env = distributed.init_distributed(no_cuda=True)
+    env = dist_env.init_distributed(no_cuda=True)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     last = torch.ones(numel)
     torch.distributed.all_reduce(last)
     assert env.world_size == 2 and float(last[0]) == 2.0
-    distributed.end_process_group()  # with model and tensor still referenced, as in run_pretraining's `finally`
+    dist_env.end_process_group()  # with model and tensor still referenced, as in run_pretraining's `finally`
     if way == "sys.exit":
         sys.exit(0)
-    distributed.exit_script(lambda: 0)
+    dist_env.exit_script(lambda: 0)
 
 
 def launch(way: str, numel: int, timeout: float) -> dict:

@@ -15,7 +15,7 @@
    it is, if both its phases finished (a FINAL record at their last step); an unfinished newest run is refused,
    never silently replaced. The model fine-tuned is its last checkpoint, checkpoints/ckpt_<last step>.pt.
 2. Random initialisation of the same architecture: BertForPreTraining(config) of modeling.py after
-   distributed.set_seed(--random_init_seed), saved as <out>/random_init/ckpt_0.pt ({"model", "config"}, the layout of
+   dist_env.set_seed(--random_init_seed), saved as <out>/random_init/ckpt_0.pt ({"model", "config"}, the layout of
    run_pretraining.py's checkpoints) with bert_config.json and the pre-training's vocab.txt beside it. With the default
    seed 42, the pre-training's own seed, these are exactly the weights the pre-training started from.
 3. Fine-tuning, with bench.stability (one run_glue.py process per seed): every model on every task, --seeds
@@ -278,7 +278,7 @@ def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike,
     from checkpoint_io import from_pretrained
     from modeling import BertForPreTraining
     from tokenization import load_vocab
-    from distributed import DistEnv
+    from dist_env import DistEnv
     from validation import SpecialIds, Validator
 
     special = SpecialIds.from_vocab(load_vocab(str(vocab)))
@@ -304,7 +304,7 @@ def make_random_init(config: dict, vocab: Path, seed: int, out_dir: Path) -> Pat
 
     from checkpoint_io import REDUNDANT_KEYS
     from modeling import BertConfig, BertForPreTraining
-    from distributed import set_seed
+    from dist_env import set_seed
 
     bert_config = BertConfig.from_dict(config, source="the pre-trained checkpoint's config")
     set_seed(seed)

@@ -196,7 +196,7 @@ def initial_weights(args, out: Path) -> Path:
     """Our BertForPreTraining at --seed (what run_pretraining.py starts from), as a transformers directory."""
     from checkpoint_io import save_hf_directory
     from modeling import BertConfig, BertForPreTraining
-    from distributed import set_seed
+    from dist_env import set_seed
 
     set_seed(args.seed)
     model = BertForPreTraining(BertConfig.from_json_file(args.config))
@@ -217,7 +217,7 @@ def step_zero(args, start_dir: Path) -> dict:
     from modeling import BertForPreTraining
     from precision import autocast, resolve
     from tokenization import load_vocab
-    from distributed import DistEnv
+    from dist_env import DistEnv
     from validation import SpecialIds, Validator
 
     name = resolve(args.precision, "cpu").name

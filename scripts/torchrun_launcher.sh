@@ -12,7 +12,7 @@
 #                   RDZV_ID [$SLURM_JOB_ID, else bert] names the run and must be equal on every node
 #   MASTER_ADDR, MASTER_PORT [29500], NODE_RANK   without RDZV_ENDPOINT: torchrun's static rendezvous on node 0
 #                   at MASTER_ADDR:MASTER_PORT; NODE_RANK (0 there, 1..NNODES-1 elsewhere) is then required
-# On a GPU node the processes use NCCL, on a CPU node gloo (distributed.init_distributed picks it from the device).
+# On a GPU node the processes use NCCL, on a CPU node gloo (dist_env.init_distributed picks it from the device).
 #   NUMA_BINDING    node | exclusive | socket | core-complex: bind each local rank to the cores and memory node
 #                   closest to its GPU (scripts/bind.py prints the mapping; torchrun's own --numa-binding where
 #                   the installed PyTorch has it, else numactl); unset: no binding

@@ -31,11 +31,11 @@ sys.path.insert(0, {repo!r})
 import torch
 torch.set_num_threads(1)
 torch.distributed.init_process_group("gloo")  # main() then leaves the group alone: several runs share it
-import distributed, run_pretraining
+import dist_env, run_pretraining
 for argv in json.loads(sys.argv[1]):
     assert run_pretraining.main(argv) == 0
-distributed.end_process_group()  # barrier, destroy: no rank tears gloo down while its peer is still in a collective
-distributed.exit_script(lambda: 0)  # as the entry scripts end: without finalisation under gloo's live threads
+dist_env.end_process_group()  # barrier, destroy: no rank tears gloo down while its peer is still in a collective
+dist_env.exit_script(lambda: 0)  # as the entry scripts end: without finalisation under gloo's live threads
 """
 
 

@@ -1,4 +1,4 @@
-"""distributed.exit_script: how an entry script's process ends.
+"""dist_env.exit_script: how an entry script's process ends.
 
 A single process exits the usual way, with main's status; one process of a multi-process run (WORLD_SIZE > 1) ends
 without Python's finalisation (os._exit: its atexit handlers do not run), after flushing what it printed. Why: see
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import distributed
+import dist_env
 from conftest import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ def ended_with(monkeypatch, main) -> object:
     """exit_script(main) in this process, one process of one: the SystemExit's code."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(SystemExit) as stop:
-        distributed.exit_script(main)
+        dist_env.exit_script(main)
     return stop.value.code
 
 
@@ -48,10 +48,10 @@ def test_a_single_process_exits_with_what_main_returns_or_raises(monkeypatch, ca
 SCRIPT = """
 import atexit, sys
 sys.path.insert(0, {repo!r})
-import distributed
+import dist_env
 atexit.register(lambda: print("finalised", flush=True))
 print("the run's last line", end="")  # no newline, no flush: still in stdout's buffer (a pipe is block-buffered)
-distributed.exit_script(lambda: {status})
+dist_env.exit_script(lambda: {status})
 """
 
 

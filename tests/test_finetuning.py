@@ -19,7 +19,7 @@ import torch
 import finetuning
 import run_glue
 import run_squad
-import distributed
+import dist_env
 from checkpoint_io import export_state_dict, from_pretrained
 from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from optimization import BertAdam, param_groups_for_bert
@@ -82,7 +82,7 @@ def test_glue_recipe_equals_a_hand_written_loop(tmp_path, shared_data, minilm_di
     task = get_task("mrpc")
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
     train = encode_examples(get_train_examples(data, task)[:32], tokenizer, 64, task)
-    distributed.set_seed(SEED)  # the fresh classifier
+    dist_env.set_seed(SEED)  # the fresh classifier
     model = from_pretrained(BertForSequenceClassification, minilm_dir, config=str(config), log=None, num_labels=2)
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(SEED)).tolist()  # RandomSampler's
     micro = BATCH // ACCUMULATION
@@ -138,7 +138,7 @@ def test_squad_recipe_equals_a_hand_written_loop(tmp_path, shared_data, uncased_
     tokenizer = BertTokenizer(uncased_vocab, do_lower_case=True)
     train = squad.convert_examples_to_features(squad.read_squad_examples(subset, True, False), tokenizer, 96, 32, 24,
                                                True)
-    distributed.set_seed(SEED)  # the random initial weights
+    dist_env.set_seed(SEED)  # the random initial weights
     model = BertForQuestionAnswering(BertConfig.from_json_file(config_file))
 
     def window_batch(features: list[squad.InputFeatures]) -> dict[str, torch.Tensor]:

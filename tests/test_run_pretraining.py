@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import atomic_io
-import distributed
+import dist_env
 import pretraining_data
 import run_pretraining as rp
 import training
@@ -398,7 +398,7 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_json_file(config))
-    from distributed import DistEnv
+    from dist_env import DistEnv
 
     model, precision = training.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
     optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
@@ -796,7 +796,7 @@ def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
                             str(lr), "--warmup_proportion", str(warmup), "--precision", "fp32",
                             "--num_steps_per_checkpoint", "1", "--keep_checkpoints", str(steps))) == 0
 
-    distributed.set_seed(42)  # run_pretraining's --seed: the same initial weights
+    dist_env.set_seed(42)  # run_pretraining's --seed: the same initial weights
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
     reference, stream = reference_adamw(model, lr), batches_of(data)
     for k in range(steps):
@@ -867,7 +867,7 @@ def test_no_nsp_trains_on_the_masked_lm_loss_alone(tmp_path):
     assert rp.main(args_for(data, config, out, "--no_nsp", "--optimizer", "adamw", "--max_steps", str(steps),
                             "--learning_rate", str(lr), "--lr_schedule", "constant", "--warmup_proportion", "0",
                             "--max_grad_norm", "0", "--precision", "fp32", "--log_freq", "1")) == 0
-    distributed.set_seed(42)
+    dist_env.set_seed(42)
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     reference, stream = reference_adamw(model, lr), batches_of(data)

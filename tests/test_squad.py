@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import distributed
+import dist_env
 from modeling import BertConfig, BertForQuestionAnswering
 from processors import squad
 from tokenization import BertTokenizer
@@ -418,7 +418,7 @@ def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, t
     assert done.returncode == 0, done.stderr[-2000:]
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)["model"]
     two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)["model"]
-    distributed.set_seed(5)  # the initial weights both runs started from
+    dist_env.set_seed(5)  # the initial weights both runs started from
     initial = BertForQuestionAnswering(BertConfig.from_json_file(config_file)).state_dict()
     assert not torch.allclose(one["qa_outputs.weight"], initial["qa_outputs.weight"])  # 3 steps really trained
     for key in one:

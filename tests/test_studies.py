@@ -204,7 +204,7 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     assert {p.name for p in random_dir.iterdir()} == {"ckpt_0.pt", "bert_config.json", "vocab.txt"}
     from checkpoint_io import from_pretrained
     from modeling import BertConfig, BertForPreTraining, BertForSequenceClassification
-    from distributed import set_seed
+    from dist_env import set_seed
 
     set_seed(42)
     expected = BertForPreTraining(BertConfig.from_dict(TINY_CONFIG)).state_dict()

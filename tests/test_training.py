@@ -10,7 +10,7 @@ import torch
 
 import finetuning
 import training
-import distributed
+import dist_env
 from conftest import SEQ, VOCAB
 from modeling import BertConfig, BertForPreTraining
 
@@ -53,7 +53,7 @@ def assert_same_grads(a, b, atol):
 
 @pytest.fixture
 def fp32():
-    model, precision = training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32")
+    model, precision = training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32")
     return precision
 
 
@@ -61,7 +61,7 @@ def test_activation_checkpointing_gives_the_same_gradients(fp32):
     """With dropout on: the recomputed forward must draw the same dropout masks (RNG state preserved)."""
     plain = tiny_model(dropout=0.1).train()
     checkpointed = tiny_model(dropout=0.1).train()
-    checkpointed, _ = training.apply_parallelism_and_precision(checkpointed, distributed.DistEnv(), "fp32",
+    checkpointed, _ = training.apply_parallelism_and_precision(checkpointed, dist_env.DistEnv(), "fp32",
                                                               checkpoint_activations=True)
     assert checkpointed.bert.encoder.checkpoint_activations
     batch = batch_of(8)
@@ -91,7 +91,7 @@ def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch, scope, unpad
     eager.config.unpad = unpad
     bare = tiny_model().train()
     bare.config.unpad = unpad
-    compiled, _ = training.apply_parallelism_and_precision(bare, distributed.DistEnv(), "fp32", compile=True,
+    compiled, _ = training.apply_parallelism_and_precision(bare, dist_env.DistEnv(), "fp32", compile=True,
                                                           compile_scope=scope)
     assert training.compiled(compiled) == scope and training.compiled(eager) is None
     assert hasattr(compiled, "_orig_mod") == (scope == "model")
@@ -110,19 +110,19 @@ def test_compile_is_on_by_default_only_on_gpus_and_takes_its_mode(monkeypatch):
     whole model."""
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
-    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=None)
+    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=None)
     assert calls == []
-    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
+    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                              compile_mode="reduce-overhead", compile_scope="model")
-    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
+    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                              compile_scope="model")
     assert calls == [{"mode": "reduce-overhead"}, {}]
     calls.clear()
-    training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
+    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                              compile_mode="reduce-overhead")
     assert calls == [{"mode": "reduce-overhead"}] * 4  # embeddings, 2 layers, the masked-LM head
     with pytest.raises(ValueError, match="compile_scope"):
-        training.apply_parallelism_and_precision(tiny_model(), distributed.DistEnv(), "fp32", compile=True,
+        training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                                  compile_scope="heads")
 
 
@@ -155,7 +155,7 @@ def test_checkpoint_manager_keeps_newest_and_falls_back(tmp_path):
 
 def fit_parts(model: torch.nn.Module, tmp_path, lr: float):
     """What fit() needs beside the model and its batches: fp32 on this CPU, plain SGD at a constant rate, a log."""
-    env = distributed.DistEnv()
+    env = dist_env.DistEnv()
     _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import torch
 
-import distributed
+import dist_env
 from conftest import subprocess_env
 from slurm_cluster import free_port
 from validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
@@ -67,7 +67,7 @@ class LeftNeighbourPlusOne(torch.nn.Module):
 
 def test_the_numbers_written_out_by_hand():
     validator = Validator(hand_made_shard(), SpecialIds.from_vocab(VOCAB), batch_size=1,
-                          autocast=contextlib.nullcontext, env=distributed.DistEnv())
+                          autocast=contextlib.nullcontext, env=dist_env.DistEnv())
     result = validator(LeftNeighbourPlusOne())
     right, wrong = math.log(math.exp(10) + 31) - 10, math.log(math.exp(10) + 31)
     assert result["eval_masked_positions"] == 5 and result["eval_mask_slots"] == 3
@@ -84,7 +84,7 @@ def test_the_numbers_written_out_by_hand():
 def test_without_the_vocabulary_the_ids_come_from_the_shard_and_unk_pieces_count():
     special = SpecialIds.from_shards(hand_made_shard())
     assert (special.cls, special.sep, special.mask, special.unk_pieces) == (CLS, SEP, MASK, None)
-    validator = Validator(hand_made_shard(), special, 2, contextlib.nullcontext, distributed.DistEnv())
+    validator = Validator(hand_made_shard(), special, 2, contextlib.nullcontext, dist_env.DistEnv())
     result = validator(LeftNeighbourPlusOne())
     # Now the slot inside `<unk>` counts: 4 [MASK]ed slots, still 2 right with the context, 0 without.
     assert result["eval_mask_slots"] == 4 and result["eval_mask_accuracy"] == pytest.approx(2 / 4)
@@ -107,20 +107,20 @@ def test_held_out_shards_without_masks_are_refused():
     shard = hand_made_shard()
     shard["masked_lm_positions"][:] = 0
     with pytest.raises(ValueError, match="static masks"):
-        Validator(shard, SpecialIds(CLS, SEP, MASK), 2, contextlib.nullcontext, distributed.DistEnv())
+        Validator(shard, SpecialIds(CLS, SEP, MASK), 2, contextlib.nullcontext, dist_env.DistEnv())
 
 
 RANK_WORKER = """
 import contextlib, json, sys
 import torch
 sys.path.insert(0, {tests!r})
-import distributed
+import dist_env
 from test_validation import LeftNeighbourPlusOne, VOCAB, hand_made_shard
 from validation import SpecialIds, Validator
 torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
 mine = {{k: v[rank:rank + 1] for k, v in hand_made_shard().items()}}  # rank r holds row r
-env = distributed.DistEnv(rank=rank, world_size=2)
+env = dist_env.DistEnv(rank=rank, world_size=2)
 result = Validator(mine, SpecialIds.from_vocab(VOCAB), 1, contextlib.nullcontext, env)(LeftNeighbourPlusOne())
 print(json.dumps(result))
 torch.distributed.barrier()

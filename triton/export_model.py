@@ -36,7 +36,7 @@ from checkpoint_io import canonical_state_dict, from_pretrained, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from atomic_io import atomic_open, atomic_write_json
 from cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
-from distributed import set_seed
+from dist_env import set_seed
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 OUTPUT_NAMES = {"qa": ("start_logits", "end_logits"), "classification": ("logits",)}
