@@ -17,7 +17,8 @@ google_pretrained_weights (download only: Google's BERT-Large uncased zip, for i
 
 Folders under the working dir, as in the original:
     download/<dataset>/                                                 raw downloads
-    formatted_one_article_per_line/<dataset>_one_article_per_line.txt   one document per line
+    formatted_one_article_per_line/<dataset>_one_article_per_line/       one document per line: parts 00000000.txt ...
+                                                                         in order, and their manifest.json
     vocab.txt                                                           create_vocab's output (default --vocab_file)
     sharded_training_shards_<N>_test_shards_<M>_fraction_<f>/<dataset>/<dataset>_{training,test}_<i>.txt
     hdf5_lower_case_<0|1>_seq_len_<S>_max_pred_<P>_masked_lm_prob_<p>_random_seed_<r>_dupe_factor_<d>/<dataset>/
@@ -37,10 +38,10 @@ import subprocess
 import sys
 import time
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ("processes", "dask")  # data/engine.py's (imported there only once the repository root is importable)
 DATASETS = ("wikicorpus_en", "bookscorpus", "books_wiki_en_corpus", "custom", "google_pretrained_weights")
 ACTIONS = ("download", "text_formatting", "create_vocab", "sharding", "create_hdf5_files")
 # Phase presets of the original recipe; masked_lm_prob 0.15, dupe_factor 5, short_seq_prob 0.1 for both.
@@ -76,17 +77,41 @@ def _parts(dataset: str) -> list[str]:
     return ["bookscorpus", "wikicorpus_en"] if dataset == "books_wiki_en_corpus" else [dataset]
 
 
+def formatted_name(dataset: str) -> str:
+    return "bookscorpus_one_book_per_line" if dataset == "bookscorpus" else f"{dataset}_one_article_per_line"
+
+
 def formatted_file(dirs: dict[str, Path], dataset: str) -> Path:
-    name = "bookscorpus_one_book_per_line.txt" if dataset == "bookscorpus" else f"{dataset}_one_article_per_line.txt"
-    return dirs["formatted"] / name
+    """The formatted corpus of `dataset`: a folder of parts (text_formatting writes it), or the single file of
+    that name with .txt (what earlier versions wrote; still read)."""
+    name = formatted_name(dataset)
+    folder = dirs["formatted"] / name
+    legacy = folder.with_name(name + ".txt")
+    return legacy if legacy.is_file() and not folder.is_dir() else folder
+
+
+def formatted_inputs(dirs: dict[str, Path], dataset: str) -> list[Path]:
+    """The files of the formatted corpora of `dataset` (both, for books_wiki_en_corpus), in order."""
+    from data.text_formatting import corpus_files
+
+    files = []
+    for part in _parts(dataset):
+        path = formatted_file(dirs, part)
+        if not path.exists():
+            raise _input_error(f"{path} does not exist: run --action text_formatting --dataset {dataset} first (or "
+                               "pass --input_files)")
+        files.extend(corpus_files(path))
+    return files
 
 
 # --------------------------------------------------------------------------------------------------------------
 # download
 
 
-def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki") -> dict:
-    """The URL and published checksum of `<wiki>-<date>-pages-articles.xml.bz2`.
+def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind: str = "multistream") -> dict:
+    """The URL and published checksum of `<wiki>-<date>-pages-articles.xml.bz2` (kind "single"), or of the
+    multistream dump `...-pages-articles-multistream.xml.bz2` and its index `...-multistream-index.txt.bz2` (kind
+    "multistream", under "index": the pieces that text_formatting's tasks read independently).
 
     'latest' is resolved to a dated dump through latest/'s checksum listing (its entries carry the real date), so
     the file we fetch and the checksum we check always belong to the same dump.
@@ -94,6 +119,7 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki") -> di
     from file_utils import DownloadError, fetch_text, parse_checksum_file
 
     base_url = base_url.rstrip("/")
+    stem = "pages-articles-multistream" if kind == "multistream" else "pages-articles"
     listing = None
     for algo in ("sha1", "md5"):
         try:
@@ -106,15 +132,21 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki") -> di
         if listing is None:
             raise _input_error(f"cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): "
                              f"give --dump_date YYYYMMDD")
-        names = [n for n in listing[1] if re.fullmatch(rf"{wiki}-\d{{8}}-pages-articles\.xml\.bz2", n)]
+        names = [n for n in listing[1] if re.fullmatch(rf"{wiki}-\d{{8}}-{stem}\.xml\.bz2", n)]
         if not names:
-            raise _input_error(f"the latest {wiki} checksum listing names no pages-articles dump: give "
-                             f"--dump_date YYYYMMDD")
+            raise _input_error(f"the latest {wiki} checksum listing names no {stem} dump: give --dump_date "
+                             f"YYYYMMDD (or --wiki_dump_kind {'single' if kind == 'multistream' else 'multistream'})")
         dump_date = names[0].split("-")[1]
-    filename = f"{wiki}-{dump_date}-pages-articles.xml.bz2"
-    digest = listing[1].get(filename) if listing else None
-    return {"url": f"{base_url}/{wiki}/{dump_date}/{filename}", "filename": filename, "dump_date": dump_date,
-            "checksum": f"{listing[0]}:{digest}" if digest else None}
+
+    def entry(filename: str) -> dict:
+        digest = listing[1].get(filename) if listing else None
+        return {"url": f"{base_url}/{wiki}/{dump_date}/{filename}", "filename": filename,
+                "checksum": f"{listing[0]}:{digest}" if digest else None}
+
+    dump = {**entry(f"{wiki}-{dump_date}-{stem}.xml.bz2"), "dump_date": dump_date, "kind": kind}
+    if kind == "multistream":
+        dump["index"] = entry(f"{wiki}-{dump_date}-{stem}-index.txt.bz2")
+    return dump
 
 
 def download_wikipedia(args, dest_dir: Path, logger) -> Path:
@@ -124,15 +156,19 @@ def download_wikipedia(args, dest_dir: Path, logger) -> Path:
     if args.dump_date != "latest" and not re.fullmatch(r"\d{8}", args.dump_date):
         raise _input_error(f"--dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
     try:
-        dump = resolve_wiki_dump(args.base_url, args.dump_date)
+        dump = resolve_wiki_dump(args.base_url, args.dump_date, kind=args.wiki_dump_kind)
     except DownloadError as e:
         raise _input_error(str(e)) from e
-    if dump["checksum"] is None:
-        print(f"warning: no published checksum found for {dump['filename']}; verifying its size only", file=sys.stderr)
-    logger.log("download", {"dataset": "wikicorpus_en", **dump})
+    files = [dump] + ([dump["index"]] if "index" in dump else [])
+    for item in files:
+        if item["checksum"] is None:
+            print(f"warning: no published checksum found for {item['filename']}; verifying its size only",
+                  file=sys.stderr)
+    logger.log("download", {"dataset": "wikicorpus_en", **{k: v for k, v in dump.items() if k != "index"}})
     try:
-        path = download(dump["url"], dest_dir / dump["filename"], checksum=dump["checksum"],
-                        progress=not args.no_progress)
+        for item in files[::-1]:  # the small index first: a wrong date fails before gigabytes
+            path = download(item["url"], dest_dir / item["filename"], checksum=item["checksum"],
+                            progress=not args.no_progress)
     except DownloadError as e:
         raise _input_error(str(e)) from e
     atomic_write_json(dest_dir / "download_manifest.json", {**dump, "file": path.name})
@@ -222,29 +258,35 @@ def find_wiki_dump(download_dir: Path) -> Path:
     return dumps[0]
 
 
-def action_text_formatting(args, dirs, logger) -> None:
+def action_text_formatting(args, dirs, logger, engine) -> None:
     from data import text_formatting as tf
 
     if args.dataset == "google_pretrained_weights":
         raise _input_error("google_pretrained_weights has no text to format")
     progress = not args.no_progress
     for dataset in _parts(args.dataset):
-        output = formatted_file(dirs, dataset)
+        output = dirs["formatted"] / formatted_name(dataset)  # a folder of parts
         start = time.time()
         if dataset == "wikicorpus_en" and args.wikiextractor_dir:
             files = tf.list_text_files([_require_dir(args.wikiextractor_dir, "--wikiextractor_dir")], "wiki_*")
-            counts = tf.format_text_files(files, output, "file", args.n_processes, progress)
+            counts = tf.format_text_files(files, output, "file", args.n_processes, progress, engine, join=False)
         elif dataset == "wikicorpus_en":
             dump = Path(args.wiki_dump) if args.wiki_dump else find_wiki_dump(dirs["download"] / dataset)
-            counts = tf.format_wiki_dump(dump, output, args.n_processes, progress, logger)
+            counts = tf.format_wiki_dump(dump, output, args.n_processes, progress, logger, engine=engine, join=False)
         else:
             if dataset == "bookscorpus":
                 folder = Path(args.books_dir) if args.books_dir else dirs["download"] / dataset
                 folder = _require_dir(str(folder), "--books_dir")
             else:
                 folder = _require_dir(args.input_dir, "--input_dir")
-            files = tf.list_text_files([folder], args.input_pattern)
-            counts = tf.format_text_files(files, output, args.doc_boundary, args.n_processes, progress)
+            if args.input_format == "parquet":
+                files = tf.list_text_files([folder], args.input_pattern or "*.parquet")
+                counts = tf.format_parquet_files(files, output, args.text_column, args.n_processes, progress,
+                                                 engine, join=False)
+            else:
+                files = tf.list_text_files([folder], args.input_pattern or "*.txt")
+                counts = tf.format_text_files(files, output, args.doc_boundary, args.n_processes, progress, engine,
+                                              join=False)
         logger.log("text_formatting", {"dataset": dataset, "output": str(output), **counts,
                                        "elapsed_s": round(time.time() - start, 1)})
         print(f"{dataset}: wrote {output} {dict(counts)}")
@@ -258,7 +300,7 @@ def vocab_output(args) -> Path:
     return Path(args.vocab_file) if args.vocab_file else Path(args.working_dir) / "vocab.txt"
 
 
-def action_create_vocab(args, dirs, logger) -> None:
+def action_create_vocab(args, dirs, logger, engine) -> None:
     """A WordPiece vocabulary learned from the formatted text (data/create_vocab.py), in Google's layout, written to
     --vocab_file (default <working_dir>/vocab.txt) for create_hdf5_files. It runs before sharding because it
     needs only the formatted text, and learns from all of it: the test shards are held out from pre-training, not
@@ -270,8 +312,7 @@ def action_create_vocab(args, dirs, logger) -> None:
     if args.vocab_size is None:
         raise _input_error("--action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
                          "bert-base-uncased)")
-    inputs = (args.input_files.split(",") if args.input_files
-              else [formatted_file(dirs, d) for d in _parts(args.dataset)])
+    inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
     for path in inputs:
         if not Path(path).is_file():
             raise _input_error(f"{path} does not exist: run --action text_formatting --dataset {args.dataset} "
@@ -280,7 +321,7 @@ def action_create_vocab(args, dirs, logger) -> None:
     start = time.time()
     result = create_vocab(inputs, output, args.vocab_size, bool(args.do_lower_case), args.unused_slots,
                           args.limit_alphabet, progress=not args.no_progress, output_flag="--vocab_file",
-                          log=lambda message: print(f"create_vocab: {message}", flush=True))
+                          log=lambda message: print(f"create_vocab: {message}", flush=True), engine=engine)
     logger.log("create_vocab", {"dataset": args.dataset, "output": str(output), **result.summary(),
                                 "elapsed_s": round(time.time() - start, 1)})
 
@@ -289,20 +330,17 @@ def action_create_vocab(args, dirs, logger) -> None:
 # sharding
 
 
-def action_sharding(args, dirs, logger) -> None:
+def action_sharding(args, dirs, logger, engine) -> None:
     from data.sharding import ShardingConfig, shard_corpus
 
     if args.dataset == "google_pretrained_weights":
         raise _input_error("google_pretrained_weights has no text to shard")
-    if args.input_files:
-        inputs = args.input_files.split(",")
-    else:
-        inputs = [formatted_file(dirs, d) for d in _parts(args.dataset)]
+    inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
     cfg = ShardingConfig(n_training_shards=args.n_training_shards, n_test_shards=args.n_test_shards,
                          fraction_test_set=args.fraction_test_set, segmenter=args.segmentation_method,
                          seed=args.random_seed, num_workers=args.n_processes)
     prefix = dirs["sharded"] / args.dataset / args.dataset
-    manifest = shard_corpus(inputs, prefix, cfg, progress=not args.no_progress, logger=logger)
+    manifest = shard_corpus(inputs, prefix, cfg, progress=not args.no_progress, logger=logger, engine=engine)
     print(f"{args.dataset}: {manifest['documents']} documents -> {len(manifest['training'])} training + "
           f"{len(manifest['test'])} test shards in {prefix.parent}")
 
@@ -327,14 +365,31 @@ def hdf5_split(shard: Path) -> str:
     return "test" if "_test_" in shard.name else "training"
 
 
-def cpd_command(args, shard: Path, output: Path, seed: int, num_workers: int) -> list[str]:
-    return [sys.executable, str(REPO_ROOT / "create_pretraining_data.py"), "--input_file", str(shard),
-            "--output_file", str(output), "--vocab_file", str(args.vocab_file),
+def cpd_arguments(args, shard: Path, output: Path, seed: int, num_workers: int) -> list[str]:
+    """create_pretraining_data.py's arguments for one shard (the interpreter and script are the worker's own)."""
+    return ["--input_file", str(shard), "--output_file", str(output), "--vocab_file", str(args.vocab_file),
             "--do_lower_case" if args.do_lower_case else "--no-do_lower_case",
             "--max_seq_length", str(args.max_seq_length), "--max_predictions_per_seq", str(args.max_predictions_per_seq),
             "--masked_lm_prob", str(args.masked_lm_prob), "--short_seq_prob", str(args.short_seq_prob),
             "--dupe_factor", str(args.dupe_factor), "--random_seed", str(seed), "--num_workers", str(num_workers),
             "--no_progress"]
+
+
+def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str | None]:
+    """Task: create_pretraining_data.py on one text shard, in a process of its own (this interpreter and this
+    checkout's script, wherever the task runs), its output to a log file beside the HDF5 files. Returns (exit
+    status, its one-line JSON summary, the output's sha256 when it succeeded)."""
+    from data.manifest import sha256_file
+
+    shard, output, arguments, log_path = job
+    with open(log_path, "w") as log:
+        rc = subprocess.run([sys.executable, str(REPO_ROOT / "create_pretraining_data.py"), *arguments],
+                            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    summary = {}
+    if rc == 0:  # create_pretraining_data.py ends with a one-line JSON summary
+        with contextlib.suppress(ValueError, IndexError):
+            summary = json.loads(Path(log_path).read_text().strip().splitlines()[-1])
+    return rc, summary, sha256_file(output) if rc == 0 else None
 
 
 def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
@@ -355,15 +410,16 @@ def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
     atomic_write_text(stamp, f"{digest}  {args.vocab_file}\n")
 
 
-def action_create_hdf5_files(args, dirs, logger) -> None:
-    """create_pretraining_data.py over every shard, `--n_processes` at a time, each in its own process.
+def action_create_hdf5_files(args, dirs, logger, engine) -> None:
+    """create_pretraining_data.py over every shard, each a task on the engine (in a process of its own).
 
     Shard i (its index among the shards' paths in sorted order) gets --random_seed random_seed + i, so shards do not
     repeat one another's random choices, and the files equal those of one `create_pretraining_data.py
-    --input_file <shard folder> --output_dir ...` call. An output that already exists is kept (a rerun finishes what
-    an interrupted one left; --overwrite redoes it).
+    --input_file <shard folder> --output_dir ...` call, whatever the engine. `<hdf5 folder>/manifest.json` lists
+    every finished file (instances, sha256) with the settings that made it: a rerun computes only the files it
+    does not list (or whose sha256 changed); --overwrite redoes them all.
     """
-    from tqdm.auto import tqdm
+    from data.manifest import Manifest
 
     if not (REPO_ROOT / "create_pretraining_data.py").is_file():
         raise _input_error(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
@@ -383,37 +439,38 @@ def action_create_hdf5_files(args, dirs, logger) -> None:
     for split in {hdf5_split(s) for s in shards}:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
     _check_same_vocabulary(args, out_dir, [t[2] for t in todo if t[2].exists()])
-    todo = [t for t in todo if args.overwrite or not t[2].exists()]
-    concurrency = max(1, min(args.n_processes, len(todo)))
-    workers_each = max(1, args.n_processes // concurrency)  # few shards: give each one several workers
-
-    def run(job) -> tuple[Path, int, dict]:
-        i, shard, output = job
-        log_path = out_dir / "logs" / f"{shard.stem}.log"
-        with open(log_path, "w") as log:
-            rc = subprocess.run(cpd_command(args, shard, output, args.random_seed + i, workers_each), cwd=REPO_ROOT,
-                                stdout=log, stderr=subprocess.STDOUT).returncode
-        summary = {}
-        if rc == 0:  # create_pretraining_data.py ends with a one-line JSON summary
-            with contextlib.suppress(ValueError, IndexError):
-                summary = json.loads(log_path.read_text().strip().splitlines()[-1])
-        return shard, rc, summary
-
+    settings = {"arguments": cpd_arguments(args, Path("SHARD"), Path("OUTPUT"), args.random_seed, 1),
+                "vocab_sha256": hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest(),
+                "shards": [[s.name, s.stat().st_size] for s in shards]}
+    manifest = Manifest.open(out_dir / "manifest.json", settings)
+    todo = [t for t in todo if args.overwrite or not manifest.reusable(str(t[2].relative_to(out_dir)))]
+    # Processes here: a few shards at a time, each with the rest of the cores; Dask: one shard a worker.
+    concurrency = max(1, min(args.n_processes, len(todo))) if engine.name == "processes" else 1
+    workers_each = max(1, args.n_processes // concurrency) if engine.name == "processes" else 1
+    jobs = [(str(shard), str(output),
+             cpd_arguments(args, shard, output, args.random_seed + i, workers_each),
+             str(out_dir / "logs" / f"{shard.stem}.log")) for i, shard, output in todo]
     start, failed = time.time(), []
-    with ThreadPoolExecutor(concurrency) as pool:
-        for shard, rc, summary in tqdm(pool.map(run, todo), total=len(todo), desc="hdf5 shards",
-                                       disable=args.no_progress):
+    try:
+        for k, (rc, summary, digest) in engine.map(run_cpd_task, jobs, desc="hdf5 shards", threads=True):
+            _, shard, output = todo[k]
             logger.log("create_hdf5_files", {"shard": shard.name, "returncode": rc,
                                              "instances": summary.get("instances"),
                                              "elapsed_s": round(time.time() - start, 1)})
             if rc:
                 failed.append(shard)
+            else:
+                manifest.record(str(output.relative_to(out_dir)), summary.get("instances", 0), digest)
+    finally:  # what finished is listed, also when the stage is interrupted
+        manifest.save()
     if failed:
         log = out_dir / "logs" / f"{failed[0].stem}.log"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
         raise _input_error(f"create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
                          f"{' '.join(tail)} (full log: {log})")
-    print(f"{args.dataset}: {len(todo)} HDF5 files written ({len(shards) - len(todo)} already there) in {out_dir}")
+    manifest.save()
+    manifest.report("create_hdf5_files")
+    print(f"{args.dataset}: {len(todo)} HDF5 files written ({len(shards) - len(todo)} reused) in {out_dir}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -441,16 +498,27 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("download")
     g.add_argument("--dump_date", default="latest", help="Wikipedia dump date YYYYMMDD, or 'latest'")
     g.add_argument("--base_url", default=WIKI_BASE_URL, help="Wikipedia dump mirror")
+    g.add_argument("--wiki_dump_kind", choices=("multistream", "single"), default="multistream",
+                   help="multistream (default): the dump in bz2 streams of 100 pages and its index, which "
+                        "text_formatting cuts into pieces for the engine's workers; single: one bz2 stream, read by "
+                        "one process")
     g.add_argument("--books_dir", help="bookscorpus: a folder of plain-text books (used in place)")
     g.add_argument("--books_url_list", help="bookscorpus: a file with one URL per line (optional checksum after it)")
     g.add_argument("--input_dir", help="custom: your folder of text files")
     g.add_argument("--weights_url", default=GOOGLE_WEIGHTS_URL, help="google_pretrained_weights: the zip to fetch")
     g = p.add_argument_group("text_formatting")
-    g.add_argument("--wiki_dump", help="a pages-articles .xml.bz2 to format (default: the downloaded one)")
+    g.add_argument("--wiki_dump", help="a pages-articles .xml.bz2 to format (default: the downloaded one); a "
+                                       "multistream dump beside its index, or a folder of the numbered part files, "
+                                       "is formatted in pieces, as tasks of the engine")
     g.add_argument("--wikiextractor_dir", help="format existing WikiExtractor output (wiki_* files) instead")
     g.add_argument("--doc_boundary", choices=("file", "blank_line", "line"), default="file",
                    help="plain text: a document per file (default), per blank-line-separated block, or per line")
-    g.add_argument("--input_pattern", default="*.txt", help="plain text: which files in the folder (default *.txt)")
+    g.add_argument("--input_pattern", help="custom/books: which files in the folder (default *.txt, or *.parquet "
+                                           "with --input_format parquet)")
+    g.add_argument("--input_format", choices=("text", "parquet"), default="text",
+                   help="custom: text files, or Parquet files with a text column (read by row group, a document "
+                        "per row)")
+    g.add_argument("--text_column", default="text", help="custom Parquet input: the column that holds the text")
     g = p.add_argument_group("create_vocab (data/create_vocab.py: your own WordPiece vocabulary, Google's layout)")
     g.add_argument("--vocab_size", type=int, help="create_vocab: lines of the vocab.txt to learn (specials included)")
     g.add_argument("--unused_slots", type=int, help="create_vocab: [unused] entries (default 99: [UNK] [CLS] [SEP] "
@@ -477,7 +545,17 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(default there: <working_dir>/vocab.txt)")
     g.add_argument("--overwrite", action="store_true", help="redo HDF5 files that already exist")
     p.add_argument("--random_seed", type=int, default=12345)
-    p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
+    p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1,
+                   help="parallel worker processes (--engine processes), or the local Dask cluster's workers")
+    g = p.add_argument_group("engine (data/engine.py): where text_formatting, create_vocab, sharding and "
+                             "create_hdf5_files run their tasks; the outputs are the same on every engine")
+    g.add_argument("--engine", choices=ENGINES, default="processes",
+                   help="processes: worker processes here (default); dask: a Dask cluster, local (--n_processes "
+                        "workers, started and stopped here) or the one --dask_scheduler_file names")
+    g.add_argument("--dask_scheduler_file", help="--engine dask: join the cluster of this scheduler file (dask "
+                                                 "scheduler --scheduler-file FILE; data/prep.sub starts one)")
+    g.add_argument("--dask_timeout", type=float, default=30.0,
+                   help="--engine dask: seconds to wait for the scheduler file, the scheduler and a worker")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
     from cli import add_debug_argument  # the repository root is importable: main() checked it
 
@@ -519,12 +597,29 @@ def _main(argv) -> int:
     logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
     start = time.time()
     try:
-        {"download": action_download, "text_formatting": action_text_formatting, "create_vocab": action_create_vocab,
-         "sharding": action_sharding, "create_hdf5_files": action_create_hdf5_files}[args.action](args, dirs, logger)
+        if args.action == "download":
+            action_download(args, dirs, logger)
+        else:
+            run_on_engine(args, dirs, logger)
         logger.log("action_done", {"action": args.action, "dataset": args.dataset, **resources(start)})
     finally:
         logger.close()
     return 0
+
+
+def run_on_engine(args, dirs, logger) -> None:
+    """A computing action on the engine --engine names (started here, stopped when the action ends)."""
+    from data.engine import EngineConfig, open_engine
+
+    config = EngineConfig(args.engine, args.n_processes, args.dask_scheduler_file, args.dask_timeout,
+                          progress=not args.no_progress)
+    if args.dask_scheduler_file and args.engine != "dask":
+        raise _input_error("--dask_scheduler_file is for --engine dask: add it, or leave the file out")
+    with open_engine(config, log_fn=lambda message: print(f"bertPrep.py: {message}", flush=True)) as engine:
+        logger.log("engine", engine.describe())
+        {"text_formatting": action_text_formatting, "create_vocab": action_create_vocab,
+         "sharding": action_sharding, "create_hdf5_files": action_create_hdf5_files}[args.action](args, dirs, logger,
+                                                                                                 engine)
 
 
 if __name__ == "__main__":

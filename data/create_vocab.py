@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import functools
 import gzip
@@ -54,6 +55,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import unicodedata
@@ -368,20 +370,138 @@ def _count_characters(chunk: str, counts: dict[str, int], exact: bool) -> None:
             counts[c] += chunk.count(c) if exact else 1
 
 
-def read_alphabet(files: Sequence[Path], splitter: PreSplitter, limit_alphabet: int | None = None,
-                  progress: bool = False, log: Callable[[str], None] = lambda message: None) -> tuple[list[str], int]:
-    """Pass 1, cheap (no pre-splitting): the characters of the corpus's words, sorted by code point, and the number
-    of chunks iter_chunks yields. `limit_alphabet`: only that many, the most frequent (ties by code point)."""
-    total_bytes = sum(os.path.getsize(p) for p in files)
-    bar = _progress(total_bytes, "reading the alphabet", progress)
-    raw_counts: dict[str, int] = collections.Counter()
-    chunks = 0
-    for chunk in iter_chunks(files, on_bytes=bar.update if bar else None):
-        _count_characters(chunk, raw_counts, exact=limit_alphabet is not None)
-        chunks += 1
-    if bar:
-        bar.close()
-    counts = splitter.alphabet(raw_counts)
+# ---------------------------------------------------------------------------------------------------------------
+# The counting pass, in pieces: each piece of the corpus (a line-aligned byte range of a plain file, or a whole gzip
+# file) is a task on the engine (data/engine.py) that counts its characters and pre-splits its words into a part file.
+
+PIECE_BYTES = 32 << 20
+
+
+def plan_pieces(files: Sequence[Path], piece_bytes: int = PIECE_BYTES) -> list[tuple[str, int, int]]:
+    """(file, first byte, end byte) pieces in corpus order; a gzip file is one piece (end -1: to its end)."""
+    from data.sharding import plan_chunks
+
+    pieces = []
+    for path in files:
+        with open(path, "rb") as f:
+            gz = f.read(2) == GZIP_MAGIC
+        pieces.extend([(str(path), 0, -1)] if gz else plan_chunks([path], piece_bytes))
+    return pieces
+
+
+def iter_piece_lines(path: str, start: int, end: int) -> Iterator[str]:
+    """The text lines of one piece (stripped; blank and WikiExtractor markup lines dropped), as iter_chunks reads
+    them: a line belongs to the piece its first byte is in."""
+    try:
+        if end == -1:
+            raw, stream = _open_binary(Path(path))
+            with raw, io.TextIOWrapper(stream, encoding="utf-8", errors="replace") as text:
+                for line in text:
+                    line = line.strip()
+                    if line and not _is_markup(line):
+                        yield line
+            return
+        from data.sharding import range_lines
+
+        with open(path, "rb") as f:
+            for raw_line in range_lines(f, start, end):
+                line = raw_line.decode("utf-8", errors="replace").strip()
+                if line and not _is_markup(line):
+                    yield line
+    except EOFError:
+        raise _input_error(f"--input {path} is a truncated gzip file: check the file") from None
+
+
+_SPLITTERS: dict[bool, "PreSplitter"] = {}  # one per worker process: building the tables takes about a second
+
+
+def _presplit_piece(job: tuple[str, int, int, bool, bool, str]) -> tuple[dict, int, int, int, str]:
+    """Task: one piece -> its characters' counts (exact, or 1 each) and a part file of its pre-split words, one
+    chunk of about CHUNK_CHARS characters a line, written atomically. Returns (counts, words, words over 100
+    characters left out, chunks, the part's sha256)."""
+    from atomic_io import atomic_open
+    from data.manifest import sha256_file
+
+    path, start, end, do_lower_case, exact, part = job
+    splitter = _SPLITTERS.get(do_lower_case) or _SPLITTERS.setdefault(do_lower_case, PreSplitter(do_lower_case))
+    counts: dict[str, int] = collections.Counter()
+    words = long_words = chunks = 0
+    with atomic_open(part, "w", encoding="utf-8") as out:
+        for chunk in _chunked(iter_piece_lines(path, start, end)):
+            _count_characters(chunk, counts, exact)
+            text = splitter.split(chunk)
+            long = len(_LONG_WORD.findall(text))  # rare: the substitution below is only done when needed
+            if long:
+                text = _LONG_WORD.sub(" ", text)
+                long_words += long
+            words += len(text.split())
+            out.write(text.replace("\n", " ") + "\n")
+            chunks += 1
+    return dict(counts), words, long_words, chunks, sha256_file(part)
+
+
+def _chunked(lines: Iterator[str], chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """Lines joined by "\\n" into chunks of about `chunk_chars` characters."""
+    batch: list[str] = []
+    size = 0
+    for line in lines:
+        batch.append(line)
+        size += len(line)
+        if size >= chunk_chars:
+            yield "\n".join(batch)
+            batch, size = [], 0
+    if batch:
+        yield "\n".join(batch)
+
+
+@dataclasses.dataclass
+class Counted:
+    """What the counting pass found: the characters' counts, the pre-split part files in corpus order, the words."""
+    counts: dict[str, int]
+    parts: list[Path]
+    words: int
+    long_words: int
+    chunks: int
+
+
+def count_pieces(files: Sequence[Path], do_lower_case: bool, exact: bool, work_dir: Path, engine=None,
+                 progress: bool = False, log: Callable[[str], None] = lambda message: None) -> Counted:
+    """The counting pass on `engine` (None: one process here), part files in `work_dir` (reused on a rerun: its
+    parts.json lists each with its sha256 and the settings)."""
+    from data.engine import EngineConfig, ProcessEngine
+    from data.manifest import Manifest
+
+    engine = engine or ProcessEngine(EngineConfig("processes", 1, progress=progress))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    pieces = plan_pieces(files)
+    ledger = Manifest.open(work_dir / "parts.json", {"do_lower_case": do_lower_case, "exact": exact,
+                                                      "pieces": [list(p) for p in pieces],
+                                                      "sizes": [os.path.getsize(p) for p in files]})
+    jobs = [(*piece, do_lower_case, exact, str(work_dir / f"{i:08d}.txt")) for i, piece in enumerate(pieces)]
+    todo = [i for i, job in enumerate(jobs) if not ledger.reusable(Path(job[-1]).name)]
+    try:
+        for k, (counts, words, long_words, chunks, digest) in engine.map(_presplit_piece, [jobs[i] for i in todo],
+                                                                           desc="counting"):
+            ledger.record(Path(jobs[todo[k]][-1]).name, chunks, digest, counts=counts, words=words,
+                          long_words=long_words)
+    finally:
+        ledger.save()
+    ledger.report("create_vocab (counting)", log)
+    total: dict[str, int] = collections.Counter()
+    words = long_words = chunks = 0
+    for job in jobs:  # in corpus order, so the counts are summed the same way whatever the engine
+        entry = ledger.outputs[Path(job[-1]).name]
+        for c, n in entry["counts"].items():
+            total[c] = total[c] + n if exact else 1  # without --limit_alphabet only the set of characters counts
+        words, long_words, chunks = words + entry["words"], long_words + entry["long_words"], chunks + entry["rows"]
+    return Counted(dict(total), [Path(job[-1]) for job in jobs], words, long_words, chunks)
+
+
+def read_alphabet(counted: Counted, splitter: PreSplitter, files: Sequence[Path], limit_alphabet: int | None = None,
+                  log: Callable[[str], None] = lambda message: None) -> list[str]:
+    """The characters of the corpus's words, sorted by code point; `limit_alphabet`: only that many, the most
+    frequent (ties by code point)."""
+    counts = splitter.alphabet(counted.counts)
     if not counts:
         names = ", ".join(str(p) for p in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         raise _input_error(f"--input {names}: no text to learn from (only blank lines, markup or control "
@@ -393,33 +513,28 @@ def read_alphabet(files: Sequence[Path], splitter: PreSplitter, limit_alphabet: 
             f"left out (each seen {max(counts[c] for c in alphabet if c not in kept)} times or fewer); words that "
             "hold one become [UNK]")
         alphabet = sorted(kept)
-    return alphabet, chunks
+    return alphabet
 
 
-def learn_pieces(files: Sequence[Path], splitter: PreSplitter, pinned: list[str], merges: int, chunks: int = 0,
-                 progress: bool = False, log: Callable[[str], None] = lambda message: None
-                 ) -> tuple[list[str], int, int]:
-    """Pass 2: the pre-split words -> the `tokenizers` WordPiece trainer, which counts them (in Rust, on every
-    core) and learns up to `merges` pieces beyond the `pinned` alphabet entries. Returns (pieces in the order
-    learned, words learned from, words left out for being over 100 characters)."""
+def learn_pieces(counted: Counted, pinned: list[str], merges: int, progress: bool = False,
+                 log: Callable[[str], None] = lambda message: None) -> list[str]:
+    """The pre-split words of the part files -> the `tokenizers` WordPiece trainer, which counts them (in Rust, on
+    every core) and learns up to `merges` pieces beyond the `pinned` alphabet entries. Returns the pieces in the
+    order learned."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    words = long_words = 0
-    bar = _progress(sum(os.path.getsize(p) for p in files), "learning", progress)
+    bar = _progress(sum(os.path.getsize(p) for p in counted.parts), "learning", progress)
 
     def feed() -> Iterator[str]:
-        nonlocal words, long_words
-        for chunk in iter_chunks(files, on_bytes=bar.update if bar else None):
-            text = splitter.split(chunk)
-            long = len(_LONG_WORD.findall(text))  # rare: the substitution below is only done when needed
-            if long:
-                text = _LONG_WORD.sub(" ", text)
-                long_words += long
-            words += len(text.split())
-            yield text
+        for part in counted.parts:
+            with open(part, encoding="utf-8") as f:
+                for line in f:
+                    if bar:
+                        bar.update(len(line.encode("utf-8")))
+                    yield line
         if bar:
             bar.close()
-        log(f"{words:,} words counted; merging pieces")  # the trainer's last step, with no progress of its own
+        log(f"{counted.words:,} words counted; merging pieces")  # the trainer's last step, with no progress of its own
 
     tokenizer = Tokenizer(models.WordPiece(unk_token=SPECIALS[0], max_input_chars_per_word=MAX_WORD_CHARS))
     # The words are split already: the trainer only splits them apart (a space is the only whitespace left), with no
@@ -431,38 +546,46 @@ def learn_pieces(files: Sequence[Path], splitter: PreSplitter, pinned: list[str]
     # corpus still fills the requested size when it can.
     trainer = trainers.WordPieceTrainer(vocab_size=len(pinned) + merges, min_frequency=0, show_progress=False,
                                         special_tokens=pinned, limit_alphabet=0, continuing_subword_prefix="##")
-    tokenizer.train_from_iterator(feed(), trainer=trainer, length=chunks or None)
+    tokenizer.train_from_iterator(feed(), trainer=trainer, length=counted.chunks or None)
     trained = tokenizer.get_vocab(with_added_tokens=True)
     by_id = sorted(trained, key=trained.__getitem__)
     if by_id[:len(pinned)] != pinned:  # a change in tokenizers: a bug of ours to fix, not the user's
         raise AssertionError("the tokenizers trainer did not keep the alphabet at its first ids")
-    return by_id[len(pinned):], words, long_words
+    return by_id[len(pinned):]
 
 
 def learn_vocab(files: Sequence[Path], vocab_size: int, do_lower_case: bool = True, unused_slots: int | None = None,
                 limit_alphabet: int | None = None, progress: bool = False,
-                log: Callable[[str], None] = lambda message: None) -> VocabResult:
+                log: Callable[[str], None] = lambda message: None, engine=None,
+                work_dir: Path | None = None) -> VocabResult:
     """Learn a WordPiece vocabulary of exactly `vocab_size` entries (Google's layout, see the module docstring)
     from `files` (checked text: list_input_files). `limit_alphabet`: keep only that many characters, the most
-    frequent (default: every one). Raises InputError for a corpus without words or a size too small for its
-    alphabet (both after the cheap first pass), or a corpus too small for the size (after learning)."""
+    frequent (default: every one). The counting pass runs on `engine` (data.engine; None: here), its part files in
+    `work_dir` (None: a temporary folder). Raises InputError for a corpus without words or a size too small for its
+    alphabet (both after the counting pass), or a corpus too small for the size (after learning)."""
+    import tempfile
+
     check_sizes(vocab_size, unused_slots, limit_alphabet)
     splitter = PreSplitter(do_lower_case)
-    start = time.time()
-    alphabet, chunks = read_alphabet(files, splitter, limit_alphabet, progress, log)
-    pinned = alphabet + ["##" + c for c in alphabet if continues_words(c)]
-    unused = plan_layout(vocab_size, len(pinned), unused_slots)
-    merges = vocab_size - 1 - len(SPECIALS) - unused - len(pinned)
-    alphabet_s = time.time() - start
-    if unused < GOOGLE_UNUSED_BEFORE_UNK:
-        log(f"--vocab_size {vocab_size} with {unused} [unused] slots: [UNK] [CLS] [SEP] [MASK] are ids 1-4, right "
-            "after [PAD] (Google's layout, ids 100-103, needs 99 slots)")
-    log(f"{len(files)} file(s), {sum(os.path.getsize(p) for p in files) / 2**20:.1f} MiB; alphabet of "
-        f"{len(alphabet)} characters ({len(pinned)} entries with their '##' continuations); learning {merges} pieces")
-
-    start = time.time()
-    pieces, words, long_words = learn_pieces(files, splitter, pinned, merges, chunks, progress, log) if merges else \
-        ([], 0, 0)
+    with contextlib.ExitStack() as stack:
+        if work_dir is None:
+            work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="create_vocab_")))
+        start = time.time()
+        counted = count_pieces(files, do_lower_case, limit_alphabet is not None, work_dir, engine, progress, log)
+        alphabet = read_alphabet(counted, splitter, files, limit_alphabet, log)
+        pinned = alphabet + ["##" + c for c in alphabet if continues_words(c)]
+        unused = plan_layout(vocab_size, len(pinned), unused_slots)
+        merges = vocab_size - 1 - len(SPECIALS) - unused - len(pinned)
+        alphabet_s = time.time() - start
+        if unused < GOOGLE_UNUSED_BEFORE_UNK:
+            log(f"--vocab_size {vocab_size} with {unused} [unused] slots: [UNK] [CLS] [SEP] [MASK] are ids 1-4, right "
+                "after [PAD] (Google's layout, ids 100-103, needs 99 slots)")
+        log(f"{len(files)} file(s), {sum(os.path.getsize(p) for p in files) / 2**20:.1f} MiB; alphabet of "
+            f"{len(alphabet)} characters ({len(pinned)} entries with their '##' continuations); learning {merges} "
+            "pieces")
+        start = time.time()
+        pieces = learn_pieces(counted, pinned, merges, progress, log) if merges else []
+    words, long_words = (counted.words, counted.long_words) if merges else (0, 0)
     if len(pieces) < merges:
         raise _input_error(f"--vocab_size {vocab_size} is too large for this corpus: after {len(pieces)} pieces no "
                            f"pair of pieces is left to merge ({words} words): give more text, or --vocab_size "
@@ -487,7 +610,7 @@ def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
 def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.PathLike, vocab_size: int,
                  do_lower_case: bool = True, unused_slots: int | None = None, limit_alphabet: int | None = None,
                  progress: bool = False, log: Callable[[str], None] = lambda message: None,
-                 output_flag: str = "--output_file") -> VocabResult:
+                 output_flag: str = "--output_file", engine=None) -> VocabResult:
     """Check the flags, the output and the inputs, learn, write `output_file`. The library entry (bertPrep's
     create_vocab action, which names its output flag `output_flag`); InputError for anything the user can fix,
     before the learning pass wherever it can be known there."""
@@ -496,8 +619,12 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
     check_sizes(vocab_size, unused_slots, limit_alphabet)
     check_output_path(output_file, output_flag)
     files = list_input_files(inputs)
-    result = learn_vocab(files, vocab_size, do_lower_case, unused_slots, limit_alphabet, progress, log)
+    # The counting pass's parts sit beside the output (a folder every node of a cluster sees), until it is written.
+    work_dir = Path(output_file).parent / f".{Path(output_file).name}.counting"
+    result = learn_vocab(files, vocab_size, do_lower_case, unused_slots, limit_alphabet, progress, log, engine,
+                         work_dir)
     write_vocab(output_file, result.tokens)
+    shutil.rmtree(work_dir, ignore_errors=True)
     padded = result.config_vocab_size
     log(f"wrote {output_file}: {vocab_size} entries, [UNK] [CLS] [SEP] [MASK] at ids "
         f"{result.special_ids['[UNK]']}-{result.special_ids['[MASK]']}; a model config for it: vocab_size {padded} "

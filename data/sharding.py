@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import multiprocessing
 import os
+import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -57,28 +57,41 @@ def plan_chunks(files: list[Path], chunk_bytes: int) -> list[tuple[str, int, int
             for f in files for start in range(0, f.stat().st_size, chunk_bytes)]
 
 
-def _segment_chunk(job: tuple[str, int, int, str, str]) -> np.ndarray:
-    """Worker: split each document (line) of one byte range into sentences; write them to `seg_path` as
-    'sentence\\n...sentence\\n\\n' per document. Returns int64 [n_docs]: each document's size in bytes there."""
+def range_lines(f, start: int, end: int) -> Iterator[bytes]:
+    """The lines of an open binary file whose first byte lies in [start, end): a range of plan_chunks (the line
+    straddling `start` belongs to the previous range)."""
+    if start > 0:
+        f.seek(start - 1)
+        f.readline()
+    pos = f.tell()
+    while pos < end:
+        line = f.readline()
+        if not line:
+            return
+        pos += len(line)
+        yield line
+
+
+def _segment_chunk(job: tuple[str, int, int, str, str]) -> tuple[int, str]:
+    """Task: split each document (line) of one byte range into sentences; write them to `seg_path` as
+    'sentence\\n...sentence\\n\\n' per document, and each document's size in bytes there to `seg_path`.npy (both
+    atomically). Returns (documents, the segmented file's sha256)."""
+    from atomic_io import atomic_open
+    from data.manifest import sha256_file
+
     path, start, end, seg_path, segmenter = job
     split = _SEGMENTER_CACHE.get(segmenter) or _SEGMENTER_CACHE.setdefault(segmenter, get_segmenter(segmenter))
     sizes = []
-    with open(path, "rb") as f, open(seg_path, "wb") as out:
-        if start > 0:
-            f.seek(start - 1)
-            f.readline()  # the line straddling `start` belongs to the previous range
-        pos = f.tell()
-        while pos < end:
-            line = f.readline()
-            if not line:
-                break
-            pos += len(line)
+    with open(path, "rb") as f, atomic_open(seg_path, "wb") as out:
+        for line in range_lines(f, start, end):
             sentences = split(" ".join(line.decode("utf-8", errors="replace").split()))
             if sentences:
                 doc = ("\n".join(sentences) + "\n\n").encode("utf-8")
                 out.write(doc)
                 sizes.append(len(doc))
-    return np.asarray(sizes, dtype=np.int64)
+    with atomic_open(seg_path + ".npy", "wb") as out:
+        np.save(out, np.asarray(sizes, dtype=np.int64))
+    return len(sizes), sha256_file(seg_path)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -124,9 +137,11 @@ def assign_shards(sizes: np.ndarray, cfg: ShardingConfig) -> np.ndarray:
 # Pass 3: writing
 
 
-def _write_shard(job: tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray]) -> tuple[str, int, int]:
-    """Worker: copy the given documents (in corpus order) from the segmented files into one shard, atomically."""
+def _write_shard(job: tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray]) -> tuple[str, int, int, str]:
+    """Task: copy the given documents (in corpus order) from the segmented files into one shard, atomically.
+    Returns (the shard's path, documents, bytes, sha256)."""
     from atomic_io import atomic_open
+    from data.manifest import sha256_file
 
     out_path, seg_paths, chunk, offset, size = job
     current, f = -1, None
@@ -142,27 +157,23 @@ def _write_shard(job: tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray])
     finally:
         if f:
             f.close()
-    return out_path, len(size), int(size.sum())
+    return out_path, len(size), int(size.sum()), sha256_file(out_path)
 
 
 def shard_name(prefix: str | os.PathLike, split: str, index: int) -> Path:
     return Path(f"{prefix}_{split}_{index}.txt")
 
 
-def _pool_map(fn, jobs, num_workers: int, ordered: bool = True):
-    if num_workers <= 1:
-        yield from map(fn, jobs)
-        return
-    with multiprocessing.Pool(num_workers) as pool:
-        yield from (pool.imap if ordered else pool.imap_unordered)(fn, jobs)
-
-
 def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.PathLike, cfg: ShardingConfig,
-                 progress: bool = True, logger=None) -> dict:
-    """Run the three passes; returns the manifest (also written to `<output_prefix>_manifest.json`)."""
-    from tqdm.auto import tqdm
+                 progress: bool = True, logger=None, engine=None) -> dict:
+    """Run the three passes on `engine` (data.engine; None: `cfg.num_workers` processes here); returns the manifest
+    (also written to `<output_prefix>_manifest.json`: the settings, and every shard's documents, bytes and sha256).
 
-    from atomic_io import atomic_write_json
+    A rerun with the same inputs and settings reuses every shard the manifest lists whose sha256 still matches, and
+    every segmented range of pass 1 still on disk (in `.<name>_segmented/` beside the shards, removed once every
+    shard is written): after a crash it computes only what is missing."""
+    from data.engine import EngineConfig, ProcessEngine
+    from data.manifest import Manifest
 
     files = [Path(f) for f in input_files]
     for f in files:
@@ -174,52 +185,81 @@ def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.P
         raise InputError("--n_test_shards > 0 needs --fraction_test_set > 0 (or set --n_test_shards 0)")
     if cfg.num_workers < 1 or cfg.chunk_bytes <= 0:
         raise InputError("--num_workers must be >= 1 and --chunk_mb > 0")
+    engine = engine or ProcessEngine(EngineConfig("processes", cfg.num_workers, progress=progress))
     output_prefix = Path(output_prefix)
     output_prefix.parent.mkdir(parents=True, exist_ok=True)
     start_time = time.time()
-    with tempfile.TemporaryDirectory(prefix=".segmented_", dir=output_prefix.parent) as tmp:
-        chunks = plan_chunks(files, cfg.chunk_bytes)
-        seg_paths = [os.path.join(tmp, f"{i:08d}.txt") for i in range(len(chunks))]
-        jobs = [(*chunk, seg, cfg.segmenter) for chunk, seg in zip(chunks, seg_paths)]
-        sizes_per_chunk = []
-        with tqdm(total=sum(end - start for _, start, end in chunks), unit="B", unit_scale=True,
-                  desc="segmenting", disable=not progress) as bar:
-            for (_, start, end), sizes in zip(chunks, _pool_map(_segment_chunk, jobs, cfg.num_workers)):
-                sizes_per_chunk.append(sizes)
-                bar.update(end - start)
-        sizes = np.concatenate(sizes_per_chunk) if sizes_per_chunk else np.zeros(0, dtype=np.int64)
-        # Where each document lives: (segmented file, byte offset there, byte size).
-        chunk_of = np.repeat(np.arange(len(chunks), dtype=np.int32), [len(s) for s in sizes_per_chunk])
-        offset_of = np.concatenate([np.cumsum(s) - s for s in sizes_per_chunk]) if sizes_per_chunk else sizes
-        if logger is not None:
-            logger.log("sharding", {"stage": "segmented", "documents": len(sizes), "bytes": int(sizes.sum()),
-                                    "elapsed_s": round(time.time() - start_time, 1)})
-
+    settings = {"inputs": [[str(f), f.stat().st_size] for f in files], "n_training_shards": cfg.n_training_shards,
+                "n_test_shards": cfg.n_test_shards, "fraction_test_set": cfg.fraction_test_set,
+                "segmenter": cfg.segmenter, "seed": cfg.seed}
+    manifest = Manifest.open(f"{output_prefix}_manifest.json", settings)
+    n_shards = cfg.n_training_shards + cfg.n_test_shards
+    names = [shard_name(output_prefix, *(("training", i) if i < cfg.n_training_shards
+                                         else ("test", i - cfg.n_training_shards))) for i in range(n_shards)]
+    missing = [i for i, path in enumerate(names) if not manifest.reusable(path.name)]
+    seg_dir = output_prefix.parent / f".{output_prefix.name}_segmented"
+    if missing:
+        sizes, chunk_of, offset_of, seg_paths = _segment(files, cfg, seg_dir, settings, engine, logger, start_time)
         shard_of = assign_shards(sizes, cfg)
         order = np.lexsort((np.arange(len(sizes)), shard_of))  # by shard, then corpus order
-        bounds = np.searchsorted(shard_of[order], np.arange(cfg.n_training_shards + cfg.n_test_shards + 1))
+        bounds = np.searchsorted(shard_of[order], np.arange(n_shards + 1))
         write_jobs = []
-        for shard in range(cfg.n_training_shards + cfg.n_test_shards):
+        for shard in missing:
             docs = order[bounds[shard]:bounds[shard + 1]]
-            split, index = ("training", shard) if shard < cfg.n_training_shards else \
-                ("test", shard - cfg.n_training_shards)
-            write_jobs.append((str(shard_name(output_prefix, split, index)), seg_paths, chunk_of[docs],
-                               offset_of[docs], sizes[docs]))
-        written = {}
-        for path, n_docs, n_bytes in tqdm(_pool_map(_write_shard, write_jobs, cfg.num_workers, ordered=False),
-                                          total=len(write_jobs), desc="writing shards", disable=not progress):
-            written[path] = {"file": Path(path).name, "documents": n_docs, "bytes": n_bytes}
-    manifest = {
-        "inputs": [str(f) for f in files], "config": asdict(cfg), "documents": int(len(sizes)),
-        "bytes": int(sizes.sum()), "elapsed_s": round(time.time() - start_time, 1),
-        "training": [written[job[0]] for job in write_jobs[:cfg.n_training_shards]],
-        "test": [written[job[0]] for job in write_jobs[cfg.n_training_shards:]],
-    }
-    atomic_write_json(f"{output_prefix}_manifest.json", manifest)
+            write_jobs.append((str(names[shard]), seg_paths, chunk_of[docs], offset_of[docs], sizes[docs]))
+        try:
+            for _, (path, n_docs, n_bytes, digest) in engine.map(_write_shard, write_jobs, desc="writing shards"):
+                manifest.record(Path(path).name, n_docs, digest, bytes=n_bytes)
+        finally:
+            manifest.save()
+        documents, total_bytes = int(len(sizes)), int(sizes.sum())
+    else:
+        documents = sum(manifest.outputs[p.name]["rows"] for p in names)
+        total_bytes = sum(manifest.outputs[p.name]["bytes"] for p in names)
+    shutil.rmtree(seg_dir, ignore_errors=True)  # every shard is whole: the segmented ranges are no longer needed
+    listing = [{"file": p.name, "documents": manifest.outputs[p.name]["rows"],
+                "bytes": manifest.outputs[p.name]["bytes"], "sha256": manifest.outputs[p.name]["sha256"]}
+               for p in names]
+    summary = {"inputs": [str(f) for f in files], "config": asdict(cfg), "documents": documents,
+               "bytes": total_bytes, "elapsed_s": round(time.time() - start_time, 1),
+               "reused_shards": n_shards - len(missing),
+               "training": listing[:cfg.n_training_shards], "test": listing[cfg.n_training_shards:]}
+    manifest.save(**summary)
+    manifest.report("sharding")
     if logger is not None:
-        logger.log("sharding", {"stage": "done", "documents": manifest["documents"], "bytes": manifest["bytes"],
-                                "elapsed_s": manifest["elapsed_s"]})
-    return manifest
+        logger.log("sharding", {"stage": "done", "documents": documents, "bytes": total_bytes,
+                                "reused_shards": n_shards - len(missing), "elapsed_s": summary["elapsed_s"]})
+    return {"settings": settings, **summary}
+
+
+def _segment(files: list[Path], cfg: ShardingConfig, seg_dir: Path, settings: dict, engine, logger, start_time
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Pass 1 on the engine, reusing the ranges a crashed run segmented already. Returns every document's size,
+    segmented file (index) and byte offset there, and the segmented files."""
+    from data.manifest import Manifest
+
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    chunks = plan_chunks(files, cfg.chunk_bytes)
+    ledger = Manifest.open(seg_dir / "segmented.json", {**settings, "chunk_bytes": cfg.chunk_bytes})
+    seg_paths = [str(seg_dir / f"{i:08d}.txt") for i in range(len(chunks))]
+    jobs = [(*chunk, seg, cfg.segmenter) for chunk, seg in zip(chunks, seg_paths)]
+    todo = [i for i, seg in enumerate(seg_paths)
+            if not (ledger.reusable(Path(seg).name) and Path(seg + ".npy").is_file())]
+    try:
+        for k, (n_docs, digest) in engine.map(_segment_chunk, [jobs[i] for i in todo], desc="segmenting"):
+            ledger.record(Path(seg_paths[todo[k]]).name, n_docs, digest)
+    finally:
+        ledger.save()
+    ledger.report("sharding (segmentation)")
+    sizes_per_chunk = [np.load(seg + ".npy") for seg in seg_paths]
+    sizes = np.concatenate(sizes_per_chunk) if sizes_per_chunk else np.zeros(0, dtype=np.int64)
+    # Where each document lives: (segmented file, byte offset there, byte size).
+    chunk_of = np.repeat(np.arange(len(chunks), dtype=np.int32), [len(s) for s in sizes_per_chunk])
+    offset_of = np.concatenate([np.cumsum(s) - s for s in sizes_per_chunk]) if sizes_per_chunk else sizes
+    if logger is not None:
+        logger.log("sharding", {"stage": "segmented", "documents": len(sizes), "bytes": int(sizes.sum()),
+                                "elapsed_s": round(time.time() - start_time, 1)})
+    return sizes, chunk_of, offset_of, seg_paths
 
 
 # --------------------------------------------------------------------------------------------------------------

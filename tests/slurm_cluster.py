@@ -36,6 +36,18 @@ def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None]
 
 
+def installed_or_skip(repo: Path) -> None:
+    """Install Slurm with scripts/install_slurm.sh when it is missing (as root); skip the test with the reason when
+    that fails (CI runs as root and fails on a skip)."""
+    import pytest
+
+    if missing_binaries():
+        done = subprocess.run(["bash", str(repo / "scripts" / "install_slurm.sh")], capture_output=True, text=True)
+        if done.returncode != 0 or missing_binaries():
+            pytest.skip(f"Slurm is not installed ({', '.join(missing_binaries())} missing): "
+                        f"{done.stderr.strip() or 'scripts/install_slurm.sh did not install it'}")
+
+
 _PORTS_GIVEN: set[int] = set()
 
 

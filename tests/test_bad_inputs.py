@@ -724,7 +724,7 @@ CASES = [
          "--working_dir", str(w.a_file / "work")), ("a_file/work", "Not a directory", "not a folder")),
 
     Case("bertprep-vocab-without-formatted-text", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset",
-         "custom", "--vocab_size", "300"), ("custom_one_article_per_line.txt", "does not exist", "text_formatting")),
+         "custom", "--vocab_size", "300"), ("custom_one_article_per_line", "does not exist", "text_formatting")),
     Case("bertprep-vocab-size-missing", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom",
          "--input_files", str(w.corpus)), ("create_vocab", "needs --vocab_size")),
     Case("bertprep-vocab-output-is-folder", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom",

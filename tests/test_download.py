@@ -193,39 +193,59 @@ def test_cached_path_downloads_once_per_url(server, tmp_path):
 # bertPrep --action download --dataset wikicorpus_en against a fake dumps.wikimedia.org
 
 
+INDEX_BODY = b"0:1:Anarchism\n"  # stands in for the multistream index: only its bytes and checksum matter here
+
+
 def _serve_dump(server, date="20240101", listing_digest=None):
-    name = f"enwiki-{date}-pages-articles.xml.bz2"
-    server.files[f"/enwiki/{date}/{name}"] = BODY
-    digest = listing_digest or hashlib.sha1(BODY).hexdigest()
-    listing = (f"{'0' * 40}  enwiki-{date}-pages-articles-multistream.xml.bz2\n{digest}  {name}\n").encode()
+    """Both kinds of dump of `date` and their sha1 listing (the index's own entry too); returns their names."""
+    single, multi = f"enwiki-{date}-pages-articles.xml.bz2", f"enwiki-{date}-pages-articles-multistream.xml.bz2"
+    index = f"enwiki-{date}-pages-articles-multistream-index.txt.bz2"
+    for name, body in ((single, BODY), (multi, BODY[::-1]), (index, INDEX_BODY)):
+        server.files[f"/enwiki/{date}/{name}"] = body
+    digest = lambda body: listing_digest or hashlib.sha1(body).hexdigest()  # noqa: E731
+    listing = (f"{digest(BODY[::-1])}  {multi}\n{hashlib.sha1(INDEX_BODY).hexdigest()}  {index}\n"
+               f"{digest(BODY)}  {single}\n").encode()
     server.files[f"/enwiki/{date}/enwiki-{date}-sha1sums.txt"] = listing
     server.files["/enwiki/latest/enwiki-latest-sha1sums.txt"] = listing
-    return name
+    return {"single": single, "multistream": multi, "index": index}
 
 
+@pytest.mark.parametrize("kind", ["multistream", "single"])
 @pytest.mark.parametrize("dump_date", ["20240101", "latest"])
-def test_bertprep_downloads_wikipedia_and_verifies_published_sha1(server, tmp_path, dump_date):
+def test_bertprep_downloads_wikipedia_and_verifies_published_sha1(server, tmp_path, dump_date, kind):
+    """The multistream dump (the default) comes with its index, which text_formatting needs to cut it into
+    pieces; both files are checked against the published sha1 and resumed after a dropped connection."""
     from data import bertPrep
 
-    name = _serve_dump(server)
+    names = _serve_dump(server)
+    name = names[kind]
     server.drop_after[f"/enwiki/20240101/{name}"] = [40_000]
     bertPrep.main(["--action", "download", "--dataset", "wikicorpus_en", "--dump_date", dump_date,
-                   "--base_url", server.url, "--working_dir", str(tmp_path), "--no_progress"])
+                   "--base_url", server.url, "--working_dir", str(tmp_path), "--no_progress",
+                   "--wiki_dump_kind", kind])
     path = tmp_path / "download" / "wikicorpus_en" / name
-    assert path.read_bytes() == BODY
+    assert path.read_bytes() == server.files[f"/enwiki/20240101/{name}"]
     assert (f"/enwiki/20240101/{name}", "bytes=40000-") in server.requests
     assert bertPrep.find_wiki_dump(path.parent) == path
+    index = path.parent / names["index"]
+    assert index.is_file() == (kind == "multistream")
+    if kind == "multistream":
+        assert index.read_bytes() == INDEX_BODY
+        from data.text_formatting import multistream_index
+
+        assert multistream_index(path) == index
 
 
 def test_bertprep_refuses_a_dump_that_fails_the_published_checksum(server, tmp_path):
     from data import bertPrep
 
-    name = _serve_dump(server, listing_digest="f" * 40)
+    names = _serve_dump(server, listing_digest="f" * 40)
     with pytest.raises(SystemExit, match="sha1 checksum mismatch"):
         bertPrep.main(["--action", "download", "--dataset", "wikicorpus_en", "--dump_date", "20240101",
                        "--base_url", server.url, "--working_dir", str(tmp_path), "--no_progress"])
-    assert not (tmp_path / "download" / "wikicorpus_en" / name).exists()
-    assert not (tmp_path / "download" / "wikicorpus_en" / (name + ".part")).exists()
+    for name in (names["multistream"], names["single"]):
+        assert not (tmp_path / "download" / "wikicorpus_en" / name).exists()
+        assert not (tmp_path / "download" / "wikicorpus_en" / (name + ".part")).exists()
 
 
 def test_bertprep_download_bad_input_errors(server, tmp_path):

@@ -17,6 +17,7 @@ from data import bertPrep
 from data.sharding import ShardingConfig, assign_shards, balanced_assignment, shard_corpus, shard_name
 from data import sharding
 from cli import InputError
+from test_text_formatting import corpus_text
 
 
 def wikitext_articles(path: Path) -> list[str]:
@@ -124,7 +125,10 @@ def test_chunk_boundaries_split_lines_correctly(tmp_path):
     src.write_text("\n".join(docs) + "\n", encoding="utf-8")
     sizes = []
     for job_index, (p, start, end) in enumerate(sharding.plan_chunks([src], 97)):
-        sizes.append(sharding._segment_chunk((p, start, end, str(tmp_path / f"seg{job_index}"), "blingfire")))
+        seg = str(tmp_path / f"seg{job_index}")
+        n_docs, _ = sharding._segment_chunk((p, start, end, seg, "blingfire"))
+        sizes.append(np.load(seg + ".npy"))
+        assert len(sizes[-1]) == n_docs
     segmented = b"".join((tmp_path / f"seg{i}").read_bytes() for i in range(len(sizes))).decode("utf-8")
     assert [" ".join(d.split("\n")) for d in segmented[:-2].split("\n\n")] == docs
     assert int(np.concatenate(sizes).sum()) == len(segmented.encode("utf-8"))
@@ -284,7 +288,7 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (work / "download").exists()  # nothing was downloaded
     # Whole articles: every test document is one formatted article, and none of them is in a training shard.
-    formatted = (work / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line.txt").read_text()
+    formatted = corpus_text(work / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line")
     articles = [" ".join(a.split()) for a in formatted.splitlines()]
     assert len(articles) > 50
     shard_dir = work / "sharded_training_shards_2_test_shards_1_fraction_0.1" / "wikicorpus_en"

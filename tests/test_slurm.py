@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from conftest import make_shards, max_diff, read_log, subprocess_env, weights, write_config
-from slurm_cluster import SlurmCluster, free_port, missing_binaries
+from slurm_cluster import SlurmCluster, free_port, installed_or_skip
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS1, STEPS2 = 100, 3  # phase 1 long enough (2-4 s) to be struck twice mid-run, phase 2 a few steps
@@ -38,11 +38,7 @@ SEQ1, PRED1, SEQ2, PRED2 = 32, 5, 64, 10
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if missing_binaries():
-        done = subprocess.run(["bash", str(REPO / "scripts" / "install_slurm.sh")], capture_output=True, text=True)
-        if done.returncode != 0 or missing_binaries():
-            pytest.skip(f"Slurm is not installed ({', '.join(missing_binaries())} missing): "
-                        f"{done.stderr.strip() or 'scripts/install_slurm.sh did not install it'}")
+    installed_or_skip(REPO)
     with SlurmCluster.start(tmp_path_factory.mktemp("slurm")) as c:
         yield c
 

@@ -71,6 +71,16 @@ PAGES = [  # (ns, title, redirect, wikitext)
 BERN_PROSE = "Bern is the de facto capital of Switzerland. It lies on the Aare river."
 
 
+def corpus_text(folder: Path) -> str:
+    """A formatted corpus as the pipeline writes it (a folder of parts, in order), read as one text; the folder's
+    manifest lists every part."""
+    import json
+
+    parts = sorted(folder.glob("*.txt"))
+    assert sorted(json.loads((folder / "manifest.json").read_text())["outputs"]) == [p.name for p in parts]
+    return "".join(p.read_text(encoding="utf-8") for p in parts)
+
+
 def _xml_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -140,8 +150,8 @@ def test_bertprep_text_formatting_wikicorpus(tmp_path):
     write_dump(download / "enwiki-20240101-pages-articles.xml.bz2")
     bertPrep.main(["--action", "text_formatting", "--dataset", "wikicorpus_en", "--working_dir", str(tmp_path),
                    "--n_processes", "1", "--no_progress"])
-    out = tmp_path / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line.txt"
-    assert out.read_text(encoding="utf-8").splitlines() == [ALBERT_PROSE, BERN_PROSE]
+    out = tmp_path / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line"
+    assert corpus_text(out).splitlines() == [ALBERT_PROSE, BERN_PROSE]
     assert (tmp_path / "bertPrep_log.jsonl").read_text().count('"text_formatting"') >= 1
 
 
@@ -182,16 +192,16 @@ def test_bertprep_formats_wikiextractor_dir_and_custom_dir(shared_data, tmp_path
     (extracted / "wiki_00").write_bytes(fixture.read_bytes())
     bertPrep.main(["--action", "text_formatting", "--dataset", "wikicorpus_en", "--working_dir", str(tmp_path),
                    "--wikiextractor_dir", str(tmp_path / "extracted"), "--no_progress"])
-    out = tmp_path / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line.txt"
-    assert out.read_text(encoding="utf-8").splitlines() == reference
+    out = tmp_path / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line"
+    assert corpus_text(out).splitlines() == reference
     # The same file, renamed .txt, in a bring-your-own folder is recognised as WikiExtractor output.
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "wiki.txt").write_bytes(fixture.read_bytes())
     bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--input_dir", str(mine),
                    "--working_dir", str(tmp_path), "--no_progress"])
-    out = tmp_path / "formatted_one_article_per_line" / "custom_one_article_per_line.txt"
-    assert out.read_text(encoding="utf-8").splitlines() == reference
+    out = tmp_path / "formatted_one_article_per_line" / "custom_one_article_per_line"
+    assert corpus_text(out).splitlines() == reference
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -232,8 +242,8 @@ def test_text_folder_doc_boundaries(text_folder, tmp_path, doc_boundary, expecte
 def test_bertprep_books_and_cli_errors(text_folder, tmp_path):
     bertPrep.main(["--action", "text_formatting", "--dataset", "bookscorpus", "--books_dir", str(text_folder),
                    "--working_dir", str(tmp_path), "--no_progress"])
-    out = tmp_path / "formatted_one_article_per_line" / "bookscorpus_one_book_per_line.txt"
-    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    out = tmp_path / "formatted_one_article_per_line" / "bookscorpus_one_book_per_line"
+    assert len(corpus_text(out).splitlines()) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SystemExit, match="no input files"):

@@ -1,0 +1,447 @@
+"""The data pipeline on every engine (data/engine.py): the same HDF5 arrays from one process, two processes, a
+local Dask cluster, and a Dask scheduler with two workers started apart through a scheduler file (as srun starts
+them); a worker killed -9 mid-stage changes nothing; a rerun after a killed run computes only what its manifest
+does not list; `sbatch data/prep.sub` on the real one-machine Slurm gives the same arrays and leaves no process;
+Parquet input; dump pieces (a multistream dump with its index, numbered part files) format like the whole dump;
+and each bad input (a missing scheduler file, a scheduler that does not answer, workers outside the checkout, a
+Parquet file without the text column, a corrupt dump piece) is one line and a non-zero exit, nothing half-written.
+
+The corpus is real: two WikiExtractor files of the Wikipedia slice in ../shared/data (about 90 articles).
+"""
+from __future__ import annotations
+
+import bz2
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from data import bertPrep
+from data import text_formatting as tf
+from bench.dask_processes import DaskProcesses
+from slurm_cluster import free_port
+from utils import pid_alive
+from test_text_formatting import NS, PAGES, _xml_escape, corpus_text, write_dump
+
+REPO = Path(__file__).resolve().parent.parent
+SHARDS = ["--n_training_shards", "6", "--n_test_shards", "1", "--fraction_test_set", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shared_data) -> Path:
+    folder = tmp_path_factory.mktemp("wikiextractor")
+    for name in ("wiki_00.gz", "wiki_01.gz"):
+        (folder / name).write_bytes((shared_data / "wikipedia-en-slice" / "text" / "AA" / name).read_bytes())
+    return folder
+
+
+def prep(work: Path, action: str, *extra: str) -> None:
+    assert bertPrep.main(["--action", action, "--dataset", "wikicorpus_en", "--working_dir", str(work),
+                          "--no_progress", *SHARDS, *extra]) == 0
+
+
+def pipeline(work: Path, corpus: Path, vocab: Path, *engine: str) -> Path:
+    """text_formatting -> sharding -> phase 1 HDF5 on the engine given; returns the HDF5 folder."""
+    prep(work, "text_formatting", "--wikiextractor_dir", str(corpus), *engine)
+    prep(work, "sharding", *engine)
+    prep(work, "create_hdf5_files", "--vocab_file", str(vocab), "--dupe_factor", "1", *engine)
+    return next(work.glob("hdf5_*")) / "wikicorpus_en"
+
+
+def arrays(folder: Path) -> dict[str, dict[str, np.ndarray]]:
+    out = {}
+    for path in sorted(folder.rglob("*.hdf5")):
+        with h5py.File(path, "r") as f:
+            out[str(path.relative_to(folder))] = {k: f[k][()] for k in f}
+    return out
+
+
+def assert_same_arrays(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and len(a) == 7
+    for name in a:
+        assert a[name].keys() == b[name].keys(), name
+        for key in a[name]:
+            np.testing.assert_array_equal(a[name][key], b[name][key], err_msg=f"{name}:{key}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus, uncased_vocab) -> dict:
+    """One process: the arrays every other engine must give."""
+    work = tmp_path_factory.mktemp("one_process")
+    folder = pipeline(work, corpus, uncased_vocab, "--n_processes", "1")
+    return {"arrays": arrays(folder), "work": work}
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    cluster = DaskProcesses(tmp_path_factory.mktemp("dask"), workers=2)
+    yield cluster
+    cluster.stop()
+    assert cluster.alive() == []  # no scheduler or worker left
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same arrays everywhere
+
+
+@pytest.mark.parametrize("engine", ["processes-2", "dask-local", "dask-scheduler-file"])
+def test_every_engine_gives_the_same_arrays(engine, reference, corpus, uncased_vocab, dask_cluster, tmp_path):
+    args = {"processes-2": ["--n_processes", "2"],
+            "dask-local": ["--engine", "dask", "--n_processes", "2"],
+            "dask-scheduler-file": ["--engine", "dask", "--dask_scheduler_file", str(dask_cluster.scheduler_file)]}
+    folder = pipeline(tmp_path, corpus, uncased_vocab, *args[engine])
+    assert_same_arrays(arrays(folder), reference["arrays"])
+    # the text stages too: the formatted file and every text shard byte for byte
+    for path in sorted(reference["work"].rglob("*.txt")):
+        assert (tmp_path / path.relative_to(reference["work"])).read_bytes() == path.read_bytes(), path.name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert len(manifest["outputs"]) == 7 and all(len(e["sha256"]) == 64 for e in manifest["outputs"].values())
+    log = [json.loads(line) for line in (tmp_path / "bertPrep_log.jsonl").read_text().splitlines()]
+    engines = [r["data"] for r in log if r["step"] == "engine"]
+    assert {e["engine"] for e in engines} == {engine.split("-")[0]}
+    if engine.startswith("dask"):
+        assert all(e["workers"] == 2 and e["dashboard"].startswith("http") for e in engines)
+
+
+def test_a_vocabulary_learned_on_dask_equals_one_learned_in_one_process(reference, dask_cluster, tmp_path):
+    """create_vocab's counting pass split into pieces across two workers: the same vocab.txt byte for byte."""
+    common = ["--action", "create_vocab", "--dataset", "wikicorpus_en", "--working_dir", str(reference["work"]),
+              "--vocab_size", "3000", "--no_progress"]  # the formatted corpus: its folder of parts
+    assert bertPrep.main([*common, "--vocab_file", str(tmp_path / "one.txt"), "--n_processes", "1"]) == 0
+    assert bertPrep.main([*common, "--vocab_file", str(tmp_path / "dask.txt"), "--engine", "dask",
+                          "--dask_scheduler_file", str(dask_cluster.scheduler_file)]) == 0
+    assert (tmp_path / "dask.txt").read_bytes() == (tmp_path / "one.txt").read_bytes()
+    assert len((tmp_path / "one.txt").read_text().splitlines()) == 3000
+
+
+def text_stages_of(reference_work: Path, work: Path) -> Path:
+    """A working folder holding the reference's formatted text and text shards (the HDF5 stage's input)."""
+    work.mkdir(parents=True)
+    for name in ("formatted_one_article_per_line", next(reference_work.glob("sharded_*")).name):
+        subprocess.run(["cp", "-r", str(reference_work / name), str(work)], check=True)
+    return work
+
+
+def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, tmp_path):
+    """Two workers; the HDF5 stage starts; once its manifest lists a file, one worker's process group (nanny,
+    worker and the create_pretraining_data.py it runs) gets SIGKILL. Its tasks run again on the other worker and
+    the arrays are the reference's."""
+    work = text_stages_of(reference["work"], tmp_path / "work")
+    cluster = DaskProcesses(tmp_path / "dask", workers=2)
+    try:
+        argv = [sys.executable, "-m", "data.bertPrep", "--action", "create_hdf5_files", "--dataset", "wikicorpus_en",
+                "--working_dir", str(work), "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab),
+                "--dupe_factor", "1", "--engine", "dask", "--dask_scheduler_file", str(cluster.scheduler_file)]
+        run = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        manifest = work / "hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe" \
+                          "_factor_1" / "wikicorpus_en" / "manifest.json"
+        deadline = time.monotonic() + 120
+        while not (manifest.is_file() and json.loads(manifest.read_text())["outputs"]):
+            assert run.poll() is None and time.monotonic() < deadline, run.stdout.read() if run.poll() else "timeout"
+            time.sleep(0.05)
+        done_at_kill = len(json.loads(manifest.read_text())["outputs"])
+        cluster.kill(cluster.workers[0])
+        out, _ = run.communicate(timeout=180)
+        assert run.returncode == 0, out
+        assert done_at_kill < 7  # the stage was under way
+        assert_same_arrays(arrays(manifest.parent), reference["arrays"])
+    finally:
+        cluster.stop()
+    assert cluster.alive() == []
+
+
+def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference, uncased_vocab, tmp_path):
+    work = text_stages_of(reference["work"], tmp_path / "work")
+    argv = [sys.executable, "-m", "data.bertPrep", "--action", "create_hdf5_files", "--dataset", "wikicorpus_en",
+            "--working_dir", str(work), "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab),
+            "--dupe_factor", "1", "--n_processes", "1"]
+    first = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    folder = next(reference["work"].glob("hdf5_*")).name
+    manifest = work / folder / "wikicorpus_en" / "manifest.json"
+    deadline = time.monotonic() + 120
+    while not (manifest.is_file() and len(json.loads(manifest.read_text())["outputs"]) >= 2):
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(first.pid, signal.SIGKILL)  # the run and its create_pretraining_data.py, mid-stage
+    first.wait()
+    listed = len(json.loads(manifest.read_text())["outputs"])
+    assert 2 <= listed < 7
+    for path in (work / folder).rglob("*.hdf5"):  # every .hdf5 on disk is whole: it opens and has its arrays
+        with h5py.File(path, "r") as f:
+            assert "input_ids" in f
+    again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"reused {listed} of 7 outputs" in again.stdout and f"computed {7 - listed}" in again.stdout
+    assert_same_arrays(arrays(work / folder / "wikicorpus_en"), reference["arrays"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Slurm: data/prep.sub
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    from slurm_cluster import SlurmCluster, installed_or_skip
+
+    installed_or_skip(REPO)
+    with SlurmCluster.start(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+def prep_env(corpus: Path, vocab: Path) -> dict[str, str]:
+    return {"WIKIEXTRACTOR_DIR": str(corpus), "VOCAB_FILE": str(vocab), "PYTHON": sys.executable,
+            "N_TRAINING_SHARDS": "6", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.1", "DUPE_FACTOR": "1",
+            "DASK_HOST": "127.0.0.1", "N_PROCESSES": "2", "OMP_NUM_THREADS": "1"}
+
+
+def submit_prep(slurm, env: dict[str, str], work: Path, output: Path) -> str:
+    """sbatch data/prep.sub wiki_only WORK from the checkout: 2 tasks (workers) on the one node."""
+    return slurm.sbatch(["--ntasks-per-node=2", "--overcommit", f"--output={output}",
+                         str(REPO / "data" / "prep.sub"), "wiki_only", str(work)], env=env, cwd=REPO)
+
+
+def no_dask_process_within(slurm, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while _dask_processes(slurm) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _dask_processes(slurm)
+
+
+def test_prep_sub_runs_the_pipeline_on_slurm_and_leaves_no_process(slurm, reference, corpus, uncased_vocab,
+                                                                   tmp_path):
+    """sbatch data/prep.sub wiki_only: a scheduler and two workers (srun steps) on the one node, the whole pipeline
+    against them (phase 1 and 2), the same phase 1 arrays as one process, and no dask process after the job."""
+    work = tmp_path / "work"
+    job = submit_prep(slurm, prep_env(corpus, uncased_vocab), work, tmp_path / "job.out")
+    info = slurm.wait(job, {"COMPLETED"}, timeout=300)
+    assert info["ExitCode"] == "0:0"
+    output = (tmp_path / "job.out").read_text()
+    assert "prep.sub: 2 worker(s) joined" in output and "dask: 2 worker(s)" in output, output[-3000:]
+    phase1 = next(work.glob("hdf5_*seq_len_128_*")) / "wikicorpus_en"
+    assert_same_arrays(arrays(phase1), reference["arrays"])
+    assert len(list(next(work.glob("hdf5_*seq_len_512_*")).rglob("*.hdf5"))) == 7
+    assert not (work / ".dask" / f"scheduler-{job}.json").exists()
+    assert no_dask_process_within(slurm, 10) == []
+
+
+def test_a_cancelled_prep_job_leaves_no_process_and_its_rerun_reuses_what_it_finished(slurm, reference, corpus,
+                                                                                      uncased_vocab, tmp_path):
+    """scancel once the phase 1 HDF5 stage has written a file: no scheduler or worker is left; the job submitted
+    again reuses the formatted text, the shards and the finished HDF5 files (its log says how many) and ends with
+    the reference's arrays."""
+    work, env = tmp_path / "work", prep_env(corpus, uncased_vocab)
+    job = submit_prep(slurm, env, work, tmp_path / "first.out")
+    folder = work / next(reference["work"].glob("hdf5_*")).name / "wikicorpus_en"
+    deadline = time.monotonic() + 180
+    while not ((folder / "manifest.json").is_file() and json.loads((folder / "manifest.json").read_text())["outputs"]):
+        assert time.monotonic() < deadline and slurm.job(job)["JobState"] in ("PENDING", "RUNNING"), \
+            (tmp_path / "first.out").read_text()[-3000:]
+        time.sleep(0.05)
+    assert len(_dask_processes(slurm)) >= 3  # the scheduler and two workers (nannies and their workers) run
+    slurm.run(["scancel", job])
+    slurm.wait(job, {"CANCELLED"}, timeout=60)
+    assert no_dask_process_within(slurm, 15) == []
+    finished = len(json.loads((folder / "manifest.json").read_text())["outputs"])
+    again = submit_prep(slurm, env, work, tmp_path / "again.out")
+    slurm.wait(again, {"COMPLETED"}, timeout=300)
+    log = (tmp_path / "again.out").read_text()
+    assert "text_formatting: reused 1 of 1 outputs" in log and "sharding: reused 7 of 7 outputs" in log, log[-3000:]
+    assert re.search(rf"create_hdf5_files: reused {finished} of 7 outputs .* computed {7 - finished}", log), log[-3000:]
+    assert_same_arrays(arrays(folder), reference["arrays"])
+    assert no_dask_process_within(slurm, 10) == []
+
+
+def _dask_processes(slurm) -> list[str]:
+    """Dask schedulers and workers that this Slurm cluster's jobs started (their environment names its config)."""
+    marker, found = f"SLURM_CONF={slurm.conf}".encode(), []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if (proc.name.isdigit() and b"distributed.cli.dask_" in (proc / "cmdline").read_bytes()
+                    and marker in (proc / "environ").read_bytes().split(b"\0") and pid_alive(int(proc.name))):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Corpora as they ship: Parquet, dump pieces
+
+
+def documents_of(shared_data: Path, n: int = 23) -> list[str]:
+    """Real documents: WikiText-2 articles, their paragraphs one a line."""
+    text = (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
+    articles = re.split(r"\n = [^=\n]+ = \n", text)[1:n + 1]
+    return ["\n".join(line.strip() for line in a.splitlines() if line.strip() and not line.strip().startswith("="))
+            for a in articles]
+
+
+@pytest.mark.parametrize("engine", [["--n_processes", "2"], ["--engine", "dask", "--n_processes", "2"]],
+                         ids=["processes", "dask"])
+def test_parquet_input_gives_the_documents_of_the_same_text_files(shared_data, tmp_path, engine):
+    """Two Parquet files (row groups of 4, an id column beside the text, a null row) against the same documents as
+    one text file each: the same formatted file, on both engines."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = documents_of(shared_data)
+    parquet, text = tmp_path / "parquet", tmp_path / "text"
+    parquet.mkdir()
+    text.mkdir()
+    for k, part in enumerate((docs[:11], docs[11:])):
+        table = pa.table({"id": list(range(len(part) + 1)), "text": [*part[:5], None, *part[5:]]})
+        pq.write_table(table, parquet / f"part-{k}.parquet", row_group_size=4)
+    for i, doc in enumerate(docs):
+        (text / f"doc_{i:03d}.txt").write_text(doc + "\n", encoding="utf-8")
+    common = ["--action", "text_formatting", "--dataset", "custom", "--no_progress", *engine]
+    assert bertPrep.main([*common, "--working_dir", str(tmp_path / "a"), "--input_dir", str(parquet),
+                          "--input_format", "parquet", "--text_column", "text"]) == 0
+    assert bertPrep.main([*common, "--working_dir", str(tmp_path / "b"), "--input_dir", str(text)]) == 0
+    name = Path("formatted_one_article_per_line") / "custom_one_article_per_line"
+    formatted = corpus_text(tmp_path / "a" / name)
+    assert formatted == corpus_text(tmp_path / "b" / name)
+    assert len(formatted.splitlines()) == len(docs) == 23
+
+
+def multistream_dump(folder: Path, pages=PAGES, per_stream: int = 2) -> Path:
+    """The same pages as write_dump's, as Wikipedia's multistream dump: the site information in the first bz2
+    stream, then `per_stream` pages a stream, the closing tag in the last; and its index (offset:id:title)."""
+    header = (f'<mediawiki xmlns="{NS}" version="0.10" xml:lang="en">\n<siteinfo><sitename>Wikipedia</sitename>'
+              f'<namespaces><namespace key="0" case="first-letter" /></namespaces></siteinfo>\n')
+    streams, index = [bz2.compress(header.encode())], []
+    offset = len(streams[0])
+    for start in range(0, len(pages), per_stream):
+        xml = ""
+        for i, (ns, title, redirect, text) in enumerate(pages[start:start + per_stream], start=start):
+            index.append(f"{offset}:{i + 1}:{title}")
+            xml += (f"<page>\n<title>{_xml_escape(title)}</title>\n<ns>{ns}</ns>\n<id>{i + 1}</id>\n"
+                    + ('<redirect title="Albert Testperson" />\n' if redirect else "")
+                    + f"<revision><id>{100 + i}</id><model>wikitext</model><format>text/x-wiki</format>"
+                      f'<text bytes="{len(text)}" xml:space="preserve">{_xml_escape(text)}</text></revision>\n</page>\n')
+        streams.append(bz2.compress(xml.encode()))
+        offset += len(streams[-1])
+    streams.append(bz2.compress(b"</mediawiki>\n"))
+    dump = folder / "enwiki-20240101-pages-articles-multistream.xml.bz2"
+    dump.write_bytes(b"".join(streams))
+    (folder / "enwiki-20240101-pages-articles-multistream-index.txt.bz2").write_bytes(
+        bz2.compress(("\n".join(index) + "\n").encode()))
+    return dump
+
+
+@pytest.mark.parametrize("layout", ["multistream", "parts"])
+def test_dump_pieces_format_like_the_whole_dump(tmp_path, layout):
+    """A multistream dump cut into pieces of a few streams, and a folder of numbered part files (each a whole
+    export), give the whole single-stream dump's formatted file and counts."""
+    whole = tf.format_wiki_dump(write_dump(tmp_path / "whole.xml.bz2"), tmp_path / "whole.txt", progress=False)
+    if layout == "multistream":
+        dump = multistream_dump(tmp_path)
+        assert len(tf.dump_pieces(dump, piece_bytes=1)) == (len(PAGES) + 1) // 2  # a piece a stream here
+        pieces = tf.dump_pieces(dump, piece_bytes=1)
+        counts = tf.format_wiki_dump(dump, tmp_path / "out.txt", num_workers=2, progress=False, piece_bytes=1)
+        assert pieces[0][1] > 0  # the site information's stream is not a piece
+    else:
+        parts = tmp_path / "parts"
+        parts.mkdir()
+        for k, start in enumerate(range(0, len(PAGES), 3)):  # named out of lexical order: p10 after p4
+            write_dump(parts / f"enwiki-20240101-pages-articles{k + 1}.xml-p{start * 3 + 1}p{start * 3 + 3}.bz2",
+                       PAGES[start:start + 3])
+        dump = parts
+        counts = tf.format_wiki_dump(parts, tmp_path / "out.txt", num_workers=2, progress=False)
+    assert (tmp_path / "out.txt").read_text() == (tmp_path / "whole.txt").read_text()
+    assert {k: v for k, v in counts.items()} == dict(whole)
+    assert (tmp_path / "out.txt.manifest.json").is_file() and not list(tmp_path.glob(".out.txt.parts"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: one line, a non-zero exit, nothing half-written
+
+
+def test_a_missing_scheduler_file_is_one_line_not_a_hang(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(SystemExit, match=r"--dask_scheduler_file .*missing.json does not exist \(waited 1 s\)"):
+        prep(tmp_path, "sharding", "--engine", "dask", "--dask_scheduler_file", str(tmp_path / "missing.json"),
+             "--dask_timeout", "1")
+    assert time.monotonic() - started < 20
+    with pytest.raises(SystemExit, match="--dask_scheduler_file is for --engine dask"):
+        prep(tmp_path, "sharding", "--dask_scheduler_file", str(tmp_path / "missing.json"))
+
+
+def test_a_scheduler_that_does_not_answer_is_a_timeout(tmp_path):
+    dead = tmp_path / "scheduler.json"
+    dead.write_text(json.dumps({"type": "Scheduler", "id": "Scheduler-x", "address": f"tcp://127.0.0.1:{free_port()}",
+                                "services": {}, "started": time.time(), "workers": {}}))
+    started = time.monotonic()
+    with pytest.raises(SystemExit, match="the scheduler it names does not answer within 2 s"):
+        prep(tmp_path, "sharding", "--engine", "dask", "--dask_scheduler_file", str(dead), "--dask_timeout", "2")
+    assert time.monotonic() - started < 30
+
+
+def test_workers_that_cannot_import_the_project_are_named(tmp_path):
+    """A scheduler and a worker started outside the checkout, without PYTHONPATH: refused before any work."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cluster = DaskProcesses(tmp_path / "dask", workers=1, env=env, cwd=tmp_path)
+    try:
+        with pytest.raises(SystemExit, match=r"the Dask workers cannot run the pipeline's tasks .*PYTHONPATH="):
+            prep(tmp_path / "work", "sharding", "--engine", "dask", "--dask_scheduler_file",
+                 str(cluster.scheduler_file), "--dask_timeout", "20")
+    finally:
+        cluster.stop()
+    assert not (tmp_path / "work" / "sharded_training_shards_6_test_shards_1_fraction_0.1").exists()
+
+
+def test_a_parquet_file_without_the_text_column_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "body": ["One doc.", "Two."]}), tmp_path / "in" / "a.parquet")
+    with pytest.raises(SystemExit, match=r"a\.parquet has no column 'text' \(it has id, body\)"):
+        bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--working_dir", str(tmp_path / "w"),
+                       "--input_dir", str(tmp_path / "in"), "--input_format", "parquet", "--no_progress"])
+    assert not list((tmp_path / "w").rglob("*.txt"))
+
+
+def test_a_corrupt_dump_piece_is_named_and_nothing_is_written(tmp_path):
+    dump = multistream_dump(tmp_path)
+    data = bytearray(dump.read_bytes())
+    pieces = tf.dump_pieces(dump, piece_bytes=1)
+    middle = (pieces[2][1] + pieces[2][2]) // 2
+    data[middle:middle + 8] = b"\xff" * 8  # inside the third piece's bz2 stream
+    dump.write_bytes(bytes(data))
+    output = tmp_path / "work" / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line"
+    with pytest.raises(SystemExit, match=rf"{dump.name}.*(Invalid data stream|cut off|CRC|corrupt)"):
+        bertPrep.main(["--action", "text_formatting", "--dataset", "wikicorpus_en", "--working_dir",
+                       str(tmp_path / "work"), "--wiki_dump", str(dump), "--no_progress", "--n_processes", "1"])
+    assert not list(output.glob("*.txt")) or json.loads((output / "manifest.json").read_text())["outputs"].keys() \
+        == {p.name for p in output.glob("*.txt")}  # only whole parts of the good pieces, each listed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The benchmark's projection, against its formula written out by hand
+
+
+def test_the_projection_follows_its_stated_formula():
+    from bench.bench_prep_engines import projection
+
+    run = {"stages": {"a": {"wall_s": 10.0, "startup_s": 1.0, "span_s": 8.0, "tasks": 100, "task_s": 16.0,
+                            "longest_task_s": 0.5},
+                      "b": {"wall_s": 5.0, "startup_s": 0.5, "span_s": 4.5, "tasks": 10, "task_s": 9.0,
+                            "longest_task_s": 3.0}}}
+    o, c, f = 0.002, 64, 100.0
+    out = projection(run, o, c, f)
+    for n in (1, 8, 32):
+        # T = U + f * B + max(f * W / (N c), f * K * o, L), B = wall - U - span - K * o (never below 0)
+        a = 1.0 + f * (10.0 - 1.0 - 8.0 - 100 * o) + max(f * 16.0 / (n * c), f * 100 * o, 0.5)
+        b = 0.5 + f * 0.0 + max(f * 9.0 / (n * c), f * 10 * o, 3.0)
+        assert out[n]["stages_s"] == {"a": round(a, 1), "b": round(b, 1)}
+        assert out[n]["total_s"] == round(round(a, 1) + round(b, 1), 1)
+    assert out[8]["efficiency"] == round(out[1]["total_s"] / (8 * out[8]["total_s"]), 3)
+    assert out["terms"]["a"]["B"] == round(10.0 - 1.0 - 8.0 - 100 * o, 3)
