@@ -215,6 +215,8 @@ def main(argv: list[str] | None = None) -> str:
                    help="a bench.linear_probe report, repeatable")
     p.add_argument("--adaptive", type=Path, action="append", default=None,
                    help="a bench.adaptive_study report, repeatable")
+    p.add_argument("--prep_engines", type=Path, action="append", default=None,
+                   help="a bench.bench_prep_engines report (prep_engines.json), repeatable")
     p.add_argument("--gpu_speed", type=Path, action="append", default=None,
                    help="a bench/gpu_pretraining.sh call's folder (summary.json, gpu.txt, call.json), repeatable")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
@@ -263,6 +265,10 @@ def main(argv: list[str] | None = None) -> str:
     lines += report_sections(adaptive_study, args.adaptive or [], "##",
                              "Task-adaptive pre-training: four starts for SST-2 (bench.adaptive_study)", "adaptive")
     lines += gpu_speed_section(args.gpu_speed or [], "##")
+    from bench import bench_prep_engines
+
+    lines += report_sections(bench_prep_engines, args.prep_engines or [], "##",
+                             "The data pipeline on both engines (bench.bench_prep_engines)", "prep_engines")
     text = "\n".join(lines).rstrip() + "\n"
     atomic_write_text(args.out, text)
     print(f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})")
