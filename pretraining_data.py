@@ -1,12 +1,7 @@
 """Pre-training data: NVIDIA's HDF5 shards -> the global stream of samples -> this rank's micro-batches.
 
-Shards (create_pretraining_data.py writes them): input_ids, input_mask, segment_ids [N, S]; masked_lm_positions,
-masked_lm_ids [N, P] (a 0 position marks an unused slot: position 0 is [CLS], never masked); next_sentence_labels
-[N]. Shards written with --no_static_masking carry attrs masking=dynamic and empty masked_lm_* arrays.
-Packed shards (create_pretraining_data.py --pack_sequences K) hold up to K sequences a row: they add
-next_sentence_positions [N, K] (each sequence's [CLS]), their next_sentence_labels are [N, K] (-1: unused slot) and
-masked_lm_* hold a row's slots; they are recognised by next_sentence_positions, and the batches carry it, so the
-model attends within each sequence and reads NSP at each [CLS]. A folder's shards must all be packed alike.
+Shards: the layout of pretraining_format.py (SHARD_KEYS, and PACKED_KEY in packed shards, which the batches then
+carry so that the model attends within each packed sequence); a folder's shards must all be packed alike.
 
 The stream. Every *.hdf5 in the folder, sorted by name. Epoch e visits the shards in a permutation drawn from
 (seed, e), in groups of `mix_shards` consecutive shards of that order (--mix_shards K; 1, NVIDIA's way, by
@@ -48,15 +43,13 @@ import numpy as np
 import torch
 
 from cli import InputError
+from pretraining_format import PACKED_KEY, SHARD_KEYS  # the shard layout is the format module's alone
 
 
 class DataError(InputError):
     """A shard folder, shard or vocabulary that does not fit the run (the message names the flag and the file)."""
 
 
-SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-              "next_sentence_labels")
-PACKED_KEY = "next_sentence_positions"  # [N, K] in packed shards only
 
 
 @dataclass
@@ -177,8 +170,8 @@ def check_shard_shapes(f, path: Path, flag: str) -> None:
     NVIDIA's layout has (input_ids, input_mask, segment_ids [N, S]; masked_lm_positions, masked_lm_ids [N, P];
     next_sentence_labels [N]; a packed shard: next_sentence_labels and next_sentence_positions [N, K]) and at
     least one sample."""
-    packed = "next_sentence_positions" in f
-    keys = SHARD_KEYS + (("next_sentence_positions",) if packed else ())
+    packed = PACKED_KEY in f
+    keys = SHARD_KEYS + ((PACKED_KEY,) if packed else ())
     shapes = {k: tuple(f[k].shape) for k in keys}
     ndim = {k: 1 if k == "next_sentence_labels" and not packed else 2 for k in keys}
     consistent = (all(len(shapes[k]) == ndim[k] for k in keys)

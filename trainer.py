@@ -54,7 +54,8 @@ from cli import InputError
 from atomic_io import atomic_write_json
 from optimization import load_state_keeping_hyperparameters
 from pretraining_config import PretrainConfig
-from pretraining_data import PACKED_KEY, DataPosition, PretrainingData
+from pretraining_data import DataPosition, PretrainingData
+from pretraining_format import PACKED_KEY
 from precision import Precision
 from profiling import StepProfiler
 from training import (CheckpointManager, DivergedError, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest,

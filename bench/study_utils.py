@@ -112,7 +112,7 @@ def read_shards(folder: str | os.PathLike, max_samples: int = 0, keys: tuple[str
     import h5py
     import numpy as np
 
-    from pretraining_data import SHARD_KEYS
+    from pretraining_format import SHARD_KEYS
 
     keys = keys or SHARD_KEYS
     folder = Path(folder)

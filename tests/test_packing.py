@@ -81,7 +81,7 @@ def wiki(tmp_path_factory, shared_data, uncased_vocab) -> dict:
     unpacked = make_shard(corpus, uncased_vocab, root / "unpacked" / "wiki.hdf5")
     packed = make_shard(corpus, uncased_vocab, root / "packed" / "wiki.hdf5", "--pack_sequences", str(K))
     with h5py.File(root / "unpacked" / "wiki.hdf5") as f:
-        arrays = {key: f[key][()] for key in pretraining_data.SHARD_KEYS}
+        arrays = {key: f[key][()] for key in pretraining_format.SHARD_KEYS}
     return {"root": root, "unpacked": root / "unpacked", "packed": root / "packed", "arrays": arrays,
             "summary_unpacked": unpacked, "summary_packed": packed}
 

@@ -23,6 +23,7 @@ import torch
 import atomic_io
 import dist_env
 import pretraining_data
+import pretraining_format
 import run_pretraining as rp
 import training
 from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
@@ -528,7 +529,7 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     loss = 0.0
     for shard in sorted(data.glob("*.hdf5"))[:3]:
         with h5py.File(shard) as f:
-            rows = {k: f[k][()] for k in pretraining_data.SHARD_KEYS}
+            rows = {k: f[k][()] for k in pretraining_format.SHARD_KEYS}
         take = min(40, 100 - total // PRED)
         labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"][:take], rows["masked_lm_ids"][:take], SEQ))
         with torch.no_grad():
@@ -549,7 +550,7 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     for shard in sorted(data.glob("*.hdf5"))[:3]:
         take = min(40, 100 - count // PRED)
         with h5py.File(shard) as f:
-            rows = {k: f[k][()][:take] for k in pretraining_data.SHARD_KEYS}
+            rows = {k: f[k][()][:take] for k in pretraining_format.SHARD_KEYS}
         ids, mask = rows["input_ids"].astype(np.int64), rows["input_mask"].astype(np.int64)
         labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"], rows["masked_lm_ids"], SEQ))
         picked = labels >= 0
