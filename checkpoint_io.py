@@ -27,6 +27,7 @@ import os
 import pickle
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -166,9 +167,33 @@ def _fit_vocab_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 # 3. Loading
 
 
-def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> list[str]:
+@dataclass(frozen=True)
+class LoadReport:
+    """What a load did besides copying tensors: the model's head parameters the checkpoint had no tensor for (they
+    keep their fresh initialisation) and the checkpoint's head tensors the model has no place for."""
+
+    model: str
+    fresh: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
+
+    def fresh_head(self, *prefixes: str) -> list[str]:
+        """The freshly initialised parameters under any of `prefixes` ("qa_outputs.", "classifier.", ...)."""
+        return [k for k in self.fresh if k.startswith(prefixes)]
+
+    def lines(self) -> list[str]:
+        """The report as log lines (nothing when every tensor found its place)."""
+        out = []
+        if self.fresh:
+            out.append("initialised fresh: " + ", ".join(self.fresh))
+        if self.left_out:
+            out.append(f"not used by {self.model}: " + ", ".join(self.left_out))
+        return out
+
+
+def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint"
+                          ) -> LoadReport:
     """Load a checkpoint's tensors into `model` after renaming; raise CheckpointError on anything that does
-    not fit. Returns the report lines (heads initialised fresh, heads of the checkpoint left out)."""
+    not fit. Returns the LoadReport (heads initialised fresh, heads of the checkpoint left out)."""
     prefix = "bert." if isinstance(model, BertModel) else ""  # a bare BertModel's keys have no `bert.` prefix
     target = {prefix + k: v for k, v in model.state_dict().items() if not REDUNDANT_KEYS.match(prefix + k)}
     source_state = canonical_state_dict(state)
@@ -198,16 +223,22 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], sour
     with torch.no_grad():
         for key, value in to_load.items():
             own[key].copy_(value.to(own[key].dtype))
-    report = []
-    if fresh:
-        report.append("initialised fresh: " + ", ".join(fresh))
-    if left_out:
-        report.append(f"not used by {type(model).__name__}: " + ", ".join(left_out))
-    return report
+    return LoadReport(type(model).__name__, tuple(fresh), tuple(left_out))
 
 
 def from_pretrained(cls: type[nn.Module], path: str | os.PathLike, config: BertConfig | str | os.PathLike | None = None,
                     log: Callable[[str], None] | None = print, **model_kwargs) -> nn.Module:
+    """load_pretrained's model alone, its report's lines sent to `log`."""
+    model, report = load_pretrained(cls, path, config, **model_kwargs)
+    for line in report.lines():
+        if log:
+            log(f"from_pretrained({cls.__name__}, {path}): {line}")
+    return model
+
+
+def load_pretrained(cls: type[nn.Module], path: str | os.PathLike,
+                    config: BertConfig | str | os.PathLike | None = None, **model_kwargs
+                    ) -> tuple[nn.Module, LoadReport]:
     """Build `cls` (a modeling.py class) and load a checkpoint into it:
     `from_pretrained(BertForQuestionAnswering, "results/SQuAD/hf_model")`.
 
@@ -215,7 +246,8 @@ def from_pretrained(cls: type[nn.Module], path: str | os.PathLike, config: BertC
     `bert.`), a ckpt_<step>.pt of this project or an NVIDIA checkpoint ({"model": state_dict}, `dense_act`,
     `gamma`/`beta`, vocabulary padded to 30528), or a plain state dict file. `config`: a BertConfig or a path to
     a config file; by default the one inside or beside the checkpoint. `model_kwargs` go to the class
-    (num_labels=...). Each report line of load_checkpoint_state goes to `log`.
+    (num_labels=...). Returns the model and load_checkpoint_state's LoadReport, which callers test (a fine-tuning
+    script warns when its task's head starts fresh, an export refuses it).
     """
     state, found_config = read_state_dict(path)
     if isinstance(config, (str, os.PathLike)):
@@ -230,10 +262,7 @@ def from_pretrained(cls: type[nn.Module], path: str | os.PathLike, config: BertC
         else:
             raise FileNotFoundError(f"no config for checkpoint {path}: pass --config_file (a bert_config.json)")
     model = cls(config, **model_kwargs)
-    for line in load_checkpoint_state(model, state, source=str(path)):
-        if log:
-            log(f"from_pretrained({cls.__name__}, {path}): {line}")
-    return model
+    return model, load_checkpoint_state(model, state, source=str(path))
 
 
 # ----------------------------------------------------------------------------------------------------------------

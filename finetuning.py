@@ -454,19 +454,18 @@ def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str,
 def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
     """The task's model from --init_checkpoint (a head the checkpoint lacks starts fresh, and says so), or from
     random weights and --config_file where the script allows it."""
-    from checkpoint_io import from_pretrained
+    from checkpoint_io import load_pretrained
     from modeling import BertConfig
 
     args = task.args
     if args.init_checkpoint is None:
         log("no --init_checkpoint: starting from random weights")
         return task.model_class(BertConfig.from_json_file(args.config_file), **task.model_kwargs())
-    report: list[str] = []
-    model = from_pretrained(task.model_class, args.init_checkpoint, config=args.config_file, log=report.append,
-                            **task.model_kwargs())
-    for line in report:
-        log(line)
-    if not args.do_train and any("initialised fresh" in line and task.head in line for line in report):
+    model, report = load_pretrained(task.model_class, args.init_checkpoint, config=args.config_file,
+                                    **task.model_kwargs())
+    for line in report.lines():
+        log(f"from_pretrained({task.model_class.__name__}, {args.init_checkpoint}): {line}")
+    if not args.do_train and report.fresh_head(task.head):
         log(f"warning: {args.init_checkpoint} has no {task.head_description}, so evaluation and predictions come "
             "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")
     return model

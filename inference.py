@@ -39,7 +39,7 @@ import torch
 import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import atomic_io
 import cli
-from checkpoint_io import CheckpointError, from_pretrained, load_pt, read_state_dict
+from checkpoint_io import CheckpointError, load_pretrained, load_pt, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
 from processors.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS, check_text,
@@ -217,23 +217,22 @@ def checkpoint_labels(path: str | Path) -> tuple[int | None, list[str] | None]:
 
 def load_model(args, log):
     """The task model; a checkpoint without the task's head is refused (its answers would be random)."""
-    lines: list[str] = []
     config = args.config_file
     if args.mode == "qa":
-        model = from_pretrained(BertForQuestionAnswering, args.init_checkpoint, config=config, log=lines.append)
+        model, report = load_pretrained(BertForQuestionAnswering, args.init_checkpoint, config=config)
         head = "qa_outputs"
     else:
         num_labels, names = checkpoint_labels(args.init_checkpoint)
         if num_labels is None:
             raise cli.InputError(f"{args.init_checkpoint} has no classifier head: fine-tune it with "
                              "run_glue.py first")
-        model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, config=config,
-                                log=lines.append, num_labels=num_labels)
+        model, report = load_pretrained(BertForSequenceClassification, args.init_checkpoint, config=config,
+                                        num_labels=num_labels)
         model.label_names = names
         head = "classifier"
-    for line in lines:
-        log(line)
-    if any(line.split(": ", 1)[-1].startswith("initialised fresh") and f" {head}." in f" {line}" for line in lines):
+    for line in report.lines():
+        log(f"from_pretrained({type(model).__name__}, {args.init_checkpoint}): {line}")
+    if report.fresh_head(f"{head}."):
         task = "run_squad.py" if args.mode == "qa" else "run_glue.py"
         raise cli.InputError(f"{args.init_checkpoint} has no {head} head (it would answer at random): "
                          f"fine-tune it with {task} first")

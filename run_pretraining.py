@@ -230,7 +230,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     if start is not None:
         try:
             state, _ = read_state_dict(start)
-            for line in load_checkpoint_state(model, state, source=str(start)):
+            for line in load_checkpoint_state(model, state, source=str(start)).lines():
                 log(line)
         except (OSError, CheckpointError) as e:
             raise InputError(f"cannot start from {start}: {describe_error(e)}") from e

@@ -210,6 +210,11 @@ def test_task_head_is_reported_fresh_and_pretraining_heads_left_out(tmp_path):
                for line in lines), lines
     torch.testing.assert_close(qa.bert.encoder.layer[1].output.dense.weight,
                                source.bert.encoder.layer[1].output.dense.weight)
+    # The report as an object, which the scripts test (nobody reads the log lines back)
+    _, report = checkpoint_io.load_pretrained(modeling.BertForQuestionAnswering, tmp_path / "ckpt_10.pt")
+    assert report.fresh == ("qa_outputs.weight", "qa_outputs.bias")
+    assert report.fresh_head("qa_outputs.") == list(report.fresh) and report.fresh_head("classifier.") == []
+    assert "cls.seq_relationship.weight" in report.left_out and report.model == "BertForQuestionAnswering"
 
 
 def test_missing_and_unexpected_encoder_keys_are_errors_that_list_them():

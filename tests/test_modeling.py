@@ -35,7 +35,7 @@ def ours_from_hf(cls, hf_model, **kwargs):
     config = BertConfig.from_dict(hf_model.config.to_dict())
     model = cls(config, **kwargs)
     report = checkpoint_io.load_checkpoint_state(model, hf_model.state_dict(), source="transformers")
-    assert report == [], report  # same task: every tensor has a place, nothing initialised fresh
+    assert report.fresh == () and report.left_out == () and report.lines() == [], report  # every tensor placed
     return model.eval()
 
 

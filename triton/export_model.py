@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from checkpoint_io import canonical_state_dict, from_pretrained, read_state_dict
+from checkpoint_io import canonical_state_dict, load_pretrained, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from atomic_io import atomic_open, atomic_write_json
 from cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
@@ -108,7 +108,6 @@ def _num_labels_in(checkpoint: str) -> int | None:
 def load_model(args: argparse.Namespace) -> nn.Module:
     """The checkpoint in the task's class, eval mode, float32. A head the checkpoint lacks is an error unless
     --allow_fresh_head: serving a randomly initialised head is almost always a mistake."""
-    fresh: list[str] = []
     set_seed(args.seed)  # a fresh head (tests, benchmarks) is then reproducible
     kwargs = {}
     cls = BertForQuestionAnswering
@@ -121,16 +120,17 @@ def load_model(args: argparse.Namespace) -> nn.Module:
         if not kwargs["num_labels"]:
             raise InputError(f"--checkpoint {args.checkpoint} has no classifier: pass --num_labels")
     try:
-        model = from_pretrained(cls, args.checkpoint, config=args.config_file, log=fresh.append, **kwargs)
+        model, report = load_pretrained(cls, args.checkpoint, config=args.config_file, **kwargs)
     except (FileNotFoundError, ValueError) as e:
         raise InputError(f"--checkpoint {args.checkpoint}: {describe_error(e)}") from e
     head_keys = ("qa_outputs.",) if args.task == "qa" else ("classifier.", "bert.pooler.")
-    head_missing = [line for line in fresh if "initialised fresh" in line and any(h in line for h in head_keys)]
+    head_missing = report.fresh_head(*head_keys)
     if head_missing and not args.allow_fresh_head:
-        raise InputError(f"--checkpoint {args.checkpoint} has no {args.task} head ({head_missing[0]}); export a "
-                         f"fine-tuned checkpoint, or pass --allow_fresh_head for a test model")
-    for line in fresh:
-        print(line, file=sys.stderr)
+        raise InputError(f"--checkpoint {args.checkpoint} has no {args.task} head (initialised fresh: "
+                         f"{', '.join(head_missing)}); export a fine-tuned checkpoint, or pass --allow_fresh_head "
+                         "for a test model")
+    for line in report.lines():
+        print(f"from_pretrained({cls.__name__}, {args.checkpoint}): {line}", file=sys.stderr)
     return model.float().eval()
 
 
