@@ -112,16 +112,49 @@ def dense_labels(positions, ids, seq: int):
     return labels
 
 
-def run_hf(args) -> dict:
-    import numpy as np
+def hf_model(args, ours, device):
+    """transformers' BertForPreTraining of our config (sdpa attention), on `device`, compiled when asked, and our
+    NVLAMB over its parameters. Returns (the model to step, the optimizer)."""
     import torch
     import transformers
 
-    from atomic_io import JsonLogger
-    from bench.study_utils import read_shards
     from checkpoint_io import hf_config
-    from modeling import BertConfig
     from optimization import make_optimizer, param_groups_for_bert
+
+    hf_cfg = transformers.BertConfig(**hf_config(ours, "BertForPreTraining"))
+    hf_cfg._attn_implementation = "sdpa"
+    model = transformers.BertForPreTraining(hf_cfg).to(device).train()
+    optimizer = make_optimizer("nvlamb", param_groups_for_bert(model, 0.01), lr=args.learning_rate)
+    return (torch.compile(model) if args.compile else model), optimizer
+
+
+def hf_tensors(args) -> tuple:
+    """The shards as transformers' inputs (CPU tensors, every row), the masked positions (for the FLOP count),
+    and the micro-batch."""
+    import numpy as np
+    import torch
+
+    from bench.study_utils import read_shards
+
+    arrays = read_shards(args.input_dir)
+    n, seq = arrays["input_ids"].shape
+    micro = args.train_batch_size // args.gradient_accumulation_steps
+    if n < micro:
+        raise SystemExit(f"gpu_speed hf: error: --input_dir {args.input_dir} holds {n} rows, fewer than a "
+                         f"micro-batch of {micro}")
+    as_long = lambda key: torch.from_numpy(arrays[key].astype(np.int64))  # noqa: E731
+    tensors = {"input_ids": as_long("input_ids"), "attention_mask": as_long("input_mask"),
+               "token_type_ids": as_long("segment_ids"), "next_sentence_label": as_long("next_sentence_labels"),
+               "labels": torch.from_numpy(dense_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq))}
+    return tensors, as_long("masked_lm_positions"), micro
+
+
+def run_hf(args) -> dict:
+    """The peer's loop: warm-up steps, profiled steps (not timed), timed steps; the same FLOP count as ours."""
+    import torch
+
+    from atomic_io import JsonLogger
+    from modeling import BertConfig
     from profiling import StepProfiler
     from trainer import batch_flops
     from training import peak_flops
@@ -129,36 +162,18 @@ def run_hf(args) -> dict:
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     ours = BertConfig.from_json_file(args.config)
-    hf_cfg = transformers.BertConfig(**hf_config(ours, "BertForPreTraining"))
-    hf_cfg._attn_implementation = "sdpa"
-    model = transformers.BertForPreTraining(hf_cfg).to(device).train()
-    optimizer = make_optimizer("nvlamb", param_groups_for_bert(model, 0.01), lr=args.learning_rate)
-    step_model = torch.compile(model) if args.compile else model
-    arrays = read_shards(args.input_dir)
-    n, seq = arrays["input_ids"].shape
-    micro = args.train_batch_size // args.gradient_accumulation_steps
-    if n < micro:
-        raise SystemExit(f"gpu_speed hf: error: --input_dir {args.input_dir} holds {n} rows, fewer than a "
-                         f"micro-batch of {micro}")
-    labels = dense_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)
-    tensors = {"input_ids": torch.from_numpy(arrays["input_ids"].astype(np.int64)),
-               "attention_mask": torch.from_numpy(arrays["input_mask"].astype(np.int64)),
-               "token_type_ids": torch.from_numpy(arrays["segment_ids"].astype(np.int64)),
-               "labels": torch.from_numpy(labels),
-               "next_sentence_label": torch.from_numpy(arrays["next_sentence_labels"].astype(np.int64))}
-    positions = torch.from_numpy(arrays["masked_lm_positions"].astype(np.int64))
+    step_model, optimizer = hf_model(args, ours, device)
+    tensors, positions, micro = hf_tensors(args)
+    n, untimed = len(positions), args.throughput_warmup_steps + args.profile_steps
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     logger = JsonLogger(args.json_summary, enabled=True)
-    peak = peak_flops(device, args.precision)
     profiler = StepProfiler(args.profile_steps, device) if args.profile_steps else None
-    timed = {"rows": 0, "tokens": 0, "flops": 0.0}
+    timed, first_step_s, cursor = {"rows": 0, "tokens": 0, "flops": 0.0}, None, 0
     start = time.perf_counter()
-    first_step_s = None
-    cursor = 0
     for step in range(1, args.max_steps + 1):
         if step == args.throughput_warmup_steps + 1 and profiler is not None:
             profiler.start()
-        if step == args.throughput_warmup_steps + args.profile_steps + 1:
+        if step == untimed + 1:  # the clock starts after the profile is summarised
             if profiler is not None:
                 logger.log("PROFILE", profiler.stop())
             sync(device)
@@ -170,7 +185,7 @@ def run_hf(args) -> dict:
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
                 loss = step_model(**batch).loss / args.gradient_accumulation_steps
             loss.backward()
-            if step > args.throughput_warmup_steps + args.profile_steps:
+            if step > untimed:
                 mask = tensors["attention_mask"][rows]
                 timed["rows"] += micro
                 timed["tokens"] += int(mask.sum())
@@ -183,20 +198,29 @@ def run_hf(args) -> dict:
         if step % args.log_freq == 0:
             logger.log(step, {"average_loss": float(loss) * args.gradient_accumulation_steps})
     sync(device)
-    seconds = time.perf_counter() - start
-    final = {"final_loss": float(loss) * args.gradient_accumulation_steps,
+    final = hf_final(args, device, timed, time.perf_counter() - start, float(loss), first_step_s,
+                     peak_flops(device, args.precision))
+    logger.log("FINAL", final)
+    logger.close()
+    print(json.dumps(final))
+    return final
+
+
+def hf_final(args, device, timed: dict, seconds: float, loss: float, first_step_s: float | None,
+             peak: float | None) -> dict:
+    """The FINAL record, in run_pretraining.py's keys."""
+    import torch
+
+    final = {"final_loss": loss * args.gradient_accumulation_steps,
              "training_sequences_per_second": timed["rows"] / seconds,
              "training_real_sequences_per_second": timed["rows"] / seconds,
              "training_real_tokens_per_second": timed["tokens"] / seconds,
-             "first_step_s": first_step_s, "timed_steps": args.max_steps - args.throughput_warmup_steps
-             - args.profile_steps}
+             "first_step_s": first_step_s,
+             "timed_steps": args.max_steps - args.throughput_warmup_steps - args.profile_steps}
     if peak:
         final["mfu"] = timed["flops"] / seconds / peak
     if device.type == "cuda":
         final["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-    logger.log("FINAL", final)
-    logger.close()
-    print(json.dumps(final))
     return final
 
 

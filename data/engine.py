@@ -221,6 +221,12 @@ class DaskEngine:
                 self.cluster.close()
 
 
+def local_engine(engine, n_workers: int = 1, progress: bool = True):
+    """`engine` itself, or (None) a ProcessEngine of `n_workers` processes here: what a stage called from a plain
+    function (no --engine) runs on."""
+    return engine or ProcessEngine(EngineConfig("processes", n_workers, progress=progress))
+
+
 @contextlib.contextmanager
 def open_engine(config: EngineConfig, log_fn: Callable[[str], None] = print) -> Iterator[ProcessEngine | DaskEngine]:
     """The engine `config` names, closed (a local cluster stopped) however the block ends."""

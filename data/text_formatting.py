@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from cli import InputError, script_errors
+from data.engine import local_engine
 
 # Link namespaces whose links are not prose (an image with its caption, a category tag).
 DROP_LINK_NAMESPACES = {"file", "image", "media", "category"}
@@ -203,8 +204,8 @@ def _ordered_parallel(fn, batches: Iterator, num_workers: int) -> Iterator:
 
 
 def format_wiki_dump(dump: str | os.PathLike, output: str | os.PathLike, num_workers: int = 1,
-                     progress: bool = True, logger=None, batch_pages: int = 64, engine=None,
-                     piece_bytes: int = 64 << 20, join: bool = True) -> Counter:
+                     progress: bool = True, logger=None, engine=None, piece_bytes: int = 64 << 20,
+                     join: bool = True) -> Counter:
     """A pages-articles dump -> `output`, one article per line, in the dump's page order. Returns counts per page
     kind (article, redirect, disambiguation, ...).
 
@@ -222,12 +223,12 @@ def format_wiki_dump(dump: str | os.PathLike, output: str | os.PathLike, num_wor
             print(f"text_formatting: {dump} is a single bz2 stream: read here by one process, its pages parsed by "
                   f"{num_workers} local processes (the multistream dump and its index spread over the cluster)")
         if join:
-            return _format_single_stream(dump, output, num_workers, progress, logger, batch_pages)
-        return _single_stream_part(dump, Path(output), num_workers, progress, logger, batch_pages)
+            return _format_single_stream(dump, output, num_workers, progress, logger)
+        return _single_stream_part(dump, Path(output), num_workers, progress, logger)
     settings = {"kind": "wiki_dump",
                 "size": sum(Path(name).stat().st_size for name in sorted({q[0] for q in pieces}))}
-    return format_pieces(_format_dump_piece, pieces, output, settings, engine, num_workers, progress, "dump pieces",
-                         join)
+    return format_pieces(_format_dump_piece, pieces, output, settings, local_engine(engine, num_workers, progress),
+                         "dump pieces", join)
 
 
 def multistream_index(dump: Path) -> Path | None:
@@ -335,8 +336,7 @@ def _format_dump_piece(job: tuple[str, int, int, str]) -> tuple[dict, str]:
     return dict(counts), sha256_file(part)
 
 
-def _single_stream_part(dump: Path, folder: Path, num_workers: int, progress: bool, logger, batch_pages: int
-                        ) -> Counter:
+def _single_stream_part(dump: Path, folder: Path, num_workers: int, progress: bool, logger) -> Counter:
     """A single-stream dump into a folder of one part (00000000.txt), listed in the folder's manifest.json as
     format_pieces lists its parts (reused by a rerun when the dump is the same)."""
     from data.manifest import Manifest, sha256_file
@@ -349,15 +349,18 @@ def _single_stream_part(dump: Path, folder: Path, num_workers: int, progress: bo
     if ledger.reusable("00000000.txt"):
         ledger.report("text_formatting")
         return Counter(ledger.outputs["00000000.txt"]["counts"])
-    counts = _format_single_stream(dump, folder / "00000000.txt", num_workers, progress, logger, batch_pages)
+    counts = _format_single_stream(dump, folder / "00000000.txt", num_workers, progress, logger)
     ledger.record("00000000.txt", counts["article"], sha256_file(folder / "00000000.txt"), counts=dict(counts))
     ledger.save()
     return counts
 
 
-def _format_single_stream(dump: Path, output, num_workers: int, progress: bool, logger, batch_pages: int
-                          ) -> Counter:
-    """One reader streams the dump; `num_workers` local processes format its pages, in order."""
+BATCH_PAGES = 64  # pages a single-stream dump's reader hands a parsing process at a time
+
+
+def _format_single_stream(dump: Path, output, num_workers: int, progress: bool, logger) -> Counter:
+    """One reader streams the dump; `num_workers` local processes format its pages, BATCH_PAGES at a time, in
+    order."""
     from tqdm.auto import tqdm
 
     from atomic_io import atomic_open
@@ -369,6 +372,7 @@ def _format_single_stream(dump: Path, output, num_workers: int, progress: bool, 
         def on_progress(pos):
             bar.update(pos - bar.n)
 
+        batch_pages = BATCH_PAGES
         batches = _batched(iter_dump_pages(dump, on_progress), batch_pages)
         for results in _ordered_parallel(_format_pages, batches, num_workers):
             for kind, line in results:
@@ -385,8 +389,8 @@ def _format_single_stream(dump: Path, output, num_workers: int, progress: bool, 
 
 
 def format_pieces(task: Callable, pieces: list[tuple], output: str | os.PathLike, settings: dict, engine,
-                  num_workers: int, progress: bool, desc: str, join: bool = True) -> Counter:
-    """Run task((*piece, part_file)) for every piece on `engine` (None: `num_workers` processes here), each writing
+                  desc: str, join: bool = True) -> Counter:
+    """Run task((*piece, part_file)) for every piece on `engine` (data.engine), each writing
     its part file atomically and returning (counts, sha256). Counts are summed ("largest_document_chars": the
     largest).
 
@@ -397,12 +401,10 @@ def format_pieces(task: Callable, pieces: list[tuple], output: str | os.PathLike
     `.<output name>.parts/` until then, are joined in order into the file `output`, atomically, and
     `<output>.manifest.json` records it. Either way nothing is done twice: a rerun with the same settings reuses
     every listed output (or part) whose sha256 still matches."""
-    from data.engine import EngineConfig, ProcessEngine
     from data.manifest import Manifest
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    engine = engine or ProcessEngine(EngineConfig("processes", num_workers, progress=progress))
     settings = {**settings, "pieces": json.loads(json.dumps(pieces))}
     if join:
         final = Manifest.open(output.with_name(output.name + ".manifest.json"), settings)
@@ -593,8 +595,8 @@ def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary
     settings = {"kind": "text", "doc_boundary": doc_boundary,
                 "inputs": [[str(f), f.stat().st_size] for f in files]}
     runs = file_runs(files, piece_bytes)
-    counts = format_pieces(_format_text_files, [(run, doc_boundary) for run in runs], output, settings, engine,
-                           num_workers, progress, "text files", join)
+    counts = format_pieces(_format_text_files, [(run, doc_boundary) for run in runs], output, settings,
+                           local_engine(engine, num_workers, progress), "text files", join)
     counts["files"] = len(files)
     return counts
 
@@ -658,8 +660,8 @@ def format_parquet_files(files: list[Path], output: str | os.PathLike, text_colu
     pieces = parquet_row_groups(files, text_column)
     settings = {"kind": "parquet", "text_column": text_column,
                 "inputs": [[str(f), f.stat().st_size] for f in files]}
-    counts = format_pieces(_format_parquet_row_group, pieces, output, settings, engine, num_workers, progress,
-                           "parquet row groups", join)
+    counts = format_pieces(_format_parquet_row_group, pieces, output, settings,
+                           local_engine(engine, num_workers, progress), "parquet row groups", join)
     counts["files"] = len(files)
     return counts
 

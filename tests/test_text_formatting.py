@@ -115,10 +115,11 @@ def test_disambiguation_detection():
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
-def test_dump_to_one_article_per_line(tmp_path, num_workers):
+def test_dump_to_one_article_per_line(tmp_path, num_workers, monkeypatch):
+    monkeypatch.setattr(tf, "BATCH_PAGES", 2)  # batches of 2 pages: their order across workers is checked
     dump = write_dump(tmp_path / "enwiki-20240101-pages-articles.xml.bz2")
     out = tmp_path / "out.txt"
-    counts = tf.format_wiki_dump(dump, out, num_workers=num_workers, progress=False, batch_pages=2)
+    counts = tf.format_wiki_dump(dump, out, num_workers=num_workers, progress=False)
     assert out.read_text(encoding="utf-8") == ALBERT_PROSE + "\n" + BERN_PROSE + "\n"
     assert dict(counts) == {"article": 2, "redirect": 2, "disambiguation": 2, "non_article_namespace": 2, "empty": 1}
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
