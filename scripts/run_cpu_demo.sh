@@ -139,28 +139,7 @@ fi
 config_src="${config:-$repo/configs/bert-small-cpu.json}"
 # The model's vocab_size follows the vocabulary: kept when it already fits (tokenization.vocab_fits_config, the rule
 # run_pretraining.py checks: bert-base-uncased's 30522 stays 30522), else create_vocab's padding to a multiple of 8.
-"$PYTHON" - "$config_src" "$vocab" "$out/bert_config.json" <<'EOF'
-import json, sys
-
-from atomic_io import atomic_write_json
-from data.create_vocab import config_vocab_size
-from tokenization import vocab_fits_config
-
-source, vocab, target = sys.argv[1:]
-try:
-    with open(source, encoding="utf-8") as f:
-        config = json.load(f)
-    int(config["vocab_size"])
-except (ValueError, KeyError, TypeError) as e:
-    sys.exit(f"run_cpu_demo.sh: --config {source} is not a BERT config JSON with a vocab_size ({e}): give one "
-             "such as configs/bert-small-cpu.json")
-with open(vocab, encoding="utf-8") as f:
-    lines = sum(1 for _ in f)
-if not vocab_fits_config(lines, config["vocab_size"]):
-    config["vocab_size"] = config_vocab_size(lines)
-atomic_write_json(target, config)
-print(f"model config: {source} with vocab_size {config['vocab_size']} -> {target}")
-EOF
+(cd "$repo" && "$PYTHON" -m bench.demo config "$config_src" "$vocab" "$out/bert_config.json")
 
 # ---- 3. HDF5 shards ---------------------------------------------------------------------------------------------
 echo "== 3/4 HDF5 shards (create_pretraining_data.py)"
@@ -177,14 +156,18 @@ make_shards "$out/text/train.txt" "$out/hdf5_seq512/train.hdf5" 512 80 0.15 1
 # shellcheck source=configs/pretrain_config.sh
 source "$repo/scripts/configs/pretrain_config.sh"
 args=($(CPU_DEMO_DIR="$out" cpu))
-[[ -n "$phase1_steps" ]] && args[5]=$phase1_steps
-[[ -n "$phase2_steps" ]] && args[18]=$phase2_steps
-[[ -n "$batch" ]] && args[0]=$batch
-[[ -n "$lr" ]] && { args[1]=$lr; args[16]=$(awk -v x="$lr" 'BEGIN { printf "%g", x / 2 }'); }
-[[ -n "$processes" ]] && args[3]=$processes
-[[ -n "$optimizer" ]] && args[25]=$optimizer
-args[24]="$out/bert_config.json"
-[[ -n "$init_checkpoint" ]] && args[23]="$(cd "$(dirname "$init_checkpoint")" && pwd)/$(basename "$init_checkpoint")"
+set_arg() { args[$(pretrain_slot "$1")]=$2; }  # the cpu preset's launcher arguments, changed by name
+[[ -n "$phase1_steps" ]] && set_arg train_steps "$phase1_steps"
+[[ -n "$phase2_steps" ]] && set_arg train_steps_phase2 "$phase2_steps"
+[[ -n "$batch" ]] && set_arg train_batch_size "$batch"
+[[ -n "$lr" ]] && { set_arg learning_rate "$lr"
+                    set_arg learning_rate_phase2 "$(awk -v x="$lr" 'BEGIN { printf "%g", x / 2 }')"; }
+[[ -n "$processes" ]] && set_arg num_gpus "$processes"
+[[ -n "$optimizer" ]] && set_arg optimizer "$optimizer"
+set_arg BERT_CONFIG "$out/bert_config.json"
+[[ -n "$init_checkpoint" ]] && \
+  set_arg init_checkpoint "$(cd "$(dirname "$init_checkpoint")" && pwd)/$(basename "$init_checkpoint")"
+arg() { echo "${args[$(pretrain_slot "$1")]}"; }
 run_dir="$out/run_$(date +%y%m%d_%H%M%S)"
 export RESULTS_DIR="$run_dir" CHECKPOINTS_DIR="$run_dir/checkpoints"
 export EVAL_DIR_PHASE1="$out/hdf5_heldout" VOCAB_FILE="$vocab"
@@ -195,78 +178,14 @@ export MAX_SEQ_LENGTH_PHASE1="$p1_seq" MAX_PRED_PHASE1="$p1_pred"
 # over the demo's few thousand steps keeps it there (the same page, runs C and F).
 export EXTRA_ARGS="--log_freq 10 --num_workers 1 --eval_steps 500 --max_eval_samples 2000 --mlm_bias_init unigram \
 --lr_schedule constant"
-echo "== 4/4 pre-training: phase 1 ${args[5]} steps (seq $p1_seq), phase 2 ${args[18]} steps (seq 512); logs in $run_dir"
+echo "== 4/4 pre-training: phase 1 $(arg train_steps) steps (seq $p1_seq), phase 2 $(arg train_steps_phase2) steps (seq 512); logs in $run_dir"
 # shellcheck source=signals.sh
 source "$repo/scripts/signals.sh"  # a stop signal to this script reaches the launcher and the training process
 run_forwarding_signals "" bash "$repo/scripts/run_pretraining.sh" "${args[@]}"
 (( JOB_STATUS == 0 )) || exit "$JOB_STATUS"  # 75: stopped by a signal (the launcher said how to resume)
 
 # ---- 4. summary -------------------------------------------------------------------------------------------------
-"$PYTHON" - "$run_dir" "${args[12]}" "$out/hdf5_heldout/heldout.hdf5" 2000 "$out/hdf5_phase1/train.hdf5" \
-  "$vocab" <<'EOF'
-import json, sys
-from pathlib import Path
-
-import h5py
-import numpy as np
-
-run_dir, job, heldout, max_eval = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-train_shard, vocab_file = sys.argv[5], sys.argv[6]
-# The baseline to beat: always guess the held-out set's most frequent masked token (what the eval counts: the
-# first --max_eval_samples samples, masked slots with a position > 0).
-with h5py.File(heldout, "r") as f:
-    positions, ids = f["masked_lm_positions"][:max_eval], f["masked_lm_ids"][:max_eval]
-targets = ids[positions > 0]
-baseline = np.bincount(targets).max() / len(targets)
-# A second context-free reference: a unigram model of the training shard (add-one smoothed, the prior that
-# --mlm_bias_init unigram starts from) scored on the same held-out targets. The held-out words' own entropy is
-# optimistic on a set this small (a few thousand targets: rare words seen once look certain).
-from pretraining_data import unigram_log_prior
-
-with open(vocab_file, encoding="utf-8") as f:
-    vocab_size = sum(1 for _ in f)
-train_unigram = float(-unigram_log_prior(train_shard, vocab_size).numpy()[targets].mean())
-print(f"baseline: always guessing the most frequent masked token scores {baseline:.3f} on the held-out set")
-learned = None
-for phase in (1, 2):
-    path = run_dir / f"{job}.phase{phase}.json"
-    if not path.is_file():
-        continue
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    losses = [(r["step"], r["data"]["mlm_loss"]) for r in records if isinstance(r["step"], int) and "mlm_loss" in r["data"]]
-    evals = [(r["step"], r["data"]) for r in records if "eval_mlm_accuracy" in r.get("data", {})]
-    final = next((r["data"] for r in reversed(records) if r["step"] == "FINAL"), {})
-    line = f"phase {phase}:"
-    if losses:
-        line += f" masked-LM loss {losses[0][1]:.3f} (step {losses[0][0]}) -> {losses[-1][1]:.3f} (step {losses[-1][0]})"
-    if evals:
-        line += f"; held-out masked-LM accuracy {evals[0][1]['eval_mlm_accuracy']:.3f} -> {evals[-1][1]['eval_mlm_accuracy']:.3f}"
-    if "training_sequences_per_second" in final:
-        line += f"; {final['training_sequences_per_second']:.1f} sequences/s"
-    print(line)
-    if evals and "eval_context_gain" in evals[-1][1]:
-        learned = (phase, *evals[-1])
-if learned:
-    # Did it learn from context? The held-out loss against the best context-free guess (the held-out targets' own
-    # word frequencies), and what the context is worth on the [MASK]ed slots (validation.py).
-    phase, step, e = learned
-    below = e["eval_unigram_entropy"] - e["eval_mlm_loss"]
-    print(f"learned? phase {phase}, step {step}: held-out masked-LM loss {e['eval_mlm_loss']:.3f} nats against "
-          f"{e['eval_unigram_entropy']:.3f} for guessing from word frequencies alone ({abs(below):.3f} nats "
-          f"{'better' if below > 0 else 'worse'}; those are the {len(targets)} held-out targets' own frequencies, an "
-          f"optimistic reference on a set this small)")
-    gain = train_unigram - e["eval_mlm_loss"]
-    print(f"learned? phase {phase}, step {step}: against a unigram model of the training shard ({train_unigram:.3f} "
-          f"nats on the same targets): {abs(gain):.3f} nats {'better' if gain > 0 else 'worse'}")
-    print(f"learned? phase {phase}, step {step}: context gain {100 * e['eval_context_gain']:+.1f} points: "
-          f"{e['eval_mask_accuracy']:.3f} of the [MASK]ed held-out words right with their context, "
-          f"{e['eval_mask_accuracy_without_context']:.3f} with every other word hidden too")
-    commonest = e.get("eval_mask_accuracy_most_frequent")
-    if commonest is not None:
-        print(f"learned? phase {phase}, step {step}: always guessing the commonest of those words scores "
-              f"{commonest:.3f}" + (": with the context the model does no better, so the gain is its guesses without "
-              "context getting worse (a row of [MASK]s is unlike its training), not a use of the context"
-              if e["eval_context_gain"] > 0 and e["eval_mask_accuracy"] <= commonest else ""))
-EOF
+(cd "$repo" && "$PYTHON" -m bench.demo summary "$run_dir" --job "$(arg job_name)" \
+  --heldout "$out/hdf5_heldout/heldout.hdf5" --max_eval 2000 --train_shard "$out/hdf5_phase1/train.hdf5" --vocab "$vocab")
 echo "logs (JSON lines, and the console output): $run_dir"
 echo "checkpoints: $run_dir/checkpoints"

@@ -13,7 +13,8 @@
 # micro-batch form, converted: 256 x 32 = 8192). The H100 and bf16 presets are ours (see each one's comment).
 # Data folders follow data/bertPrep.py's naming under $BERT_PREP_WORKING_DIR (the Dockerfile and
 # scripts/docker/launch.sh set /workspace/data); CODEDIR is /workspace/bert, where the Dockerfile puts the code.
-# Sourcing this file only defines functions and two variables; it runs nothing.
+# Sourcing this file only defines functions and three variables; it runs nothing. A preset's output is changed by
+# name, not by position: args=($(cpu)); args[$(pretrain_slot train_steps)]=2000 (scripts/run_cpu_demo.sh does).
 
 _pretrain_prep_dir="${BERT_PREP_WORKING_DIR:-/workspace/data}"
 _pretrain_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -117,6 +118,22 @@ small_1gpu_bf16() {
   local p2="$_pretrain_prep_dir/hdf5_lower_case_1_seq_len_512_max_pred_80_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/wikicorpus_en/training/"
   echo 256 1e-3 bf16 1 0.1 30000 1000 false true false 1 42 bert_small_1gpu false false \
        64 5e-4 0.1 3000 1 "$p1" "$p2" /workspace/bert None /workspace/bert/configs/bert-mini.json adamw
+}
+
+# The names of scripts/run_pretraining.sh's positional arguments, in their order (its own variable names).
+PRETRAIN_ARG_NAMES=(train_batch_size learning_rate precision num_gpus warmup_proportion train_steps
+                    save_checkpoint_steps resume_training create_logfile accumulate_gradients
+                    gradient_accumulation_steps seed job_name allreduce_post_accumulation
+                    allreduce_post_accumulation_fp16 train_batch_size_phase2 learning_rate_phase2
+                    warmup_proportion_phase2 train_steps_phase2 gradient_accumulation_steps_phase2 DATA_DIR_PHASE1
+                    DATA_DIR_PHASE2 CODEDIR init_checkpoint BERT_CONFIG optimizer)
+pretrain_slot() {  # NAME -> its index in a preset's argument list (0-based)
+  local i
+  for i in "${!PRETRAIN_ARG_NAMES[@]}"; do
+    [[ "${PRETRAIN_ARG_NAMES[$i]}" == "$1" ]] && { echo "$i"; return 0; }
+  done
+  echo "pretrain_slot: scripts/run_pretraining.sh has no argument named '$1'" >&2
+  return 1
 }
 
 # Every preset, for scripts and tests that iterate over them.
