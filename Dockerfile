@@ -16,3 +16,5 @@ COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
 
 COPY . .
+# The project, editable (pyproject.toml): its modules import from anywhere, as with scripts/setup_cpu.sh.
+RUN pip install --no-cache-dir --no-deps -e .

@@ -1,6 +1,7 @@
 """Pre-training data, stage by stage: download -> text_formatting (-> create_vocab) -> sharding -> create_hdf5_files.
 
-The interface of NVIDIA's data/bertPrep.py. Run it from the repository root as a module:
+The interface of NVIDIA's data/bertPrep.py: `python data/bertPrep.py ...` (scripts/setup_cpu.sh installs the
+project in editable mode, so its modules import from anywhere), or as a module from the checkout:
 
     export BERT_PREP_WORKING_DIR=/data/bert          # or DATA_DIR, or --working_dir
     python -m data.bertPrep --action download --dataset wikicorpus_en --dump_date latest
@@ -369,7 +370,8 @@ def cpd_arguments(args, shard: Path, output: Path, seed: int, num_workers: int) 
     """create_pretraining_data.py's arguments for one shard (the interpreter and script are the worker's own)."""
     return ["--input_file", str(shard), "--output_file", str(output), "--vocab_file", str(args.vocab_file),
             "--do_lower_case" if args.do_lower_case else "--no-do_lower_case",
-            "--max_seq_length", str(args.max_seq_length), "--max_predictions_per_seq", str(args.max_predictions_per_seq),
+            "--max_seq_length", str(args.max_seq_length),
+            "--max_predictions_per_seq", str(args.max_predictions_per_seq),
             "--masked_lm_prob", str(args.masked_lm_prob), "--short_seq_prob", str(args.short_seq_prob),
             "--dupe_factor", str(args.dupe_factor), "--random_seed", str(seed), "--num_workers", str(num_workers),
             "--no_progress"]
@@ -569,7 +571,8 @@ def main(argv=None) -> int:
     try:
         from cli import script_errors
     except ModuleNotFoundError:
-        raise SystemExit("error: run from the repository root as `python -m data.bertPrep ...`") from None
+        raise SystemExit("error: the project is not importable: install it (pip install -e . in the checkout, as "
+                         "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout") from None
     with script_errors("bertPrep.py", argv):
         return _main(argv)
 
@@ -579,7 +582,8 @@ def _main(argv) -> int:
     try:
         import file_utils  # noqa: F401  (top-level module: the repository root must be importable)
     except ModuleNotFoundError:
-        raise _input_error("run from the repository root as `python -m data.bertPrep ...`")
+        raise _input_error("the project is not importable: install it (pip install -e . in the checkout, as "
+                           "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout")
     if not args.working_dir:
         raise _input_error("set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
     if args.n_processes < 1:

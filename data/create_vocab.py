@@ -671,7 +671,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from cli import script_errors
     except ModuleNotFoundError:  # as data/bertPrep.py: the repository root must be importable, no sys.path edit
-        raise SystemExit("error: run from the repository root as `python -m data.create_vocab ...`") from None
+        raise SystemExit("error: the project is not importable: install it (pip install -e . in the checkout, as "
+                         "scripts/setup_cpu.sh does) or run `python -m data.create_vocab ...` from the checkout") \
+            from None
 
     with script_errors("create_vocab.py", argv):
         args = build_parser().parse_args(argv)
