@@ -1,7 +1,7 @@
 """GLUE acceptance runs on a CPU from the real all-MiniLM-L6-v2 weights: MRPC (goal >= 85 F1 on dev), SST-2 on a
 training subset (goal >= 85% dev accuracy) and CoLA (Matthews correlation reported; no goal).
 
-    .venv/bin/python -m bench.glue_acceptance                       # all three, as recorded in the README
+    .venv/bin/python -m bench.glue_acceptance                       # all three, as recorded in bench/STUDIES.md
     .venv/bin/python -m bench.glue_acceptance --tasks mrpc --threads 2
     .venv/bin/python -m bench.glue_acceptance --dry_run             # print the commands only
     .venv/bin/python -m bench.glue_acceptance --padding             # dynamic padding vs padding to 128 only

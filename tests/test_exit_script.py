@@ -2,7 +2,7 @@
 
 A single process exits the usual way, with main's status; one process of a multi-process run (WORLD_SIZE > 1) ends
 without Python's finalisation (os._exit: its atexit handlers do not run), after flushing what it printed. Why: see
-exit_script's docstring; bench/exit_race.py counts the aborts it removes (README, Reliability).
+exit_script's docstring; bench/exit_race.py counts the aborts it removes (tests/README.md, the reliability table).
 """
 from __future__ import annotations
 

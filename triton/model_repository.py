@@ -120,7 +120,7 @@ def _parameters(params: dict[str, object]) -> str:
 
 def _dynamic_batching(args: argparse.Namespace) -> str:
     """The dynamic_batching block, or "" where there is none: --no_dynamic_batching, or --backend python without
-    --dynamic_batching. Measured on the 2-core CPU (README.md, "Serving soak"): with the batcher, Triton 2.51's
+    --dynamic_batching. Measured on the 2-core CPU (triton/README.md, "Serving soak"): with the batcher, Triton 2.51's
     batcher thread busy-waits while requests queue for the one busy Python-backend instance, taking CPU from the
     model itself: in the soak the server process used 3 CPU-seconds at load 4.6 and 25 to 57 at load 7 to 9,
     against 0.1 without the batcher, and back-to-back soaks took 1.4 times as long with it."""

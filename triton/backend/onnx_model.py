@@ -80,8 +80,8 @@ class TritonPythonModel:
         self.type_vocab_size = int(_parameter(config, "type_vocab_size", "2"))
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(_parameter(config, "intra_op_num_threads", "0"))
-        # Memory held after a big batch (measured, README.md "Serving soak"): ONNX Runtime's CPU arena keeps every
-        # buffer it ever grew to for good (+1,087 MiB after one [32, 384] MiniLM batch). Turning the arena off
+        # Memory held after a big batch (measured: triton/README.md, "Serving soak"): ONNX Runtime's CPU arena keeps
+        # every buffer it ever grew to for good (+1,087 MiB after one [32, 384] MiniLM batch). Turning the arena off
         # made big batches 1.4 to 2.3 times slower here, and glibc's malloc then kept most of those pages anyway.
         # So the arena stays, but shrinks back after every run ("arena_shrinkage"), and malloc_trim(0) after each
         # execute hands glibc's free pages back ("malloc_trim"): +1 MiB held, arena speed. Each is a config.pbtxt
