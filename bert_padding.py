@@ -12,9 +12,9 @@ argument: it is chosen only when the effective attention dropout is 0, i.e. a co
 attention_probs_dropout_prob 0 or eval mode), `flash_varlen`: the FlashAttention-2 kernel under it called
 directly (`aten::_flash_attention_forward`, CUDA sm80+, fp16/bf16, applies dropout, differentiable; BERT's
 pre-training with attention dropout 0.1 on a GPU takes this one), `flash_attn.flash_attn_varlen_qkvpacked_func`
-(CUDA, fp16/bf16, applies dropout; when the package is importable), else `padded_sdpa`: pad q/k/v back to [B, N, S, D] around one
-F.scaled_dot_product_attention call with the key-padding mask and the configured dropout (every device; the CPU
-path). The first use of each choice is logged in one line saying which kernel runs and why.
+(CUDA, fp16/bf16, applies dropout; when the package is importable), else `padded_sdpa`: pad q/k/v back to
+[B, N, S, D] around one F.scaled_dot_product_attention call with the key-padding mask and the configured dropout
+(every device; the CPU path). The first use of each choice is logged in one line saying which kernel runs and why.
 
 Packed rows go through the same variable-length path: every packed sequence is its own entry of cu_seqlens (so the
 varlen kernels never attend across sequences), and the padded fallbacks (padded_sdpa here, and modeling.py's

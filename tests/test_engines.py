@@ -325,7 +325,8 @@ def multistream_dump(folder: Path, pages=PAGES, per_stream: int = 2) -> Path:
             xml += (f"<page>\n<title>{_xml_escape(title)}</title>\n<ns>{ns}</ns>\n<id>{i + 1}</id>\n"
                     + ('<redirect title="Albert Testperson" />\n' if redirect else "")
                     + f"<revision><id>{100 + i}</id><model>wikitext</model><format>text/x-wiki</format>"
-                      f'<text bytes="{len(text)}" xml:space="preserve">{_xml_escape(text)}</text></revision>\n</page>\n')
+                      f'<text bytes="{len(text)}" xml:space="preserve">{_xml_escape(text)}</text>'
+                      '</revision>\n</page>\n')
         streams.append(bz2.compress(xml.encode()))
         offset += len(streams[-1])
     streams.append(bz2.compress(b"</mediawiki>\n"))

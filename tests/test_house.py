@@ -14,7 +14,8 @@ LONG_FUNCTIONS = {"bench/pretrain_study.py:main", "bench/adaptive_study.py:_main
                   "bench/bench_lamb.py:main", "bench/gpu_study.py:cmd_run"}
 # Functions of more than 8 parameters today (issue 45's goal: 6 at most, optimization.py's fused kernels aside).
 MANY_PARAMETERS = {"inference.py:answer_questions", "bench/study_utils.py:stability_argv", "trainer.py:__init__",
-                   "triton/client.py:answer_with_triton", "training.py:fit", "processors/squad.py:load_or_build_features",
+                   "triton/client.py:answer_with_triton", "training.py:fit",
+                   "processors/squad.py:load_or_build_features",
                    "pretraining_data.py:__init__", "training.py:apply_parallelism_and_precision",
                    "processors/squad.py:_make_feature", "pretraining_writer.py:process_corpus",
                    "finetuning.py:build_parser", "file_utils.py:download", "extract_features.py:extract",

@@ -58,6 +58,7 @@ def presets() -> dict[str, list[str]]:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     functions = {line[3:] for line in lines if line.startswith("FN ") and not line[3:].startswith("_")}
+    functions -= {"pretrain_slot"}  # the one helper of the file that scripts call (an argument's index by name)
     result = {name: words.split() for name, words in (line.split("|", 1) for line in lines if "|" in line)}
     assert set(result) == functions, "PRETRAIN_PRESETS must list every preset function"
     return result
@@ -146,7 +147,8 @@ def test_gpu_presets_keep_nvidias_global_batch(presets, name):
 
 def test_cpu_preset_takes_the_rate_measured_for_the_demo(presets):
     """The cpu preset (the README's main job): AdamW 1e-3 at batch 32 for 4,000 steps, the run that left the
-    word-frequency plateau on the demo's Wikipedia shards (README "The main job"); phase 2 takes half of it."""
+    word-frequency plateau on the demo's Wikipedia shards (bench/STUDIES.md, "The README's main job"); phase 2
+    takes half of it."""
     arg = {i + 1: w for i, w in enumerate(presets["cpu"])}
     assert (arg[1], arg[4], arg[6], arg[26]) == ("32", "1", "4000", "adamw")
     assert float(arg[2]) == 1e-3 and float(arg[17]) == 5e-4
@@ -658,3 +660,48 @@ def test_real_wikitext_article_count(shared_data, tmp_path):
     n_train, n_test = write_documents([valid], tmp_path / "docs.txt")
     assert (n_train, n_test) == (len(headings), 0) and len(headings) == 60  # PROVENANCE.txt: 60 articles
     assert "<unk>" not in (tmp_path / "docs.txt").read_text() and " @-@ " not in (tmp_path / "docs.txt").read_text()
+
+
+def test_preset_arguments_are_named_as_run_pretraining_sh_names_them():
+    """pretrain_config.sh's PRETRAIN_ARG_NAMES (what the demo and other scripts change a preset's arguments by) is
+    the order of run_pretraining.sh's own `name=${N:-default}` lines, and pretrain_slot refuses an unknown name."""
+    positional = re.findall(r"^(\w+)=\$\{(\d+):-", (REPO / "scripts" / "run_pretraining.sh").read_text(), re.M)
+    expected = [name for name, n in sorted(positional, key=lambda p: int(p[1]))]
+    assert [int(n) for _, n in sorted(positional, key=lambda p: int(p[1]))] == list(range(1, 27))
+    out = bash(f"source {REPO}/scripts/configs/pretrain_config.sh && echo \"${{PRETRAIN_ARG_NAMES[*]}}\" "
+               f"&& pretrain_slot train_steps_phase2 && pretrain_slot nonsense")
+    names, slot = out.stdout.split("\n")[:2]
+    assert names.split() == expected and int(slot) == expected.index("train_steps_phase2") == 18
+    assert out.returncode == 1 and "no argument named 'nonsense'" in out.stderr
+
+
+def test_demo_config_takes_the_vocabularys_size_or_refuses_a_bad_config(tmp_path, uncased_vocab):
+    """bench.demo config (the demo's step between the vocabulary and the shards): bert-base-uncased's 30,522 lines
+    keep a config of 30522 (run_pretraining.py accepts it), a 1,234-line vocabulary gets 1240 (the next multiple of
+    8); a config without vocab_size is one line and exit 1, and nothing is written."""
+    from bench import demo
+
+    source = tmp_path / "c.json"
+    source.write_text('{"vocab_size": 30522, "hidden_size": 32}')
+    assert demo.main(["config", str(source), str(uncased_vocab), str(tmp_path / "a.json")]) == 0
+    assert json.loads((tmp_path / "a.json").read_text()) == {"vocab_size": 30522, "hidden_size": 32}
+    small = tmp_path / "vocab.txt"
+    small.write_text("".join(f"t{i}\n" for i in range(1234)))
+    demo.main(["config", str(source), str(small), str(tmp_path / "b.json")])
+    assert json.loads((tmp_path / "b.json").read_text())["vocab_size"] == 1240
+    source.write_text('{"hidden_size": 32}')
+    with pytest.raises(SystemExit, match="is not a BERT config JSON with a vocab_size"):
+        demo.main(["config", str(source), str(small), str(tmp_path / "c_out.json")])
+    assert not (tmp_path / "c_out.json").exists()
+
+
+@pytest.mark.parametrize("script", ["data/bertPrep.py", "data/create_vocab.py", "data/sharding.py",
+                                    "data/text_formatting.py"])
+def test_data_scripts_run_as_files_from_anywhere(script, tmp_path):
+    """NVIDIA's way (`python data/bertPrep.py --action ...`): the set-up installs the project in editable mode
+    (pyproject.toml), so the scripts under data/ find the project's modules from any folder, with no sys.path edit."""
+    done = subprocess.run([sys.executable, str(REPO / script), "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage:")
+    assert not re.search(r"sys\.path\.(insert|append)|sys\.path\s*[+]?=", (REPO / script).read_text())
