@@ -88,3 +88,15 @@ def test_no_new_function_with_more_than_8_parameters():
     many = {name for name, node in functions() if parameters(node) > 8} - FUSED_KERNELS
     assert many <= MANY_PARAMETERS, sorted(many - MANY_PARAMETERS)
     assert MANY_PARAMETERS <= many, f"shortened: drop {sorted(MANY_PARAMETERS - many)} from MANY_PARAMETERS"
+
+
+def test_the_readme_is_for_users():
+    """At most 350 lines, and no commit hashes or CI counts: dated measurements live in bench/STUDIES.md and
+    bench/RESULTS.md, CI reports itself."""
+    import re
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 350
+    hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", w) and re.search(r"\d", w)]
+    assert hashes == [], hashes
+    assert not re.search(r"\b\d[\d,]* tests passed\b", text)
