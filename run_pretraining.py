@@ -395,8 +395,8 @@ def _main(argv: list[str] | None) -> int:
         optimizer, scheduler = build_optimizer(cfg, raw_model, env)
         data = build_data(cfg, shards, env, log)
         dist_env.set_seed(cfg.training.seed + env.rank)  # dropout differs between ranks
-        trainer = Trainer(cfg, env, model, raw_model, optimizer, scheduler, precision, data, logger, stop, validator,
-                          log)
+        trainer = Trainer(cfg, env, model=model, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
+                          precision=precision, data=data, logger=logger, stop=stop, validator=validator, log=log)
         if cfg.debug.debug_inject_inf_at_step > 0:
             trainer.hooks.append(inject_inf_at(cfg.debug.debug_inject_inf_at_step))
         if resume is not None:

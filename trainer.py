@@ -1,6 +1,7 @@
 """The pre-training Trainer: BERT's masked LM + next-sentence prediction, step by step, resumable to the bit.
 
-    trainer = Trainer(cfg, env, model, raw_model, optimizer, scheduler, precision, data, logger, stop, validator)
+    trainer = Trainer(cfg, env, model=model, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
+                      precision=precision, data=data, logger=logger, stop=stop, validator=validator)
     if resume is not None:
         trainer.load_state_dict(resume)      # last: it restores the RNG states too
     summary = trainer.fit()
@@ -193,7 +194,7 @@ class Trainer:
 
     MAX_CONSECUTIVE_OVERFLOWS = 50
 
-    def __init__(self, cfg: PretrainConfig, env: dist_env.DistEnv, model: torch.nn.Module,
+    def __init__(self, cfg: PretrainConfig, env: dist_env.DistEnv, *, model: torch.nn.Module,
                  raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, precision: Precision,
                  data: PretrainingData, logger: RunLogger, stop: StopRequest, validator=None,
                  log: Callable[[str], None] = lambda msg: None):
