@@ -169,13 +169,13 @@ def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference,
     folder = next(reference["work"].glob("hdf5_*")).name
     manifest = work / folder / "wikicorpus_en" / "manifest.json"
     deadline = time.monotonic() + 120
-    while not (manifest.is_file() and len(json.loads(manifest.read_text())["outputs"]) >= 2):
+    while not (manifest.is_file() and json.loads(manifest.read_text())["outputs"]):  # the first file listed
         assert first.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     os.killpg(first.pid, signal.SIGKILL)  # the run and its create_pretraining_data.py, mid-stage
     first.wait()
     listed = len(json.loads(manifest.read_text())["outputs"])
-    assert 2 <= listed < 7
+    assert 1 <= listed < 7
     for path in (work / folder).rglob("*.hdf5"):  # every .hdf5 on disk is whole: it opens and has its arrays
         with h5py.File(path, "r") as f:
             assert "input_ids" in f

@@ -72,7 +72,7 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
         if r["layout"] == "packed":  # a packed row is one to three sequences
             assert r["rows_per_s"] < r["sequences_per_s"] <= 3.05 * r["rows_per_s"]
         else:
-            assert math.isclose(r["sequences_per_s"], r["rows_per_s"], rel_tol=1e-3)
+            assert math.isclose(r["sequences_per_s"], r["rows_per_s"], rel_tol=0.05)  # two clock readings
         assert 0.3 * seq * r["rows_per_s"] < r["tokens_per_s"] <= seq * r["rows_per_s"] * 1.001  # padding excluded
         peer = rows[f"p{r['phase']}_hf_eager"]
         assert math.isclose(r["ratio_to_transformers"], r["tokens_per_s"] / peer["tokens_per_s"], rel_tol=1e-9)
