@@ -115,6 +115,8 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prog", default="bench.demo",
+                   help="the name its one-line errors start with (the launcher that runs it: run_cpu_demo.sh)")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("config", help="a model config whose vocab_size fits the vocabulary")
     c.add_argument("source", type=Path)
@@ -127,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--train_shard", type=Path, required=True, help="the phase 1 training shard")
     s.add_argument("--vocab", type=Path, required=True)
     s.add_argument("--max_eval", type=int, default=2000, help="the run's --max_eval_samples")
-    with script_errors("bench.demo", argv):
-        args = p.parse_args(argv)
+    args = p.parse_args(argv)
+    with script_errors(args.prog, argv):
         if args.command == "config":
             fit_config(args.source, args.vocab, args.target)
         else:

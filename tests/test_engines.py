@@ -386,11 +386,17 @@ def test_a_scheduler_that_does_not_answer_is_a_timeout(tmp_path):
 
 
 def test_workers_that_cannot_import_the_project_are_named(tmp_path):
-    """A scheduler and a worker started outside the checkout, without PYTHONPATH: refused before any work."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    """Workers whose environment cannot import the project's modules are refused before any work. The project is
+    installed in this environment (pip install -e .), so the workers get a PYTHONPATH whose create_pretraining_data
+    fails to import as it does where a dependency is missing, which comes first on their sys.path."""
+    stub = tmp_path / "elsewhere"
+    stub.mkdir()
+    (stub / "create_pretraining_data.py").write_text("raise ModuleNotFoundError(\"No module named 'h5py'\")\n")
+    env = {**os.environ, "PYTHONPATH": str(stub)}
     cluster = DaskProcesses(tmp_path / "dask", workers=1, env=env, cwd=tmp_path)
     try:
-        with pytest.raises(SystemExit, match=r"the Dask workers cannot run the pipeline's tasks .*PYTHONPATH="):
+        with pytest.raises(SystemExit, match=r"the Dask workers cannot run the pipeline's tasks "
+                                             r"\(ModuleNotFoundError: No module named 'h5py'\).*PYTHONPATH="):
             prep(tmp_path / "work", "sharding", "--engine", "dask", "--dask_scheduler_file",
                  str(cluster.scheduler_file), "--dask_timeout", "20")
     finally:
