@@ -22,28 +22,55 @@ import numpy as np
 
 
 @contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary file's path beside `path`, for a writer that opens files by name (h5py, safetensors, ...); on a
+    clean exit the file is fsynced and renamed onto `path`.
+
+    On an exception the temporary file is removed and `path` is left as it was.
+    """
+    with _temporary_beside(path) as (fd, tmp):
+        os.close(fd)
+        yield tmp
+
+
+@contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[io.IOBase]:
     """Open a temporary file beside `path`; on a clean exit fsync it and rename it onto `path`.
 
     On an exception the temporary file is removed and `path` is left as it was.
     """
+    with _temporary_beside(path) as (fd, tmp), os.fdopen(fd, mode, **kwargs) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def _temporary_beside(path: str | os.PathLike) -> Iterator[tuple[int, Path]]:
+    """The one temporary file + fsync + rename: yields the open descriptor and the path of `.<name>.<random>.tmp`
+    beside `path` (the caller closes the descriptor); publishes it when the block ends without an error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions of a new file
+    tmp = Path(tmp)
     try:
-        with os.fdopen(fd, mode, **kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions of a new file
+        yield fd, tmp
+        durable_replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(e, OSError) and e.errno is not None and e.filename is None:  # name the file meant
             e.filename = str(path)
         raise
+
+
+def durable_replace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """fsync the finished file `src`, rename it onto `dst` (same folder) and fsync the folder: after a power cut
+    `dst` is the old file or the whole new one. For a file kept between attempts (a resumable download's .part);
+    anything written in one go goes through atomic_open / atomic_path."""
+    with open(src, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(src, dst)
+    _fsync_dir(Path(dst).parent)
 
 
 def _umask() -> int:

@@ -301,7 +301,7 @@ def save_hf_directory(model: nn.Module, out_dir: str | os.PathLike, vocab_file: 
     """Write config.json, model.safetensors (and vocab.txt) that transformers' from_pretrained loads."""
     from safetensors.torch import save_file
 
-    from atomic_io import atomic_open, atomic_write_json
+    from atomic_io import atomic_open, atomic_path, atomic_write_json
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -314,11 +314,8 @@ def save_hf_directory(model: nn.Module, out_dir: str | os.PathLike, vocab_file: 
         config["num_labels"] = model.num_labels
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_labels)}
-    tmp = out_dir / ".model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / "model.safetensors")
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
     atomic_write_json(out_dir / "config.json", config)
     if vocab_file is not None:
         with atomic_open(out_dir / "vocab.txt", "wb") as f:

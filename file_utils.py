@@ -15,7 +15,6 @@ non-AWS endpoint.
 """
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -261,8 +260,6 @@ def _fetch_into(opener, url: str, part: Path, offset: int, timeout: float, sessi
             for chunk in body.chunks:
                 f.write(chunk)
                 bar.update(len(chunk))
-            f.flush()
-            os.fsync(f.fileno())
     finally:
         body.close()
     size = part.stat().st_size
@@ -273,6 +270,8 @@ def _fetch_into(opener, url: str, part: Path, offset: int, timeout: float, sessi
 
 def _verify_and_publish(part: Path, dest: Path, url: str, total: int | None, expected_size: int | None,
                         want: tuple[str, str] | None) -> None:
+    from atomic_io import durable_replace
+
     size = part.stat().st_size
     for label, expected in (("server's", total), ("expected", expected_size)):
         if expected is not None and size != expected:
@@ -285,11 +284,7 @@ def _verify_and_publish(part: Path, dest: Path, url: str, total: int | None, exp
             part.unlink()
             raise DownloadError(f"{url}: {want[0]} checksum mismatch (expected {want[1]}, got {got}): the body is "
                                 f"corrupted; the partial file was deleted, run again")
-    os.replace(part, dest)
-    with contextlib.suppress(OSError):  # make the rename durable
-        fd = os.open(dest.parent, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+    durable_replace(part, dest)
 
 
 def fetch_text(url: str, *, timeout: float = 60.0, max_retries: int = 4, backoff: float = 1.0, session=None) -> str:

@@ -632,6 +632,8 @@ def shard_file(path: Path, raw_bytes: int):
     """
     import h5py
 
+    from atomic_io import atomic_path
+
     if raw_bytes <= IN_MEMORY_MAX_BYTES:
         with h5py.File(f"{path.name}.in-memory", "w", driver="core", backing_store=False) as f:
             yield f
@@ -641,27 +643,8 @@ def shard_file(path: Path, raw_bytes: int):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     check_free_space(path, raw_bytes)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            yield f
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; the shard should read like any other file
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # make the rename itself durable
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        yield f
 
 
 def check_free_space(path: Path, size: int) -> None:
