@@ -43,11 +43,16 @@ import numpy as np
 import torch
 
 from cli import InputError
+from dist_env import DistEnv
 from pretraining_format import PACKED_KEY, SHARD_KEYS  # the shard layout is the format module's alone
 
 
 class DataError(InputError):
     """A shard folder, shard or vocabulary that does not fit the run (the message names the flag and the file)."""
+
+
+class ResumeError(InputError):
+    """A checkpoint that does not fit this run (another phase, optimizer or data) or an output folder in use."""
 
 
 
@@ -374,15 +379,16 @@ class PretrainingData:
     just after the global micro-batch it belongs to, which is what a checkpoint stores.
     """
 
-    def __init__(self, shards: list[ShardInfo], seed: int, micro_batch: int, rank: int, world_size: int,
-                 num_workers: int = 0, pin_memory: bool = False, masker: Masker | None = None,
-                 position: DataPosition | None = None, length_bins: int = 0, mix_shards: int = 1):
+    def __init__(self, shards: list[ShardInfo], seed: int, micro_batch: int, env: DistEnv | None = None, *,
+                 masker: Masker | None = None, num_workers: int = 0, length_bins: int = 0, mix_shards: int = 1):
+        env = env or DistEnv()  # one process on the CPU
         self.shards, self.seed, self.micro_batch = shards, seed, micro_batch
         self.mix_shards = max(1, min(mix_shards, len(shards)))
-        self.rank, self.world_size = rank, world_size
-        self.global_batch = micro_batch * world_size
-        self.num_workers, self.pin_memory, self.masker = num_workers, pin_memory, masker
-        self.position = position or DataPosition()
+        self.rank, self.world_size = env.rank, env.world_size
+        self.global_batch = micro_batch * env.world_size
+        self.num_workers, self.masker = num_workers, masker
+        self.pin_memory = env.device.type == "cuda"  # page-locked host rows copy to the GPU without a staging copy
+        self.position = DataPosition()  # load_state_dict moves it to a checkpoint's
         self.length_bins = length_bins
         if max(s.num_samples for s in shards) * self.mix_shards < self.global_batch:
             raise DataError(f"every shard holds fewer samples than one global micro-batch ({self.global_batch} = "
@@ -390,6 +396,46 @@ class PretrainingData:
                             "shards or a larger --mix_shards")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
         self._stream: weakref.ref | None = None
+
+    # --- the resume state: where the stream stands, and what that place means
+
+    def state_dict(self) -> dict:
+        """The data position and what it is a position in: the shard files, the epoch's shard order and, where
+        they shape the order, --length_bins with the global micro-batch and --mix_shards. Plain values only (a
+        checkpoint loads with weights_only=True)."""
+        pos = self.position
+        return {"epoch": pos.epoch, "shard_index": pos.shard_index, "sample_offset": pos.sample_offset,
+                "shard_order": [self.shards[i].path.name for i in self.shard_order(pos.epoch)],
+                "files": [s.path.name for s in self.shards],
+                # binned orders depend on the global micro-batch: recorded so a resume can check it
+                **({"length_bins": self.length_bins, "global_micro_batch": self.global_batch}
+                   if self.length_bins else {}),
+                **({"mix_shards": self.mix_shards} if self.mix_shards > 1 else {})}
+
+    def check_state(self, state: dict) -> None:
+        """ResumeError unless `state` (a state_dict()) is a position in this stream: the same shard files, shard
+        groups and (with --length_bins) binned order."""
+        files = [s.path.name for s in self.shards]
+        if state["files"] != files:
+            raise ResumeError(f"--input_dir {self.shards[0].path.parent} does not hold the shards the checkpoint was "
+                              f"trained on ({len(state['files'])} then, {len(files)} now): resume with the same data")
+        if state.get("mix_shards", 1) != self.mix_shards:
+            raise ResumeError(f"the checkpoint read its shards in groups of {state.get('mix_shards', 1)} "
+                              f"(--mix_shards), this run in groups of {self.mix_shards}: its data position means "
+                              "another place in the stream, so resume with the same --mix_shards")
+        bins, global_batch = self.length_bins, self.global_batch
+        then = (state.get("length_bins", 0), state.get("global_micro_batch", global_batch))
+        if then != (bins, global_batch if bins else then[1]):
+            raise ResumeError(f"the checkpoint ordered its samples with --length_bins {then[0]} and a global "
+                              f"micro-batch of {then[1]}, this run with {bins} and {global_batch}: binned "
+                              "orders differ, so resume with the same --length_bins, batch and processes")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state` (checked first: ResumeError). Call it before iterating."""
+        self.check_state(state)
+        self.position = DataPosition(state["epoch"], state["shard_index"], state["sample_offset"])
+
+    # --- the order
 
     def shard_order(self, epoch: int) -> np.ndarray:
         return epoch_shard_order(self.seed, epoch, len(self.shards))

@@ -258,9 +258,8 @@ def build_data(cfg: PretrainConfig, shards, env: dist_env.DistEnv, log) -> Pretr
         log(f"packed shards: up to {packed} sequences a row, {shards[0].width} masked slots a row")
     masker = Masker.from_vocab(d.vocab_file, d.masked_lm_prob, _masked_slots(cfg, packed)) \
         if d.dynamic_masking else None
-    return PretrainingData(shards, cfg.training.seed, cfg.training.micro_batch_size, env.rank, env.world_size,
-                           num_workers=d.num_workers, pin_memory=env.device.type == "cuda", masker=masker,
-                           length_bins=d.length_bins, mix_shards=d.mix_shards)
+    return PretrainingData(shards, cfg.training.seed, cfg.training.micro_batch_size, env, masker=masker,
+                           num_workers=d.num_workers, length_bins=d.length_bins, mix_shards=d.mix_shards)
 
 
 def _masked_slots(cfg: PretrainConfig, packed: int) -> int:

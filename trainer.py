@@ -55,16 +55,12 @@ from cli import InputError
 from atomic_io import atomic_write_json
 from optimization import load_state_keeping_hyperparameters
 from pretraining_config import PretrainConfig
-from pretraining_data import DataPosition, PretrainingData
+from pretraining_data import PretrainingData, ResumeError
 from pretraining_format import PACKED_KEY
 from precision import Precision
 from profiling import StepProfiler
 from training import (CheckpointManager, DivergedError, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest,
                       compiled, forward_backward, optimizer_step, peak_flops, to_device, weights_finite)
-
-
-class ResumeError(InputError):
-    """A checkpoint that does not fit this run (another phase, optimizer or data) or an output folder in use."""
 
 
 class CheckpointWriteError(OSError):
@@ -399,7 +395,7 @@ class Trainer:
         rngs = gather_objects(dist_env.rng_state(), self.env)
         if not self.env.is_main:
             return None
-        data, pos, state = self.data, self.data.position, self.state
+        state = self.state
         return {
             # The full trained tensors (the padded vocabulary rows too, for an exact resume), Hugging Face names.
             "model": {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()
@@ -410,13 +406,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.precision.scaler.state_dict() if self.precision.scaler.is_enabled() else None,
             "rng": rngs,
-            "data": {"epoch": pos.epoch, "shard_index": pos.shard_index, "sample_offset": pos.sample_offset,
-                     "shard_order": [data.shards[i].path.name for i in data.shard_order(pos.epoch)],
-                     "files": [s.path.name for s in data.shards],
-                     # binned orders depend on the global micro-batch: recorded so a resume can check it
-                     **({"length_bins": data.length_bins, "global_micro_batch": data.global_batch}
-                        if data.length_bins else {}),
-                     **({"mix_shards": data.mix_shards} if data.mix_shards > 1 else {})},
+            "data": self.data.state_dict(),
             "phase": state.phase,
             "step": state.global_step,
             "phase_step": state.step,
@@ -446,14 +436,15 @@ class Trainer:
         if self.precision.scaler.is_enabled() and ckpt["grad_scaler"] is not None:
             self.precision.scaler.load_state_dict(ckpt["grad_scaler"])
         self.state = TrainState(ckpt["phase"], ckpt["phase_step"], ckpt["phase1_end_step"], ckpt["skipped_steps"])
-        d = ckpt["data"]
-        self.data.position = DataPosition(d["epoch"], d["shard_index"], d["sample_offset"])
+        self.data.load_state_dict(ckpt["data"])
+        pos = self.data.position
         self.log(f"resumed from ckpt_{ckpt['step']}.pt: phase {self.state.phase} step {self.state.step}, data epoch "
-                 f"{d['epoch']} shard {d['shard_index']} offset {d['sample_offset']}")
+                 f"{pos.epoch} shard {pos.shard_index} offset {pos.sample_offset}")
         self.restore_rng(ckpt)
 
     def check_fits(self, ckpt: dict[str, Any]) -> None:
-        """ResumeError unless the checkpoint is of this phase, optimizer, shards and (with --length_bins) order."""
+        """ResumeError unless the checkpoint is of this phase and optimizer, and its data position one in this
+        run's stream: everything is checked before anything is loaded."""
         phase = self.cfg.checkpoint.phase
         if ckpt["phase"] != phase:
             raise ResumeError(f"the checkpoint of step {ckpt['step']} is from phase {ckpt['phase']}, but this run is "
@@ -461,20 +452,7 @@ class Trainer:
         if ckpt.get("optimizer_class") != type(self.optimizer).__name__:
             raise ResumeError(f"the checkpoint's optimizer is {ckpt.get('optimizer_class')}, this run's "
                               f"{type(self.optimizer).__name__}: resume with the same set-up")
-        d, files = ckpt["data"], [s.path.name for s in self.data.shards]
-        if d["files"] != files:
-            raise ResumeError(f"--input_dir {self.cfg.data.input_dir} does not hold the shards the checkpoint was "
-                              f"trained on ({len(d['files'])} then, {len(files)} now): resume with the same data")
-        if d.get("mix_shards", 1) != self.data.mix_shards:
-            raise ResumeError(f"the checkpoint read its shards in groups of {d.get('mix_shards', 1)} (--mix_shards), "
-                              f"this run in groups of {self.data.mix_shards}: its data position means another "
-                              "place in the stream, so resume with the same --mix_shards")
-        bins, global_batch = self.cfg.data.length_bins, self.data.global_batch
-        then = (d.get("length_bins", 0), d.get("global_micro_batch", global_batch))
-        if then != (bins, global_batch if bins else then[1]):
-            raise ResumeError(f"the checkpoint ordered its samples with --length_bins {then[0]} and a global "
-                              f"micro-batch of {then[1]}, this run with {bins} and {global_batch}: binned "
-                              "orders differ, so resume with the same --length_bins, batch and processes")
+        self.data.check_state(ckpt["data"])  # the same shards, groups and order (the stream says)
 
     def restore_rng(self, ckpt: dict[str, Any]) -> None:
         """Each rank's RNG states from the checkpoint; with a different number of processes, fresh per-rank seeds

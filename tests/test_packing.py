@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import bert_padding
 import create_pretraining_data as cpd
+import dist_env
 import pretraining_data
 import pretraining_format
 import run_pretraining as rp
@@ -482,7 +483,7 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
     (info,) = pretraining_data.inspect_shards(pretraining_data.list_shards(str(wiki["packed"]), "--input_dir"),
                                               pretraining_data.ShardSpec(SEQ, PRED, True), "--input_dir")
     assert (info.packed, info.width) == (K, ROW_PRED)
-    data = pretraining_data.PretrainingData([info], seed=3, micro_batch=8, rank=0, world_size=1, masker=masker)
+    data = pretraining_data.PretrainingData([info], seed=3, micro_batch=8, masker=masker)
     batches = take(data, 3)
     for b in batches:
         positions, ids = b["masked_lm_positions"], b["input_ids"]
@@ -497,8 +498,9 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
         original = ids.clone()
         original[rows, positions[used]] = b["masked_lm_ids"][used]
         assert (original[rows, positions[used]] != 102).all()  # no [SEP]
-    resumed = take(pretraining_data.PretrainingData([info], seed=3, micro_batch=8, rank=0, world_size=1,
-                                                    masker=masker, position=pretraining_data.DataPosition(0, 0, 8)), 2)
+    resumed = pretraining_data.PretrainingData([info], seed=3, micro_batch=8, masker=masker)
+    resumed.load_state_dict({**data.state_dict(), "epoch": 0, "shard_index": 0, "sample_offset": 8})
+    resumed = take(resumed, 2)
     assert all(torch.equal(x[k], y[k]) for x, y in zip(resumed, batches[1:]) for k in x)
 
 
@@ -506,11 +508,15 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
 # (f) Length binning
 
 
-def stream(folder: Path, micro: int, bins: int, rank: int = 0, world: int = 1, seed: int = 7, position=None,
+def stream(folder: Path, micro: int, bins: int, rank: int = 0, world: int = 1, seed: int = 7, state=None,
            workers: int = 0) -> pretraining_data.PretrainingData:
+    """The stream of rank `rank` of `world`, continued from `state` (a state_dict()) when given."""
     shards = [pretraining_data.ShardInfo(p, 40, False) for p in sorted(folder.glob("*.hdf5"))]
-    return pretraining_data.PretrainingData(shards, seed=seed, micro_batch=micro, rank=rank, world_size=world,
-                                            num_workers=workers, position=position, length_bins=bins)
+    data = pretraining_data.PretrainingData(shards, seed=seed, micro_batch=micro, env=dist_env.DistEnv(rank, world),
+                                            num_workers=workers, length_bins=bins)
+    if state is not None:
+        data.load_state_dict(state)
+    return data
 
 
 def take(data: pretraining_data.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
@@ -554,7 +560,7 @@ def test_length_bins_group_lengths_see_every_sample_once_and_resume_exactly(tmp_
     it = iter(first)
     for _ in range(7):
         next(it)
-    resumed = take(stream(folder, 8, bins, position=first.position, workers=1), 13)
+    resumed = take(stream(folder, 8, bins, state=first.state_dict(), workers=1), 13)
     first.close()
     for k in range(13):
         for key in resumed[k]:

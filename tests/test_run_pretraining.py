@@ -119,11 +119,14 @@ def test_mlm_labels_follow_nvidia_rule_with_padded_slots(tmp_path):
     assert (labels[-7:] >= 0).sum() == 7 * 2 and (labels[:-7] >= 0).sum() == 33 * PRED
 
 
-def stream(folder: Path, micro: int, rank: int = 0, world: int = 1, workers: int = 0, position=None, masker=None):
+def stream(folder: Path, micro: int, rank: int = 0, world: int = 1, workers: int = 0, state=None, masker=None):
+    """The stream of rank `rank` of `world`, continued from `state` (a state_dict()) when given."""
     shards = [pretraining_data.ShardInfo(p, 40, masker is not None) for p in sorted(folder.glob("*.hdf5"))]
-    return pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, rank=rank, world_size=world,
-                                            num_workers=workers,
-                                            masker=masker, position=position)
+    data = pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, env=dist_env.DistEnv(rank, world),
+                                            num_workers=workers, masker=masker)
+    if state is not None:
+        data.load_state_dict(state)
+    return data
 
 
 def take(data: pretraining_data.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
@@ -148,7 +151,7 @@ def test_stream_is_independent_of_the_process_split_and_resumes_exactly(tmp_path
     it = iter(first)
     for _ in range(5):
         next(it)
-    resumed = take(stream(folder, 12, position=first.position, workers=2), 15)
+    resumed = take(stream(folder, 12, state=first.state_dict(), workers=2), 15)
     for k in range(15):
         for key in resumed[k]:
             assert torch.equal(resumed[k][key], single[5 + k][key])
@@ -162,10 +165,13 @@ def test_mixed_shards_are_shuffled_together_as_written_and_resume_exactly(tmp_pa
     from (seed, e, first shard, 1), written out here with numpy; split across processes and resumed exactly."""
     folder = make_shards(tmp_path / "d", n_shards=5, n=40, tag=True)
 
-    def mixed(micro, rank=0, world=1, position=None, workers=0):
+    def mixed(micro, rank=0, world=1, state=None, workers=0):
         shards = [pretraining_data.ShardInfo(p, 40, False) for p in sorted(folder.glob("*.hdf5"))]
-        return pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, rank=rank, world_size=world,
-                                                num_workers=workers, position=position, mix_shards=2)
+        data = pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, env=dist_env.DistEnv(rank, world),
+                                                num_workers=workers, mix_shards=2)
+        if state is not None:
+            data.load_state_dict(state)
+        return data
 
     single = take(mixed(12), 17)  # epoch 0: 2 groups of 80 rows (6 batches each) + 1 of 40 (3): 15 batches
     shard_order = np.random.default_rng([7, 0]).permutation(5)
@@ -187,11 +193,33 @@ def test_mixed_shards_are_shuffled_together_as_written_and_resume_exactly(tmp_pa
     for _ in range(8):
         next(it)
     assert first.position == pretraining_data.DataPosition(epoch=0, shard_index=1, sample_offset=24)
-    resumed = take(mixed(12, position=first.position, workers=1), 9)
+    resumed = take(mixed(12, state=first.state_dict(), workers=1), 9)
     first.close()
     for k in range(9):
         for key in resumed[k]:
             assert torch.equal(resumed[k][key], single[8 + k][key])
+
+
+def test_the_stream_refuses_a_position_in_another_stream(tmp_path):
+    """load_state_dict checks the state first: other shard files, another --mix_shards, or a binned order of
+    another global micro-batch are ResumeErrors naming the flag, and the position stays where it was."""
+    folder = make_shards(tmp_path / "d", n_shards=3, n=40)
+    state = stream(folder, 8).state_dict()
+    assert state["files"] == ["shard_00.hdf5", "shard_01.hdf5", "shard_02.hdf5"] and state["sample_offset"] == 0
+    fewer = make_shards(tmp_path / "e", n_shards=2, n=40)
+    data = stream(fewer, 8)
+    with pytest.raises(pretraining_data.ResumeError, match=rf"--input_dir {fewer} does not hold the shards .*\(3 "
+                                                           r"then, 2 now\)"):
+        data.load_state_dict({**state, "sample_offset": 16})
+    assert data.position == pretraining_data.DataPosition()
+    with pytest.raises(pretraining_data.ResumeError, match="groups of 2 .*this run in groups of 1"):
+        stream(folder, 8).load_state_dict({**state, "mix_shards": 2})
+    binned = {**state, "length_bins": 4, "global_micro_batch": 16}
+    with pytest.raises(pretraining_data.ResumeError, match="global micro-batch of 16, this run with 0 and 8"):
+        stream(folder, 8).load_state_dict(binned)
+    moved = stream(folder, 8)
+    moved.load_state_dict({**state, "shard_index": 1, "sample_offset": 16})
+    assert moved.position == pretraining_data.DataPosition(0, 1, 16)
 
 
 def test_group_rows_pad_narrower_masked_slots_with_unused_slots(tmp_path):
@@ -295,7 +323,9 @@ def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
             masks[k // 5][tuple(row)] = label
     assert len(masks[0]) == len(masks[1]) == 40
     assert sum(not torch.equal(masks[0][r], masks[1][r]) for r in masks[0]) > 30  # new masks in epoch 1
-    resumed = take(stream(folder, 8, masker=masker, position=pretraining_data.DataPosition(0, 0, 16)), 3)
+    resumed = stream(folder, 8, masker=masker)
+    resumed.position = pretraining_data.DataPosition(0, 0, 16)  # as load_state_dict sets it from a checkpoint
+    resumed = take(resumed, 3)
     for a, b in zip(resumed, batches[2:5]):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -780,7 +810,7 @@ def batches_of(data: Path):
     """The batches of 8 that run_pretraining.py (seed 42, one process) trains on, in its order."""
     shards = pretraining_data.inspect_shards(sorted(data.glob("*.hdf5")), pretraining_data.ShardSpec(SEQ, PRED, False),
                                              "--input_dir")
-    return iter(pretraining_data.PretrainingData(shards, 42, 8, 0, 1))
+    return iter(pretraining_data.PretrainingData(shards, 42, 8))
 
 
 def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):

@@ -310,7 +310,7 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
     spec = pretraining_data.ShardSpec(128, 20, False)
     shards = pretraining_data.inspect_shards(pretraining_data.list_shards(str(train_dir), "--input_dir"), spec,
                                              "--input_dir")
-    batch = next(iter(pretraining_data.PretrainingData(shards, 1, 8, 0, 1)))
+    batch = next(iter(pretraining_data.PretrainingData(shards, 1, 8)))
     assert batch["input_ids"].shape == (8, 128) and (batch["input_ids"][:, 0] == 101).all()
     with h5py.File(test_dir / "wikicorpus_en_test_0.hdf5", "r") as f:
         assert f["input_ids"].shape[0] > 0
