@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import study_utils as su
@@ -444,7 +445,8 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The study's command line; --help shows the module's text and every default."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=su.HelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "pretrain",
@@ -508,9 +510,25 @@ def main(argv: list[str] | None = None) -> dict:
     g.add_argument("--minilm_sst2_json", type=Path, default=None, help="reuse this stability_sst-2.json for MiniLM")
     g.add_argument("--stability_json", action="append", metavar="MODEL:TASK=FILE",
                    help="reuse a stability JSON for any model and task (repeatable)")
-    args = p.parse_args(argv)
+    return p
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked command line: the flags (paths absolute; run() sets args.vocab to the pre-training's own when
+    --vocab is not given), the lists that --models, --tasks and --seeds name, and the command for the report."""
+    args: argparse.Namespace
+    models: list[str]
+    tasks: list[str]
+    seeds: list[int]
+    command: list[str]
+
+
+def parse(argv: list[str] | None = None) -> Plan:
+    """The command line, checked before anything starts or is written (matplotlib too: the plots come last), its
+    paths made absolute (run_cpu_demo.sh runs in the repository)."""
+    args = build_parser().parse_args(argv)
     su.require_matplotlib("pretrain_study")
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
     args.out = args.out.resolve()
     args.pretrain_out = (args.pretrain_out or args.out / "pretrain").resolve()
     args.config = args.config.resolve()  # run_cpu_demo.sh runs in the repository
@@ -525,70 +543,113 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = su.parse_seeds(args.seeds)
     if args.vocab and not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found")
-    args.out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    given = given_jsons(args)
+    return Plan(args, models, tasks, seeds,
+                [sys.executable, "-m", "bench.pretrain_study", *(argv if argv is not None else sys.argv[1:])])
 
-    # 1-2: the two small models' checkpoints
-    pre, state, reused, pretrain_cmd, random_ckpt, finetune_config = None, None, None, None, None, None
-    if "pretrained" in models or "random" in models:
-        state, reused, pretrain_cmd = pretrained_run(args, log)
-        pre = pretraining_report(state)
-        run_vocab = state["phase1"]["params"].get("vocab_file")
-        if args.vocab is None:  # the run's own: what its shards and checkpoint were made with
-            if not run_vocab or not Path(run_vocab).is_file():
-                raise SystemExit(f"pretrain_study: the pre-training in {state['run_dir']} names no vocabulary that "
-                                 f"exists ({run_vocab}): give --vocab")
-            args.vocab = Path(run_vocab)
-        input_dir = state["phase1"]["params"].get("input_dir")
-        train_dir = Path(input_dir) if input_dir else None  # where phase 1 trained
-        if train_dir is None or not train_dir.is_dir():
-            train_dir = Path(state["run_dir"]).parent / "hdf5_phase1"  # run_cpu_demo.sh's layout, moved
-        if args.no_context_probe:
-            log("pretrain_study: context probe not run (--no_context_probe)")
-        elif train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
-            pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
-                                                 pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])
-            log(f"pretrain_study: context probe {pre['context_probe']}")
-        if "random" in models or args.finetune_dropout is not None:  # both start from the checkpoint's config
-            config = checkpoint_config(state["checkpoint"])
-        if "random" in models:
-            random_ckpt = make_random_init(config, args.vocab, args.random_init_seed, args.out / "random_init")
-            log(f"pretrain_study: random initialisation (seed {args.random_init_seed}) -> {random_ckpt}")
-        if args.finetune_dropout is not None:
-            finetune_config = write_finetune_config(config, args.finetune_dropout, args.out)
-            log(f"pretrain_study: fine-tuning config with dropout {args.finetune_dropout} -> {finetune_config}")
-    inits = {"pretrained": pre["checkpoint"] if pre else None, "random": random_ckpt,
+
+@dataclass
+class Starts:
+    """Steps 1-2's outcome: the pre-training (its report, run_state, whether it was reused, the command that ran it
+    here), the random initialisation's checkpoint and the fine-tuning config (--finetune_dropout); None where
+    --models and the flags ask for none."""
+    pre: dict | None = None
+    state: dict | None = None
+    reused: bool | None = None
+    command: list[str] | None = None
+    random_ckpt: Path | None = None
+    finetune_config: Path | None = None
+
+
+def small_model_starts(plan: Plan) -> Starts:
+    """Steps 1-2: the pre-trained run (run or reused) and its context probe, then the random initialisation and the
+    fine-tuning config where asked; sets args.vocab to the run's own when --vocab is not given."""
+    args, starts = plan.args, Starts()
+    if "pretrained" not in plan.models and "random" not in plan.models:
+        return starts
+    starts.state, starts.reused, starts.command = pretrained_run(args, su.log)
+    state = starts.state
+    starts.pre = pretraining_report(state)
+    run_vocab = state["phase1"]["params"].get("vocab_file")
+    if args.vocab is None:  # the run's own: what its shards and checkpoint were made with
+        if not run_vocab or not Path(run_vocab).is_file():
+            raise SystemExit(f"pretrain_study: the pre-training in {state['run_dir']} names no vocabulary that "
+                             f"exists ({run_vocab}): give --vocab")
+        args.vocab = Path(run_vocab)
+    probe_the_context(args, state, starts.pre)
+    if "random" in plan.models or args.finetune_dropout is not None:  # both start from the checkpoint's config
+        config = checkpoint_config(state["checkpoint"])
+    if "random" in plan.models:
+        starts.random_ckpt = make_random_init(config, args.vocab, args.random_init_seed, args.out / "random_init")
+        su.log(f"pretrain_study: random initialisation (seed {args.random_init_seed}) -> {starts.random_ckpt}")
+    if args.finetune_dropout is not None:
+        starts.finetune_config = write_finetune_config(config, args.finetune_dropout, args.out)
+        su.log(f"pretrain_study: fine-tuning config with dropout {args.finetune_dropout} -> {starts.finetune_config}")
+    return starts
+
+
+def probe_the_context(args: argparse.Namespace, state: dict, pre: dict) -> None:
+    """pre["context_probe"] = context_probe() of the final checkpoint, when its training shards and held-out set
+    are on disk and --no_context_probe is not given."""
+    input_dir = state["phase1"]["params"].get("input_dir")
+    train_dir = Path(input_dir) if input_dir else None  # where phase 1 trained
+    if train_dir is None or not train_dir.is_dir():
+        train_dir = Path(state["run_dir"]).parent / "hdf5_phase1"  # run_cpu_demo.sh's layout, moved
+    if args.no_context_probe:
+        su.log("pretrain_study: context probe not run (--no_context_probe)")
+    elif train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
+        pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
+                                             pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])
+        su.log(f"pretrain_study: context probe {pre['context_probe']}")
+
+
+def model_settings(plan: Plan, starts: Starts) -> tuple[dict, dict[str, dict]]:
+    """(model -> the checkpoint it is fine-tuned from, None: bench.stability's MiniLM; model -> its fine-tuning
+    settings as the report records them)."""
+    args, pre, finetune_config = plan.args, starts.pre, starts.finetune_config
+    inits = {"pretrained": pre["checkpoint"] if pre else None, "random": starts.random_ckpt,
              "minilm": args.minilm_checkpoint}
-    model_settings = {m: {"learning_rate": args.minilm_lr if m == "minilm" else args.small_lr,
-                          "batch_size": args.minilm_batch if m == "minilm" else args.small_batch,
-                          "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)",
-                          "config_file": str(finetune_config) if finetune_config and m != "minilm" else
-                          "the checkpoint's"}
-                      for m in models}
+    settings = {m: {"learning_rate": args.minilm_lr if m == "minilm" else args.small_lr,
+                    "batch_size": args.minilm_batch if m == "minilm" else args.small_batch,
+                    "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)",
+                    "config_file": str(finetune_config) if finetune_config and m != "minilm" else
+                    "the checkpoint's"}
+                for m in plan.models}
+    return inits, settings
 
-    # 3: fine-tuning
-    results: dict[str, dict] = {t: {} for t in tasks}
-    sources, details, baselines = {}, {t: {} for t in tasks}, {}
-    for task in tasks:
+
+def fine_tune(plan: Plan, starts: Starts, given: dict[tuple[str, str], Path]) -> dict:
+    """Step 3: every model on every task with bench.stability (run, or reused where its JSON is given or already
+    there), and each task's majority-class score: the report's "finetuning" block."""
+    args = plan.args
+    inits, settings_of_model = model_settings(plan, starts)
+    results: dict[str, dict] = {t: {} for t in plan.tasks}
+    sources, details, baselines = {}, {t: {} for t in plan.tasks}, {}
+    for task in plan.tasks:
         settings = task_settings(args, task)
         data_dir = args.data_root / GLUE_FOLDER.get(task, f"glue-{task}")
         baselines[task] = su.glue_majority_baseline(task, data_dir, args.max_eval_examples)
-        for model in models:
-            name = folder_name(model, task)
-            argv_s = su.stability_argv(
-                task, inits[model], seeds, args.out / name, epochs=settings["epochs"],
-                batch=model_settings[model]["batch_size"], lr=model_settings[model]["learning_rate"],
-                seq=args.max_seq_length, max_train=settings["max_train"], max_eval=args.max_eval_examples,
-                max_steps=args.max_steps, threads=args.glue_threads, parallel=args.parallel,
-                vocab=args.vocab if model != "minilm" else None, data_dir=data_dir,
-                config_file=finetune_config if model != "minilm" else None)
-            summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)), log)
+        for model in plan.models:
+            name, small = folder_name(model, task), model != "minilm"
+            argv_s = su.stability_argv(task, inits[model], plan.seeds, args.out / name, su.StabilitySettings(
+                epochs=settings["epochs"], batch=settings_of_model[model]["batch_size"],
+                lr=settings_of_model[model]["learning_rate"], seq=args.max_seq_length,
+                max_train=settings["max_train"], max_eval=args.max_eval_examples, max_steps=args.max_steps,
+                threads=args.glue_threads, parallel=args.parallel, vocab=args.vocab if small else None,
+                data_dir=data_dir, config_file=starts.finetune_config if small else None))
+            summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)), su.log)
             results[task][model] = su.stats_of(summary)
             details[task][model] = su.seed_details(summary)
+    return {"seeds": plan.seeds, "model_settings": settings_of_model, "dropout": args.finetune_dropout,
+            "task_settings": {t: task_settings(args, t) for t in plan.tasks},
+            "max_seq_length": args.max_seq_length, "results": results, "baselines": baselines,
+            "per_seed": details, "sources": sources}
 
-    # 4: verdicts, notes, files
+
+def verdicts_and_notes(tasks: list[str], finetuning: dict, pre: dict | None) -> tuple[dict, list[str]]:
+    """Step 4: per task, pre-trained against random by su.RULE; and the notes: models that predict one class,
+    MiniLM's lead, the held-out accuracy against its baseline."""
     verdicts, notes = {}, []
+    results, baselines = finetuning["results"], finetuning["baselines"]
     for task in tasks:
         r = results[task]
         if "pretrained" in r and "random" in r:
@@ -603,26 +664,48 @@ def main(argv: list[str] | None = None) -> dict:
         gain = pre["heldout"]["accuracy"] - pre["heldout"]["baseline"]
         notes.append(f"held-out masked-LM accuracy {pre['heldout']['accuracy']:.4f} is {gain:+.4f} from the "
                      "most-frequent-token baseline")
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.pretrain_study",
-                                                                  *(argv if argv is not None else sys.argv[1:])],
-              "pretraining": pre, "pretraining_reused": reused, "pretraining_command": pretrain_cmd,
-              "pretraining_warnings": state.get("warnings", []) if state else [],
-              "pretraining_wall_seconds": state.get("wall_seconds") if state else None,
-              "random_init": {"checkpoint": str(random_ckpt), "seed": args.random_init_seed} if random_ckpt else None,
-              "finetuning": {"seeds": seeds, "model_settings": model_settings, "dropout": args.finetune_dropout,
-                             "task_settings": {t: task_settings(args, t) for t in tasks},
-                             "max_seq_length": args.max_seq_length, "results": results, "baselines": baselines,
-                             "per_seed": details, "sources": sources},
-              "rule": su.RULE, "verdicts": verdicts, "notes": notes, "wall_seconds": round(time.time() - started, 1)}
+    return verdicts, notes
+
+
+def write_outputs(out: Path, report: dict) -> None:
+    """<out>/pretrain_study.json and .md, then the plots (pretrain_loss.png, pretrain_seeds.png)."""
     # The report first: the plots need matplotlib (requirements-test.txt), and a missing plotting library must not
     # lose an hour of fine-tuning (the runs are reused on a second call, but the JSON is the result).
-    su.write_report(args.out, "pretrain_study", report, markdown(report))
+    su.write_report(out, "pretrain_study", report, markdown(report))
+    pre, finetuning = report["pretraining"], report["finetuning"]
     if pre:
-        su.plot_pretraining(pre["curves"], pre["heldout"], args.out / "pretrain_loss.png",
+        su.plot_pretraining(pre["curves"], pre["heldout"], out / "pretrain_loss.png",
                             title=f"pre-training {Path(pre['config_file'] or '').name}")
-    su.plot_seeds({t: {m: s["scores"] for m, s in results[t].items()} for t in tasks}, args.out / "pretrain_seeds.png",
-                  baselines=baselines)
+    su.plot_seeds({t: {m: s["scores"] for m, s in per_model.items()} for t, per_model in finetuning["results"].items()},
+                  out / "pretrain_seeds.png", baselines=finetuning["baselines"])
+
+
+def run(plan: Plan) -> dict:
+    """The study of the module's text: 1-2 the small models' checkpoints, 3 every fine-tuning, 4 the verdicts and
+    the files; returns the report."""
+    args = plan.args
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    given = given_jsons(args)
+    starts = small_model_starts(plan)
+    finetuning = fine_tune(plan, starts, given)
+    verdicts, notes = verdicts_and_notes(plan.tasks, finetuning, starts.pre)
+    state = starts.state
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": plan.command,
+              "pretraining": starts.pre, "pretraining_reused": starts.reused, "pretraining_command": starts.command,
+              "pretraining_warnings": state.get("warnings", []) if state else [],
+              "pretraining_wall_seconds": state.get("wall_seconds") if state else None,
+              "random_init": {"checkpoint": str(starts.random_ckpt), "seed": args.random_init_seed}
+              if starts.random_ckpt else None,
+              "finetuning": finetuning, "rule": su.RULE, "verdicts": verdicts, "notes": notes,
+              "wall_seconds": round(time.time() - started, 1)}
+    write_outputs(args.out, report)
     return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """python -m bench.pretrain_study: parse the command line, then run the study; returns its report."""
+    return run(parse(argv))
 
 
 if __name__ == "__main__":

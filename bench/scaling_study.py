@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from atomic_io import atomic_write_text
@@ -191,10 +192,11 @@ def markdown(report: dict, image: str | None = "scaling_loss.png", heading: str 
 def main(argv: list[str] | None = None) -> dict:
     """Bad input or a failed step: one line on stderr ("scaling_study: error: ..."), exit status 1."""
     with script_errors("scaling_study", argv, expected=(InputError, OSError, ValueError, RunFailed)):
-        return _main(argv)
+        return run(parse(argv))
 
 
-def _main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The study's command line; --help shows the module's text and every default."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=su.HelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "scaling")
@@ -233,9 +235,22 @@ def _main(argv: list[str] | None = None) -> dict:
     g.add_argument("--parallel", type=int, default=1, help="fine-tuning runs at a time")
     g.add_argument("--data_root", type=Path, default=su.DATA)
     g.add_argument("--no_glue", action="store_true", help="pre-training only")
-    args = p.parse_args(argv)
+    return p
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked command line: the flags (paths absolute, --runs a list of labels), the seeds --glue_seeds names,
+    and the command for the report."""
+    args: argparse.Namespace
+    glue_seeds: list[int]
+    command: list[str]
+
+
+def parse(argv: list[str] | None = None) -> Plan:
+    """The command line, checked before anything starts or is written (matplotlib too: the plot comes last)."""
+    args = build_parser().parse_args(argv)
     su.require_matplotlib("scaling_study")
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
     args.out, args.config, args.vocab = args.out.resolve(), args.config.resolve(), args.vocab.resolve()
     args.corpus = [c.resolve() for c in args.corpus] if args.corpus else None
     args.runs = [r.strip().upper() for r in args.runs.split(",") if r.strip()]
@@ -246,17 +261,26 @@ def _main(argv: list[str] | None = None) -> dict:
     if not args.config.is_file():
         raise SystemExit(f"--config {args.config} not found")
     glue_seeds = su.parse_seeds(args.glue_seeds, "--glue_seeds")
-    args.out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    return Plan(args, glue_seeds,
+                [sys.executable, "-m", "bench.scaling_study", *(argv if argv is not None else sys.argv[1:])])
 
-    shards = args.shards.resolve() if args.shards else build_shards(args, log)
+
+def the_shards(args: argparse.Namespace) -> Path:
+    """--shards, or <out>/shards built (or reused) by build_shards; either must hold both shard folders."""
+    shards = args.shards.resolve() if args.shards else build_shards(args, su.log)
     for sub in ("hdf5_seq128", "hdf5_heldout128"):
         if not (shards / sub).is_dir():
             raise SystemExit(f"--shards {shards} has no {sub}/ (give an earlier scaling study's <out>/shards, "
                              "or leave --shards out to build them)")
+    return shards
+
+
+def pretrain_all(args: argparse.Namespace, shards: Path) -> dict[str, dict]:
+    """Every run of --runs pre-trained (or reused), in order: label -> the report's row (settings, wall time,
+    throughput, final losses, held-out accuracy, curves, the command)."""
     runs = {}
     for label, spec in run_specs(args).items():
-        summary = pretrain(label, spec, args, shards, log)
+        summary = pretrain(label, spec, args, shards, su.log)
         final, losses, evals = summary["final"] or {}, summary["losses"], summary["evals"]
         runs[label] = {**spec, "steps": args.steps, "run_dir": str(args.out / f"run_{label}"),
                        "checkpoint": str(args.out / f"run_{label}" / "checkpoints" / f"ckpt_{args.steps}.pt"),
@@ -267,44 +291,71 @@ def _main(argv: list[str] | None = None) -> dict:
                        "heldout_accuracy": evals[-1][1] if evals else None,
                        "heldout_loss": evals[-1][2] if evals else None, "losses": losses, "evals": evals,
                        "command": summary["command"]}
-    baseline = su.heldout_baseline(shards / "hdf5_heldout128", args.max_eval_samples)
-    shard_samples = su.count_samples(shards / "hdf5_seq128")
-    for run in runs.values():
-        run["epochs"] = run["global_batch"] * run["steps"] / shard_samples if shard_samples else None
+    return runs
 
-    majority, sources = None, {}
-    if not args.no_glue:
-        data_dir = args.data_root / {"sst-2": "glue-sst2", "mrpc": "glue-mrpc"}.get(args.glue_task,
-                                                                                   f"glue-{args.glue_task}")
-        majority = su.glue_majority_baseline(args.glue_task, data_dir, args.max_eval_examples)
-        for label, run in runs.items():
-            argv_s = su.stability_argv(args.glue_task, run["checkpoint"], glue_seeds, args.out / f"glue_{label}",
-                                       epochs=args.glue_epochs, batch=args.glue_batch, lr=args.glue_lr,
-                                       seq=args.max_seq_length, max_train=args.glue_max_train_examples,
-                                       max_eval=args.max_eval_examples, max_steps=args.max_steps,
-                                       threads=args.glue_threads, parallel=args.parallel, vocab=args.vocab,
-                                       data_dir=data_dir)
-            summary, sources[label] = su.run_or_reuse_stability(f"glue_{label}", argv_s, None, log)
-            run["downstream"] = su.stats_of(summary)
-    comparisons = {}
+
+def downstream(plan: Plan, runs: dict[str, dict]) -> tuple[float, dict]:
+    """Each run's last checkpoint fine-tuned on --glue_task by bench.stability (or its JSON reused):
+    each row's "downstream" set; returns (the task's majority-class score, label -> where its summary came from)."""
+    args, sources = plan.args, {}
+    data_dir = args.data_root / {"sst-2": "glue-sst2", "mrpc": "glue-mrpc"}.get(args.glue_task,
+                                                                               f"glue-{args.glue_task}")
+    majority = su.glue_majority_baseline(args.glue_task, data_dir, args.max_eval_examples)
+    settings = su.StabilitySettings(epochs=args.glue_epochs, batch=args.glue_batch, lr=args.glue_lr,
+                                    seq=args.max_seq_length, max_train=args.glue_max_train_examples,
+                                    max_eval=args.max_eval_examples, max_steps=args.max_steps,
+                                    threads=args.glue_threads, parallel=args.parallel, vocab=args.vocab,
+                                    data_dir=data_dir)
+    for label, row in runs.items():
+        argv_s = su.stability_argv(args.glue_task, row["checkpoint"], plan.glue_seeds, args.out / f"glue_{label}",
+                                   settings)
+        summary, sources[label] = su.run_or_reuse_stability(f"glue_{label}", argv_s, None, su.log)
+        row["downstream"] = su.stats_of(summary)
+    return majority, sources
+
+
+def comparisons(runs: dict[str, dict]) -> dict[str, dict]:
+    """"B vs A" and "C vs A" (compare()) where both were fine-tuned."""
+    out = {}
     if "A" in runs and runs["A"].get("downstream"):
         for label in ("B", "C"):
             if label in runs and runs[label].get("downstream"):
-                comparisons[f"{label} vs A"] = compare(runs["A"]["downstream"], runs[label]["downstream"])
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"),
-              "command": [sys.executable, "-m", "bench.scaling_study", *(argv if argv is not None else sys.argv[1:])],
-              "settings": {"config": str(args.config), "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
-                           "batch_per_process": args.batch, "lr": args.lr, "processes": args.processes,
-                           "threads": args.threads, "shards": str(shards), "precision": args.precision,
-                           "glue_task": args.glue_task, "glue_seeds": glue_seeds, "glue_lr": args.glue_lr,
-                           "glue_batch": args.glue_batch, "glue_epochs": args.glue_epochs,
-                           "glue_max_train_examples": args.glue_max_train_examples},
-              "runs": runs, "shard_samples": shard_samples, "heldout_baseline": baseline,
-              "majority_baseline": majority, "comparisons": comparisons,
+                out[f"{label} vs A"] = compare(runs["A"]["downstream"], runs[label]["downstream"])
+    return out
+
+
+def shared_settings(plan: Plan, shards: Path) -> dict:
+    """The report's "settings": what every run and fine-tuning shares."""
+    args = plan.args
+    return {"config": str(args.config), "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
+            "batch_per_process": args.batch, "lr": args.lr, "processes": args.processes,
+            "threads": args.threads, "shards": str(shards), "precision": args.precision,
+            "glue_task": args.glue_task, "glue_seeds": plan.glue_seeds, "glue_lr": args.glue_lr,
+            "glue_batch": args.glue_batch, "glue_epochs": args.glue_epochs,
+            "glue_max_train_examples": args.glue_max_train_examples}
+
+
+def run(plan: Plan) -> dict:
+    """The study of the module's text: shards, the pre-training runs, their baselines and epochs, the fine-tunings,
+    the comparisons; writes <out>/scaling_study.json and .md and the loss plot, and returns the report."""
+    args = plan.args
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    shards = the_shards(args)
+    runs = pretrain_all(args, shards)
+    baseline = su.heldout_baseline(shards / "hdf5_heldout128", args.max_eval_samples)
+    shard_samples = su.count_samples(shards / "hdf5_seq128")
+    for r in runs.values():
+        r["epochs"] = r["global_batch"] * r["steps"] / shard_samples if shard_samples else None
+    majority, sources = downstream(plan, runs) if not args.no_glue else (None, {})
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": plan.command,
+              "settings": shared_settings(plan, shards), "runs": runs, "shard_samples": shard_samples,
+              "heldout_baseline": baseline, "majority_baseline": majority, "comparisons": comparisons(runs),
               "rule": f"within 0.1 point: |mean(X) - mean(A)| <= {WITHIN}; within the seed spread: |mean(X) - "
                       "mean(A)| <= max(std(X), std(A))", "sources": sources,
               "wall_seconds": round(time.time() - started, 1)}
-    su.write_report(args.out, "scaling_study", report, markdown(report))  # before the plot: see pretrain_study.main
+    # The report before the plot: see pretrain_study.write_outputs.
+    su.write_report(args.out, "scaling_study", report, markdown(report))
     su.plot_runs({f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v for k, v in runs.items()},
                  args.out / "scaling_loss.png", title=f"scaling study, {Path(args.config).name}", baseline=baseline)
     return report

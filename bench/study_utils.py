@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -191,30 +192,48 @@ def settings_of(command: list[str]) -> dict[str, Any]:
     return out
 
 
-def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], out: Path, *, epochs: float,
-                   batch: int, lr: float, seq: int, max_train: int | None, max_eval: int | None, max_steps: int,
-                   threads: int, parallel: int, vocab: str | os.PathLike | None = None,
-                   data_dir: str | os.PathLike | None = None,
-                   config_file: str | os.PathLike | None = None) -> list[str]:
-    """bench.stability's command line for one (model, task); config_file: run_glue.py's --config_file (None: the
-    config inside or beside the checkpoint)."""
-    argv = ["--task", task, "--seeds", ",".join(map(str, seeds)), "--epochs", str(epochs), "--batch_size",
-            str(batch), "--learning_rate", str(lr), "--max_seq_length", str(seq), "--threads", str(threads),
-            "--parallel", str(parallel), "--out", str(out)]
+@dataclass(frozen=True)
+class StabilitySettings:
+    """How bench.stability fine-tunes one (model, task), the model and seeds aside: run_glue.py's settings (epochs,
+    batch, learning rate, sequence length, example and step caps: max_steps <= 0 is no cap), the threads of each
+    run and the runs at a time, and the files it reads (None: bench.stability's default; config_file: run_glue.py's
+    --config_file, None: the config inside or beside the checkpoint)."""
+    epochs: float
+    batch: int
+    lr: float
+    seq: int
+    max_train: int | None
+    max_eval: int | None
+    max_steps: int
+    threads: int
+    parallel: int
+    vocab: str | os.PathLike | None = None
+    data_dir: str | os.PathLike | None = None
+    config_file: str | os.PathLike | None = None
+
+
+def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], out: Path,
+                   settings: StabilitySettings) -> list[str]:
+    """bench.stability's command line for one (model, task): `init` the checkpoint (None: bench.stability's
+    default model), one run_glue.py per seed, the summary under `out`."""
+    s = settings
+    argv = ["--task", task, "--seeds", ",".join(map(str, seeds)), "--epochs", str(s.epochs), "--batch_size",
+            str(s.batch), "--learning_rate", str(s.lr), "--max_seq_length", str(s.seq), "--threads", str(s.threads),
+            "--parallel", str(s.parallel), "--out", str(out)]
     if init is not None:
         argv += ["--init_checkpoint", str(init)]
-    if vocab is not None:
-        argv += ["--vocab_file", str(vocab)]
-    if data_dir is not None:
-        argv += ["--data_dir", str(data_dir)]
-    if config_file is not None:
-        argv += ["--config_file", str(config_file)]
-    if max_train is not None:
-        argv += ["--max_train_examples", str(max_train)]
-    if max_eval is not None:
-        argv += ["--max_eval_examples", str(max_eval)]
-    if max_steps > 0:
-        argv += ["--max_steps", str(max_steps)]
+    if s.vocab is not None:
+        argv += ["--vocab_file", str(s.vocab)]
+    if s.data_dir is not None:
+        argv += ["--data_dir", str(s.data_dir)]
+    if s.config_file is not None:
+        argv += ["--config_file", str(s.config_file)]
+    if s.max_train is not None:
+        argv += ["--max_train_examples", str(s.max_train)]
+    if s.max_eval is not None:
+        argv += ["--max_eval_examples", str(s.max_eval)]
+    if s.max_steps > 0:
+        argv += ["--max_steps", str(s.max_steps)]
     return argv
 
 
@@ -307,6 +326,11 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     if not seeds:
         raise SystemExit(f"{flag} needs at least one seed")
     return seeds
+
+
+def log(message: str) -> None:
+    """A study's progress line on stdout, flushed at once (a study's output is often piped to a log file)."""
+    print(message, flush=True)
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
