@@ -30,8 +30,10 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from atomic_io import atomic_write_text
 from cli import InputError, script_errors
 
 
@@ -41,6 +43,7 @@ class RunFailed(Exception):
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared" / "data"
+VOCAB = SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"
 WIKIPEDIA_WORDS = 2.5e9  # English Wikipedia, as in the BERT paper
 
 
@@ -175,10 +178,12 @@ def shard_stats(path: Path) -> dict:
 def main(argv=None) -> int:
     """Bad input or a failed step: one line on stderr ("bench_create_pretraining_data: error: ..."), exit status 1."""
     with script_errors("bench_create_pretraining_data", argv, expected=(InputError, OSError, ValueError, RunFailed)):
-        return _main(argv)
+        return run(parse(argv), " ".join([Path(sys.executable).name, "-m", "bench.bench_create_pretraining_data",
+                                          *(argv or sys.argv[1:])]))
 
 
-def _main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
+    """The command line; the shared WikiText-2 and vocabulary checked before anything runs."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three peers")
     p.add_argument("--dupe_factor", type=int, default=5)
@@ -186,65 +191,107 @@ def _main(argv=None) -> int:
     p.add_argument("--skip_python_tokenizer", action="store_true", help="leave out base_python (the slowest)")
     p.add_argument("--skip_baseline_x10", action="store_true", help="leave out base_fast on the 10x corpus (minutes)")
     args = p.parse_args(argv)
-    vocab = SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"
-    if not vocab.is_file():
+    if not VOCAB.is_file():
         raise SystemExit(f"error: {SHARED} (the shared WikiText-2 and vocabulary) is missing")
+    return args
 
+
+def x10_commands(corpora: dict, out: Path, dupe: int, skip_baseline: bool) -> dict[str, list[str]]:
+    """The single runs on the 10x corpus: ours on one file, on ten shards and at sequence 512 (phase 2), and
+    base_fast on one file unless `skip_baseline`."""
+    py = sys.executable
+    common = ["--vocab_file", str(VOCAB), "--dupe_factor", str(dupe), "--num_workers", "2",
+              "--no_progress", "--random_seed", "12345"]
+    extra = {
+        "ours_x10_one_file": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10"]),
+                              "--output_file", str(out / "x10.hdf5"), *common],
+        "ours_x10_ten_shards": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10_shards"]),
+                                "--output_dir", str(out / "x10_shards"), *common],
+        "ours_x10_seq512": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10"]),
+                            "--output_file", str(out / "seq512.hdf5"), "--max_seq_length", "512",
+                            "--max_predictions_per_seq", "80", *common],
+    }
+    if not skip_baseline:
+        extra["base_fast_x10_one_file"] = [py, "-m", "bench.baseline_create_pretraining_data", "--input_file",
+                                           str(corpora["x10"]), "--output_file", str(out / "b10.hdf5"),
+                                           "--vocab_file", str(VOCAB), "--dupe_factor", str(dupe),
+                                           "--random_seed", "12345"]
+    return extra
+
+
+def measure_rounds(cmds: dict[str, list[str]], rounds: int, log_dir: Path) -> dict[str, list[dict]]:
+    """Every peer once a round, the order alternating round by round; a line per run as it ends."""
+    runs: dict[str, list[dict]] = {name: [] for name in cmds}
+    names = list(cmds)
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]  # alternate, so drifting load hits all peers alike
+        for name in order:
+            result = measure(f"{name}_{r}", cmds[name], log_dir)
+            runs[name].append(result)
+            print(f"round {r} {name:13s} {result['wall_s']:7.2f} s  {result['instances_per_s']:8.0f} inst/s  "
+                  f"cpu {result['cpu_s']:6.2f} s  tree PSS {result['tree_pss_mib']:6.0f} MiB", flush=True)
+    return runs
+
+
+def measure_once(cmds: dict[str, list[str]], log_dir: Path) -> dict[str, dict]:
+    """Each command run once, in order; a line per run as it ends."""
+    single = {}
+    for name, cmd in cmds.items():
+        single[name] = measure(name, cmd, log_dir)
+        print(f"{name:20s} {single[name]['wall_s']:7.2f} s  tree PSS {single[name]['tree_pss_mib']:6.0f} MiB  "
+              f"max process RSS {single[name]['max_process_rss_mib']:6.0f} MiB", flush=True)
+    return single
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one call measured: the corpora (make_corpora), the peers' runs round by round, the instance statistics
+    of ours and base, the single 10x runs, and the load average before and after."""
+    corpora: dict
+    runs: dict[str, list[dict]]
+    stats: dict[str, dict]
+    single: dict[str, dict]
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+
+
+def measure_all(args: argparse.Namespace) -> Measured:
+    """In a scratch folder: the corpora, the peers in alternating rounds, then the single runs on the 10x corpus."""
     with tempfile.TemporaryDirectory(prefix="bench_cpd_") as tmp:
         work = Path(tmp)
         (work / "out").mkdir()
         (work / "logs").mkdir()
         corpora = make_corpora(work)
-        cmds = commands(corpora, vocab, work / "out", args.dupe_factor)
+        cmds = commands(corpora, VOCAB, work / "out", args.dupe_factor)
         if args.skip_python_tokenizer:
             cmds.pop("base_python")
         load_before = os.getloadavg()
-        runs: dict[str, list[dict]] = {name: [] for name in cmds}
-        names = list(cmds)
-        for r in range(args.rounds):
-            order = names if r % 2 == 0 else names[::-1]  # alternate, so drifting load hits all peers alike
-            for name in order:
-                result = measure(f"{name}_{r}", cmds[name], work / "logs")
-                runs[name].append(result)
-                print(f"round {r} {name:13s} {result['wall_s']:7.2f} s  {result['instances_per_s']:8.0f} inst/s  "
-                      f"cpu {result['cpu_s']:6.2f} s  tree PSS {result['tree_pss_mib']:6.0f} MiB", flush=True)
+        runs = measure_rounds(cmds, args.rounds, work / "logs")
         stats = {"ours": shard_stats(work / "out" / "ours.hdf5"), "base": shard_stats(work / "out" / "base.hdf5")}
+        single = measure_once(x10_commands(corpora, work / "out", args.dupe_factor, args.skip_baseline_x10),
+                              work / "logs")
+        return Measured(corpora, runs, stats, single, load_before, os.getloadavg())
 
-        py = sys.executable
-        common = ["--vocab_file", str(vocab), "--dupe_factor", str(args.dupe_factor), "--num_workers", "2",
-                  "--no_progress", "--random_seed", "12345"]
-        extra = {
-            "ours_x10_one_file": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10"]),
-                                  "--output_file", str(work / "out" / "x10.hdf5"), *common],
-            "ours_x10_ten_shards": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10_shards"]),
-                                    "--output_dir", str(work / "out" / "x10_shards"), *common],
-            "ours_x10_seq512": [py, "create_pretraining_data.py", "--input_file", str(corpora["x10"]),
-                                "--output_file", str(work / "out" / "seq512.hdf5"), "--max_seq_length", "512",
-                                "--max_predictions_per_seq", "80", *common],
-        }
-        if not args.skip_baseline_x10:
-            extra["base_fast_x10_one_file"] = [py, "-m", "bench.baseline_create_pretraining_data", "--input_file",
-                                               str(corpora["x10"]), "--output_file", str(work / "out" / "b10.hdf5"),
-                                               "--vocab_file", str(vocab), "--dupe_factor", str(args.dupe_factor),
-                                               "--random_seed", "12345"]
-        single = {}
-        for name, cmd in extra.items():
-            single[name] = measure(name, cmd, work / "logs")
-            print(f"{name:20s} {single[name]['wall_s']:7.2f} s  tree PSS {single[name]['tree_pss_mib']:6.0f} MiB  "
-                  f"max process RSS {single[name]['max_process_rss_mib']:6.0f} MiB", flush=True)
-        load_after = os.getloadavg()
 
+def medians(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per peer, the median of each measure over its rounds, and its instances."""
     med = {name: {key: statistics.median(r[key] for r in rs) for key in
                   ("wall_s", "cpu_s", "instances_per_s", "max_process_rss_mib", "tree_rss_mib", "tree_pss_mib")}
            for name, rs in runs.items()}
     for name, rs in runs.items():
         med[name]["instances"] = rs[0]["instances"]
-    tokens = runs["ours"][0]["summary"]["tokens"]
+    return med
+
+
+def projection(m: Measured) -> dict:
+    """Hours for full English Wikipedia, projected from the 10x runs (a projection, and labelled one)."""
+    corpora, single = m.corpora, m.single
+    tokens = m.runs["ours"][0]["summary"]["tokens"]
     # From the 10x runs: start-up (interpreter, imports, vocabulary, worker processes) is amortised there as it
     # is on a real shard; ours on 2 workers, scaled linearly to 16; the baseline is one process whatever the cores.
     hours = {name: WIKIPEDIA_WORDS / (10 * corpora["words"] / single[name]["wall_s"]) / 3600
              for name in single if "x10" in name}
-    projection = {
+    out = {
         "assumption": "PROJECTION, not a measurement: time proportional to words (rates of the 10x WikiText runs "
                       "on this loaded 2-core machine) and, for ours, linear in workers from 2 to 16; WikiText's "
                       "<unk> and @-@ markup make its tokens/word ratio differ from real Wikipedia's",
@@ -254,7 +301,13 @@ def _main(argv=None) -> int:
         "phase2_ours_16workers_hours": round(hours["ours_x10_seq512"] * 2 / 16, 2),
     }
     if "base_fast_x10_one_file" in hours:
-        projection["phase1_base_fast_1process_hours"] = round(hours["base_fast_x10_one_file"], 1)
+        out["phase1_base_fast_1process_hours"] = round(hours["base_fast_x10_one_file"], 1)
+    return out
+
+
+def speedups(med: dict[str, dict], single: dict[str, dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """(ours' instances/s over each baseline's, from the medians; the same from CPU seconds per instance, the 10x
+    runs included)."""
     speedup = {f"ours_vs_{b}": round(med["ours"]["instances_per_s"] / med[b]["instances_per_s"], 2)
                for b in med if b.startswith("base")}
     # CPU seconds per instance, a measure the other jobs on a shared machine disturb less than wall time.
@@ -264,35 +317,51 @@ def _main(argv=None) -> int:
                    for a, b in (("ours", "base_fast"), ("ours_1worker", "base_fast"), ("ours", "base_python"),
                                 ("ours_x10_one_file", "base_fast_x10_one_file"))
                    if a in cpu_per_instance and b in cpu_per_instance}
-    report = {
-        "benchmark": "create_pretraining_data", "command": " ".join([Path(sys.executable).name, "-m",
-                                                                     "bench.bench_create_pretraining_data", *(argv or sys.argv[1:])]),
+    return speedup, speedup_cpu
+
+
+def report_of(args: argparse.Namespace, command: str, m: Measured) -> dict:
+    """The JSON report: the machine, the corpus, medians, speed-ups, instance statistics, every run, the projection."""
+    med = medians(m.runs)
+    speedup, speedup_cpu = speedups(med, m.single)
+    corpora = m.corpora
+    return {
+        "benchmark": "create_pretraining_data", "command": command,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_before": load_before, "load_average_after": load_after},
+                    "load_average_before": m.load_before, "load_average_after": m.load_after},
         "corpus": {"source": "WikiText-2 valid+test", "bytes": corpora["bytes"], "words": corpora["words"],
                    "documents": corpora["documents"], "dupe_factor": args.dupe_factor, "max_seq_length": 128,
                    "max_predictions_per_seq": 20},
-        "median": med, "speedup": speedup, "speedup_cpu_per_instance": speedup_cpu, "instance_stats": stats, "single_runs": single, "runs": runs,
-        "projection_full_wikipedia": projection,
+        "median": med, "speedup": speedup, "speedup_cpu_per_instance": speedup_cpu, "instance_stats": m.stats,
+        "single_runs": m.single, "runs": m.runs, "projection_full_wikipedia": projection(m),
     }
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = Path(args.output).with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp_out, args.output)
 
-    print(f"\n| run (median of {args.rounds}) | wall s | instances/s | CPU s | max process RSS MiB | tree PSS MiB |"
+
+def print_report(report: dict, rounds: int, output: str) -> None:
+    """The medians and single runs as a Markdown table, then the speed-ups, statistics, projection and load."""
+    machine = report["machine"]
+    print(f"\n| run (median of {rounds}) | wall s | instances/s | CPU s | max process RSS MiB | tree PSS MiB |"
           " tree RSS MiB |\n|---|---:|---:|---:|---:|---:|---:|")
-    for name, m in med.items():
+    for name, m in report["median"].items():
         print(f"| {name} | {m['wall_s']:.2f} | {m['instances_per_s']:.0f} | {m['cpu_s']:.2f} | "
               f"{m['max_process_rss_mib']:.0f} | {m['tree_pss_mib']:.0f} | {m['tree_rss_mib']:.0f} |")
-    for name, m in single.items():
+    for name, m in report["single_runs"].items():
         print(f"| {name} (1 run) | {m['wall_s']:.2f} | {m['instances_per_s']:.0f} | {m['cpu_s']:.2f} | "
               f"{m['max_process_rss_mib']:.0f} | {m['tree_pss_mib']:.0f} | {m['tree_rss_mib']:.0f} |")
-    print("\nspeed-up (instances/s, wall):", ", ".join(f"{k} {v}x" for k, v in speedup.items()))
-    print("speed-up (CPU seconds per instance):", ", ".join(f"{k} {v}x" for k, v in speedup_cpu.items()))
-    print("instance statistics:", json.dumps(stats))
-    print("projection (full English Wikipedia, 2.5e9 words):", json.dumps(projection))
-    print(f"load average before {load_before}, after {load_after}; results in {args.output}")
+    print("\nspeed-up (instances/s, wall):", ", ".join(f"{k} {v}x" for k, v in report["speedup"].items()))
+    print("speed-up (CPU seconds per instance):",
+          ", ".join(f"{k} {v}x" for k, v in report["speedup_cpu_per_instance"].items()))
+    print("instance statistics:", json.dumps(report["instance_stats"]))
+    print("projection (full English Wikipedia, 2.5e9 words):", json.dumps(report["projection_full_wikipedia"]))
+    print(f"load average before {machine['load_average_before']}, after {machine['load_average_after']}; "
+          f"results in {output}")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """Measure every peer and the 10x runs, write the JSON report (--output, atomically), print the tables."""
+    report = report_of(args, command, measure_all(args))
+    atomic_write_text(args.output, json.dumps(report, indent=2) + "\n")  # mkdir -p, a temporary file, rename
+    print_report(report, args.rounds, args.output)
     return 0
 
 

@@ -100,7 +100,8 @@ def time_step(opt: torch.optim.Optimizer, device: torch.device) -> tuple[float, 
     return (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (at least one timed step)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Run from the repository root as: python -m bench.bench_lamb")
     parser.add_argument("--iters", type=int, default=10, help="timed steps per optimizer (default 10)")
@@ -118,24 +119,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        import torch_optimizer
-    except ImportError:
-        raise SystemExit("bench_lamb: torch-optimizer is missing; pip install torch-optimizer==0.3.0 "
-                         "(requirements-test.txt)")
-    from optimization import NVLAMB
-    from atomic_io import atomic_write_json
+def make_optimizers(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]], device: torch.device
+                    ) -> tuple[dict[str, torch.optim.Optimizer], int]:
+    """The optimizers to time (NVLAMB, torch_optimizer.Lamb, and NVLAMB fused=False unless --no_foreach_variant),
+    each over its own copy of the same parameters and gradients (seeds --seed and --seed + 1); and how many values
+    the gradients hold."""
+    import torch_optimizer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    shapes = bert_base_shapes()
+    from optimization import NVLAMB
+
     gen = torch.Generator().manual_seed(args.seed + 1)
     grads = {name: (torch.randn(shape, generator=gen) * 1e-3).to(device) for name, shape in shapes.items()}
     n_params = sum(g.numel() for g in grads.values())
-
     optimizers = {
         "nvlamb": NVLAMB(build_groups(shapes, grads, device, args.seed), lr=1e-3, weight_decay=0.01,
                          max_grad_norm=1.0),
@@ -145,22 +140,35 @@ def main(argv=None) -> int:
     if not args.no_foreach_variant:  # NVLAMB without torch's fused Adam kernel, for reference
         optimizers["nvlamb_foreach"] = NVLAMB(build_groups(shapes, grads, device, args.seed), lr=1e-3,
                                               weight_decay=0.01, max_grad_norm=1.0, fused=False)
-    del grads
+    return optimizers, n_params  # the gradients' originals are freed here: each optimizer holds its copies
+
+
+def time_alternating(optimizers: dict[str, torch.optim.Optimizer], device: torch.device, warmup: int, iters: int
+                     ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(wall ms, CPU ms) of every timed step() per optimizer: warmup + iters rounds, every optimizer once a round,
+    who goes first rotating every round; the warm-up rounds are not kept."""
     wall: dict[str, list[float]] = {name: [] for name in optimizers}
     cpu: dict[str, list[float]] = {name: [] for name in optimizers}
     order = list(optimizers)
-    for it in range(args.warmup + args.iters):
+    for it in range(warmup + iters):
         for name in order[it % len(order):] + order[:it % len(order)]:  # rotate who goes first
             w, c = time_step(optimizers[name], device)
-            if it >= args.warmup:
+            if it >= warmup:
                 wall[name].append(w)
                 cpu[name].append(c)
+    return wall, cpu
 
+
+def result_of(args: argparse.Namespace, device: torch.device, shapes: dict[str, tuple[int, ...]], n_params: int,
+              times: tuple[dict[str, list[float]], dict[str, list[float]]], command: str) -> dict:
+    """The JSON result: the setting, the medians and every step's times, NVLAMB's speed-up over
+    torch_optimizer.Lamb (wall and CPU time), the note on how the two differ."""
+    import torch_optimizer
+
+    wall, cpu = times
     med = {name: statistics.median(t) for name, t in wall.items()}
     med_cpu = {name: statistics.median(t) for name, t in cpu.items()}
-    speedup = med["torch_optimizer_lamb"] / med["nvlamb"]
-    speedup_cpu = med_cpu["torch_optimizer_lamb"] / med_cpu["nvlamb"]
-    result = {
+    return {
         "benchmark": "optimizer step time, BERT-base parameter set",
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "torch": torch.__version__,
@@ -174,17 +182,23 @@ def main(argv=None) -> int:
         "median_cpu_ms": med_cpu,
         "all_ms": wall,
         "all_cpu_ms": cpu,
-        "speedup_nvlamb_vs_torch_optimizer": speedup,
-        "speedup_nvlamb_vs_torch_optimizer_cpu_time": speedup_cpu,
+        "speedup_nvlamb_vs_torch_optimizer": med["torch_optimizer_lamb"] / med["nvlamb"],
+        "speedup_nvlamb_vs_torch_optimizer_cpu_time": med_cpu["torch_optimizer_lamb"] / med_cpu["nvlamb"],
         "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "goal_speedup": 3.0,
         "note": NOTE,
-        "command": "python -m bench.bench_lamb " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
     }
-    atomic_write_json(Path(args.out), result)
 
-    print(f"BERT-base parameter set: {len(shapes)} tensors, {n_params / 1e6:.1f}M values, device {result['device']}, "
-          f"{result['threads']} threads, median of {args.iters} steps after {args.warmup} warm-up")
+
+def print_report(result: dict, out: str) -> None:
+    """The setting, a Markdown table of the medians and speed-ups against torch_optimizer.Lamb, the goal, the note."""
+    med, med_cpu = result["median_ms"], result["median_cpu_ms"]
+    speedup, speedup_cpu = result["speedup_nvlamb_vs_torch_optimizer"], \
+        result["speedup_nvlamb_vs_torch_optimizer_cpu_time"]
+    print(f"BERT-base parameter set: {result['n_tensors']} tensors, {result['n_params'] / 1e6:.1f}M values, device "
+          f"{result['device']}, {result['threads']} threads, median of {result['timed_iters']} steps after "
+          f"{result['warmup_iters']} warm-up")
     print()
     labels = {"nvlamb": "NVLAMB (optimization.py, default: fused Adam kernel + foreach)",
               "nvlamb_foreach": "NVLAMB fused=False (foreach only)",
@@ -192,14 +206,39 @@ def main(argv=None) -> int:
     base, base_cpu = med["torch_optimizer_lamb"], med_cpu["torch_optimizer_lamb"]
     print("| optimizer | median wall ms/step | speed-up (wall) | median CPU ms/step | speed-up (CPU time) |")
     print("|---|---:|---:|---:|---:|")
-    for name in optimizers:
+    for name in med:
         print(f"| {labels[name]} | {med[name]:.1f} | {base / med[name]:.2f}x | {med_cpu[name]:.1f} | "
               f"{base_cpu / med_cpu[name]:.2f}x |")
     print(f"Goal: NVLAMB >= 3x torch_optimizer.Lamb; measured {speedup:.2f}x (wall), {speedup_cpu:.2f}x (CPU time)")
     print()
     print("Note: " + NOTE)
-    print(f"Wrote {args.out}")
+    print(f"Wrote {out}")
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """Time the optimizers on the BERT-base parameter set, write the JSON (--out), print the table."""
+    try:
+        import torch_optimizer  # noqa: F401
+    except ImportError:
+        raise SystemExit("bench_lamb: torch-optimizer is missing; pip install torch-optimizer==0.3.0 "
+                         "(requirements-test.txt)")
+    from atomic_io import atomic_write_json
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    shapes = bert_base_shapes()
+    optimizers, n_params = make_optimizers(args, shapes, device)
+    times = time_alternating(optimizers, device, args.warmup, args.iters)
+    result = result_of(args, device, shapes, n_params, times, command)
+    atomic_write_json(Path(args.out), result)
+    print_report(result, args.out)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m bench.bench_lamb: parse the command line, then time the optimizers."""
+    return run(parse(argv), "python -m bench.bench_lamb " + " ".join(argv if argv is not None else sys.argv[1:]))
 
 
 if __name__ == "__main__":
