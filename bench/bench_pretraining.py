@@ -265,69 +265,94 @@ def make_optimizer(model):
     return NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
 
 
-def run_case(name: str, config_path: Path, precision: str, batches: list[Batch], steps: int, warmup: int,
-             compile_models: bool, unpad: bool, seed: int, packed: tuple[list[PackedBatch], Batch] | None = None
-             ) -> dict:
-    """Alternating timed steps of every model; returns one result row. `packed`: the packed batches and the first
-    one's sequences unpacked (adds the ours+packed row)."""
-    hf, ours, attn = build_pair(config_path, seed)
+@dataclass(frozen=True)
+class Case:
+    """One row of the table: the model config (its name and file), the precision, the timed and warm-up steps per
+    model, torch.compile or not, the ours+unpad row or not, and the seed of the shared initial weights."""
+    name: str
+    config_path: Path
+    precision: str
+    steps: int
+    warmup: int
+    compile_models: bool
+    unpad: bool
+    seed: int
+
+    @property
+    def tag(self) -> str:
+        """The case's prefix on its printed lines, e.g. [mini fp32 compiled]."""
+        return f"[{self.name} {self.precision}{' compiled' if self.compile_models else ''}]"
+
+
+@dataclass
+class Timed:
+    """Per model key, what the alternating steps measured: every timed step's seconds, the optimizer's share of
+    them, the (sequences, real tokens) it trained on; the first step's seconds and the last step's loss."""
+    times: dict[str, list[float]]
+    opt_times: dict[str, list[float]]
+    work: dict[str, list[tuple[int, int]]]
+    first_step: dict[str, float]
+    last_loss: dict[str, float]
+
+
+def case_models(case: Case, packed: tuple[list[PackedBatch], Batch] | None) -> tuple[dict, str]:
+    """The models of one case with the same weights (hf, ours padded, and as asked ours+unpad and ours+packed),
+    and transformers' attention implementation."""
+    hf, ours, attn = build_pair(case.config_path, case.seed)
     ours.config.unpad = "never"  # the padded row
     models = {"hf": hf, "ours": ours}
-    if unpad:
+    if case.unpad:
         models["ours_unpad"] = clone_ours(ours, "always")
     if packed is not None:
         models["ours_packed"] = clone_ours(ours, "always")
-    batches_of = {key: packed[0] if key == "ours_packed" else batches for key in models}
-    tag = f"[{name} {precision}{' compiled' if compile_models else ''}]"
-    loss0 = {key: step_zero_loss(model, LOSS_FNS[key], batches_of[key][0], precision)
+    return models, attn
+
+
+def step_zero_losses(case: Case, models: dict, batches_of: dict[str, list],
+                     packed: tuple[list[PackedBatch], Batch] | None, attn: str) -> dict[str, float]:
+    """Every model's loss on its first batch before any update (eval mode), printed: ours and transformers' must
+    agree; with `packed`, also ours on the first packed batch's sequences unpacked, which the packed loss must equal."""
+    loss0 = {key: step_zero_loss(model, LOSS_FNS[key], batches_of[key][0], case.precision)
              for key, model in models.items()}
-    print(f"{tag} step-0 loss: " + "  ".join(f"{k} {v:.6f}" for k, v in loss0.items() if k != "ours_packed")
+    print(f"{case.tag} step-0 loss: " + "  ".join(f"{k} {v:.6f}" for k, v in loss0.items() if k != "ours_packed")
           + f"  (|ours - transformers| {abs(loss0['hf'] - loss0['ours']):.2e}; transformers attention: {attn})",
           flush=True)
     if packed is not None:
-        loss0["packed_check_unpacked"] = step_zero_loss(ours, our_loss, packed[1], precision)
-        print(f"{tag} step-0 loss of the first packed batch: packed {loss0['ours_packed']:.6f}, the same "
+        loss0["packed_check_unpacked"] = step_zero_loss(models["ours"], our_loss, packed[1], case.precision)
+        print(f"{case.tag} step-0 loss of the first packed batch: packed {loss0['ours_packed']:.6f}, the same "
               f"{packed[0][0].sequences} sequences unpacked {loss0['packed_check_unpacked']:.6f}", flush=True)
+    return loss0
+
+
+def time_models(case: Case, models: dict, batches_of: dict[str, list]) -> Timed:
+    """Warm-up then timed training steps, every model once a round with its own NVLAMB (compiled first with
+    --compile), who goes first rotating every round."""
     runners = {}
     for key, model in models.items():
         optimizer = make_optimizer(model)
-        runners[key] = (torch.compile(model) if compile_models else model, optimizer)
+        runners[key] = (torch.compile(model) if case.compile_models else model, optimizer)
     keys = list(runners)
-    times: dict[str, list[float]] = {k: [] for k in keys}
-    opt_times: dict[str, list[float]] = {k: [] for k in keys}
-    first_step: dict[str, float] = {}
-    last_loss: dict[str, float] = {}
-    work: dict[str, list[tuple[int, int]]] = {k: [] for k in keys}  # (sequences, real tokens) of each timed step
-    for i in range(warmup + steps):
+    timed = Timed({k: [] for k in keys}, {k: [] for k in keys}, {k: [] for k in keys}, {}, {})
+    for i in range(case.warmup + case.steps):
         for key in keys[i % len(keys):] + keys[:i % len(keys)]:  # rotate who goes first
             model, optimizer = runners[key]
             batch = batches_of[key][i % len(batches_of[key])]
             start = time.perf_counter()
-            last_loss[key], opt_s = train_step(model, LOSS_FNS[key], optimizer, batch, precision)
+            timed.last_loss[key], opt_s = train_step(model, LOSS_FNS[key], optimizer, batch, case.precision)
             elapsed = time.perf_counter() - start
             if i == 0:
-                first_step[key] = elapsed
-            if i >= warmup:
-                times[key].append(elapsed)
-                opt_times[key].append(opt_s)
-                work[key].append((sequences_in(batch), real_tokens_in(batch)))
-    batch_size = batches[0].input_ids.shape[0]
-    med = {k: statistics.median(v) for k, v in times.items()}
-    row = {
-        "config": name, "precision": precision, "compile": compile_models, "batch_size": batch_size,
-        "seq_len": batches[0].input_ids.shape[1], "timed_steps": steps, "warmup_steps": warmup,
-        "real_token_fraction": float(torch.stack([b.attention_mask for b in batches]).float().mean()),
-        "hf_attn_implementation": attn, "goal": GOALS.get((name, precision)),
-        "loss0_abs_diff": abs(loss0["hf"] - loss0["ours"]), "first_step_s": first_step,
-    }
-    for key in keys:
-        row[f"{key}_seq_per_s"] = statistics.median(s / t for (s, _), t in zip(work[key], times[key]))
-        row[f"{key}_real_tokens_per_s"] = statistics.median(n / t for (_, n), t in zip(work[key], times[key]))
-        row[f"{key}_median_step_s"] = med[key]
-        row[f"{key}_median_optimizer_s"] = statistics.median(opt_times[key])
-        row[f"{key}_step_times_s"] = times[key]
-        row[f"loss0_{key}"] = loss0[key]
-        row[f"last_loss_{key}"] = last_loss[key]
+                timed.first_step[key] = elapsed
+            if i >= case.warmup:
+                timed.times[key].append(elapsed)
+                timed.opt_times[key].append(opt_s)
+                timed.work[key].append((sequences_in(batch), real_tokens_in(batch)))  # (sequences, real tokens)
+    return timed
+
+
+def add_ratios(row: dict, timed: Timed, packed: tuple[list[PackedBatch], Batch] | None) -> None:
+    """row's ratios to transformers: ours and ours+unpad per step (all of it, and the model alone), ours+packed
+    per sequence and per real token, with the packed rows' shape."""
+    times, opt_times, work = timed.times, timed.opt_times, timed.work
     # Ratios from pairs: the models of one iteration run back to back, so they see the same machine load; the median
     # of the per-iteration ratios is far steadier on a shared machine than the ratio of the medians.
     for key, label in (("ours", "ratio"), ("ours_unpad", "ratio_unpad")):
@@ -344,11 +369,40 @@ def run_case(name: str, config_path: Path, precision: str, batches: list[Batch],
         row["packed_sequences_per_row"] = statistics.mean(s for s, _ in work["ours_packed"]) / \
             row["packed_rows_per_step"]
         row["packed_real_token_fraction"] = float(torch.stack([b.attention_mask for b in packed[0]]).float().mean())
+
+
+def run_case(case: Case, batches: list[Batch], packed: tuple[list[PackedBatch], Batch] | None = None) -> dict:
+    """Alternating timed steps of every model; returns one result row. `packed`: the packed batches and the first
+    one's sequences unpacked (adds the ours+packed row)."""
+    models, attn = case_models(case, packed)
+    batches_of = {key: packed[0] if key == "ours_packed" else batches for key in models}
+    loss0 = step_zero_losses(case, models, batches_of, packed, attn)
+    timed = time_models(case, models, batches_of)
+    keys, times = list(models), timed.times
+    med = {k: statistics.median(v) for k, v in times.items()}
+    row = {
+        "config": case.name, "precision": case.precision, "compile": case.compile_models,
+        "batch_size": batches[0].input_ids.shape[0], "seq_len": batches[0].input_ids.shape[1],
+        "timed_steps": case.steps, "warmup_steps": case.warmup,
+        "real_token_fraction": float(torch.stack([b.attention_mask for b in batches]).float().mean()),
+        "hf_attn_implementation": attn, "goal": GOALS.get((case.name, case.precision)),
+        "loss0_abs_diff": abs(loss0["hf"] - loss0["ours"]), "first_step_s": timed.first_step,
+    }
+    for key in keys:
+        row[f"{key}_seq_per_s"] = statistics.median(s / t for (s, _), t in zip(timed.work[key], times[key]))
+        row[f"{key}_real_tokens_per_s"] = statistics.median(n / t for (_, n), t in zip(timed.work[key], times[key]))
+        row[f"{key}_median_step_s"] = med[key]
+        row[f"{key}_median_optimizer_s"] = statistics.median(timed.opt_times[key])
+        row[f"{key}_step_times_s"] = times[key]
+        row[f"loss0_{key}"] = loss0[key]
+        row[f"last_loss_{key}"] = timed.last_loss[key]
+    add_ratios(row, timed, packed)
+    if "ours_packed" in times:
         row["loss0_packed_check_unpacked"] = loss0["packed_check_unpacked"]
-    print(f"{tag} " + ", ".join(f"{k} {row[f'{k}_seq_per_s']:.2f} seq/s (step {med[k]:.2f} s, NVLAMB "
-                                 f"{row[f'{k}_median_optimizer_s']:.2f} s)" for k in keys)
+    print(f"{case.tag} " + ", ".join(f"{k} {row[f'{k}_seq_per_s']:.2f} seq/s (step {med[k]:.2f} s, NVLAMB "
+                                      f"{row[f'{k}_median_optimizer_s']:.2f} s)" for k in keys)
           + f"; ratio {row['ratio']:.2f}x (model only {row['ratio_model_only']:.2f}x)"
-          + (f", unpad {row['ratio_unpad']:.2f}x" if unpad else "")
+          + (f", unpad {row['ratio_unpad']:.2f}x" if case.unpad else "")
           + (f", packed {row['ratio_packed']:.2f}x sequences/s, {row['ratio_packed_real_tokens']:.2f}x real "
              f"tokens/s" if packed is not None else ""), flush=True)
     return row
@@ -478,11 +532,13 @@ def _main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         for precision in precisions:
-            rows.append(run_case(name, configs[name], precision, data[name], args.steps, args.warmup, False,
-                                 not args.no_unpad, args.seed, packed.get(name)))
+            case = Case(name, configs[name], precision, args.steps, args.warmup, compile_models=False,
+                        unpad=not args.no_unpad, seed=args.seed)
+            rows.append(run_case(case, data[name], packed.get(name)))
     for precision in compile_precisions:
-        rows.append(run_case("mini", configs["mini"], precision, data["mini"], args.steps, args.warmup + 1, True,
-                             False, args.seed))
+        case = Case("mini", configs["mini"], precision, args.steps, args.warmup + 1, compile_models=True,
+                    unpad=False, seed=args.seed)
+        rows.append(run_case(case, data["mini"]))
     profile = profile_case(configs["mini"], data["mini"], args.seed) if args.profile else None
     result = {
         "command": " ".join([".venv/bin/python -m bench.bench_pretraining"] + (sys.argv[1:] if argv is None else argv)),
