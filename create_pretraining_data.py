@@ -184,14 +184,14 @@ def _main(argv: Sequence[str] | None) -> int:
         raise InputError(f"--output_dir {args.output_dir} is a file: name a folder for the shards")
     for _, output, _ in jobs:  # before the work, not at the final rename
         check_output_path(output, "--output_file" if args.output_file else "--output_dir")
-    compression = None if args.compression == "none" else args.compression
+    writing = writer.ShardWriting(compression=None if args.compression == "none" else args.compression,
+                                  gzip_level=args.gzip_level, threads=args.num_workers)
     start = time.time()
     summaries = []
     with writer.worker_pool(args.num_workers, args.vocab_file, args.do_lower_case, args.mp_start_method) as pool:
         for k, (inputs, output, job_cfg) in enumerate(jobs):
-            summaries.append(writer.process_corpus(inputs, output, job_cfg, pool, not args.no_progress, compression,
-                                                   f"[{k + 1}/{len(jobs)}] {output.name}", is_subword,
-                                                   threads=args.num_workers, gzip_level=args.gzip_level))
+            summaries.append(writer.process_corpus(inputs, output, job_cfg, pool, not args.no_progress,
+                                                   f"[{k + 1}/{len(jobs)}] {output.name}", is_subword, writing))
     total = {"instances": sum(s["instances"] for s in summaries), "tokens": sum(s["tokens"] for s in summaries),
              "documents": sum(s["documents"] for s in summaries), "outputs": len(summaries),
              "num_workers": args.num_workers, "seconds": round(time.time() - start, 3)}

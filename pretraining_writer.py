@@ -500,6 +500,16 @@ class InstanceSpill:
 # Stage 4: the HDF5 file, in NVIDIA's layout (pretraining_format.LAYOUT; packed rows add next_sentence_positions)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardWriting:
+    """How the HDF5 file is stored (the flags --compression, --gzip_level; `threads` compress blocks): none of
+    them changes the arrays."""
+
+    compression: str | None = None  # "gzip" (with HDF5's shuffle filter) or None
+    gzip_level: int = 1
+    threads: int = 1
+
+
 def _nvidia_rows(rows: dict[str, np.ndarray], seq: int) -> dict[str, np.ndarray]:
     """NVIDIA's arrays from the stored fields; input_mask and segment_ids are rebuilt from the segment lengths."""
     col = np.arange(seq)[None, :]
@@ -550,17 +560,18 @@ def _packed_blocks(spill: InstanceSpill, cfg: InstanceConfig, width: int, rows: 
         yield carry
 
 
-def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, compression: str | None,
-               attrs: dict[str, Any], threads: int = 1, gzip_level: int = 1) -> int:
+def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, attrs: dict[str, Any],
+               writing: ShardWriting = ShardWriting()) -> int:
     """Write the spilled instances, shuffled, in NVIDIA's layout, atomically (see shard_file). Returns N (rows
     written: packed rows with --pack_sequences).
 
     With gzip (plus HDF5's shuffle filter; h5py readers undo both transparently), blocks of rows are compressed
-    by `threads` threads (zlib lets go of the GIL) and stored as finished chunks (write_direct_chunk): the bytes
-    HDF5's own filters would write, without a single-threaded tail. Packed rows are not counted before they are
+    by `writing.threads` threads (zlib lets go of the GIL) and stored as finished chunks (write_direct_chunk): the
+    bytes HDF5's own filters would write, without a single-threaded tail. Packed rows are not counted before they are
     made, so their datasets grow as blocks arrive (chunked, unlimited rows).
     """
     n, seq, p, k = spill.n, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.pack_sequences
+    compression, gzip_level, threads = writing.compression, writing.gzip_level, writing.threads
     rows = max(64, (1 << 19) // (4 * seq))  # 512 KiB chunks of input_ids
     if not k:
         rows = min(n, rows)  # HDF5: a fixed-size dataset's chunks hold no more than its N rows
@@ -700,9 +711,8 @@ def _progress(iterable, enabled: bool, **kwargs):
     return tqdm(iterable, **kwargs)
 
 
-def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, progress: bool,
-                   compression: str | None, desc: str, is_subword: np.ndarray | None, threads: int = 1,
-                   gzip_level: int = 1) -> dict:
+def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, progress: bool, desc: str,
+                   is_subword: np.ndarray | None, writing: ShardWriting = ShardWriting()) -> dict:
     """Tokenize `files` as one corpus, make its instances, write `output`. Returns a summary dict.
 
     The token ids and the finished instances go to a work folder beside the output (removed at the end), so
@@ -744,7 +754,7 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
                  "max_predictions_per_seq": cfg.max_predictions_per_seq, "masked_lm_prob": cfg.masked_lm_prob,
                  "short_seq_prob": cfg.short_seq_prob, "dupe_factor": cfg.dupe_factor,
                  "random_seed": cfg.random_seed, "do_whole_word_mask": cfg.do_whole_word_mask}
-        n = write_hdf5(output, spill, cfg, compression, attrs, threads=threads, gzip_level=gzip_level)
+        n = write_hdf5(output, spill, cfg, attrs, writing)
         summary = {"output": str(output), "instances": spill.n, "documents": corpus.num_documents,
                    "sentences": len(corpus.sent_start) - 1, "tokens": len(corpus.tokens),
                    "tokenize_s": round(tokenized - start, 3), "instances_s": round(made - tokenized, 3),
