@@ -74,10 +74,10 @@ def evaluate(vocab_file: Path, words: collections.Counter) -> dict:
 
 
 def learn(files: list[Path], size: int, out: Path, limit_alphabet: int | None = None) -> dict:
-    from data.create_vocab import learn_vocab, write_vocab
+    from data.create_vocab import VocabSettings, learn_vocab, write_vocab
 
     start_wall, start_cpu = time.time(), time.process_time()  # process time: every thread's, the trainer's too
-    result = learn_vocab(files, size, do_lower_case=True, limit_alphabet=limit_alphabet)
+    result = learn_vocab(files, VocabSettings(size, do_lower_case=True, limit_alphabet=limit_alphabet))
     wall, cpu = time.time() - start_wall, time.process_time() - start_cpu
     write_vocab(out, result.tokens)
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), **result.summary()}

@@ -306,7 +306,7 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
     --vocab_file (default <working_dir>/vocab.txt) for create_hdf5_files. It runs before sharding because it
     needs only the formatted text, and learns from all of it: the test shards are held out from pre-training, not
     from the vocabulary (as with Google's)."""
-    from data.create_vocab import create_vocab
+    from data.create_vocab import VocabSettings, create_vocab
 
     if args.dataset == "google_pretrained_weights":
         raise _input_error("google_pretrained_weights has no text to learn a vocabulary from")
@@ -320,8 +320,8 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
                              "first (or pass --input_files)")
     output = vocab_output(args)
     start = time.time()
-    result = create_vocab(inputs, output, args.vocab_size, bool(args.do_lower_case), args.unused_slots,
-                          args.limit_alphabet, progress=not args.no_progress, output_flag="--vocab_file",
+    settings = VocabSettings(args.vocab_size, bool(args.do_lower_case), args.unused_slots, args.limit_alphabet)
+    result = create_vocab(inputs, output, settings, progress=not args.no_progress, output_flag="--vocab_file",
                           log=lambda message: print(f"create_vocab: {message}", flush=True), engine=engine)
     logger.log("create_vocab", {"dataset": args.dataset, "output": str(output), **result.summary(),
                                 "elapsed_s": round(time.time() - start, 1)})

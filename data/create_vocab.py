@@ -311,6 +311,15 @@ def google_layout(learned: Sequence[str], unused_slots: int) -> list[str]:
 # Learning
 
 
+@dataclasses.dataclass(frozen=True)
+class VocabSettings:
+    """The vocabulary asked for: the flags --vocab_size, --do_lower_case / --cased, --unused_slots, --limit_alphabet."""
+    vocab_size: int  # lines of vocab.txt
+    do_lower_case: bool = True
+    unused_slots: int | None = None  # None: 99 when there is room for them (Google's ids 100-103), else 0
+    limit_alphabet: int | None = None  # None: every character of the text
+
+
 @dataclasses.dataclass
 class VocabResult:
     tokens: list[str]  # the vocab.txt lines: token i has id i
@@ -340,8 +349,9 @@ class VocabResult:
                 "words": self.words, "long_words": self.long_words, "seconds": self.seconds}
 
 
-def check_sizes(vocab_size: int, unused_slots: int | None, limit_alphabet: int | None) -> None:
+def check_sizes(settings: VocabSettings) -> None:
     """The size flags on their own (the corpus is checked against them after its first pass)."""
+    vocab_size, unused_slots, limit_alphabet = settings.vocab_size, settings.unused_slots, settings.limit_alphabet
     if vocab_size < 1 + len(SPECIALS) + 1:
         raise _input_error(f"--vocab_size {vocab_size} must be at least 6 ([PAD], 4 specials and one character)")
     if unused_slots is not None and unused_slots < 0:
@@ -554,18 +564,19 @@ def learn_pieces(counted: Counted, pinned: list[str], merges: int, progress: boo
     return by_id[len(pinned):]
 
 
-def learn_vocab(files: Sequence[Path], vocab_size: int, do_lower_case: bool = True, unused_slots: int | None = None,
-                limit_alphabet: int | None = None, progress: bool = False,
+def learn_vocab(files: Sequence[Path], settings: VocabSettings, progress: bool = False,
                 log: Callable[[str], None] = lambda message: None, engine=None,
                 work_dir: Path | None = None) -> VocabResult:
-    """Learn a WordPiece vocabulary of exactly `vocab_size` entries (Google's layout, see the module docstring)
-    from `files` (checked text: list_input_files). `limit_alphabet`: keep only that many characters, the most
-    frequent (default: every one). The counting pass runs on `engine` (data.engine; None: here), its part files in
-    `work_dir` (None: a temporary folder). Raises InputError for a corpus without words or a size too small for its
-    alphabet (both after the counting pass), or a corpus too small for the size (after learning)."""
+    """Learn a WordPiece vocabulary of exactly `settings.vocab_size` entries (Google's layout, see the module
+    docstring) from `files` (checked text: list_input_files). `settings.limit_alphabet`: keep only that many
+    characters, the most frequent (default: every one). The counting pass runs on `engine` (data.engine; None:
+    here), its part files in `work_dir` (None: a temporary folder). Raises InputError for a corpus without words or
+    a size too small for its alphabet (both after the counting pass), or a corpus too small for the size (after
+    learning)."""
     import tempfile
 
-    check_sizes(vocab_size, unused_slots, limit_alphabet)
+    check_sizes(settings)
+    vocab_size, do_lower_case, limit_alphabet = settings.vocab_size, settings.do_lower_case, settings.limit_alphabet
     splitter = PreSplitter(do_lower_case)
     with contextlib.ExitStack() as stack:
         if work_dir is None:
@@ -574,7 +585,7 @@ def learn_vocab(files: Sequence[Path], vocab_size: int, do_lower_case: bool = Tr
         counted = count_pieces(files, do_lower_case, limit_alphabet is not None, work_dir, engine, progress, log)
         alphabet = read_alphabet(counted, splitter, files, limit_alphabet, log)
         pinned = alphabet + ["##" + c for c in alphabet if continues_words(c)]
-        unused = plan_layout(vocab_size, len(pinned), unused_slots)
+        unused = plan_layout(vocab_size, len(pinned), settings.unused_slots)
         merges = vocab_size - 1 - len(SPECIALS) - unused - len(pinned)
         alphabet_s = time.time() - start
         if unused < GOOGLE_UNUSED_BEFORE_UNK:
@@ -607,8 +618,7 @@ def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
     atomic_write_text(path, "".join(f"{t}\n" for t in tokens))
 
 
-def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.PathLike, vocab_size: int,
-                 do_lower_case: bool = True, unused_slots: int | None = None, limit_alphabet: int | None = None,
+def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.PathLike, settings: VocabSettings,
                  progress: bool = False, log: Callable[[str], None] = lambda message: None,
                  output_flag: str = "--output_file", engine=None) -> VocabResult:
     """Check the flags, the output and the inputs, learn, write `output_file`. The library entry (bertPrep's
@@ -616,16 +626,15 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
     before the learning pass wherever it can be known there."""
     from cli import check_output_path
 
-    check_sizes(vocab_size, unused_slots, limit_alphabet)
+    check_sizes(settings)
     check_output_path(output_file, output_flag)
     files = list_input_files(inputs)
     # The counting pass's parts sit beside the output (a folder every node of a cluster sees), until it is written.
     work_dir = Path(output_file).parent / f".{Path(output_file).name}.counting"
-    result = learn_vocab(files, vocab_size, do_lower_case, unused_slots, limit_alphabet, progress, log, engine,
-                         work_dir)
+    result = learn_vocab(files, settings, progress, log, engine, work_dir)
     write_vocab(output_file, result.tokens)
     shutil.rmtree(work_dir, ignore_errors=True)
-    padded = result.config_vocab_size
+    padded, vocab_size = result.config_vocab_size, settings.vocab_size
     log(f"wrote {output_file}: {vocab_size} entries, [UNK] [CLS] [SEP] [MASK] at ids "
         f"{result.special_ids['[UNK]']}-{result.special_ids['[MASK]']}; a model config for it: vocab_size {padded} "
         + ("(a multiple of 8 already)" if padded == vocab_size else
@@ -677,8 +686,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with script_errors("create_vocab.py", argv):
         args = build_parser().parse_args(argv)
-        result = create_vocab(args.input, args.output_file, args.vocab_size, args.do_lower_case, args.unused_slots,
-                              args.limit_alphabet, progress=not args.no_progress,
+        settings = VocabSettings(args.vocab_size, args.do_lower_case, args.unused_slots, args.limit_alphabet)
+        result = create_vocab(args.input, args.output_file, settings, progress=not args.no_progress,
                               log=lambda m: print(f"create_vocab.py: {m}", flush=True))
         print(json.dumps({"output": str(args.output_file), **result.summary()}), flush=True)
     return 0

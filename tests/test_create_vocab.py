@@ -95,7 +95,7 @@ def learned(corpus, tmp_path_factory) -> dict[bool, tuple[Path, cv.VocabResult, 
     for lower in (True, False):
         log: list[str] = []
         path = folder / f"vocab_{'uncased' if lower else 'cased'}.txt"
-        result = cv.create_vocab([corpus], path, SIZE, do_lower_case=lower, log=log.append)
+        result = cv.create_vocab([corpus], path, cv.VocabSettings(SIZE, do_lower_case=lower), log=log.append)
         out[lower] = (path, result, log)
     return out
 
@@ -225,7 +225,7 @@ def test_every_entry_is_a_piece_our_tokenizer_can_produce(train_words, learned, 
 
 
 def test_unused_slots_994_is_bert_base_uncased_layout(corpus, uncased_vocab, tmp_path):
-    tokens = cv.create_vocab([corpus], tmp_path / "v.txt", 2000, unused_slots=994).tokens
+    tokens = cv.create_vocab([corpus], tmp_path / "v.txt", cv.VocabSettings(2000, unused_slots=994)).tokens
     google = read_vocab(uncased_vocab)
     assert tokens[:999] == google[:999] and google[999] == "!" and tokens[999] == "!"
 
@@ -233,18 +233,18 @@ def test_unused_slots_994_is_bert_base_uncased_layout(corpus, uncased_vocab, tmp
 def test_small_size_puts_the_specials_right_after_pad(learned, corpus, tmp_path):
     log: list[str] = []
     size = learned[True][1].alphabet_entries + 5 + 50  # too small for Google's ids 100-103: the fallback
-    result = cv.create_vocab([corpus], tmp_path / "small.txt", size, log=log.append)
+    result = cv.create_vocab([corpus], tmp_path / "small.txt", cv.VocabSettings(size), log=log.append)
     tokens = read_vocab(tmp_path / "small.txt")
     assert len(tokens) == size == len(set(tokens)) and result.learned == 50
     assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and not any("unused" in t for t in tokens)
     assert any("ids 1-4, right after [PAD]" in line for line in log), log
     assert BertTokenizer(tmp_path / "small.txt").token_id("[MASK]") == 4
     # Fewer slots than 99, asked for: the specials still come first, the slots after them.
-    tokens = cv.create_vocab([corpus], tmp_path / "ten.txt", 1000, unused_slots=10).tokens
+    tokens = cv.create_vocab([corpus], tmp_path / "ten.txt", cv.VocabSettings(1000, unused_slots=10)).tokens
     assert tokens[:15] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"[unused{i}]" for i in range(10)]]
     # Exactly big enough for the alphabet: no learned piece, still a valid vocabulary.
     floor = 5 + result.alphabet_entries
-    assert cv.create_vocab([corpus], tmp_path / "floor.txt", floor).learned == 0
+    assert cv.create_vocab([corpus], tmp_path / "floor.txt", cv.VocabSettings(floor)).learned == 0
 
 
 def test_same_text_same_bytes_in_separate_processes_and_a_smaller_size_is_a_prefix(corpus, tmp_path):
@@ -260,7 +260,8 @@ def test_same_text_same_bytes_in_separate_processes_and_a_smaller_size_is_a_pref
         assert '"vocab_size": 1500' in done.stdout.splitlines()[-1]  # the JSON summary
         outputs.append((tmp_path / f"{i}.txt").read_bytes())
     assert outputs[0] == outputs[1]
-    small, large = read_vocab(tmp_path / "0.txt"), cv.create_vocab([corpus], tmp_path / "l.txt", 2500).tokens
+    small = read_vocab(tmp_path / "0.txt")
+    large = cv.create_vocab([corpus], tmp_path / "l.txt", cv.VocabSettings(2500)).tokens
     assert large[:1500] == small  # the learner's order is its merge order: a smaller vocabulary is a prefix
 
 
@@ -321,7 +322,7 @@ def test_every_character_of_the_training_text_is_covered(train_words, learned, h
 
 def test_limit_alphabet_keeps_the_most_frequent_characters(train_words, corpus, tmp_path):
     log: list[str] = []
-    result = cv.create_vocab([corpus], tmp_path / "v.txt", 1000, limit_alphabet=60, log=log.append)
+    result = cv.create_vocab([corpus], tmp_path / "v.txt", cv.VocabSettings(1000, limit_alphabet=60), log=log.append)
     counts: dict[str, int] = {}
     for w in train_words[True]:
         for c in w:
@@ -423,8 +424,8 @@ def test_bertprep_create_vocab_action(corpus, tmp_path):
     common = ["--dataset", "custom", "--working_dir", str(tmp_path / "work"), "--no_progress"]
     assert bertPrep.main(["--action", "create_vocab", "--vocab_size", "900", "--do_lower_case", "0", *common]) == 0
     tokens = read_vocab(tmp_path / "work" / "vocab.txt")
-    direct = cv.create_vocab([formatted / "custom_one_article_per_line.txt"], tmp_path / "direct.txt", 900,
-                             do_lower_case=False).tokens
+    direct = cv.create_vocab([formatted / "custom_one_article_per_line.txt"], tmp_path / "direct.txt",
+                             cv.VocabSettings(900, do_lower_case=False)).tokens
     assert tokens == direct and len(tokens) == 900 and not tokenization.vocab_is_uncased(dict.fromkeys(tokens))
     with pytest.raises(SystemExit, match="needs --vocab_size"):
         bertPrep.main(["--action", "create_vocab", *common])
