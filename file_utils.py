@@ -194,16 +194,26 @@ def _open_s3(url: str, offset: int, timeout: float, session) -> _Body:
 # download()
 
 
+@dataclass(frozen=True)
+class Retry:
+    """download()'s patience: `max_retries` consecutive failed attempts (connection errors, HTTP 5xx) tolerated,
+    an attempt that made progress resetting the count; backoff * 2**k seconds between them (at most
+    `max_backoff`); `timeout` seconds for the server to answer or send more."""
+    max_retries: int = 8
+    backoff: float = 1.0
+    max_backoff: float = 60.0
+    timeout: float = 60.0
+
+
 def download(url: str, dest: str | os.PathLike, *, checksum: str | None = None, expected_size: int | None = None,
-             max_retries: int = 8, backoff: float = 1.0, max_backoff: float = 60.0, timeout: float = 60.0,
-             progress: bool = True, session=None) -> Path:
+             retry: Retry = Retry(), progress: bool = True, session=None) -> Path:
     """Download `url` to `dest`, resuming `<dest>.part`, verifying size and checksum, renaming only when complete.
 
     checksum: 'md5:<hex>' / 'sha1:<hex>' / 'sha256:<hex>' (or a bare hex digest). A complete body that fails it is
     deleted and DownloadError is raised. An existing `dest` is returned as is when it passes the checksum (or when
     there is none to check: `dest` only ever holds complete downloads).
-    max_retries: consecutive failed attempts (connection errors, HTTP 5xx) tolerated; an attempt that made progress
-    resets the count, so a flaky link still finishes a 20 GB dump. Sleeps backoff * 2**k seconds (<= max_backoff).
+    retry: consecutive failed attempts tolerated (see Retry); an attempt that made progress resets the count, so a
+    flaky link still finishes a 20 GB dump.
     session: a requests.Session (HTTP) or a boto3 S3 client (s3://); one is made when None.
     """
     dest = Path(dest)
@@ -230,17 +240,17 @@ def download(url: str, dest: str | os.PathLike, *, checksum: str | None = None, 
     while True:
         offset = part.stat().st_size if part.exists() else 0
         try:
-            total = _fetch_into(opener, url, part, offset, timeout, session, progress)
+            total = _fetch_into(opener, url, part, offset, retry.timeout, session, progress)
             break
         except _Retryable as e:
             if isinstance(e, _Restart):
                 part.unlink(missing_ok=True)
             grew = part.exists() and part.stat().st_size > offset
             failures = 0 if grew else failures + 1
-            if failures > max_retries:
-                raise DownloadError(f"giving up on {url} after {max_retries} retries: {e} "
+            if failures > retry.max_retries:
+                raise DownloadError(f"giving up on {url} after {retry.max_retries} retries: {e} "
                                     f"(the partial file {part} is kept; run again to resume)") from e
-            time.sleep(min(max_backoff, backoff * 2 ** max(failures - 1, 0)))
+            time.sleep(min(retry.max_backoff, retry.backoff * 2 ** max(failures - 1, 0)))
     _verify_and_publish(part, dest, url, total, expected_size, want)
     return dest
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import file_utils
-from file_utils import DownloadError, cached_path, download, parse_checksum, parse_checksum_file
+from file_utils import DownloadError, Retry, cached_path, download, parse_checksum, parse_checksum_file
 
 BODY = np.random.default_rng(0).integers(0, 256, size=300_000, dtype=np.uint8).tobytes()
 
@@ -74,7 +74,7 @@ def server():
     srv.server_close()
 
 
-FAST = {"backoff": 0.01, "max_retries": 3, "timeout": 10, "progress": False}
+FAST = {"retry": Retry(max_retries=3, backoff=0.01, timeout=10), "progress": False}
 
 
 def test_plain_download_with_checksum(server, tmp_path):
@@ -154,7 +154,8 @@ def test_gives_up_after_bounded_retries_and_keeps_part(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(DownloadError, match="giving up.*after 2 retries"):
-        download(f"http://127.0.0.1:{port}/f.bin", tmp_path / "f.bin", **{**FAST, "max_retries": 2})
+        download(f"http://127.0.0.1:{port}/f.bin", tmp_path / "f.bin",
+                 **{**FAST, "retry": Retry(max_retries=2, backoff=0.01, timeout=10)})
 
 
 def test_s3_without_boto3_says_what_to_install(tmp_path, monkeypatch):
