@@ -357,9 +357,9 @@ def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv,
     scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
     logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
                              "micro_batch": micro_batch, "world_size": env.world_size, "precision": precision.name})
-    return training.fit(ddp_model, epoch_batches, loss, optimizer, scheduler, precision, env, logger,
-                        total_steps=total_steps, accumulation=args.gradient_accumulation_steps,
-                        log_freq=args.log_freq)
+    rule = training.StepRule(ddp_model, loss, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
+    return training.fit(rule, epoch_batches, env, logger, total_steps=total_steps,
+                        accumulation=args.gradient_accumulation_steps, log_freq=args.log_freq)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -65,8 +65,8 @@ from cli import InputError
 from pretraining_config import PretrainConfig, field_docs
 from pretraining_data import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
 from precision import Precision
-from trainer import (Trainer, checkpoint_manager, evaluate, find_resume_checkpoint, list_checkpoints,  # noqa: F401
-                     refuse_used_output_dir)  # list_checkpoints: how tools and tests read a run's checkpoints
+from trainer import (Trainer, TrainingParts, checkpoint_manager, evaluate, find_resume_checkpoint,  # noqa: F401
+                     list_checkpoints, refuse_used_output_dir)  # list_checkpoints: how tools and tests read runs
 from training import EXIT_STOPPED, RunLogger, StopRequest, apply_parallelism_and_precision, compiled
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,8 +394,8 @@ def _main(argv: list[str] | None) -> int:
         optimizer, scheduler = build_optimizer(cfg, raw_model, env)
         data = build_data(cfg, shards, env, log)
         dist_env.set_seed(cfg.training.seed + env.rank)  # dropout differs between ranks
-        trainer = Trainer(cfg, env, model=model, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
-                          precision=precision, data=data, logger=logger, stop=stop, validator=validator, log=log)
+        parts = TrainingParts(model, raw_model, optimizer, scheduler, precision)
+        trainer = Trainer(cfg, env, parts, data, logger=logger, stop=stop, validator=validator, log=log)
         if cfg.debug.debug_inject_inf_at_step > 0:
             trainer.hooks.append(inject_inf_at(cfg.debug.debug_inject_inf_at_step))
         if resume is not None:

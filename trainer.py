@@ -1,7 +1,7 @@
 """The pre-training Trainer: BERT's masked LM + next-sentence prediction, step by step, resumable to the bit.
 
-    trainer = Trainer(cfg, env, model=model, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
-                      precision=precision, data=data, logger=logger, stop=stop, validator=validator)
+    parts = TrainingParts(model, raw_model, optimizer, scheduler, precision)
+    trainer = Trainer(cfg, env, parts, data, logger=logger, stop=stop, validator=validator)
     if resume is not None:
         trainer.load_state_dict(resume)      # last: it restores the RNG states too
     summary = trainer.fit()
@@ -59,8 +59,8 @@ from pretraining_data import PretrainingData, ResumeError
 from pretraining_format import PACKED_KEY
 from precision import Precision
 from profiling import StepProfiler
-from training import (CheckpointManager, DivergedError, DivergenceWatch, HostMemory, Meter, RunLogger, StopRequest,
-                      compiled, forward_backward, optimizer_step, peak_flops, to_device, weights_finite)
+from training import (CheckpointManager, DivergedError, DivergenceWatch, HostMemory, Meter, RunLogger, StepRule,
+                      StopRequest, compiled, peak_flops, to_device, weights_finite)
 
 
 class CheckpointWriteError(OSError):
@@ -177,6 +177,20 @@ class TrainState:
         return self.step_offset + self.step
 
 
+@dataclass
+class TrainingParts:
+    """What a pre-training run trains and how (run_pretraining.py builds them from its flags)."""
+
+    model: torch.nn.Module
+    """the module the steps call: `raw_model` wrapped by DDP / torch.compile (apply_parallelism_and_precision)"""
+    raw_model: torch.nn.Module
+    """the bare BertForPreTraining: saved and evaluated"""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    """the learning-rate schedule (schedulers.py), stepped once per optimizer step taken"""
+    precision: Precision
+
+
 Hook = Callable[["Trainer"], None]
 
 
@@ -188,35 +202,33 @@ class Trainer:
     `hooks` run after the backward pass of every optimizer step, before the step is taken: the place to inspect or
     break gradients from outside the loop (run_pretraining.py installs --debug_inject_inf_at_step there)."""
 
-    MAX_CONSECUTIVE_OVERFLOWS = 50
-
-    def __init__(self, cfg: PretrainConfig, env: dist_env.DistEnv, *, model: torch.nn.Module,
-                 raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, precision: Precision,
-                 data: PretrainingData, logger: RunLogger, stop: StopRequest, validator=None,
-                 log: Callable[[str], None] = lambda msg: None):
+    def __init__(self, cfg: PretrainConfig, env: dist_env.DistEnv, parts: TrainingParts, data: PretrainingData, *,
+                 logger: RunLogger, stop: StopRequest, validator=None, log: Callable[[str], None] = lambda msg: None):
         self.cfg, self.env, self.log = cfg, env, log
-        self.loss_fn = functools.partial(pretraining_losses, nsp=not cfg.model.no_nsp)
-        self.model, self.raw_model = model, raw_model
-        self.optimizer, self.scheduler, self.precision = optimizer, scheduler, precision
+        self.model, self.raw_model = parts.model, parts.raw_model
+        self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
+        # fp16 overflows are the GradScaler's (their steps are skipped); other non-finite losses stop the run.
+        self.rule = StepRule(parts.model, functools.partial(pretraining_losses, nsp=not cfg.model.no_nsp),
+                             parts.optimizer, parts.scheduler, parts.precision, DivergenceWatch(env.device),
+                             # Gradients are all-reduced after every micro-batch, or with
+                             # --allreduce_post_accumulation only after the last one (DDP's no_sync on the others).
+                             sync_every_micro_batch=not cfg.parallelism.allreduce_post_accumulation)
         self.data, self._batches = data, None  # the stream starts at the first step, from the resumed position
         self.logger, self.stop, self.validator = logger, stop, validator
         self.state = TrainState(cfg.checkpoint.phase, step_offset=cfg.checkpoint.step_offset)
         # Profiled steps (--profile_steps) come right after the warm-up and are not timed either.
         self.meter = Meter(env, cfg.logging.throughput_warmup_steps + cfg.logging.profile_steps,
-                           peak_flops(env.device, precision.name), num_losses=3)
+                           peak_flops(env.device, parts.precision.name), num_losses=3)
         self.profiler = StepProfiler(cfg.logging.profile_steps, env.device) \
             if cfg.logging.profile_steps > 0 and env.rank == 0 else None
-        self.watch = DivergenceWatch(env.device)  # fp16 overflows are the GradScaler's: those steps are skipped
         self.host = HostMemory()
         self.checkpoints = checkpoint_manager(cfg, log)
         self.hooks: list[Hook] = []
         # The model unpads a batch when its config says always, or auto outside a whole-model graph (which keeps the
         # padded path; regional compilation leaves the choice in eager code).
-        unpad = raw_model.config.unpad
-        self.host_unpad = unpad == "always" or (unpad == "auto" and compiled(model) != "model")
-        self.lr = optimizer.param_groups[0]["lr"]  # the rate the last step used
+        unpad = parts.raw_model.config.unpad
+        self.host_unpad = unpad == "always" or (unpad == "auto" and compiled(parts.model) != "model")
         self.last_loss: float | None = None
-        self.consecutive_skips = 0
 
     # --- the loop
 
@@ -271,37 +283,28 @@ class Trainer:
         return interval > 0 and self.state.step % interval == 0
 
     def step(self) -> bool:
-        """One optimizer step over --gradient_accumulation_steps micro-batches. Returns whether it was taken: an
-        fp16 step whose gradients overflowed is skipped (its micro-batches are consumed all the same)."""
+        """One optimizer step over --gradient_accumulation_steps micro-batches (training.StepRule). Returns whether
+        it was taken: an fp16 step whose gradients overflowed is skipped (its micro-batches are consumed all the
+        same)."""
         accum = self.cfg.training.gradient_accumulation_steps
-        losses = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # total, MLM, NSP
-        real = (0, 0)  # this step's real sequences and tokens on this rank
-        for micro_step in range(accum):
-            batch = self.next_batch()
-            if self.meter.peak:
-                self.meter.add_flops(batch_flops(self.raw_model.config, batch))
-            real = tuple(a + b for a, b in zip(real, real_counts(batch)))
-            # Gradients are all-reduced after every micro-batch, or with --allreduce_post_accumulation only after
-            # the last one (DDP's no_sync on the others).
-            sync = micro_step == accum - 1 or not self.cfg.parallelism.allreduce_post_accumulation
-            losses += forward_backward(self.model, self.to_device(batch), self.loss_fn, self.precision, accum, sync)
-        if not self.precision.scaler.is_enabled():
-            self.watch.record(losses[0], self.state.global_step + 1)
-            if self.watch.every_step:
-                self.check_diverged()
-        for hook in self.hooks:
-            hook(self)
-        self.lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
-        taken = optimizer_step(self.optimizer, self.precision)
-        self.optimizer.zero_grad(set_to_none=True)
+        real = [0, 0]  # this step's real sequences and tokens on this rank
+
+        def micro_batches():
+            for _ in range(accum):
+                batch = self.next_batch()
+                if self.meter.peak:
+                    self.meter.add_flops(batch_flops(self.raw_model.config, batch))
+                real[:] = [a + b for a, b in zip(real, real_counts(batch))]
+                yield self.to_device(batch)
+
+        taken, losses = self.rule(micro_batches(), accum, self.state.global_step + 1,
+                                  before_update=lambda: [hook(self) for hook in self.hooks])
         self.meter.add_attempt(losses)
         if not taken:
-            self.count_overflow()
+            self.state.skipped_steps += 1
             return False
-        self.consecutive_skips = 0
-        self.scheduler.step()
         self.state.step += 1
-        self.meter.step_taken(self.cfg.training.train_batch_size * self.env.world_size, real)
+        self.meter.step_taken(self.cfg.training.train_batch_size * self.env.world_size, tuple(real))
         self.host.maybe_trim()
         return True
 
@@ -320,14 +323,6 @@ class Trainer:
             self._batches = iter(self.data)
         return next(self._batches)
 
-    def count_overflow(self) -> None:
-        self.state.skipped_steps += 1
-        self.consecutive_skips += 1
-        if self.consecutive_skips > self.MAX_CONSECUTIVE_OVERFLOWS:
-            raise DivergedError(f"{self.MAX_CONSECUTIVE_OVERFLOWS} fp16 overflows in a row at step "
-                                f"{self.state.global_step}: the loss diverged (lower --learning_rate, or use "
-                                "--precision bf16)")
-
     # --- what the loop reports
 
     def log_losses(self, bar) -> None:
@@ -337,13 +332,13 @@ class Trainer:
         if not math.isfinite(average):  # an fp16 run whose every step overflowed since the last log
             raise DivergedError(f"the loss is {average} at step {self.state.global_step}: training diverged (lower "
                                 f"--learning_rate)")
-        record = {"average_loss": average, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "learning_rate": self.lr,
+        record = {"average_loss": average, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "learning_rate": self.rule.lr,
                   "skipped_steps": self.state.skipped_steps, "loss_scale": self.precision.loss_scale,
                   "phase": self.state.phase}
         if self.meter.mfu() is not None:
             record["mfu"] = self.meter.mfu()
         self.logger.log(self.state.global_step, record)
-        bar.set_postfix(loss=f"{average:.4f}", lr=f"{self.lr:.2e}")
+        bar.set_postfix(loss=f"{average:.4f}", lr=f"{self.rule.lr:.2e}")
         self.last_loss = average
 
     def evaluate(self) -> dict[str, float]:
@@ -365,7 +360,7 @@ class Trainer:
                 "stopped_by_signal": (self.stop.signal_name or "a signal on another rank") if stopped else None}
 
     def check_diverged(self) -> None:
-        self.watch.check("step", "lower --learning_rate", "no checkpoint was written from that step on")
+        self.rule.watch.check()
 
     # --- checkpoints
 

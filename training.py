@@ -5,7 +5,8 @@ Read top to bottom:
   into what the loop trains (TF32, activation checkpointing, device, DDP, its comm hook, torch.compile) and decides
   how its maths runs (precision.py's `Precision`: autocast, and a GradScaler for fp16);
 - one optimizer step: `grad_sync` (DDP's no_sync during accumulation), `forward_backward` over one micro-batch,
-  `optimizer_step` with the one fp16-overflow rule (unscale; a non-finite gradient skips the step);
+  `optimizer_step` with the one fp16-overflow rule (unscale; a non-finite gradient skips the step), and `StepRule`,
+  the step of both loops built from them (accumulate, watch the loss, step or skip, schedule);
 - bookkeeping: `Meter` keeps the losses on the device until a log step (no host sync per micro-batch) and measures
   throughput and MFU; `RunLogger` writes dllogger-keyed JSON lines, TensorBoard scalars and the tqdm bar (rank 0);
 - `CheckpointManager`: ckpt_<step>.pt files written atomically, the newest N kept, the newest readable one found
@@ -189,9 +190,11 @@ class DivergenceWatch:
     lets NaN gradients into the weights; on GPUs the loop reads it at log steps and before every checkpoint write,
     and the step it names is still the one where the loss went bad."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, where: str = "step", advice: str = "lower --learning_rate",
+                 consequence: str = "no checkpoint was written from that step on"):
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
         self.every_step = device.type != "cuda"
+        self.where, self.advice, self.consequence = where, advice, consequence
 
     def record(self, loss: torch.Tensor, step: int) -> None:
         bad = ~torch.isfinite(loss)
@@ -203,19 +206,70 @@ class DivergenceWatch:
         step = int(self.first_bad)
         return None if step < 0 else step
 
-    def check(self, where: str, advice: str, consequence: str) -> None:
+    def check(self) -> None:
         """Raise DivergedError once a loss was non-finite: "the loss became non-finite at <where> <step>: training
         diverged (<advice>); <consequence>" (one host sync)."""
         bad = self.first()
         if bad is not None:
-            raise DivergedError(f"the loss became non-finite at {where} {bad}: training diverged ({advice}); "
-                                f"{consequence}")
+            raise DivergedError(f"the loss became non-finite at {self.where} {bad}: training diverged "
+                                f"({self.advice}); {self.consequence}")
 
 
 def weights_finite(model: torch.nn.Module) -> bool:
     """Every parameter finite (one host sync): checked before a checkpoint is written."""
     norms = torch._foreach_norm([p.detach() for p in model.parameters()])
     return bool(torch.stack(norms).isfinite().all())
+
+
+class StepRule:
+    """The one optimizer-step rule of pre-training (trainer.Trainer) and fine-tuning (`fit`).
+
+    One call takes a group of micro-batches to one optimizer step: each micro-batch's forward and backward
+    (gradients all-reduced on the group's last one, or on every one with `sync_every_micro_batch`), the divergence
+    watch on the group's loss, the hooks, then the update unless fp16 gradients overflowed. The schedule steps only
+    with the optimizer, so `taken` (what --max_steps counts in every script) is the schedule's step count; a
+    skipped step's micro-batches are consumed all the same (as NVIDIA's loop). More than MAX_CONSECUTIVE_OVERFLOWS
+    skipped steps in a row mean the loss diverged: DivergedError.
+    """
+
+    MAX_CONSECUTIVE_OVERFLOWS = 50
+
+    def __init__(self, model: torch.nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler,
+                 precision: Precision, watch: DivergenceWatch, *, sync_every_micro_batch: bool = False):
+        self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
+        self.precision, self.watch, self.sync_every_micro_batch = precision, watch, sync_every_micro_batch
+        self.taken = 0  # optimizer steps taken through this rule
+        self.consecutive_skips = 0
+        self.lr = optimizer.param_groups[0]["lr"]  # the rate the last step used
+
+    def __call__(self, micro_batches: Iterable[dict[str, Any]], accum: int, number: int,
+                 before_update: Callable[[], None] = lambda: None) -> tuple[bool, torch.Tensor]:
+        """One optimizer step over `accum` micro-batches (on the device, read lazily: the next one may still be
+        loading while this one runs); `number` names the step in a divergence error. Returns (taken, the group's
+        mean losses [L], float64 on the device)."""
+        losses = None
+        for i, batch in enumerate(micro_batches):
+            sync = i == accum - 1 or self.sync_every_micro_batch
+            micro = forward_backward(self.model, batch, self.loss_fn, self.precision, accum, sync)
+            losses = micro if losses is None else losses + micro
+        if not self.precision.scaler.is_enabled():  # fp16 overflows are the GradScaler's: those steps are skipped
+            self.watch.record(losses[0], number)
+            if self.watch.every_step:  # on a CPU, before NaN gradients reach the weights
+                self.watch.check()
+        before_update()
+        self.lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
+        taken = optimizer_step(self.optimizer, self.precision)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not taken:
+            self.consecutive_skips += 1
+            if self.consecutive_skips > self.MAX_CONSECUTIVE_OVERFLOWS:
+                raise DivergedError(f"{self.MAX_CONSECUTIVE_OVERFLOWS} fp16 overflows in a row at step {number}: the "
+                                    "loss diverged (lower --learning_rate, or use --precision bf16)")
+            return False, losses
+        self.consecutive_skips = 0
+        self.scheduler.step()
+        self.taken += 1
+        return True, losses
 
 
 def accumulation_groups(batches: Iterable[dict], accumulation: int) -> Iterator[list[dict]]:
@@ -541,60 +595,51 @@ class StopRequest:
 
 @dataclass
 class FitResult:
-    steps: int  # optimizer steps attempted (fp16 overflow steps included: they consumed their batches)
+    steps: int  # optimizer steps taken (an fp16 overflow's skipped step is not one)
     loss: float  # mean training loss over the last log window
     seconds: float
     sequences: int  # sequences trained, all processes
 
 
-def fit(model: torch.nn.Module, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
-        loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler, precision: Precision, env: dist_env.DistEnv,
+def fine_tuning_watch(device: torch.device) -> DivergenceWatch:
+    """Fine-tuning with a non-finite loss ends with this line, before its NaN weights are evaluated or saved as a
+    result."""
+    return DivergenceWatch(device, "fine-tuning step", "lower --learning_rate, or try --precision fp32",
+                           "nothing was evaluated or saved")
+
+
+def fit(rule: StepRule, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]], env: dist_env.DistEnv,
         logger: RunLogger, *, total_steps: int, accumulation: int, log_freq: int) -> FitResult:
-    """Train `model` (the DDP-wrapped one when distributed) for `total_steps` optimizer steps.
+    """Train `rule.model` (the DDP-wrapped one when distributed) until `total_steps` optimizer steps are taken.
 
     epoch_batches(epoch) yields this process's micro-batches of one epoch (CPU tensors); groups of `accumulation`
-    of them make one optimizer step (gradients all-reduced on the group's last micro-batch only). The schedule
-    steps only when the optimizer did (an fp16 overflow skips both). The loss stays on the device until a log
-    step: one host sync every `log_freq` steps. A non-finite loss (fp32/bf16) raises DivergedError naming its
-    step: on a CPU before that step's optimizer update, on a GPU at the next log step.
+    of them make one optimizer step (StepRule: gradients all-reduced on the group's last micro-batch only; an fp16
+    overflow skips the step and the schedule and is not counted). The loss stays on the device until a log step:
+    one host sync every `log_freq` steps. A non-finite loss (fp32/bf16) raises DivergedError naming its step
+    (fine_tuning_watch): on a CPU before that step's optimizer update, on a GPU at the next log step.
     """
-    meter = Meter(env)
-    watch = DivergenceWatch(env.device)
+    meter, watch = Meter(env), rule.watch
     bar = logger.progress(total_steps, desc="train")
-    step, epoch, last_loss = 0, 0, float("nan")
-    model.train()
-    while step < total_steps:
+    epoch, last_loss = 0, float("nan")
+    rule.model.train()
+    while rule.taken < total_steps:
         for group in accumulation_groups(epoch_batches(epoch), accumulation):
-            losses = torch.zeros(1, dtype=torch.float64, device=env.device)
-            for i, batch in enumerate(group):
-                losses += forward_backward(model, to_device(batch, env.device), loss_fn, precision, len(group),
-                                           sync=i == len(group) - 1)[:1]
-            if not precision.scaler.is_enabled():  # fp16 overflows are the GradScaler's: those steps are skipped
-                watch.record(losses[0], step + 1)
-                if watch.every_step:  # on a CPU, before NaN gradients reach the weights
-                    _stop_if_diverged(watch)
-            taken = optimizer_step(optimizer, precision)
-            optimizer.zero_grad(set_to_none=True)
-            if taken:
-                scheduler.step()
-            meter.add_attempt(losses)
+            taken, losses = rule((to_device(b, env.device) for b in group), len(group), rule.taken + 1)
+            meter.add_attempt(losses[:1])
+            if not taken:
+                continue  # fp16 overflow: the loss scale halved, nothing else moved
             meter.step_taken(sum(len(b["input_ids"]) for b in group) * env.world_size)
-            step += 1
+            step = rule.taken
             bar.update(1)
             if step % log_freq == 0 or step == total_steps:
-                _stop_if_diverged(watch)  # on a GPU, read at log steps only: no host sync per step
+                watch.check()  # on a GPU, read at log steps only: no host sync per step
                 last_loss = meter.mean_losses()[0]
-                logger.log(step, {"loss": last_loss, "learning_rate": optimizer.param_groups[0]["lr"],
-                                  "epoch": epoch, "loss_scale": precision.loss_scale,
+                logger.log(step, {"loss": last_loss, "learning_rate": rule.lr, "epoch": epoch,
+                                  "loss_scale": rule.precision.loss_scale,
                                   "sequences_per_second": meter.run_sequences / max(meter.elapsed(), 1e-9)})
                 bar.set_postfix(loss=f"{last_loss:.4f}")
             if step >= total_steps:
                 break
         epoch += 1
     bar.close()
-    return FitResult(steps=step, loss=last_loss, seconds=meter.elapsed(), sequences=meter.run_sequences)
-
-
-def _stop_if_diverged(watch: DivergenceWatch) -> None:
-    """Fine-tuning with a non-finite loss ends here, before its NaN weights are evaluated or saved as a result."""
-    watch.check("fine-tuning step", "lower --learning_rate, or try --precision fp32", "nothing was evaluated or saved")
+    return FitResult(steps=rule.taken, loss=last_loss, seconds=meter.elapsed(), sequences=meter.run_sequences)

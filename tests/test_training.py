@@ -4,6 +4,7 @@ deletes the file it just wrote, and falls back past a damaged newest file; the f
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -187,8 +188,8 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.5)
     total = finetuning.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
     assert total == 6  # ceil(8 / 3) = 3 steps an epoch (the last one of 2 micro-batches)
-    result = training.fit(model, lambda epoch: batches, cross_entropy, optimizer, scheduler, precision, env, logger,
-                          total_steps=total, accumulation=3, log_freq=2)
+    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
+    result = training.fit(rule, lambda epoch: batches, env, logger, total_steps=total, accumulation=3, log_freq=2)
     logger.close()
     records = [json.loads(line) for line in (tmp_path / "log.json").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 6]
@@ -198,7 +199,7 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
 
 
 @pytest.mark.parametrize("every_step", [True, False], ids=["cpu-checks-every-step", "gpu-checks-at-log-steps"])
-def test_fit_stops_at_a_non_finite_loss(tmp_path, monkeypatch, every_step):
+def test_fit_stops_at_a_non_finite_loss(tmp_path, every_step):
     """A NaN in the third micro-batch makes step 3's loss NaN: fit raises DivergedError naming step 3. Read every
     step (the CPU's way), the NaN gradients never reach the weights; read at log steps (the GPU's way: no host
     sync per step) it is still step 3 that is named, at the log step after it."""
@@ -210,17 +211,66 @@ def test_fit_stops_at_a_non_finite_loss(tmp_path, monkeypatch, every_step):
     model = torch.nn.Linear(4, 2)
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.1)
 
-    class Watch(training.DivergenceWatch):  # the device decides every_step; here the test does
-        def __init__(self, device):
-            super().__init__(device)
-            self.every_step = every_step
-
-    monkeypatch.setattr(training, "DivergenceWatch", Watch)
+    watch = training.fine_tuning_watch(env.device)
+    watch.every_step = every_step  # the device decides it; here the test does
+    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
     with pytest.raises(training.DivergedError, match="non-finite at fine-tuning step 3:"):
-        training.fit(model, lambda epoch: batches, cross_entropy, optimizer, scheduler, precision, env, logger,
-                     total_steps=5, accumulation=1, log_freq=2)
+        training.fit(rule, lambda epoch: batches, env, logger, total_steps=5, accumulation=1, log_freq=2)
     logger.close()
     if every_step:
         assert all(torch.isfinite(p).all() for p in model.parameters())
     else:  # step 3 was taken before the log step read the flag at step 4
         assert not all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def overflowing_fit_parts(tmp_path, loss_scale: float, init_loss_scale: float):
+    """fp16 parts whose scaled gradients overflow: the linear layer's backward runs in fp16 under autocast, whose
+    largest value is 65504, and inputs of size ~100 make its weight gradients large, so a loss scale much above
+    2^10 makes them inf."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 4) * 100
+    y = (x[:, 0] > 0).long()
+    batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]
+    model = torch.nn.Linear(4, 2)
+    env = dist_env.DistEnv()
+    _, precision = training.apply_parallelism_and_precision(model, env, "fp16", loss_scale=loss_scale,
+                                                            init_loss_scale=init_loss_scale)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    return model, batches, env, precision, optimizer, scheduler, logger
+
+
+def test_fit_counts_the_optimizer_steps_taken(tmp_path):
+    """fp16 with a dynamic loss scale of 2^24: the first steps overflow and are skipped (the scale halves each
+    time, the schedule does not move), so --max_steps counts updates: fit takes exactly total_steps of them, and
+    consumes one accumulation group more for each skip."""
+    model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 0.0, 2.0 ** 24)
+    consumed = []
+
+    def epoch_batches(epoch):
+        for b in batches:
+            consumed.append(b)
+            yield b
+
+    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
+    result = training.fit(rule, epoch_batches, env, logger, total_steps=6, accumulation=2, log_freq=3)
+    logger.close()
+    skipped = round(math.log2(2.0 ** 24 / precision.loss_scale))  # a dynamic scale halves once per skip
+    assert skipped >= 1 and result.steps == rule.taken == 6 and scheduler.last_epoch == 6
+    assert len(consumed) == 2 * (6 + skipped)
+    assert [json.loads(line)["step"] for line in (tmp_path / "log.json").read_text().splitlines()] == [3, 6]
+
+
+def test_fit_stops_after_too_many_overflows_in_a_row(tmp_path):
+    """A static loss scale of 1e38 overflows at every step: after StepRule.MAX_CONSECUTIVE_OVERFLOWS skipped steps
+    the next one ends the run with one line, the weights untouched."""
+    model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 1e38, 2.0 ** 16)
+    before = [p.detach().clone() for p in model.parameters()]
+    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
+    limit = training.StepRule.MAX_CONSECUTIVE_OVERFLOWS
+    with pytest.raises(training.DivergedError, match=f"{limit} fp16 overflows in a row at step 1: the loss diverged"):
+        training.fit(rule, lambda epoch: batches, env, logger, total_steps=3, accumulation=1, log_freq=1)
+    logger.close()
+    assert rule.taken == 0 and rule.consecutive_skips == limit + 1 and scheduler.last_epoch == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
