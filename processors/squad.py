@@ -346,11 +346,10 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer, ma
         max_doc_tokens = max_seq_length - len(query) - 3
         spans = doc_spans(len(doc.tokens), max_doc_tokens, doc_stride)
         best_window = max_context_windows(spans, len(doc.tokens))
-        prefix_tokens = ["[CLS]"] + query + ["[SEP]"]
-        prefix_ids = [cls_id] + tokenizer.convert_tokens_to_ids(query) + [sep_id]
+        frame = _Frame(["[CLS]"] + query + ["[SEP]"], [cls_id] + tokenizer.convert_tokens_to_ids(query) + [sep_id],
+                       sep_id, max_seq_length)
         for span_index, (start, length) in enumerate(spans):
-            feature = _make_feature(doc, start, length, span_index, best_window, prefix_tokens, prefix_ids, sep_id,
-                                    max_seq_length, answer)
+            feature = _make_feature(doc, start, length, span_index, best_window, frame, answer)
             feature.unique_id = FIRST_UNIQUE_ID + len(features)
             feature.example_index = example_index
             feature.is_impossible = example.is_impossible
@@ -369,16 +368,26 @@ def _answer_token_span(example: SquadExample, doc: _Document, tokenizer) -> tupl
     return _improve_answer_span(doc, start, end, answer_tokens)
 
 
-def _make_feature(doc: _Document, start: int, length: int, span_index: int, best_window: np.ndarray,
-                  prefix_tokens: list[str], prefix_ids: list[int], sep_id: int, max_seq_length: int,
+@dataclass(frozen=True)
+class _Frame:
+    """What surrounds each document window of one question: `[CLS] question [SEP]` before it (`tokens`, `ids`),
+    [SEP] (`sep_id`) after it, then padding up to `max_seq_length`."""
+
+    tokens: list[str]
+    ids: list[int]
+    sep_id: int
+    max_seq_length: int
+
+
+def _make_feature(doc: _Document, start: int, length: int, span_index: int, best_window: np.ndarray, frame: _Frame,
                   answer: tuple[int, int] | None) -> InputFeatures:
     """One window: [CLS] query [SEP] doc[start:start+length] [SEP], padded to max_seq_length."""
-    offset = len(prefix_tokens)  # feature position of the window's first document token
-    tokens = prefix_tokens + doc.tokens[start:start + length] + ["[SEP]"]
-    input_ids = prefix_ids + doc.ids[start:start + length] + [sep_id]
+    offset = len(frame.tokens)  # feature position of the window's first document token
+    tokens = frame.tokens + doc.tokens[start:start + length] + ["[SEP]"]
+    input_ids = frame.ids + doc.ids[start:start + length] + [frame.sep_id]
     segment_ids = [0] * offset + [1] * (length + 1)
     input_mask = [1] * len(input_ids)
-    padding = [0] * (max_seq_length - len(input_ids))
+    padding = [0] * (frame.max_seq_length - len(input_ids))
     window_best = best_window[start:start + length] == span_index
     token_to_orig_map = {offset + i: doc.tok_to_orig[start + i] for i in range(length)}
     token_is_max_context = {offset + i: bool(window_best[i]) for i in range(length)}
