@@ -41,6 +41,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from atomic_io import atomic_write_text
@@ -106,12 +107,11 @@ def pretraining_line(pre: dict | None) -> str:
 def main(argv: list[str] | None = None) -> dict:
     """Bad input: one line on stderr ("adaptive_study: error: ..."), exit status 1."""
     with script_errors("adaptive_study", argv):
-        return _main(argv)
+        return run(parse(argv))
 
 
-def _main(argv: list[str] | None = None) -> dict:
-    from bench import linear_probe, pretrain_study
-
+def build_parser() -> argparse.ArgumentParser:
+    """The study's command line (the defaults are the main job's)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "adaptive")
     p.add_argument("--config", type=Path, default=REPO / "configs" / "bert-small-cpu.json")
@@ -139,7 +139,31 @@ def _main(argv: list[str] | None = None) -> dict:
     g.add_argument("--batch", type=int, default=32, help="pre-training sequences per step")
     g.add_argument("--small_batch", type=int, default=32, help="fine-tuning batch")
     g.add_argument("--max_seq_length", type=int, default=128, help="fine-tuning and probe sequence length")
-    args = p.parse_args(argv)
+    return p
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The checked command line: the flags, SST-2's folder, the fine-tuning rates (as pretrain_study's --small_lr
+    is given them), the study's folder (absolute), the suffix of the names of the fine-tunings and the report,
+    the pretrain_study flags every arm and rate share, and the command for the report."""
+    args: argparse.Namespace
+    data_dir: Path
+    lrs: list[str]
+    out: Path
+    suffix: str
+    common: list[str]
+    command: list[str]
+
+    @property
+    def demo(self) -> Path:
+        """The Wikipedia arm's run_cpu_demo.sh --out: its vocab.txt and bert_config.json serve every arm."""
+        return self.out / "wikipedia" / "pretrain"
+
+
+def parse(argv: list[str] | None = None) -> Plan:
+    """The command line, checked (SST-2's files, the rates) before anything is written."""
+    args = build_parser().parse_args(argv)
     data_dir = args.data_root.resolve() / "glue-sst2"
     for name in ("train.tsv", "dev.tsv"):
         if not (data_dir / name).is_file():
@@ -151,9 +175,6 @@ def _main(argv: list[str] | None = None) -> dict:
         lrs = []
     if not lrs or any(float(lr) <= 0 for lr in lrs):
         raise InputError(f"--small_lr {args.small_lr!r}: give positive learning rates, comma-separated (1e-4,1e-3)")
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
     common = ["--optimizer", "adamw", "--lr", "1e-3", "--phase2_steps", str(args.phase2_steps), "--tasks", "sst-2",
               "--seeds", args.seeds, "--sst2_max_train_examples",
               str(args.sst2_max_train_examples), "--sst2_epochs", str(args.sst2_epochs), "--max_steps",
@@ -162,56 +183,78 @@ def _main(argv: list[str] | None = None) -> dict:
               str(args.small_batch), "--max_seq_length", str(args.max_seq_length), "--threads", str(args.threads)]
     if args.max_eval_examples:
         common += ["--max_eval_examples", str(args.max_eval_examples)]
-
     # Fine-tuning folders and the report are named by any setting that differs from the defaults, so that a second
     # call with fewer labels or more epochs reuses the pre-training beside the first call's results.
     suffix = "".join(f"_{key}{value:g}" for key, value, default in (
         ("n", args.sst2_max_train_examples, 10000), ("ep", args.sst2_epochs, 1.0)) if value != default)
+    return Plan(args, data_dir, lrs, args.out.resolve(), suffix, common,
+                [sys.executable, "-m", "bench.adaptive_study", *(argv if argv is not None else sys.argv[1:])])
 
-    def study(arm: str, lr: str, models: str, pretraining: list[str]) -> dict:
-        """One arm fine-tuned at one rate; the arm's pre-training runs with its first rate and is reused after."""
-        return pretrain_study.main(["--out", str(out / arm / f"lr{lr}{suffix}"), "--pretrain_out", str(out / arm / "pretrain"),
-                                    "--small_lr", lr, "--models", models, *pretraining, *common])
 
+def study(plan: Plan, arm: str, lr: str, models: str, pretraining: list[str]) -> dict:
+    """One arm fine-tuned at one rate (bench.pretrain_study's report); the arm's pre-training runs with its first
+    rate and is reused after."""
+    from bench import pretrain_study
+
+    out = plan.out
+    return pretrain_study.main(["--out", str(out / arm / f"lr{lr}{plan.suffix}"), "--pretrain_out",
+                                str(out / arm / "pretrain"), "--small_lr", lr, "--models", models, *pretraining,
+                                *plan.common])
+
+
+def pretrain_and_fine_tune(plan: Plan) -> tuple[dict[str, dict[str, dict]], dict]:
+    """The three pre-trained arms, each fine-tuned at every rate, in order (the later arms read the Wikipedia arm's
+    vocabulary, config and checkpoint): (arm -> rate -> pretrain_study report, sst2_documents' counts). The random
+    arm is the Wikipedia arm's "random" model."""
+    args, lrs = plan.args, plan.lrs
     # 1-2: Wikipedia, and the random start it began from
     wiki_pre = ["--config", str(args.config), "--phase1_steps", str(args.wiki_steps), "--dupe_factor", "1",
                 "--vocab_size", str(args.vocab_size), *[a for c in args.corpus or [] for a in ("--corpus", str(c))]]
-    wiki = {lr: study("wikipedia", lr, "pretrained,random", wiki_pre) for lr in lrs}
-    demo = out / "wikipedia" / "pretrain"  # run_cpu_demo.sh's --out: vocab.txt and bert_config.json
-    vocab, config = demo / "vocab.txt", demo / "bert_config.json"
+    wiki = {lr: study(plan, "wikipedia", lr, "pretrained,random", wiki_pre) for lr in lrs}
     # 3-4: SST-2's text, from the random start and from the Wikipedia model
-    text = out / "sst2_text.txt"
-    text_stats = sst2_documents(data_dir, text, args.doc_sentences)
-    task_pre = ["--corpus", str(text), "--vocab", str(vocab), "--config", str(config), "--phase1_steps",
-                str(args.task_steps), "--dupe_factor", str(args.task_dupe_factor)]
-    tapt = {lr: study("sst2-text", lr, "pretrained", task_pre) for lr in lrs}
+    text = plan.out / "sst2_text.txt"
+    text_stats = sst2_documents(plan.data_dir, text, args.doc_sentences)
+    task_pre = ["--corpus", str(text), "--vocab", str(plan.demo / "vocab.txt"), "--config",
+                str(plan.demo / "bert_config.json"), "--phase1_steps", str(args.task_steps), "--dupe_factor",
+                str(args.task_dupe_factor)]
+    tapt = {lr: study(plan, "sst2-text", lr, "pretrained", task_pre) for lr in lrs}
     wiki_ckpt = wiki[lrs[0]]["pretraining"]["checkpoint"]
-    both = {lr: study("wikipedia+sst2-text", lr, "pretrained", ["--init_checkpoint", wiki_ckpt, *task_pre])
+    both = {lr: study(plan, "wikipedia+sst2-text", lr, "pretrained", ["--init_checkpoint", wiki_ckpt, *task_pre])
             for lr in lrs}
+    return {"wikipedia": wiki, "sst2-text": tapt, "wikipedia+sst2-text": both}, text_stats
 
-    first = {"wikipedia": wiki[lrs[0]], "sst2-text": tapt[lrs[0]], "wikipedia+sst2-text": both[lrs[0]]}
-    starts = {"random": wiki[lrs[0]]["random_init"]["checkpoint"],
-              **{arm: r["pretraining"]["checkpoint"] for arm, r in first.items()}}
+
+def linear_probe_of(plan: Plan, starts: dict[str, str]) -> dict:
+    """bench.linear_probe of every arm's starting checkpoint (`starts`: arm -> checkpoint), or its JSON reused."""
+    from bench import linear_probe
+
+    args = plan.args
     probe_argv = [a for arm in ARMS for a in ("--checkpoint", f"{arm}={starts[arm]}")]
-    probe_argv += ["--vocab_file", str(vocab), "--task", "sst-2", "--data_dir", str(data_dir), "--out",
-                   str(out / "linear_probe.json"), "--max_seq_length", str(args.max_seq_length)]
+    probe_argv += ["--vocab_file", str(plan.demo / "vocab.txt"), "--task", "sst-2", "--data_dir", str(plan.data_dir),
+                   "--out", str(plan.out / "linear_probe.json"), "--max_seq_length", str(args.max_seq_length)]
     if args.probe_max_train_examples:
         probe_argv += ["--max_train_examples", str(args.probe_max_train_examples)]
     if args.max_eval_examples:
         probe_argv += ["--max_eval_examples", str(args.max_eval_examples)]
     # The probe of the same checkpoints with the same settings is reused, as the fine-tunings are (a new
     # pre-training run has a new run_<time>/ folder, so the same paths are the same weights).
-    probe_json = out / "linear_probe.json"
+    probe_json = plan.out / "linear_probe.json"
     probe = json.loads(probe_json.read_text()) if probe_json.is_file() else None
     if probe is not None and probe.get("command", [])[3:] == probe_argv:
         print(f"adaptive_study: reusing {probe_json} (the same checkpoints and settings)", flush=True)
     else:
         probe = linear_probe.main(probe_argv)
+    return probe
 
+
+def arm_rows(lrs: list[str], studies: dict[str, dict[str, dict]], starts: dict[str, str], probe: dict
+             ) -> tuple[dict, dict]:
+    """The report's "arms" (per arm: its start, pre-training, SST-2 scores per rate, best rate, verdicts against
+    random, linear probe) and "pairs" (the pairs that answer the question, each at its best rate)."""
+    wiki, first = studies["wikipedia"], {arm: by_lr[lrs[0]] for arm, by_lr in studies.items()}
     scores = {"random": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["random"] for lr in lrs},
-              "wikipedia": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs},
-              "sst2-text": {lr: tapt[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs},
-              "wikipedia+sst2-text": {lr: both[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs}}
+              **{arm: {lr: by_lr[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs}
+                 for arm, by_lr in studies.items()}}
     best = {arm: max(lrs, key=lambda lr: by_lr[lr]["mean"]) for arm, by_lr in scores.items()}
     top = {arm: scores[arm][best[arm]] for arm in ARMS}  # each start at its best rate (chosen on dev, for all alike)
     arms = {arm: {"checkpoint": starts[arm], "pretraining": pretraining_line(first.get(arm, {}).get("pretraining")),
@@ -225,16 +268,30 @@ def _main(argv: list[str] | None = None) -> dict:
             for arm in ARMS}
     pairs = {f"{a} against {b}": su.beats(top[a], top[b]) for a, b in
              (("sst2-text", "random"), ("wikipedia+sst2-text", "sst2-text"), ("wikipedia+sst2-text", "wikipedia"))}
+    return arms, pairs
+
+
+def run(plan: Plan) -> dict:
+    """The study of the module's text: the four starts pre-trained and fine-tuned at every rate, their linear
+    probes, the verdicts; writes <out>/adaptive_study<suffix>.json and .md and returns the report."""
+    args, lrs = plan.args, plan.lrs
+    plan.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    studies, text_stats = pretrain_and_fine_tune(plan)
+    wiki = studies["wikipedia"][lrs[0]]
+    starts = {"random": wiki["random_init"]["checkpoint"],
+              **{arm: by_lr[lrs[0]]["pretraining"]["checkpoint"] for arm, by_lr in studies.items()}}
+    probe = linear_probe_of(plan, starts)
+    arms, pairs = arm_rows(lrs, studies, starts, probe)
     cpu, flags = su.cpu_description()
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.adaptive_study",
-                                                                  *(argv if argv is not None else sys.argv[1:])],
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": plan.command,
               "cpu": f"{cpu} ({', '.join(flags) or 'no bf16 flags'})", "sst2_text": text_stats, "learning_rates": lrs,
               "finetuning": {"sst2_max_train_examples": args.sst2_max_train_examples, "sst2_epochs": args.sst2_epochs,
                              "seeds": len(su.parse_seeds(args.seeds)), "batch": args.small_batch},
-              "majority": wiki[lrs[0]]["finetuning"]["baselines"]["sst-2"], "arms": arms, "pairs": pairs,
-              "rule": su.RULE, "linear_probe": str(out / "linear_probe.json"),
+              "majority": wiki["finetuning"]["baselines"]["sst-2"], "arms": arms, "pairs": pairs,
+              "rule": su.RULE, "linear_probe": str(plan.out / "linear_probe.json"),
               "wall_seconds": round(time.time() - started, 1)}
-    su.write_report(out, f"adaptive_study{suffix}", report, markdown(report))
+    su.write_report(plan.out, f"adaptive_study{plan.suffix}", report, markdown(report))
     return report
 
 
