@@ -49,7 +49,9 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import atomic_io
 from bench import study_utils as su
@@ -199,16 +201,10 @@ def newest_checkpoint(folder: Path) -> Path | None:
     return found[max(found)] if found else None
 
 
-def cmd_run(args) -> dict:
-    runs = parse_runs(args.runs)
-    for flag, path in (("--text_dir", args.text_dir), ("--eval_dir", args.eval_dir), ("--vocab", args.vocab),
-                       ("--config", args.config)):
-        if not path.exists():
-            raise SystemExit(f"gpu_study: error: {flag} {path} does not exist")
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = args.work
-    work.mkdir(parents=True, exist_ok=True)
-    progress = open(args.out / "gpu_study.log", "a")
+def progress_log(path: Path) -> Callable[[str], None]:
+    """A log function for `run`: each message after the time of day, on stdout and appended to `path` (flushed at
+    once: the device call may be cut off at any moment)."""
+    progress = open(path, "a")
 
     def log(message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {message}"
@@ -216,40 +212,54 @@ def cmd_run(args) -> dict:
         progress.write(line + "\n")
         progress.flush()
 
-    report = {"environment": environment(), "runs": {}, "settings": {
-        "config": args.config.name, "batch": args.batch, "warmup_proportion": args.warmup_proportion,
-        "schedule": "linear", "mix_shards": args.mix_shards, "eval_samples": args.eval_samples,
-        "budget_s": args.budget_s, "extra": args.extra}}
-    log(f"environment: {report['environment']}")
-    report["data"] = prepare_data(args, work, log)
-    log(f"data: {report['data']}")
+    return log
 
-    def side_by_side(stage: str, steps: int, eval_steps: int, kill_after_s: float | None, checkpoints: int = 1
-                     ) -> dict[str, dict]:
-        dirs = {name: work / stage / name for name, _, _ in runs}
-        for d in dirs.values():
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir(parents=True)
-        commands = {name: pretraining_command(args, work, dirs[name], opt, lr, steps, eval_steps, checkpoints)
-                    for name, opt, lr in runs}
-        results = run_side_by_side(commands, {n: dirs[n] / "output.txt" for n in dirs}, kill_after_s, log)
-        for name, result in results.items():
-            result["final"] = last_record(dirs[name] / "log.json", "FINAL")
-            result["eval"] = last_record(dirs[name] / "log.json", key="eval_mlm_loss")
-            result["dir"] = dirs[name]
-            log(f"[{name}] {stage}: exit {result['returncode']} in {result['wall_s']} s, "
-                f"{result['final'].get('training_sequences_per_second', 0):.0f} seq/s, eval {result['eval']}")
-            if result["returncode"] not in (0, 75):
-                tail = (dirs[name] / "output.txt").read_text().splitlines()[-15:]
-                log(f"[{name}] output's last lines:\n" + "\n".join(tail))
-        return results
 
-    probe = side_by_side("probe", args.probe_steps, 0, None)
+@dataclass(frozen=True)
+class Stage:
+    """One training of every run side by side: its folder under --work (probe, pretrain), the steps, the
+    evaluation interval (0: none), when a run still going gets SIGTERM (None: never), the checkpoints kept."""
+    name: str
+    steps: int
+    eval_steps: int
+    kill_after_s: float | None
+    checkpoints: int = 1
+
+
+def side_by_side(args: argparse.Namespace, runs: list[tuple[str, str, str]], stage: Stage, log: Callable[[str], None]
+                 ) -> dict[str, dict]:
+    """Every run of --runs trained at once from scratch in <work>/<stage>/<name>/; per run its exit code, wall
+    time, FINAL record, last evaluation and folder (a failed run's last output lines are logged)."""
+    dirs = {name: args.work / stage.name / name for name, _, _ in runs}
+    for d in dirs.values():
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    commands = {name: pretraining_command(args, args.work, dirs[name], opt, lr, stage.steps, stage.eval_steps,
+                                          stage.checkpoints)
+                for name, opt, lr in runs}
+    results = run_side_by_side(commands, {n: dirs[n] / "output.txt" for n in dirs}, stage.kill_after_s, log)
+    for name, result in results.items():
+        result["final"] = last_record(dirs[name] / "log.json", "FINAL")
+        result["eval"] = last_record(dirs[name] / "log.json", key="eval_mlm_loss")
+        result["dir"] = dirs[name]
+        log(f"[{name}] {stage.name}: exit {result['returncode']} in {result['wall_s']} s, "
+            f"{result['final'].get('training_sequences_per_second', 0):.0f} seq/s, eval {result['eval']}")
+        if result["returncode"] not in (0, 75):
+            tail = (dirs[name] / "output.txt").read_text().splitlines()[-15:]
+            log(f"[{name}] output's last lines:\n" + "\n".join(tail))
+    return results
+
+
+def probe_steps(args: argparse.Namespace, runs: list[tuple[str, str, str]], report: dict,
+                log: Callable[[str], None]) -> int:
+    """Step 2: the probe (--probe_steps of every run side by side, its checkpoints exported to check the export);
+    report["probe"] and report["steps"] set; returns the steps that fit --budget_s at the slowest run's rate."""
+    probe = side_by_side(args, runs, Stage("probe", args.probe_steps, 0, None), log)
     failed = [n for n, r in probe.items() if r["returncode"] != 0 or not r["final"]]
     if failed:
         raise SystemExit(f"gpu_study: the probe failed for {', '.join(failed)}: see {args.out / 'gpu_study.log'}")
     for name, r in probe.items():  # the probe's own checkpoint exports too: the export path is checked before step 3
-        export_weights(newest_checkpoint(r["dir"] / "checkpoints"), work / f"{name}.probe.safetensors")
+        export_weights(newest_checkpoint(r["dir"] / "checkpoints"), args.work / f"{name}.probe.safetensors")
     rate = min(r["final"]["training_sequences_per_second"] for r in probe.values()) / args.batch
     wall = max(r["wall_s"] for r in probe.values())
     steps = steps_that_fit(args.budget_s, args.probe_steps, wall, rate, args.max_steps_cap)
@@ -258,25 +268,51 @@ def cmd_run(args) -> dict:
                                            for n, r in probe.items()}}
     report["steps"] = steps
     log(f"probe: {rate:.2f} steps/s side by side, start-up and probe {wall:.0f} s: {steps} steps each")
+    return steps
 
-    main_runs = side_by_side("pretrain", steps, max(1, steps // args.evaluations), 1.25 * args.budget_s,
-                             args.checkpoints)
+
+def export_run(args: argparse.Namespace, name: str, r: dict) -> dict:
+    """Step 4 for one run of side_by_side: its newest checkpoint's weights (and, with --checkpoints N, the earlier
+    ones) as bf16 safetensors and its log into --out; returns the run's entry of gpu_study.json."""
+    entry = {"returncode": r["returncode"], "wall_s": r["wall_s"], "terminated": r["terminated"],
+             "final": r["final"], "eval": r["eval"]}
+    checkpoint = newest_checkpoint(r["dir"] / "checkpoints")
+    if checkpoint is not None:
+        entry["checkpoint_step"] = int(checkpoint.stem.split("_")[1])
+        entry["weights_bytes"] = export_weights(checkpoint, args.out / f"{name}.bf16.safetensors")
+        # --checkpoints N: the earlier ones too (the run's weights after 1/N, 2/N, ... of its steps), each as
+        # <name>.step<S>.bf16.safetensors, for probing how transfer grows with the tokens seen.
+        earlier = {s: path for s, path in checkpoints(r["dir"] / "checkpoints").items() if path != checkpoint}
+        entry["earlier_steps"] = sorted(earlier)
+        for step, path in earlier.items():
+            export_weights(path, args.out / f"{name}.step{step}.bf16.safetensors")
+    if (r["dir"] / "log.json").is_file():
+        shutil.copyfile(r["dir"] / "log.json", args.out / f"{name}.log.json")
+    return entry
+
+
+def cmd_run(args: argparse.Namespace) -> dict:
+    """`run`: the inputs checked, then steps 1-4 of the module's text; writes <out>/gpu_study.json and returns it."""
+    runs = parse_runs(args.runs)
+    for flag, path in (("--text_dir", args.text_dir), ("--eval_dir", args.eval_dir), ("--vocab", args.vocab),
+                       ("--config", args.config)):
+        if not path.exists():
+            raise SystemExit(f"gpu_study: error: {flag} {path} does not exist")
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    log = progress_log(args.out / "gpu_study.log")
+    report = {"environment": environment(), "runs": {}, "settings": {
+        "config": args.config.name, "batch": args.batch, "warmup_proportion": args.warmup_proportion,
+        "schedule": "linear", "mix_shards": args.mix_shards, "eval_samples": args.eval_samples,
+        "budget_s": args.budget_s, "extra": args.extra}}
+    log(f"environment: {report['environment']}")
+    report["data"] = prepare_data(args, args.work, log)
+    log(f"data: {report['data']}")
+    steps = probe_steps(args, runs, report, log)
+    main_runs = side_by_side(args, runs, Stage("pretrain", steps, max(1, steps // args.evaluations),
+                                               1.25 * args.budget_s, args.checkpoints), log)
     for name, r in main_runs.items():
-        entry = {"returncode": r["returncode"], "wall_s": r["wall_s"], "terminated": r["terminated"],
-                 "final": r["final"], "eval": r["eval"]}
-        checkpoint = newest_checkpoint(r["dir"] / "checkpoints")
-        if checkpoint is not None:
-            entry["checkpoint_step"] = int(checkpoint.stem.split("_")[1])
-            entry["weights_bytes"] = export_weights(checkpoint, args.out / f"{name}.bf16.safetensors")
-            # --checkpoints N: the earlier ones too (the run's weights after 1/N, 2/N, ... of its steps), each as
-            # <name>.step<S>.bf16.safetensors, for probing how transfer grows with the tokens seen.
-            earlier = {s: path for s, path in checkpoints(r["dir"] / "checkpoints").items() if path != checkpoint}
-            entry["earlier_steps"] = sorted(earlier)
-            for step, path in earlier.items():
-                export_weights(path, args.out / f"{name}.step{step}.bf16.safetensors")
-        if (r["dir"] / "log.json").is_file():
-            shutil.copyfile(r["dir"] / "log.json", args.out / f"{name}.log.json")
-        report["runs"][name] = entry
+        report["runs"][name] = export_run(args, name, r)
     atomic_io.atomic_write_json(args.out / "gpu_study.json", report)
     print_table(report, log)
     return report
@@ -416,8 +452,10 @@ def tracked_bytes() -> int:
                if name and (REPO / name).is_file())
 
 
-def cmd_prepare(args) -> dict:
-    """The Wikipedia slice -> args.out (text/, eval/, vocab.txt, two model configs, glue.tar.xz, PREPARED.json)."""
+def prepare_folders(args: argparse.Namespace) -> Path:
+    """`prepare`'s inputs checked and its folders made (paths made absolute: the pipeline's stages run from the
+    repository root): --work emptied, if an earlier `prepare` made it, and marked; the staging folder <out>.part,
+    renamed to --out only when complete, made anew with text/ and eval/. Returns the staging folder."""
     for name in ("out", "slice", "glue_root", "work"):  # the pipeline's stages run from the repository root
         setattr(args, name, getattr(args, name).resolve())
     if not args.slice.is_dir():
@@ -427,7 +465,6 @@ def cmd_prepare(args) -> dict:
             raise SystemExit(f"gpu_study: error: --glue_root {args.glue_root} has no {task}/train.tsv")
     if args.out.exists() and any(args.out.iterdir()):
         raise SystemExit(f"gpu_study: error: --out {args.out} is not empty: remove it or name another folder")
-    started, stages = time.time(), {}
     work, marker = args.work, args.work / ".gpu_study_prepare"  # only a folder this command made is emptied
     if work.exists() and any(work.iterdir()) and not marker.is_file():
         raise SystemExit(f"gpu_study: error: --work {work} is not empty and was not made by `prepare`: name a new "
@@ -439,48 +476,64 @@ def cmd_prepare(args) -> dict:
     shutil.rmtree(stage_dir, ignore_errors=True)
     (stage_dir / "text").mkdir(parents=True)
     (stage_dir / "eval").mkdir()
+    return stage_dir
 
-    def step(name: str, cmd: list[str]) -> None:
-        t = time.time()
-        print(f"gpu_study prepare: {' '.join(cmd)}", flush=True)
-        result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SystemExit(f"gpu_study: {name} failed (exit {result.returncode}): "
-                             f"{' '.join(result.stderr.strip().splitlines()[-1:])}")
-        stages[name] = round(time.time() - t, 1)
 
+def prepare_step(stages: dict[str, float], name: str, cmd: list[str]) -> None:
+    """One stage of `prepare`, run from the repository root, its seconds into `stages`; a failure exits with the
+    stage's last line of stderr."""
+    t = time.time()
+    print(f"gpu_study prepare: {' '.join(cmd)}", flush=True)
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"gpu_study: {name} failed (exit {result.returncode}): "
+                         f"{' '.join(result.stderr.strip().splitlines()[-1:])}")
+    stages[name] = round(time.time() - t, 1)
+
+
+def prepare_pipeline(args: argparse.Namespace, stage_dir: Path, stages: dict[str, float]) -> tuple[list[Path], Path]:
+    """The pipeline's stages in --work: data.bertPrep text_formatting and sharding, data.create_vocab on the
+    training shards alone (into the staging folder's vocab.txt), data.bertPrep create_hdf5_files with it; then the
+    first held-out shard's first --eval_samples sequences into eval/. Returns (the training text shards in order,
+    the held-out shard)."""
+    work = args.work
     prep = [sys.executable, "-m", "data.bertPrep", "--working_dir", str(work), "--dataset", "wikicorpus_en",
             "--n_processes", str(args.workers), "--random_seed", "12345", "--no_progress"]
     shards = ["--n_training_shards", str(args.n_training_shards), "--n_test_shards", str(args.n_test_shards),
               "--fraction_test_set", str(args.fraction_test_set)]
-    step("text_formatting", prep + ["--action", "text_formatting", "--wikiextractor_dir", str(args.slice)])
-    step("sharding", prep + ["--action", "sharding", *shards])
+    prepare_step(stages, "text_formatting", prep + ["--action", "text_formatting", "--wikiextractor_dir",
+                                                    str(args.slice)])
+    prepare_step(stages, "sharding", prep + ["--action", "sharding", *shards])
     shard_dir = next(work.glob("sharded_*")) / "wikicorpus_en"
     training = sorted(shard_dir.glob("wikicorpus_en_training_*.txt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     vocab = stage_dir / "vocab.txt"
     inputs = [a for path in training for a in ("--input", str(path))]  # the training shards alone, as the studies'
-    step("create_vocab", [sys.executable, "-m", "data.create_vocab", *inputs,
-                          "--output_file", str(vocab), "--vocab_size", str(args.vocab_size), "--limit_alphabet",
-                          str(args.limit_alphabet), "--no_progress"])
-    step("create_hdf5_files", prep + ["--action", "create_hdf5_files", "--phase", "1", "--vocab_file", str(vocab),
-                                      *shards])
+    prepare_step(stages, "create_vocab", [sys.executable, "-m", "data.create_vocab", *inputs,
+                                          "--output_file", str(vocab), "--vocab_size", str(args.vocab_size),
+                                          "--limit_alphabet", str(args.limit_alphabet), "--no_progress"])
+    prepare_step(stages, "create_hdf5_files", prep + ["--action", "create_hdf5_files", "--phase", "1",
+                                                      "--vocab_file", str(vocab), *shards])
     heldout = sorted(next(work.glob("hdf5_*")).glob("wikicorpus_en/test/*.hdf5"))
     first_sequences(heldout[0], stage_dir / "eval" / heldout[0].name, args.eval_samples)
+    return training, heldout[0]
 
+
+def compress_text(training: list[Path], stage_dir: Path, workers: int, stages: dict[str, float]) -> None:
+    """The training text shards xz-compressed into the staging folder's text/, `workers` at a time."""
     t = time.time()
 
     def compress(src: Path) -> None:
         with open(stage_dir / "text" / (src.name + ".xz"), "wb") as f:
             subprocess.run(["xz", "-6", "-c", str(src)], stdout=f, check=True)
 
-    with ThreadPoolExecutor(max(1, args.workers)) as pool:
+    with ThreadPoolExecutor(max(1, workers)) as pool:
         list(pool.map(compress, training))
     stages["xz"] = round(time.time() - t, 1)
-    entries = vocab.read_text(encoding="utf-8").splitlines()
-    configs = shape_configs(len(entries), stage_dir)
-    glue = [f"{task}/{name}" for task in ("glue-mrpc", "glue-sst2")
-            for name in ("train.tsv", "dev.tsv", "PROVENANCE.txt") if (args.glue_root / task / name).is_file()]
-    step("glue", ["tar", "-cJf", str(stage_dir / "glue.tar.xz"), "-C", str(args.glue_root), *glue])
+
+
+def keep_text_that_fits(args: argparse.Namespace, stage_dir: Path, training: list[Path]) -> int:
+    """Leave out the compressed training shards that do not fit --max_mib beside the repository's tracked files and
+    the staging folder's other files, the last ones first; returns how many are kept."""
     # What travels to the device machine (the repository's tracked files and the carried folder) has a limit: the
     # training text is the bulk, so only the shards that fit go, the first ones first.
     text = [stage_dir / "text" / (p.name + ".xz") for p in training]
@@ -495,11 +548,26 @@ def cmd_prepare(args) -> dict:
     if kept < len(text):
         print(f"gpu_study prepare: {kept} of the {len(text)} training shards fit --max_mib {args.max_mib} beside "
               f"the repository; {len(text) - kept} left out", flush=True)
+    return kept
+
+
+def cmd_prepare(args: argparse.Namespace) -> dict:
+    """The Wikipedia slice -> args.out (text/, eval/, vocab.txt, two model configs, glue.tar.xz, PREPARED.json)."""
+    started, stages = time.time(), {}
+    stage_dir = prepare_folders(args)
+    training, heldout = prepare_pipeline(args, stage_dir, stages)
+    compress_text(training, stage_dir, args.workers, stages)
+    entries = (stage_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    configs = shape_configs(len(entries), stage_dir)
+    glue = [f"{task}/{name}" for task in ("glue-mrpc", "glue-sst2")
+            for name in ("train.tsv", "dev.tsv", "PROVENANCE.txt") if (args.glue_root / task / name).is_file()]
+    prepare_step(stages, "glue", ["tar", "-cJf", str(stage_dir / "glue.tar.xz"), "-C", str(args.glue_root), *glue])
+    kept = keep_text_that_fits(args, stage_dir, training)
     report = {"command": "python -m bench.gpu_study prepare " + " ".join(args.argv),
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": su.cpu_description()[0],
               "stages_s": stages, "wall_s": round(time.time() - started, 1),
               "training_shards": len(training), "text_shards": kept, "max_mib": args.max_mib,
-              "heldout_shard": heldout[0].name,
+              "heldout_shard": heldout.name,
               "heldout": heldout_summary(stage_dir / "eval", args.eval_samples, entries),
               "vocab_entries": len(entries),
               "configs": [p.name for p in configs],
@@ -553,7 +621,8 @@ def cmd_import(args) -> list[Path]:
     return made
 
 
-def main(argv: list[str] | None = None):
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the three sub-commands and their flags."""
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_study", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -601,8 +670,20 @@ def main(argv: list[str] | None = None):
     i.add_argument("--to", type=Path, required=True)
     i.add_argument("--config", type=Path, default=None, help="the model's bert_config.json, for weights whose file "
                    "carries none")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The sub-command (args.command) and its flags; args.argv: the words after the sub-command, which `prepare`'s
+    report records."""
+    args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)[1:]
+    return args
+
+
+def main(argv: list[str] | None = None):
+    """python -m bench.gpu_study prepare|run|import: parse the command line, then run the sub-command."""
+    args = parse(argv)
     return {"run": cmd_run, "prepare": cmd_prepare, "import": cmd_import}[args.command](args)
 
 
