@@ -3,14 +3,15 @@ small `Task` (its flags, examples, encoding, batches, head and metrics); everyth
 
 Read top to bottom:
 1. checks before any work: the shared flags (`build_parser`, `check_arguments`) and the model files
-   (`resolve_model_files`, `check_model_fits`);
+   (`check_init_checkpoint`, `resolve_model_files`, `check_model_fits`; inference.py's too);
 2. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
    `token_type_ids`, `attention_mask` [B, S] (multiple choice: [B, C, S]) and the head's labels (`labels`, or
    `start_positions` and `end_positions`), so one loss serves every task: `model(**batch).loss`;
 3. `Task`: what a task supplies;
 4. training: `shuffled_epochs` (a task's default batches), `count_optimizer_steps`, `train` (BertAdam, the linear
    warm-up schedule, training.fit);
-5. prediction: `length_sorted_batches`, `predict` (the one prediction loop), `latency_summary`;
+5. prediction: `length_sorted_batches`, `forward_batches` (the forward pass of every prediction, inference.py's
+   too), `predict` (the one prediction loop), `latency_summary`;
 6. `run`: the skeleton, in order: model files, environment, precision, logger, every input read, tokenizer, model,
    fit, save, predict and score, results.json, the FINAL line; `main`, a script's main() around it.
 
@@ -26,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -151,16 +152,24 @@ def check_arguments(args: argparse.Namespace, positive: Sequence[str] = ()) -> N
         raise cli.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
 
 
-def resolve_model_files(args: argparse.Namespace) -> None:
-    """--init_checkpoint must exist (where a script may start from random weights, None with a --config_file);
-    --vocab_file defaults to a vocab.txt inside a checkpoint directory or beside a checkpoint file (or in the
-    hf_model/ a fine-tuning script wrote beside its model.pt). Also used by extract_features.py."""
+def check_init_checkpoint(args: argparse.Namespace) -> None:
+    """--init_checkpoint must exist (where a script may start from random weights, None with a --config_file):
+    the first check of `resolve_model_files`, on its own for a script that names a missing checkpoint before it
+    checks its other inputs and only then looks for the vocabulary (inference.py)."""
     ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
     if ckpt is None and args.config_file is None:
         raise cli.InputError("give --init_checkpoint, or --config_file to start from random weights")
     if ckpt is not None and not ckpt.exists():
         raise cli.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
-                               "Face directory")
+                             "Face directory")
+
+
+def resolve_model_files(args: argparse.Namespace) -> None:
+    """--init_checkpoint must exist (`check_init_checkpoint`); --vocab_file defaults to a vocab.txt inside a
+    checkpoint directory or beside a checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its
+    model.pt). Also used by extract_features.py and inference.py."""
+    check_init_checkpoint(args)
+    ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
     if args.vocab_file is None:
         folder = None if ckpt is None else ckpt if ckpt.is_dir() else ckpt.parent
         found = [] if folder is None else [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt")
@@ -380,13 +389,29 @@ class Predictions:
 
 
 @torch.inference_mode()
+def forward_batches(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
+                    head_outputs: Callable[[Any], torch.Tensor], precision: str, device: torch.device
+                    ) -> Iterator[tuple[np.ndarray, float]]:
+    """The forward pass of every prediction (`predict`, inference.py): per batch of the batch vocabulary, (the
+    head's outputs [B, ...] as float32 on the host, the forward's wall time in ms). Only the model's inputs are
+    passed (no labels), so the model returns its head's outputs, which `head_outputs` picks from its output."""
+    model.eval()
+    for batch in batches:
+        inputs = training.to_device({k: batch[k] for k in INPUT_KEYS}, device)
+        tic = time.perf_counter()
+        with precision_policy.autocast(precision, device):
+            out = head_outputs(model(**inputs))
+        out = out.float().cpu().numpy()  # the copy to the host synchronises the device
+        yield out, (time.perf_counter() - tic) * 1000
+
+
+@torch.inference_mode()
 def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: dist_env.DistEnv,
             desc: str) -> Predictions:
     """The one prediction loop: the task head's output for every example of `dataset`, from batches of similar
     lengths, each padded to its longest, put back in the dataset's order."""
     from tqdm import tqdm
 
-    model.eval()
     batches = length_sorted_batches(dataset.lengths, batch_size)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=task.collate,
                                          num_workers=task.args.num_workers)
@@ -395,13 +420,8 @@ def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precis
     start = time.perf_counter()
     bar = tqdm(loader, desc=desc, unit="batch", mininterval=1,
                disable=task.args.disable_progress_bar or not env.is_main)
-    for index, batch in zip(batches, bar):
-        inputs = training.to_device({k: batch[k] for k in INPUT_KEYS}, env.device)  # no labels: the head's outputs
-        tic = time.perf_counter()
-        with precision_policy.autocast(precision, env.device):
-            out = task.head_outputs(model(**inputs))
-        out = out.float().cpu().numpy()  # the copy to the host synchronises the device
-        batch_ms.append((time.perf_counter() - tic) * 1000)
+    for index, (out, ms) in zip(batches, forward_batches(model, bar, task.head_outputs, precision, env.device)):
+        batch_ms.append(ms)
         for row, i in enumerate(index):
             outputs[i] = out[row]
     return Predictions(outputs, batch_ms, time.perf_counter() - start)

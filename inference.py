@@ -21,8 +21,13 @@ its byte offset and line, a command-line argument its byte offset); a context (o
 windows (0 turns a limit off); an --output_file that is a folder or cannot be written. Long inputs show a progress
 bar on stderr (--disable_progress_bar hides it).
 
-Python callers use `answer_questions(model, tokenizer, items, ...)` and `classify(model, tokenizer, items, ...)`,
-which return the same JSON-ready lists.
+Python callers use `answer_questions(model, tokenizer, items, settings, runtime)` (settings: processors.squad's
+QASettings) and `classify(model, tokenizer, items, runtime, ...)`, which return the same JSON-ready lists.
+
+What is the fine-tuning recipe's is taken from it (finetuning.py): the model files (`check_init_checkpoint`,
+`resolve_model_files`, `check_model_fits`), the padding of a batch (`pad_sequences`) and the forward pass of
+prediction (`forward_batches`); the one-line errors are every script's (cli.script_errors). Unlike run_squad.py's
+length-sorted prediction, the batches here are consecutive, so windows and sentences reach the model in input order.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -39,7 +45,8 @@ import torch
 import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import atomic_io
 import cli
-from checkpoint_io import CheckpointError, load_pretrained, load_pt, read_state_dict
+import finetuning
+from checkpoint_io import load_pretrained, load_pt, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
 from processors.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS, check_text,
@@ -50,58 +57,68 @@ from tokenization import BertTokenizer, vocab_is_uncased
 # The two tasks, as functions
 
 
-def _default_device(device: torch.device | str | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+@dataclass(frozen=True)
+class Runtime:
+    """How the model runs over the inputs: `batch_size` windows (or sentences) per forward pass, on `device`
+    (None: where the model's parameters are), under `precision`'s autocast; `progress` shows a bar on stderr when
+    there are more than four batches."""
+
+    batch_size: int = 8
+    device: torch.device | str | None = None
+    precision: str = "fp32"
+    progress: bool = False
 
 
-@torch.inference_mode()
-def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], *, max_seq_length: int = 384,
-                     doc_stride: int = 128, max_query_length: int = 64, n_best_size: int = 20,
-                     max_answer_length: int = 30, version_2_with_negative: bool = False,
-                     null_score_diff_threshold: float = 0.0, batch_size: int = 8,
-                     device: torch.device | str | None = None, precision: str = "fp32", max_windows: int = 0,
-                     how_to_raise: str = "raise max_windows (0: no limit)", progress: bool = False
+def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]],
+                     settings: squad.QASettings = squad.QASettings(), runtime: Runtime = Runtime(), *,
+                     max_windows: int = 0, how_to_raise: str = "raise max_windows (0: no limit)"
                      ) -> list[dict[str, Any]]:
     """Answer [{"id"?, "question", "context"}, ...] with a BertForQuestionAnswering (or any module with the same
-    forward(input_ids, token_type_ids, attention_mask) -> (start [B,S], end [B,S])).
+    forward(input_ids, token_type_ids, attention_mask) -> (start [B,S], end [B,S])), cutting each context into
+    windows and reading the answers back as `settings` say.
 
     Returns one dict per item: {"id", "question", "answer", "probability", "nbest": [{text, probability,
     start_logit, end_logit}, ...]}, plus "null_score_diff" for v2.0 (the answer is "" when it exceeds the
-    threshold). The model is used on `device` (default: where its parameters are).
+    threshold).
 
     max_windows > 0 refuses (ValueError, before any forward pass) an item whose context needs more windows;
-    progress=True shows a progress bar on stderr when there are more than four batches of windows.
+    `how_to_raise` ends that message.
     """
-    if device is None:
-        device = next(model.parameters()).device
-    device = torch.device(device)
     examples = squad.examples_from_qa_pairs(items)
-    features = squad.convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
-                                                  is_training=False)
+    features = settings.features(examples, tokenizer)
     if max_windows:
         windows = np.bincount([f.example_index for f in features], minlength=len(examples))
         worst = int(windows.argmax())
         check_windows(int(windows[worst]), max_windows, f"item {worst} (id {examples[worst].qas_id!r}, context of "
-                      f"{len(items[worst]['context']):,} characters at max_seq_length {max_seq_length}, doc_stride "
-                      f"{doc_stride})", how_to_raise)
-    model.eval()
-    results = {}
-    with _progress_bar(len(features), batch_size, progress, "windows") as bar:
-        for lo in range(0, len(features), batch_size):
-            chunk = features[lo:lo + batch_size]
-            longest = max(sum(f.input_mask) for f in chunk)  # no padding beyond the longest window of the batch
-            batch = [torch.tensor([getattr(f, k)[:longest] for f in chunk], device=device)
-                     for k in ("input_ids", "segment_ids", "input_mask")]
-            with precision_policy.autocast(precision, device):
-                start, end = model(*batch)
-            start, end = start.float().cpu().numpy(), end.float().cpu().numpy()
-            for row, f in enumerate(chunk):
-                results[f.unique_id] = squad.RawResult(f.unique_id, start[row], end[row])
-            bar.update(len(chunk))
-    return squad.answers_from_logits(examples, features, results, n_best_size, max_answer_length,
-                                     tokenizer.do_lower_case, version_2_with_negative, null_score_diff_threshold)
+                      f"{len(items[worst]['context']):,} characters at max_seq_length {settings.max_seq_length}, "
+                      f"doc_stride {settings.doc_stride})", how_to_raise)
+    lengths = [sum(f.input_mask) for f in features]  # a window's real tokens; features are padded to S
+    logits = _predict(model, [(f.input_ids[:n], f.segment_ids[:n]) for f, n in zip(features, lengths)],
+                      _start_and_end, runtime, "windows")
+    results = {f.unique_id: squad.RawResult(f.unique_id, out[0], out[1]) for f, out in zip(features, logits)}
+    return settings.answers(examples, features, results, tokenizer.do_lower_case)
+
+
+def _start_and_end(output) -> torch.Tensor:
+    """[B, 2, S]: the start and end logits of a QA model's output (a QuestionAnsweringOutput or a plain pair)."""
+    return torch.stack([output[0], output[1]], dim=1)
+
+
+def _predict(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], head: Callable[[Any], torch.Tensor],
+             runtime: Runtime, unit: str) -> list[np.ndarray]:
+    """The head's output for every unpadded (input_ids [L], token_type_ids [L]) sequence, in input order:
+    consecutive batches of runtime.batch_size, each padded to its longest (finetuning.pad_sequences), through the
+    fine-tuning recipe's forward pass (finetuning.forward_batches)."""
+    device = next(model.parameters()).device if runtime.device is None else torch.device(runtime.device)
+    size = runtime.batch_size
+    chunks = (sequences[lo:lo + size] for lo in range(0, len(sequences), size))
+    batches = (finetuning.pad_sequences(chunk, (len(chunk),)) for chunk in chunks)
+    outputs: list[np.ndarray] = []
+    with _progress_bar(len(sequences), size, runtime.progress, unit) as bar:
+        for out, _ in finetuning.forward_batches(model, batches, head, runtime.precision, device):
+            outputs.extend(out)
+            bar.update(len(out))
+    return outputs
 
 
 def _progress_bar(total: int, batch_size: int, enabled: bool, unit: str):
@@ -133,11 +150,10 @@ def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], m
     return encoded
 
 
-@torch.inference_mode()
-def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], *, max_seq_length: int = 128,
-             batch_size: int = 8, device: torch.device | str | None = None, precision: str = "fp32",
-             labels: Sequence[str] | None = None, progress: bool = False) -> list[dict[str, Any]]:
-    """Classify [{"id"?, "text_a", "text_b"?}, ...] with a BertForSequenceClassification.
+def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], runtime: Runtime = Runtime(), *,
+             max_seq_length: int = 128, labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Classify [{"id"?, "text_a", "text_b"?}, ...] with a BertForSequenceClassification, each item cut to
+    max_seq_length tokens.
 
     Returns {"id", "label", "probability", "probabilities": {label: p}} per item, or {"id", "score"} for a
     regression model (one output). `labels` names the classes (default "0", "1", ...).
@@ -145,29 +161,18 @@ def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]]
     for i, item in enumerate(items):
         if not isinstance(item, Mapping) or not isinstance(item.get("text_a"), str):
             raise ValueError(f"item {i} needs a string 'text_a' field (and optionally 'text_b'), got {item!r:.200}")
-    if device is None:
-        device = next(model.parameters()).device
-    device = torch.device(device)
     num_labels = model.num_labels
     labels = list(labels) if labels else [str(i) for i in range(num_labels)]
     if num_labels > 1 and len(labels) != num_labels:
         raise ValueError(f"{len(labels)} label names for a model with {num_labels} outputs")
-    encoded = encode_pairs(tokenizer, items, max_seq_length)
-    model.eval()
-    out = []
-    with _progress_bar(len(encoded), batch_size, progress, "items") as bar:
-        for lo in range(0, len(encoded), batch_size):
-            chunk = encoded[lo:lo + batch_size]
-            longest = max(len(ids) for ids, _ in chunk)
-            ids = torch.tensor([x + [0] * (longest - len(x)) for x, _ in chunk], device=device)
-            types = torch.tensor([t + [0] * (longest - len(t)) for _, t in chunk], device=device)
-            mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x, _ in chunk], device=device)
-            with precision_policy.autocast(precision, device):
-                logits = model(ids, types, mask)[0].float().cpu()  # [B, num_labels]
-            for row, item_index in enumerate(range(lo, lo + len(chunk))):
-                out.append(_classification_record(items[item_index], item_index, logits[row], labels))
-            bar.update(len(chunk))
-    return out
+    logits = _predict(model, encode_pairs(tokenizer, items, max_seq_length), _class_logits, runtime, "items")
+    return [_classification_record(item, i, torch.from_numpy(row), labels)
+            for i, (item, row) in enumerate(zip(items, logits))]
+
+
+def _class_logits(output) -> torch.Tensor:
+    """[B, num_labels]: the logits of a classification model's output."""
+    return output[0]
 
 
 def _classification_record(item: Mapping, index: int, logits: torch.Tensor, labels: list[str]) -> dict[str, Any]:
@@ -184,16 +189,6 @@ def _classification_record(item: Mapping, index: int, logits: torch.Tensor, labe
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading models and inputs
-
-
-def _find_vocab(args) -> str:
-    if args.vocab_file:
-        return args.vocab_file
-    ckpt = Path(args.init_checkpoint)
-    candidate = ckpt / "vocab.txt" if ckpt.is_dir() else ckpt.parent / "vocab.txt"
-    if not candidate.is_file():
-        raise cli.InputError(f"no vocab.txt in or beside {ckpt}: pass --vocab_file")
-    return str(candidate)
 
 
 def checkpoint_labels(path: str | Path) -> tuple[int | None, list[str] | None]:
@@ -302,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--init_checkpoint", required=True,
                    help="a fine-tuned model.pt, an NVIDIA checkpoint or a Hugging Face directory")
     g.add_argument("--config_file", default=None, help="bert_config.json; default: the checkpoint's own")
-    g.add_argument("--vocab_file", default=None, help="vocab.txt; default: vocab.txt in or beside the checkpoint")
+    g.add_argument("--vocab_file", default=None,
+                   help="vocab.txt; default: vocab.txt in or beside the checkpoint (or in the hf_model/ beside it)")
     g.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None,
                    help="lower-case the input; default: yes when the vocabulary has no capital letters")
     g = p.add_argument_group("input")
@@ -337,26 +333,21 @@ def build_parser() -> argparse.ArgumentParser:
     precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
     g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
     g.add_argument("--disable_progress_bar", action="store_true", help="no progress bar for long inputs")
-    g.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
+    cli.add_debug_argument(g)
     return p
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run inference.py; an expected error (bad input, an unusable checkpoint, an unwritable output) becomes
-    SystemExit("inference.py: error: <one line>"), which Python prints to stderr with exit status 1."""
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (cli.InputError, CheckpointError, OSError, ValueError) as e:
-        if args.debug:
-            raise
-        message = " ".join(str(e).split()) or type(e).__name__
-        raise SystemExit(f"inference.py: error: {message}") from None
+    SystemExit("inference.py: error: <one line>"), which Python prints to stderr with exit status 1 (--debug: the
+    traceback), as every script's (cli.script_errors)."""
+    with cli.script_errors("inference.py", argv):
+        return run(build_parser().parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    if not Path(args.init_checkpoint).exists():
-        raise cli.InputError(f"--init_checkpoint {args.init_checkpoint} not found")
+    # A missing checkpoint is named first; the vocabulary is looked for once the inputs have passed their checks.
+    finetuning.check_init_checkpoint(args)
     for name in ("batch_size", "doc_stride", "n_best_size", "max_answer_length"):
         if getattr(args, name) < 1:
             raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -366,36 +357,28 @@ def run(args: argparse.Namespace) -> list[dict]:
     items = items_from_args(args)
     if args.output_file:
         check_output_file(args.output_file)
+    finetuning.resolve_model_files(args)  # --vocab_file: in or beside the checkpoint (or its hf_model/)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout carries the JSON only)
-    device = torch.device("cpu") if args.no_cuda else _default_device(None)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = precision_policy.setup(args.precision, device, "inference.py", precision_policy.READ).name
-    vocab_file = _find_vocab(args)
-    tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
+    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=True)
     if args.do_lower_case is None:
         args.do_lower_case = vocab_is_uncased(tokenizer.vocab)
-    tokenizer = BertTokenizer(vocab_file, do_lower_case=args.do_lower_case)
+    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
     model = load_model(args, log).to(device)
-    limit = model.config.max_position_embeddings
-    if args.max_seq_length is not None and args.max_seq_length > limit:
-        raise cli.InputError(f"--max_seq_length {args.max_seq_length} exceeds the model's "
-                               f"max_position_embeddings {limit}")
-    progress = not args.disable_progress_bar
+    default_length = 384 if args.mode == "qa" else 128
+    max_seq_length = args.max_seq_length or min(default_length, model.config.max_position_embeddings)
+    finetuning.check_model_fits(model.config, len(tokenizer), args.vocab_file, max_seq_length)
+    runtime = Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
     if args.mode == "qa":
-        max_seq_length = args.max_seq_length or min(384, limit)
         if max_seq_length < args.max_query_length + 4:
             raise cli.InputError(f"--max_seq_length {max_seq_length} must be at least --max_query_length "
-                                   f"{args.max_query_length} + 4")
-        out = answer_questions(
-            model, tokenizer, items, max_seq_length=max_seq_length, doc_stride=args.doc_stride,
-            max_query_length=args.max_query_length, n_best_size=args.n_best_size,
-            max_answer_length=args.max_answer_length, version_2_with_negative=args.version_2_with_negative,
-            null_score_diff_threshold=args.null_score_diff_threshold, batch_size=args.batch_size, device=device,
-            precision=precision, max_windows=args.max_windows, how_to_raise=LIMIT_HINT, progress=progress)
+                                 f"{args.max_query_length} + 4")
+        out = answer_questions(model, tokenizer, items, squad.QASettings.from_args(args, max_seq_length=max_seq_length),
+                               runtime, max_windows=args.max_windows, how_to_raise=LIMIT_HINT)
     else:
         labels = args.labels.split(",") if args.labels else model.label_names
-        out = classify(model, tokenizer, items, max_seq_length=args.max_seq_length or min(128, limit),
-                       batch_size=args.batch_size, device=device, precision=precision, labels=labels,
-                       progress=progress)
+        out = classify(model, tokenizer, items, runtime, max_seq_length=max_seq_length, labels=labels)
     text = json.dumps(out, indent=2, ensure_ascii=False)
     if args.output_file:
         atomic_io.atomic_write_text(args.output_file, text + "\n")

@@ -17,12 +17,14 @@ Read top to bottom:
 Notation: F features (windows), S max_seq_length, T WordPiece tokens of one document, W windows of one document.
 
 A feature's token layout is `[CLS] question [SEP] document-window [SEP] [PAD]...`, segment 0 up to the first [SEP]
-and 1 after it. The triton/ client imports `examples_from_qa_pairs`, `convert_examples_to_features` and
-`get_predictions` from here, so their names and signatures are part of the project's interface.
+and 1 after it. The triton/ client imports `examples_from_qa_pairs`, `convert_examples_to_features`,
+`get_predictions` and `QASettings` (the window and answer settings that inference.py takes too) from here, so their
+names and signatures are part of the project's interface.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import logging
@@ -682,6 +684,43 @@ def answers_from_logits(examples: Sequence, features: Sequence, results: dict, n
             record["null_score_diff"] = null_odds[example.qas_id]
         out.append(record)
     return out
+
+
+@dataclass(frozen=True)
+class QASettings:
+    """How questions are cut into windows and answers read back from the windows' logits, under the names of the
+    flags of run_squad.py, inference.py and triton/client.py. Each group of fields stands beside the method that
+    reads it."""
+
+    # The windows: max_seq_length tokens (S) each, one starting every doc_stride document tokens, after the question
+    # cut to max_query_length tokens.
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+
+    def features(self, examples: Sequence[SquadExample], tokenizer) -> list[InputFeatures]:
+        """The windows of `examples` to predict (convert_examples_to_features without answers)."""
+        return convert_examples_to_features(examples, tokenizer, self.max_seq_length, self.doc_stride,
+                                            self.max_query_length, is_training=False)
+
+    # The answers: the n_best_size best spans of at most max_answer_length tokens; for a SQuAD 2.0 model, "" when
+    # null score - best span score exceeds null_score_diff_threshold.
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    version_2_with_negative: bool = False
+    null_score_diff_threshold: float = 0.0
+
+    def answers(self, examples: Sequence[SquadExample], features: Sequence[InputFeatures], results: dict,
+                do_lower_case: bool) -> list[dict[str, Any]]:
+        """answers_from_logits with these settings; `do_lower_case` is the tokenizer's."""
+        return answers_from_logits(examples, features, results, self.n_best_size, self.max_answer_length,
+                                   do_lower_case, self.version_2_with_negative, self.null_score_diff_threshold)
+
+    @classmethod
+    def from_args(cls, args, **overrides) -> QASettings:
+        """The settings from a script's flags of the same names, `overrides` (e.g. a resolved max_seq_length)
+        taking the place of some."""
+        return cls(**{**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}, **overrides})
 
 
 def _example_nbest(example: SquadExample, features: list[InputFeatures], all_results, n_best_size: int,

@@ -5,6 +5,7 @@ the context written out by the test, and transformers' BertForSequenceClassifica
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -64,8 +65,8 @@ def test_long_context_is_covered_by_windows_and_answer_in_last_window_found(toke
     target = tokenizer.vocab["madagascar"]
     model = PointingModel(target)
     items = [{"id": "q1", "question": "Where does the river go?", "context": context}]
-    out = inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16,
-                                     n_best_size=5, batch_size=4)
+    settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16, n_best_size=5)
+    out = inference.answer_questions(model, tokenizer, items, settings, inference.Runtime(batch_size=4))
     assert out[0]["id"] == "q1" and out[0]["answer"] == "Madagascar"
     assert out[0]["probability"] > 0.99 and out[0]["nbest"][0]["text"] == "Madagascar"
     json.dumps(out)  # JSON-ready
@@ -87,11 +88,11 @@ def test_null_answer_for_v2_models(tokenizer, long_context):
     context = long_context(50, "Madagascar")
     model = PointingModel(tokenizer.vocab["madagascar"], null=20.0)  # [CLS] beats every span: no answer
     item = [{"question": "Where?", "context": context}]
-    out = inference.answer_questions(model, tokenizer, item, max_seq_length=48, doc_stride=16, max_query_length=8,
-                                     version_2_with_negative=True)
+    settings = squad.QASettings(max_seq_length=48, doc_stride=16, max_query_length=8, version_2_with_negative=True)
+    out = inference.answer_questions(model, tokenizer, item, settings)
     assert out[0]["answer"] == "" and out[0]["null_score_diff"] > 0 and out[0]["id"] == "0"
-    out = inference.answer_questions(model, tokenizer, item, max_seq_length=48, doc_stride=16, max_query_length=8,
-                                     version_2_with_negative=False)
+    out = inference.answer_questions(model, tokenizer, item, dataclasses.replace(settings,
+                                                                                 version_2_with_negative=False))
     assert out[0]["answer"] == "Madagascar"
 
 
@@ -105,7 +106,8 @@ def test_windows_match_the_feature_builder(tokenizer, long_context):
         covered.update(orig for pos, orig in f.token_to_orig_map.items())
     assert covered == set(range(len(examples[0].doc_tokens)))
     model = PointingModel(tokenizer.vocab["lagos"])
-    inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16)
+    settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
+    inference.answer_questions(model, tokenizer, items, settings)
     assert [ids[:sum(1 for t in ids if t)] for ids, _ in model.windows] == \
         [f.input_ids[:len(f.tokens)] for f in features]
 
@@ -202,6 +204,35 @@ def test_classification_mode_prints_labels(layout, tmp_path, capsys, uncased_voc
         assert record["label"] == labels[int(expected.argmax())]
         got = torch.tensor([record["probabilities"][name] for name in labels])
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_model_files_are_found_and_checked_as_the_fine_tuning_scripts_do(tmp_path, capsys, uncased_vocab):
+    """run_glue.py's output folder (model.pt, with the vocabulary only in hf_model/) needs no --vocab_file; a
+    vocabulary larger than the model's embedding table is refused in one line before any forward pass."""
+    torch.manual_seed(3)
+    model = BertForSequenceClassification(BertConfig(**TINY), num_labels=2).eval()
+    torch.save({"model": export_state_dict(model), "config": model.config.to_dict(), "num_labels": 2,
+                "labels": ["no", "yes"]}, tmp_path / "model.pt")
+    save_hf_directory(model, tmp_path / "hf_model", uncased_vocab)
+    text = "The cat sat on the mat."
+    printed = inference.main(["--mode", "classify", "--init_checkpoint", str(tmp_path / "model.pt"), "--text_a",
+                              text, "--no_cuda"])
+    capsys.readouterr()
+    tok = BertTokenizer(uncased_vocab, do_lower_case=True)
+    with torch.no_grad():  # the reference: the model itself on ids the test writes out
+        logits = model(torch.tensor([[101, *tok.encode(text), 102]]))[0][0]
+    expected = torch.softmax(logits, -1)
+    assert printed[0]["label"] == ["no", "yes"][int(expected.argmax())]
+    torch.testing.assert_close(torch.tensor([printed[0]["probabilities"][k] for k in ("no", "yes")]), expected,
+                               atol=1e-5, rtol=1e-4)
+
+    small = BertForSequenceClassification(BertConfig(**{**TINY, "vocab_size": 100}), num_labels=2)
+    save_hf_directory(small, tmp_path / "small", uncased_vocab)
+    with pytest.raises(SystemExit) as e:
+        inference.main(["--mode", "classify", "--init_checkpoint", str(tmp_path / "small"), "--text_a", text])
+    lines = str(e.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("inference.py: error: --vocab_file "), lines
+    assert f"has {len(tok.vocab)} tokens but the model only 100" in lines[0]
 
 
 def test_help_lists_the_modes(repo_root):
@@ -302,13 +333,12 @@ def test_max_windows_refuses_before_any_forward_pass(tokenizer, long_context, qa
     model = PointingModel(tokenizer.vocab["madagascar"])
     items = [{"id": "short", "question": "Who?", "context": "Bob."},
              {"id": "long", "question": "Where does the river go?", "context": context}]
+    settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
     with pytest.raises(ValueError, match=r"item 1 \(id 'long', context of 2,\d{3} characters at max_seq_length 64, "
                                          r"doc_stride 24\) needs \d+ windows, over the limit max_windows=5"):
-        inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16,
-                                   max_windows=5)
+        inference.answer_questions(model, tokenizer, items, settings, max_windows=5)
     assert model.windows == []
-    out = inference.answer_questions(model, tokenizer, items, max_seq_length=64, doc_stride=24, max_query_length=16,
-                                     max_windows=100)
+    out = inference.answer_questions(model, tokenizer, items, settings, max_windows=100)
     assert out[1]["answer"] == "Madagascar" and len(model.windows) > 5
 
     with pytest.raises(SystemExit) as e:

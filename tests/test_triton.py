@@ -23,6 +23,7 @@ import torch
 
 from checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertForQuestionAnswering
+from processors.squad import QASettings
 from tokenization import BertTokenizer
 from utils import load_triton_script as load_script
 
@@ -147,11 +148,11 @@ def assert_answers_equal(got: list[dict], expected: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def reference_answers(deployment, qa_items, minilm_dir):
     """inference.py's answers with the PyTorch model: the independent reference."""
-    from inference import answer_questions
+    from inference import Runtime, answer_questions
 
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
-    return answer_questions(deployment[0], tokenizer, qa_items, max_seq_length=MAX_SEQ, doc_stride=64,
-                            batch_size=4, device="cpu")
+    return answer_questions(deployment[0], tokenizer, qa_items, QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
+                            Runtime(batch_size=4, device="cpu"))
 
 
 def test_repository_configs_parse_for_both_backends(deployment, tmp_path):
@@ -211,8 +212,8 @@ def test_answers_over_http_and_grpc_equal_inference(server, deployment, qa_items
     connection = client.TritonQA(server["grpc_url"], "grpc", "bert_qa")
     try:
         tokenizer = BertTokenizer(deployment[1] / "vocab.txt", do_lower_case=True)
-        got = client.answer_with_triton(connection, tokenizer, qa_items, max_seq_length=MAX_SEQ, doc_stride=64,
-                                        batch_size=MAX_BATCH)
+        got = client.answer_with_triton(connection, tokenizer, qa_items,
+                                        QASettings(max_seq_length=MAX_SEQ, doc_stride=64), batch_size=MAX_BATCH)
     finally:
         connection.close()
     assert_answers_equal(got, reference_answers)
@@ -422,15 +423,15 @@ SOAK_SHAPES = [(1, 16), (2, 128), (4, 48), (8, 32), (MAX_BATCH, MAX_SEQ), (1, MA
 def soak_items(qa_items, deployment, minilm_dir) -> tuple[list[dict], list[dict]]:
     """(items, inference.py's answers) for the soak's text requests: qa_items with their contexts cut after the
     first sentence that ends past 150 characters (one window each, so the soak stays short), plus "tiny"."""
-    from inference import answer_questions
+    from inference import Runtime, answer_questions
 
     items = []
     for item in qa_items:
         end = item["context"].find(". ", 150)
         items.append({**item, "context": item["context"][:end + 1] if end > 0 else item["context"]})
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
-    answers = answer_questions(deployment[0], tokenizer, items, max_seq_length=MAX_SEQ, doc_stride=64, batch_size=8,
-                               device="cpu")
+    answers = answer_questions(deployment[0], tokenizer, items, QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
+                               Runtime(batch_size=8, device="cpu"))
     return items, answers
 
 

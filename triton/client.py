@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from processors.items import read_items
-from processors.squad import answers_from_logits
+# answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
+from processors.squad import QASettings, answers_from_logits  # noqa: F401
 from atomic_io import atomic_write_json
 from cli import InputError, script_errors
 
@@ -168,19 +169,15 @@ def feature_batches(features: Sequence, batch_size: int, dtype) -> Iterator[tupl
                       for k in ("input_ids", "segment_ids", "input_mask")]
 
 
-def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], max_seq_length: int = 384,
-                       doc_stride: int = 128, max_query_length: int = 64, n_best_size: int = 20,
-                       max_answer_length: int = 30, batch_size: int = 8, version_2_with_negative: bool = False,
-                       null_score_diff_threshold: float = 0.0) -> list[dict[str, Any]]:
-    """inference.answer_questions with the model on the server: the same windows, batches and post-processing."""
-    from processors.squad import convert_examples_to_features, examples_from_qa_pairs
+def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], settings: QASettings = QASettings(),
+                       batch_size: int = 8) -> list[dict[str, Any]]:
+    """inference.answer_questions with the model on the server: the same windows, batches and post-processing
+    (`settings`: the windows and answers, as inference.py's), `batch_size` windows per request."""
+    from processors.squad import examples_from_qa_pairs
 
     examples = examples_from_qa_pairs(items)
-    features = convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
-                                            is_training=False)
-    results = connection.logits(features, batch_size)
-    return answers_from_logits(examples, features, results, n_best_size, max_answer_length,
-                               tokenizer.do_lower_case, version_2_with_negative, null_score_diff_threshold)
+    features = settings.features(examples, tokenizer)
+    return settings.answers(examples, features, connection.logits(features, batch_size), tokenizer.do_lower_case)
 
 
 def answer_with_text_model(connection: TritonQA, items: Sequence[dict], batch_size: int) -> list[dict[str, Any]]:
@@ -224,9 +221,7 @@ def _main(argv) -> int:
             vocab, lower, max_seq_length = tokenizer_settings(args)
             connection = TritonQA(args.url, args.protocol, args.model_name, args.timeout)
             answers = answer_with_triton(connection, BertTokenizer(vocab, do_lower_case=lower), items,
-                                         max_seq_length, args.doc_stride, args.max_query_length, args.n_best_size,
-                                         args.max_answer_length, args.batch_size, args.version_2_with_negative,
-                                         args.null_score_diff_threshold)
+                                         QASettings.from_args(args, max_seq_length=max_seq_length), args.batch_size)
     except InferenceServerException as e:
         raise InputError(f"--url {args.url} ({args.protocol}): server error: {str(e).splitlines()[0]}") from None
     except ValueError as e:  # a bad item in --input_file
