@@ -31,7 +31,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ import torch
 import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
 import atomic_io
 import cli
+
+if TYPE_CHECKING:
+    from inference import Runtime
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -246,17 +249,19 @@ def open_writer(path: str | Path, fmt: str, layers: list[int], args, hidden_size
 
 
 @torch.inference_mode()
-def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, max_seq_length: int, batch_size: int,
-            device: torch.device, precision: str = "fp32", progress: bool = True) -> int:
-    """Run the encoder over `items` in batches (each padded to its longest line) and hand every line's tokens and
-    features [tokens, len(layers), H] to `writer.add`, in input order. Returns the number of tokens written."""
+def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, max_seq_length: int,
+            runtime: Runtime) -> int:
+    """Run the encoder over `items` in batches of `runtime.batch_size` (each padded to its longest line), on
+    `runtime.device` under `runtime.precision`, and hand every line's tokens and features [tokens, len(layers), H]
+    to `writer.add`, in input order. Returns the number of tokens written."""
     from tqdm import tqdm
 
     from inference import encode_pairs
 
     model.eval()
-    written = 0
-    for lo in tqdm(range(0, len(items), batch_size), desc="extract", unit="batch", disable=not progress):
+    written, batch_size, precision = 0, runtime.batch_size, runtime.precision
+    device = next(model.parameters()).device if runtime.device is None else torch.device(runtime.device)
+    for lo in tqdm(range(0, len(items), batch_size), desc="extract", unit="batch", disable=not runtime.progress):
         encoded = encode_pairs(tokenizer, items[lo:lo + batch_size], max_seq_length)
         longest = max(len(ids) for ids, _ in encoded)
         ids = np.zeros((len(encoded), longest), dtype=np.int64)
@@ -284,6 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _main(argv: list[str] | None) -> dict:
     from checkpoint_io import CheckpointError, from_pretrained
+    from inference import Runtime
     from modeling import BertModel
     from tokenization import BertTokenizer, vocab_is_uncased
     from finetuning import check_model_fits, resolve_model_files
@@ -317,9 +323,8 @@ def _main(argv: list[str] | None) -> dict:
     layers = parse_layers(args.layers, config.num_hidden_layers)
     model.to(device)
     with open_writer(args.output_file, fmt, layers, args, config.hidden_size) as writer:
-        tokens = extract(model, tokenizer, items, layers, writer, max_seq_length=args.max_seq_length,
-                         batch_size=args.batch_size, device=device, precision=precision,
-                         progress=not args.disable_progress_bar)
+        runtime = Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
+        tokens = extract(model, tokenizer, items, layers, writer, max_seq_length=args.max_seq_length, runtime=runtime)
     summary = {"lines": len(items), "tokens": tokens, "layers": layers, "hidden_size": config.hidden_size,
                "format": fmt, "output_file": args.output_file, "precision": precision}
     log(f"extract_features.py: {len(items)} lines, {tokens} tokens x {len(layers)} layers x {config.hidden_size} "
