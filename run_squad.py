@@ -149,9 +149,8 @@ def build_features(args, input_file: str, examples, tokenizer, is_training: bool
         progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
     if sync and not env.is_main:
         dist_env.barrier(env)  # wait for process 0 to write the cache, then read it
-    features, how = squad.load_or_build_features(
-        input_file, examples, tokenizer, args.max_seq_length, args.doc_stride, args.max_query_length, is_training,
-        args.version_2_with_negative, cache_dir, write_cache=env.is_main, progress=progress)
+    features, how = squad.load_or_build_features(input_file, examples, tokenizer, squad.QASettings.from_args(args),
+                                                 is_training, cache_dir, write_cache=env.is_main, progress=progress)
     if sync and env.is_main:
         dist_env.barrier(env)
     log(f"{input_file}: {len(examples)} questions -> {len(features)} windows ({how})")

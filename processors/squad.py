@@ -478,15 +478,17 @@ def load_features(path: str | os.PathLike, tokenizer) -> list[InputFeatures]:
 
 
 def load_or_build_features(input_file: str | os.PathLike, examples: Sequence[SquadExample], tokenizer,
-                           max_seq_length: int, doc_stride: int, max_query_length: int, is_training: bool,
-                           version_2_with_negative: bool, cache_dir: str | os.PathLike | None,
+                           settings: QASettings, is_training: bool, cache_dir: str | os.PathLike | None,
                            write_cache: bool = True, progress=None) -> tuple[list[InputFeatures], str]:
-    """Features from the cache when it has them, else built (and cached when `write_cache`). `cache_dir` None
-    means no cache at all. Returns (features, how: "cache <path>" / "built" / "built, cached in <path>")."""
+    """Features from the cache when it has them, else built (and cached when `write_cache`) with the window
+    settings of `settings`. `cache_dir` None means no cache at all. Returns (features, how: "cache <path>" /
+    "built" / "built, cached in <path>")."""
+    max_seq_length, doc_stride, max_query_length = (settings.max_seq_length, settings.doc_stride,
+                                                    settings.max_query_length)
     path = None
     if cache_dir is not None:
         path = feature_cache_path(cache_dir, input_file, tokenizer, max_seq_length, doc_stride, max_query_length,
-                                  is_training, version_2_with_negative)
+                                  is_training, settings.version_2_with_negative)
         if path.is_file():
             try:
                 features = load_features(path, tokenizer)

@@ -9,6 +9,7 @@ References, all independent of processors/squad.py's own output:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -177,7 +178,8 @@ def test_feature_max_context_flags_match_brute_force(shared_data, tokenizer):
 def test_feature_cache_round_trip_and_invalidation(shared_data, tokenizer, tmp_path):
     path = shared_data / DEV_V2
     examples = squad.read_squad_examples(path, is_training=True, version_2_with_negative=True)
-    args = (path, examples, tokenizer, 64, 16, 16, True, True, tmp_path)
+    settings = squad.QASettings(max_seq_length=64, doc_stride=16, max_query_length=16, version_2_with_negative=True)
+    args = (path, examples, tokenizer, settings, True, tmp_path)
     built, how = squad.load_or_build_features(*args)
     assert how.startswith("built, cached in")
     cached, how = squad.load_or_build_features(*args)
@@ -187,7 +189,8 @@ def test_feature_cache_round_trip_and_invalidation(shared_data, tokenizer, tmp_p
     with np.load(cache_file, allow_pickle=False) as z:  # plain arrays only
         assert all(z[k].dtype != object for k in z.files)
     # Another stride is another cache file; a damaged file is rebuilt, not trusted.
-    _, how = squad.load_or_build_features(path, examples, tokenizer, 64, 8, 16, True, True, tmp_path)
+    _, how = squad.load_or_build_features(path, examples, tokenizer, dataclasses.replace(settings, doc_stride=8), True,
+                                          tmp_path)
     assert how.startswith("built, cached in") and Path(how.split(" in ", 1)[1]) != cache_file
     cache_file.write_bytes(b"not a zip file")
     rebuilt, how = squad.load_or_build_features(*args)
