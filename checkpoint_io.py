@@ -34,6 +34,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+import atomic_io
+import cli
 from modeling import BertConfig, BertForSequenceClassification, BertModel
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -335,3 +337,64 @@ def nvidia_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     if isinstance(model, BertModel):  # NVIDIA's BertModel, like Hugging Face's, has no `bert.` prefix
         out = {k[len("bert."):]: v for k, v in out.items()}
     return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Checkpoints: ckpt_<step>.pt
+
+
+class CheckpointManager:
+    """The ckpt_<step>.pt files of one folder. `owns(step)` says which of them belong to this run (pre-training:
+    the current phase's), the ones rotation and resume look at. Writes are atomic (atomic_io.atomic_torch_save: a
+    temporary file, fsync, rename), reads use torch.load(weights_only=True), so a damaged or hostile file can
+    neither run code nor be mistaken for a complete one."""
+
+    NAME = re.compile(r"^ckpt_(\d+)\.pt$")
+
+    def __init__(self, folder: str | Path, keep: int = 3, owns: Callable[[int], bool] = lambda step: True,
+                 log: Callable[[str], None] = lambda msg: None):
+        self.folder, self.keep, self.owns, self.log = Path(folder), keep, owns, log
+
+    def all(self) -> dict[int, Path]:
+        """step -> path of every ckpt_<step>.pt in the folder, by step (interrupted writes are not listed)."""
+        if not self.folder.is_dir():
+            return {}
+        found = {int(m.group(1)): p for p in self.folder.iterdir() if (m := self.NAME.match(p.name))}
+        return dict(sorted(found.items()))
+
+    def mine(self) -> dict[int, Path]:
+        return {s: p for s, p in self.all().items() if self.owns(s)}
+
+    @staticmethod
+    def read(path: str | Path) -> dict[str, Any]:
+        return load_pt(path)
+
+    def newest_readable(self, required: set[str]) -> dict[str, Any] | None:
+        """The newest of this run's checkpoints that loads and holds the `required` keys (older ones are tried
+        when the newest is damaged, with a message for each), or None when there is none."""
+        found = self.mine()
+        for step in reversed(found):
+            try:
+                ckpt = self.read(found[step])
+            except Exception as e:  # truncated or corrupted by something outside our atomic writes: fall back
+                self.log(f"{cli.describe_error(e)}; trying an older one")
+                continue
+            if required <= set(ckpt):
+                return ckpt
+            self.log(f"checkpoint {found[step]} is incomplete (no training state); trying an older one")
+        return None
+
+    def save(self, step: int, payload: dict[str, Any]) -> Path:
+        """Write ckpt_<step>.pt atomically, then drop this run's oldest beyond `keep` (never the new one)."""
+        path = self.folder / f"ckpt_{step}.pt"
+        atomic_io.atomic_torch_save(payload, path)
+        others = [p for s, p in self.mine().items() if s != step]
+        for old in others[:max(len(others) - (self.keep - 1), 0)]:
+            old.unlink(missing_ok=True)
+        self.log(f"saved {path}")
+        return path
+
+    def remove_interrupted_writes(self) -> None:
+        """Temporary files left by a write that was killed (atomic_io.atomic_open names them .<name>.*.tmp)."""
+        for p in self.folder.glob(".ckpt_*.pt.*.tmp"):
+            p.unlink(missing_ok=True)

@@ -9,7 +9,7 @@ Read top to bottom:
    `start_positions` and `end_positions`), so one loss serves every task: `model(**batch).loss`;
 3. `Task`: what a task supplies;
 4. training: `shuffled_epochs` (a task's default batches), `count_optimizer_steps`, `train` (BertAdam, the linear
-   warm-up schedule, training.fit);
+   warm-up schedule, fit);
 5. prediction: `length_sorted_batches`, `forward_batches` (the forward pass of every prediction, inference.py's
    too), `predict` (the one prediction loop), `latency_summary`;
 6. `run`: the skeleton, in order: model files, environment, precision, logger, every input read, tokenizer, model,
@@ -33,10 +33,12 @@ import numpy as np
 import torch
 
 import precision as precision_policy  # the module; `precision` is a resolved name in the functions below
-import training
 import atomic_io
 import cli
 import dist_env
+import metrics
+import parallelize
+import train_step
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. Checks before any work
@@ -301,7 +303,7 @@ class Task:
         """Entries added to hf_model/config.json (e.g. the label names)."""
         return {}
 
-    def after_predictions(self, output_dir: Path, results: dict, logger: training.RunLogger) -> None:
+    def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
         """Runs once the prediction files are written (SQuAD: its external evaluation script reads them)."""
 
     def final_record(self, results: dict) -> dict:
@@ -346,10 +348,10 @@ def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: flo
 
 
 def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv,
-          logger: training.RunLogger) -> training.FitResult:
+          logger: metrics.RunLogger) -> FitResult:
     """Fine-tune `model` (bare: parallelism and precision are applied here) on `dataset` with the shared flags:
     the task's micro-batches, BertAdam (AdamW without bias correction, as BERT) over the no-decay groups, the
-    linear warm-up schedule, training.fit."""
+    linear warm-up schedule, fit."""
     from optimization import BertAdam, param_groups_for_bert
     from schedulers import LinearWarmUpScheduler
 
@@ -358,7 +360,7 @@ def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv,
     epoch_batches, per_epoch = task.epoch_batches(dataset, micro_batch, env)
     total_steps = count_optimizer_steps(per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
                                         args.max_steps)
-    ddp_model, precision = training.apply_parallelism_and_precision(model, env, args.precision,
+    ddp_model, precision = parallelize.apply_parallelism_and_precision(model, env, args.precision,
                                                                     loss_scale=args.loss_scale)
     optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
                          weight_decay=args.weight_decay,
@@ -366,9 +368,62 @@ def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv,
     scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
     logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
                              "micro_batch": micro_batch, "world_size": env.world_size, "precision": precision.name})
-    rule = training.StepRule(ddp_model, loss, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
-    return training.fit(rule, epoch_batches, env, logger, total_steps=total_steps,
+    rule = train_step.StepRule(ddp_model, loss, optimizer, scheduler, precision, fine_tuning_watch(env.device))
+    return fit(rule, epoch_batches, env, logger, total_steps=total_steps,
                         accumulation=args.gradient_accumulation_steps, log_freq=args.log_freq)
+
+
+@dataclass
+class FitResult:
+    steps: int  # optimizer steps taken (an fp16 overflow's skipped step is not one)
+    loss: float  # mean training loss over the last log window
+    seconds: float
+    sequences: int  # sequences trained, all processes
+
+
+def fine_tuning_watch(device: torch.device) -> train_step.DivergenceWatch:
+    """Fine-tuning with a non-finite loss ends with this line, before its NaN weights are evaluated or saved as a
+    result."""
+    return train_step.DivergenceWatch(device, "fine-tuning step", "lower --learning_rate, or try --precision fp32",
+                           "nothing was evaluated or saved")
+
+
+def fit(rule: train_step.StepRule, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
+        env: dist_env.DistEnv, logger: metrics.RunLogger, *, total_steps: int, accumulation: int,
+        log_freq: int) -> FitResult:
+    """Train `rule.model` (the DDP-wrapped one when distributed) until `total_steps` optimizer steps are taken.
+
+    epoch_batches(epoch) yields this process's micro-batches of one epoch (CPU tensors); groups of `accumulation`
+    of them make one optimizer step (train_step.StepRule: gradients all-reduced on the group's last micro-batch
+    only; an fp16 overflow skips the step and the schedule and is not counted). The loss stays on the device until
+    a log step: one host sync every `log_freq` steps. A non-finite loss (fp32/bf16) raises DivergedError naming its
+    step (fine_tuning_watch): on a CPU before that step's optimizer update, on a GPU at the next log step.
+    """
+    meter, watch = metrics.Meter(env), rule.watch
+    bar = logger.progress(total_steps, desc="train")
+    epoch, last_loss = 0, float("nan")
+    rule.model.train()
+    while rule.taken < total_steps:
+        for group in train_step.accumulation_groups(epoch_batches(epoch), accumulation):
+            taken, losses = rule((train_step.to_device(b, env.device) for b in group), len(group), rule.taken + 1)
+            meter.add_attempt(losses[:1])
+            if not taken:
+                continue  # fp16 overflow: the loss scale halved, nothing else moved
+            meter.step_taken(sum(len(b["input_ids"]) for b in group) * env.world_size)
+            step = rule.taken
+            bar.update(1)
+            if step % log_freq == 0 or step == total_steps:
+                watch.check()  # on a GPU, read at log steps only: no host sync per step
+                last_loss = meter.mean_losses()[0]
+                logger.log(step, {"loss": last_loss, "learning_rate": rule.lr, "epoch": epoch,
+                                  "loss_scale": rule.precision.loss_scale,
+                                  "sequences_per_second": meter.run_sequences / max(meter.elapsed(), 1e-9)})
+                bar.set_postfix(loss=f"{last_loss:.4f}")
+            if step >= total_steps:
+                break
+        epoch += 1
+    bar.close()
+    return FitResult(steps=rule.taken, loss=last_loss, seconds=meter.elapsed(), sequences=meter.run_sequences)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -397,7 +452,7 @@ def forward_batches(model: torch.nn.Module, batches: Iterable[dict[str, torch.Te
     passed (no labels), so the model returns its head's outputs, which `head_outputs` picks from its output."""
     model.eval()
     for batch in batches:
-        inputs = training.to_device({k: batch[k] for k in INPUT_KEYS}, device)
+        inputs = train_step.to_device({k: batch[k] for k in INPUT_KEYS}, device)
         tic = time.perf_counter()
         with precision_policy.autocast(precision, device):
             out = head_outputs(model(**inputs))
@@ -439,7 +494,7 @@ def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_siz
 
 
 def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, list], env: dist_env.DistEnv,
-             logger: training.RunLogger, log: Callable[[str], None]) -> dict:
+             logger: metrics.RunLogger, log: Callable[[str], None]) -> dict:
     """Predict every set, score it, write the prediction files (--do_predict); returns {"eval", "inference"}."""
     args = task.args
     batch_size = getattr(args, task.eval_batch_flag)
@@ -534,7 +589,7 @@ def run(task: Task) -> dict:
     output_dir = Path(args.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-    logger = training.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
+    logger = metrics.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
                                 progress=not args.disable_progress_bar)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
     logger.log("PARAMETER", dict(vars(args)))

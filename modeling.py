@@ -462,7 +462,7 @@ class BertLMPredictionHead(nn.Module):
 
 
 COMPILE_REGIONS = (BertEmbeddings, BertLayer, BertLMPredictionHead)
-"""What torch.compile takes one by one under regional compilation (training.apply_parallelism_and_precision,
+"""What torch.compile takes one by one under regional compilation (parallelize.apply_parallelism_and_precision,
 compile_scope "layers"): the repeated layer, whose one graph serves every layer, and the two ends around it."""
 
 

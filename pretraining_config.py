@@ -152,7 +152,7 @@ class PrecisionConfig:
 
 @dataclass(frozen=True)
 class ParallelismConfig:
-    """Data parallelism, memory and compilation (training.apply_parallelism_and_precision)."""
+    """Data parallelism, memory and compilation (parallelize.apply_parallelism_and_precision)."""
 
     allreduce_post_accumulation: bool = False
     """all-reduce gradients once per optimizer step (DDP no_sync on the other micro-batches) instead of after

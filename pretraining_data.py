@@ -392,7 +392,7 @@ class PretrainingData:
         self.length_bins = length_bins
         if max(s.num_samples for s in shards) * self.mix_shards < self.global_batch:
             raise DataError(f"every shard holds fewer samples than one global micro-batch ({self.global_batch} = "
-                            f"micro-batch {micro_batch} x {world_size} processes): use a smaller batch, bigger "
+                            f"micro-batch {micro_batch} x {self.world_size} processes): use a smaller batch, bigger "
                             "shards or a larger --mix_shards")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
         self._stream: weakref.ref | None = None
@@ -526,7 +526,7 @@ def _ignore_stop_signals(worker_id: int) -> None:
     torch's worker loop installs a SIGTERM handler that dies of any SIGTERM not sent by the parent, and a new
     DataLoader starts at every shard, so a preemption landing in that window crashed the run (exit 1, not 75).
     A signal that arrived meanwhile is pending; SIG_IGN discards it, then the worker unblocks."""
-    from training import STOP_SIGNALS
+    from stop_signals import STOP_SIGNALS
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
@@ -537,7 +537,7 @@ def _ignore_stop_signals(worker_id: int) -> None:
 def _stop_signals_blocked() -> Iterator[None]:
     """Block the stop signals in this thread while DataLoader workers fork (they inherit the mask); a signal that
     arrives meanwhile is delivered on leaving (or to another thread at once), so the training process still stops."""
-    from training import STOP_SIGNALS
+    from stop_signals import STOP_SIGNALS
 
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:

@@ -67,7 +67,9 @@ from pretraining_data import Masker, PretrainingData, inspect_shards, list_shard
 from precision import Precision
 from trainer import (Trainer, TrainingParts, checkpoint_manager, evaluate, find_resume_checkpoint,  # noqa: F401
                      list_checkpoints, refuse_used_output_dir)  # list_checkpoints: how tools and tests read runs
-from training import EXIT_STOPPED, RunLogger, StopRequest, apply_parallelism_and_precision, compiled
+from metrics import RunLogger
+from parallelize import apply_parallelism_and_precision, compiled
+from stop_signals import EXIT_STOPPED, StopRequest
 
 # ---------------------------------------------------------------------------------------------------------------
 # Flags: one per field of pretraining_config's sections, --help grouped by section, help from the docstrings

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 import finetuning
-import training
+import metrics
 import atomic_io
 import cli
 import dist_env
@@ -285,7 +285,7 @@ class SquadTask(finetuning.Task):
         return squad.evaluate(self.gold, predictions, args.version_2_with_negative,
                               null_odds if args.version_2_with_negative else None), files
 
-    def after_predictions(self, output_dir: Path, results: dict, logger: training.RunLogger) -> None:
+    def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
         """eval_results.json (--do_eval): the scores, and the --eval_script's own output on the written files."""
         args = self.args
         if not args.do_eval:

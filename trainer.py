@@ -6,9 +6,10 @@
         trainer.load_state_dict(resume)      # last: it restores the RNG states too
     summary = trainer.fit()
 
-run_pretraining.py builds the parts from its flags (pretraining_config.py) and calls this; training.py holds the
-parts the fine-tuning loop shares (forward_backward, optimizer_step, Meter, RunLogger, CheckpointManager,
-StopRequest); validation.Validator evaluates beside the trainer.
+run_pretraining.py builds the parts from its flags (pretraining_config.py) and calls this. What fine-tuning shares
+with it lives in modules named after it: the optimizer step (train_step.StepRule), the meter and logger (metrics.py),
+checkpoint files (checkpoint_io.CheckpointManager), stop signals (stop_signals.py); validation.Validator evaluates
+beside the trainer.
 
 Steps and phases. `step` counts optimizer steps actually taken in the current phase: it drives the LR schedule
 and --max_steps. An fp16 step whose gradients overflowed is skipped: the weights, optimizer, schedule and `step`
@@ -51,7 +52,6 @@ import torch
 import cli
 import dist_env
 from bert_padding import host_unpad_info
-from cli import InputError
 from atomic_io import atomic_write_json
 from optimization import load_state_keeping_hyperparameters
 from pretraining_config import PretrainConfig
@@ -59,8 +59,11 @@ from pretraining_data import PretrainingData, ResumeError
 from pretraining_format import PACKED_KEY
 from precision import Precision
 from profiling import StepProfiler
-from training import (CheckpointManager, DivergedError, DivergenceWatch, HostMemory, Meter, RunLogger, StepRule,
-                      StopRequest, compiled, peak_flops, to_device, weights_finite)
+from checkpoint_io import CheckpointManager
+from metrics import HostMemory, Meter, RunLogger, peak_flops
+from parallelize import compiled
+from stop_signals import StopRequest
+from train_step import DivergedError, DivergenceWatch, StepRule, to_device, weights_finite
 
 
 class CheckpointWriteError(OSError):
@@ -283,7 +286,7 @@ class Trainer:
         return interval > 0 and self.state.step % interval == 0
 
     def step(self) -> bool:
-        """One optimizer step over --gradient_accumulation_steps micro-batches (training.StepRule). Returns whether
+        """One optimizer step over --gradient_accumulation_steps micro-batches (train_step.StepRule). Returns whether
         it was taken: an fp16 step whose gradients overflowed is skipped (its micro-batches are consumed all the
         same)."""
         accum = self.cfg.training.gradient_accumulation_steps

@@ -157,7 +157,7 @@ def run_hf(args) -> dict:
     from modeling import BertConfig
     from profiling import StepProfiler
     from trainer import batch_flops
-    from training import peak_flops
+    from metrics import peak_flops
 
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")

@@ -191,7 +191,7 @@ def export_weights(checkpoint: Path, target: Path) -> int:
 
 def checkpoints(folder: Path) -> dict[int, Path]:
     """step -> ckpt_<step>.pt of a run's checkpoint folder, by step."""
-    from training import CheckpointManager
+    from checkpoint_io import CheckpointManager
 
     return CheckpointManager(folder).all()
 

@@ -3,13 +3,13 @@
     python -m bench.nan_probe --out DIR -- <run_glue.py arguments>
 
 run_glue.py stops a diverged run at the next log step (on a GPU; at once on a CPU) and names the step; this finds
-the micro-batch and the cause. It runs run_glue.main in this process with training.forward_backward wrapped: after
+the micro-batch and the cause. It runs run_glue.main in this process with train_step.forward_backward wrapped: after
 each micro-batch it reads the loss and every gradient (a host sync per micro-batch: a diagnostic, not a training
 run). At the first non-finite one it writes DIR/nan_probe.json (the micro-batch's index, its loss, the parameters
 whose gradients are not finite, the sequence lengths) and DIR/bad_batch.pt (the batch and the weights it met, for a
 replay on another device), then replays the same batch on the same weights: as run, in fp32, with the encoder's
 unpadded path off and on, and on a GPU under each scaled_dot_product_attention backend alone. So the probe says
-whether the NaN is the data's, the precision's or one attention kernel's. training.optimizer_step is wrapped too:
+whether the NaN is the data's, the precision's or one attention kernel's. train_step.optimizer_step is wrapped too:
 an update that turns finite weights non-finite from finite gradients is reported instead (`first_bad_update`,
 the learning rate, the gradient norm, the parameters hit and their gradients' largest entries), with the weights
 before it and the gradients in DIR/bad_update.pt. A run that stays finite to its end writes `"first_bad": null`.
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _main(argv: list[str] | None = None) -> dict:
     import run_glue
-    import training
+    import train_step
 
     argv = list(sys.argv[1:] if argv is None else argv)
     glue_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -161,10 +161,10 @@ def _main(argv: list[str] | None = None) -> dict:
     if not glue_args:
         p.error("give run_glue.py's arguments after --")
     args.out.mkdir(parents=True, exist_ok=True)
-    originals = training.forward_backward, training.optimizer_step
+    originals = train_step.forward_backward, train_step.optimizer_step
     names: dict[int, str] = {}
-    training.forward_backward, count = watch(args.out, originals[0], names)
-    training.optimizer_step = watch_steps(args.out, originals[1], names)
+    train_step.forward_backward, count = watch(args.out, originals[0], names)
+    train_step.optimizer_step = watch_steps(args.out, originals[1], names)
     try:
         run_glue.main(glue_args + ["--debug"])  # --debug: run_glue's own errors keep their type and traceback
         report = {"first_bad": None, "micro_batches": count[0]}
@@ -172,7 +172,7 @@ def _main(argv: list[str] | None = None) -> dict:
     except FoundNonFinite:
         report = json.loads((args.out / "nan_probe.json").read_text())
     finally:
-        training.forward_backward, training.optimizer_step = originals
+        train_step.forward_backward, train_step.optimizer_step = originals
     print(json.dumps(report, indent=2))
     return report
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import run_pretraining as rp
-import training
+import train_step
 from conftest import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,10 +116,11 @@ def test_grad_sync_turns_off_the_all_reduce_on_accumulation_micro_steps(tmp_path
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         model = DDP(torch.nn.Linear(2, 2))
-        with training.grad_sync(model, sync=False):
+        with train_step.grad_sync(model, sync=False):
             assert model.require_backward_grad_sync is False
-        with training.grad_sync(model, sync=True):
+        with train_step.grad_sync(model, sync=True):
             assert model.require_backward_grad_sync is True
-        assert isinstance(training.grad_sync(torch.nn.Linear(2, 2), sync=False), type(training.grad_sync(model, sync=True)))
+        plain = train_step.grad_sync(torch.nn.Linear(2, 2), sync=False)
+        assert isinstance(plain, type(train_step.grad_sync(model, sync=True)))
     finally:
         torch.distributed.destroy_process_group()

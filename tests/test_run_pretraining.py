@@ -25,7 +25,9 @@ import dist_env
 import pretraining_data
 import pretraining_format
 import run_pretraining as rp
-import training
+import parallelize
+import stop_signals
+import train_step
 from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
                       read_log, subprocess_env, weights, write_config)
 from checkpoint_io import from_pretrained, save_hf_directory
@@ -217,6 +219,8 @@ def test_the_stream_refuses_a_position_in_another_stream(tmp_path):
     binned = {**state, "length_bins": 4, "global_micro_batch": 16}
     with pytest.raises(pretraining_data.ResumeError, match="global micro-batch of 16, this run with 0 and 8"):
         stream(folder, 8).load_state_dict(binned)
+    with pytest.raises(pretraining_data.DataError, match=r"\(64 = micro-batch 8 x 8 processes\)"):
+        stream(folder, 8, world=8)
     moved = stream(folder, 8)
     moved.load_state_dict({**state, "shard_index": 1, "sample_offset": 16})
     assert moved.position == pretraining_data.DataPosition(0, 1, 16)
@@ -431,7 +435,7 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
     model = BertForPreTraining(BertConfig.from_json_file(config))
     from dist_env import DistEnv
 
-    model, precision = training.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
+    model, precision = parallelize.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
     optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
     batch = pretraining_data.to_model_inputs({
         "input_ids": np.full((2, 8), 7, np.int32), "input_mask": np.ones((2, 8), np.int8),
@@ -447,13 +451,13 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     backward()
     rp._inject_inf(model)
-    assert training.optimizer_step(optimizer, precision) is False
+    assert train_step.optimizer_step(optimizer, precision) is False
     assert precision.loss_scale == 512.0  # halved
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert len(optimizer.state) == 0  # no moments, no step count: the step never happened
     optimizer.zero_grad(set_to_none=True)
     backward()
-    assert training.optimizer_step(optimizer, precision) is True
+    assert train_step.optimizer_step(optimizer, precision) is True
     assert precision.loss_scale == 512.0  # grows only after 2000 good steps
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(float(s["step"]) == 1 for s in optimizer.state.values())
@@ -713,7 +717,7 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
         if mode == "sigterm":
             time.sleep(rng.uniform(0.0, 0.3))
             os.killpg(proc.pid, signal.SIGTERM)
-            assert proc.wait(timeout=60) == training.EXIT_STOPPED, proc.stderr.read().decode()[-2000:]
+            assert proc.wait(timeout=60) == stop_signals.EXIT_STOPPED, proc.stderr.read().decode()[-2000:]
             final = [r for r in read_log(out / "log.json") if r["step"] == "FINAL"][-1]["data"]
             assert final["stopped_by_signal"] and final["step"] == max(rp.list_checkpoints(out)) < steps
             assert torch.load(out / f"ckpt_{final['step']}.pt", weights_only=True)["step"] == final["step"]

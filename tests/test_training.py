@@ -1,4 +1,5 @@
-"""training.py, the shared core: gradients are the same with activation checkpointing and under torch.compile as
+"""The shared training core (parallelize.py, train_step.py, metrics.py, checkpoint_io.CheckpointManager,
+finetuning.fit): gradients are the same with activation checkpointing and under torch.compile as
 in plain eager mode; micro-batch accumulation equals one big batch; the checkpoint manager keeps the newest N, never
 deletes the file it just wrote, and falls back past a damaged newest file; the fine-tuning loop learns and logs."""
 from __future__ import annotations
@@ -9,9 +10,12 @@ import math
 import pytest
 import torch
 
-import finetuning
-import training
+import checkpoint_io
 import dist_env
+import finetuning
+import metrics
+import parallelize
+import train_step
 from conftest import SEQ, VOCAB
 from modeling import BertConfig, BertForPreTraining
 
@@ -42,7 +46,7 @@ def loss_fn(model, batch):
 def grads(model, batches, precision, accum=1) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     for batch in batches:
-        training.forward_backward(model, batch, loss_fn, precision, accum, sync=True)
+        train_step.forward_backward(model, batch, loss_fn, precision, accum, sync=True)
     return {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -54,7 +58,7 @@ def assert_same_grads(a, b, atol):
 
 @pytest.fixture
 def fp32():
-    model, precision = training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32")
+    model, precision = parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32")
     return precision
 
 
@@ -62,7 +66,7 @@ def test_activation_checkpointing_gives_the_same_gradients(fp32):
     """With dropout on: the recomputed forward must draw the same dropout masks (RNG state preserved)."""
     plain = tiny_model(dropout=0.1).train()
     checkpointed = tiny_model(dropout=0.1).train()
-    checkpointed, _ = training.apply_parallelism_and_precision(checkpointed, dist_env.DistEnv(), "fp32",
+    checkpointed, _ = parallelize.apply_parallelism_and_precision(checkpointed, dist_env.DistEnv(), "fp32",
                                                               checkpoint_activations=True)
     assert checkpointed.bert.encoder.checkpoint_activations
     batch = batch_of(8)
@@ -92,9 +96,9 @@ def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch, scope, unpad
     eager.config.unpad = unpad
     bare = tiny_model().train()
     bare.config.unpad = unpad
-    compiled, _ = training.apply_parallelism_and_precision(bare, dist_env.DistEnv(), "fp32", compile=True,
+    compiled, _ = parallelize.apply_parallelism_and_precision(bare, dist_env.DistEnv(), "fp32", compile=True,
                                                           compile_scope=scope)
-    assert training.compiled(compiled) == scope and training.compiled(eager) is None
+    assert parallelize.compiled(compiled) == scope and parallelize.compiled(eager) is None
     assert hasattr(compiled, "_orig_mod") == (scope == "model")
     assert list(dict(compiled.named_parameters())) == [n for n, _ in eager.named_parameters()] or scope == "model"
     for n, seed in ((8, 1), (6, 2), (4, 3)):  # three batches of other real-token counts
@@ -111,19 +115,19 @@ def test_compile_is_on_by_default_only_on_gpus_and_takes_its_mode(monkeypatch):
     whole model."""
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
-    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=None)
+    parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=None)
     assert calls == []
-    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
+    parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                              compile_mode="reduce-overhead", compile_scope="model")
-    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
+    parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                              compile_scope="model")
     assert calls == [{"mode": "reduce-overhead"}, {}]
     calls.clear()
-    training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
+    parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                              compile_mode="reduce-overhead")
     assert calls == [{"mode": "reduce-overhead"}] * 4  # embeddings, 2 layers, the masked-LM head
     with pytest.raises(ValueError, match="compile_scope"):
-        training.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
+        parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
                                                  compile_scope="heads")
 
 
@@ -138,7 +142,7 @@ def test_accumulating_two_halves_equals_one_batch(fp32):
 
 def test_checkpoint_manager_keeps_newest_and_falls_back(tmp_path):
     logged = []
-    manager = training.CheckpointManager(tmp_path, keep=2, log=logged.append)
+    manager = checkpoint_io.CheckpointManager(tmp_path, keep=2, log=logged.append)
     for step in (1, 2, 3):
         manager.save(step, {"model": {}, "step": step})
     assert list(manager.all()) == [2, 3]  # the oldest went
@@ -157,10 +161,10 @@ def test_checkpoint_manager_keeps_newest_and_falls_back(tmp_path):
 def fit_parts(model: torch.nn.Module, tmp_path, lr: float):
     """What fit() needs beside the model and its batches: fp32 on this CPU, plain SGD at a constant rate, a log."""
     env = dist_env.DistEnv()
-    _, precision = training.apply_parallelism_and_precision(model, env, "fp32")
+    _, precision = parallelize.apply_parallelism_and_precision(model, env, "fp32")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    logger = metrics.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
     return env, precision, optimizer, scheduler, logger
 
 
@@ -188,8 +192,9 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.5)
     total = finetuning.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
     assert total == 6  # ceil(8 / 3) = 3 steps an epoch (the last one of 2 micro-batches)
-    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
-    result = training.fit(rule, lambda epoch: batches, env, logger, total_steps=total, accumulation=3, log_freq=2)
+    watch = finetuning.fine_tuning_watch(env.device)
+    rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
+    result = finetuning.fit(rule, lambda epoch: batches, env, logger, total_steps=total, accumulation=3, log_freq=2)
     logger.close()
     records = [json.loads(line) for line in (tmp_path / "log.json").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 6]
@@ -211,11 +216,11 @@ def test_fit_stops_at_a_non_finite_loss(tmp_path, every_step):
     model = torch.nn.Linear(4, 2)
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.1)
 
-    watch = training.fine_tuning_watch(env.device)
+    watch = finetuning.fine_tuning_watch(env.device)
     watch.every_step = every_step  # the device decides it; here the test does
-    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
-    with pytest.raises(training.DivergedError, match="non-finite at fine-tuning step 3:"):
-        training.fit(rule, lambda epoch: batches, env, logger, total_steps=5, accumulation=1, log_freq=2)
+    rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
+    with pytest.raises(train_step.DivergedError, match="non-finite at fine-tuning step 3:"):
+        finetuning.fit(rule, lambda epoch: batches, env, logger, total_steps=5, accumulation=1, log_freq=2)
     logger.close()
     if every_step:
         assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -233,11 +238,11 @@ def overflowing_fit_parts(tmp_path, loss_scale: float, init_loss_scale: float):
     batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]
     model = torch.nn.Linear(4, 2)
     env = dist_env.DistEnv()
-    _, precision = training.apply_parallelism_and_precision(model, env, "fp16", loss_scale=loss_scale,
+    _, precision = parallelize.apply_parallelism_and_precision(model, env, "fp16", loss_scale=loss_scale,
                                                             init_loss_scale=init_loss_scale)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    logger = training.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    logger = metrics.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
     return model, batches, env, precision, optimizer, scheduler, logger
 
 
@@ -253,8 +258,9 @@ def test_fit_counts_the_optimizer_steps_taken(tmp_path):
             consumed.append(b)
             yield b
 
-    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
-    result = training.fit(rule, epoch_batches, env, logger, total_steps=6, accumulation=2, log_freq=3)
+    watch = finetuning.fine_tuning_watch(env.device)
+    rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
+    result = finetuning.fit(rule, epoch_batches, env, logger, total_steps=6, accumulation=2, log_freq=3)
     logger.close()
     skipped = round(math.log2(2.0 ** 24 / precision.loss_scale))  # a dynamic scale halves once per skip
     assert skipped >= 1 and result.steps == rule.taken == 6 and scheduler.last_epoch == 6
@@ -267,10 +273,11 @@ def test_fit_stops_after_too_many_overflows_in_a_row(tmp_path):
     the next one ends the run with one line, the weights untouched."""
     model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 1e38, 2.0 ** 16)
     before = [p.detach().clone() for p in model.parameters()]
-    rule = training.StepRule(model, cross_entropy, optimizer, scheduler, precision, training.fine_tuning_watch(env.device))
-    limit = training.StepRule.MAX_CONSECUTIVE_OVERFLOWS
-    with pytest.raises(training.DivergedError, match=f"{limit} fp16 overflows in a row at step 1: the loss diverged"):
-        training.fit(rule, lambda epoch: batches, env, logger, total_steps=3, accumulation=1, log_freq=1)
+    watch = finetuning.fine_tuning_watch(env.device)
+    rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
+    limit = train_step.StepRule.MAX_CONSECUTIVE_OVERFLOWS
+    with pytest.raises(train_step.DivergedError, match=f"{limit} fp16 overflows in a row at step 1: the loss diverged"):
+        finetuning.fit(rule, lambda epoch: batches, env, logger, total_steps=3, accumulation=1, log_freq=1)
     logger.close()
     assert rule.taken == 0 and rule.consecutive_skips == limit + 1 and scheduler.last_epoch == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
