@@ -17,4 +17,10 @@ if ! command -v xz > /dev/null && [[ "$(id -u)" == 0 ]] && command -v apt-get > 
     || echo "test.sh: xz is not installed: the GPU call scripts' dry runs will fail" >&2
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/python -m pytest -ra --durations=20 "${@:-tests}"
+# One worker per core, up to 4 (pytest-xdist; TEST_WORKERS=1 runs in this process): a test file runs whole on one
+# worker (tests/conftest.py groups them), so its module fixtures are made once.
+workers="${TEST_WORKERS:-$(nproc)}"
+(( workers > 4 )) && workers=4
+parallel=()
+(( workers > 1 )) && parallel=(-n "$workers" --dist loadgroup)
+exec .venv/bin/python -m pytest -ra --durations=20 "${parallel[@]}" "${@:-tests}"

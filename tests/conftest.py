@@ -249,20 +249,39 @@ def cpu_bf16(request, monkeypatch) -> str:
     return "bf16" if request.param == "1" else "fp32"
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Several workers (scripts/test.sh runs pytest-xdist with --dist loadgroup). A test file runs whole on one worker,
+# so its module fixtures are made once; the files that start a real Slurm cluster share one worker, so that two
+# clusters never run side by side on the machine. Each worker gets its share of the cores as torch threads:
+# OpenMP threads beyond the cores spin against each other (on 2 cores, 2 workers of 2 threads ran slower than 1).
+
+SAME_WORKER = {"tests/test_slurm.py": "slurm", "tests/test_engines.py": "slurm"}
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if XDIST_WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(path, path)))
+
+
 _FILE_SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
-    """Add up setup + call + teardown time per test file, for the table below."""
+    """Add up setup + call + teardown time per test file, for the table below (with several workers: the time on
+    the worker that ran it)."""
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Wall time of each test file (README: the suite should stay within 10 minutes on 2 cores)."""
+    """Time of each test file on its worker (README: the suite should stay within 10 minutes on 2 cores)."""
     if not _FILE_SECONDS:
         return
-    terminalreporter.section("wall time per test file")
+    terminalreporter.section("time per test file (on its worker)")
     for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
     terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f} s  in all")
