@@ -177,6 +177,20 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 
+def shard_stream(folder: Path, micro: int, rank: int = 0, world: int = 1, state: dict | None = None, **options):
+    """The pretraining_data stream over `folder`'s shards of 40 rows each, of rank `rank` of `world`, continued from
+    `state` (a state_dict()) when given; `options` go to PretrainingData (seed: 7 unless given)."""
+    from dist_env import DistEnv
+    from pretraining_data import PretrainingData, ShardInfo
+
+    unmasked = options.get("masker") is not None  # dynamic masking reads shards written unmasked
+    shards = [ShardInfo(p, 40, unmasked) for p in sorted(folder.glob("*.hdf5"))]
+    data = PretrainingData(shards, options.pop("seed", 7), micro, DistEnv(rank, world), **options)
+    if state is not None:
+        data.load_state_dict(state)
+    return data
+
+
 def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 

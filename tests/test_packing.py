@@ -22,12 +22,11 @@ import torch.nn.functional as F
 
 import bert_padding
 import create_pretraining_data as cpd
-import dist_env
 import pretraining_data
 import pretraining_format
 import run_pretraining as rp
 import trainer
-from conftest import args_for, make_shards, max_diff, read_log, weights
+from conftest import args_for, make_shards, max_diff, read_log, shard_stream, weights
 from modeling import BertConfig, BertForPreTraining
 
 pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
@@ -510,13 +509,7 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
 
 def stream(folder: Path, micro: int, bins: int, rank: int = 0, world: int = 1, seed: int = 7, state=None,
            workers: int = 0) -> pretraining_data.PretrainingData:
-    """The stream of rank `rank` of `world`, continued from `state` (a state_dict()) when given."""
-    shards = [pretraining_data.ShardInfo(p, 40, False) for p in sorted(folder.glob("*.hdf5"))]
-    data = pretraining_data.PretrainingData(shards, seed=seed, micro_batch=micro, env=dist_env.DistEnv(rank, world),
-                                            num_workers=workers, length_bins=bins)
-    if state is not None:
-        data.load_state_dict(state)
-    return data
+    return shard_stream(folder, micro, rank, world, state, seed=seed, num_workers=workers, length_bins=bins)
 
 
 def take(data: pretraining_data.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:

@@ -29,7 +29,7 @@ import parallelize
 import stop_signals
 import train_step
 from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
-                      read_log, subprocess_env, weights, write_config)
+                      read_log, shard_stream, subprocess_env, weights, write_config)
 from checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertConfig, BertForPreTraining
 
@@ -122,13 +122,7 @@ def test_mlm_labels_follow_nvidia_rule_with_padded_slots(tmp_path):
 
 
 def stream(folder: Path, micro: int, rank: int = 0, world: int = 1, workers: int = 0, state=None, masker=None):
-    """The stream of rank `rank` of `world`, continued from `state` (a state_dict()) when given."""
-    shards = [pretraining_data.ShardInfo(p, 40, masker is not None) for p in sorted(folder.glob("*.hdf5"))]
-    data = pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, env=dist_env.DistEnv(rank, world),
-                                            num_workers=workers, masker=masker)
-    if state is not None:
-        data.load_state_dict(state)
-    return data
+    return shard_stream(folder, micro, rank, world, state, num_workers=workers, masker=masker)
 
 
 def take(data: pretraining_data.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
@@ -168,12 +162,7 @@ def test_mixed_shards_are_shuffled_together_as_written_and_resume_exactly(tmp_pa
     folder = make_shards(tmp_path / "d", n_shards=5, n=40, tag=True)
 
     def mixed(micro, rank=0, world=1, state=None, workers=0):
-        shards = [pretraining_data.ShardInfo(p, 40, False) for p in sorted(folder.glob("*.hdf5"))]
-        data = pretraining_data.PretrainingData(shards, seed=7, micro_batch=micro, env=dist_env.DistEnv(rank, world),
-                                                num_workers=workers, mix_shards=2)
-        if state is not None:
-            data.load_state_dict(state)
-        return data
+        return shard_stream(folder, micro, rank, world, state, num_workers=workers, mix_shards=2)
 
     single = take(mixed(12), 17)  # epoch 0: 2 groups of 80 rows (6 batches each) + 1 of 40 (3): 15 batches
     shard_order = np.random.default_rng([7, 0]).permutation(5)
