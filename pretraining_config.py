@@ -1,9 +1,9 @@
 """The configuration of a pre-training run, in sections: data, model, training, optimizer, precision, parallelism,
 checkpoint, evaluation, logging, debug. Each section is a frozen dataclass; each field is a command-line flag of
 run_pretraining.py with the same name and default (NVIDIA's interface: scripts/run_pretraining.sh and run.sub pass
-them), and the docstring under the field is its --help text (torchtitan's style; `field_docs` reads them).
+them), and the docstring under the field is its --help text (torchtitan's style; config.field_docs reads them).
 
-    cfg = run_pretraining.parse_args(argv)      # the parser builds the sections from the flags
+    cfg = run_pretraining.parse_args(argv)      # config.parse: the sections from the flags, then `rules`
     cfg.training.max_steps, cfg.checkpoint.output_dir, cfg.flags()["max_steps"]
 
 `PretrainConfig.flags()` is the flat {flag: value} dict that the PARAMETER log line and every checkpoint's "args"
@@ -11,32 +11,12 @@ record (the same keys as when the configuration was one flat dataclass).
 """
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
-import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Literal
 
+from config import Config, flag
 from pretraining_data import ShardSpec
-
-
-def flag(default: Any, *aliases: str, name: str | None = None, required: bool = False) -> Any:
-    """A field whose flag needs more than its name: other spellings (`aliases`), a flag name other than
-    --<field> (`name`: --json-summary), or a flag the command line must give (`required`)."""
-    return field(default=default, metadata={"aliases": aliases, "flag": name, "required": required})
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """{field name: the docstring under it, white space folded}, read from the class's source: Python keeps no
-    docstrings of attributes at run time."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
 
 
 @dataclass(frozen=True)
@@ -257,7 +237,7 @@ class DebugConfig:
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
+class PretrainConfig(Config):
     """Every flag of run_pretraining.py, by section (in --help's order)."""
 
     data: DataConfig = field(default_factory=DataConfig)
@@ -281,21 +261,53 @@ class PretrainConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
     """debugging (test only)"""
 
-    @classmethod
-    def from_flags(cls, flags: dict[str, Any]) -> PretrainConfig:
-        """The sections from a flat {flag: value} dict (argparse's namespace); a flag not given keeps its
-        default."""
-        sections = {}
-        for section in dataclasses.fields(cls):
-            kind = section.default_factory
-            sections[section.name] = kind(**{f.name: flags[f.name] for f in dataclasses.fields(kind)
-                                             if f.name in flags})
-        return cls(**sections)
-
-    def flags(self) -> dict[str, Any]:
-        """{flag: value} of every flag, flat: what the PARAMETER log line and a checkpoint's "args" hold."""
-        return {f.name: getattr(section, f.name) for section in self.sections()
-                for f in dataclasses.fields(section)}
-
-    def sections(self) -> list[Any]:
-        return [getattr(self, s.name) for s in dataclasses.fields(self)]
+    def rules(self) -> list[tuple[bool, str]]:
+        """(refused, why) for every rule between flags, in the order they are reported."""
+        d, m, t, o, p = self.data, self.model, self.training, self.optimizer, self.precision
+        c, e, lg = self.checkpoint, self.evaluation, self.logging
+        return [
+            (t.train_batch_size < 1, f"--train_batch_size {t.train_batch_size} must be at least 1"),
+            (t.gradient_accumulation_steps < 1,
+             f"--gradient_accumulation_steps {t.gradient_accumulation_steps} must be at least 1"),
+            (t.train_batch_size % max(t.gradient_accumulation_steps, 1) != 0,
+             f"--train_batch_size {t.train_batch_size} is not divisible by --gradient_accumulation_steps "
+             f"{t.gradient_accumulation_steps}"),
+            (t.max_steps < 1, f"--max_steps {t.max_steps} must be at least 1"),
+            (t.steps_this_run == 0 or t.steps_this_run < -1, "--steps_this_run must be positive (or -1: all)"),
+            (not 0.0 <= o.warmup_proportion <= 1.0, f"--warmup_proportion {o.warmup_proportion} must be in [0, 1]"),
+            (o.learning_rate < 0, f"--learning_rate {o.learning_rate} must not be negative"),
+            (p.loss_scale < 0, f"--loss_scale {p.loss_scale} must be 0 (dynamic) or positive (static)"),
+            (t.seed < 0, f"--seed {t.seed} must be a non-negative integer"),
+            (lg.log_freq < 1, f"--log_freq {lg.log_freq} must be at least 1"),
+            (lg.profile_steps < 0, f"--profile_steps {lg.profile_steps} must not be negative"),
+            (lg.profile_steps > 0 and lg.throughput_warmup_steps < 1,
+             "--profile_steps profiles the steps after the warm-up: give --throughput_warmup_steps 1 or more (the "
+             "first step compiles and allocates)"),
+            (c.num_steps_per_checkpoint < 1, f"--num_steps_per_checkpoint {c.num_steps_per_checkpoint} must be >= 1"),
+            (c.keep_checkpoints < 1, f"--keep_checkpoints {c.keep_checkpoints} must be at least 1"),
+            (d.num_workers < 0, f"--num_workers {d.num_workers} must not be negative"),
+            (e.eval_steps < 0 or e.eval_batch_size < 0 or e.max_eval_samples < 0,
+             "--eval_steps, --eval_batch_size and --max_eval_samples must not be negative"),
+            (self.parallelism.compile and self.parallelism.no_compile,
+             "--compile and --no_compile contradict each other: pass one"),
+            (o.use_nvlamb and o.optimizer != "nvlamb", "--use_nvlamb is a switch of --optimizer nvlamb: drop it "
+                                                       "with --optimizer adamw"),
+            (c.resume_step != -1 and not c.resume_from_checkpoint, "--resume_step needs --resume_from_checkpoint"),
+            (c.phase2 and c.phase1_end_step < 0, f"--phase1_end_step {c.phase1_end_step} must not be negative"),
+            (self.debug.debug_inject_inf_at_step > 0 and p.precision != "fp16",
+             "--debug_inject_inf_at_step is for --precision fp16 runs only"),
+            (d.dynamic_masking and not d.vocab_file, "--dynamic_masking needs --vocab_file (the [MASK] id and the "
+                                                     "vocabulary size)"),
+            (not 0.0 < d.masked_lm_prob <= 1.0, f"--masked_lm_prob {d.masked_lm_prob} must be in (0, 1]"),
+            (d.mix_shards < 1, f"--mix_shards {d.mix_shards} must be at least 1 (1: one shard at a time)"),
+            (not 0 <= d.length_bins <= d.max_seq_length,
+             f"--length_bins {d.length_bins} must be in [0, max_seq_length={d.max_seq_length}] (0: off)"),
+            (not t.do_train and not e.eval_dir, "nothing to do: pass --do_train (and/or --eval_dir to evaluate)"),
+            (t.do_train and not d.input_dir, "--do_train needs --input_dir (a folder of .hdf5 shards)"),
+            (Path(c.output_dir).exists() and not Path(c.output_dir).is_dir(),
+             f"--output_dir {c.output_dir} is a file: name a folder for the checkpoints"),
+            (Path(lg.json_summary).is_dir(), f"--json-summary {lg.json_summary} is a folder: name the log file"),
+            (m.init_checkpoint is not None and not Path(m.init_checkpoint).exists(),
+             f"--init_checkpoint {m.init_checkpoint} not found: give a ckpt_<step>.pt, an NVIDIA .pt or a Hugging "
+             "Face folder"),
+        ]

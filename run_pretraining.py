@@ -49,20 +49,18 @@ checkpoint; 1 with one line "run_pretraining.py: error: ..." for bad input or a 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import cli
+import config
 import dist_env
 from cli import InputError
-from pretraining_config import PretrainConfig, field_docs
+from pretraining_config import PretrainConfig
 from pretraining_data import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
 from precision import Precision
 from trainer import (Trainer, TrainingParts, checkpoint_manager, evaluate, find_resume_checkpoint,  # noqa: F401
@@ -73,111 +71,16 @@ from stop_signals import EXIT_STOPPED, StopRequest
 
 # ---------------------------------------------------------------------------------------------------------------
 # Flags: one per field of pretraining_config's sections, --help grouped by section, help from the docstrings
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Errors as one line ("run_pretraining.py: error: ...") and exit status 2."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+# (config.build_parser); the rules between flags are PretrainConfig.rules
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="run_pretraining.py", description=__doc__.split("\n\n")[0],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    titles, sections = field_docs(PretrainConfig), typing.get_type_hints(PretrainConfig)
-    for section in dataclasses.fields(PretrainConfig):
-        group = parser.add_argument_group(titles[section.name])
-        kind = sections[section.name]
-        docs, hints = field_docs(kind), typing.get_type_hints(kind)
-        for f in dataclasses.fields(kind):
-            _add_flag(group, f, hints[f.name], docs[f.name])
-    cli.add_debug_argument(group)  # read by cli.script_errors from the command line, not a config field
-    return parser
-
-
-def _add_flag(group, f: dataclasses.Field, kind: Any, doc: str) -> None:
-    """The flag of field `f` (type `kind`): a switch for a bool, choices for a Literal, `None` allowed as default."""
-    if f.name == "precision":  # --precision auto|fp32|tf32|fp16|bf16 and its aliases, as every entry script
-        from precision import add_arguments
-
-        add_arguments(group, doc)
-        return
-    names = [f.metadata.get("flag") or f"--{f.name}", *f.metadata.get("aliases", ())]
-    help = doc.replace("%", "%%")  # argparse formats help with %
-    if kind is bool:
-        group.add_argument(*names, dest=f.name, action="store_true", help=help)
-        return
-    choices = None
-    if typing.get_origin(kind) is typing.Literal:
-        choices, kind = typing.get_args(kind), str
-    if isinstance(kind, types.UnionType):  # "str | None"
-        kind = next(t for t in typing.get_args(kind) if t is not type(None))
-    group.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help, choices=choices,
-                       required=f.metadata.get("required", False))
+    return config.build_parser(PretrainConfig, "run_pretraining.py", __doc__)
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainConfig:
     """The sections from the command line; InputError (one line, from main) for values that cannot work."""
-    flags = vars(build_parser().parse_args(argv))
-    flags.pop("debug")
-    cfg = PretrainConfig.from_flags(flags)
-    for bad, message in _flag_checks(cfg):
-        if bad:
-            raise InputError(message)
-    return cfg
-
-
-def _flag_checks(cfg: PretrainConfig) -> list[tuple[bool, str]]:
-    """(refused, why) for every rule between flags, in the order they are reported."""
-    d, m, t, o, p = cfg.data, cfg.model, cfg.training, cfg.optimizer, cfg.precision
-    c, e, lg = cfg.checkpoint, cfg.evaluation, cfg.logging
-    return [
-        (t.train_batch_size < 1, f"--train_batch_size {t.train_batch_size} must be at least 1"),
-        (t.gradient_accumulation_steps < 1,
-         f"--gradient_accumulation_steps {t.gradient_accumulation_steps} must be at least 1"),
-        (t.train_batch_size % max(t.gradient_accumulation_steps, 1) != 0,
-         f"--train_batch_size {t.train_batch_size} is not divisible by --gradient_accumulation_steps "
-         f"{t.gradient_accumulation_steps}"),
-        (t.max_steps < 1, f"--max_steps {t.max_steps} must be at least 1"),
-        (t.steps_this_run == 0 or t.steps_this_run < -1, "--steps_this_run must be positive (or -1: all)"),
-        (not 0.0 <= o.warmup_proportion <= 1.0, f"--warmup_proportion {o.warmup_proportion} must be in [0, 1]"),
-        (o.learning_rate < 0, f"--learning_rate {o.learning_rate} must not be negative"),
-        (p.loss_scale < 0, f"--loss_scale {p.loss_scale} must be 0 (dynamic) or positive (static)"),
-        (t.seed < 0, f"--seed {t.seed} must be a non-negative integer"),
-        (lg.log_freq < 1, f"--log_freq {lg.log_freq} must be at least 1"),
-        (lg.profile_steps < 0, f"--profile_steps {lg.profile_steps} must not be negative"),
-        (lg.profile_steps > 0 and lg.throughput_warmup_steps < 1,
-         "--profile_steps profiles the steps after the warm-up: give --throughput_warmup_steps 1 or more (the "
-         "first step compiles and allocates)"),
-        (c.num_steps_per_checkpoint < 1, f"--num_steps_per_checkpoint {c.num_steps_per_checkpoint} must be >= 1"),
-        (c.keep_checkpoints < 1, f"--keep_checkpoints {c.keep_checkpoints} must be at least 1"),
-        (d.num_workers < 0, f"--num_workers {d.num_workers} must not be negative"),
-        (e.eval_steps < 0 or e.eval_batch_size < 0 or e.max_eval_samples < 0,
-         "--eval_steps, --eval_batch_size and --max_eval_samples must not be negative"),
-        (cfg.parallelism.compile and cfg.parallelism.no_compile,
-         "--compile and --no_compile contradict each other: pass one"),
-        (o.use_nvlamb and o.optimizer != "nvlamb", "--use_nvlamb is a switch of --optimizer nvlamb: drop it "
-                                                   "with --optimizer adamw"),
-        (c.resume_step != -1 and not c.resume_from_checkpoint, "--resume_step needs --resume_from_checkpoint"),
-        (c.phase2 and c.phase1_end_step < 0, f"--phase1_end_step {c.phase1_end_step} must not be negative"),
-        (cfg.debug.debug_inject_inf_at_step > 0 and p.precision != "fp16",
-         "--debug_inject_inf_at_step is for --precision fp16 runs only"),
-        (d.dynamic_masking and not d.vocab_file, "--dynamic_masking needs --vocab_file (the [MASK] id and the "
-                                                 "vocabulary size)"),
-        (not 0.0 < d.masked_lm_prob <= 1.0, f"--masked_lm_prob {d.masked_lm_prob} must be in (0, 1]"),
-        (d.mix_shards < 1, f"--mix_shards {d.mix_shards} must be at least 1 (1: one shard at a time)"),
-        (not 0 <= d.length_bins <= d.max_seq_length,
-         f"--length_bins {d.length_bins} must be in [0, max_seq_length={d.max_seq_length}] (0: off)"),
-        (not t.do_train and not e.eval_dir, "nothing to do: pass --do_train (and/or --eval_dir to evaluate)"),
-        (t.do_train and not d.input_dir, "--do_train needs --input_dir (a folder of .hdf5 shards)"),
-        (Path(c.output_dir).exists() and not Path(c.output_dir).is_dir(),
-         f"--output_dir {c.output_dir} is a file: name a folder for the checkpoints"),
-        (Path(lg.json_summary).is_dir(), f"--json-summary {lg.json_summary} is a folder: name the log file"),
-        (m.init_checkpoint is not None and not Path(m.init_checkpoint).exists(),
-         f"--init_checkpoint {m.init_checkpoint} not found: give a ckpt_<step>.pt, an NVIDIA .pt or a Hugging "
-         "Face folder"),
-    ]
+    return config.parse(PretrainConfig, "run_pretraining.py", __doc__, argv)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""The dataclass-to-argparse converter (config.py) against expectations written out here: every kind of field
+parses from a command line to the value it should, bad values are argparse's one line with exit status 2, --help
+shows each field's docstring by section, the cross-flag rules are one-line InputErrors, and configurations are
+frozen."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+import cli
+import config
+from config import flag
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A section of every kind of field."""
+
+    count: int = 3
+    """how many of them"""
+    rate: float = 0.5
+    """a fraction, 50% by default"""
+    name: str | None = None
+    """an optional name"""
+    mode: Literal["fast", "slow"] = "fast"
+    """how it goes"""
+    verbose: bool = False
+    """say more"""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """A section of flags that need more than their names."""
+
+    out: str | None = flag(None, required=True)
+    """where it goes"""
+    log_file: str = flag("log.json", "--log_file", name="--log-file")
+    """the log"""
+    limit: int = flag(7, "--cap")
+    """the most there may be"""
+
+
+@dataclass(frozen=True)
+class MoreSizes(Sizes):
+    """A section that changes a default and a help text of the one it derives from."""
+
+    count: int = 9
+    mode: Literal["fast", "slow"] = "slow"
+    """how it goes here"""
+
+
+@dataclass(frozen=True)
+class Example(config.Config):
+    sizes: MoreSizes = field(default_factory=MoreSizes)
+    """sizes and modes"""
+    paths: Paths = field(default_factory=Paths)
+    """paths"""
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [(self.sizes.count < 1, f"--count {self.sizes.count} must be at least 1"),
+                (self.sizes.rate > self.sizes.count, "--rate must not exceed --count")]
+
+
+def parse(*argv: str) -> Example:
+    return config.parse(Example, "example.py", "An example.\n\nMore.", list(argv))
+
+
+def test_every_kind_of_field_parses_to_its_value():
+    cfg = parse("--out", "o", "--count", "4", "--rate", "0.25", "--name", "n", "--mode", "fast", "--verbose",
+                "--log_file", "l.json", "--cap", "2")
+    assert cfg.sizes == MoreSizes(count=4, rate=0.25, name="n", mode="fast", verbose=True)
+    assert cfg.paths == Paths(out="o", log_file="l.json", limit=2)
+    assert parse("--out", "o", "--log-file", "x", "--limit", "5").paths == Paths(out="o", log_file="x", limit=5)
+    defaults = parse("--out", "o")
+    assert defaults.sizes == MoreSizes() and (defaults.sizes.count, defaults.sizes.mode) == (9, "slow")
+    assert defaults.sizes.name is None and defaults.sizes.verbose is False
+    assert defaults.flags() == {"count": 9, "rate": 0.5, "name": None, "mode": "slow", "verbose": False,
+                                "out": "o", "log_file": "log.json", "limit": 7}
+    assert Example.from_flags(defaults.flags()) == defaults
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--out", "o", "--count", "x"], ("--count", "invalid int value: 'x'")),
+    (["--out", "o", "--rate", "half"], ("--rate", "invalid float value")),
+    (["--out", "o", "--mode", "quick"], ("--mode", "invalid choice: 'quick'")),
+    (["--out", "o", "--verbose", "yes"], ("unrecognized arguments: yes",)),
+    ([], ("required", "--out")),
+    (["--out", "o", "--unknown"], ("unrecognized arguments: --unknown",)),
+])
+def test_bad_values_are_one_line_with_exit_status_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(*argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("example.py: error: ") and err.rstrip().endswith("(see --help)"), err
+    for word in words:
+        assert word in err, err
+
+
+def test_rules_refuse_with_the_first_message():
+    with pytest.raises(cli.InputError, match=r"^--count 0 must be at least 1$"):
+        parse("--out", "o", "--count", "0")
+    with pytest.raises(cli.InputError, match="--rate must not exceed --count"):
+        parse("--out", "o", "--count", "1", "--rate", "2")
+
+
+def test_help_lists_each_docstring_by_section(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse("--help")
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split("options:")[1].split())  # the groups, after the usage line
+    assert text.index("sizes and modes:") < text.index("--count") < text.index("paths:") < text.index("--out")
+    for doc in ("how many of them (default: 9)", "a fraction, 50% by default (default: 0.5)",
+                "an optional name (default: None)", "{fast,slow} how it goes here (default: slow)",
+                "say more (default: False)", "where it goes (default: None)",
+                "--log-file LOG_FILE, --log_file LOG_FILE the log (default: log.json)",
+                "--limit LIMIT, --cap LIMIT the most there may be (default: 7)", "--debug"):
+        assert doc in text, doc
+    assert text.index("--debug") > text.index("--out")  # in the last section's group
+
+
+def test_field_docs_follow_the_classes_they_derive_from():
+    assert config.field_docs(MoreSizes) == {"count": "how many of them", "rate": "a fraction, 50% by default",
+                                            "name": "an optional name", "mode": "how it goes here",
+                                            "verbose": "say more"}
+
+
+def test_configurations_are_frozen():
+    cfg = parse("--out", "o")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.sizes.count = 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.sizes = MoreSizes()
