@@ -299,7 +299,7 @@ def _main(argv: list[str] | None) -> dict:
         if getattr(args, name) < 1:
             raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
     fmt = output_format(args)
-    resolve_model_files(args)
+    vocab_file = resolve_model_files(args)
     cli.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
     items = read_lines(args.input_file)
     if not items:
@@ -307,17 +307,16 @@ def _main(argv: list[str] | None) -> dict:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = precision_policy.setup(args.precision, device, "extract_features.py", precision_policy.READ).name
-    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=True)
-    if args.do_lower_case is None:
-        args.do_lower_case = vocab_is_uncased(tokenizer.vocab)
-    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
+    do_lower_case = vocab_is_uncased(tokenizer.vocab) if args.do_lower_case is None else args.do_lower_case
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=do_lower_case)
     try:
         model = from_pretrained(BertModel, args.init_checkpoint, config=args.config_file, log=log,
                                 add_pooling_layer=False)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         raise cli.InputError(f"--init_checkpoint {args.init_checkpoint}: {cli.describe_error(e)}") from e
     config = model.config
-    check_model_fits(config, len(tokenizer.vocab), args.vocab_file, args.max_seq_length)
+    check_model_fits(config, len(tokenizer.vocab), vocab_file, args.max_seq_length)
     if args.max_seq_length < 3:
         raise cli.InputError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)

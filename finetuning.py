@@ -166,23 +166,26 @@ def check_init_checkpoint(args: argparse.Namespace) -> None:
                              "Face directory")
 
 
-def resolve_model_files(args: argparse.Namespace) -> None:
-    """--init_checkpoint must exist (`check_init_checkpoint`); --vocab_file defaults to a vocab.txt inside a
-    checkpoint directory or beside a checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its
-    model.pt). Also used by extract_features.py and inference.py."""
+def resolve_model_files(args: argparse.Namespace) -> str:
+    """The vocabulary file of the run: --vocab_file, by default a vocab.txt inside a checkpoint directory or beside
+    a checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its model.pt); returned, the flags
+    stay as parsed. --init_checkpoint must exist (`check_init_checkpoint`), and so must --config_file when given.
+    Also used by extract_features.py and inference.py."""
     check_init_checkpoint(args)
     ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
-    if args.vocab_file is None:
+    vocab_file = args.vocab_file
+    if vocab_file is None:
         folder = None if ckpt is None else ckpt if ckpt.is_dir() else ckpt.parent
         found = [] if folder is None else [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt")
                                            if p.is_file()]
         if not found:
             raise cli.InputError(f"no vocab.txt in or beside {ckpt or '--init_checkpoint'}: pass --vocab_file")
-        args.vocab_file = str(found[0])
-    if not Path(args.vocab_file).is_file():
-        raise cli.InputError(f"--vocab_file {args.vocab_file} not found")
+        vocab_file = str(found[0])
+    if not Path(vocab_file).is_file():
+        raise cli.InputError(f"--vocab_file {vocab_file} not found")
     if args.config_file is not None and not Path(args.config_file).is_file():
         raise cli.InputError(f"--config_file {args.config_file} not found")
+    return vocab_file
 
 
 def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: int) -> None:
@@ -247,11 +250,22 @@ def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor
 # 3. What a task supplies
 
 
+class EvalSet(NamedTuple):
+    """A set to predict (and score), as the task's `read` returns it for its `score`: the examples, and what
+    scoring needs beyond them."""
+
+    examples: list
+    unlabelled: bool = False  # a test split without labels: predictions only, never scored
+    gold: Any = None  # answers kept apart from the examples (SQuAD's, read with --do_eval); None: none
+
+
 class Task:
     """One fine-tuning task for `run`: the script's flags (`args`) and its parts. A task's encoded set (`encode`)
     is a torch Dataset with `lengths` [N] (what each example is padded to in a batch, for length-sorted
     prediction batches); `collate` makes a batch of its items in the batch vocabulary. The defaults below serve
-    a task whose examples are classified whole (GLUE, SWAG); run_squad.py overrides what differs."""
+    a task whose examples are classified whole (GLUE, SWAG); run_squad.py overrides what differs. A hook leaves
+    nothing on the task for a later one: it returns it (read's EvalSets carry what score needs, score's prediction
+    files reach final_record, the encoded training set reaches saved_fields)."""
 
     prog: str  # the script, as messages name it: "run_glue.py"
     name: str  # results.json's "task"
@@ -268,9 +282,9 @@ class Task:
         """Keyword arguments of model_class beyond its config (e.g. num_labels)."""
         return {}
 
-    def read(self) -> tuple[list, dict[str, list]]:
+    def read(self) -> tuple[list, dict[str, EvalSet]]:
         """Every input of the run, read and checked before any work: (training examples, or [] without
-        --do_train; {set name: examples} to evaluate or predict)."""
+        --do_train; {set name: its EvalSet} to evaluate or predict)."""
         raise NotImplementedError
 
     def encode(self, examples: list, tokenizer, env: dist_env.DistEnv, log: Callable[[str], None],
@@ -289,14 +303,15 @@ class Task:
         """What prediction keeps of the model's output, [B, ...]: the logits."""
         return output.logits
 
-    def score(self, name: str, examples: list, dataset, outputs: list[np.ndarray], log: Callable[[str], None]
+    def score(self, name: str, eval_set: EvalSet, dataset, outputs: list[np.ndarray], log: Callable[[str], None]
               ) -> tuple[dict | None, dict[str, dict]]:
         """(metrics of the set `name`, or None; {prediction file name: {id: prediction}}) from `outputs`, the
-        head's output for each example of `dataset`, in order."""
+        head's output for each example of `dataset` (`eval_set`'s examples encoded), in order."""
         raise NotImplementedError
 
-    def saved_fields(self, steps: int) -> dict[str, Any]:
-        """What model.pt records beside the model and its config."""
+    def saved_fields(self, steps: int, dataset) -> dict[str, Any]:
+        """What model.pt records beside the model and its config, after `steps` optimizer steps on `dataset` (the
+        encoded training set)."""
         return {"task": self.name}
 
     def hf_config_fields(self) -> dict[str, Any]:
@@ -306,8 +321,9 @@ class Task:
     def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
         """Runs once the prediction files are written (SQuAD: its external evaluation script reads them)."""
 
-    def final_record(self, results: dict) -> dict:
-        """The FINAL log line (also printed on stdout): metrics as <set>:<metric>, plus the throughput numbers."""
+    def final_record(self, results: dict, predictions: dict[str, dict]) -> dict:
+        """The FINAL log line (also printed on stdout): metrics as <set>:<metric>, plus the throughput numbers;
+        `predictions`: {prediction file name: {id: prediction}} of every set (what `score` returned)."""
         flat = {f"{name}:{k}": v for name, metrics in results.get("eval", {}).items() for k, v in metrics.items()}
         if "train" in results:
             flat[f"training_{self.unit}_per_second"] = results["train"][f"{self.unit}_per_second"]
@@ -347,11 +363,11 @@ def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: flo
     return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
 
 
-def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv,
-          logger: metrics.RunLogger) -> FitResult:
-    """Fine-tune `model` (bare: parallelism and precision are applied here) on `dataset` with the shared flags:
-    the task's micro-batches, BertAdam (AdamW without bias correction, as BERT) over the no-decay groups, the
-    linear warm-up schedule, fit."""
+def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, logger: metrics.RunLogger,
+          precision_name: str) -> FitResult:
+    """Fine-tune `model` (bare: parallelism and precision `precision_name`, resolved, are applied here) on
+    `dataset` with the shared flags: the task's micro-batches, BertAdam (AdamW without bias correction, as BERT)
+    over the no-decay groups, the linear warm-up schedule, fit."""
     from optimization import BertAdam, param_groups_for_bert
     from schedulers import LinearWarmUpScheduler
 
@@ -360,7 +376,7 @@ def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv,
     epoch_batches, per_epoch = task.epoch_batches(dataset, micro_batch, env)
     total_steps = count_optimizer_steps(per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
                                         args.max_steps)
-    ddp_model, precision = parallelize.apply_parallelism_and_precision(model, env, args.precision,
+    ddp_model, precision = parallelize.apply_parallelism_and_precision(model, env, precision_name,
                                                                     loss_scale=args.loss_scale)
     optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
                          weight_decay=args.weight_decay,
@@ -493,21 +509,22 @@ def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_siz
             f"{unit}_per_second": count / (ms.sum() / 1000), "wall_seconds": seconds}
 
 
-def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, list], env: dist_env.DistEnv,
-             logger: metrics.RunLogger, log: Callable[[str], None]) -> dict:
-    """Predict every set, score it, write the prediction files (--do_predict); returns {"eval", "inference"}."""
+def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, EvalSet], env: dist_env.DistEnv,
+             logger: metrics.RunLogger, log: Callable[[str], None], precision: str) -> tuple[dict, dict[str, dict]]:
+    """Predict every set in `precision` (resolved), score it, write the prediction files (--do_predict); returns
+    ({"eval", "inference"}, {prediction file name: {id: prediction}})."""
     args = task.args
     batch_size = getattr(args, task.eval_batch_flag)
     out: dict = {}
     files: dict[str, dict] = {}
     all_ms, count, seconds = [], 0, 0.0
-    for name, examples in eval_sets.items():
-        dataset = task.encode(examples, tokenizer, env, log, training=False)
-        result = predict(model, task, dataset, batch_size, args.precision, env, desc=name)
+    for name, eval_set in eval_sets.items():
+        dataset = task.encode(eval_set.examples, tokenizer, env, log, training=False)
+        result = predict(model, task, dataset, batch_size, precision, env, desc=name)
         all_ms += result.batch_ms
         count += len(dataset)
         seconds += result.seconds
-        metrics, predictions = task.score(name, examples, dataset, result.outputs, log)
+        metrics, predictions = task.score(name, eval_set, dataset, result.outputs, log)
         for file, entries in predictions.items():
             files.setdefault(file, {}).update(entries)
         if metrics is not None:
@@ -519,7 +536,7 @@ def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str,
     if args.do_predict:
         for file, entries in files.items():
             atomic_io.atomic_write_json(Path(args.output_dir) / file, entries)
-    return out
+    return out, files
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -546,16 +563,17 @@ def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
     return model
 
 
-def save_model(model: torch.nn.Module, task: Task, output_dir: Path, steps: int) -> None:
-    """model.pt ({"model": tensors under Hugging Face names, "config", and the task's fields}; loads with
+def save_model(model: torch.nn.Module, task: Task, output_dir: Path, fields: dict[str, Any],
+               vocab_file: str) -> None:
+    """model.pt ({"model": tensors under Hugging Face names, "config", and the task's `fields`}; loads with
     torch.load(weights_only=True) and checkpoint_io.from_pretrained) and hf_model/, the same model as a
-    transformers directory (config.json, model.safetensors, vocab.txt)."""
+    transformers directory (config.json, model.safetensors, `vocab_file` as vocab.txt)."""
     from checkpoint_io import export_state_dict, save_hf_directory
 
     atomic_io.atomic_torch_save({"model": export_state_dict(model), "config": model.config.to_dict(),
-                             **task.saved_fields(steps)}, output_dir / "model.pt")
+                             **fields}, output_dir / "model.pt")
     hf_dir = output_dir / "hf_model"
-    save_hf_directory(model, hf_dir, task.args.vocab_file)
+    save_hf_directory(model, hf_dir, vocab_file)
     extra = task.hf_config_fields()
     if extra:
         config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
@@ -568,57 +586,59 @@ def main(task_class: type[Task], parse_args: Callable[[Sequence[str] | None], ar
     Bad input, a checkpoint that does not fit or cannot be read safely, a malformed data file or a full disk end
     the run with one line on stderr and exit status 1 (--debug: the traceback)."""
     with cli.script_errors(task_class.prog, argv):
-        return run(task_class(parse_args(argv)))
+        results, _ = run(task_class(parse_args(argv)))
+        return results
 
 
-def run(task: Task) -> dict:
-    """Fine-tune, save, predict and score as the task's flags say; returns the results (also results.json on
-    rank 0, whose FINAL record is logged and printed on stdout). Bad input raises cli.InputError (or a
-    checkpoint's, a data file's own error) before any training or prediction."""
+def run(task: Task) -> tuple[dict, dict]:
+    """Fine-tune, save, predict and score as the task's flags say; returns (the results, also results.json on
+    rank 0; the FINAL record, logged and printed on stdout by rank 0). Bad input raises cli.InputError (or a
+    checkpoint's, a data file's own error) before any training or prediction. The flags are read, never changed:
+    what is resolved from them (the vocabulary file, the precision) is resolved once, here."""
     from tokenization import BertTokenizer, casing_warning
 
     args = task.args
     # 1. The model files first: a missing checkpoint or vocabulary is a one-line error, not a traceback later.
-    resolve_model_files(args)
+    vocab_file = resolve_model_files(args)
     # 2. Where the run computes (torchrun's or Slurm's environment, else one process) and in what precision:
     #    auto decides from that device, and from whether the run trains or only reads the model.
     env = dist_env.init_distributed(no_cuda=args.no_cuda)
     choice = precision_policy.setup(args.precision, env.device, task.prog, precision_policy.purpose_of(args),
                                     show=env.is_main)
-    args.precision, args.precision_reason = choice.name, choice.reason
     output_dir = Path(args.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
     logger = metrics.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
                                 progress=not args.disable_progress_bar)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
-    logger.log("PARAMETER", dict(vars(args)))
+    logger.log("PARAMETER", {**vars(args), "vocab_file": vocab_file, "precision": choice.name,
+                             "precision_reason": choice.reason})
 
     # 3. Read every input first: a missing or malformed dev file must fail before minutes of training, not after.
     train_examples, eval_sets = task.read()
-    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
-    warning = casing_warning(tokenizer.vocab, args.vocab_file, args.do_lower_case)
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=args.do_lower_case)
+    warning = casing_warning(tokenizer.vocab, vocab_file, args.do_lower_case)
     if warning:
         log(f"warning: {warning}")
 
     # 4. The model: the seed makes a fresh head (or random weights) the same on every process.
     dist_env.set_seed(args.seed)
     model = load_model(task, log)
-    check_model_fits(model.config, len(tokenizer), args.vocab_file, args.max_seq_length)
+    check_model_fits(model.config, len(tokenizer), vocab_file, args.max_seq_length)
     if model.config.vocab_size != len(tokenizer):
-        log(f"warning: the model's vocab_size {model.config.vocab_size} differs from {args.vocab_file} "
+        log(f"warning: the model's vocab_size {model.config.vocab_size} differs from {vocab_file} "
             f"({len(tokenizer)} tokens)")
     model.to(env.device)
     dist_env.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
-    results: dict = {"task": task.name, "init_checkpoint": args.init_checkpoint, "precision": args.precision,
-                     "precision_reason": args.precision_reason,
+    results: dict = {"task": task.name, "init_checkpoint": args.init_checkpoint, "precision": choice.name,
+                     "precision_reason": choice.reason,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
                      "world_size": env.world_size, "max_seq_length": args.max_seq_length}
 
     # 5. Fit, and save on rank 0 (every process holds the same weights after the last all-reduce).
     if args.do_train:
         dataset = task.encode(train_examples, tokenizer, env, log, training=True)
-        fit = train(model, task, dataset, env, logger)
+        fit = train(model, task, dataset, env, logger, choice.name)
         rate = fit.sequences / max(fit.seconds, 1e-9)
         results["train"] = {"examples": len(dataset), "steps": fit.steps, "final_loss": fit.loss,
                             "seconds": fit.seconds, f"{task.unit}_per_second": rate,
@@ -626,21 +646,23 @@ def run(task: Task) -> dict:
                             "epochs": args.num_train_epochs if args.max_steps <= 0 else None}
         log(f"trained {fit.steps} steps in {fit.seconds:.1f} s ({rate:.1f} {task.unit}/s), final loss {fit.loss:.4f}")
         if env.is_main and not args.skip_checkpoint:
-            save_model(model, task, output_dir, fit.steps)
+            save_model(model, task, output_dir, task.saved_fields(fit.steps, dataset), vocab_file)
             log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
 
     # 6. Predict and score on rank 0 alone; the other processes wait at the barrier.
     dist_env.barrier(env)
+    predictions: dict[str, dict] = {}
     if env.is_main and eval_sets:
-        results.update(evaluate(task, model, tokenizer, eval_sets, env, logger, log))
+        evaluated, predictions = evaluate(task, model, tokenizer, eval_sets, env, logger, log, choice.name)
+        results.update(evaluated)
         task.after_predictions(output_dir, results, logger)
 
     # 7. The record: results.json, the FINAL log line, and the same record on stdout.
+    final = task.final_record(results, predictions)
     if env.is_main:
         atomic_io.atomic_write_json(output_dir / "results.json", results)
-        final = task.final_record(results)
         logger.log("FINAL", final)
         print(json.dumps(final, indent=2), flush=True)
     logger.close()
     dist_env.end_process_group()
-    return results
+    return results, final

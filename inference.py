@@ -357,18 +357,17 @@ def run(args: argparse.Namespace) -> list[dict]:
     items = items_from_args(args)
     if args.output_file:
         check_output_file(args.output_file)
-    finetuning.resolve_model_files(args)  # --vocab_file: in or beside the checkpoint (or its hf_model/)
+    vocab_file = finetuning.resolve_model_files(args)  # --vocab_file, or in or beside the checkpoint (its hf_model/)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout carries the JSON only)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = precision_policy.setup(args.precision, device, "inference.py", precision_policy.READ).name
-    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=True)
-    if args.do_lower_case is None:
-        args.do_lower_case = vocab_is_uncased(tokenizer.vocab)
-    tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
+    do_lower_case = vocab_is_uncased(tokenizer.vocab) if args.do_lower_case is None else args.do_lower_case
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=do_lower_case)
     model = load_model(args, log).to(device)
     default_length = 384 if args.mode == "qa" else 128
     max_seq_length = args.max_seq_length or min(default_length, model.config.max_position_embeddings)
-    finetuning.check_model_fits(model.config, len(tokenizer), args.vocab_file, max_seq_length)
+    finetuning.check_model_fits(model.config, len(tokenizer), vocab_file, max_seq_length)
     runtime = Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
     if args.mode == "qa":
         if max_seq_length < args.max_query_length + 4:

@@ -107,22 +107,22 @@ class GlueTask(finetuning.Task):
         super().__init__(args)
         self.task = get_task(args.task_name)
         self.name = self.task.name
-        self.test_sets: set[str] = set()
 
     def model_kwargs(self) -> dict:
         return {"num_labels": self.task.num_labels}
 
-    def read(self) -> tuple[list, dict[str, list]]:
+    def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
         args, task = self.args, self.task
         train = get_train_examples(args.data_dir, task)[:args.max_train_examples] if args.do_train else []
         needs_dev = args.do_eval or (args.do_predict and args.predict_split == "dev")
         dev_sets = get_dev_examples(args.data_dir, task) if needs_dev else {}
-        sets = {name: examples[:args.max_eval_examples] for name, examples in dev_sets.items()}
+        sets = {name: finetuning.EvalSet(examples[:args.max_eval_examples]) for name, examples in dev_sets.items()}
         if args.do_predict and args.predict_split == "test":
             test_sets = get_test_examples(args.data_dir, task)
-            self.test_sets = set(test_sets)
-            sets.update({name: examples[:args.max_eval_examples] for name, examples in test_sets.items()})
-        for name, examples in {**({"train": train} if args.do_train else {}), **sets}.items():
+            sets.update({name: finetuning.EvalSet(examples[:args.max_eval_examples], unlabelled=True)
+                         for name, examples in test_sets.items()})
+        for name, examples in {**({"train": train} if args.do_train else {}),
+                               **{name: s.examples for name, s in sets.items()}}.items():
             if not examples:
                 raise cli.InputError(f"{task.display_name} {name} set in {args.data_dir} has no examples (a header "
                                        "row only?): check --data_dir")
@@ -138,17 +138,17 @@ class GlueTask(finetuning.Task):
 
     collate = staticmethod(collate)
 
-    def score(self, name, examples, dataset, outputs, log) -> tuple[dict | None, dict[str, dict]]:
+    def score(self, name, eval_set, dataset, outputs, log) -> tuple[dict | None, dict[str, dict]]:
         """Class indices (argmax) or regression scores; GLUE's metrics and the loss on a dev set (--do_eval);
         predictions.json (--do_predict): example id -> label name (STS-B: the score) for --predict_split's sets."""
-        args, task = self.args, self.task
+        args, task, examples = self.args, self.task, eval_set.examples
         logits = np.stack(outputs)  # [N, num_labels]
         preds = logits[:, 0] if task.is_regression else logits.argmax(-1)
         predictions = {}
-        if args.do_predict and (name in self.test_sets) == (args.predict_split == "test"):
+        if args.do_predict and eval_set.unlabelled == (args.predict_split == "test"):
             names = [float(p) for p in preds] if task.is_regression else [task.labels[int(p)] for p in preds]
             predictions["predictions.json"] = dict(zip((e.guid for e in examples), names))
-        if not (args.do_eval and name not in self.test_sets):
+        if not (args.do_eval and not eval_set.unlabelled):
             return None, predictions
         labels = dataset.labels
         metrics = compute_metrics(task, preds, labels)
@@ -157,7 +157,7 @@ class GlueTask(finetuning.Task):
         log(f"{task.display_name} {name}: {shown} ({len(examples)} examples)")
         return metrics, predictions
 
-    def saved_fields(self, steps: int) -> dict:
+    def saved_fields(self, steps: int, dataset) -> dict:
         return {"num_labels": self.task.num_labels, "task": self.name, "labels": self.label_names()}
 
     def hf_config_fields(self) -> dict:

@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
-    args.do_predict = args.do_predict or args.do_eval
+    parsed = build_parser().parse_args(argv)
+    # --do_eval scores the predictions, so it implies --do_predict: a new namespace, the parsed one unchanged
+    args = argparse.Namespace(**{**vars(parsed), "do_predict": parsed.do_predict or parsed.do_eval})
     finetuning.check_arguments(args, positive=("predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"))
     if args.do_train and not args.train_file:
         raise cli.InputError("--do_train needs --train_file (a SQuAD json such as train-v1.1.json)")
@@ -224,16 +225,16 @@ class SquadTask(finetuning.Task):
     head_description = "question-answering head"
     eval_batch_flag = "predict_batch_size"
 
-    def read(self) -> tuple[list, dict[str, list]]:
+    def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
         """The training questions (--do_train), the questions to answer (--predict_file) and, with --do_eval,
-        their gold answers; a malformed --predict_file fails here, before minutes of training."""
+        their gold answers (for `score`); a malformed --predict_file fails here, before minutes of training."""
         args = self.args
         train = squad.read_squad_examples(args.train_file, True, args.version_2_with_negative) if args.do_train else []
         sets = {}
         if args.do_predict:
-            sets[Path(args.predict_file).stem] = squad.read_squad_examples(args.predict_file, False,
-                                                                           args.version_2_with_negative)
-        self.gold = squad.read_gold_answers(args.predict_file) if args.do_eval else None
+            examples = squad.read_squad_examples(args.predict_file, False, args.version_2_with_negative)
+            gold = squad.read_gold_answers(args.predict_file) if args.do_eval else None
+            sets[Path(args.predict_file).stem] = finetuning.EvalSet(examples, gold=gold)
         return train, sets
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> Windows:
@@ -266,7 +267,7 @@ class SquadTask(finetuning.Task):
         """[B, 2, S]: the start and the end logits of every position."""
         return torch.stack([output.start_logits, output.end_logits], dim=1)
 
-    def score(self, name, examples, dataset: Windows, outputs, log) -> tuple[dict | None, dict[str, dict]]:
+    def score(self, name, eval_set, dataset: Windows, outputs, log) -> tuple[dict | None, dict[str, dict]]:
         """The best answer of each question over its windows (predictions.json), the n best (nbest_predictions.json)
         and for v2.0 the null odds (null_odds.json); with --do_eval, exact match and F1 against the gold answers."""
         args = self.args
@@ -274,15 +275,14 @@ class SquadTask(finetuning.Task):
         for f, n, out in zip(dataset.features, dataset.lengths.tolist(), outputs):
             results[f.unique_id] = squad.RawResult(f.unique_id, out[0, :n], out[1, :n])
         predictions, nbest, null_odds = squad.get_predictions(
-            examples, dataset.features, results, args.n_best_size, args.max_answer_length, args.do_lower_case,
+            eval_set.examples, dataset.features, results, args.n_best_size, args.max_answer_length, args.do_lower_case,
             args.version_2_with_negative, args.null_score_diff_threshold)
-        self.predicted_questions = len(predictions)
         files = {"predictions.json": predictions, "nbest_predictions.json": nbest}
         if args.version_2_with_negative:
             files["null_odds.json"] = null_odds
         if not args.do_eval:
             return None, files
-        return squad.evaluate(self.gold, predictions, args.version_2_with_negative,
+        return squad.evaluate(eval_set.gold, predictions, args.version_2_with_negative,
                               null_odds if args.version_2_with_negative else None), files
 
     def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
@@ -298,11 +298,11 @@ class SquadTask(finetuning.Task):
             logger.log("EVAL_SCRIPT", record["eval_script"])
         atomic_io.atomic_write_json(output_dir / "eval_results.json", record)
 
-    def saved_fields(self, steps: int) -> dict:
+    def saved_fields(self, steps: int, dataset) -> dict:
         return {"global_step": steps, "task": self.name}
 
-    def final_record(self, results: dict) -> dict:
-        """NVIDIA's summary keys."""
+    def final_record(self, results: dict, predictions: dict[str, dict]) -> dict:
+        """NVIDIA's summary keys (predicted_questions: the entries of predictions.json)."""
         summary: dict = {}
         if "train" in results:
             train = results["train"]
@@ -312,7 +312,7 @@ class SquadTask(finetuning.Task):
             seconds = results["inference"]["wall_seconds"]
             summary.update(e2e_inference_time=seconds,
                            inference_sequences_per_second=results["inference"]["sequences"] / max(seconds, 1e-9),
-                           predicted_questions=self.predicted_questions)
+                           predicted_questions=len(predictions.get("predictions.json", {})))
         if "eval" in results:
             (metrics,) = results["eval"].values()
             exact = metrics["exact"] if self.args.version_2_with_negative else metrics["exact_match"]
@@ -343,8 +343,8 @@ def main(argv: list[str] | None = None) -> dict:
     """The summary (also printed as JSON); bad input, a checkpoint that does not fit, a malformed SQuAD file or a
     full disk end the run with one line on stderr and exit status 1 (--debug: the traceback)."""
     with cli.script_errors("run_squad.py", argv):
-        task = SquadTask(parse_args(argv))
-        return task.final_record(finetuning.run(task))
+        _, summary = finetuning.run(SquadTask(parse_args(argv)))
+        return summary
 
 
 if __name__ == "__main__":

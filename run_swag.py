@@ -95,15 +95,16 @@ class SwagTask(finetuning.Task):
     head_description = "multiple-choice classifier"
     unit = "examples"
 
-    def read(self) -> tuple[list, dict[str, list]]:
+    def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
         args = self.args
         train = get_examples(args.data_dir, "train")[:args.max_train_examples] if args.do_train else []
         sets = {}
         if args.do_eval or (args.do_predict and args.predict_split == "val"):
-            sets["val"] = get_examples(args.data_dir, "val")[:args.max_eval_examples]
+            sets["val"] = finetuning.EvalSet(get_examples(args.data_dir, "val")[:args.max_eval_examples])
         if args.do_predict and args.predict_split == "test":
-            sets["test"] = get_examples(args.data_dir, "test")[:args.max_eval_examples]
-        for name, examples in {"train": train, **sets}.items():
+            sets["test"] = finetuning.EvalSet(get_examples(args.data_dir, "test")[:args.max_eval_examples],
+                                              unlabelled=True)
+        for name, examples in {"train": train, **{name: s.examples for name, s in sets.items()}}.items():
             if (name != "train" or args.do_train) and not examples:
                 raise cli.InputError(f"SWAG {name} set in {args.data_dir} has no examples")
         return train, sets
@@ -111,7 +112,6 @@ class SwagTask(finetuning.Task):
     def encode(self, examples, tokenizer, env, log, training: bool) -> finetuning.EncodedDataset:
         encoded = encode_examples(examples, tokenizer, self.args.max_seq_length)
         if training:
-            self.num_choices = encoded.num_choices  # model.pt records it
             log(f"SWAG train: {len(encoded)} examples x {encoded.num_choices} choices, longest choice "
                 f"{encoded.lengths.mean():.1f} tokens on average, {encoded.truncated} choices truncated to "
                 f"{self.args.max_seq_length}")
@@ -119,10 +119,10 @@ class SwagTask(finetuning.Task):
 
     collate = staticmethod(collate)
 
-    def score(self, name, examples, dataset, outputs, log) -> tuple[dict | None, dict[str, dict]]:
+    def score(self, name, eval_set, dataset, outputs, log) -> tuple[dict | None, dict[str, dict]]:
         """Accuracy and loss on a labelled set (--do_eval); predictions.json (--do_predict, --predict_split's set):
         example id -> {"label": the chosen ending, "probabilities": the softmax over the endings}."""
-        args, labels = self.args, dataset.labels
+        args, labels, examples = self.args, dataset.labels, eval_set.examples
         logits = np.stack(outputs)  # [N, C]
         preds = logits.argmax(-1)
         predictions = {}
@@ -139,8 +139,8 @@ class SwagTask(finetuning.Task):
             f"chance {1 / dataset.encoded.num_choices:.4f})")
         return metrics, predictions
 
-    def saved_fields(self, steps: int) -> dict:
-        return {"task": self.name, "num_choices": self.num_choices}
+    def saved_fields(self, steps: int, dataset) -> dict:
+        return {"task": self.name, "num_choices": dataset.encoded.num_choices}  # the training set's
 
 
 # ----------------------------------------------------------------------------------------------------------------
