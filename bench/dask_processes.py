@@ -44,6 +44,20 @@ class DaskProcesses:
                                                    str(self.scheduler_file), "--nthreads", "1", "--nworkers", "1",
                                                    "--host", "127.0.0.1", "--local-directory",
                                                    str(self.folder / f"w{i}")]) for i in range(workers)]
+        self.wait_for_workers(workers, max(deadline - time.monotonic(), 1.0))
+
+    def wait_for_workers(self, n: int, timeout: float) -> None:
+        """Return once `n` workers have joined the scheduler (a loaded machine starts them seconds apart), so that
+        what runs next sees them all."""
+        from distributed import Client
+
+        with Client(scheduler_file=str(self.scheduler_file), timeout=timeout) as client:
+            try:
+                client.wait_for_workers(n, timeout=timeout)
+            except TimeoutError:
+                self.stop()
+                raise RuntimeError(f"{n} Dask workers did not join within {timeout:.0f} s: see "
+                                   f"{self.folder}/worker*.log") from None
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         with open(self.folder / f"{name}.log", "w") as log:

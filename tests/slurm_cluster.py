@@ -49,6 +49,7 @@ def installed_or_skip(repo: Path) -> None:
 
 
 _PORTS_GIVEN: set[int] = set()
+_PORT_RANDOM = random.SystemRandom()  # the OS's entropy: no test's random.seed() reaches it
 
 
 def free_port() -> int:
@@ -57,11 +58,17 @@ def free_port() -> int:
     Chosen below the kernel's ephemeral range: bind(0) and every outgoing connection take their ports from that
     range, so a port from it could be taken by the cluster's own traffic (or a later bind(0)) before our server
     binds it, and a rendezvous whose port was taken waits for its store until the test's timeout (CI saw a
-    two-node launch hang). Never the same port twice in one test session."""
+    two-node launch hang). Never the same port twice in one test session. With several pytest-xdist workers, each
+    draws from its own slice of the range, with a generator of its own: the tests seed the global `random` (the
+    scripts' set_seed runs in-process), so two workers would otherwise draw the same ports in the same order."""
     ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
     low = int(ephemeral.read_text().split()[0]) if ephemeral.is_file() else 32768
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    width = (low - 10_000) // max(workers, 1)
+    first = 10_000 + worker * width
     for _ in range(1000):
-        port = random.randrange(10_000, low)
+        port = _PORT_RANDOM.randrange(first, first + width)
         if port in _PORTS_GIVEN:
             continue
         with socket.socket() as s:
@@ -71,7 +78,7 @@ def free_port() -> int:
                 continue
         _PORTS_GIVEN.add(port)
         return port
-    raise RuntimeError(f"no free port in 10000-{low}")
+    raise RuntimeError(f"no free port in {first}-{first + width}")
 
 
 def _stop_pid(pid: int, timeout: float = 10.0) -> None:
