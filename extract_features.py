@@ -73,12 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lower-case the input; default: yes when the vocabulary has no capital letters")
     g.add_argument("--max_seq_length", type=int, default=128, help="tokens per line, [CLS] and [SEP] included")
 
-    g = p.add_argument_group("runtime")
-    g.add_argument("--batch_size", type=int, default=32, help="lines per forward pass")
-    precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
-    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
-    g.add_argument("--disable_progress_bar", action="store_true", help="no tqdm bar")
-    cli.add_debug_argument(g)
+    from inference import add_runtime_arguments
+
+    add_runtime_arguments(p, 32, "lines per forward pass", "no tqdm bar")
     return p
 
 

@@ -69,6 +69,19 @@ class Runtime:
     progress: bool = False
 
 
+def add_runtime_arguments(parser: argparse.ArgumentParser, batch_size: int, batch_help: str,
+                          progress_help: str) -> None:
+    """The "runtime" flags of the commands that only read a model (this script, extract_features.py): what a
+    Runtime is made of, plus --no_cuda and --debug. Precision defaults to fp32 there (precision.READ): the same
+    command gives the same outputs on every machine."""
+    g = parser.add_argument_group("runtime")
+    g.add_argument("--batch_size", type=int, default=batch_size, help=batch_help)
+    precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
+    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
+    g.add_argument("--disable_progress_bar", action="store_true", help=progress_help)
+    cli.add_debug_argument(g)
+
+
 def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]],
                      settings: squad.QASettings = squad.QASettings(), runtime: Runtime = Runtime(), *,
                      max_windows: int = 0, how_to_raise: str = "raise max_windows (0: no limit)"
@@ -328,12 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("classification")
     g.add_argument("--labels", default=None,
                    help="comma-separated class names; default: those the checkpoint records, else 0, 1, ...")
-    g = p.add_argument_group("runtime")
-    g.add_argument("--batch_size", type=int, default=8, help="windows (or sentences) per forward pass")
-    precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
-    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
-    g.add_argument("--disable_progress_bar", action="store_true", help="no progress bar for long inputs")
-    cli.add_debug_argument(g)
+    add_runtime_arguments(p, 8, "windows (or sentences) per forward pass", "no progress bar for long inputs")
     return p
 
 
