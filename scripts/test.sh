@@ -22,5 +22,5 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFOR
 workers="${TEST_WORKERS:-$(nproc)}"
 (( workers > 4 )) && workers=4
 parallel=()
-(( workers > 1 )) && parallel=(-n "$workers" --dist loadgroup)
+(( workers > 1 )) && parallel=(-n "$workers")
 exec .venv/bin/python -m pytest -ra --durations=20 "${parallel[@]}" "${@:-tests}"

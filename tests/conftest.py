@@ -264,10 +264,11 @@ def cpu_bf16(request, monkeypatch) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Several workers (scripts/test.sh runs pytest-xdist with --dist loadgroup). A test file runs whole on one worker,
-# so its module fixtures are made once; the files that start a real Slurm cluster share one worker, so that two
-# clusters never run side by side on the machine. Each worker gets its share of the cores as torch threads:
-# OpenMP threads beyond the cores spin against each other (on 2 cores, 2 workers of 2 threads ran slower than 1).
+# Several workers (scripts/test.sh runs pytest-xdist). A test file runs whole on one worker, so its module fixtures
+# are made once (xdist's --dist loadfile); the files that start a real Slurm cluster share one worker, so that two
+# clusters never run side by side on the machine: the scheduler below is loadfile with those files as one scope
+# (xdist_group marks cannot do it under pytest 9, whose node ids xdist 3.8 can no longer rename). Each worker gets
+# its share of the cores as torch threads: OpenMP threads beyond the cores spin against each other.
 
 SAME_WORKER = {"tests/test_slurm.py": "slurm", "tests/test_engines.py": "slurm"}
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -275,10 +276,16 @@ if XDIST_WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(path, path)))
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n N`: one scope per test file, the SAME_WORKER files one scope together."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SAME_WORKER.get(path, path)
+
+    return FileScheduling(config, log)
 
 
 _FILE_SECONDS: dict[str, float] = {}
