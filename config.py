@@ -8,7 +8,8 @@ field that needs more than its name (aliases, another flag name, a required flag
     cfg = config.parse(PretrainConfig, "run_pretraining.py", __doc__, argv)
     cfg.training.max_steps, cfg.flags()["max_steps"]
 
-The converter (`build_parser`) makes the argparse parser: --help grouped by section, a switch for a bool, choices
+The converter (`build_parser`) makes the argparse parser: --help grouped by section (flags added in the
+configuration's `flag_order`, section by section unless it says otherwise), a switch for a bool, choices
 for a Literal, `X | None` accepting X, the shared --precision flags (precision.add_arguments) for a field named
 `precision`, and --debug (cli.add_debug_argument). Argparse's own errors are one line and exit status 2.
 `parse` builds the configuration from the command line and applies its cross-flag rules (`Config.rules`: (refused,
@@ -53,7 +54,11 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _own_field_docs(cls: type) -> dict[str, str]:
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # a class made in code (dataclasses.make_dataclass): titles come as metadata
+        return {}
+    body = ast.parse(textwrap.dedent(source)).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
@@ -81,9 +86,23 @@ class Config:
         return cls(**sections)
 
     def flags(self) -> dict[str, Any]:
-        """{flag: value} of every flag, flat (what a PARAMETER log line and a checkpoint's "args" hold)."""
-        return {f.name: getattr(section, f.name) for section in self.sections()
-                for f in dataclasses.fields(section)}
+        """{flag: value} of every flag, flat, in `flag_order` (what a PARAMETER log line and a checkpoint's "args"
+        hold)."""
+        return {name: getattr(getattr(self, section), name) for section, name in self.flag_order() if name}
+
+    @classmethod
+    def flag_order(cls) -> list[tuple[str, str | None]]:
+        """(section, field) of every flag in the order the parser adds them: the usage line's order, and each
+        --help group's; (section, None) is --debug. Here section by section, --debug after the fields of
+        `debug_section` (None: the last section)."""
+        fields = dataclasses.fields(cls)
+        debug_section = cls.debug_section or fields[-1].name
+        order: list[tuple[str, str | None]] = []
+        for section in fields:
+            order += [(section.name, f.name) for f in dataclasses.fields(section.default_factory)]
+            if section.name == debug_section:
+                order.append((section.name, None))  # read by cli.script_errors from the command line, no field
+        return order
 
     def sections(self) -> list[Any]:
         return [getattr(self, s.name) for s in dataclasses.fields(self)]
@@ -101,21 +120,23 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser(cls: type[Config], prog: str, doc: str) -> argparse.ArgumentParser:
-    """The parser of configuration `cls`: a group per section (titled by the docstring under the section's field),
-    a flag per field; the description is the first paragraph of `doc`."""
+    """The parser of configuration `cls`: a group per section (titled by the docstring under the section's field,
+    or its metadata "title"), a flag per field, added in `cls.flag_order()`; the description is the first paragraph
+    of `doc`."""
     parser = OneLineParser(prog=prog, description=doc.split("\n\n")[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    titles, sections = field_docs(cls), typing.get_type_hints(cls)
-    fields = dataclasses.fields(cls)
-    debug_section = cls.debug_section or fields[-1].name
-    for section in fields:
-        group = parser.add_argument_group(titles[section.name])
-        kind = sections[section.name]
-        docs, hints = field_docs(kind), typing.get_type_hints(kind)
-        for f in dataclasses.fields(kind):
-            add_flag(group, f, hints[f.name], docs.get(f.name, ""))
-        if section.name == debug_section:
-            cli.add_debug_argument(group)  # read by cli.script_errors from the command line, not a config field
+    titles = field_docs(cls)
+    groups, fields, hints, docs = {}, {}, {}, {}
+    for section in dataclasses.fields(cls):
+        groups[section.name] = parser.add_argument_group(section.metadata.get("title") or titles[section.name])
+        kind = section.default_factory
+        fields[section.name] = {f.name: f for f in dataclasses.fields(kind)}
+        hints[section.name], docs[section.name] = typing.get_type_hints(kind), field_docs(kind)
+    for section, name in cls.flag_order():
+        if name is None:
+            cli.add_debug_argument(groups[section])  # read by cli.script_errors from the command line, no field
+        else:
+            add_flag(groups[section], fields[section][name], hints[section][name], docs[section].get(name, ""))
     return parser
 
 

@@ -2,8 +2,8 @@
 small `Task` (its flags, examples, encoding, batches, head and metrics); everything else is here, once.
 
 Read top to bottom:
-1. checks before any work: the shared flags (`build_parser`, `check_arguments`) and the model files
-   (`check_init_checkpoint`, `resolve_model_files`, `check_model_fits`; inference.py's too);
+1. checks before any work: the model files (`check_init_checkpoint`, `resolve_model_files`, `check_model_fits`;
+   inference.py's too); the shared flags and their rules are finetuning_config.py's;
 2. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
    `token_type_ids`, `attention_mask` [B, S] (multiple choice: [B, C, S]) and the head's labels (`labels`, or
    `start_positions` and `end_positions`), so one loss serves every task: `model(**batch).loss`;
@@ -20,7 +20,6 @@ read it. Library code here raises cli.InputError for bad input; the script's mai
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -37,6 +36,7 @@ import atomic_io
 import cli
 import dist_env
 import metrics
+from finetuning_config import FinetuneConfig
 import parallelize
 import train_step
 
@@ -44,120 +44,11 @@ import train_step
 # 1. Checks before any work
 
 
-class FlagGroups(NamedTuple):
-    """The groups of a fine-tuning script's --help, for the script to add its own flags to."""
-
-    data: argparse._ArgumentGroup
-    model: argparse._ArgumentGroup
-    run: argparse._ArgumentGroup  # what to run
-    training: argparse._ArgumentGroup
-    runtime: argparse._ArgumentGroup
-
-
-def build_parser(prog: str, doc: str, *, modes: tuple[str, str, str], max_seq_length: tuple[int, str],
-                 predict_batch: tuple[str, int, str], seed: int, log_freq: int = 10, data_title: str = "data",
-                 random_init: bool = False, workers_help: str = "DataLoader worker processes",
-                 ) -> tuple[argparse.ArgumentParser, FlagGroups]:
-    """A fine-tuning script's parser with the flags every fine-tuning script shares (NVIDIA's names), in groups the
-    script adds its own to. What differs by task comes as arguments: `modes`, the help of --do_train, --do_eval,
-    --do_predict; `max_seq_length`, its default and help; `predict_batch`, the prediction batch flag, its default
-    and help; `seed` and `log_freq`, defaults; `random_init`: --init_checkpoint may be left out (then --config_file
-    makes a model of random weights). The description is the first paragraph of `doc`."""
-    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    data = p.add_argument_group(data_title)
-    data.add_argument("--output_dir", required=True, help="where results, predictions and the model go")
-
-    model = p.add_argument_group("model")
-    checkpoint = "ckpt_<step>.pt, an NVIDIA .pt, our fine-tuned model.pt, or a Hugging Face directory"
-    if random_init:
-        model.add_argument("--init_checkpoint", default=None, help=f"{checkpoint}; without it the model starts from "
-                                                                   "random weights (--config_file needed)")
-    else:
-        model.add_argument("--init_checkpoint", required=True, help=checkpoint)
-    model.add_argument("--config_file", default=None,
-                       help="bert_config.json; default: the config inside or beside --init_checkpoint")
-    model.add_argument("--vocab_file", default=None,
-                       help="vocab.txt; default: vocab.txt in or beside --init_checkpoint")
-    model.add_argument("--do_lower_case", action="store_true", help="lower-case the input (uncased models)")
-    model.add_argument("--max_seq_length", type=int, default=max_seq_length[0], help=max_seq_length[1])
-    model.add_argument("--bert_model", default=None, help="accepted for compatibility with the original; unused")
-
-    run = p.add_argument_group("what to run")
-    for flag, help_text in zip(("--do_train", "--do_eval", "--do_predict"), modes):
-        run.add_argument(flag, action="store_true", help=help_text)
-    run.add_argument("--skip_checkpoint", action="store_true", help="do not save the fine-tuned model")
-
-    g = p.add_argument_group("training")
-    g.add_argument("--train_batch_size", type=int, default=32,
-                   help="sequences per optimizer step per process (split into --gradient_accumulation_steps parts)")
-    g.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate of AdamW")
-    g.add_argument("--weight_decay", type=float, default=0.01, help="decoupled weight decay (not on biases/LayerNorm)")
-    g.add_argument("--max_grad_norm", type=float, default=1.0, help="global gradient-norm clip (<= 0: off)")
-    g.add_argument("--num_train_epochs", type=float, default=3.0, help="epochs (fractions allowed)")
-    g.add_argument("--max_steps", type=float, default=-1.0, help="optimizer steps; > 0 overrides --num_train_epochs")
-    g.add_argument("--warmup_proportion", type=float, default=0.1, help="fraction of the steps with linear warm-up")
-    g.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
-    g.add_argument("--seed", type=int, default=seed, help="random seed (the new head, dropout, shuffling)")
-    precision_policy.add_arguments(g, help_text=precision_policy.HELP_FINETUNING)
-    g.add_argument("--loss_scale", type=float, default=0.0,
-                   help="fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale")
-    g.add_argument(predict_batch[0], type=int, default=predict_batch[1], help=predict_batch[2])
-
-    r = p.add_argument_group("runtime")
-    r.add_argument("--num_workers", type=int, default=0, help=workers_help)
-    r.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
-    r.add_argument("--log_freq", type=int, default=log_freq, help="log the training loss every N optimizer steps")
-    r.add_argument("--json-summary", dest="json_summary", default=None,
-                   help="JSON-lines log file (default: <output_dir>/dllogger.json)")
-    r.add_argument("--disable_progress_bar", "--disable-progress-bar", action="store_true", help="no tqdm bars")
-    r.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help="set by torch.distributed.launch; torchrun's LOCAL_RANK environment variable is used")
-    cli.add_debug_argument(r)
-    return p, FlagGroups(data, model, run, g, r)
-
-
-def add_subset_arguments(group: argparse._ArgumentGroup, *, eval_sets: str, splits: tuple[str, str],
-                         split_help: str) -> None:
-    """--max_train_examples, --max_eval_examples (of `eval_sets`) and --predict_split (`splits`: the labelled
-    split first, the default), for a task whose data folder holds its splits."""
-    group.add_argument("--max_train_examples", type=int, default=None,
-                       help="train on the first N training examples only (quick CPU runs)")
-    group.add_argument("--max_eval_examples", type=int, default=None,
-                       help=f"evaluate/predict on the first N examples of {eval_sets} only")
-    group.add_argument("--predict_split", choices=splits, default=splits[0], help=split_help)
-
-
-def check_arguments(args: argparse.Namespace, positive: Sequence[str] = ()) -> None:
-    """One-line errors (cli.InputError) for the shared flags' impossible values, and for the script's own
-    flags named in `positive` below 1."""
-    if not (args.do_train or args.do_eval or args.do_predict):
-        raise cli.InputError("nothing to do: pass at least one of --do_train, --do_eval, --do_predict")
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
-    if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
-        raise cli.InputError(f"--train_batch_size {args.train_batch_size} must be a positive multiple of "
-                               f"--gradient_accumulation_steps {args.gradient_accumulation_steps}")
-    if args.train_batch_size < 1:
-        raise cli.InputError(f"--train_batch_size must be positive, got {args.train_batch_size}")
-    if not 0.0 <= args.warmup_proportion <= 1.0:
-        raise cli.InputError(f"--warmup_proportion must be in [0, 1], got {args.warmup_proportion}")
-    if getattr(args, "do_train", False) and args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise cli.InputError("--num_train_epochs must be positive (or give --max_steps)")
-    if args.loss_scale < 0 or args.log_freq < 1 or args.num_workers < 0:
-        raise cli.InputError("--loss_scale and --num_workers must not be negative, --log_freq must be positive")
-    output_dir = getattr(args, "output_dir", None)
-    if output_dir and Path(output_dir).exists() and not Path(output_dir).is_dir():
-        raise cli.InputError(f"--output_dir {output_dir} is a file: name a folder for the results")
-    if args.json_summary and Path(args.json_summary).is_dir():
-        raise cli.InputError(f"--json-summary {args.json_summary} is a folder: name the log file")
-
-
-def check_init_checkpoint(args: argparse.Namespace) -> None:
+def check_init_checkpoint(args) -> None:
     """--init_checkpoint must exist (where a script may start from random weights, None with a --config_file):
     the first check of `resolve_model_files`, on its own for a script that names a missing checkpoint before it
-    checks its other inputs and only then looks for the vocabulary (inference.py)."""
+    checks its other inputs and only then looks for the vocabulary (inference.py). `args`: anything with
+    init_checkpoint, config_file and vocab_file (a parsed namespace, a fine-tuning configuration's model section)."""
     ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
     if ckpt is None and args.config_file is None:
         raise cli.InputError("give --init_checkpoint, or --config_file to start from random weights")
@@ -166,7 +57,7 @@ def check_init_checkpoint(args: argparse.Namespace) -> None:
                              "Face directory")
 
 
-def resolve_model_files(args: argparse.Namespace) -> str:
+def resolve_model_files(args) -> str:
     """The vocabulary file of the run: --vocab_file, by default a vocab.txt inside a checkpoint directory or beside
     a checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its model.pt); returned, the flags
     stay as parsed. --init_checkpoint must exist (`check_init_checkpoint`), and so must --config_file when given.
@@ -260,12 +151,12 @@ class EvalSet(NamedTuple):
 
 
 class Task:
-    """One fine-tuning task for `run`: the script's flags (`args`) and its parts. A task's encoded set (`encode`)
-    is a torch Dataset with `lengths` [N] (what each example is padded to in a batch, for length-sorted
-    prediction batches); `collate` makes a batch of its items in the batch vocabulary. The defaults below serve
-    a task whose examples are classified whole (GLUE, SWAG); run_squad.py overrides what differs. A hook leaves
-    nothing on the task for a later one: it returns it (read's EvalSets carry what score needs, score's prediction
-    files reach final_record, the encoded training set reaches saved_fields)."""
+    """One fine-tuning task for `run`: the script's configuration (`cfg`, frozen: finetuning_config.py) and its
+    parts. A task's encoded set (`encode`) is a torch Dataset with `lengths` [N] (what each example is padded to in
+    a batch, for length-sorted prediction batches); `collate` makes a batch of its items in the batch vocabulary.
+    The defaults below serve a task whose examples are classified whole (GLUE, SWAG); run_squad.py overrides what
+    differs. A hook leaves nothing on the task for a later one: it returns it (read's EvalSets carry what score
+    needs, score's prediction files reach final_record, the encoded training set reaches saved_fields)."""
 
     prog: str  # the script, as messages name it: "run_glue.py"
     name: str  # results.json's "task"
@@ -273,10 +164,10 @@ class Task:
     head = "classifier."  # the head's parameter prefix: a fresh one is warned about when nothing trains it
     head_description = "classifier for this task"
     unit = "sequences"  # what --train_batch_size and the throughput numbers count
-    eval_batch_flag = "eval_batch_size"  # the flag of the prediction batch size
+    eval_batch_flag = "eval_batch_size"  # the flag of the prediction batch size (in cfg.training)
 
-    def __init__(self, args: argparse.Namespace):
-        self.args = args
+    def __init__(self, cfg: FinetuneConfig):
+        self.cfg = cfg
 
     def model_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of model_class beyond its config (e.g. num_labels)."""
@@ -297,7 +188,8 @@ class Task:
     def epoch_batches(self, dataset, micro_batch: int, env: dist_env.DistEnv
                       ) -> tuple[Callable[[int], Iterable[dict]], int]:
         """(epoch -> this process's training micro-batches of that epoch, micro-batches per epoch)."""
-        return shuffled_epochs(dataset, micro_batch, self.collate, self.args.seed, env, self.args.num_workers)
+        return shuffled_epochs(dataset, micro_batch, self.collate, self.cfg.training.seed, env,
+                               self.cfg.runtime.num_workers)
 
     def head_outputs(self, output) -> torch.Tensor:
         """What prediction keeps of the model's output, [B, ...]: the logits."""
@@ -371,22 +263,20 @@ def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, lo
     from optimization import BertAdam, param_groups_for_bert
     from schedulers import LinearWarmUpScheduler
 
-    args = task.args
-    micro_batch = args.train_batch_size // args.gradient_accumulation_steps
+    t = task.cfg.training
+    micro_batch = t.train_batch_size // t.gradient_accumulation_steps
     epoch_batches, per_epoch = task.epoch_batches(dataset, micro_batch, env)
-    total_steps = count_optimizer_steps(per_epoch, args.gradient_accumulation_steps, args.num_train_epochs,
-                                        args.max_steps)
+    total_steps = count_optimizer_steps(per_epoch, t.gradient_accumulation_steps, t.num_train_epochs, t.max_steps)
     ddp_model, precision = parallelize.apply_parallelism_and_precision(model, env, precision_name,
-                                                                    loss_scale=args.loss_scale)
-    optimizer = BertAdam(param_groups_for_bert(model, args.weight_decay), lr=args.learning_rate,
-                         weight_decay=args.weight_decay,
-                         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None)
-    scheduler = LinearWarmUpScheduler(optimizer, warmup=args.warmup_proportion, total_steps=total_steps)
+                                                                    loss_scale=t.loss_scale)
+    optimizer = BertAdam(param_groups_for_bert(model, t.weight_decay), lr=t.learning_rate,
+                         weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm if t.max_grad_norm > 0 else None)
+    scheduler = LinearWarmUpScheduler(optimizer, warmup=t.warmup_proportion, total_steps=total_steps)
     logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
                              "micro_batch": micro_batch, "world_size": env.world_size, "precision": precision.name})
     rule = train_step.StepRule(ddp_model, loss, optimizer, scheduler, precision, fine_tuning_watch(env.device))
     return fit(rule, epoch_batches, env, logger, total_steps=total_steps,
-                        accumulation=args.gradient_accumulation_steps, log_freq=args.log_freq)
+                        accumulation=t.gradient_accumulation_steps, log_freq=task.cfg.runtime.log_freq)
 
 
 @dataclass
@@ -485,12 +375,12 @@ def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precis
 
     batches = length_sorted_batches(dataset.lengths, batch_size)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=task.collate,
-                                         num_workers=task.args.num_workers)
+                                         num_workers=task.cfg.runtime.num_workers)
     outputs: list = [None] * len(dataset)
     batch_ms = []
     start = time.perf_counter()
     bar = tqdm(loader, desc=desc, unit="batch", mininterval=1,
-               disable=task.args.disable_progress_bar or not env.is_main)
+               disable=task.cfg.runtime.disable_progress_bar or not env.is_main)
     for index, (out, ms) in zip(batches, forward_batches(model, bar, task.head_outputs, precision, env.device)):
         batch_ms.append(ms)
         for row, i in enumerate(index):
@@ -513,8 +403,8 @@ def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str,
              logger: metrics.RunLogger, log: Callable[[str], None], precision: str) -> tuple[dict, dict[str, dict]]:
     """Predict every set in `precision` (resolved), score it, write the prediction files (--do_predict); returns
     ({"eval", "inference"}, {prediction file name: {id: prediction}})."""
-    args = task.args
-    batch_size = getattr(args, task.eval_batch_flag)
+    cfg = task.cfg
+    batch_size = getattr(cfg.training, task.eval_batch_flag)
     out: dict = {}
     files: dict[str, dict] = {}
     all_ms, count, seconds = [], 0, 0.0
@@ -533,9 +423,9 @@ def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str,
     out["inference"] = latency_summary(all_ms, count, seconds, batch_size, task.unit)
     log(f"inference: p50 {out['inference']['latency_ms_p50']:.1f} ms/batch, "
         f"{out['inference'][f'{task.unit}_per_second']:.1f} {task.unit}/s")
-    if args.do_predict:
+    if cfg.run.do_predict:
         for file, entries in files.items():
-            atomic_io.atomic_write_json(Path(args.output_dir) / file, entries)
+            atomic_io.atomic_write_json(Path(cfg.data.output_dir) / file, entries)
     return out, files
 
 
@@ -549,16 +439,16 @@ def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
     from checkpoint_io import load_pretrained
     from modeling import BertConfig
 
-    args = task.args
-    if args.init_checkpoint is None:
+    m = task.cfg.model
+    if m.init_checkpoint is None:
         log("no --init_checkpoint: starting from random weights")
-        return task.model_class(BertConfig.from_json_file(args.config_file), **task.model_kwargs())
-    model, report = load_pretrained(task.model_class, args.init_checkpoint, config=args.config_file,
+        return task.model_class(BertConfig.from_json_file(m.config_file), **task.model_kwargs())
+    model, report = load_pretrained(task.model_class, m.init_checkpoint, config=m.config_file,
                                     **task.model_kwargs())
     for line in report.lines():
-        log(f"from_pretrained({task.model_class.__name__}, {args.init_checkpoint}): {line}")
-    if not args.do_train and report.fresh_head(task.head):
-        log(f"warning: {args.init_checkpoint} has no {task.head_description}, so evaluation and predictions come "
+        log(f"from_pretrained({task.model_class.__name__}, {m.init_checkpoint}): {line}")
+    if not task.cfg.run.do_train and report.fresh_head(task.head):
+        log(f"warning: {m.init_checkpoint} has no {task.head_description}, so evaluation and predictions come "
             "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")
     return model
 
@@ -580,7 +470,7 @@ def save_model(model: torch.nn.Module, task: Task, output_dir: Path, fields: dic
         atomic_io.atomic_write_json(hf_dir / "config.json", {**config, **extra})
 
 
-def main(task_class: type[Task], parse_args: Callable[[Sequence[str] | None], argparse.Namespace],
+def main(task_class: type[Task], parse_args: Callable[[Sequence[str] | None], FinetuneConfig],
          argv: Sequence[str] | None = None) -> dict:
     """A fine-tuning script's main(argv): its flags parsed, its task run; returns the results (also results.json).
     Bad input, a checkpoint that does not fit or cannot be read safely, a malformed data file or a full disk end
@@ -597,55 +487,56 @@ def run(task: Task) -> tuple[dict, dict]:
     what is resolved from them (the vocabulary file, the precision) is resolved once, here."""
     from tokenization import BertTokenizer, casing_warning
 
-    args = task.args
+    cfg = task.cfg
+    m, r, t, rt = cfg.model, cfg.run, cfg.training, cfg.runtime
     # 1. The model files first: a missing checkpoint or vocabulary is a one-line error, not a traceback later.
-    vocab_file = resolve_model_files(args)
+    vocab_file = resolve_model_files(m)
     # 2. Where the run computes (torchrun's or Slurm's environment, else one process) and in what precision:
     #    auto decides from that device, and from whether the run trains or only reads the model.
-    env = dist_env.init_distributed(no_cuda=args.no_cuda)
-    choice = precision_policy.setup(args.precision, env.device, task.prog, precision_policy.purpose_of(args),
+    env = dist_env.init_distributed(no_cuda=rt.no_cuda)
+    choice = precision_policy.setup(t.precision, env.device, task.prog, precision_policy.purpose_of(r),
                                     show=env.is_main)
-    output_dir = Path(args.output_dir)
+    output_dir = Path(cfg.data.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-    logger = metrics.RunLogger(args.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
-                                progress=not args.disable_progress_bar)
+    logger = metrics.RunLogger(rt.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
+                                progress=not rt.disable_progress_bar)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
-    logger.log("PARAMETER", {**vars(args), "vocab_file": vocab_file, "precision": choice.name,
+    logger.log("PARAMETER", {**cfg.flags(), "vocab_file": vocab_file, "precision": choice.name,
                              "precision_reason": choice.reason})
 
     # 3. Read every input first: a missing or malformed dev file must fail before minutes of training, not after.
     train_examples, eval_sets = task.read()
-    tokenizer = BertTokenizer(vocab_file, do_lower_case=args.do_lower_case)
-    warning = casing_warning(tokenizer.vocab, vocab_file, args.do_lower_case)
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=m.do_lower_case)
+    warning = casing_warning(tokenizer.vocab, vocab_file, m.do_lower_case)
     if warning:
         log(f"warning: {warning}")
 
     # 4. The model: the seed makes a fresh head (or random weights) the same on every process.
-    dist_env.set_seed(args.seed)
+    dist_env.set_seed(t.seed)
     model = load_model(task, log)
-    check_model_fits(model.config, len(tokenizer), vocab_file, args.max_seq_length)
+    check_model_fits(model.config, len(tokenizer), vocab_file, m.max_seq_length)
     if model.config.vocab_size != len(tokenizer):
         log(f"warning: the model's vocab_size {model.config.vocab_size} differs from {vocab_file} "
             f"({len(tokenizer)} tokens)")
     model.to(env.device)
-    dist_env.set_seed(args.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
-    results: dict = {"task": task.name, "init_checkpoint": args.init_checkpoint, "precision": choice.name,
+    dist_env.set_seed(t.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
+    results: dict = {"task": task.name, "init_checkpoint": m.init_checkpoint, "precision": choice.name,
                      "precision_reason": choice.reason,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
-                     "world_size": env.world_size, "max_seq_length": args.max_seq_length}
+                     "world_size": env.world_size, "max_seq_length": m.max_seq_length}
 
     # 5. Fit, and save on rank 0 (every process holds the same weights after the last all-reduce).
-    if args.do_train:
+    if r.do_train:
         dataset = task.encode(train_examples, tokenizer, env, log, training=True)
         fit = train(model, task, dataset, env, logger, choice.name)
         rate = fit.sequences / max(fit.seconds, 1e-9)
         results["train"] = {"examples": len(dataset), "steps": fit.steps, "final_loss": fit.loss,
                             "seconds": fit.seconds, f"{task.unit}_per_second": rate,
-                            "train_batch_size": args.train_batch_size * env.world_size,
-                            "epochs": args.num_train_epochs if args.max_steps <= 0 else None}
+                            "train_batch_size": t.train_batch_size * env.world_size,
+                            "epochs": t.num_train_epochs if t.max_steps <= 0 else None}
         log(f"trained {fit.steps} steps in {fit.seconds:.1f} s ({rate:.1f} {task.unit}/s), final loss {fit.loss:.4f}")
-        if env.is_main and not args.skip_checkpoint:
+        if env.is_main and not r.skip_checkpoint:
             save_model(model, task, output_dir, task.saved_fields(fit.steps, dataset), vocab_file)
             log(f"saved {output_dir / 'model.pt'} and {output_dir / 'hf_model'}")
 

@@ -187,8 +187,9 @@ def add_arguments(group, help_prefix: str = "", help_text: str = HELP[TRAIN]) ->
                      help="alias of --precision bf16")
 
 
-def purpose_of(args: argparse.Namespace) -> str:
-    """TRAIN for a fine-tuning command with --do_train, READ for one that only evaluates or predicts."""
+def purpose_of(args) -> str:
+    """TRAIN for a fine-tuning command with --do_train, READ for one that only evaluates or predicts (`args`: a
+    parsed namespace, or a fine-tuning configuration's run section)."""
     return TRAIN if getattr(args, "do_train", False) else READ
 
 

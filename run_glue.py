@@ -42,15 +42,19 @@ Differences from NVIDIA's run_glue.py, on purpose:
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+import config
 import finetuning
+import finetuning_config
 import cli
 import dist_env
 from modeling import BertForSequenceClassification
+from config import flag
 from processors.glue import (TASKS, compute_metrics, encode_examples, get_dev_examples, get_task,
                              get_test_examples, get_train_examples)
 
@@ -58,25 +62,33 @@ from processors.glue import (TASKS, compute_metrics, encode_examples, get_dev_ex
 # Arguments
 
 
+GlueData = finetuning_config.split_data(
+    "GlueData", before=[("task_name", str | None, flag(
+        None, required=True, help=f"GLUE task, case-insensitive: {', '.join(TASKS)} (also sst2, stsb, mnli-mm)"))],
+    data_dir_help="the task's GLUE folder (train.tsv, dev.tsv, ...)", eval_sets="each dev/test set",
+    splits=("dev", "test"), split_help="what --do_predict writes to predictions.json: the dev set(s) or GLUE's "
+                                       "unlabeled test set(s)")
+
+
+@dataclass(frozen=True)
+class GlueTraining(finetuning_config.EvalBatch):
+    """The training flags with GLUE's seed."""
+
+    seed: int = 2
+
+
+GlueConfig = finetuning_config.make_config(
+    "GlueConfig", data=GlueData, training=GlueTraining, titles={"data": "task and data"},
+    positive=("eval_batch_size", "max_seq_length"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p, g = finetuning.build_parser(
-        "run_glue.py", __doc__, data_title="task and data", seed=2,
-        modes=("fine-tune on train.tsv", "score the dev set(s)", "write predictions.json (see --predict_split)"),
-        max_seq_length=(128, "longest [CLS] A [SEP] B [SEP] after WordPiece; longer pairs are truncated longest-first"),
-        predict_batch=("--eval_batch_size", 128, "sequences per evaluation batch"))
-    g.data.add_argument("--task_name", required=True,
-                        help=f"GLUE task, case-insensitive: {', '.join(TASKS)} (also sst2, stsb, mnli-mm)")
-    g.data.add_argument("--data_dir", required=True, help="the task's GLUE folder (train.tsv, dev.tsv, ...)")
-    finetuning.add_subset_arguments(g.data, eval_sets="each dev/test set", splits=("dev", "test"),
-                                    split_help="what --do_predict writes to predictions.json: the dev set(s) or "
-                                               "GLUE's unlabeled test set(s)")
-    return p
+    return config.build_parser(GlueConfig, "run_glue.py", __doc__)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
-    finetuning.check_arguments(args, positive=("eval_batch_size", "max_seq_length"))
-    return args
+def parse_args(argv: list[str] | None = None):
+    """The configuration (a GlueConfig), its rules checked."""
+    return config.parse(GlueConfig, "run_glue.py", __doc__, argv)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -103,33 +115,33 @@ class GlueTask(finetuning.Task):
     prog = "run_glue.py"
     model_class = BertForSequenceClassification
 
-    def __init__(self, args: argparse.Namespace):
-        super().__init__(args)
-        self.task = get_task(args.task_name)
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.task = get_task(cfg.data.task_name)
         self.name = self.task.name
 
     def model_kwargs(self) -> dict:
         return {"num_labels": self.task.num_labels}
 
     def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
-        args, task = self.args, self.task
-        train = get_train_examples(args.data_dir, task)[:args.max_train_examples] if args.do_train else []
-        needs_dev = args.do_eval or (args.do_predict and args.predict_split == "dev")
-        dev_sets = get_dev_examples(args.data_dir, task) if needs_dev else {}
-        sets = {name: finetuning.EvalSet(examples[:args.max_eval_examples]) for name, examples in dev_sets.items()}
-        if args.do_predict and args.predict_split == "test":
-            test_sets = get_test_examples(args.data_dir, task)
-            sets.update({name: finetuning.EvalSet(examples[:args.max_eval_examples], unlabelled=True)
+        data, run, task = self.cfg.data, self.cfg.run, self.task
+        train = get_train_examples(data.data_dir, task)[:data.max_train_examples] if run.do_train else []
+        needs_dev = run.do_eval or (run.do_predict and data.predict_split == "dev")
+        dev_sets = get_dev_examples(data.data_dir, task) if needs_dev else {}
+        sets = {name: finetuning.EvalSet(examples[:data.max_eval_examples]) for name, examples in dev_sets.items()}
+        if run.do_predict and data.predict_split == "test":
+            test_sets = get_test_examples(data.data_dir, task)
+            sets.update({name: finetuning.EvalSet(examples[:data.max_eval_examples], unlabelled=True)
                          for name, examples in test_sets.items()})
-        for name, examples in {**({"train": train} if args.do_train else {}),
+        for name, examples in {**({"train": train} if run.do_train else {}),
                                **{name: s.examples for name, s in sets.items()}}.items():
             if not examples:
-                raise cli.InputError(f"{task.display_name} {name} set in {args.data_dir} has no examples (a header "
+                raise cli.InputError(f"{task.display_name} {name} set in {data.data_dir} has no examples (a header "
                                        "row only?): check --data_dir")
         return train, sets
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> finetuning.EncodedDataset:
-        max_seq_length = self.args.max_seq_length
+        max_seq_length = self.cfg.model.max_seq_length
         encoded = encode_examples(examples, tokenizer, max_seq_length, self.task)
         if training:
             log(f"{self.task.display_name} train: {len(encoded)} examples, mean length {encoded.lengths.mean():.1f} "
@@ -141,14 +153,14 @@ class GlueTask(finetuning.Task):
     def score(self, name, eval_set, dataset, outputs, log) -> tuple[dict | None, dict[str, dict]]:
         """Class indices (argmax) or regression scores; GLUE's metrics and the loss on a dev set (--do_eval);
         predictions.json (--do_predict): example id -> label name (STS-B: the score) for --predict_split's sets."""
-        args, task, examples = self.args, self.task, eval_set.examples
+        run, task, examples = self.cfg.run, self.task, eval_set.examples
         logits = np.stack(outputs)  # [N, num_labels]
         preds = logits[:, 0] if task.is_regression else logits.argmax(-1)
         predictions = {}
-        if args.do_predict and eval_set.unlabelled == (args.predict_split == "test"):
+        if run.do_predict and eval_set.unlabelled == (self.cfg.data.predict_split == "test"):
             names = [float(p) for p in preds] if task.is_regression else [task.labels[int(p)] for p in preds]
             predictions["predictions.json"] = dict(zip((e.guid for e in examples), names))
-        if not (args.do_eval and not eval_set.unlabelled):
+        if not (run.do_eval and not eval_set.unlabelled):
             return None, predictions
         labels = dataset.labels
         metrics = compute_metrics(task, preds, labels)

@@ -47,17 +47,21 @@ Differences from NVIDIA's run_squad.py, on purpose:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import config
 import finetuning
+import finetuning_config
 import metrics
 import atomic_io
 import cli
@@ -69,88 +73,147 @@ from processors import squad
 # Arguments
 
 
+@dataclass(frozen=True)
+class SquadData(finetuning_config.DataConfig):
+    """SQuAD's files and the feature cache."""
+
+    train_file: str | None = None
+    """SQuAD json for training, e.g. train-v1.1.json"""
+    predict_file: str | None = None
+    """SQuAD json to predict (and evaluate), e.g. dev-v1.1.json"""
+    version_2_with_negative: bool = False
+    """SQuAD 2.0: questions may have no answer (predicted as "")"""
+    cache_dir: str | None = None
+    """feature cache folder (default: beside the input file if writable, else <output_dir>/cache)"""
+    skip_cache: bool = False
+    """neither read nor write cached features"""
+
+
+@dataclass(frozen=True)
+class SquadModel(finetuning_config.ModelConfig):
+    """SQuAD may start from random weights; its windows are longer."""
+
+    init_checkpoint: str | None = None
+    """ckpt_<step>.pt, an NVIDIA .pt, our fine-tuned model.pt, or a Hugging Face directory; without it the model
+    starts from random weights (--config_file needed)"""
+    max_seq_length: int = 384
+    """tokens per window: [CLS] question [SEP] doc [SEP]"""
+
+
+@dataclass(frozen=True)
+class SquadRun(finetuning_config.RunConfig):
+    """What to run, in SQuAD's words, and the external evaluation script."""
+
+    do_train: bool = False
+    """fine-tune on --train_file"""
+    do_eval: bool = False
+    """score the predictions against --predict_file's answers (implies --do_predict)"""
+    do_predict: bool = False
+    """write predictions for --predict_file"""
+    eval_script: str | None = None
+    """also run this external script (e.g. the official evaluate-v1.1.py) on the predictions and log its output"""
+
+
+@dataclass(frozen=True)
+class SquadTraining(finetuning_config.PredictBatch):
+    """The training flags with SQuAD's length-grouped batches."""
+
+    group_by_length: bool = False
+    """training batches of similar lengths (less padding; batches still in random order)"""
+
+
+@dataclass(frozen=True)
+class SquadRuntime(finetuning_config.RuntimeConfig):
+    """The runtime flags with SQuAD's defaults."""
+
+    num_workers: int = 0
+    """DataLoader worker processes cutting the batches (the windows are in memory, so 0 is usually fastest)"""
+    log_freq: int = 50
+    use_env: bool = False
+    """accepted for compatibility (the rank always comes from the environment)"""
+
+
+@dataclass(frozen=True)
+class WindowsConfig:
+    """How questions are cut into windows and answers read back (squad.QASettings, whose defaults these are)."""
+
+    doc_stride: int = squad.QASettings.doc_stride
+    """tokens between the starts of consecutive windows"""
+    max_query_length: int = squad.QASettings.max_query_length
+    """questions are cut to this many tokens"""
+    n_best_size: int = squad.QASettings.n_best_size
+    """answers kept per question in nbest_predictions.json"""
+    max_answer_length: int = squad.QASettings.max_answer_length
+    """longest answer, in WordPiece tokens"""
+    null_score_diff_threshold: float = squad.QASettings.null_score_diff_threshold
+    """v2.0: predict no answer when null score - best span score exceeds this"""
+    verbose_logging: bool = False
+    """accepted for compatibility; unused"""
+
+
+def squad_rules(cfg) -> list[tuple[bool, str]]:
+    """SQuAD's rules after the shared ones: the files each mode needs, found, and windows with room for a document
+    token."""
+    d, m, r, w = cfg.data, cfg.model, cfg.run, cfg.windows
+    files = {"train_file": d.train_file, "predict_file": d.predict_file, "eval_script": r.eval_script,
+             "config_file": m.config_file, "vocab_file": m.vocab_file}
+    return [
+        (r.do_train and not d.train_file, "--do_train needs --train_file (a SQuAD json such as train-v1.1.json)"),
+        ((r.do_predict or r.do_eval) and not d.predict_file,
+         "--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)"),
+        *[(value is not None and not Path(value).is_file(), f"--{name} {value} not found")
+          for name, value in files.items()],
+        (m.max_seq_length < w.max_query_length + 4,
+         f"--max_seq_length {m.max_seq_length} must be at least --max_query_length {w.max_query_length} + 4 ([CLS], "
+         "two [SEP] and one document token)"),
+    ]
+
+
+SquadConfig = finetuning_config.make_config(
+    "SquadConfig", data=SquadData, model=SquadModel, run=SquadRun, training=SquadTraining, runtime=SquadRuntime,
+    windows=WindowsConfig, titles={"windows": "windows and answers"}, task_rules=squad_rules,
+    positive=("predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p, g = finetuning.build_parser(
-        "run_squad.py", __doc__, seed=42, log_freq=50, random_init=True,
-        modes=("fine-tune on --train_file", "score the predictions against --predict_file's answers (implies "
-               "--do_predict)", "write predictions for --predict_file"),
-        max_seq_length=(384, "tokens per window: [CLS] question [SEP] doc [SEP]"),
-        predict_batch=("--predict_batch_size", 64, "windows per prediction batch"),
-        workers_help="DataLoader worker processes cutting the batches (the windows are in memory, so 0 is usually "
-                     "fastest)")
-    g.data.add_argument("--train_file", default=None, help="SQuAD json for training, e.g. train-v1.1.json")
-    g.data.add_argument("--predict_file", default=None,
-                        help="SQuAD json to predict (and evaluate), e.g. dev-v1.1.json")
-    g.data.add_argument("--version_2_with_negative", action="store_true",
-                        help="SQuAD 2.0: questions may have no answer (predicted as \"\")")
-    g.data.add_argument("--cache_dir", default=None, help="feature cache folder (default: beside the input file if "
-                                                          "writable, else <output_dir>/cache)")
-    g.data.add_argument("--skip_cache", action="store_true", help="neither read nor write cached features")
-    g.run.add_argument("--eval_script", default=None,
-                       help="also run this external script (e.g. the official evaluate-v1.1.py) on the predictions "
-                            "and log its output")
-    g.training.add_argument("--group_by_length", action="store_true",
-                            help="training batches of similar lengths (less padding; batches still in random order)")
-    g.runtime.add_argument("--use_env", action="store_true",
-                           help="accepted for compatibility (the rank always comes from the environment)")
-
-    a = p.add_argument_group("windows and answers")
-    a.add_argument("--doc_stride", type=int, default=128, help="tokens between the starts of consecutive windows")
-    a.add_argument("--max_query_length", type=int, default=64, help="questions are cut to this many tokens")
-    a.add_argument("--n_best_size", type=int, default=20, help="answers kept per question in nbest_predictions.json")
-    a.add_argument("--max_answer_length", type=int, default=30, help="longest answer, in WordPiece tokens")
-    a.add_argument("--null_score_diff_threshold", type=float, default=0.0,
-                   help="v2.0: predict no answer when null score - best span score exceeds this")
-    a.add_argument("--verbose_logging", action="store_true", help="accepted for compatibility; unused")
-    return p
+    return config.build_parser(SquadConfig, "run_squad.py", __doc__)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parsed = build_parser().parse_args(argv)
-    # --do_eval scores the predictions, so it implies --do_predict: a new namespace, the parsed one unchanged
-    args = argparse.Namespace(**{**vars(parsed), "do_predict": parsed.do_predict or parsed.do_eval})
-    finetuning.check_arguments(args, positive=("predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"))
-    if args.do_train and not args.train_file:
-        raise cli.InputError("--do_train needs --train_file (a SQuAD json such as train-v1.1.json)")
-    if args.do_predict and not args.predict_file:
-        raise cli.InputError("--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)")
-    for name in ("train_file", "predict_file", "eval_script", "config_file", "vocab_file"):
-        value = getattr(args, name)
-        if value is not None and not Path(value).is_file():
-            raise cli.InputError(f"--{name} {value} not found")
-    if args.max_seq_length < args.max_query_length + 4:
-        raise cli.InputError(f"--max_seq_length {args.max_seq_length} must be at least --max_query_length "
-                               f"{args.max_query_length} + 4 ([CLS], two [SEP] and one document token)")
-    return args
+def parse_args(argv: list[str] | None = None):
+    """The configuration (a SquadConfig); --do_eval scores the predictions, so it implies --do_predict: a new
+    configuration, the parsed one unchanged."""
+    cfg = config.parse(SquadConfig, "run_squad.py", __doc__, argv)
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, do_predict=cfg.run.do_predict or cfg.run.do_eval))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Windows: each question is cut into windows of its document ([CLS] question [SEP] part of the document [SEP])
 
 
-def cache_dir_for(args: argparse.Namespace, input_file: str) -> Path | None:
-    if args.skip_cache:
+def cache_dir_for(cfg, input_file: str) -> Path | None:
+    if cfg.data.skip_cache:
         return None
-    if args.cache_dir:
-        return Path(args.cache_dir)
+    if cfg.data.cache_dir:
+        return Path(cfg.data.cache_dir)
     beside = Path(input_file).resolve().parent
-    return beside if os.access(beside, os.W_OK) else Path(args.output_dir) / "cache"
+    return beside if os.access(beside, os.W_OK) else Path(cfg.data.output_dir) / "cache"
 
 
-def build_features(args, input_file: str, examples, tokenizer, is_training: bool, env: dist_env.DistEnv, log,
+def build_features(cfg, input_file: str, examples, tokenizer, is_training: bool, env: dist_env.DistEnv, log,
                    collective: bool) -> list[squad.InputFeatures]:
     """Features (windows) from the cache or built. `collective`: every process calls this; then process 0 builds
     and caches the features first and the others read the cache (one tokenization instead of one per process)."""
-    cache_dir = cache_dir_for(args, input_file)
+    cache_dir = cache_dir_for(cfg, input_file)
     sync = collective and env.distributed and cache_dir is not None
     progress = None
-    if env.is_main and not args.disable_progress_bar:
+    if env.is_main and not cfg.runtime.disable_progress_bar:
         from tqdm import tqdm
 
         progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
     if sync and not env.is_main:
         dist_env.barrier(env)  # wait for process 0 to write the cache, then read it
-    features, how = squad.load_or_build_features(input_file, examples, tokenizer, squad.QASettings.from_args(args),
+    settings = squad.QASettings.from_args(cfg.flags())
+    features, how = squad.load_or_build_features(input_file, examples, tokenizer, settings,
                                                  is_training, cache_dir, write_cache=env.is_main, progress=progress)
     if sync and env.is_main:
         dist_env.barrier(env)
@@ -228,18 +291,18 @@ class SquadTask(finetuning.Task):
     def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
         """The training questions (--do_train), the questions to answer (--predict_file) and, with --do_eval,
         their gold answers (for `score`); a malformed --predict_file fails here, before minutes of training."""
-        args = self.args
-        train = squad.read_squad_examples(args.train_file, True, args.version_2_with_negative) if args.do_train else []
+        data, run = self.cfg.data, self.cfg.run
+        train = squad.read_squad_examples(data.train_file, True, data.version_2_with_negative) if run.do_train else []
         sets = {}
-        if args.do_predict:
-            examples = squad.read_squad_examples(args.predict_file, False, args.version_2_with_negative)
-            gold = squad.read_gold_answers(args.predict_file) if args.do_eval else None
-            sets[Path(args.predict_file).stem] = finetuning.EvalSet(examples, gold=gold)
+        if run.do_predict:
+            examples = squad.read_squad_examples(data.predict_file, False, data.version_2_with_negative)
+            gold = squad.read_gold_answers(data.predict_file) if run.do_eval else None
+            sets[Path(data.predict_file).stem] = finetuning.EvalSet(examples, gold=gold)
         return train, sets
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> Windows:
-        args = self.args
-        features = build_features(args, args.train_file if training else args.predict_file, examples, tokenizer,
+        cfg = self.cfg
+        features = build_features(cfg, cfg.data.train_file if training else cfg.data.predict_file, examples, tokenizer,
                                   training, env, log, collective=training)
         return Windows(features, with_answers=training)
 
@@ -248,18 +311,18 @@ class SquadTask(finetuning.Task):
     def epoch_batches(self, dataset: Windows, micro_batch: int, env: dist_env.DistEnv):
         """A seeded shuffle of the windows each epoch, every env.world_size-th window this process's, in batches
         (--group_by_length: batches of similar lengths, in random order)."""
-        args = self.args
+        training, workers = self.cfg.training, self.cfg.runtime.num_workers
 
         def batches(epoch: int) -> torch.utils.data.DataLoader:
-            if args.group_by_length:
-                index = length_grouped_batches(dataset.lengths, micro_batch, args.seed, epoch, env.rank,
+            if training.group_by_length:
+                index = length_grouped_batches(dataset.lengths, micro_batch, training.seed, epoch, env.rank,
                                                env.world_size)
             else:
-                order = shard(np.random.default_rng([args.seed, epoch]).permutation(len(dataset)), env.rank,
+                order = shard(np.random.default_rng([training.seed, epoch]).permutation(len(dataset)), env.rank,
                               env.world_size)
                 index = [order[i:i + micro_batch].tolist() for i in range(0, len(order), micro_batch)]
             return torch.utils.data.DataLoader(dataset, batch_sampler=index, collate_fn=collate,
-                                               num_workers=args.num_workers, pin_memory=env.device.type == "cuda")
+                                               num_workers=workers, pin_memory=env.device.type == "cuda")
 
         return batches, math.ceil(math.ceil(len(dataset) / env.world_size) / micro_batch)
 
@@ -270,31 +333,30 @@ class SquadTask(finetuning.Task):
     def score(self, name, eval_set, dataset: Windows, outputs, log) -> tuple[dict | None, dict[str, dict]]:
         """The best answer of each question over its windows (predictions.json), the n best (nbest_predictions.json)
         and for v2.0 the null odds (null_odds.json); with --do_eval, exact match and F1 against the gold answers."""
-        args = self.args
+        cfg, version_2 = self.cfg, self.cfg.data.version_2_with_negative
         results = {}
         for f, n, out in zip(dataset.features, dataset.lengths.tolist(), outputs):
             results[f.unique_id] = squad.RawResult(f.unique_id, out[0, :n], out[1, :n])
         predictions, nbest, null_odds = squad.get_predictions(
-            eval_set.examples, dataset.features, results, args.n_best_size, args.max_answer_length, args.do_lower_case,
-            args.version_2_with_negative, args.null_score_diff_threshold)
+            eval_set.examples, dataset.features, results, cfg.windows.n_best_size, cfg.windows.max_answer_length,
+            cfg.model.do_lower_case, version_2, cfg.windows.null_score_diff_threshold)
         files = {"predictions.json": predictions, "nbest_predictions.json": nbest}
-        if args.version_2_with_negative:
+        if version_2:
             files["null_odds.json"] = null_odds
-        if not args.do_eval:
+        if not cfg.run.do_eval:
             return None, files
-        return squad.evaluate(eval_set.gold, predictions, args.version_2_with_negative,
-                              null_odds if args.version_2_with_negative else None), files
+        return squad.evaluate(eval_set.gold, predictions, version_2, null_odds if version_2 else None), files
 
     def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
         """eval_results.json (--do_eval): the scores, and the --eval_script's own output on the written files."""
-        args = self.args
-        if not args.do_eval:
+        cfg = self.cfg
+        if not cfg.run.do_eval:
             return
         (metrics,) = results["eval"].values()
         record = {"eval": metrics}
-        if args.eval_script:
-            record["eval_script"] = run_eval_script(args.eval_script, args.predict_file, output_dir,
-                                                    args.version_2_with_negative)
+        if cfg.run.eval_script:
+            record["eval_script"] = run_eval_script(cfg.run.eval_script, cfg.data.predict_file, output_dir,
+                                                    cfg.data.version_2_with_negative)
             logger.log("EVAL_SCRIPT", record["eval_script"])
         atomic_io.atomic_write_json(output_dir / "eval_results.json", record)
 
@@ -315,7 +377,7 @@ class SquadTask(finetuning.Task):
                            predicted_questions=len(predictions.get("predictions.json", {})))
         if "eval" in results:
             (metrics,) = results["eval"].values()
-            exact = metrics["exact"] if self.args.version_2_with_negative else metrics["exact_match"]
+            exact = metrics["exact"] if self.cfg.data.version_2_with_negative else metrics["exact_match"]
             summary.update(exact_match=exact, F1=metrics["f1"])
         return summary
 

@@ -28,12 +28,15 @@ Outputs in --output_dir:
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+import config
 import finetuning
+import finetuning_config
 import cli
 import dist_env
 from modeling import BertForMultipleChoice
@@ -43,28 +46,57 @@ from processors.swag import accuracy, encode_examples, get_examples
 # Arguments
 
 
+SwagData = finetuning_config.split_data(
+    "SwagData", data_dir_help="SWAG's folder: train.csv, val.csv (test.csv)", eval_sets="val.csv (test.csv)",
+    splits=("val", "test"), split_help="what --do_predict writes to predictions.json: val.csv or the unlabelled "
+                                       "test.csv")
+
+
+@dataclass(frozen=True)
+class SwagModel(finetuning_config.ModelConfig):
+    """The model flags with SWAG's sequences."""
+
+    max_seq_length: int = 128
+    """longest [CLS] sent1 [SEP] sent2 ending [SEP] after WordPiece; longer ones are truncated longest-first"""
+
+
+@dataclass(frozen=True)
+class SwagRun(finetuning_config.RunConfig):
+    """What to run, in SWAG's files."""
+
+    do_train: bool = False
+    """fine-tune on train.csv"""
+    do_eval: bool = False
+    """score val.csv"""
+
+
+@dataclass(frozen=True)
+class SwagTraining(finetuning_config.EvalBatch):
+    """SWAG counts examples (4 sequences each); the BERT paper's SWAG settings: batch 16, learning rate 2e-5."""
+
+    train_batch_size: int = 16
+    learning_rate: float = 2e-5
+    eval_batch_size: int = 64
+    """examples per evaluation batch"""
+
+
+def swag_rules(cfg) -> list[tuple[bool, str]]:
+    """SWAG's rule after the shared ones: room for [CLS] and two [SEP]."""
+    return [(cfg.model.max_seq_length < 3, f"--max_seq_length must be at least 3, got {cfg.model.max_seq_length}")]
+
+
+SwagConfig = finetuning_config.make_config(
+    "SwagConfig", data=SwagData, model=SwagModel, run=SwagRun, training=SwagTraining, positive=("eval_batch_size",),
+    task_rules=swag_rules)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p, g = finetuning.build_parser(
-        "run_swag.py", __doc__, seed=42, modes=("fine-tune on train.csv", "score val.csv",
-                                                "write predictions.json (see --predict_split)"),
-        max_seq_length=(128, "longest [CLS] sent1 [SEP] sent2 ending [SEP] after WordPiece; longer ones are "
-                             "truncated longest-first"),
-        predict_batch=("--eval_batch_size", 64, "examples per evaluation batch"))
-    g.data.add_argument("--data_dir", required=True, help="SWAG's folder: train.csv, val.csv (test.csv)")
-    finetuning.add_subset_arguments(g.data, eval_sets="val.csv (test.csv)", splits=("val", "test"),
-                                    split_help="what --do_predict writes to predictions.json: val.csv or the "
-                                               "unlabelled test.csv")
-    # SWAG counts examples (4 sequences each); the BERT paper's SWAG settings: batch 16, learning rate 2e-5
-    p.set_defaults(train_batch_size=16, learning_rate=2e-5)
-    return p
+    return config.build_parser(SwagConfig, "run_swag.py", __doc__)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
-    finetuning.check_arguments(args, positive=("eval_batch_size",))
-    if args.max_seq_length < 3:
-        raise cli.InputError(f"--max_seq_length must be at least 3, got {args.max_seq_length}")
-    return args
+def parse_args(argv: list[str] | None = None):
+    """The configuration (a SwagConfig), its rules checked."""
+    return config.parse(SwagConfig, "run_swag.py", __doc__, argv)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -96,25 +128,26 @@ class SwagTask(finetuning.Task):
     unit = "examples"
 
     def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
-        args = self.args
-        train = get_examples(args.data_dir, "train")[:args.max_train_examples] if args.do_train else []
+        data, run = self.cfg.data, self.cfg.run
+        train = get_examples(data.data_dir, "train")[:data.max_train_examples] if run.do_train else []
         sets = {}
-        if args.do_eval or (args.do_predict and args.predict_split == "val"):
-            sets["val"] = finetuning.EvalSet(get_examples(args.data_dir, "val")[:args.max_eval_examples])
-        if args.do_predict and args.predict_split == "test":
-            sets["test"] = finetuning.EvalSet(get_examples(args.data_dir, "test")[:args.max_eval_examples],
+        if run.do_eval or (run.do_predict and data.predict_split == "val"):
+            sets["val"] = finetuning.EvalSet(get_examples(data.data_dir, "val")[:data.max_eval_examples])
+        if run.do_predict and data.predict_split == "test":
+            sets["test"] = finetuning.EvalSet(get_examples(data.data_dir, "test")[:data.max_eval_examples],
                                               unlabelled=True)
         for name, examples in {"train": train, **{name: s.examples for name, s in sets.items()}}.items():
-            if (name != "train" or args.do_train) and not examples:
-                raise cli.InputError(f"SWAG {name} set in {args.data_dir} has no examples")
+            if (name != "train" or run.do_train) and not examples:
+                raise cli.InputError(f"SWAG {name} set in {data.data_dir} has no examples")
         return train, sets
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> finetuning.EncodedDataset:
-        encoded = encode_examples(examples, tokenizer, self.args.max_seq_length)
+        max_seq_length = self.cfg.model.max_seq_length
+        encoded = encode_examples(examples, tokenizer, max_seq_length)
         if training:
             log(f"SWAG train: {len(encoded)} examples x {encoded.num_choices} choices, longest choice "
                 f"{encoded.lengths.mean():.1f} tokens on average, {encoded.truncated} choices truncated to "
-                f"{self.args.max_seq_length}")
+                f"{max_seq_length}")
         return finetuning.EncodedDataset(encoded)
 
     collate = staticmethod(collate)
@@ -122,16 +155,16 @@ class SwagTask(finetuning.Task):
     def score(self, name, eval_set, dataset, outputs, log) -> tuple[dict | None, dict[str, dict]]:
         """Accuracy and loss on a labelled set (--do_eval); predictions.json (--do_predict, --predict_split's set):
         example id -> {"label": the chosen ending, "probabilities": the softmax over the endings}."""
-        args, labels, examples = self.args, dataset.labels, eval_set.examples
+        run, labels, examples = self.cfg.run, dataset.labels, eval_set.examples
         logits = np.stack(outputs)  # [N, C]
         preds = logits.argmax(-1)
         predictions = {}
-        if args.do_predict and name == args.predict_split:
+        if run.do_predict and name == self.cfg.data.predict_split:
             probs = torch.softmax(torch.from_numpy(logits), dim=-1).numpy()
             predictions["predictions.json"] = {
                 e.guid: {"label": int(p), "probabilities": [round(float(x), 6) for x in prob]}
                 for e, p, prob in zip(examples, preds, probs)}
-        if not (args.do_eval and labels is not None):
+        if not (run.do_eval and labels is not None):
             return None, predictions
         loss = float(F.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels)))
         metrics = {"acc": accuracy(preds, labels), "loss": loss, "examples": len(examples)}

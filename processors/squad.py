@@ -720,9 +720,10 @@ class QASettings:
 
     @classmethod
     def from_args(cls, args, **overrides) -> QASettings:
-        """The settings from a script's flags of the same names, `overrides` (e.g. a resolved max_seq_length)
-        taking the place of some."""
-        return cls(**{**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}, **overrides})
+        """The settings from a script's flags of the same names (a parsed namespace, or a configuration's flat
+        {flag: value}), `overrides` (e.g. a resolved max_seq_length) taking the place of some."""
+        flags = args if isinstance(args, dict) else vars(args)
+        return cls(**{**{f.name: flags[f.name] for f in dataclasses.fields(cls)}, **overrides})
 
 
 def _example_nbest(example: SquadExample, features: list[InputFeatures], all_results, n_best_size: int,

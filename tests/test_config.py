@@ -135,3 +135,43 @@ def test_configurations_are_frozen():
         cfg.sizes.count = 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.sizes = MoreSizes()
+
+
+def test_fine_tuning_configurations_are_frozen_and_typed(tmp_path):
+    """Each fine-tuning script parses a typical command line into its frozen configuration: the shared sections
+    with the script's own defaults (GLUE's seed, SQuAD's windows and log_freq, SWAG's batch and learning rate),
+    the script's own flags in their sections, --do_eval implying --do_predict for SQuAD."""
+    import run_glue
+    import run_squad
+    import run_swag
+
+    squad_file = tmp_path / "dev.json"
+    squad_file.write_text("{}")
+    squad = run_squad.parse_args(["--init_checkpoint", "ckpt.pt", "--output_dir", "out", "--do_eval",
+                                  "--predict_file", str(squad_file), "--bf16", "--doc_stride", "64"])
+    assert (squad.model.init_checkpoint, squad.model.max_seq_length, squad.data.predict_file) == (
+        "ckpt.pt", 384, str(squad_file))
+    assert (squad.run.do_eval, squad.run.do_predict, squad.run.do_train) == (True, True, False)
+    assert (squad.training.predict_batch_size, squad.training.seed, squad.training.precision) == (64, 42, "bf16")
+    assert (squad.runtime.log_freq, squad.windows.doc_stride, squad.windows.max_query_length) == (50, 64, 64)
+    glue = run_glue.parse_args(["--task_name", "mrpc", "--data_dir", "glue/MRPC", "--init_checkpoint", "ckpt.pt",
+                                "--output_dir", "out", "--do_train", "--max_steps", "5", "--local-rank", "0",
+                                "--json-summary", "log.json", "--disable-progress-bar"])
+    assert (glue.data.task_name, glue.data.data_dir, glue.data.predict_split) == ("mrpc", "glue/MRPC", "dev")
+    assert (glue.training.seed, glue.training.max_steps, glue.training.eval_batch_size) == (2, 5.0, 128)
+    assert (glue.runtime.local_rank, glue.runtime.json_summary, glue.runtime.disable_progress_bar) == (
+        0, "log.json", True)
+    assert glue.model.max_seq_length == 128 and glue.training.precision == "auto"
+    swag = run_swag.parse_args(["--data_dir", "swag", "--init_checkpoint", "ckpt.pt", "--output_dir", "out",
+                                "--do_predict", "--predict_split", "test", "--max_eval_examples", "8"])
+    assert (swag.training.train_batch_size, swag.training.learning_rate, swag.training.eval_batch_size) == (
+        16, 2e-5, 64)
+    assert (swag.data.predict_split, swag.data.max_eval_examples, swag.runtime.log_freq) == ("test", 8, 10)
+    assert swag.flags()["train_batch_size"] == 16 and "debug" not in swag.flags()
+    for cfg in (squad, glue, swag):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.training.seed = 3
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cfg.run = cfg.run
+    with pytest.raises(cli.InputError, match="^nothing to do: pass at least one of --do_train, --do_eval, "):
+        run_glue.parse_args(["--task_name", "mrpc", "--data_dir", "d", "--init_checkpoint", "c", "--output_dir", "o"])

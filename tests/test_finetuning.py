@@ -203,15 +203,15 @@ def test_one_batch_vocabulary():
 def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path, do_train):
     """load_model reads the LoadReport of the checkpoint (not its log lines): a pre-training checkpoint has no
     classifier, so evaluating it without --do_train warns that the head is random; with --do_train it does not."""
-    import argparse
-
+    from finetuning_config import FinetuneConfig, ModelConfig, RunConfig
     from modeling import BertForPreTraining
 
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32)
     source = BertForPreTraining(config)
     torch.save({"model": source.state_dict(), "config": config.to_dict()}, tmp_path / "ckpt_1.pt")
-    args = argparse.Namespace(init_checkpoint=str(tmp_path / "ckpt_1.pt"), config_file=None, do_train=do_train)
+    cfg = FinetuneConfig(model=ModelConfig(init_checkpoint=str(tmp_path / "ckpt_1.pt")),
+                         run=RunConfig(do_train=do_train))
 
     class Classify(finetuning.Task):
         model_class = BertForSequenceClassification
@@ -220,7 +220,7 @@ def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path,
             return {"num_labels": 2}
 
     lines: list[str] = []
-    model = finetuning.load_model(Classify(args), lines.append)
+    model = finetuning.load_model(Classify(cfg), lines.append)
     assert isinstance(model, BertForSequenceClassification)
     assert any("initialised fresh: classifier.weight, classifier.bias" in line for line in lines), lines
     warned = [line for line in lines if line.startswith("warning:") and "random head" in line]

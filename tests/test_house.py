@@ -7,11 +7,11 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# Functions of more than 8 parameters (issue 45: 6 at most, optimization.py's fused kernels aside): the parser
-# builder of every fine-tuning script (its flag groups), the one ordered set-up function (its flags), the optimizer
-# factory (its hyper-parameters) and BertForPreTraining.forward (Hugging Face's signature).
-MANY_PARAMETERS = {"finetuning.py:build_parser", "parallelize.py:apply_parallelism_and_precision",
-                   "optimization.py:make_optimizer", "modeling.py:forward"}
+# Functions of more than 8 parameters (issue 45: 6 at most, optimization.py's fused kernels aside): the one ordered
+# set-up function (its flags), the optimizer factory (its hyper-parameters) and BertForPreTraining.forward (Hugging
+# Face's signature).
+MANY_PARAMETERS = {"parallelize.py:apply_parallelism_and_precision", "optimization.py:make_optimizer",
+                   "modeling.py:forward"}
 FUSED_KERNELS = {"optimization.py:_adam_lamb_update", "optimization.py:_neg_update_foreach",
                  "optimization.py:_neg_update_fused"}
 
