@@ -91,3 +91,13 @@ def test_the_readme_is_for_users():
     hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", w) and re.search(r"\d", w)]
     assert hashes == [], hashes
     assert not re.search(r"\b\d[\d,]* tests passed\b", text)
+
+
+def test_every_top_level_module_is_installed():
+    """pyproject.toml lists every module beside it, so the editable install (scripts/setup_cpu.sh) makes each one
+    importable from anywhere (`python data/bertPrep.py` run from another folder imports them)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["py-modules"])
+    assert listed == {p.stem for p in REPO.glob("*.py")}
+
