@@ -71,8 +71,7 @@ class DivergenceWatch:
     lets NaN gradients into the weights; on GPUs the loop reads it at log steps and before every checkpoint write,
     and the step it names is still the one where the loss went bad."""
 
-    def __init__(self, device: torch.device, where: str = "step", advice: str = "lower --learning_rate",
-                 consequence: str = "no checkpoint was written from that step on"):
+    def __init__(self, device: torch.device, where: str, advice: str, consequence: str):
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
         self.every_step = device.type != "cuda"
         self.where, self.advice, self.consequence = where, advice, consequence

@@ -180,6 +180,11 @@ class TrainState:
         return self.step_offset + self.step
 
 
+def pretraining_watch(device: torch.device) -> DivergenceWatch:
+    """A pre-training run whose loss is no longer finite ends with this line; no checkpoint holds its weights."""
+    return DivergenceWatch(device, "step", "lower --learning_rate", "no checkpoint was written from that step on")
+
+
 @dataclass
 class TrainingParts:
     """What a pre-training run trains and how (run_pretraining.py builds them from its flags)."""
@@ -212,7 +217,7 @@ class Trainer:
         self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
         # fp16 overflows are the GradScaler's (their steps are skipped); other non-finite losses stop the run.
         self.rule = StepRule(parts.model, functools.partial(pretraining_losses, nsp=not cfg.model.no_nsp),
-                             parts.optimizer, parts.scheduler, parts.precision, DivergenceWatch(env.device),
+                             parts.optimizer, parts.scheduler, parts.precision, pretraining_watch(env.device),
                              # Gradients are all-reduced after every micro-batch, or with
                              # --allreduce_post_accumulation only after the last one (DDP's no_sync on the others).
                              sync_every_micro_batch=not cfg.parallelism.allreduce_post_accumulation)
