@@ -169,6 +169,15 @@ def _importable(module: str) -> bool:
         return False
 
 
+def _constant_under_compile(fn):
+    """torch.compiler.assume_constant_result without its import of torch._dynamo (1.6 s at every process start,
+    for every script, compiled or not): that decorator only sets this attribute, which Dynamo reads when it traces a
+    call (tests/test_padding.py checks that torch's decorator still sets exactly this; parallelize.py also applies
+    torch's own decorator before it compiles)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def _torch_flash_available() -> bool:
     """torch's own FlashAttention-2 varlen entry point (aten::_flash_attention_forward, the kernel varlen_attn and
     nested tensors call), built into this torch and supported by the current GPU (sm80 and newer)."""
@@ -177,7 +186,7 @@ def _torch_flash_available() -> bool:
     return torch.backends.cuda.is_flash_attention_available() and torch.cuda.get_device_capability() >= (8, 0)
 
 
-@torch.compiler.assume_constant_result  # a rule over constants: a compiled graph holds its answer, not its code
+@_constant_under_compile  # a rule over constants: a compiled graph holds its answer, not its code
 def choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, preference: str = "auto") -> Kernel:
     """The kernel for attention over [T, N, D] sequences on this device and dtype with this *effective* attention
     dropout (0 in eval mode). A configured dropout is never dropped: dropout_p > 0 never picks varlen_attn.

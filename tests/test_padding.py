@@ -165,6 +165,25 @@ def test_kernel_rule_never_drops_a_configured_dropout(device, dtype, monkeypatch
     bert_padding.choose_kernel.cache_clear()
 
 
+def test_the_kernel_rule_carries_torchs_constant_mark_without_importing_dynamo():
+    """choose_kernel is marked as torch.compiler.assume_constant_result marks a function (the reference: torch's
+    decorator applied to a probe sets these attributes and nothing else), and the scripts start without importing
+    torch._dynamo, which that decorator would import (1.6 s at every start on 2 cores)."""
+    import subprocess
+    import sys
+
+    def probe():
+        return None
+
+    assert torch.compiler.assume_constant_result(probe) is probe
+    assert vars(probe) and all(getattr(bert_padding.choose_kernel, k, None) == v for k, v in vars(probe).items())
+    code = ("import sys, modeling, run_pretraining, run_glue, run_squad, run_swag, inference, extract_features; "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=modeling.__file__.rsplit("/", 1)[0])
+    assert out.stdout.strip() == "False"
+
+
 def test_a_named_kernel_is_used_where_it_can_run_and_gives_way_where_it_cannot(monkeypatch):
     """BertConfig.varlen_kernel: a kernel named there is taken when this device, dtype and dropout allow it;
     otherwise the rule's choice runs and the reason names what was asked for (a config written on a GPU still
