@@ -268,12 +268,14 @@ def cpu_bf16(request, monkeypatch) -> str:
 # are made once (xdist's --dist loadfile); the files that start a real Slurm cluster share one worker, so that two
 # clusters never run side by side on the machine: the scheduler below is loadfile with those files as one scope
 # (xdist_group marks cannot do it under pytest 9, whose node ids xdist 3.8 can no longer rename). Each worker gets
-# its share of the cores as torch threads: OpenMP threads beyond the cores spin against each other.
+# its share of the cores as torch threads, and so do the processes its tests start (OMP_NUM_THREADS, unless the
+# user or the test sets it): OpenMP threads beyond the cores spin against each other.
 
 SAME_WORKER = {"tests/test_slurm.py": "slurm", "tests/test_engines.py": "slurm"}
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if XDIST_WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 def pytest_xdist_make_scheduler(config, log):
