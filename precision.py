@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,20 @@ def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str] | None:
         if key.strip() in ("flags", "Features"):  # x86 / Arm
             return set(value.split())
     return set()
+
+
+def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what the platform says, else "unknown": the name a
+    measurement records beside its numbers, with cpu_flags' bf16 flags."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def env_cpu_bf16() -> bool | None:

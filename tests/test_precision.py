@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import subprocess
 import sys
 
@@ -24,6 +25,8 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
                        "processor\t: 1\nflags\t\t: fpu avx2 avx512_bf16\n")
     assert precision.cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
     assert precision.cpu_flags(tmp_path / "absent") is None
+    assert precision.cpu_model(cpuinfo) == "AMD EPYC"
+    assert precision.cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine() or "unknown")
 
 
 @pytest.mark.parametrize("flags, expected", [(AVX2_ONLY, "fp32"), (WITH_AVX512_BF16, "bf16"), (WITH_AMX, "bf16"),
