@@ -43,10 +43,19 @@ def bash(script: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> su
 
 @pytest.fixture(scope="module")
 def help_text() -> str:
-    out = subprocess.run([sys.executable, str(REPO / "run_pretraining.py"), "--help"], capture_output=True,
-                         text=True, cwd=REPO, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    """run_pretraining.py --help, from its own main in this process: the text the script prints when started on its
+    own (its parser names its prog; only the line wrapping can follow this terminal's width), without a second
+    interpreter importing torch (about 2 s)."""
+    import contextlib
+    import io
+
+    import run_pretraining
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), pytest.raises(SystemExit) as exc:
+        run_pretraining.main(["--help"])
+    assert exc.value.code == 0
+    return text.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -511,20 +520,33 @@ def test_two_phases_for_real(shared_data, tmp_path):
     assert (results / "tiny.phase1.json").is_file() and (results / "tiny.phase2.json").is_file()
 
 
-def test_cpu_demo_learns_its_vocabulary_and_writes_the_measured_shards(shared_data, tmp_path):
+TINY_DEMO_CONFIG = ('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
+                    '"intermediate_size": 64, "max_position_embeddings": 512}')
+
+
+@pytest.fixture(scope="module")
+def demo_run(shared_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The README's main job on one Wikipedia file, 2 + 1 steps of a 1-layer model with a vocabulary of 1234
+    learned from the text: its --out folder and the finished command. Run once for the two tests that need exactly
+    this command (what it writes; the run that --init_checkpoint continues), instead of once each."""
+    folder = tmp_path_factory.mktemp("demo")
+    config = folder / "tiny.json"
+    config.write_text(TINY_DEMO_CONFIG)
+    out = folder / "demo"
+    corpus = shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz"
+    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {corpus} --vocab_size 1234 --config {config} "
+               f"--phase1_steps 2 --phase2_steps 1 --out {out}", env={"PYTHON": sys.executable})
+    return out, run
+
+
+def test_cpu_demo_learns_its_vocabulary_and_writes_the_measured_shards(demo_run):
     """The README's main job on one Wikipedia file, 2 + 1 steps of a 1-layer model: the vocabulary is learned from
     the training text, the config takes its size (1234 lines -> 1240, the next multiple of 8), phase 1 trains on
     sequence-64 shards with 30% masked (20 slots), held out at 15% (10 slots), with AdamW 1e-3 held constant."""
     import h5py
     import numpy as np
 
-    config = tmp_path / "tiny.json"
-    config.write_text('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
-                      '"intermediate_size": 64, "max_position_embeddings": 512}')
-    out = tmp_path / "demo"
-    corpus = shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz"
-    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {corpus} --vocab_size 1234 --config {config} "
-               f"--phase1_steps 2 --phase2_steps 1 --out {out}", env={"PYTHON": sys.executable})
+    out, run = demo_run
     assert run.returncode == 0, run.stderr[-3000:]
     lines = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 1234 and lines[100:104] == ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -546,20 +568,16 @@ def test_cpu_demo_learns_its_vocabulary_and_writes_the_measured_shards(shared_da
     assert "learned? phase 1, step 2: context gain" in run.stdout
 
 
-def test_cpu_demo_continues_pre_training_from_a_checkpoint(shared_data, tmp_path):
-    """--init_checkpoint: a second run on other text starts from the first run's weights. With --lr 0 AdamW moves
-    nothing (lr x update and lr x weight decay are both 0), so the second run's phase-1 checkpoint must hold the
-    first run's weights exactly; a run that started from its own initialisation (seed 42, output bias at the log
-    word frequencies) would not."""
+def test_cpu_demo_continues_pre_training_from_a_checkpoint(shared_data, demo_run, tmp_path):
+    """--init_checkpoint: a second run on other text starts from the first run's weights (the module's demo run).
+    With --lr 0 AdamW moves nothing (lr x update and lr x weight decay are both 0), so the second run's phase-1
+    checkpoint must hold the first run's weights exactly; a run that started from its own initialisation (seed 42,
+    output bias at the log word frequencies) would not."""
     import torch
 
-    config = tmp_path / "tiny.json"
-    config.write_text('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
-                      '"intermediate_size": 64, "max_position_embeddings": 512}')
     text = shared_data / "wikipedia-en-slice" / "text" / "AA"
-    first, second = tmp_path / "first", tmp_path / "second"
-    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_00.gz'} --vocab_size 1234 "
-               f"--config {config} --phase1_steps 2 --phase2_steps 1 --out {first}", env={"PYTHON": sys.executable})
+    first, run = demo_run
+    second = tmp_path / "second"
     assert run.returncode == 0, run.stderr[-3000:]
     start = next(first.glob("run_*/checkpoints/ckpt_3.pt"))
     run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_01.gz'} --init_checkpoint {start} "
