@@ -1,9 +1,10 @@
 """bench/gpu_study.py: the GPU run of issue 27 as one command, checked on the CPU with a tiny model.
 
-The step count that fits a wall-time budget is checked against the arithmetic written out; the whole command runs
-for real (text shards plain and xz-compressed -> unmasked shards -> probe -> pre-training -> bf16 export), and the
-export is compared with torch's own bf16 rounding of the checkpoint it came from; `import` gives the run folder that
-bench.pretrain_study fine-tunes."""
+The step count that fits a wall-time budget is checked against the arithmetic written out; `prepare` makes the device
+call's folder from the real Wikipedia slice and bench/gpu_study_call.sh runs on it for real, once for the module
+(text shards plain and xz-compressed -> unmasked shards -> probe -> pre-training -> bf16 export -> import ->
+fine-tuning); the export is compared with torch's own bf16 rounding of the checkpoint it came from, and `import`
+gives the run folder that bench.pretrain_study fine-tunes."""
 from __future__ import annotations
 
 import json
@@ -35,48 +36,86 @@ def test_runs_are_parsed_and_bad_ones_refused():
             gpu_study.parse_runs(bad)
 
 
-def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(tmp_path, shared_data, uncased_vocab):
-    from bench.pretrain_study import run_state
+@pytest.fixture(scope="module")
+def device_call(tmp_path_factory, shared_data):
+    """`gpu_study prepare` on two files of the real Wikipedia slice, then bench/gpu_study_call.sh (the device call) on
+    what it made, at the tiniest size: made once, checked by the two tests below (each gpu_study stage, a process
+    that starts torch, runs once for both: the call's `run` is the whole command that the export test checks).
+
+    The call's TEXT (the script's own override of $GPU_DATA/text) holds the prepared shards as both kinds `run`
+    reads: the first plain, the second as `prepare` left it (xz), beside a file that is not text; CKPTS=4 brings the
+    weights after 5, 10 and 15 of the 20 steps back too. GLUE comes from the first 40 rows of each file (the
+    fine-tuning reads 16 of them): `prepare` packs whatever --glue_root holds, so xz need not pack all of SST-2."""
+    import os
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
     from modeling import BertConfig
 
-    sample = shared_data / "bert-sample-text" / "sample_text.txt"
-    text = tmp_path / "text"
-    text.mkdir()
-    shutil.copyfile(sample, text / "a.txt")
-    (text / "b.txt.xz").write_bytes(lzma.compress(sample.read_bytes()))
-    (text / "ignored.json").write_text("{}")
-    heldout = tmp_path / "eval"
-    heldout.mkdir()
-    import create_pretraining_data
+    tmp = tmp_path_factory.mktemp("gpu_study_call")
+    slice_dir = tmp / "slice" / "AA"
+    slice_dir.mkdir(parents=True)
+    for name in ("wiki_00.gz", "wiki_01.gz"):
+        shutil.copyfile(shared_data / "wikipedia-en-slice" / "text" / "AA" / name, slice_dir / name)
+    glue = tmp / "glue"
+    for task in ("glue-mrpc", "glue-sst2"):
+        (glue / task).mkdir(parents=True)
+        shutil.copyfile(shared_data / task / "PROVENANCE.txt", glue / task / "PROVENANCE.txt")
+        for split in ("train", "dev"):
+            lines = (shared_data / task / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:41]
+            (glue / task / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data, work = tmp / "gpu_data", tmp / "prep"
+    report = gpu_study.main(["prepare", "--out", str(data), "--slice", str(tmp / "slice"), "--work", str(work),
+                             "--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set", "0.1",
+                             "--vocab_size", "3000", "--limit_alphabet", "300", "--eval_samples", "64",
+                             "--workers", "2", "--glue_root", str(glue)])
 
-    create_pretraining_data.main(["--input_file", str(sample), "--output_file", str(heldout / "heldout.hdf5"),
-                                  "--vocab_file", str(uncased_vocab), "--do_lower_case", "--max_seq_length", "128",
-                                  "--max_predictions_per_seq", "20", "--dupe_factor", "1", "--random_seed", "7",
-                                  "--no_progress"])
-    config = tmp_path / "config.json"
-    BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+    text = tmp / "text"
+    text.mkdir()
+    (text / "wikicorpus_en_training_0.txt").write_bytes(
+        lzma.decompress((data / "text" / "wikicorpus_en_training_0.txt.xz").read_bytes()))
+    shutil.copyfile(data / "text" / "wikicorpus_en_training_1.txt.xz", text / "wikicorpus_en_training_1.txt.xz")
+    (text / "ignored.json").write_text("{}")
+    config = tmp / "model" / "config.json"
+    config.parent.mkdir()
+    BertConfig(vocab_size=3000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                max_position_embeddings=128).to_json_file(config)
-    out, work = tmp_path / "out", tmp_path / "work"
-    report = gpu_study.main(["run", "--text_dir", str(text), "--eval_dir", str(heldout), "--vocab", str(uncased_vocab),
-                             "--config", str(config), "--out", str(out), "--work", str(work), "--runs", "adamw:1e-3",
-                             "--batch", "4", "--probe_steps", "3", "--budget_s", "120", "--max_steps_cap", "20",
-                             "--evaluations", "2", "--eval_samples", "16", "--workers", "2", "--loader_workers", "0",
-                             "--mix_shards", "2", "--checkpoints", "4"])
-    assert report["data"]["text_shards"] == 2 and report["steps"] == 20
+    out = tmp / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "GPU_DATA": str(data), "TEXT": str(text), "CONFIG": str(config),
+           "BUDGET": "120", "PROBE": "3", "CAP": "20", "EVAL_SAMPLES": "64", "BATCH": "4", "SEEDS": "1",
+           "DEADLINE": "900", "CKPTS": "4", "WORK": str(tmp / "gs_work"), "TMP_ROOT": str(tmp / "gs"),
+           "OMP_NUM_THREADS": "1", "FT_EXTRA": "--max_train_examples 16 --max_eval_examples 16",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    done = subprocess.run(["bash", str(gpu_study.REPO / "bench" / "gpu_study_call.sh")], cwd=gpu_study.REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    # run: the call's `gpu_study run --out` (every export, whole); pretrain: its checkpoints.
+    return SimpleNamespace(tmp=tmp, slice=tmp / "slice", data=data, work=work, report=report, out=out, done=done,
+                           run=tmp / "gs" / "gs", pretrain=tmp / "gs_work" / "pretrain" / "adamw_1e-3")
+
+
+def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(device_call, tmp_path):
+    from bench.pretrain_study import run_state
+
+    out, log = device_call.run, (device_call.out / "call.log").read_text()
+    assert device_call.done.returncode == 0 and "stage pretrain done" in log, log[-3000:]
+    report = json.loads((out / "gpu_study.json").read_text())
+    assert report["data"]["text_shards"] == 2 and report["steps"] == 20  # one plain, one xz; not the .json
     run = report["runs"]["adamw_1e-3"]
     assert run["returncode"] == 0 and run["checkpoint_step"] == 20 and run["final"]["step"] == 20
     assert 0 < run["eval"]["eval_unigram_entropy"] and run["eval"]["eval_mask_slots"] > 0
-    assert json.loads((out / "gpu_study.json").read_text())["steps"] == 20
+    assert json.loads((device_call.out / "gpu_study.json").read_text()) == report  # the call brings it back
 
     # The export is the checkpoint's weights rounded to bf16 by torch, with the config in the file's metadata.
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    # --checkpoints 4: the weights after 5, 10 and 15 of the 20 steps come out too, each the same way.
+    # CKPTS=4: the weights after 5, 10 and 15 of the 20 steps come out too, each the same way.
     assert run["earlier_steps"] == [5, 10, 15]
     for step, file in ((20, "adamw_1e-3.bf16.safetensors"), *((s, f"adamw_1e-3.step{s}.bf16.safetensors")
                                                               for s in (5, 10, 15))):
-        ckpt = torch.load(work / "pretrain" / "adamw_1e-3" / "checkpoints" / f"ckpt_{step}.pt", weights_only=True)
+        ckpt = torch.load(device_call.pretrain / "checkpoints" / f"ckpt_{step}.pt", weights_only=True)
         exported = load_file(str(out / file))
         assert exported.keys() == ckpt["model"].keys() and ckpt["step"] == step
         for name, tensor in ckpt["model"].items():
@@ -103,8 +142,11 @@ def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(tmp_path, 
 
     # import: a finished run folder whose newest ckpt_<step>.pt (the final weights) pretrain_study fine-tunes; the
     # earlier ones beside it (one left out, as when it did not come back from the device machine: said, skipped).
-    (out / "adamw_1e-3.step10.bf16.safetensors").unlink()
-    made = gpu_study.main(["import", "--from", str(out), "--to", str(tmp_path / "runs")])
+    # On a copy of the run's folder: the call's own import read it whole.
+    source = tmp_path / "from"
+    shutil.copytree(out, source)
+    (source / "adamw_1e-3.step10.bf16.safetensors").unlink()
+    made = gpu_study.main(["import", "--from", str(source), "--to", str(tmp_path / "runs")])
     assert made == [tmp_path / "runs" / "adamw_1e-3"]
     state = run_state(made[0])
     assert state["finished"], state["state"]
@@ -124,27 +166,14 @@ def test_gpu_study_refuses_a_missing_input_in_one_line(tmp_path, capsys):
                         str(tmp_path), "--config", str(tmp_path), "--out", str(tmp_path / "out")])
 
 
-def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(tmp_path, shared_data):
-    """`gpu_study prepare` on two files of the real Wikipedia slice, then bench/gpu_study_call.sh (the device call)
-    on what it made, at the tiniest size: the text shards travel byte for byte, the learned vocabulary has exactly
+def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(device_call):
+    """What `prepare` made (device_call): the text shards travel byte for byte, the learned vocabulary has exactly
     --vocab_size entries, the configs are Turc et al.'s shapes for it, and the held-out summary equals what
     run_pretraining.py's own evaluation of the same sequences logs; every fine-tuning group of the call finishes."""
-    import lzma
-    import os
-    import subprocess
-    import sys
     import tarfile
 
-    slice_dir = tmp_path / "slice" / "AA"
-    slice_dir.mkdir(parents=True)
-    for name in ("wiki_00.gz", "wiki_01.gz"):
-        shutil.copyfile(shared_data / "wikipedia-en-slice" / "text" / "AA" / name, slice_dir / name)
-    data, work = tmp_path / "gpu_data", tmp_path / "prep"
-    report = gpu_study.main(["prepare", "--out", str(data), "--slice", str(tmp_path / "slice"), "--work", str(work),
-                             "--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set", "0.1",
-                             "--vocab_size", "3000", "--limit_alphabet", "300", "--eval_samples", "64",
-                             "--workers", "2"])
-    assert not (tmp_path / "gpu_data.part").exists()
+    data, work, report, out = device_call.data, device_call.work, device_call.report, device_call.out
+    assert not (device_call.tmp / "gpu_data.part").exists()
     assert json.loads((data / "PREPARED.json").read_text()) == report
     shards = next(work.glob("sharded_*")) / "wikicorpus_en"
     for i in range(2):
@@ -165,30 +194,20 @@ def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(tmp_pa
         names = set(tar.getnames())
     assert {f"glue-{t}/{s}.tsv" for t in ("mrpc", "sst2") for s in ("train", "dev")} <= names
     with pytest.raises(SystemExit, match="--out .* is not empty"):
-        gpu_study.main(["prepare", "--out", str(data), "--slice", str(tmp_path / "slice")])
+        gpu_study.main(["prepare", "--out", str(data), "--slice", str(device_call.slice)])
     with pytest.raises(SystemExit, match="--work .* was not made by `prepare`"):  # never empties a user's folder
-        gpu_study.main(["prepare", "--out", str(tmp_path / "new"), "--slice", str(tmp_path / "slice"),
-                        "--work", str(tmp_path / "slice")])
-    assert (slice_dir / "wiki_00.gz").is_file()
+        gpu_study.main(["prepare", "--out", str(device_call.tmp / "new"), "--slice", str(device_call.slice),
+                        "--work", str(device_call.slice)])
+    assert (device_call.slice / "AA" / "wiki_00.gz").is_file()
 
     # The device call, as it runs on the GPU machine, at the tiniest size.
-    from modeling import BertConfig
-
-    config = tmp_path / "tiny.json"
-    BertConfig(vocab_size=3000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-               max_position_embeddings=128).to_json_file(config)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "OUT": str(out), "GPU_DATA": str(data), "CONFIG": str(config), "BUDGET": "120",
-           "PROBE": "3", "CAP": "20", "EVAL_SAMPLES": "64", "BATCH": "4", "SEEDS": "1", "DEADLINE": "900", "CKPTS": "2",
-           "WORK": str(tmp_path / "gs_work"), "TMP_ROOT": str(tmp_path / "gs"), "OMP_NUM_THREADS": "1",
-           "FT_EXTRA": "--max_train_examples 16 --max_eval_examples 16",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    done = subprocess.run(["bash", str(gpu_study.REPO / "bench" / "gpu_study_call.sh")], cwd=gpu_study.REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
     log = (out / "call.log").read_text()
-    assert done.returncode == 0 and "call done" in log, log[-3000:]
-    assert (out / "adamw_1e-3.step10.bf16.safetensors").is_file()  # CKPTS=2: the half-way weights came back too
+    assert device_call.done.returncode == 0 and "call done" in log, log[-3000:]
+    for step in (5, 10, 15):  # CKPTS=4: the earlier weights came back too, each as `run` wrote it
+        name = f"adamw_1e-3.step{step}.bf16.safetensors"
+        assert (out / name).read_bytes() == (device_call.run / name).read_bytes()
+    weights = b"".join(p.read_bytes() for p in sorted(out.glob("weights.part*")))  # the final weights, split
+    assert weights == (device_call.run / "adamw_1e-3.bf16.safetensors").read_bytes()
     groups = ["mrpc_1e-4", "sst2_full_1e-4_pre", "sst2_full_1e-4_rand", "mrpc_2e-4"]
     assert all(f"stage finetune {g} ended (exit 0)" in log for g in groups), log[-3000:]
 
