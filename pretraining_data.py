@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import signal
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,7 +43,7 @@ import torch
 
 from cli import InputError
 from dist_env import DistEnv
-from pretraining_format import PACKED_KEY, SHARD_KEYS  # the shard layout is the format module's alone
+from pretraining_format import PACKED_KEY, SHARD_KEYS, read_samples, shard_keys  # the layout is the format module's alone
 
 
 class DataError(InputError):
@@ -176,7 +175,7 @@ def check_shard_shapes(f, path: Path, flag: str) -> None:
     next_sentence_labels [N]; a packed shard: next_sentence_labels and next_sentence_positions [N, K]) and at
     least one sample."""
     packed = PACKED_KEY in f
-    keys = SHARD_KEYS + ((PACKED_KEY,) if packed else ())
+    keys = shard_keys(f)
     shapes = {k: tuple(f[k].shape) for k in keys}
     ndim = {k: 1 if k == "next_sentence_labels" and not packed else 2 for k in keys}
     consistent = (all(len(shapes[k]) == ndim[k] for k in keys)
@@ -277,11 +276,6 @@ def to_model_inputs(arrays: dict[str, np.ndarray], rows: slice, masker: Masker |
     if PACKED_KEY in arrays:
         batch[PACKED_KEY] = torch.from_numpy(arrays[PACKED_KEY][rows].astype(np.int64))
     return batch
-
-
-def shard_keys(f) -> tuple[str, ...]:
-    """The arrays a batch needs from an open shard: NVIDIA's, and next_sentence_positions when it is packed."""
-    return SHARD_KEYS + ((PACKED_KEY,) if PACKED_KEY in f else ())
 
 
 def read_rows(path: Path, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -550,15 +544,6 @@ def load_eval_set(folder: str, spec: ShardSpec, max_samples: int, rank: int, wor
                   ) -> dict[str, np.ndarray]:
     """The held-out samples (all --eval_dir shards in sorted order, the first `max_samples`, 0: all); rank r keeps
     samples r, r + W, ..."""
-    import h5py
-
-    parts: list[dict[str, np.ndarray]] = []
-    remaining = max_samples or math.inf
-    for info in inspect_shards(list_shards(folder, "--eval_dir"), spec, "--eval_dir"):
-        take = int(min(info.num_samples, remaining))
-        with h5py.File(info.path, "r") as f:
-            parts.append({key: f[key][:take] for key in shard_keys(f)})
-        remaining -= take
-        if remaining <= 0:
-            break
-    return {key: np.concatenate([p[key] for p in parts])[rank::world_size] for key in parts[0]}
+    arrays = read_samples([info.path for info in inspect_shards(list_shards(folder, "--eval_dir"), spec,
+                                                                "--eval_dir")], max_samples)
+    return {key: array[rank::world_size] for key, array in arrays.items()}

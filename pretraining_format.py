@@ -46,6 +46,32 @@ PACKED_LAYOUT = LAYOUT + ((PACKED_KEY, "i4"),)
 SHARD_KEYS = tuple(name for name, _ in LAYOUT)
 
 
+def shard_keys(f) -> tuple[str, ...]:
+    """The arrays of an open shard (h5py.File): NVIDIA's, and next_sentence_positions when it is packed."""
+    return SHARD_KEYS + ((PACKED_KEY,) if PACKED_KEY in f else ())
+
+
+def read_samples(paths: Iterable, max_samples: int = 0, keys: tuple[str, ...] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """The first `max_samples` samples (0: all) of the shards `paths` read in that order, as one array per key
+    (`keys`; None: each shard's own, shard_keys). The held-out set of an evaluation is read this way."""
+    import h5py
+
+    parts: list[dict[str, np.ndarray]] = []
+    remaining = max_samples or math.inf
+    for path in paths:
+        with h5py.File(path, "r") as f:
+            names = keys or shard_keys(f)
+            take = int(min(len(f[names[0]]), remaining))
+            parts.append({key: f[key][:take] for key in names})
+        remaining -= take
+        if remaining <= 0:
+            break
+    if not parts:
+        raise ValueError("read_samples: no shard given")
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Masking: static masks when a shard is written (pretraining_writer.make_unit_instances), dynamic ones per epoch
 # when it is read (dynamic_mask)

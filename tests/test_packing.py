@@ -214,6 +214,26 @@ def test_packed_shard_holds_the_unpacked_shards_instances(wiki):
     print(f"\n{n} instances -> {rows} packed rows; real tokens {fill[0]:.2f} -> {fill[1]:.2f}")
 
 
+def test_read_samples_takes_the_first_samples_of_the_shards_in_order(wiki):
+    """pretraining_format.read_samples (the evaluation's held-out set, the studies' shards): the first N samples of
+    the shards in the order given, compared with h5py's arrays cut by hand; a packed shard brings its
+    next_sentence_positions, unless the keys are named."""
+    files = [wiki["unpacked"] / "wiki.hdf5", wiki["packed"] / "wiki.hdf5"]
+    with h5py.File(files[0]) as a, h5py.File(files[1]) as b:
+        first, packed = {k: a[k][()] for k in a}, {k: b[k][()] for k in b}
+    n = len(first["input_ids"])
+    both = pretraining_format.read_samples(files[::-1], len(packed["input_ids"]) + 5, ("input_ids", "segment_ids"))
+    assert set(both) == {"input_ids", "segment_ids"}
+    for key in both:
+        np.testing.assert_array_equal(both[key], np.concatenate([packed[key], first[key][:5]]))
+    some = pretraining_format.read_samples(files[1:], 3)
+    assert set(some) == set(packed) and pretraining_format.PACKED_KEY in some
+    for key in some:
+        np.testing.assert_array_equal(some[key], packed[key][:3])
+    every = pretraining_format.read_samples(files[:1])
+    assert set(every) == set(pretraining_format.SHARD_KEYS) and len(every["input_ids"]) == n
+
+
 def test_pack_sequences_flag_is_documented_and_checked(wiki, uncased_vocab, capsys):
     with pytest.raises(SystemExit):
         cpd.main(["--help"])
