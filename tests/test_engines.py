@@ -135,31 +135,36 @@ def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, tmp
     """Two workers; the HDF5 stage starts; once its manifest lists a file, one worker's process group (nanny,
     worker and the create_pretraining_data.py it runs) gets SIGKILL. Its tasks run again on the other worker and
     the arrays are the reference's."""
+    from concurrent.futures import ThreadPoolExecutor
+
     work = text_stages_of(reference["work"], tmp_path / "work")
     cluster = DaskProcesses(tmp_path / "dask", workers=2)
+    pool = ThreadPoolExecutor(1)
     try:
-        argv = [sys.executable, "-m", "data.bertPrep", "--action", "create_hdf5_files", "--dataset", "wikicorpus_en",
-                "--working_dir", str(work), "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab),
-                "--dupe_factor", "1", "--engine", "dask", "--dask_scheduler_file", str(cluster.scheduler_file)]
-        run = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        argv = ["--action", "create_hdf5_files", "--dataset", "wikicorpus_en", "--working_dir", str(work),
+                "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab), "--dupe_factor", "1", "--engine", "dask",
+                "--dask_scheduler_file", str(cluster.scheduler_file)]
+        # The stage's client runs here, in a thread (the kill is the worker's, not the client's): no second
+        # interpreter importing Dask for it.
+        run = pool.submit(bertPrep.main, argv)
         manifest = work / "hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe" \
                           "_factor_1" / "wikicorpus_en" / "manifest.json"
         deadline = time.monotonic() + 120
         while not (manifest.is_file() and json.loads(manifest.read_text())["outputs"]):
-            assert run.poll() is None and time.monotonic() < deadline, run.stdout.read() if run.poll() else "timeout"
+            assert not run.done() and time.monotonic() < deadline, run.result() if run.done() else "timeout"
             time.sleep(0.05)
         done_at_kill = len(json.loads(manifest.read_text())["outputs"])
         cluster.kill(cluster.workers[0])
-        out, _ = run.communicate(timeout=180)
-        assert run.returncode == 0, out
+        assert run.result(timeout=180) == 0
         assert done_at_kill < 7  # the stage was under way
         assert_same_arrays(arrays(manifest.parent), reference["arrays"])
     finally:
-        cluster.stop()
+        cluster.stop()  # a client still waiting on it (a failed test) then fails too, and its thread ends
+        pool.shutdown(wait=False)
     assert cluster.alive() == []
 
 
-def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference, uncased_vocab, tmp_path):
+def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference, uncased_vocab, tmp_path, capsys):
     work = text_stages_of(reference["work"], tmp_path / "work")
     argv = [sys.executable, "-m", "data.bertPrep", "--action", "create_hdf5_files", "--dataset", "wikicorpus_en",
             "--working_dir", str(work), "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab),
@@ -179,9 +184,10 @@ def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference,
     for path in (work / folder).rglob("*.hdf5"):  # every .hdf5 on disk is whole: it opens and has its arrays
         with h5py.File(path, "r") as f:
             assert "input_ids" in f
-    again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert f"reused {listed} of 7 outputs" in again.stdout and f"computed {7 - listed}" in again.stdout
+    capsys.readouterr()
+    assert bertPrep.main(argv[3:]) == 0  # the same command again, here: only the first run had to be killable
+    again = capsys.readouterr()
+    assert f"reused {listed} of 7 outputs" in again.out and f"computed {7 - listed}" in again.out
     assert_same_arrays(arrays(work / folder / "wikicorpus_en"), reference["arrays"])
 
 
@@ -217,48 +223,60 @@ def no_dask_process_within(slurm, seconds: float) -> list[str]:
     return _dask_processes(slurm)
 
 
-def test_prep_sub_runs_the_pipeline_on_slurm_and_leaves_no_process(slurm, reference, corpus, uncased_vocab,
-                                                                   tmp_path):
+@pytest.fixture(scope="module")
+def prep_jobs(slurm, reference, corpus, uncased_vocab, tmp_path_factory) -> dict:
+    """sbatch data/prep.sub wiki_only; scancel once the phase 1 HDF5 stage has written a file; the same job submitted
+    again, to its end. What the tests below check, observed once: the rerun is a job that runs the pipeline to
+    its end on Slurm (the cancelled job made the text stages and part of phase 1 on the job's Dask cluster, the
+    rerun the rest of phase 1 and all of phase 2), so it also serves the test of a finished job, instead of a third
+    job that makes the same files again from nothing (20 s)."""
+    tmp = tmp_path_factory.mktemp("prep_sub")
+    work, env = tmp / "work", prep_env(corpus, uncased_vocab)
+    job = submit_prep(slurm, env, work, tmp / "first.out")
+    folder = work / next(reference["work"].glob("hdf5_*")).name / "wikicorpus_en"
+    deadline = time.monotonic() + 180
+    while not ((folder / "manifest.json").is_file() and json.loads((folder / "manifest.json").read_text())["outputs"]):
+        assert time.monotonic() < deadline and slurm.job(job)["JobState"] in ("PENDING", "RUNNING"), \
+            (tmp / "first.out").read_text()[-3000:]
+        time.sleep(0.05)
+    running = _dask_processes(slurm)  # the scheduler and two workers (nannies and their workers)
+    slurm.run(["scancel", job])
+    slurm.wait(job, {"CANCELLED"}, timeout=60)
+    left_after_cancel = no_dask_process_within(slurm, 15)
+    finished = len(json.loads((folder / "manifest.json").read_text())["outputs"])
+    again = submit_prep(slurm, env, work, tmp / "again.out")
+    info = slurm.wait(again, {"COMPLETED"}, timeout=300)
+    return {"work": work, "phase1": folder, "running_at_cancel": running, "left_after_cancel": left_after_cancel,
+            "finished_at_cancel": finished, "rerun": again, "rerun_info": info,
+            "rerun_log": (tmp / "again.out").read_text(), "left_after_rerun": no_dask_process_within(slurm, 10)}
+
+
+def test_prep_sub_runs_the_pipeline_on_slurm_and_leaves_no_process(prep_jobs, reference):
     """sbatch data/prep.sub wiki_only: a scheduler and two workers (srun steps) on the one node, the whole pipeline
-    against them (phase 1 and 2), the same phase 1 arrays as one process, and no dask process after the job."""
-    work = tmp_path / "work"
-    job = submit_prep(slurm, prep_env(corpus, uncased_vocab), work, tmp_path / "job.out")
-    info = slurm.wait(job, {"COMPLETED"}, timeout=300)
-    assert info["ExitCode"] == "0:0"
-    output = (tmp_path / "job.out").read_text()
+    against them (phase 1 and 2), the same phase 1 arrays as one process, and no dask process after the job (the
+    job submitted again after a scancel, which ends the pipeline: see prep_jobs)."""
+    work, job = prep_jobs["work"], prep_jobs["rerun"]
+    assert prep_jobs["rerun_info"]["ExitCode"] == "0:0"
+    output = prep_jobs["rerun_log"]
     assert "prep.sub: 2 worker(s) joined" in output and "dask: 2 worker(s)" in output, output[-3000:]
     phase1 = next(work.glob("hdf5_*seq_len_128_*")) / "wikicorpus_en"
     assert_same_arrays(arrays(phase1), reference["arrays"])
     assert len(list(next(work.glob("hdf5_*seq_len_512_*")).rglob("*.hdf5"))) == 7
     assert not (work / ".dask" / f"scheduler-{job}.json").exists()
-    assert no_dask_process_within(slurm, 10) == []
+    assert prep_jobs["left_after_rerun"] == []
 
 
-def test_a_cancelled_prep_job_leaves_no_process_and_its_rerun_reuses_what_it_finished(slurm, reference, corpus,
-                                                                                      uncased_vocab, tmp_path):
+def test_a_cancelled_prep_job_leaves_no_process_and_its_rerun_reuses_what_it_finished(prep_jobs, reference):
     """scancel once the phase 1 HDF5 stage has written a file: no scheduler or worker is left; the job submitted
     again reuses the formatted text, the shards and the finished HDF5 files (its log says how many) and ends with
     the reference's arrays."""
-    work, env = tmp_path / "work", prep_env(corpus, uncased_vocab)
-    job = submit_prep(slurm, env, work, tmp_path / "first.out")
-    folder = work / next(reference["work"].glob("hdf5_*")).name / "wikicorpus_en"
-    deadline = time.monotonic() + 180
-    while not ((folder / "manifest.json").is_file() and json.loads((folder / "manifest.json").read_text())["outputs"]):
-        assert time.monotonic() < deadline and slurm.job(job)["JobState"] in ("PENDING", "RUNNING"), \
-            (tmp_path / "first.out").read_text()[-3000:]
-        time.sleep(0.05)
-    assert len(_dask_processes(slurm)) >= 3  # the scheduler and two workers (nannies and their workers) run
-    slurm.run(["scancel", job])
-    slurm.wait(job, {"CANCELLED"}, timeout=60)
-    assert no_dask_process_within(slurm, 15) == []
-    finished = len(json.loads((folder / "manifest.json").read_text())["outputs"])
-    again = submit_prep(slurm, env, work, tmp_path / "again.out")
-    slurm.wait(again, {"COMPLETED"}, timeout=300)
-    log = (tmp_path / "again.out").read_text()
+    assert len(prep_jobs["running_at_cancel"]) >= 3  # the scheduler and two workers (nannies and their workers) ran
+    assert prep_jobs["left_after_cancel"] == []
+    finished, log = prep_jobs["finished_at_cancel"], prep_jobs["rerun_log"]
     assert "text_formatting: reused 1 of 1 outputs" in log and "sharding: reused 7 of 7 outputs" in log, log[-3000:]
     assert re.search(rf"create_hdf5_files: reused {finished} of 7 outputs .* computed {7 - finished}", log), log[-3000:]
-    assert_same_arrays(arrays(folder), reference["arrays"])
-    assert no_dask_process_within(slurm, 10) == []
+    assert_same_arrays(arrays(prep_jobs["phase1"]), reference["arrays"])
+    assert prep_jobs["left_after_rerun"] == []
 
 
 def _dask_processes(slurm) -> list[str]:
@@ -284,13 +302,16 @@ def documents_of(shared_data: Path, n: int = 23) -> list[str]:
             for a in articles]
 
 
-@pytest.mark.parametrize("engine", [["--n_processes", "2"], ["--engine", "dask", "--n_processes", "2"]],
-                         ids=["processes", "dask"])
-def test_parquet_input_gives_the_documents_of_the_same_text_files(shared_data, tmp_path, engine):
+@pytest.mark.parametrize("engine", [["--n_processes", "2"], ["--engine", "dask"]], ids=["processes", "dask"])
+def test_parquet_input_gives_the_documents_of_the_same_text_files(shared_data, tmp_path, engine, request):
     """Two Parquet files (row groups of 4, an id column beside the text, a null row) against the same documents as
-    one text file each: the same formatted file, on both engines."""
+    one text file each: the same formatted file, on both engines (Dask: the module's running cluster, whose two
+    worker processes read the row groups, instead of a local cluster started for each of the two calls)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    if "--engine" in engine:
+        engine = [*engine, "--dask_scheduler_file", str(request.getfixturevalue("dask_cluster").scheduler_file)]
 
     docs = documents_of(shared_data)
     parquet, text = tmp_path / "parquet", tmp_path / "text"
@@ -380,8 +401,8 @@ def test_a_scheduler_that_does_not_answer_is_a_timeout(tmp_path):
     dead.write_text(json.dumps({"type": "Scheduler", "id": "Scheduler-x", "address": f"tcp://127.0.0.1:{free_port()}",
                                 "services": {}, "started": time.time(), "workers": {}}))
     started = time.monotonic()
-    with pytest.raises(SystemExit, match="the scheduler it names does not answer within 2 s"):
-        prep(tmp_path, "sharding", "--engine", "dask", "--dask_scheduler_file", str(dead), "--dask_timeout", "2")
+    with pytest.raises(SystemExit, match="the scheduler it names does not answer within 1 s"):
+        prep(tmp_path, "sharding", "--engine", "dask", "--dask_scheduler_file", str(dead), "--dask_timeout", "1")
     assert time.monotonic() - started < 30
 
 
