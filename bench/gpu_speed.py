@@ -253,7 +253,7 @@ def check_flash(args) -> dict:
     torch.manual_seed(0)
     device, dtype = torch.device(args.device), torch.bfloat16
     lengths = [128, 77, 3, 512, 300, 1, 64, 511]
-    S, N, D = 512, 16, 64
+    S, N, D = 512, args.heads, 64
     mask = (torch.arange(S)[None] < torch.tensor(lengths)[:, None]).int().to(device)  # [B, S]
     info = bp.unpad_info(mask)
     T = int(mask.sum())
@@ -486,6 +486,8 @@ def parse_args(argv: list[str] | None):
     ch.add_argument("--device", default="cuda")
     ch.add_argument("--draws", type=int, default=200, help="dropout draws averaged")
     ch.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled check")
+    ch.add_argument("--heads", type=int, default=16, help="attention heads of the checked input (BERT-large's 16; the "
+                    "CPU rehearsal takes 2: no check depends on the count, and a CPU draws dropout slowly)")
     sm = sub.add_parser("summarize", help="summary.json and summary.md of a call's rows")
     sm.add_argument("folder")
     sm.add_argument("--out", help="where summary.json and summary.md go (default: the folder)")
