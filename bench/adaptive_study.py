@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -130,8 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_eval_examples", type=int, default=None, help="dev sentences (quick runs)")
     p.add_argument("--probe_max_train_examples", type=int, default=None, help="linear probe sentences (quick runs)")
     p.add_argument("--parallel", type=int, default=2, help="fine-tuning runs at a time")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                   help="threads of each pre-training (default: the cores this process may use)")
+    p.add_argument("--glue_in_process", action="store_true", help="each fine-tuning's run_glue.main in this process "
+                   "(bench.pretrain_study --glue_in_process; needs --parallel 1): saves a process start per run, "
+                   "most of a quick run's time")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads of each pre-training (default: the cores this process may use: $OMP_NUM_THREADS "
+                        "when it is set, as on a shared machine or a test worker, else the CPUs it may run on)")
     p.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-sst2/ (SST-2's train.tsv, dev.tsv)")
     g = p.add_argument_group("sizes (the defaults are the main job's; smaller for quick runs and the tests)")
     g.add_argument("--corpus", action="append", type=Path, help="the Wikipedia arm's text (None: the main job's)")
@@ -164,6 +167,8 @@ class Plan:
 def parse(argv: list[str] | None = None) -> Plan:
     """The command line, checked (SST-2's files, the rates) before anything is written."""
     args = build_parser().parse_args(argv)
+    if args.threads is None:
+        args.threads = su.available_cores()
     data_dir = args.data_root.resolve() / "glue-sst2"
     for name in ("train.tsv", "dev.tsv"):
         if not (data_dir / name).is_file():
@@ -181,6 +186,8 @@ def parse(argv: list[str] | None = None) -> Plan:
               str(args.max_steps), "--parallel", str(args.parallel), "--no_context_probe",
               "--data_root", str(args.data_root.resolve()), "--batch", str(args.batch), "--small_batch",
               str(args.small_batch), "--max_seq_length", str(args.max_seq_length), "--threads", str(args.threads)]
+    if args.glue_in_process:
+        common.append("--glue_in_process")
     if args.max_eval_examples:
         common += ["--max_eval_examples", str(args.max_eval_examples)]
     # Fine-tuning folders and the report are named by any setting that differs from the defaults, so that a second

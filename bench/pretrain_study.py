@@ -505,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "dropout 0 fine-tuned without dropout)")
     g.add_argument("--glue_threads", type=int, default=1, help="threads per fine-tuning run")
     g.add_argument("--parallel", type=int, default=1, help="fine-tuning runs at a time")
+    g.add_argument("--glue_in_process", action="store_true", help="run each fine-tuning's run_glue.main in this "
+                   "process (bench.stability --launch in_process; needs --parallel 1): saves a Python and torch start "
+                   "per seed, most of a quick run's time; the same commands and results files")
     g.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-mrpc/, glue-sst2/")
     g.add_argument("--minilm_mrpc_json", type=Path, default=None, help="reuse this stability_mrpc.json for MiniLM")
     g.add_argument("--minilm_sst2_json", type=Path, default=None, help="reuse this stability_sst-2.json for MiniLM")
@@ -541,6 +544,9 @@ def parse(argv: list[str] | None = None) -> Plan:
     if bad or not models or not tasks:
         raise SystemExit(f"--models: one or more of {', '.join(MODELS)} (got {args.models!r}); --tasks: at least one")
     seeds = su.parse_seeds(args.seeds)
+    if args.glue_in_process and args.parallel != 1:
+        raise SystemExit(f"--glue_in_process runs one fine-tuning at a time in this process: give --parallel 1, not "
+                         f"{args.parallel}")
     if args.vocab and not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found")
     return Plan(args, models, tasks, seeds,
@@ -635,7 +641,8 @@ def fine_tune(plan: Plan, starts: Starts, given: dict[tuple[str, str], Path]) ->
                 lr=settings_of_model[model]["learning_rate"], seq=args.max_seq_length,
                 max_train=settings["max_train"], max_eval=args.max_eval_examples, max_steps=args.max_steps,
                 threads=args.glue_threads, parallel=args.parallel, vocab=args.vocab if small else None,
-                data_dir=data_dir, config_file=starts.finetune_config if small else None))
+                data_dir=data_dir, config_file=starts.finetune_config if small else None,
+                launch="in_process" if args.glue_in_process else "subprocess"))
             summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)), su.log)
             results[task][model] = su.stats_of(summary)
             details[task][model] = su.seed_details(summary)

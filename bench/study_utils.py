@@ -45,6 +45,16 @@ def cpu_description() -> tuple[str, list[str]]:
     return model, [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
 
 
+def available_cores() -> int:
+    """The cores this process may use: $OMP_NUM_THREADS when it is set to a positive count (the share of a shared
+    machine a caller gives it, as the test suite gives each of its workers: more OpenMP threads than that spin
+    against each other), else the CPUs it may run on."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def read_log(path: str | os.PathLike) -> list[dict]:
     """The records of a JSON-lines log; a line that does not parse (one being written) is skipped."""
     records = []
@@ -196,8 +206,9 @@ def settings_of(command: list[str]) -> dict[str, Any]:
 class StabilitySettings:
     """How bench.stability fine-tunes one (model, task), the model and seeds aside: run_glue.py's settings (epochs,
     batch, learning rate, sequence length, example and step caps: max_steps <= 0 is no cap), the threads of each
-    run and the runs at a time, and the files it reads (None: bench.stability's default; config_file: run_glue.py's
-    --config_file, None: the config inside or beside the checkpoint)."""
+    run and the runs at a time, the files it reads (None: bench.stability's default; config_file: run_glue.py's
+    --config_file, None: the config inside or beside the checkpoint), and where each seed runs (bench.stability's
+    --launch: a child process, or in_process; the same command and results either way)."""
     epochs: float
     batch: int
     lr: float
@@ -210,6 +221,7 @@ class StabilitySettings:
     vocab: str | os.PathLike | None = None
     data_dir: str | os.PathLike | None = None
     config_file: str | os.PathLike | None = None
+    launch: str = "subprocess"
 
 
 def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], out: Path,
@@ -234,6 +246,8 @@ def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], 
         argv += ["--max_eval_examples", str(s.max_eval)]
     if s.max_steps > 0:
         argv += ["--max_steps", str(s.max_steps)]
+    if s.launch != "subprocess":
+        argv += ["--launch", s.launch]
     return argv
 
 

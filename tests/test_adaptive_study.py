@@ -40,7 +40,7 @@ def tiny_adaptive(tmp_path_factory, shared_data):
             "--vocab_size", "1000", "--wiki_steps", "3", "--task_steps", "2", "--task_dupe_factor", "1",
             "--doc_sentences", "4", "--phase2_steps", "1", "--batch", "4", "--seeds", "1,2", "--small_lr", "1e-4,1e-3",
             "--sst2_max_train_examples", "16", "--max_steps", "1", "--small_batch", "8", "--max_seq_length", "32",
-            "--parallel", "1", "--data_root", str(root / "data")]
+            "--parallel", "1", "--data_root", str(root / "data"), "--glue_in_process"]
     (root / "argv.json").write_text(json.dumps(argv))  # for the second call (test_second_call_reuses_everything)
     return root, adaptive_study.main(argv)
 
