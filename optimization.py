@@ -197,8 +197,33 @@ def _adam_lamb_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp
     torch._foreach_addcmul_(params, neg_u, list(ratio.unbind(0)), value=lr)
 
 
+def _dynamo_off_when_imported(method):
+    """torch.optim.Optimizer's `method` as torch has it (wrapped in torch._disable_dynamo, which imports
+    torch._dynamo and sympy at its first call: 1.3 s at every training process's start here, 2.5 s on a busy
+    machine, in eager runs too), except that while torch._dynamo has not been imported it calls the method
+    itself: nothing can be compiling then, so there is nothing to disable. Once Dynamo is imported (a compiled
+    run), every call goes through torch's wrapper."""
+    import functools
+    import sys
+
+    plain = getattr(method, "__wrapped__", method)
+
+    @functools.wraps(plain)
+    def call(*args, **kwargs):
+        return (method if "torch._dynamo" in sys.modules else plain)(*args, **kwargs)
+
+    return call
+
+
 class _AdamFamily(torch.optim.Optimizer):
     """State handling shared by NVLAMB and BertAdam; subclasses set `_trust_ratio(group)`."""
+
+    # torch's Dynamo-disabled methods that an eager run calls (add_param_group from __init__): see
+    # _dynamo_off_when_imported
+    add_param_group = _dynamo_off_when_imported(torch.optim.Optimizer.add_param_group)
+    zero_grad = _dynamo_off_when_imported(torch.optim.Optimizer.zero_grad)
+    state_dict = _dynamo_off_when_imported(torch.optim.Optimizer.state_dict)
+    load_state_dict = _dynamo_off_when_imported(torch.optim.Optimizer.load_state_dict)
 
     def __init__(self, params, defaults: dict[str, Any], max_grad_norm: float | None, fused: bool | None):
         lr, (beta1, beta2), eps, wd = defaults["lr"], defaults["betas"], defaults["eps"], defaults["weight_decay"]

@@ -414,6 +414,46 @@ def test_resume_refuses_when_no_checkpoint_can_be_read(tmp_path, data, config):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Start-up: an eager run does not import Dynamo
+
+
+DYNAMO_PROBE = """
+import sys, torch, optimization
+model = torch.nn.Linear(4, 4)
+for name in ("adamw", "nvlamb"):
+    opt = optimization.make_optimizer(name, model.parameters(), lr=1e-3)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    opt.load_state_dict(opt.state_dict())
+print("torch._dynamo" in sys.modules, "sympy" in sys.modules)
+"""
+
+
+def test_optimizers_import_dynamo_only_when_a_run_compiles(monkeypatch):
+    """torch.optim.Optimizer wraps add_param_group, zero_grad, state_dict and load_state_dict in
+    torch._disable_dynamo, whose first call imports torch._dynamo and sympy (1.3 s of every training process's
+    start). Ours call the methods themselves while Dynamo is not imported (nothing can be compiling): a fresh
+    interpreter builds, steps, zeroes and reloads both optimizers without importing it; once it is imported,
+    every call goes through torch's wrapper again (which then caches its disabled function)."""
+    done = subprocess.run([sys.executable, "-c", DYNAMO_PROBE], capture_output=True, text=True, cwd=REPO,
+                          env=subprocess_env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False"]
+    import torch._dynamo  # noqa: F401  (a compiled run has imported it)
+    from optimization import BertAdam
+
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        monkeypatch.delattr(getattr(torch.optim.Optimizer, name).__wrapped__, "__dynamo_disable", raising=False)
+    model = torch.nn.Linear(4, 4)
+    opt = BertAdam(model.parameters(), lr=1e-3)
+    opt.zero_grad()
+    opt.load_state_dict(opt.state_dict())
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        assert hasattr(getattr(torch.optim.Optimizer, name).__wrapped__, "__dynamo_disable"), name
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # fp16 overflow
 
 
