@@ -38,9 +38,10 @@ def test_runs_are_parsed_and_bad_ones_refused():
 
 @pytest.fixture(scope="module")
 def device_call(tmp_path_factory, shared_data):
-    """`gpu_study prepare` on two files of the real Wikipedia slice, then bench/gpu_study_call.sh (the device call) on
-    what it made, at the tiniest size: made once, checked by the two tests below (each gpu_study stage, a process
-    that starts torch, runs once for both: the call's `run` is the whole command that the export test checks).
+    """`gpu_study prepare` on one file of the real Wikipedia slice (it still shards into two training shards and one
+    held-out shard of more than 64 sequences, and yields all 3,000 vocabulary entries), then bench/gpu_study_call.sh
+    (the device call) on what it made, at the tiniest size: made once, checked by the two tests below (each stage, a
+    process that starts torch, runs once for both: the call's `run` is the whole command that the export test checks).
 
     The call's TEXT (the script's own override of $GPU_DATA/text) holds the prepared shards as both kinds `run`
     reads: the first plain, the second as `prepare` left it (xz), beside a file that is not text; CKPTS=4 brings the
@@ -56,8 +57,7 @@ def device_call(tmp_path_factory, shared_data):
     tmp = tmp_path_factory.mktemp("gpu_study_call")
     slice_dir = tmp / "slice" / "AA"
     slice_dir.mkdir(parents=True)
-    for name in ("wiki_00.gz", "wiki_01.gz"):
-        shutil.copyfile(shared_data / "wikipedia-en-slice" / "text" / "AA" / name, slice_dir / name)
+    shutil.copyfile(shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz", slice_dir / "wiki_00.gz")
     glue = tmp / "glue"
     for task in ("glue-mrpc", "glue-sst2"):
         (glue / task).mkdir(parents=True)
@@ -181,6 +181,7 @@ def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(device
         assert packed == (shards / f"wikicorpus_en_training_{i}.txt").read_bytes()
     assert sorted(p.name for p in (data / "text").iterdir()) == [f"wikicorpus_en_training_{i}.txt.xz" for i in (0, 1)]
     assert [p.name for p in (data / "eval").iterdir()] == ["wikicorpus_en_test_0.hdf5"]
+    assert report["heldout"]["sequences"] == 64  # one file of the slice holds all of --eval_samples
     entries = (data / "vocab.txt").read_text(encoding="utf-8").splitlines()
     assert len(entries) == 3000 == report["vocab_entries"] and entries[103] == "[MASK]"
     mini = json.loads((data / "bert-mini-3k.json").read_text())
