@@ -90,11 +90,27 @@ def reference(tmp_path_factory, corpus, uncased_vocab) -> dict:
 
 
 @pytest.fixture(scope="module")
-def dask_cluster(tmp_path_factory):
+def running_cluster(tmp_path_factory):
+    """A scheduler and two workers started apart for the module (test_a_worker_killed_mid_stage_changes_nothing
+    kills one and starts another in its place)."""
     cluster = DaskProcesses(tmp_path_factory.mktemp("dask"), workers=2)
     yield cluster
     cluster.stop()
-    assert cluster.alive() == []  # no scheduler or worker left
+    assert cluster.alive() == []  # no scheduler or worker left, the killed one's group included
+
+
+@pytest.fixture
+def dask_cluster(running_cluster):
+    """The module's cluster with both of its workers joined: whatever ran before, a test sees two."""
+    running_cluster.wait_for_workers(2, 60)
+    return running_cluster
+
+
+def replace_worker(cluster: DaskProcesses, index: int) -> None:
+    """Start a worker in place of cluster.workers[index] (killed): the same command, a log of its own; it joins
+    the scheduler while the next tests start (dask_cluster waits for it)."""
+    argv = cluster.workers[index].args[2:]  # [python, "-m", *argv]
+    cluster.workers[index] = cluster._start(f"worker{index}-replacement", list(argv))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,15 +155,15 @@ def text_stages_of(reference_work: Path, work: Path) -> Path:
     return work
 
 
-def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, tmp_path):
-    """Two workers; the HDF5 stage starts; once its manifest lists a file, one worker's process group (nanny,
-    worker and the create_pretraining_data.py it runs) gets SIGKILL. Its tasks run again on the other worker and
-    the arrays are the reference's."""
+def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, dask_cluster, tmp_path):
+    """Two workers (the module's cluster); the HDF5 stage starts; once its manifest lists a file, one worker's
+    process group (nanny, worker and the create_pretraining_data.py it runs) gets SIGKILL. Its tasks run again on
+    the other worker and the arrays are the reference's. A new worker then takes the killed one's place (that no
+    process of the killed group is left is checked when the module's cluster stops)."""
     from concurrent.futures import ThreadPoolExecutor
 
     work = text_stages_of(reference["work"], tmp_path / "work")
-    cluster = DaskProcesses(tmp_path / "dask", workers=2)
-    pool = ThreadPoolExecutor(1)
+    cluster, pool, run = dask_cluster, ThreadPoolExecutor(1), None
     try:
         argv = ["--action", "create_hdf5_files", "--dataset", "wikicorpus_en", "--working_dir", str(work),
                 "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab), "--dupe_factor", "1", "--engine", "dask",
@@ -167,9 +183,10 @@ def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, tmp
         assert done_at_kill < 7  # the stage was under way
         assert_same_arrays(arrays(manifest.parent), reference["arrays"])
     finally:
-        cluster.stop()  # a client still waiting on it (a failed test) then fails too, and its thread ends
+        if run is not None and not run.done():  # a failed test: a client still waiting fails once the cluster is gone
+            cluster.stop()
         pool.shutdown(wait=False)
-    assert cluster.alive() == []
+        replace_worker(cluster, 0)
 
 
 def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference, uncased_vocab, tmp_path, capsys):
