@@ -1,5 +1,6 @@
 """bench/adaptive_study.py: SST-2's text as pre-training documents, and the four-start study end to end at a tiny
-size (three run_cpu_demo.sh runs, eight fine-tunings, one linear probe)."""
+size (three run_cpu_demo.sh runs; sixteen fine-tunings, four starts x two rates x two seeds, each run_glue.py
+command run in this process by --glue_in_process, whose start-up would be most of their time; one linear probe)."""
 from __future__ import annotations
 
 import json

@@ -339,11 +339,13 @@ def test_pretrain_study_second_call_reuses_everything(tiny_study, monkeypatch):
 def test_pretrain_study_fine_tunes_with_the_dropout_asked_for(tiny_study, tmp_path):
     """--finetune_dropout 0.25: the pre-trained and random models fine-tune through a copy of the checkpoint's
     config in which only the two dropouts are 0.25, given to every run_glue.py command as --config_file; a second
-    call with the same flag reuses those runs."""
+    call with the same flag reuses those runs. The fine-tunings run in this process (--glue_in_process: the same
+    commands, results files and stability JSONs; tiny_study runs them as child processes)."""
     root, argv, first = tiny_study
     argv = [a.replace(str(root / "study"), str(tmp_path / "study")) for a in argv]
     argv += ["--pretrain_run", str(next(p for p in (root / "study" / "pretrain").glob("run_*") if p.is_dir())),
-             "--vocab", str(root / "study" / "pretrain" / "vocab.txt"), "--finetune_dropout", "0.25"]
+             "--vocab", str(root / "study" / "pretrain" / "vocab.txt"), "--finetune_dropout", "0.25",
+             "--glue_in_process"]
     report = pretrain_study.main(argv)
     config = tmp_path / "study" / "finetune_config_dropout0.25.json"
     written = json.loads(config.read_text())
