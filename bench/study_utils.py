@@ -10,7 +10,6 @@ import argparse
 import json
 import math
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -33,16 +32,10 @@ RULE = ("A beats B when mean(A) - mean(B) > max(std(A), std(B)), the standard de
 def cpu_description() -> tuple[str, list[str]]:
     """The CPU's model name and which native-bf16 flags it has (precision.py's `auto` rests on them), for a report
     to record beside its numbers."""
-    from precision import cpu_flags
+    from precision import cpu_flags, cpu_model
 
-    model = platform.processor() or "unknown"
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     flags = cpu_flags() or set()
-    return model, [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return cpu_model(), [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
 
 
 def available_cores() -> int:
