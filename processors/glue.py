@@ -359,7 +359,8 @@ def encode_examples(examples: Sequence[InputExample], tokenizer, max_seq_length:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Metrics (scikit-learn and scipy, as GLUE's own evaluation)
+# Metrics: GLUE's (its evaluation uses scikit-learn and scipy), written out in numpy: importing those two costs more
+# than a short fine-tuning's evaluation (2-4 s a run_glue.py process); tests/test_glue.py compares them with both.
 
 
 def compute_metrics(task: GlueTask, preds: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
@@ -376,25 +377,57 @@ def compute_metrics(task: GlueTask, preds: np.ndarray, labels: np.ndarray) -> di
         return pearson_and_spearman(preds, labels)
     acc = float((preds == labels).mean())
     if task.metric == "mcc":
-        from sklearn.metrics import matthews_corrcoef
-
-        return {"mcc": float(matthews_corrcoef(labels, preds)), "acc": acc}
+        return {"mcc": matthews_corrcoef(labels, preds), "acc": acc}
     if task.metric == "acc_f1":
-        from sklearn.metrics import f1_score
-
-        f1 = float(f1_score(labels, preds, pos_label=1, zero_division=0.0))
+        f1 = f1_of_positive(labels, preds)
         return {"acc": acc, "f1": f1, "acc_and_f1": (acc + f1) / 2}
     return {"acc": acc}
 
 
-def pearson_and_spearman(preds: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
-    from scipy.stats import pearsonr, spearmanr
+def matthews_corrcoef(labels: np.ndarray, preds: np.ndarray) -> float:
+    """Matthews' correlation of any number of classes (Gorodkin's R_K, as scikit-learn): from the confusion
+    matrix C, (c s - t.p) / sqrt((s^2 - p.p)(s^2 - t.t)) with t, p the true and predicted counts per class, c the
+    correct ones and s all; 0 where a factor of the denominator is 0 (one class only)."""
+    classes, codes = np.unique(np.concatenate([labels, preds]), return_inverse=True)
+    true, pred = codes[:len(labels)], codes[len(labels):]
+    confusion = np.zeros((len(classes), len(classes)))
+    np.add.at(confusion, (true, pred), 1)
+    t, p = confusion.sum(axis=1), confusion.sum(axis=0)
+    c, s = np.trace(confusion), confusion.sum()
+    denominator = (s * s - p @ p) * (s * s - t @ t)
+    return float((c * s - t @ p) / np.sqrt(denominator)) if denominator > 0 else 0.0
 
+
+def f1_of_positive(labels: np.ndarray, preds: np.ndarray) -> float:
+    """F1 of class 1: 2 TP / (2 TP + FP + FN), 0 where class 1 is neither predicted nor true."""
+    tp = float(((preds == 1) & (labels == 1)).sum())
+    wrong = float(((preds == 1) != (labels == 1)).sum())  # FP + FN
+    return 2 * tp / (2 * tp + wrong) if tp + wrong else 0.0
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks from 1, ties sharing the mean of the ranks they span (Spearman's rule for ties)."""
+    order = np.argsort(x, kind="stable")
+    ordered = x[order]
+    first = np.r_[True, ordered[1:] != ordered[:-1]]  # where a run of equal values starts
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(x)]
+    ranks = np.empty(len(x))
+    ranks[order] = ((starts + ends + 1) / 2)[np.cumsum(first) - 1]
+    return ranks
+
+
+def pearson_and_spearman(preds: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
     if np.ptp(preds) == 0 or np.ptp(labels) == 0:  # correlation with a constant is undefined
         return {"pearson": None, "spearmanr": None, "corr": None}
-    pearson = float(pearsonr(preds, labels)[0])
-    spearman = float(spearmanr(preds, labels)[0])
+    pearson = _pearson(preds.astype(np.float64), labels.astype(np.float64))
+    spearman = _pearson(average_ranks(preds), average_ranks(labels))
     return {"pearson": pearson, "spearmanr": spearman, "corr": (pearson + spearman) / 2}
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x - x.mean(), y - y.mean()
+    return float((x @ y) / np.sqrt((x @ x) * (y @ y)))
 
 
 def primary_metric(task: GlueTask) -> str:

@@ -246,6 +246,38 @@ def test_regression_metrics_against_formulas():
     assert compute_metrics(get_task("sts-b"), np.full(100, 2.5), labels)["pearson"] is None  # undefined
 
 
+@pytest.mark.filterwarnings("ignore:A single label was found")  # scikit-learn on the one-class case
+def test_metrics_equal_scikit_learn_and_scipy_with_ties_and_three_classes():
+    """GLUE's own evaluation computes its metrics with scikit-learn and scipy; ours are numpy: the same numbers on
+    predictions with many ties (Spearman's average ranks), three classes (Matthews' R_K), and degenerate cases."""
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import f1_score, matthews_corrcoef
+
+    rng = np.random.default_rng(3)
+    for n in (2, 7, 300):
+        labels = rng.integers(0, 6, n) / 2  # scores 0-2.5 in halves: many ties
+        preds = np.round(labels + rng.normal(0, 0.8, n), 1)
+        if np.ptp(preds) == 0 or np.ptp(labels) == 0:
+            continue
+        m = compute_metrics(get_task("sts-b"), preds, labels)
+        assert m["pearson"] == pytest.approx(pearsonr(preds, labels)[0], abs=1e-12)
+        assert m["spearmanr"] == pytest.approx(spearmanr(preds, labels)[0], abs=1e-12)
+    for k, n in ((2, 9), (2, 500), (3, 500)):
+        labels, preds = rng.integers(0, k, n), rng.integers(0, k, n)
+        preds[: n // 2] = labels[: n // 2]
+        assert compute_metrics(get_task("cola"), preds, labels)["mcc"] == pytest.approx(
+            matthews_corrcoef(labels, preds), abs=1e-12)
+        if k == 2:
+            assert compute_metrics(get_task("mrpc"), preds, labels)["f1"] == pytest.approx(
+                f1_score(labels, preds, pos_label=1, zero_division=0.0), abs=1e-12)
+    for preds, labels in ((np.zeros(5, int), np.zeros(5, int)), (np.ones(5, int), np.zeros(5, int)),
+                          (np.array([0, 1, 1, 0]), np.array([1, 0, 0, 1]))):
+        assert compute_metrics(get_task("cola"), preds, labels)["mcc"] == pytest.approx(
+            matthews_corrcoef(labels, preds), abs=1e-12)
+        assert compute_metrics(get_task("mrpc"), preds, labels)["f1"] == pytest.approx(
+            f1_score(labels, preds, pos_label=1, zero_division=0.0), abs=1e-12)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Encoding
 
