@@ -112,24 +112,13 @@ def count_samples(folder: Path) -> int:
 
 def read_shards(folder: str | os.PathLike, max_samples: int = 0, keys: tuple[str, ...] | None = None) -> dict:
     """The arrays `keys` (None: every array of NVIDIA's shard format) of every .hdf5 in `folder` (or the one file),
-    in sorted order, the first `max_samples` samples (0: all): the samples run_pretraining.py's evaluation reads."""
-    import h5py
-    import numpy as np
+    in sorted order, the first `max_samples` samples (0: all): the samples run_pretraining.py's evaluation reads
+    (pretraining_format.read_samples, as its load_eval_set)."""
+    from pretraining_format import SHARD_KEYS, read_samples
 
-    from pretraining_format import SHARD_KEYS
-
-    keys = keys or SHARD_KEYS
     folder = Path(folder)
     files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
-    parts, remaining = [], max_samples or math.inf
-    for path in files:
-        with h5py.File(path, "r") as f:
-            take = int(min(len(f[keys[0]]), remaining))
-            parts.append({k: f[k][:take] for k in keys})
-        remaining -= take
-        if remaining <= 0:
-            break
-    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
+    return read_samples(files, max_samples, keys or SHARD_KEYS)
 
 
 def heldout_baseline(folder: str | os.PathLike, max_samples: int) -> float:
