@@ -244,15 +244,11 @@ def one_thread_on_a_busy_cpu():
 # CPU runs the same tests the same way, the suite decides as a CPU without native bf16 would (BERT_CPU_BF16=0)
 # unless the user set the variable for the run (`BERT_CPU_BF16=1 bash scripts/test.sh` runs it all as an AMX or
 # AVX512-BF16 CPU decides). Tests whose outcome depends on the decision take the `cpu_bf16` fixture and run under
-# both decisions on every CPU, so a green run means green on both kinds of CPU.
+# both decisions on every CPU, so a green run means green on both kinds of CPU. Set for the whole process, so that
+# module fixtures (made before any function fixture) and the processes they start decide the same way.
 
-USER_CPU_BF16 = os.environ.get("BERT_CPU_BF16", "")
-
-
-@pytest.fixture(autouse=True)
-def _auto_precision_decides_as_told(request, monkeypatch):
-    if "cpu_bf16" not in request.fixturenames and not USER_CPU_BF16:
-        monkeypatch.setenv("BERT_CPU_BF16", "0")
+if not os.environ.get("BERT_CPU_BF16", ""):
+    os.environ["BERT_CPU_BF16"] = "0"
 
 
 @pytest.fixture(params=["0", "1"], ids=["auto=fp32", "auto=bf16"])
