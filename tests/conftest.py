@@ -250,6 +250,18 @@ def one_thread_on_a_busy_cpu():
 if not os.environ.get("BERT_CPU_BF16", ""):
     os.environ["BERT_CPU_BF16"] = "0"
 
+# torch.compile's kernels are built in a cache of this test process (and the processes it starts), removed at its
+# end: every run compiles as a fresh machine's CI does (a warm /tmp/torchinductor_$USER hid 40 s of compiling from
+# the suite's time), and no kernel built for another CPU setting is reused (one built before ATEN_CPU_CAPABILITY
+# was lowered gave NaN).
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchinductor_tests_")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+
 
 @pytest.fixture(params=["0", "1"], ids=["auto=fp32", "auto=bf16"])
 def cpu_bf16(request, monkeypatch) -> str:
