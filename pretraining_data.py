@@ -43,7 +43,8 @@ import torch
 
 from cli import InputError
 from dist_env import DistEnv
-from pretraining_format import PACKED_KEY, SHARD_KEYS, read_samples, shard_keys  # the layout is the format module's alone
+# the shard layout, and reading it back, are the format module's alone
+from pretraining_format import PACKED_KEY, SHARD_KEYS, read_samples, shard_keys
 
 
 class DataError(InputError):

@@ -40,11 +40,18 @@ class DaskProcesses:
                 self.stop()
                 raise RuntimeError(f"the Dask scheduler did not start: {(self.folder / 'scheduler.log').read_text()}")
             time.sleep(0.1)
-        self.workers = [self._start(f"worker{i}", ["distributed.cli.dask_worker", "--scheduler-file",
-                                                   str(self.scheduler_file), "--nthreads", "1", "--nworkers", "1",
-                                                   "--host", "127.0.0.1", "--local-directory",
-                                                   str(self.folder / f"w{i}")]) for i in range(workers)]
+        self.workers = [self._start_worker(i, f"worker{i}") for i in range(workers)]
         self.wait_for_workers(workers, max(deadline - time.monotonic(), 1.0))
+
+    def _start_worker(self, index: int, name: str) -> subprocess.Popen:
+        return self._start(name, ["distributed.cli.dask_worker", "--scheduler-file", str(self.scheduler_file),
+                                  "--nthreads", "1", "--nworkers", "1", "--host", "127.0.0.1", "--local-directory",
+                                  str(self.folder / f"w{index}")])
+
+    def replace_worker(self, index: int) -> None:
+        """A new worker in place of workers[index] (killed: a node back after a failure), with a log of its own; it
+        joins the scheduler in the background (wait_for_workers)."""
+        self.workers[index] = self._start_worker(index, f"worker{index}-replacement")
 
     def wait_for_workers(self, n: int, timeout: float) -> None:
         """Return once `n` workers have joined the scheduler (a loaded machine starts them seconds apart), so that

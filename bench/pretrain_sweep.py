@@ -9,7 +9,8 @@ BERT learn in a fixed budget of sequences, measured on held-out text (issue 27).
 Each run is one `run_pretraining.py` process on the same shards and held-out set, from the same initial weights
 (--seed), for --sequences sequences (steps = sequences / batch, so every batch size sees the same data), with a
 linear warm-up over --warmup of the steps. A run spec is OPTIMIZER:BATCH:LR[,LR...]. Runs go --parallel at a time,
-each with cores / parallel threads (the cores this process may use: $OMP_NUM_THREADS when it is set, else all). A run folder that already holds a finished run with the same command is reused.
+each with cores / parallel threads (the cores this process may use: $OMP_NUM_THREADS when it is set, else all).
+A run folder that already holds a finished run with the same command is reused.
 
 Report (<out>/sweep.json, sweep.md, sweep.png): per run the held-out masked-LM loss at the end against the unigram
 entropy of the held-out targets, the context gain (accuracy on [MASK]ed slots with the context minus without it,

@@ -106,13 +106,6 @@ def dask_cluster(running_cluster):
     return running_cluster
 
 
-def replace_worker(cluster: DaskProcesses, index: int) -> None:
-    """Start a worker in place of cluster.workers[index] (killed): the same command, a log of its own; it joins
-    the scheduler while the next tests start (dask_cluster waits for it)."""
-    argv = cluster.workers[index].args[2:]  # [python, "-m", *argv]
-    cluster.workers[index] = cluster._start(f"worker{index}-replacement", list(argv))
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The same arrays everywhere
 
@@ -186,7 +179,7 @@ def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, das
         if run is not None and not run.done():  # a failed test: a client still waiting fails once the cluster is gone
             cluster.stop()
         pool.shutdown(wait=False)
-        replace_worker(cluster, 0)
+        cluster.replace_worker(0)
 
 
 def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference, uncased_vocab, tmp_path, capsys):

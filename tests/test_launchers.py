@@ -544,7 +544,6 @@ def test_cpu_demo_learns_its_vocabulary_and_writes_the_measured_shards(demo_run)
     the training text, the config takes its size (1234 lines -> 1240, the next multiple of 8), phase 1 trains on
     sequence-64 shards with 30% masked (20 slots), held out at 15% (10 slots), with AdamW 1e-3 held constant."""
     import h5py
-    import numpy as np
 
     out, run = demo_run
     assert run.returncode == 0, run.stderr[-3000:]
