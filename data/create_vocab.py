@@ -49,7 +49,6 @@ import argparse
 import collections
 import contextlib
 import dataclasses
-import functools
 import gzip
 import io
 import json
@@ -176,50 +175,64 @@ def iter_chunks(files: Sequence[Path], chunk_chars: int = CHUNK_CHARS,
 # Pre-splitting: tokenization.BasicTokenizer's words, for whole chunks of text at once
 
 
-def _ranges(predicate: Callable[[str], bool]) -> list[tuple[int, int]]:
-    """The code points where `predicate` holds, as (first, last) runs."""
-    runs: list[tuple[int, int]] = []
-    start = None
-    for cp in range(0x110000):
-        if predicate(chr(cp)):
-            if start is None:
-                start = cp
-        elif start is not None:
-            runs.append((start, cp - 1))
-            start = None
-    if start is not None:
-        runs.append((start, 0x10FFFF))
-    return runs
-
-
-def _char_class(runs: list[tuple[int, int]]) -> str:
+def _char_class(chars: frozenset[str]) -> str:
+    """The body of a regular-expression character class matching `chars`: runs of code points as ranges."""
+    runs: list[list[int]] = []
+    for cp in sorted(map(ord, chars)):
+        if runs and cp == runs[-1][1] + 1:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp])
     return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in runs)
 
 
-@functools.lru_cache(maxsize=None)
-def _tables():
-    """Character tables from tokenization's own predicates, so a change there changes this too. Built on first use
-    (about a second: every code point is classified once), never at import."""
-    from tokenization import _is_chinese_char, _is_control, _is_punctuation, _is_whitespace
+def _one_of(chars: frozenset[str], template: str) -> re.Pattern:
+    """`template` with {} replaced by a class of `chars`; while there are none, a pattern that never matches (with
+    the template's groups, so that a replacement naming them stays valid)."""
+    return re.compile(template.format(f"[{_char_class(chars)}]" if chars else "(?!)"))
 
-    def dropped(c: str) -> bool:  # BasicTokenizer._clean_text drops these
-        return c in ("\0", "\ufffd") or _is_control(c)
 
-    def space(c: str) -> bool:
-        # _clean_text turns _is_whitespace into " "; the rest of str.isspace() (U+2028, U+2029: neither control nor
-        # Zs) survives cleaning but str.split() splits on it later, so it may become " " here already.
-        return not dropped(c) and (_is_whitespace(c) or c.isspace())
+# BasicTokenizer's character classes, in the order PreSplitter.split applies them: dropped by cleaning, turned into
+# " " (str.isspace() too: U+2028 and U+2029 survive cleaning but str.split() splits on them later, so they may become
+# " " here already), CJK ideographs spaced, non-spacing marks stripped (lower-casing only), punctuation spaced.
+_TEMPLATES = ("{}+", "{}", "({})", "{}+", None)
 
-    clean = re.compile(f"[{_char_class(_ranges(dropped))}]+")
-    spaces = re.compile(f"[{_char_class(_ranges(space))}]")
-    cjk = re.compile(f"([{_char_class(_ranges(lambda c: _is_chinese_char(ord(c))))}])")
-    marks = re.compile(f"[{_char_class(_ranges(lambda c: unicodedata.category(c) == 'Mn'))}]+")
-    punctuation = {cp: f" {chr(cp)} " for a, b in _ranges(_is_punctuation) for cp in range(a, b + 1)}
-    return clean, spaces, cjk, marks, punctuation
+
+@dataclasses.dataclass(frozen=True)
+class _CharTables:
+    """What each character met so far is to tokenization.BasicTokenizer, from tokenization's own predicates (so a
+    change there changes this too): the classes, as regular expressions, and punctuation as a str.translate table.
+    Characters are classified when first met (`grown`), so a corpus costs its own alphabet, a few thousand characters,
+    instead of every one of the 1.1 million code points (3.5 s a process). Immutable: a PreSplitter swaps in the
+    grown tables whole, so a thread never sees a character as known before its classes are."""
+
+    known: frozenset[str] = frozenset()
+    classes: tuple[frozenset[str], ...] = (frozenset(),) * 5  # dropped, space, cjk, mark, punctuation
+    patterns: tuple[re.Pattern, ...] = tuple(_one_of(frozenset(), t) for t in _TEMPLATES[:4])
+    punctuation: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def grown(self, chars: set[str]) -> "_CharTables":
+        """These tables with `chars` classified too (self when they are all known)."""
+        new = chars - self.known
+        if not new:
+            return self
+        from tokenization import _is_chinese_char, _is_control, _is_punctuation, _is_whitespace
+
+        def dropped(c: str) -> bool:  # BasicTokenizer._clean_text drops these
+            return c in ("\0", "\ufffd") or _is_control(c)
+
+        predicates = (dropped, lambda c: not dropped(c) and (_is_whitespace(c) or c.isspace()),
+                      lambda c: _is_chinese_char(ord(c)), lambda c: unicodedata.category(c) == "Mn", _is_punctuation)
+        classes = tuple(old | {c for c in new if keep(c)} for old, keep in zip(self.classes, predicates))
+        patterns = tuple(p if len(c) == len(old) else _one_of(c, t)
+                         for p, c, old, t in zip(self.patterns, classes, self.classes, _TEMPLATES))
+        punctuation = {**self.punctuation, **{ord(c): f" {c} " for c in classes[4] - self.classes[4]}}
+        return _CharTables(self.known | new, classes, patterns, punctuation)
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _LONG_WORD = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
+_ASCII = frozenset(map(chr, range(128)))
 
 
 class PreSplitter:
@@ -234,17 +247,28 @@ class PreSplitter:
 
     def __init__(self, do_lower_case: bool = True):
         self.do_lower_case = do_lower_case
-        self._clean, self._spaces, self._cjk, self._marks, self._punctuation = _tables()
+        self._tables = _CharTables().grown(set(_ASCII))
+
+    def _tables_for(self, text: str) -> _CharTables:
+        """The tables, grown by the characters of `text` not met before (past ASCII, known from the start)."""
+        if text.isascii():
+            return self._tables
+        self._tables = tables = self._tables.grown(set("".join(_NON_ASCII.findall(text))))
+        return tables
 
     def split(self, text: str) -> str:
-        text = self._clean.sub("", text)
-        text = self._spaces.sub(" ", text)
-        text = self._cjk.sub(r" \1 ", text)
+        tables = self._tables_for(text)
+        clean, spaces, cjk, _ = tables.patterns
+        text = clean.sub("", text)
+        text = spaces.sub(" ", text)
+        text = cjk.sub(r" \1 ", text)
         if self.do_lower_case:
             text = unicodedata.normalize("NFD", text.lower())
+            tables = self._tables_for(text)  # lower-casing and NFD make characters of their own (the marks)
+            marks = tables.patterns[3]
             # Accent stripping drops non-spacing marks; only non-ASCII runs can hold one (and are rare).
-            text = _NON_ASCII.sub(lambda m: self._marks.sub("", m.group()), text)
-        return text.translate(self._punctuation)
+            text = _NON_ASCII.sub(lambda m: marks.sub("", m.group()), text)
+        return text.translate(tables.punctuation)
 
     def words(self, text: str) -> list[str]:
         return self.split(text).split()
@@ -422,7 +446,7 @@ def iter_piece_lines(path: str, start: int, end: int) -> Iterator[str]:
         raise _input_error(f"--input {path} is a truncated gzip file: check the file") from None
 
 
-_SPLITTERS: dict[bool, "PreSplitter"] = {}  # one per worker process: building the tables takes about a second
+_SPLITTERS: dict[bool, "PreSplitter"] = {}  # one per worker process: the characters it met stay classified
 
 
 def _presplit_piece(job: tuple[str, int, int, bool, bool, str]) -> tuple[dict, int, int, int, str]:
