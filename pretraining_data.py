@@ -85,22 +85,6 @@ class ShardSpec:
     dynamic_masking: bool = False
 
 
-def unigram_log_prior(shard: Path, vocab_size: int, max_rows: int = 100_000) -> torch.Tensor:
-    """[V] float32: ln p(token) over the masked targets of a shard's first `max_rows` rows (of every real token when
-    the shard was written unmasked), add-one smoothed so that every id has a finite value: a masked-LM output bias
-    under which an untrained model predicts the unigram distribution (run_pretraining.py --mlm_bias_init
-    unigram)."""
-    import h5py
-
-    with h5py.File(shard, "r") as f:
-        positions, ids = f["masked_lm_positions"][:max_rows], f["masked_lm_ids"][:max_rows]
-        targets = ids[positions > 0]
-        if not len(targets):  # written unmasked (dynamic masking): every real token instead
-            targets = f["input_ids"][:max_rows][f["input_mask"][:max_rows] > 0]
-    counts = np.bincount(targets.astype(np.int64), minlength=vocab_size)[:vocab_size] + 1.0
-    return torch.from_numpy(np.log(counts / counts.sum()).astype(np.float32))
-
-
 def list_shards(folder: str, flag: str) -> list[Path]:
     path = Path(folder)
     if not path.is_dir():

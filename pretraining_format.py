@@ -2,7 +2,7 @@
 writer (create_pretraining_data.py, through pretraining_writer.py) and the loader (pretraining_data.py) both
 import, so that a shard is written and read by the same rule.
 
-Read top to bottom: the layout -> masking -> packing.
+Read top to bottom: the layout -> masking -> packing -> the unigram prior of a shard's targets.
 
 The layout: NVIDIA's HDF5 arrays, zero-padded. N instances, S = max_seq_length, P = max_predictions_per_seq:
     input_ids [N,S] int32, input_mask [N,S] int8, segment_ids [N,S] int8,
@@ -32,6 +32,7 @@ each is replaced by [MASK] 80%, kept 10%, a uniform random vocabulary id 10%; po
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -291,3 +292,19 @@ def pack_sequences(arrays: dict[str, np.ndarray], max_per_row: int, max_predicti
     out["masked_lm_positions"][target_row, rank] = target_pos
     out["masked_lm_ids"][target_row, rank] = masked_ids[src_seq, src_slot][order]
     return out
+
+
+def unigram_log_prior(shard: Path, vocab_size: int, max_rows: int = 100_000) -> np.ndarray:
+    """[V] float32: ln p(token) over the masked targets of a shard's first `max_rows` rows (of every real token when
+    the shard was written unmasked), add-one smoothed so that every id has a finite value: a masked-LM output bias
+    under which an untrained model predicts the unigram distribution (run_pretraining.py --mlm_bias_init
+    unigram), and the demo's context-free reference. numpy, so that a reader need not start torch."""
+    import h5py
+
+    with h5py.File(shard, "r") as f:
+        positions, ids = f["masked_lm_positions"][:max_rows], f["masked_lm_ids"][:max_rows]
+        targets = ids[positions > 0]
+        if not len(targets):  # written unmasked (dynamic masking): every real token instead
+            targets = f["input_ids"][:max_rows][f["input_mask"][:max_rows] > 0]
+    counts = np.bincount(targets.astype(np.int64), minlength=vocab_size)[:vocab_size] + 1.0
+    return np.log(counts / counts.sum()).astype(np.float32)

@@ -126,11 +126,11 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     elif resume is None and m.init_checkpoint:
         start = m.init_checkpoint
     elif resume is None and m.mlm_bias_init == "unigram" and cfg.training.do_train:
-        from pretraining_data import unigram_log_prior
+        from pretraining_format import unigram_log_prior
 
         first = sorted(Path(d.input_dir).glob("*.hdf5"))[0]
         with torch.no_grad():
-            model.cls.predictions.bias.copy_(unigram_log_prior(first, model.cls.predictions.bias.numel()))
+            model.cls.predictions.bias.copy_(torch.from_numpy(unigram_log_prior(first, model.cls.predictions.bias.numel())))
         log(f"masked-LM output bias: log unigram frequencies of the masked targets of {first.name}")
     if start is not None:
         try:

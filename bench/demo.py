@@ -87,7 +87,7 @@ def learned_lines(learned: tuple, targets: int, train_unigram: float) -> list[st
 def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Path, max_eval: int) -> list[str]:
     """The summary's lines (also printed). The baselines are counted as the evaluation counts: the first `max_eval`
     held-out samples, the masked slots with a position > 0."""
-    from pretraining_data import unigram_log_prior
+    from pretraining_format import unigram_log_prior
 
     arrays = su.read_shards(heldout, max_eval, ("masked_lm_positions", "masked_lm_ids"))
     targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
@@ -96,7 +96,7 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
     # A second context-free reference: a unigram model of the training shard (add-one smoothed, the prior that
     # --mlm_bias_init unigram starts from) scored on the same held-out targets. The held-out words' own entropy is
     # optimistic on a set this small (a few thousand targets: rare words seen once look certain).
-    train_unigram = float(-unigram_log_prior(train_shard, vocab_size).numpy()[targets].mean())
+    train_unigram = float(-unigram_log_prior(train_shard, vocab_size)[targets].mean())
     lines = [f"baseline: always guessing the most frequent masked token scores "
              f"{su.heldout_baseline(heldout, max_eval):.3f} on the held-out set"]
     learned = None
