@@ -23,7 +23,7 @@ import pytest
 import profiling
 import run_pretraining as rp
 from bench import gpu_speed
-from conftest import args_for, make_shards, read_log, write_config
+from conftest import args_for, make_shards, read_log, subprocess_env, write_config
 from modeling import BertConfig
 from pretraining_data import mlm_labels
 
@@ -186,6 +186,25 @@ def test_profile_steps_write_a_profile_not_counted_as_training(tmp_path, monkeyp
     assert 0.5 < sum(op["share"] for op in profile["operators"]) <= 1.0 + 1e-9  # the top ones: most of the time
     final = next(r["data"] for r in read_log(out / "log.json") if r["step"] == "FINAL")
     assert final["training_sequences_per_second"] > 1.0, final  # 40 rows over the readings of 5 steps
+
+
+def test_a_cpu_profile_ranks_the_operators_without_loading_inductor():
+    """On a CPU, StepProfiler ranks the operators of the profiled window by their own time, and (in a fresh
+    interpreter, as run_pretraining.py --profile_steps starts one) leaves torch._inductor unimported."""
+    probe = ("import sys, torch, profiling\n"
+             "p = profiling.StepProfiler(steps=1, device=torch.device('cpu'))\n"
+             "x = torch.randn(64, 64)\n"
+             "torch.mm(x, x)\n"
+             "p.start()\n"
+             "for _ in range(3): y = torch.mm(x, x).relu()\n"
+             "s = p.stop()\n"
+             "names = [o['name'] for o in s['operators']]\n"
+             "assert 'aten::mm' in names and 'aten::relu' in names, names\n"
+             "assert {o['calls'] for o in s['operators'] if o['name'] == 'aten::mm'} == {3}, s\n"
+             "assert 'torch._inductor' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_profile_steps_need_a_warm_up(tmp_path):
