@@ -404,11 +404,12 @@ def test_auto_trains_as_the_hardware_decides_and_evaluation_alone_is_fp32(tmp_pa
     what the CPU decides (cpu_bf16: as one with and one without native bf16); a run that only evaluates the saved
     model is fp32 on either, and equals the explicit fp32 evaluation."""
     data = shared_data / "glue-sst2"
-    trained = _run(tmp_path / "train", minilm_dir, "sst-2", data, "--do_train", "--max_train_examples", "16",
-                   "--max_steps", "2", "--train_batch_size", "8", "--max_seq_length", "32", "--do_eval",
-                   "--max_eval_examples", "16")
-    assert trained["precision"] == cpu_bf16
-    evaluate = ["--do_eval", "--max_eval_examples", "16", "--max_seq_length", "32"]
+    # One optimizer step and 8 sentences: the decision is what is checked, and bf16 on a CPU without it is emulated.
+    trained = _run(tmp_path / "train", minilm_dir, "sst-2", data, "--do_train", "--max_train_examples", "8",
+                   "--max_steps", "1", "--train_batch_size", "8", "--max_seq_length", "32", "--do_eval",
+                   "--max_eval_examples", "8")
+    assert trained["precision"] == cpu_bf16 and trained["train"]["steps"] == 1
+    evaluate = ["--do_eval", "--max_eval_examples", "8", "--max_seq_length", "32"]
     alone = _run(tmp_path / "eval", tmp_path / "train" / "model.pt", "sst-2", data, *evaluate)
     assert alone["precision"] == "fp32" and "only reads a model" in alone["precision_reason"]
     named = _run(tmp_path / "eval32", tmp_path / "train" / "model.pt", "sst-2", data, *evaluate, "--precision", "fp32")
