@@ -712,6 +712,29 @@ def test_demo_config_takes_the_vocabularys_size_or_refuses_a_bad_config(tmp_path
     assert not (tmp_path / "c_out.json").exists()
 
 
+ENTRY_SCRIPTS = ("run_pretraining.py", "run_squad.py", "run_glue.py", "run_swag.py", "inference.py",
+                 "extract_features.py", "create_pretraining_data.py")
+
+
+def test_entry_scripts_run_as_files(tmp_path):
+    """Each entry script's `if __name__ == "__main__"` block, as `python <script> --help` runs it, from another
+    folder: one interpreter runs every file as __main__ in turn (one torch start instead of seven); each must print
+    its usage and exit 0. The help texts themselves are checked in process (tests/test_precision.py)."""
+    probe = ("import runpy, sys\n"
+             "for script in sys.argv[1:]:\n"
+             "    sys.argv = [script, '--help']\n"
+             "    try:\n"
+             "        runpy.run_path(script, run_name='__main__')\n"
+             "    except SystemExit as e:\n"
+             "        assert e.code in (0, None), (script, e.code)\n"
+             "    else:\n"
+             "        raise AssertionError(f'{script} --help did not exit')\n")
+    done = subprocess.run([sys.executable, "-c", probe, *(str(REPO / s) for s in ENTRY_SCRIPTS)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("usage:") == len(ENTRY_SCRIPTS), done.stdout[:2000]
+
+
 @pytest.mark.parametrize("script", ["data/bertPrep.py", "data/create_vocab.py", "data/sharding.py",
                                     "data/text_formatting.py"])
 def test_data_scripts_run_as_files_from_anywhere(script, tmp_path):
