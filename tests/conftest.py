@@ -289,11 +289,11 @@ if XDIST_WORKERS > 1:
 # The scopes that take longest (the table at the end of a run, on 2 cores), handed out first: a worker that draws a
 # long file last keeps the run going alone after the other has finished (about 30 s a run in xdist's own order, most
 # tests first). The rest follow in xdist's order. A name here that is no longer a test file stops the run.
-LONGEST_FIRST = ("slurm", "tests/test_glue.py", "tests/test_studies.py", "tests/test_gpu_speed.py",
-                 "tests/test_gpu_study.py", "tests/test_padding.py", "tests/test_adaptive_study.py",
-                 "tests/test_run_pretraining.py", "tests/test_tokenization.py", "tests/test_swag.py",
-                 "tests/test_create_vocab.py", "tests/test_launchers.py", "tests/test_stability.py",
-                 "tests/test_triton.py")
+LONGEST_FIRST = ("slurm", "tests/test_glue.py", "tests/test_gpu_speed.py", "tests/test_padding.py",
+                 "tests/test_run_pretraining.py", "tests/test_studies.py", "tests/test_gpu_study.py",
+                 "tests/test_adaptive_study.py", "tests/test_tokenization.py", "tests/test_launchers.py",
+                 "tests/test_triton.py", "tests/test_create_vocab.py", "tests/test_stability.py", "tests/test_swag.py",
+                 "tests/test_linear_probe.py", "tests/test_training.py", "tests/test_packing.py")
 
 
 def pytest_xdist_make_scheduler(config, log):
