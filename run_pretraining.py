@@ -129,8 +129,9 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
         from pretraining_format import unigram_log_prior
 
         first = sorted(Path(d.input_dir).glob("*.hdf5"))[0]
+        prior = unigram_log_prior(first, model.cls.predictions.bias.numel())  # [V] float32, numpy
         with torch.no_grad():
-            model.cls.predictions.bias.copy_(torch.from_numpy(unigram_log_prior(first, model.cls.predictions.bias.numel())))
+            model.cls.predictions.bias.copy_(torch.from_numpy(prior))
         log(f"masked-LM output bias: log unigram frequencies of the masked targets of {first.name}")
     if start is not None:
         try:

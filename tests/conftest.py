@@ -195,6 +195,19 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 
 
+def help_of(main) -> str:
+    """An entry script's `--help` text, from its main(argv) in this process: what the script prints when started on
+    its own (only the line wrapping can follow this terminal's width), without a second interpreter importing torch
+    (about 2 s). Its __main__ blocks run as files in tests/test_launchers.py::test_entry_scripts_run_as_files."""
+    import io
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    return text.getvalue()
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     return make_shards(tmp_path_factory.mktemp("shards"))

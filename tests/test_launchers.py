@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import help_of
+
 REPO = Path(__file__).resolve().parent.parent
 RUN_SH = REPO / "scripts" / "run_pretraining.sh"
 PRESETS_SH = REPO / "scripts" / "configs" / "pretrain_config.sh"
@@ -43,19 +45,10 @@ def bash(script: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> su
 
 @pytest.fixture(scope="module")
 def help_text() -> str:
-    """run_pretraining.py --help, from its own main in this process: the text the script prints when started on its
-    own (its parser names its prog; only the line wrapping can follow this terminal's width), without a second
-    interpreter importing torch (about 2 s)."""
-    import contextlib
-    import io
-
+    """run_pretraining.py --help (its parser names its prog), from its own main in this process."""
     import run_pretraining
 
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text), pytest.raises(SystemExit) as exc:
-        run_pretraining.main(["--help"])
-    assert exc.value.code == 0
-    return text.getvalue()
+    return help_of(run_pretraining.main)
 
 
 @pytest.fixture(scope="module")

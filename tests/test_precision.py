@@ -3,9 +3,7 @@ fp32 for commands that only read a model; the same flag in every entry script, t
 as aliases, and the reason logged."""
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 import json
 import math
 import platform
@@ -15,6 +13,7 @@ import pytest
 import torch
 
 import precision
+from conftest import help_of
 
 AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}  # an AMD EPYC / laptop CPU without native bf16
 WITH_AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512_bf16"}
@@ -76,14 +75,8 @@ def test_aliases_set_the_one_precision(argv, expected):
 
 
 def help_text(script: str) -> str:
-    """`python <script> --help`'s text, whitespace collapsed, from the script's main in this process (the scripts
-    run as files in tests/test_launchers.py)."""
-    module = importlib.import_module(script.removesuffix(".py"))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exc:
-        module.main(["--help"])
-    assert exc.value.code == 0
-    return " ".join(out.getvalue().split())
+    """`python <script> --help`'s text, whitespace collapsed (conftest.help_of)."""
+    return " ".join(help_of(importlib.import_module(script.removesuffix(".py")).main).split())
 
 
 @pytest.mark.parametrize("script", ["run_pretraining.py", "run_squad.py", "run_glue.py", "inference.py"])
