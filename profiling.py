@@ -12,6 +12,7 @@ writes <output_dir>/profile.json.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import re
 from collections import defaultdict
@@ -38,15 +39,55 @@ def category(name: str) -> str:
     return "other"
 
 
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint intervals in time order."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        elif end > start:
+            out.append((start, end))
+    return out
+
+
 def busy_time(intervals: list[tuple[float, float]]) -> float:
     """The length of the union of [start, end) intervals: time during which at least one kernel ran."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end <= reach:
-            continue
-        total += end - max(start, reach)
-        reach = end
+    return sum(end - start for start, end in merged(intervals))
+
+
+def idle_intervals(busy: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """The parts of [start, end) that no busy interval covers (where the GPU ran nothing), in time order."""
+    gaps, reach = [], start
+    for s, e in merged(busy):
+        if s > reach:
+            gaps.append((reach, min(s, end)))
+        reach = max(reach, e)
+    if reach < end:
+        gaps.append((reach, end))
+    return [(s, e) for s, e in gaps if e > s]
+
+
+def overlap(disjoint: list[tuple[float, float]], start: float, end: float) -> float:
+    """How much of [start, end) the disjoint, time-ordered intervals cover."""
+    i = bisect.bisect_right(disjoint, (start, float("inf"))) - 1  # the last interval starting at or before start
+    total = 0.0
+    for s, e in disjoint[max(i, 0):]:
+        if s >= end:
+            break
+        total += max(0.0, min(e, end) - max(s, start))
     return total
+
+
+def idle_by_host(idle: list[tuple[float, float]],
+                 host: list[tuple[str, float, float]]) -> tuple[dict[str, float], float]:
+    """Where the host was while the GPU waited: for each name of the host's outermost ranges (name, start, end; on
+    any thread, so one moment can count under two names), how much of the idle intervals it overlapped; and the idle
+    time that no range covered (the host in Python between recorded operators)."""
+    by_name: dict[str, float] = defaultdict(float)
+    for name, start, end in host:
+        by_name[name] += overlap(idle, start, end)
+    covered = sum(overlap(idle, s, e) for s, e in merged([(s, e) for _, s, e in host]))
+    return dict(by_name), sum(e - s for s, e in idle) - covered
 
 
 class StepProfiler:
@@ -102,16 +143,45 @@ class StepProfiler:
         for name, (t, _) in by_name.items():
             parts[category(name)] += t
         ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])
+        per_step = 1e3 * max(self.steps, 1)  # microseconds over the window -> milliseconds a step
         return {
             "steps": self.steps, "device": "cuda",
             "window_ms": window_us / 1e3, "kernel_ms": kernel_us / 1e3, "busy_ms": busy_us / 1e3,
             "busy_share": busy_us / window_us if window_us > 0 else None,
-            "idle_ms_per_step": (window_us - busy_us) / 1e3 / max(self.steps, 1),
+            "idle_ms_per_step": (window_us - busy_us) / per_step,
+            "kernels_per_step": len(kernels) / max(self.steps, 1),
             "parts": {k: {"ms": v / 1e3, "share": v / kernel_us}
                       for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
             "kernels": [{"name": name[:200], "category": category(name), "ms": t / 1e3, "share": t / kernel_us,
                          "calls": n} for name, (t, n) in ranked[:self.top]],
+            **self.host_while_idle(events, kernels, window_start, window_end, per_step),
         }
+
+    def host_while_idle(self, *args) -> dict[str, Any]:
+        """_host_while_idle, or what stopped it: a diagnostic of the host must not end the training run it watches
+        (it reads kineto's events, whose fields vary between torch versions)."""
+        try:
+            return self._host_while_idle(*args)
+        except Exception as exc:  # noqa: BLE001 - reported in the summary instead
+            return {"host_while_idle_error": f"{type(exc).__name__}: {exc}"}
+
+    def _host_while_idle(self, events, kernels, window_start: float, window_end: float,
+                         per_step: float) -> dict[str, Any]:
+        """The gaps where the GPU waited for the host, and what the host did: `idle_by_host` (ms a step of GPU
+        idle time under each of the host's outermost ranges: a compiled region, the data loader's __next__, the
+        optimizer step, an aten op called from Python, on any thread), `idle_uncovered_ms_per_step` (idle under no
+        recorded range: Python between operators), and `host_ops` (the host's own time by operator or runtime call,
+        ms a step: where its time goes when it is the limit)."""
+        idle = idle_intervals([(e.time_range.start, e.time_range.end) for e in kernels], window_start, window_end)
+        host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+        outermost = [(e.name, e.time_range.start, e.time_range.end) for e in host if e.cpu_parent is None]
+        by_name, uncovered = idle_by_host(idle, outermost)
+        own: dict[str, float] = defaultdict(float)
+        for e in host:
+            own[e.name] += e.self_cpu_time_total
+        top = lambda d: {k: v / per_step for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:10]}  # noqa: E731
+        return {"idle_gaps_per_step": len(idle) / max(self.steps, 1), "idle_by_host": top(by_name),
+                "idle_uncovered_ms_per_step": uncovered / per_step, "host_ops": top(own)}
 
     def host_summary(self) -> dict[str, Any]:
         """Operators by their own CPU time (a CPU run has no kernels)."""

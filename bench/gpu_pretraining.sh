@@ -7,7 +7,8 @@
 #
 # First `gpu_speed check_flash` (the flash_varlen kernel against padded SDPA: flash_check.json), then one process a
 # row, in the order of ROWS, each row skipped when fewer than MIN_ROW_S seconds are left. A row's name is
-# p<phase>_<path>_<mode>:
+# p<phase>_<path>_<mode>[_m<micro>] (with _m<micro>, that micro-batch instead of the phase's BATCH/ACC: the same rows
+# a step, ACC = BATCH / micro):
 #   path   padded    run_pretraining.py, unpad never: every token of the padded rows goes through every layer
 #          unpadded  unpad always: the layers run on the real tokens, attention through bert_padding's variable-length
 #                    kernel (flash_varlen on a GPU: FlashAttention-2 with the attention dropout of 0.1)
@@ -68,12 +69,20 @@ if [[ ${CHECK:-1} == 1 ]] && command -v nvidia-smi > /dev/null; then
   echo "check_flash: exit $? at ${SECONDS} s"; tail -n 3 "$work/logs/check_flash.log"
 fi
 
-run_row() {  # name: p<phase>_<path>_<mode>
-  local name=$1 phase path mode
-  IFS=_ read -r phase path mode <<< "$name"
+run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]
+  local name=$1 phase path mode micro
+  IFS=_ read -r phase path mode micro <<< "$name"
   phase=${phase#p}
   local seq=128 pred=20 batch=$BATCH1 acc=$ACC1
   [[ $phase == 2 ]] && { seq=512; pred=80; batch=$BATCH2; acc=$ACC2; }
+  if [[ -n $micro ]]; then
+    micro=${micro#m}
+    if ! [[ $micro =~ ^[0-9]+$ ]] || (( micro < 1 || batch % micro )); then
+      echo "skip $name: the micro-batch must divide the phase's $batch rows a step"; return
+    fi
+    acc=$((batch / micro))
+  fi
+  micro=$((batch / acc))
   local shards=plain config=never extra=()
   case $path in
     padded) ;;
@@ -109,7 +118,7 @@ run_row() {  # name: p<phase>_<path>_<mode>
     [[ -f "$work/ckpt_$name/profile.json" ]] && cp "$work/ckpt_$name/profile.json" "$work/logs/$name.profile.json"
     rm -rf "$work/ckpt_$name"
   fi
-  echo "$name $phase $path $mode $((SECONDS - started)) $status" >> "$work/rows.txt"
+  echo "$name $phase $path $mode $((SECONDS - started)) $status $micro" >> "$work/rows.txt"
   echo "row $name: exit $status in $((SECONDS - started)) s"
   [[ $status == 0 ]] || tail -n 5 "$work/logs/$name.log"
   "$PYTHON" -m bench.gpu_speed summarize "$work" --out "$OUT" > /dev/null 2>&1 || echo "summarize failed"

@@ -327,7 +327,7 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     rows = []
     listing = folder / "rows.txt"
     for line in (listing.read_text().splitlines() if listing.is_file() else []):
-        name, phase, layout, mode, wall, status = line.split()
+        name, phase, layout, mode, wall, status, *micro = line.split()  # calls before 2026-11-29 wrote no micro
         log = folder / "logs" / f"{name}.json"
         records = read_records(log) if log.is_file() else []
         final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
@@ -336,7 +336,7 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
         if profile is None and profile_file.is_file():
             profile = json.loads(profile_file.read_text())
         row = {"run": name, "phase": int(phase), "layout": layout, "mode": mode, "wall_s": int(wall),
-               "exit": int(status), "finished": final is not None}
+               "exit": int(status), "finished": final is not None, "micro_batch": int(micro[0]) if micro else None}
         if final:
             row.update(rows_per_s=final["training_sequences_per_second"],
                        sequences_per_s=final["training_real_sequences_per_second"],
@@ -345,9 +345,9 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
         if profile:
             row["profile"] = profile
         rows.append(row)
-    for row in rows:
+    for row in rows:  # transformers' row of the same phase, mode and micro-batch
         peer = next((r for r in rows if r["phase"] == row["phase"] and r["layout"] == "hf" and r["finished"]
-                     and r["mode"] == row["mode"]), None)
+                     and r["mode"] == row["mode"] and r["micro_batch"] == row["micro_batch"]), None)
         if row["finished"] and peer:
             row["ratio_to_transformers"] = row["tokens_per_s"] / peer["tokens_per_s"]
     out.mkdir(parents=True, exist_ok=True)
@@ -362,15 +362,15 @@ def fmt(x, spec: str, scale: float = 1.0, suffix: str = "") -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| phase | path | mode | rows/s | sequences/s | real tokens/s | MFU | peak GiB | vs transformers | "
-             "GPU busy | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| phase | path | mode | micro-batch | rows/s | sequences/s | real tokens/s | MFU | peak GiB | "
+             "vs transformers | GPU busy | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        head = f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r.get('micro_batch'), ',.0f')} |"
         if not r["finished"]:
-            lines.append(f"| {r['phase']} | {r['layout']} | {r['mode']} | failed (exit {r['exit']}, see logs/"
-                         f"{r['run']}.log) | | | | | | | {r['wall_s']} |")
+            lines.append(f"{head} failed (exit {r['exit']}, see logs/{r['run']}.log) | | | | | | | {r['wall_s']} |")
             continue
         busy = (r.get("profile") or {}).get("busy_share")
-        lines.append(f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r['rows_per_s'], ',.1f')} | "
+        lines.append(f"{head} {fmt(r['rows_per_s'], ',.1f')} | "
                      f"{fmt(r['sequences_per_s'], ',.1f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
                      f"{fmt(r.get('mfu'), '.1f', 100, '%')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
                      f"{fmt(r.get('ratio_to_transformers'), '.2f', 1, 'x')} | {fmt(busy, '.0f', 100, '%')} | "
@@ -420,13 +420,15 @@ def markdown(folder: Path) -> str:
              f"{'; settings: ' + settings if settings else ''}.", ""]
     if meta.get("note"):
         lines += [meta["note"], ""]
-    lines += ["| phase | path | rows/s | sequences/s | real tokens/s | MFU | vs transformers | rows/s, last log "
-              "steps | peak GiB | GPU busy (profile) | matmul / fused / attention / optimizer |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| phase | path | micro-batch | rows/s | sequences/s | real tokens/s | MFU | vs transformers | rows/s, "
+              "last log steps | peak GiB | GPU busy (profile) | matmul / fused / attention / optimizer |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     mistimed = set(meta.get("final_mistimed", []))  # rows whose FINAL rates a bug of that call's code spoilt
     for r in rows:
+        r["micro_batch"] = r.get("micro_batch") or micro_batch(meta.get("settings") or {}, r["phase"])
         if not r["finished"]:
-            lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | failed (exit {r['exit']}) | | | | | | | | |")
+            lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | failed "
+                         f"(exit {r['exit']}) | | | | | | | | |")
             continue
         prof = r.get("profile") or {}
         parts = prof.get("parts") or {}
@@ -442,11 +444,38 @@ def markdown(folder: Path) -> str:
                 tokens = steady[r["run"]] * r["tokens_per_s"] / r["rows_per_s"]
                 ratio = f"{tokens / peer['tokens_per_s']:.2f}x (log)"
         lines.append(
-            f"| {r['phase']} | {r['layout']} {r['mode']} | {' | '.join(cells)} | {ratio} | "
-            f"{fmt(steady.get(r['run']), ',.0f')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
+            f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | {' | '.join(cells)} | "
+            f"{ratio} | {fmt(steady.get(r['run']), ',.0f')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
             f"{fmt(prof.get('busy_share'), '.0f', 100, '%')} | {share('matmul')} / {share('fused (compiled)')} / "
             f"{share('attention')} / {share('optimizer')} |")
-    return "\n".join(lines)
+    return "\n".join(lines + waits_table(rows))
+
+
+def micro_batch(settings: dict, phase: int) -> int | None:
+    """A row's micro-batch from the call's settings (calls that recorded none per row)."""
+    try:
+        return int(settings[f"batch{phase}"]) // int(settings[f"acc{phase}"])
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def waits_table(rows: list[dict]) -> list[str]:
+    """Where the GPU waited for the host (profiling.py's host_while_idle), for the rows whose profile has it."""
+    waited = [r for r in rows if r["finished"] and "idle_by_host" in (r.get("profile") or {})]
+    if not waited:
+        return []
+    lines = ["", "Where the GPU waited for the host, in the profiled steps (ms a step; the host's outermost ranges "
+             "that overlapped the GPU's idle time, on any thread, so one moment can count twice; 'none' is idle "
+             "time under no recorded range, the host in Python between operators):", "",
+             "| phase | path | micro-batch | kernels a step | idle ms a step | idle under (top 3) | none |",
+             "|---|---|---|---|---|---|---|"]
+    for r in waited:
+        prof = r["profile"]
+        under = "; ".join(f"{name[:60]} {ms:.1f}" for name, ms in list(prof["idle_by_host"].items())[:3])
+        lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r.get('micro_batch'), ',.0f')} | "
+                     f"{fmt(prof.get('kernels_per_step'), ',.0f')} | {fmt(prof.get('idle_ms_per_step'), '.1f')} | "
+                     f"{under} | {fmt(prof.get('idle_uncovered_ms_per_step'), '.1f')} |")
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------------------
