@@ -92,7 +92,7 @@ def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor 
     Why: on a GPU, unpad_info's nonzero and longest length are host syncs that drain the queue at every
     micro-batch (measured on an H200, BERT-large phase 2: the GPU idle 38% of the step). On the host they cost
     microseconds; the loop moves the result with the batch and the model takes it (BertModel's `unpadded`)."""
-    packed = None if sequence_starts is None else packed_layout(attention_mask, sequence_starts)
+    packed = None if sequence_starts is None else packed_layout(attention_mask, sequence_starts, block_mask=False)
     if packed is None and not has_padding(attention_mask):
         return None
     return unpad_info(attention_mask, packed)._replace(key_mask=None)  # the mask is derived on the device
@@ -118,13 +118,15 @@ class Packed(NamedTuple):
     under torch.compile."""
     sequence_index: torch.Tensor  # [B, S] int64: k at a token of the row's k-th sequence, -1 at padding
     position_ids: torch.Tensor  # [B, S] int64: the token's position within its own sequence (0 at padding)
-    block_mask: torch.Tensor  # [B, 1, S, S] bool: True where query and key are in the same sequence; padding
-    # attends to the row's padding only (a query row that attends to nothing would give NaN in SDPA)
+    block_mask: torch.Tensor | None  # [B, 1, S, S] bool: True where query and key are in the same sequence;
+    # padding attends to the row's padding only (a query row that attends to nothing would give NaN in SDPA). None
+    # when not asked for: B*S*S comparisons, 27 ms a micro-batch of 64 x 512 on the H200 machine's host CPU
     lengths: torch.Tensor  # [B, K] int32: real tokens of each slot's sequence (0: an unused slot)
 
 
-def packed_layout(attention_mask: torch.Tensor, sequence_starts: torch.Tensor) -> Packed:
-    """The Packed description of rows holding several sequences back to back.
+def packed_layout(attention_mask: torch.Tensor, sequence_starts: torch.Tensor, block_mask: bool = True) -> Packed:
+    """The Packed description of rows holding several sequences back to back (without its block mask unless
+    `block_mask`: the host's uses need only the lengths).
 
     attention_mask [B, S] (1 = a real token of any sequence), sequence_starts [B, K] int: where each slot's
     sequence starts (its [CLS]), ascending over the used slots. Slot 0 always holds the row's first sequence at 0;
@@ -144,9 +146,10 @@ def packed_layout(attention_mask: torch.Tensor, sequence_starts: torch.Tensor) -
     index = torch.where(mask, begun.sum(-1) - 1, -1)  # [B, S]: the last slot started (ascending starts), -1 padding
     start_of_token = starts.gather(1, index.clamp(min=0))  # [B, S]: the start of each token's sequence
     position_ids = torch.where(mask, column - start_of_token, 0)  # [B, S]: restarts at 0 in every sequence
-    block_mask = (index[:, :, None] == index[:, None, :])[:, None]  # [B, S, S] -> [B, 1, S, S]
     lengths = (index[:, :, None] == slot).sum(1, dtype=torch.int32)  # [B, S, K] -> [B, K]
-    return Packed(index, position_ids, block_mask, lengths)
+    if not block_mask:
+        return Packed(index, position_ids, None, lengths)
+    return Packed(index, position_ids, (index[:, :, None] == index[:, None, :])[:, None], lengths)  # [B, 1, S, S]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
         return float(flops_per_sequence(config, lengths, masked).sum())
     from bert_padding import packed_layout
 
-    lengths = packed_layout(batch["attention_mask"], batch["next_sentence_positions"]).lengths.double()  # [B, K]
+    starts = batch["next_sentence_positions"]
+    lengths = packed_layout(batch["attention_mask"], starts, block_mask=False).lengths.double()  # [B, K]
     encoders = torch.where(lengths > 0, flops_per_sequence(config, lengths, 0), 0.0).sum()  # each sequence's own
     heads = flops_per_sequence(config, 0, masked) - flops_per_sequence(config, 0, 0)  # [B]: the row's MLM slots
     return float(encoders + heads.sum())

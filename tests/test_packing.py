@@ -367,6 +367,13 @@ def test_packed_layout_of_a_full_row_and_unused_slots():
     assert layout.block_mask.shape == (2, 1, 6, 6) and not layout.block_mask[0, 0, 1, 2]
     info = bert_padding.unpad_info(mask, layout)
     assert info.cu_seqlens.tolist() == [0, 2, 5, 6, 10] and info.max_seqlen == 4
+    # What the host needs (the trainer's description and FLOP count) comes without the [B, 1, S, S] mask.
+    bare = bert_padding.packed_layout(mask, starts, block_mask=False)
+    assert bare.block_mask is None and all(torch.equal(getattr(bare, f), getattr(layout, f))
+                                           for f in ("sequence_index", "position_ids", "lengths"))
+    host = bert_padding.host_unpad_info(mask, starts)
+    assert host.key_mask is None and host.cu_seqlens.tolist() == [0, 2, 5, 6, 10] and host.max_seqlen == 4
+    assert host.indices.tolist() == info.indices.tolist()
     torch.manual_seed(0)
     model = BertForPreTraining(tiny_config("auto")).eval()
     ids = torch.randint(1000, 2000, (2, 6)) * mask
