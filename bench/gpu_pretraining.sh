@@ -18,28 +18,29 @@
 #                    compilation; the rest compile each layer)
 #          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
 #   mode   compile | eager
-# Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches (the dgxh100 preset's micro-batch of 256);
-# phase 2: 512, BATCH2 / ACC2 (micro-batch 32). Each row: WARMUP steps (compilation), PROFILE profiled steps
+# Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches; phase 2: 512, BATCH2 / ACC2 (the dgxh100
+# preset's micro-batches, 256 and 64; calls before 2026-11-28 15:35 ran phase 2 at 32). Each row: WARMUP steps (compilation), PROFILE profiled steps
 # (torch.profiler: top kernels, GPU busy share), then TIMED timed steps; bf16 autocast, NVLAMB lr 6e-3.
 # Comes back in $OUT (the device tool returns 8 files): gpu.txt, call.json (date and settings), call.log,
 # flash_check.json, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile; refreshed after
 # every row).
 # Environment (tests/test_packing.py runs it small on a CPU): ROWS, DEADLINE (540), MIN_ROW_S (45), ROW_MAX_S (180:
 # a row is stopped after this long), BATCH1 (1024),
-# ACC1 (4), BATCH2 (128), ACC2 (4), WARMUP (3), PROFILE (2), TIMED (8), PRECISION (bf16), WORKERS (4), PYTHON
+# ACC1 (4), BATCH2 (128), ACC2 (2), WARMUP (3), PROFILE (2), TIMED (8), PRECISION (bf16), WORKERS (4), PYTHON
 # (python3), CHECK (1: run check_flash when a GPU is there), LOG_FREQ (5).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 D=${1:-.gpu_speed}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
-# The default order is the next lend's: what 2026-11-28's two calls left open first (transformers beside our best
-# path in the same call, the whole-model compile, attention padded around SDPA), then the rest.
-ROWS=${ROWS:-p1_unpadded_compile p1_hf_compile p2_unpadded_compile p2_hf_compile p1_model_compile \
-p2_padded_compile p2_sdpa_compile p2_packed_compile p1_padded_compile p1_packed_compile p2_model_compile \
-p1_padded_eager p2_padded_eager p1_hf_eager p2_hf_eager}
+# The default order is the next lend's: what 2026-11-28's four calls left open first (the packed rows after the
+# fix of their host layout, transformers at phase 2's largest micro-batch, the whole-model compile, attention
+# padded around SDPA), then the eager rows.
+ROWS=${ROWS:-p2_packed_compile p1_packed_compile p2_unpadded_compile_m128 p2_hf_compile_m128 p2_unpadded_compile \
+p1_unpadded_compile p1_model_compile p2_sdpa_compile p2_padded_compile p1_padded_compile p1_hf_compile \
+p2_hf_compile p1_padded_eager p2_padded_eager p1_hf_eager p2_hf_eager}
 DEADLINE=${DEADLINE:-540}; MIN_ROW_S=${MIN_ROW_S:-45}; ROW_MAX_S=${ROW_MAX_S:-180}
-BATCH1=${BATCH1:-1024}; ACC1=${ACC1:-4}; BATCH2=${BATCH2:-128}; ACC2=${ACC2:-4}
+BATCH1=${BATCH1:-1024}; ACC1=${ACC1:-4}; BATCH2=${BATCH2:-128}; ACC2=${ACC2:-2}
 WARMUP=${WARMUP:-3}; PROFILE=${PROFILE:-2}; TIMED=${TIMED:-8}; PRECISION=${PRECISION:-bf16}; WORKERS=${WORKERS:-4}
 for f in vocab.txt config_never.json config_always.json config_auto.json config_sdpa.json p1_plain p1_packed \
          p2_plain p2_packed; do
