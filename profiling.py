@@ -6,7 +6,8 @@
 On a GPU the summary ranks the kernels by their time on the device, sorts them into what a BERT step is made of
 (matrix products, attention, the fused element-wise and reduction kernels that torch.compile writes, the optimizer,
 copies, collectives) and says how much of the profiled window the GPU was busy: the rest is time it waited for the
-host (launch overhead, the data loader, a host sync). On a CPU it ranks the operators by their own time instead.
+host (launch overhead, the data loader, a host sync), and the summary says under which of the host's ranges that
+waiting happened and where the host's own time went. On a CPU it ranks the operators by their own time instead.
 run_pretraining.py --profile_steps N profiles the N steps after the throughput warm-up (they are not timed) and
 writes <output_dir>/profile.json.
 """

@@ -327,7 +327,7 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     rows = []
     listing = folder / "rows.txt"
     for line in (listing.read_text().splitlines() if listing.is_file() else []):
-        name, phase, layout, mode, wall, status, *micro = line.split()  # calls before 2026-11-29 wrote no micro
+        name, phase, layout, mode, wall, status, *micro = line.split()  # calls before 2026-11-28 15:35 wrote no micro
         log = folder / "logs" / f"{name}.json"
         records = read_records(log) if log.is_file() else []
         final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
