@@ -211,13 +211,14 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
         self.varlen_kernel = config.varlen_kernel
+        self.project_qkv = F.linear  # fp8.convert puts the float8 product here (no weights of its own)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None) -> torch.Tensor:
         # One GEMM for q, k and v instead of three: the weights are concatenated on the fly (3 H x H, small next
         # to the B*S x H activations), which keeps the checkpoint layout of three separate Linear layers.
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
-        qkv = F.linear(x, weight, bias)  # [B, S, 3H] (unpadded: [T, 3H])
+        qkv = self.project_qkv(x, weight, bias)  # [B, S, 3H] (unpadded: [T, 3H])
         dropout_p = self.dropout_p if self.training else 0.0
         if isinstance(attn_mask, Unpadded):
             T, H = x.shape

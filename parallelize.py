@@ -30,7 +30,8 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEn
                                     loss_scale: float = 0.0, init_loss_scale: float = 2.0 ** 16,
                                     checkpoint_activations: bool = False, allreduce_fp16: bool = False,
                                     compile: bool | None = False, compile_mode: str = "default",
-                                    compile_scope: str = "layers") -> tuple[torch.nn.Module, Precision]:
+                                    compile_scope: str = "layers", fp8: bool = False,
+                                    ) -> tuple[torch.nn.Module, Precision]:
     """Turn a bare model into the module the loop trains, and decide how its maths runs. The order matters; each
     step says why it comes where it does. Returns (the model to call, Precision); keep the bare model for saving.
 
@@ -39,6 +40,7 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEn
     compile: True/False, or None for "on a GPU only"; compile_mode: torch.compile's mode ("reduce-overhead": CUDA
     graphs); compile_scope: "layers" compiles each region of modeling.COMPILE_REGIONS in place (regional
     compilation), "model" wraps the whole model (it then has `_orig_mod`). `compiled(model)` tells either.
+    fp8: the encoder layers' matrix products in float8 (fp8.py; fp8.FP8Unavailable where it cannot run).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -56,6 +58,13 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEn
     # 2. Activation checkpointing is a property of the bare encoder: set it before anything wraps the module.
     if checkpoint_activations:
         model.bert.encoder.checkpoint_activations = True
+    # 2b. FP8 swaps the encoder's Linear layers for float8 ones: a change of modules, so before compilation traces
+    #     them (the float8 casts then fuse into the compiled layers) and before DDP registers their parameters.
+    if fp8:
+        import fp8 as float8
+
+        float8.check(env.device)
+        float8.convert(model)
     # 3. Regional compilation: each encoder layer (and the embeddings and the masked-LM head) is compiled in place,
     #    before DDP sees the module. The 24 layers of BERT-large share one graph, so compiling costs one layer's
     #    time instead of the whole model's (on this 2-core CPU: 44 s against 134 s for BERT-large), and the

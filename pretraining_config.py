@@ -128,6 +128,10 @@ class PrecisionConfig:
     """fp16 loss scale: 0 = dynamic (starts at --init_loss_scale, halves on overflow), > 0 = this static scale"""
     init_loss_scale: float = 2.0 ** 20
     """initial dynamic fp16 loss scale"""
+    fp8: bool = False
+    """the encoder layers' matrix products in float8 (fp8.py: torchao's float8 training, one scale per tensor each
+    step); everything else runs in --precision. Needs the torchao package and a GPU with fp8 tensor cores (Ada,
+    Hopper); emulated on a CPU"""
 
 
 @dataclass(frozen=True)

@@ -278,9 +278,10 @@ def _main(argv: list[str] | None) -> int:
             raw_model, env, cfg.precision.precision, loss_scale=cfg.precision.loss_scale,
             init_loss_scale=cfg.precision.init_loss_scale, checkpoint_activations=par.checkpoint_activations,
             allreduce_fp16=par.allreduce_post_accumulation_fp16, compile=par.compile_choice,
-            compile_mode=par.compile_mode, compile_scope=par.compile_scope)
+            compile_mode=par.compile_mode, compile_scope=par.compile_scope, fp8=cfg.precision.fp8)
         scope = compiled(model)
         log(f"precision {precision.name} ({precision.reason}); "
+            f"{'float8 matrix products in the encoder layers (torchao); ' if cfg.precision.fp8 else ''}"
             f"{f'torch.compile of the {scope}, mode ' + par.compile_mode if scope else 'eager mode'}"
             f"{'' if par.compile or par.no_compile else ' (the default on a ' + env.device.type.upper() + ')'}")
         if precision.warning:

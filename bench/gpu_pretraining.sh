@@ -16,6 +16,9 @@
 #          sdpa      unpadded, but attention padded around SDPA (the kernel before flash_varlen)
 #          model     padded, --compile_scope model: the whole model in one graph (the default until regional
 #                    compilation; the rest compile each layer)
+#          fp8       unpadded, --fp8: the encoder layers' matrix products in float8 (fp8.py, torchao). torchao is not
+#                    on the device machine: carry its wheel in .whl (here: pip download --no-deps torchao==0.18.0
+#                    -d .whl) and the script installs it into /tmp/site for the call
 #          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
 #   mode   compile | eager
 # Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches; phase 2: 512, BATCH2 / ACC2 (the dgxh100
@@ -34,9 +37,10 @@ D=${1:-.gpu_speed}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
 # The default order is the next lend's: what 2026-11-28's four calls left open first (the packed rows after the
-# fix of their host layout, transformers at phase 2's largest micro-batch, the whole-model compile, attention
+# fix of their host layout, float8, transformers at phase 2's largest micro-batch, the whole-model compile, attention
 # padded around SDPA), then the eager rows.
-ROWS=${ROWS:-p2_packed_compile p1_packed_compile p2_unpadded_compile_m128 p2_hf_compile_m128 p2_unpadded_compile \
+ROWS=${ROWS:-p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_unpadded_compile_m128 \
+p2_hf_compile_m128 p2_unpadded_compile \
 p1_unpadded_compile p1_model_compile p2_sdpa_compile p2_padded_compile p1_padded_compile p1_hf_compile \
 p2_hf_compile p1_padded_eager p2_padded_eager p1_hf_eager p2_hf_eager}
 DEADLINE=${DEADLINE:-540}; MIN_ROW_S=${MIN_ROW_S:-45}; ROW_MAX_S=${ROW_MAX_S:-180}
@@ -47,6 +51,10 @@ for f in vocab.txt config_never.json config_always.json config_auto.json config_
   [[ -e "$D/$f" ]] || { echo "gpu_pretraining.sh: error: $D/$f is missing: make $D with python -m bench.gpu_speed prepare --out $D" >&2; exit 1; }
 done
 cd "$(dirname "$0")/.."  # the repository: run_pretraining.py, python -m bench.gpu_speed
+if compgen -G ".whl/torchao-*.whl" > /dev/null; then  # the fp8 rows' torchao, carried as a wheel
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/torchao-*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 mkdir -p "$OUT"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -91,6 +99,7 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]
     packed) shards=packed config=auto ;;
     sdpa) config=sdpa ;;
     model) extra=(--compile_scope model) ;;
+    fp8) config=always; extra=(--fp8) ;;
     hf) ;;
     *) echo "unknown path in row $name"; return ;;
   esac
