@@ -12,7 +12,10 @@ argument: it is chosen only when the effective attention dropout is 0, i.e. a co
 attention_probs_dropout_prob 0 or eval mode), `flash_varlen`: the FlashAttention-2 kernel under it called
 directly (`aten::_flash_attention_forward`, CUDA sm80+, fp16/bf16, applies dropout, differentiable; BERT's
 pre-training with attention dropout 0.1 on a GPU takes this one), `flash_attn.flash_attn_varlen_qkvpacked_func`
-(CUDA, fp16/bf16, applies dropout; when the package is importable), else `padded_sdpa`: pad q/k/v back to
+(CUDA, fp16/bf16, applies dropout; when the package is importable), `cudnn_varlen`: cuDNN's fused attention
+over the same ragged layout (`aten::_cudnn_attention_forward` with cumulative lengths; applies dropout; only when
+named: torch's own varlen_attn leaves it switched off, and it is checked on a GPU by `bench.gpu_speed check_flash
+--kernel cudnn_varlen` before any measurement uses it), else `padded_sdpa`: pad q/k/v back to
 [B, N, S, D] around one F.scaled_dot_product_attention call with the key-padding mask and the configured dropout
 (every device; the CPU path). The first use of each choice is logged in one line saying which kernel runs and why.
 
@@ -161,7 +164,7 @@ class Kernel(NamedTuple):
     reason: str  # one line: why this kernel and not a faster one
 
 
-KERNELS = ("varlen_attn", "flash_varlen", "flash_attn", "padded_sdpa")
+KERNELS = ("varlen_attn", "flash_varlen", "flash_attn", "cudnn_varlen", "padded_sdpa")
 """The variable-length attention kernels, for BertConfig.varlen_kernel (which may also be "auto")."""
 
 
@@ -179,6 +182,12 @@ def _constant_under_compile(fn):
     torch's own decorator before it compiles)."""
     fn._dynamo_marked_constant = True
     return fn
+
+
+def _cudnn_attention_available() -> bool:
+    """cuDNN's fused attention (aten::_cudnn_attention_forward) in this torch, with cuDNN on an sm80+ GPU."""
+    return (hasattr(torch.ops.aten, "_cudnn_attention_forward") and torch.cuda.is_available()
+            and torch.backends.cudnn.is_available() and torch.cuda.get_device_capability() >= (8, 0))
 
 
 def _torch_flash_available() -> bool:
@@ -210,7 +219,8 @@ def _choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, prefe
     usable = {"padded_sdpa": True,
               "varlen_attn": cuda_half and dropout_p == 0.0 and _importable("torch.nn.attention.varlen"),
               "flash_varlen": cuda_half and _torch_flash_available(),
-              "flash_attn": cuda_half and _importable("flash_attn")}[preference]
+              "flash_attn": cuda_half and _importable("flash_attn"),
+              "cudnn_varlen": cuda_half and _cudnn_attention_available()}[preference]
     if usable:
         return Kernel(preference, "asked for by the config's varlen_kernel")
     return Kernel(auto.name, f"the config asks for {preference}, which cannot run here ({device_type} {dtype}, "
@@ -265,6 +275,12 @@ def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float, prefer
         # the same dropout mask (the rng state), and inductor calls the op as it is (a fallback kernel).
         return torch.ops.aten._flash_attention_forward(q, k, v, info.cu_seqlens, info.cu_seqlens, info.max_seqlen,
                                                        info.max_seqlen, dropout_p, False, False)[0]
+    if kernel.name == "cudnn_varlen":
+        q, k, v = qkv.unbind(1)  # each [T, N, D]
+        # (output, logsumexp, ...): the logsumexp is what its backward (aten::_cudnn_attention_backward) needs
+        return torch.ops.aten._cudnn_attention_forward(q, k, v, None, info.cu_seqlens, info.cu_seqlens,
+                                                       info.max_seqlen, info.max_seqlen, qkv.requires_grad,
+                                                       dropout_p)[0]
     if kernel.name == "flash_attn":
         from flash_attn import flash_attn_varlen_qkvpacked_func
 

@@ -73,7 +73,8 @@ class BertConfig:
     position is read: pre-training with labels; never inside a torch.compile'd graph or a trace), always, never."""
     varlen_kernel: str = "auto"
     """The attention kernel of the unpadded path: auto (bert_padding.choose_kernel's rule), varlen_attn,
-    flash_varlen, flash_attn or padded_sdpa; a named kernel that cannot run on the device gives way to the rule."""
+    flash_varlen, flash_attn, cudnn_varlen (only by name) or padded_sdpa; a named kernel that cannot run on the device
+    gives way to the rule."""
 
     _UNPAD = ("auto", "always", "never")
     _ACTIVATIONS = ("gelu", "bias_gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish")

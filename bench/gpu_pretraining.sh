@@ -5,8 +5,8 @@
 #   python -m bench.gpu_speed prepare --out .gpu_speed           # here, on the CPU (10 s; 14 MB)
 #   OUT=<folder> bash bench/gpu_pretraining.sh .gpu_speed         # on the GPU machine, .gpu_speed carried
 #
-# First `gpu_speed check_flash` (the flash_varlen kernel against padded SDPA: flash_check.json), then one process a
-# row, in the order of ROWS, each row skipped when fewer than MIN_ROW_S seconds are left. A row's name is
+# First `gpu_speed check_flash` for each kernel of CHECK (against padded SDPA: check_<kernel>.json), then one
+# process a row, in the order of ROWS, each row skipped when fewer than MIN_ROW_S seconds are left. A row's name is
 # p<phase>_<path>_<mode>[_m<micro>] (with _m<micro>, that micro-batch instead of the phase's BATCH/ACC: the same rows
 # a step, ACC = BATCH / micro):
 #   path   padded    run_pretraining.py, unpad never: every token of the padded rows goes through every layer
@@ -16,38 +16,41 @@
 #          sdpa      unpadded, but attention padded around SDPA (the kernel before flash_varlen)
 #          model     padded, --compile_scope model: the whole model in one graph (the default until regional
 #                    compilation; the rest compile each layer)
+#          cudnn     unpadded, attention through cuDNN's fused kernel (varlen_kernel cudnn_varlen); run only after
+#                    its check passed in the same call (CHECK)
 #          fp8       unpadded, --fp8: the encoder layers' matrix products in float8 (fp8.py, torchao). torchao is not
 #                    on the device machine: carry its wheel in .whl (here: pip download --no-deps torchao==0.18.0
 #                    -d .whl) and the script installs it into /tmp/site for the call
 #          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
 #   mode   compile | eager
 # Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches; phase 2: 512, BATCH2 / ACC2 (the dgxh100
-# preset's micro-batches, 256 and 64; calls before 2026-11-28 15:35 ran phase 2 at 32). Each row: WARMUP steps (compilation), PROFILE profiled steps
-# (torch.profiler: top kernels, GPU busy share), then TIMED timed steps; bf16 autocast, NVLAMB lr 6e-3.
+# preset's micro-batches, 256 and 64; calls before 2026-11-28 15:35 ran phase 2 at 32). Each row: WARMUP steps
+# (compilation), PROFILE profiled steps (torch.profiler: top kernels, GPU busy share, where the GPU waited for the
+# host), then TIMED timed steps; bf16 autocast, NVLAMB lr 6e-3.
 # Comes back in $OUT (the device tool returns 8 files): gpu.txt, call.json (date and settings), call.log,
-# flash_check.json, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile; refreshed after
+# check_<kernel>.json, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile; refreshed after
 # every row).
-# Environment (tests/test_packing.py runs it small on a CPU): ROWS, DEADLINE (540), MIN_ROW_S (45), ROW_MAX_S (180:
+# Environment (tests/test_gpu_speed.py runs it small on a CPU): ROWS, DEADLINE (540), MIN_ROW_S (45), ROW_MAX_S (180:
 # a row is stopped after this long), BATCH1 (1024),
 # ACC1 (4), BATCH2 (128), ACC2 (2), WARMUP (3), PROFILE (2), TIMED (8), PRECISION (bf16), WORKERS (4), PYTHON
-# (python3), CHECK (1: run check_flash when a GPU is there), LOG_FREQ (5).
+# (python3), CHECK (the varlen kernels to check first where a GPU is there, "cudnn_varlen"; 0: none), LOG_FREQ (5).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 D=${1:-.gpu_speed}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
 # The default order is the next lend's: what 2026-11-28's four calls left open first (the packed rows after the
-# fix of their host layout, float8, transformers at phase 2's largest micro-batch, the whole-model compile, attention
-# padded around SDPA), then the eager rows.
-ROWS=${ROWS:-p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_unpadded_compile_m128 \
-p2_hf_compile_m128 p2_unpadded_compile \
+# fix of their host layout, float8, cuDNN's attention, transformers at phase 2's largest micro-batch, the
+# whole-model compile, attention padded around SDPA), then the eager rows.
+ROWS=${ROWS:-p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_cudnn_compile \
+p2_unpadded_compile_m128 p2_hf_compile_m128 p2_unpadded_compile \
 p1_unpadded_compile p1_model_compile p2_sdpa_compile p2_padded_compile p1_padded_compile p1_hf_compile \
 p2_hf_compile p1_padded_eager p2_padded_eager p1_hf_eager p2_hf_eager}
 DEADLINE=${DEADLINE:-540}; MIN_ROW_S=${MIN_ROW_S:-45}; ROW_MAX_S=${ROW_MAX_S:-180}
 BATCH1=${BATCH1:-1024}; ACC1=${ACC1:-4}; BATCH2=${BATCH2:-128}; ACC2=${ACC2:-2}
 WARMUP=${WARMUP:-3}; PROFILE=${PROFILE:-2}; TIMED=${TIMED:-8}; PRECISION=${PRECISION:-bf16}; WORKERS=${WORKERS:-4}
-for f in vocab.txt config_never.json config_always.json config_auto.json config_sdpa.json p1_plain p1_packed \
-         p2_plain p2_packed; do
+for f in vocab.txt config_never.json config_always.json config_auto.json config_sdpa.json config_cudnn.json \
+         p1_plain p1_packed p2_plain p2_packed; do
   [[ -e "$D/$f" ]] || { echo "gpu_pretraining.sh: error: $D/$f is missing: make $D with python -m bench.gpu_speed prepare --out $D" >&2; exit 1; }
 done
 cd "$(dirname "$0")/.."  # the repository: run_pretraining.py, python -m bench.gpu_speed
@@ -73,9 +76,13 @@ import json, sys  # what ran, for the results page (bench.gpu_speed.markdown); a
 settings = dict(arg.split("=", 1) for arg in sys.argv[2:])
 json.dump({"date": settings.pop("date"), "settings": settings}, open(sys.argv[1], "w"), indent=2)
 EOF
-if [[ ${CHECK:-1} == 1 ]] && command -v nvidia-smi > /dev/null; then
-  timeout 120 "$PYTHON" -m bench.gpu_speed check_flash --out "$OUT" > "$work/logs/check_flash.log" 2>&1
-  echo "check_flash: exit $? at ${SECONDS} s"; tail -n 3 "$work/logs/check_flash.log"
+CHECK=${CHECK:-cudnn_varlen}; [[ $CHECK == 0 ]] && CHECK=""
+if [[ -n $CHECK ]] && command -v nvidia-smi > /dev/null; then
+  for kernel in $CHECK; do  # each against padded SDPA in fp32: check_<kernel>.json
+    timeout 120 "$PYTHON" -m bench.gpu_speed check_flash --kernel "$kernel" --out "$OUT" \
+      > "$work/logs/check_$kernel.log" 2>&1
+    echo "check $kernel: exit $? at ${SECONDS} s"; tail -n 3 "$work/logs/check_$kernel.log"
+  done
 fi
 
 run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]
@@ -100,6 +107,10 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]
     sdpa) config=sdpa ;;
     model) extra=(--compile_scope model) ;;
     fp8) config=always; extra=(--fp8) ;;
+    cudnn) config=cudnn
+      if ! grep -qs '"passed": true' "$OUT/check_cudnn_varlen.json"; then
+        echo "skip $name: cudnn_varlen has not passed its check (CHECK=cudnn_varlen) in this call"; return
+      fi ;;
     hf) ;;
     *) echo "unknown path in row $name"; return ;;
   esac

@@ -7,8 +7,9 @@
 `prepare` turns the first --files files of the Wikipedia slice (../shared/data) into documents
 (scripts.text_to_documents), then into four folders of HDF5 shards with the recipe's own create_pretraining_data.py
 and the uncased vocabulary: phase 1 (sequence 128, 20 predictions) and phase 2 (512, 80), each plain and packed
-(--pack_sequences 3). It writes BERT-large's config (bert_config.json) four times, differing only in the speed
-settings the rows compare: unpad never / always / auto, and always with the padded-SDPA attention kernel.
+(--pack_sequences 3). It writes BERT-large's config (bert_config.json) five times, differing only in the speed
+settings the rows compare: unpad never / always / auto, and always with the padded-SDPA or the cuDNN attention
+kernel.
 
 The call script runs one process per row, each through run_pretraining.py itself (the data loader, NVLAMB, bf16
 autocast, the Trainer) with --profile_steps (the profile lands in the row's summary). The peer rows run `hf` below.
@@ -22,7 +23,8 @@ It writes run_pretraining.py's kind of JSON lines, with the FINAL record the sum
 
 `check_flash` (GPU only): the flash_varlen attention kernel (bert_padding) against padded SDPA in fp32 on random
 sequences of mixed lengths, forward and gradients; with dropout: applied, unbiased over many draws, the same under
-the same seed; and compiled against eager. Writes flash_check.json; exits 1 when a check fails.
+the same seed; and compiled against eager. --kernel cudnn_varlen checks cuDNN's kernel the same way. Writes
+check_<kernel>.json (calls before 2026-11-28 16:00: flash_check.json); exits 1 when a check fails.
 
 `summarize DIR`: every row's FINAL numbers and profile, the ratio of each row's real tokens/s to transformers' in the
 same phase, as summary.json and a Markdown table (summary.md).
@@ -44,7 +46,8 @@ REPO = su.REPO
 SHARED = REPO.parent / "shared" / "data"
 PHASES = {1: (128, 20), 2: (512, 80)}  # sequence length, predictions per sequence
 CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {},
-           "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"}}
+           "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"},
+           "cudnn": {"unpad": "always", "varlen_kernel": "cudnn_varlen"}}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -298,10 +301,11 @@ def check_flash(args) -> dict:
               and checks["dropout_grad_finite"] and checks["compiled_rel_error"] < 1e-2)
     report["passed"] = passed
     out.mkdir(parents=True, exist_ok=True)
-    (out / "flash_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = f"check_{kernel}.json"
+    (out / name).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     if not passed:
-        raise SystemExit("gpu_speed check_flash: a check failed (see flash_check.json)")
+        raise SystemExit(f"gpu_speed check_flash: a check of {kernel} failed (see {name})")
     return report
 
 
@@ -509,9 +513,10 @@ def parse_args(argv: list[str] | None):
     hf.add_argument("--cpu", action="store_true", help="on the CPU even when a GPU is present (the tests)")
     hf.add_argument("--log_freq", type=int, default=5)
     hf.add_argument("--seed", type=int, default=42)
-    ch = sub.add_parser("check_flash", help="the flash_varlen kernel against padded SDPA (GPU)")
+    ch = sub.add_parser("check_flash", help="a varlen attention kernel against padded SDPA (GPU)")
     ch.add_argument("--out", required=True)
-    ch.add_argument("--kernel", default="flash_varlen", help="the kernel checked (padded_sdpa: a CPU rehearsal)")
+    ch.add_argument("--kernel", default="flash_varlen", help="the kernel checked: flash_varlen, cudnn_varlen "
+                    "(padded_sdpa: a CPU rehearsal)")
     ch.add_argument("--device", default="cuda")
     ch.add_argument("--draws", type=int, default=200, help="dropout draws averaged")
     ch.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled check")

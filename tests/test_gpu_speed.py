@@ -45,14 +45,16 @@ def speed_data(tmp_path_factory, shared_data, uncased_vocab) -> Path:
     return tmp / "data"
 
 
-def test_prepare_writes_both_phases_plain_and_packed_and_the_four_configs(speed_data):
+def test_prepare_writes_both_phases_plain_and_packed_and_the_five_configs(speed_data):
     report = json.loads((speed_data / "prepare.json").read_text())
     for phase in (1, 2):
         assert 0 < report["rows"][f"p{phase}_packed"] < report["rows"][f"p{phase}_plain"]  # rows hold >1 sequence
     configs = {name: json.loads((speed_data / f"config_{name}.json").read_text()) for name in gpu_speed.CONFIGS}
     assert configs["never"]["unpad"] == "never" and configs["always"]["unpad"] == "always"
     assert "unpad" not in configs["auto"] and configs["sdpa"]["varlen_kernel"] == "padded_sdpa"
-    assert {k: v for k, v in configs["sdpa"].items() if k not in ("unpad", "varlen_kernel")} == configs["auto"]
+    assert configs["cudnn"]["varlen_kernel"] == "cudnn_varlen" and configs["cudnn"]["unpad"] == "always"
+    for name in ("sdpa", "cudnn"):
+        assert {k: v for k, v in configs[name].items() if k not in ("unpad", "varlen_kernel")} == configs["auto"]
 
 
 def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
@@ -123,7 +125,7 @@ def test_flash_check_logic_rehearsed_on_padded_sdpa(tmp_path):
     on a CPU was most of the test (16 heads: 20 s of CPU, 2 heads: 10 s, the same errors to two digits)."""
     report = gpu_speed.main(["check_flash", "--out", str(tmp_path), "--kernel", "padded_sdpa", "--device", "cpu",
                              "--draws", "12", "--backend", "aot_eager", "--heads", "2"])
-    assert report["passed"] and json.loads((tmp_path / "flash_check.json").read_text())["passed"]
+    assert report["passed"] and json.loads((tmp_path / "check_padded_sdpa.json").read_text())["passed"]
     checks = report["checks"]
     assert checks["forward_rel_error"] < 1e-2 and checks["dropout_draws_differ"]
 

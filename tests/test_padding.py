@@ -196,6 +196,11 @@ def test_a_named_kernel_is_used_where_it_can_run_and_gives_way_where_it_cannot(m
     assert gave_way.name == "flash_varlen" and "varlen_attn" in gave_way.reason
     on_cpu = bert_padding.choose_kernel("cpu", torch.float32, 0.1, "flash_varlen")
     assert on_cpu.name == "padded_sdpa" and "flash_varlen" in on_cpu.reason
+    monkeypatch.setattr(bert_padding, "_cudnn_attention_available", lambda: True)
+    bert_padding.choose_kernel.cache_clear()
+    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1, "cudnn_varlen").name == "cudnn_varlen"
+    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1).name == "flash_varlen"  # never by the rule
+    assert bert_padding.choose_kernel("cuda", torch.float32, 0.1, "cudnn_varlen").name == "padded_sdpa"
     bert_padding.choose_kernel.cache_clear()
     with pytest.raises(ValueError, match="varlen_kernel"):
         BertConfig(varlen_kernel="triton")
