@@ -26,7 +26,7 @@ CATEGORIES = (
     ("attention", r"flash|fmha|attention|sdpa|softmax_bwd|cudnn.*mha"),
     ("matmul", r"gemm|gemv|cutlass|xmma|nvjet|cublas|matmul|sm\d\d_|^triton_tem_"),
     ("fused (compiled)", r"^triton_"),  # torch.compile's kernels (their names list what they fused)
-    ("optimizer", r"multi_tensor|lamb|adam|foreach"),
+    ("optimizer", r"multi_tensor|lamb(?!da)|adam|foreach"),  # not "lambda", in many templated kernel names
     ("collective", r"nccl"),
     ("copy", r"memcpy|memset|copy|cat_|index|gather|scatter"),
     ("element-wise (eager)", r"elementwise|vectorized|reduce|unrolled|layer_norm|dropout|gelu|fill"),
