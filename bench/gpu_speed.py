@@ -345,7 +345,7 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
             row.update(rows_per_s=final["training_sequences_per_second"],
                        sequences_per_s=final["training_real_sequences_per_second"],
                        tokens_per_s=final["training_real_tokens_per_second"], mfu=final.get("mfu"),
-                       peak_memory_gib=final.get("peak_memory_gib"))
+                       peak_memory_gib=final.get("peak_memory_gib"), final_loss=final.get("final_loss"))
         if profile:
             row["profile"] = profile
         rows.append(row)
@@ -367,17 +367,18 @@ def fmt(x, spec: str, scale: float = 1.0, suffix: str = "") -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| phase | path | mode | micro-batch | rows/s | sequences/s | real tokens/s | MFU | peak GiB | "
-             "vs transformers | GPU busy | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "vs transformers | GPU busy | last loss | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r.get('micro_batch'), ',.0f')} |"
         if not r["finished"]:
-            lines.append(f"{head} failed (exit {r['exit']}, see logs/{r['run']}.log) | | | | | | | {r['wall_s']} |")
+            lines.append(f"{head} failed (exit {r['exit']}, see logs/{r['run']}.log) | | | | | | | | {r['wall_s']} |")
             continue
         busy = (r.get("profile") or {}).get("busy_share")
         lines.append(f"{head} {fmt(r['rows_per_s'], ',.1f')} | "
                      f"{fmt(r['sequences_per_s'], ',.1f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
                      f"{fmt(r.get('mfu'), '.1f', 100, '%')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
                      f"{fmt(r.get('ratio_to_transformers'), '.2f', 1, 'x')} | {fmt(busy, '.0f', 100, '%')} | "
+                     f"{fmt(r.get('final_loss'), '.3f')} | "
                      f"{r['wall_s']} |")
     return "\n".join(lines)
 

@@ -84,6 +84,11 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
         peer = rows[f"p{r['phase']}_hf_eager" + ("_m4" if name.endswith("_m4") else "")]  # the same micro-batch
         assert math.isclose(r["ratio_to_transformers"], r["tokens_per_s"] / peer["tokens_per_s"], rel_tol=1e-9)
         assert r["profile"]["steps"] == 1 and r["profile"]["operators"], name  # a CPU profile: operators
+        assert math.isfinite(r["final_loss"]) and f"| {r['final_loss']:.3f} |" in (out / "summary.md").read_text()
+    # float8 products train the same model on the same batches: its last loss is the unpadded row's, within
+    # float8's rounding
+    fp8_loss, plain_loss = rows["p1_fp8_eager"]["final_loss"], rows["p1_unpadded_eager"]["final_loss"]
+    assert fp8_loss != plain_loss and abs(fp8_loss - plain_loss) < 0.05 * plain_loss, (fp8_loss, plain_loss)
     table = (out / "summary.md").read_text()
     assert table.count("\n") == 2 + len(rows) and "| 2 | sdpa | eager | 2 |" in table
     # The results page renders the call from its folder (the log-line rates come from logs.tar.gz).
