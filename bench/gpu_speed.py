@@ -367,7 +367,7 @@ def fmt(x, spec: str, scale: float = 1.0, suffix: str = "") -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| phase | path | mode | micro-batch | rows/s | sequences/s | real tokens/s | MFU | peak GiB | "
-             "vs transformers | GPU busy | last loss | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "vs transformers | GPU busy | last loss | wall s |", "|" + "---|" * 13]
     for r in rows:
         head = f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r.get('micro_batch'), ',.0f')} |"
         if not r["finished"]:
