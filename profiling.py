@@ -138,24 +138,27 @@ class StepProfiler:
             entry[0] += e.time_range.end - e.time_range.start
             entry[1] += 1
         kernel_us = sum(t for t, _ in by_name.values())
-        busy_us = busy_time([(e.time_range.start, e.time_range.end) for e in kernels])
+        # Where no kernel ran: the busy time is the rest of the window, and the host's ranges are laid over these gaps
+        idle = idle_intervals([(e.time_range.start, e.time_range.end) for e in kernels], window_start, window_end)
         window_us = window_end - window_start
+        busy_us = window_us - sum(end - start for start, end in idle)
         parts: dict[str, float] = defaultdict(float)
         for name, (t, _) in by_name.items():
             parts[category(name)] += t
         ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])
-        per_step = 1e3 * max(self.steps, 1)  # microseconds over the window -> milliseconds a step
+        steps = max(self.steps, 1)
+        per_step = 1e3 * steps  # microseconds over the window -> milliseconds a step
         return {
             "steps": self.steps, "device": "cuda",
             "window_ms": window_us / 1e3, "kernel_ms": kernel_us / 1e3, "busy_ms": busy_us / 1e3,
             "busy_share": busy_us / window_us if window_us > 0 else None,
             "idle_ms_per_step": (window_us - busy_us) / per_step,
-            "kernels_per_step": len(kernels) / max(self.steps, 1),
+            "kernels_per_step": len(kernels) / steps, "idle_gaps_per_step": len(idle) / steps,
             "parts": {k: {"ms": v / 1e3, "share": v / kernel_us}
                       for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
             "kernels": [{"name": name[:200], "category": category(name), "ms": t / 1e3, "share": t / kernel_us,
                          "calls": n} for name, (t, n) in ranked[:self.top]],
-            **self.host_while_idle(events, kernels, window_start, window_end, per_step),
+            **self.host_while_idle(events, idle, per_step),
         }
 
     def host_while_idle(self, *args) -> dict[str, Any]:
@@ -166,14 +169,12 @@ class StepProfiler:
         except Exception as exc:  # noqa: BLE001 - reported in the summary instead
             return {"host_while_idle_error": f"{type(exc).__name__}: {exc}"}
 
-    def _host_while_idle(self, events, kernels, window_start: float, window_end: float,
-                         per_step: float) -> dict[str, Any]:
-        """The gaps where the GPU waited for the host, and what the host did: `idle_by_host` (ms a step of GPU
+    def _host_while_idle(self, events, idle: list[tuple[float, float]], per_step: float) -> dict[str, Any]:
+        """What the host did in the gaps where the GPU waited for it (`idle`): `idle_by_host` (ms a step of GPU
         idle time under each of the host's outermost ranges: a compiled region, the data loader's __next__, the
         optimizer step, an aten op called from Python, on any thread), `idle_uncovered_ms_per_step` (idle under no
         recorded range: Python between operators), and `host_ops` (the host's own time by operator or runtime call,
         ms a step: where its time goes when it is the limit)."""
-        idle = idle_intervals([(e.time_range.start, e.time_range.end) for e in kernels], window_start, window_end)
         host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
         outermost = [(e.name, e.time_range.start, e.time_range.end) for e in host if e.cpu_parent is None]
         by_name, uncovered = idle_by_host(idle, outermost)
@@ -181,8 +182,7 @@ class StepProfiler:
         for e in host:
             own[e.name] += e.self_cpu_time_total
         top = lambda d: {k: v / per_step for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:10]}  # noqa: E731
-        return {"idle_gaps_per_step": len(idle) / max(self.steps, 1), "idle_by_host": top(by_name),
-                "idle_uncovered_ms_per_step": uncovered / per_step, "host_ops": top(own)}
+        return {"idle_by_host": top(by_name), "idle_uncovered_ms_per_step": uncovered / per_step, "host_ops": top(own)}
 
     def host_summary(self) -> dict[str, Any]:
         """Operators by their own CPU time (a CPU run has no kernels)."""
