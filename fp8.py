@@ -39,12 +39,12 @@ def check(device: torch.device) -> None:
     """Raise FP8Unavailable (one line saying what to do) where FP8 training cannot run on `device`."""
     if importlib.util.find_spec("torchao") is None:
         raise FP8Unavailable("--fp8 needs the torchao package (pip install torchao), which is not installed")
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        name = torch.cuda.get_device_name(device)
-        raise FP8Unavailable(f"--fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); {name} "
-                             f"has {'.'.join(map(str, torch.cuda.get_device_capability(device)))}: drop --fp8")
     if device.type not in ("cuda", "cpu"):
         raise FP8Unavailable(f"--fp8 runs on CUDA GPUs (and, emulated, on CPUs), not on {device.type}")
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if capability is not None and capability < (8, 9):
+        raise FP8Unavailable(f"--fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
+                             f"{torch.cuda.get_device_name(device)} has {'.'.join(map(str, capability))}: drop --fp8")
 
 
 def _fits(module: nn.Module) -> bool:

@@ -101,3 +101,19 @@ def test_fp8_without_torchao_is_one_line(tmp_path, monkeypatch):
     assert text == "run_pretraining.py: error: --fp8 needs the torchao package (pip install torchao), which is not " \
                    "installed", text
     assert not list((tmp_path / "out").glob("ckpt_*.pt"))  # refused before the first step
+
+
+def test_check_refuses_where_float8_cannot_run(monkeypatch):
+    """--fp8's device checks, each a one-line error that says what to do: a GPU older than compute capability 8.9
+    (an A100 is 8.0: no fp8 tensor cores), a device that is neither CUDA nor a CPU; a CPU passes (emulated)."""
+    fp8.check(torch.device("cpu"))
+    with pytest.raises(fp8.FP8Unavailable, match="not on mps") as exc:
+        fp8.check(torch.device("mps"))
+    assert "\n" not in str(exc.value)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(fp8.FP8Unavailable, match=r"8\.9 or newer.*A100-SXM4-80GB has 8\.0: drop --fp8") as exc:
+        fp8.check(torch.device("cuda"))
+    assert "\n" not in str(exc.value)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    fp8.check(torch.device("cuda"))  # Hopper
