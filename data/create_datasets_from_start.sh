@@ -24,7 +24,7 @@
 #     layout, data/create_vocab.py) and makes the shards with it; a model config for it has vocab_size VOCAB_SIZE
 #     rounded up to a multiple of 8. UNUSED_SLOTS, LIMIT_ALPHABET: its optional --unused_slots / --limit_alphabet
 #   DO_LOWER_CASE=1  N_PROCESSES=$(nproc)  N_TRAINING_SHARDS=256  N_TEST_SHARDS=256  FRACTION_TEST_SET=0.2
-#   DUPE_FACTOR=5  RANDOM_SEED=12345  PYTHON=python3
+#   DUPE_FACTOR=5  RANDOM_SEED=12345  PYTHON=<the checkout's .venv/bin/python if present, else python3>
 # Rerunning keeps finished downloads (verified) and computes only what is missing: every stage lists its outputs
 # (rows, sha256, the settings that made them) in a manifest beside them, and reuses the ones that still match.
 set -euo pipefail
@@ -38,7 +38,12 @@ case "$dataset_arg" in
   *) echo "error: unknown dataset '$dataset_arg' (wiki_only | wiki_books | custom)" >&2; exit 2 ;;
 esac
 
-PYTHON=${PYTHON:-python3}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The checkout's .venv (scripts/setup_cpu.sh) when there is one, as the launchers and data/prep.sub choose.
+if [[ -z "${PYTHON:-}" ]]; then
+  PYTHON=python3
+  [[ -x "$repo/.venv/bin/python" ]] && PYTHON="$repo/.venv/bin/python"
+fi
 # Refused now rather than after the download: a learned vocabulary must not overwrite a given one.
 if [[ -n "${VOCAB_SIZE:-}" ]]; then
   if [[ -n "${VOCAB_FILE:-}" ]]; then
@@ -48,7 +53,7 @@ if [[ -n "${VOCAB_SIZE:-}" ]]; then
     echo "error: VOCAB_SIZE must be a whole number of entries (e.g. 16000), got '$VOCAB_SIZE'" >&2; exit 2
   fi
 fi
-cd "$(dirname "${BASH_SOURCE[0]}")/.."  # the repository root: bertPrep runs as a module from there
+cd "$repo"  # the repository root: bertPrep runs as a module from there
 PREP=("$PYTHON" -m data.bertPrep --working_dir "$BERT_PREP_WORKING_DIR" --n_processes "${N_PROCESSES:-$(nproc)}"
       --random_seed "${RANDOM_SEED:-12345}")
 ENGINE_ARGS=(--engine "${ENGINE:-processes}")
