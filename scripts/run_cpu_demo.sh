@@ -139,7 +139,7 @@ fi
 config_src="${config:-$repo/configs/bert-small-cpu.json}"
 # The model's vocab_size follows the vocabulary: kept when it already fits (tokenization.vocab_fits_config, the rule
 # run_pretraining.py checks: bert-base-uncased's 30522 stays 30522), else create_vocab's padding to a multiple of 8.
-(cd "$repo" && "$PYTHON" -m bench.demo --prog run_cpu_demo.sh config "$config_src" "$vocab" "$out/bert_config.json")
+(cd "$repo" && "$PYTHON" -m scripts.cpu_demo --prog run_cpu_demo.sh config "$config_src" "$vocab" "$out/bert_config.json")
 
 # ---- 3. HDF5 shards ---------------------------------------------------------------------------------------------
 echo "== 3/4 HDF5 shards (create_pretraining_data.py)"
@@ -185,7 +185,7 @@ run_forwarding_signals "" bash "$repo/scripts/run_pretraining.sh" "${args[@]}"
 (( JOB_STATUS == 0 )) || exit "$JOB_STATUS"  # 75: stopped by a signal (the launcher said how to resume)
 
 # ---- 4. summary -------------------------------------------------------------------------------------------------
-(cd "$repo" && "$PYTHON" -m bench.demo --prog run_cpu_demo.sh summary "$run_dir" --job "$(arg job_name)" \
+(cd "$repo" && "$PYTHON" -m scripts.cpu_demo --prog run_cpu_demo.sh summary "$run_dir" --job "$(arg job_name)" \
   --heldout "$out/hdf5_heldout/heldout.hdf5" --max_eval 2000 --train_shard "$out/hdf5_phase1/train.hdf5" --vocab "$vocab")
 echo "logs (JSON lines, and the console output): $run_dir"
 echo "checkpoints: $run_dir/checkpoints"

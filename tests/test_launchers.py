@@ -686,10 +686,10 @@ def test_preset_arguments_are_named_as_run_pretraining_sh_names_them():
 
 
 def test_demo_config_takes_the_vocabularys_size_or_refuses_a_bad_config(tmp_path, uncased_vocab):
-    """bench.demo config (the demo's step between the vocabulary and the shards): bert-base-uncased's 30,522 lines
-    keep a config of 30522 (run_pretraining.py accepts it), a 1,234-line vocabulary gets 1240 (the next multiple of
-    8); a config without vocab_size is one line and exit 1, and nothing is written."""
-    from bench import demo
+    """scripts.cpu_demo config (the demo's step between the vocabulary and the shards): bert-base-uncased's 30,522
+    lines keep a config of 30522 (run_pretraining.py accepts it), a 1,234-line vocabulary gets 1240 (the next multiple
+    of 8); a config without vocab_size is one line and exit 1, and nothing is written."""
+    from scripts import cpu_demo as demo
 
     source = tmp_path / "c.json"
     source.write_text('{"vocab_size": 30522, "hidden_size": 32}')

@@ -1,9 +1,9 @@
 """The two small programs of scripts/run_cpu_demo.sh (the README's main job), as a module.
 
-    python -m bench.demo config SOURCE_CONFIG VOCAB OUT_CONFIG
+    python -m scripts.cpu_demo config SOURCE_CONFIG VOCAB OUT_CONFIG
         the model config for a vocabulary: vocab_size kept when the vocabulary fits it (the rule run_pretraining.py
         checks: bert-base-uncased's 30522 stays 30522), else create_vocab's padding to a multiple of 8
-    python -m bench.demo summary RUN_DIR --job JOB --heldout HELDOUT.hdf5 --train_shard TRAIN.hdf5 --vocab VOCAB
+    python -m scripts.cpu_demo summary RUN_DIR --job JOB --heldout HELDOUT.hdf5 --train_shard TRAIN.hdf5 --vocab VOCAB
         what the run learned, from its JSON-lines logs: each phase's loss, held-out accuracy and speed, then the
         held-out loss against guessing from word frequencies (the held-out targets' own, and a unigram model of the
         training shard), and the context gain on the [MASK]ed held-out words (validation.py's numbers)
@@ -15,16 +15,16 @@ import json
 import sys
 from pathlib import Path
 
+from atomic_io import atomic_write_json
 from bench import study_utils as su
 from cli import InputError, script_errors
+from data.create_vocab import config_vocab_size
+from pretraining_format import unigram_log_prior
+from tokenization import vocab_fits_config
 
 
 def fit_config(source: Path, vocab: Path, target: Path) -> dict:
     """`source`'s config with the vocab_size the vocabulary needs, written to `target` (atomically)."""
-    from atomic_io import atomic_write_json
-    from data.create_vocab import config_vocab_size
-    from tokenization import vocab_fits_config
-
     try:
         config = json.loads(source.read_text(encoding="utf-8"))
         int(config["vocab_size"])
@@ -87,8 +87,6 @@ def learned_lines(learned: tuple, targets: int, train_unigram: float) -> list[st
 def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Path, max_eval: int) -> list[str]:
     """The summary's lines (also printed). The baselines are counted as the evaluation counts: the first `max_eval`
     held-out samples, the masked slots with a position > 0."""
-    from pretraining_format import unigram_log_prior
-
     arrays = su.read_shards(heldout, max_eval, ("masked_lm_positions", "masked_lm_ids"))
     targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
     with open(vocab, encoding="utf-8") as f:
@@ -113,9 +111,9 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m scripts.cpu_demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prog", default="bench.demo",
+    p.add_argument("--prog", default="scripts.cpu_demo",
                    help="the name its one-line errors start with (the launcher that runs it: run_cpu_demo.sh)")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("config", help="a model config whose vocab_size fits the vocabulary")
