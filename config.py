@@ -54,11 +54,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _own_field_docs(cls: type) -> dict[str, str]:
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):  # a class made in code (dataclasses.make_dataclass): titles come as metadata
-        return {}
-    body = ast.parse(textwrap.dedent(source)).body[0].body
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
@@ -120,15 +116,14 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser(cls: type[Config], prog: str, doc: str) -> argparse.ArgumentParser:
-    """The parser of configuration `cls`: a group per section (titled by the docstring under the section's field,
-    or its metadata "title"), a flag per field, added in `cls.flag_order()`; the description is the first paragraph
-    of `doc`."""
+    """The parser of configuration `cls`: a group per section (titled by the docstring under the section's field),
+    a flag per field, added in `cls.flag_order()`; the description is the first paragraph of `doc`."""
     parser = OneLineParser(prog=prog, description=doc.split("\n\n")[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     titles = field_docs(cls)
     groups, fields, hints, docs = {}, {}, {}, {}
     for section in dataclasses.fields(cls):
-        groups[section.name] = parser.add_argument_group(section.metadata.get("title") or titles[section.name])
+        groups[section.name] = parser.add_argument_group(titles[section.name])
         kind = section.default_factory
         fields[section.name] = {f.name: f for f in dataclasses.fields(kind)}
         hints[section.name], docs[section.name] = typing.get_type_hints(kind), field_docs(kind)

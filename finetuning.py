@@ -3,7 +3,7 @@ small `Task` (its flags, examples, encoding, batches, head and metrics); everyth
 
 Read top to bottom:
 1. checks before any work: the model files (`check_init_checkpoint`, `resolve_model_files`, `check_model_fits`;
-   inference.py's too); the shared flags and their rules are finetuning_config.py's;
+   inference.py's too); every script's flags and their rules are finetuning_config.py's;
 2. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
    `token_type_ids`, `attention_mask` [B, S] (multiple choice: [B, C, S]) and the head's labels (`labels`, or
    `start_positions` and `end_positions`), so one loss serves every task: `model(**batch).loss`;
@@ -399,8 +399,9 @@ def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_siz
             f"{unit}_per_second": count / (ms.sum() / 1000), "wall_seconds": seconds}
 
 
-def evaluate(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, EvalSet], env: dist_env.DistEnv,
-             logger: metrics.RunLogger, log: Callable[[str], None], precision: str) -> tuple[dict, dict[str, dict]]:
+def predict_and_score(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, EvalSet],
+                      env: dist_env.DistEnv, logger: metrics.RunLogger, log: Callable[[str], None],
+                      precision: str) -> tuple[dict, dict[str, dict]]:
     """Predict every set in `precision` (resolved), score it, write the prediction files (--do_predict); returns
     ({"eval", "inference"}, {prediction file name: {id: prediction}})."""
     cfg = task.cfg
@@ -544,7 +545,7 @@ def run(task: Task) -> tuple[dict, dict]:
     dist_env.barrier(env)
     predictions: dict[str, dict] = {}
     if env.is_main and eval_sets:
-        evaluated, predictions = evaluate(task, model, tokenizer, eval_sets, env, logger, log, choice.name)
+        evaluated, predictions = predict_and_score(task, model, tokenizer, eval_sets, env, logger, log, choice.name)
         results.update(evaluated)
         task.after_predictions(output_dir, results, logger)
 

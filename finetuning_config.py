@@ -1,31 +1,34 @@
-"""The configuration of a fine-tuning run (run_squad.py, run_glue.py, run_swag.py), in the sections of their --help:
-data, model, what to run, training, runtime. Each section is a frozen dataclass whose fields are the flags every
-fine-tuning script shares (NVIDIA's names), with the defaults and help texts most scripts use; a script derives a
-section to add its own flags or to re-declare the few whose default or help differ (config.field_docs reads the
-docstrings of base classes too), and makes its configuration with one `make_config` call:
+"""The configurations of the fine-tuning scripts (run_glue.py, run_squad.py, run_swag.py), in the sections of their
+--help: data, model, what to run, training, runtime (and SQuAD's windows). Each section is a frozen dataclass; each
+field is a command-line flag with the same name and default (NVIDIA's interface), and the docstring under the field
+is its --help text (config.field_docs reads them, a base class's too).
 
-    SwagConfig = finetuning_config.make_config("SwagConfig", data=SwagData, ..., positive=("eval_batch_size",))
-    cfg = config.parse(SwagConfig, "run_swag.py", __doc__, argv)
+The Finetune* sections hold the flags every script shares, with the defaults and help texts most scripts use; a
+script's section derives from one to add its own flags or to re-declare a field whose default or help differs, and
+its configuration (GlueConfig, SquadConfig, SwagConfig) re-declares the sections it replaces:
+
+    cfg = config.parse(GlueConfig, "run_glue.py", __doc__, argv)
     cfg.training.train_batch_size, cfg.run.do_train, cfg.flags()["seed"]
 
-The flags of the SHARED sections come first on the usage line (and in each group), --debug after them, then the
-script's own (`FinetuneConfig.flag_order`): the order the scripts' --help always had. `split_data` makes the data
-section of a task whose --data_dir holds its splits (GLUE, SWAG). `FinetuneConfig.rules` holds the checks of the
-shared flags, the script's `positive` flags among them, then the script's own (`task_rules`).
+`FinetuneConfig.rules` holds the checks of the shared flags, the script's `positive` flags among them, then the
+script's own (`task_rules`).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import ClassVar, Literal
 
 import precision as precision_policy
 from config import Config, flag
+from processors.squad import QASettings
+
+# ----------------------------------------------------------------------------------------------------------------
+# The shared sections
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class FinetuneData:
     """The inputs and where the results go."""
 
     output_dir: str | None = flag(None, required=True)
@@ -33,7 +36,7 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class FinetuneModel:
     """The model, its vocabulary and its input length."""
 
     init_checkpoint: str | None = flag(None, required=True)
@@ -51,7 +54,7 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class FinetuneRun:
     """What to run."""
 
     do_train: bool = False
@@ -65,9 +68,8 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
-class TrainingConfig:
-    """The optimizer, its schedule and the precision; a script adds its prediction batch flag (`EvalBatch`,
-    `PredictBatch`)."""
+class FinetuneTraining:
+    """The optimizer, its schedule and the precision; a script adds its prediction batch flag."""
 
     train_batch_size: int = 32
     """sequences per optimizer step per process (split into --gradient_accumulation_steps parts)"""
@@ -87,29 +89,13 @@ class TrainingConfig:
     """micro-batches per optimizer step"""
     seed: int = 42
     """random seed (the new head, dropout, shuffling)"""
-    precision: str = flag("auto", help=precision_policy.HELP_FINETUNING)
+    precision: str = flag("auto", help=precision_policy.HELP_FINETUNING)  # the rule for auto is precision.py's text
     loss_scale: float = 0.0
     """fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale"""
 
 
 @dataclass(frozen=True)
-class EvalBatch(TrainingConfig):
-    """The training flags with --eval_batch_size (GLUE's, SWAG's)."""
-
-    eval_batch_size: int = 128
-    """sequences per evaluation batch"""
-
-
-@dataclass(frozen=True)
-class PredictBatch(TrainingConfig):
-    """The training flags with --predict_batch_size (SQuAD's)."""
-
-    predict_batch_size: int = 64
-    """windows per prediction batch"""
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
+class FinetuneRuntime:
     """Processes, devices and logging."""
 
     num_workers: int = 0
@@ -128,30 +114,22 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class FinetuneConfig(Config):
-    """The flags every fine-tuning script shares, by section (in --help's order); a script's configuration is made
-    by `make_config` from sections derived from these."""
+    """The flags every fine-tuning script shares, by section (in --help's order); a script's configuration derives
+    from it."""
 
-    data: DataConfig = field(default_factory=DataConfig)
+    data: FinetuneData = field(default_factory=FinetuneData)
     """data"""
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: FinetuneModel = field(default_factory=FinetuneModel)
     """model"""
-    run: RunConfig = field(default_factory=RunConfig)
+    run: FinetuneRun = field(default_factory=FinetuneRun)
     """what to run"""
-    training: TrainingConfig = field(default_factory=TrainingConfig)
+    training: FinetuneTraining = field(default_factory=FinetuneTraining)
     """training"""
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    runtime: FinetuneRuntime = field(default_factory=FinetuneRuntime)
     """runtime"""
 
+    debug_section: ClassVar[str | None] = "runtime"
     positive: ClassVar[tuple[str, ...]] = ()  # the script's flags that must be at least 1
-
-    @classmethod
-    def flag_order(cls) -> list[tuple[str, str | None]]:
-        """The flags declared in this module first, section by section, then --debug (in runtime), then the
-        script's own, section by section."""
-        order = [pair for pair in super().flag_order() if pair[1] is not None]
-        kinds = {f.name: f.default_factory for f in dataclasses.fields(cls)}
-        shared = [(section, name) for section, name in order if name in _shared_fields(kinds[section])]
-        return [*shared, ("runtime", None), *[pair for pair in order if pair not in shared]]
 
     def rules(self) -> list[tuple[bool, str]]:
         """(refused, why) for the shared flags' impossible values and the script's `positive` flags below 1, then
@@ -184,39 +162,220 @@ class FinetuneConfig(Config):
         return []
 
 
-def _shared_fields(kind: type) -> set[str]:
-    """The fields of section `kind` that one of the SHARED sections declares."""
-    return {f.name for klass in kind.__mro__ if klass in SHARED for f in dataclasses.fields(klass)}
+# ----------------------------------------------------------------------------------------------------------------
+# run_glue.py
 
 
-SHARED = (DataConfig, ModelConfig, RunConfig, TrainingConfig, EvalBatch, PredictBatch, RuntimeConfig)
+@dataclass(frozen=True)
+class GlueData(FinetuneData):
+    """The GLUE task and its folder."""
+
+    task_name: str | None = flag(None, required=True)
+    """GLUE task, case-insensitive: cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli (also sst2, stsb,
+    mnli-mm)"""
+    data_dir: str | None = flag(None, required=True)
+    """the task's GLUE folder (train.tsv, dev.tsv, ...)"""
+    max_train_examples: int | None = None
+    """train on the first N training examples only (quick CPU runs)"""
+    max_eval_examples: int | None = None
+    """evaluate/predict on the first N examples of each dev/test set only"""
+    predict_split: Literal["dev", "test"] = "dev"
+    """what --do_predict writes to predictions.json: the dev set(s) or GLUE's unlabeled test set(s)"""
 
 
-def split_data(name: str, *, before: Sequence[tuple[str, Any, Any]] = (), data_dir_help: str, eval_sets: str,
-               splits: tuple[str, str], split_help: str) -> type[DataConfig]:
-    """The data section of a task whose --data_dir holds its splits (GLUE's, SWAG's): --data_dir (`data_dir_help`),
-    --max_train_examples, --max_eval_examples (of `eval_sets`) and --predict_split (`splits`: the labelled split
-    first, the default), after the script's flags in `before` ((name, type, field) as make_dataclass takes
-    them)."""
-    fields = [*before, ("data_dir", str | None, flag(None, required=True, help=data_dir_help)),
-              ("max_train_examples", int | None,
-               flag(None, help="train on the first N training examples only (quick CPU runs)")),
-              ("max_eval_examples", int | None,
-               flag(None, help=f"evaluate/predict on the first N examples of {eval_sets} only")),
-              ("predict_split", Literal[splits], flag(splits[0], help=split_help))]
-    return dataclasses.make_dataclass(name, fields, bases=(DataConfig,), frozen=True)
+@dataclass(frozen=True)
+class GlueTraining(FinetuneTraining):
+    """The training flags with GLUE's seed and evaluation batch."""
+
+    seed: int = 2
+    eval_batch_size: int = 128
+    """sequences per evaluation batch"""
 
 
-def make_config(name: str, *, positive: tuple[str, ...] = (), task_rules: Callable[[Any], list] | None = None,
-                titles: dict[str, str] | None = None, **sections: type) -> type[FinetuneConfig]:
-    """A script's frozen configuration: FinetuneConfig with the sections in `sections` (section name -> its
-    class: a derived one in place of a shared section, or a section of the script's own, added after them),
-    `titles` for --help groups whose title is not FinetuneConfig's (every added section needs one), `positive`
-    flags and `task_rules` (cfg -> [(refused, why)]) for `FinetuneConfig.rules`."""
-    titles = titles or {}
-    fields = [(section, kind, field(default_factory=kind, metadata={"title": titles.get(section)}))
-              for section, kind in sections.items()]
-    namespace: dict[str, Any] = {"positive": positive, "__module__": __name__}
-    if task_rules is not None:
-        namespace["task_rules"] = task_rules
-    return dataclasses.make_dataclass(name, fields, bases=(FinetuneConfig,), frozen=True, namespace=namespace)
+@dataclass(frozen=True)
+class GlueConfig(FinetuneConfig):
+    """Every flag of run_glue.py."""
+
+    data: GlueData = field(default_factory=GlueData)
+    """task and data"""
+    training: GlueTraining = field(default_factory=GlueTraining)
+
+    positive: ClassVar[tuple[str, ...]] = ("eval_batch_size", "max_seq_length")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# run_squad.py
+
+
+@dataclass(frozen=True)
+class SquadData(FinetuneData):
+    """SQuAD's files and the feature cache."""
+
+    train_file: str | None = None
+    """SQuAD json for training, e.g. train-v1.1.json"""
+    predict_file: str | None = None
+    """SQuAD json to predict (and evaluate), e.g. dev-v1.1.json"""
+    version_2_with_negative: bool = False
+    """SQuAD 2.0: questions may have no answer (predicted as "")"""
+    cache_dir: str | None = None
+    """feature cache folder (default: beside the input file if writable, else <output_dir>/cache)"""
+    skip_cache: bool = False
+    """neither read nor write cached features"""
+
+
+@dataclass(frozen=True)
+class SquadModel(FinetuneModel):
+    """SQuAD may start from random weights; its windows are longer."""
+
+    init_checkpoint: str | None = None
+    """ckpt_<step>.pt, an NVIDIA .pt, our fine-tuned model.pt, or a Hugging Face directory; without it the model
+    starts from random weights (--config_file needed)"""
+    max_seq_length: int = 384
+    """tokens per window: [CLS] question [SEP] doc [SEP]"""
+
+
+@dataclass(frozen=True)
+class SquadRun(FinetuneRun):
+    """What to run, in SQuAD's words, and the external evaluation script."""
+
+    do_train: bool = False
+    """fine-tune on --train_file"""
+    do_eval: bool = False
+    """score the predictions against --predict_file's answers (implies --do_predict)"""
+    do_predict: bool = False
+    """write predictions for --predict_file"""
+    eval_script: str | None = None
+    """also run this external script (e.g. the official evaluate-v1.1.py) on the predictions and log its output"""
+
+
+@dataclass(frozen=True)
+class SquadTraining(FinetuneTraining):
+    """The training flags with SQuAD's prediction batch and length-grouped batches."""
+
+    predict_batch_size: int = 64
+    """windows per prediction batch"""
+    group_by_length: bool = False
+    """training batches of similar lengths (less padding; batches still in random order)"""
+
+
+@dataclass(frozen=True)
+class SquadRuntime(FinetuneRuntime):
+    """The runtime flags with SQuAD's defaults."""
+
+    num_workers: int = 0
+    """DataLoader worker processes cutting the batches (the windows are in memory, so 0 is usually fastest)"""
+    log_freq: int = 50
+    use_env: bool = False
+    """accepted for compatibility (the rank always comes from the environment)"""
+
+
+@dataclass(frozen=True)
+class SquadWindows:
+    """How questions are cut into windows and answers read back (squad.QASettings, whose defaults these are)."""
+
+    doc_stride: int = QASettings.doc_stride
+    """tokens between the starts of consecutive windows"""
+    max_query_length: int = QASettings.max_query_length
+    """questions are cut to this many tokens"""
+    n_best_size: int = QASettings.n_best_size
+    """answers kept per question in nbest_predictions.json"""
+    max_answer_length: int = QASettings.max_answer_length
+    """longest answer, in WordPiece tokens"""
+    null_score_diff_threshold: float = QASettings.null_score_diff_threshold
+    """v2.0: predict no answer when null score - best span score exceeds this"""
+    verbose_logging: bool = False
+    """accepted for compatibility; unused"""
+
+
+@dataclass(frozen=True)
+class SquadConfig(FinetuneConfig):
+    """Every flag of run_squad.py."""
+
+    data: SquadData = field(default_factory=SquadData)
+    model: SquadModel = field(default_factory=SquadModel)
+    run: SquadRun = field(default_factory=SquadRun)
+    training: SquadTraining = field(default_factory=SquadTraining)
+    runtime: SquadRuntime = field(default_factory=SquadRuntime)
+    windows: SquadWindows = field(default_factory=SquadWindows)
+    """windows and answers"""
+
+    positive: ClassVar[tuple[str, ...]] = ("predict_batch_size", "doc_stride", "n_best_size", "max_answer_length")
+
+    def task_rules(self) -> list[tuple[bool, str]]:
+        """The files each mode needs, found, and windows with room for a document token."""
+        d, m, r, w = self.data, self.model, self.run, self.windows
+        files = {"train_file": d.train_file, "predict_file": d.predict_file, "eval_script": r.eval_script,
+                 "config_file": m.config_file, "vocab_file": m.vocab_file}
+        return [
+            (r.do_train and not d.train_file, "--do_train needs --train_file (a SQuAD json such as train-v1.1.json)"),
+            ((r.do_predict or r.do_eval) and not d.predict_file,
+             "--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)"),
+            *[(value is not None and not Path(value).is_file(), f"--{name} {value} not found")
+              for name, value in files.items()],
+            (m.max_seq_length < w.max_query_length + 4,
+             f"--max_seq_length {m.max_seq_length} must be at least --max_query_length {w.max_query_length} + 4 "
+             "([CLS], two [SEP] and one document token)"),
+        ]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# run_swag.py
+
+
+@dataclass(frozen=True)
+class SwagData(FinetuneData):
+    """SWAG's folder and its splits."""
+
+    data_dir: str | None = flag(None, required=True)
+    """SWAG's folder: train.csv, val.csv (test.csv)"""
+    max_train_examples: int | None = None
+    """train on the first N training examples only (quick CPU runs)"""
+    max_eval_examples: int | None = None
+    """evaluate/predict on the first N examples of val.csv (test.csv) only"""
+    predict_split: Literal["val", "test"] = "val"
+    """what --do_predict writes to predictions.json: val.csv or the unlabelled test.csv"""
+
+
+@dataclass(frozen=True)
+class SwagModel(FinetuneModel):
+    """The model flags with SWAG's sequences."""
+
+    max_seq_length: int = 128
+    """longest [CLS] sent1 [SEP] sent2 ending [SEP] after WordPiece; longer ones are truncated longest-first"""
+
+
+@dataclass(frozen=True)
+class SwagRun(FinetuneRun):
+    """What to run, in SWAG's files."""
+
+    do_train: bool = False
+    """fine-tune on train.csv"""
+    do_eval: bool = False
+    """score val.csv"""
+
+
+@dataclass(frozen=True)
+class SwagTraining(FinetuneTraining):
+    """SWAG counts examples (4 sequences each); the BERT paper's SWAG settings: batch 16, learning rate 2e-5."""
+
+    train_batch_size: int = 16
+    learning_rate: float = 2e-5
+    eval_batch_size: int = 64
+    """examples per evaluation batch"""
+
+
+@dataclass(frozen=True)
+class SwagConfig(FinetuneConfig):
+    """Every flag of run_swag.py."""
+
+    data: SwagData = field(default_factory=SwagData)
+    model: SwagModel = field(default_factory=SwagModel)
+    run: SwagRun = field(default_factory=SwagRun)
+    training: SwagTraining = field(default_factory=SwagTraining)
+
+    positive: ClassVar[tuple[str, ...]] = ("eval_batch_size",)
+
+    def task_rules(self) -> list[tuple[bool, str]]:
+        """Room for [CLS] and two [SEP]."""
+        return [(self.model.max_seq_length < 3,
+                 f"--max_seq_length must be at least 3, got {self.model.max_seq_length}")]

@@ -10,8 +10,8 @@
 wrote (evaluate or predict with a fine-tuned model: --do_eval / --do_predict without --do_train).
 
 The run itself (model files, precision, training, saving, the length-sorted prediction loop, results) is the
-fine-tuning recipe's (finetuning.py); this file is the GLUE task: its flags, its examples, pair encoding and
-padding, the classifier's outputs and GLUE's metrics.
+fine-tuning recipe's (finetuning.py); this file is the GLUE task: its examples, pair encoding and padding,
+the classifier's outputs and GLUE's metrics (its flags are finetuning_config.GlueConfig).
 
 Outputs in --output_dir:
     results.json       metrics per dev set, training loss/throughput, eval latency percentiles (p50/p90/p99 per
@@ -42,7 +42,6 @@ Differences from NVIDIA's run_glue.py, on purpose:
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -50,43 +49,22 @@ import torch.nn.functional as F
 
 import config
 import finetuning
-import finetuning_config
 import cli
 import dist_env
+from finetuning_config import GlueConfig
 from modeling import BertForSequenceClassification
-from config import flag
-from processors.glue import (TASKS, compute_metrics, encode_examples, get_dev_examples, get_task,
-                             get_test_examples, get_train_examples)
+from processors.glue import (compute_metrics, encode_examples, get_dev_examples, get_task, get_test_examples,
+                             get_train_examples)
 
 # ----------------------------------------------------------------------------------------------------------------
-# Arguments
-
-
-GlueData = finetuning_config.split_data(
-    "GlueData", before=[("task_name", str | None, flag(
-        None, required=True, help=f"GLUE task, case-insensitive: {', '.join(TASKS)} (also sst2, stsb, mnli-mm)"))],
-    data_dir_help="the task's GLUE folder (train.tsv, dev.tsv, ...)", eval_sets="each dev/test set",
-    splits=("dev", "test"), split_help="what --do_predict writes to predictions.json: the dev set(s) or GLUE's "
-                                       "unlabeled test set(s)")
-
-
-@dataclass(frozen=True)
-class GlueTraining(finetuning_config.EvalBatch):
-    """The training flags with GLUE's seed."""
-
-    seed: int = 2
-
-
-GlueConfig = finetuning_config.make_config(
-    "GlueConfig", data=GlueData, training=GlueTraining, titles={"data": "task and data"},
-    positive=("eval_batch_size", "max_seq_length"))
+# Arguments (finetuning_config.GlueConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
     return config.build_parser(GlueConfig, "run_glue.py", __doc__)
 
 
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> GlueConfig:
     """The configuration (a GlueConfig), its rules checked."""
     return config.parse(GlueConfig, "run_glue.py", __doc__, argv)
 

@@ -9,8 +9,9 @@
 Face directory (then --config_file and --vocab_file default to the ones inside it).
 
 The run itself (model files, precision, training, saving, the length-sorted prediction loop, results) is the
-fine-tuning recipe's (finetuning.py); this file is the SQuAD task: its flags, questions cut into windows (features
-cached), their batches, the answer head's outputs turned into answers, and the official scores.
+fine-tuning recipe's (finetuning.py); this file is the SQuAD task: questions cut into windows (features cached),
+their batches, the answer head's outputs turned into answers, and the official scores (its flags are
+finetuning_config.SquadConfig).
 
 Outputs in --output_dir:
     predictions.json        (--do_predict) question id -> answer text ("" = no answer, v2.0)
@@ -53,7 +54,6 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -61,125 +61,23 @@ import torch
 
 import config
 import finetuning
-import finetuning_config
 import metrics
 import atomic_io
 import cli
 import dist_env
+from finetuning_config import SquadConfig
 from modeling import BertForQuestionAnswering
 from processors import squad
 
 # ----------------------------------------------------------------------------------------------------------------
-# Arguments
-
-
-@dataclass(frozen=True)
-class SquadData(finetuning_config.DataConfig):
-    """SQuAD's files and the feature cache."""
-
-    train_file: str | None = None
-    """SQuAD json for training, e.g. train-v1.1.json"""
-    predict_file: str | None = None
-    """SQuAD json to predict (and evaluate), e.g. dev-v1.1.json"""
-    version_2_with_negative: bool = False
-    """SQuAD 2.0: questions may have no answer (predicted as "")"""
-    cache_dir: str | None = None
-    """feature cache folder (default: beside the input file if writable, else <output_dir>/cache)"""
-    skip_cache: bool = False
-    """neither read nor write cached features"""
-
-
-@dataclass(frozen=True)
-class SquadModel(finetuning_config.ModelConfig):
-    """SQuAD may start from random weights; its windows are longer."""
-
-    init_checkpoint: str | None = None
-    """ckpt_<step>.pt, an NVIDIA .pt, our fine-tuned model.pt, or a Hugging Face directory; without it the model
-    starts from random weights (--config_file needed)"""
-    max_seq_length: int = 384
-    """tokens per window: [CLS] question [SEP] doc [SEP]"""
-
-
-@dataclass(frozen=True)
-class SquadRun(finetuning_config.RunConfig):
-    """What to run, in SQuAD's words, and the external evaluation script."""
-
-    do_train: bool = False
-    """fine-tune on --train_file"""
-    do_eval: bool = False
-    """score the predictions against --predict_file's answers (implies --do_predict)"""
-    do_predict: bool = False
-    """write predictions for --predict_file"""
-    eval_script: str | None = None
-    """also run this external script (e.g. the official evaluate-v1.1.py) on the predictions and log its output"""
-
-
-@dataclass(frozen=True)
-class SquadTraining(finetuning_config.PredictBatch):
-    """The training flags with SQuAD's length-grouped batches."""
-
-    group_by_length: bool = False
-    """training batches of similar lengths (less padding; batches still in random order)"""
-
-
-@dataclass(frozen=True)
-class SquadRuntime(finetuning_config.RuntimeConfig):
-    """The runtime flags with SQuAD's defaults."""
-
-    num_workers: int = 0
-    """DataLoader worker processes cutting the batches (the windows are in memory, so 0 is usually fastest)"""
-    log_freq: int = 50
-    use_env: bool = False
-    """accepted for compatibility (the rank always comes from the environment)"""
-
-
-@dataclass(frozen=True)
-class WindowsConfig:
-    """How questions are cut into windows and answers read back (squad.QASettings, whose defaults these are)."""
-
-    doc_stride: int = squad.QASettings.doc_stride
-    """tokens between the starts of consecutive windows"""
-    max_query_length: int = squad.QASettings.max_query_length
-    """questions are cut to this many tokens"""
-    n_best_size: int = squad.QASettings.n_best_size
-    """answers kept per question in nbest_predictions.json"""
-    max_answer_length: int = squad.QASettings.max_answer_length
-    """longest answer, in WordPiece tokens"""
-    null_score_diff_threshold: float = squad.QASettings.null_score_diff_threshold
-    """v2.0: predict no answer when null score - best span score exceeds this"""
-    verbose_logging: bool = False
-    """accepted for compatibility; unused"""
-
-
-def squad_rules(cfg) -> list[tuple[bool, str]]:
-    """SQuAD's rules after the shared ones: the files each mode needs, found, and windows with room for a document
-    token."""
-    d, m, r, w = cfg.data, cfg.model, cfg.run, cfg.windows
-    files = {"train_file": d.train_file, "predict_file": d.predict_file, "eval_script": r.eval_script,
-             "config_file": m.config_file, "vocab_file": m.vocab_file}
-    return [
-        (r.do_train and not d.train_file, "--do_train needs --train_file (a SQuAD json such as train-v1.1.json)"),
-        ((r.do_predict or r.do_eval) and not d.predict_file,
-         "--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)"),
-        *[(value is not None and not Path(value).is_file(), f"--{name} {value} not found")
-          for name, value in files.items()],
-        (m.max_seq_length < w.max_query_length + 4,
-         f"--max_seq_length {m.max_seq_length} must be at least --max_query_length {w.max_query_length} + 4 ([CLS], "
-         "two [SEP] and one document token)"),
-    ]
-
-
-SquadConfig = finetuning_config.make_config(
-    "SquadConfig", data=SquadData, model=SquadModel, run=SquadRun, training=SquadTraining, runtime=SquadRuntime,
-    windows=WindowsConfig, titles={"windows": "windows and answers"}, task_rules=squad_rules,
-    positive=("predict_batch_size", "doc_stride", "n_best_size", "max_answer_length"))
+# Arguments (finetuning_config.SquadConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
     return config.build_parser(SquadConfig, "run_squad.py", __doc__)
 
 
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> SquadConfig:
     """The configuration (a SquadConfig); --do_eval scores the predictions, so it implies --do_predict: a new
     configuration, the parsed one unchanged."""
     cfg = config.parse(SquadConfig, "run_squad.py", __doc__, argv)
@@ -345,7 +243,7 @@ class SquadTask(finetuning.Task):
             files["null_odds.json"] = null_odds
         if not cfg.run.do_eval:
             return None, files
-        return squad.evaluate(eval_set.gold, predictions, version_2, null_odds if version_2 else None), files
+        return squad.score_predictions(eval_set.gold, predictions, version_2, null_odds if version_2 else None), files
 
     def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
         """eval_results.json (--do_eval): the scores, and the --eval_script's own output on the written files."""

@@ -13,7 +13,8 @@ The model is BertForMultipleChoice (modeling.py): each ending is scored from the
 [CLS] sent1 [SEP] sent2 ending [SEP] sequence, and the scores of an example's endings go through a softmax; the
 metric is accuracy. The run is the fine-tuning recipe's (finetuning.py: BertAdam, linear warm-up and decay,
 gradient accumulation, DDP, fp16 loss scaling / bf16 autocast, the length-sorted prediction loop), fed batches of
-examples padded to [batch, choices, longest sequence]; this file is the SWAG task alone.
+examples padded to [batch, choices, longest sequence]; this file is the SWAG task alone (its flags are
+finetuning_config.SwagConfig).
 --train_batch_size and --eval_batch_size count examples (each is 4 sequences).
 
 Outputs in --output_dir:
@@ -28,7 +29,6 @@ Outputs in --output_dir:
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,65 +36,21 @@ import torch.nn.functional as F
 
 import config
 import finetuning
-import finetuning_config
 import cli
 import dist_env
+from finetuning_config import SwagConfig
 from modeling import BertForMultipleChoice
 from processors.swag import accuracy, encode_examples, get_examples
 
 # ----------------------------------------------------------------------------------------------------------------
-# Arguments
-
-
-SwagData = finetuning_config.split_data(
-    "SwagData", data_dir_help="SWAG's folder: train.csv, val.csv (test.csv)", eval_sets="val.csv (test.csv)",
-    splits=("val", "test"), split_help="what --do_predict writes to predictions.json: val.csv or the unlabelled "
-                                       "test.csv")
-
-
-@dataclass(frozen=True)
-class SwagModel(finetuning_config.ModelConfig):
-    """The model flags with SWAG's sequences."""
-
-    max_seq_length: int = 128
-    """longest [CLS] sent1 [SEP] sent2 ending [SEP] after WordPiece; longer ones are truncated longest-first"""
-
-
-@dataclass(frozen=True)
-class SwagRun(finetuning_config.RunConfig):
-    """What to run, in SWAG's files."""
-
-    do_train: bool = False
-    """fine-tune on train.csv"""
-    do_eval: bool = False
-    """score val.csv"""
-
-
-@dataclass(frozen=True)
-class SwagTraining(finetuning_config.EvalBatch):
-    """SWAG counts examples (4 sequences each); the BERT paper's SWAG settings: batch 16, learning rate 2e-5."""
-
-    train_batch_size: int = 16
-    learning_rate: float = 2e-5
-    eval_batch_size: int = 64
-    """examples per evaluation batch"""
-
-
-def swag_rules(cfg) -> list[tuple[bool, str]]:
-    """SWAG's rule after the shared ones: room for [CLS] and two [SEP]."""
-    return [(cfg.model.max_seq_length < 3, f"--max_seq_length must be at least 3, got {cfg.model.max_seq_length}")]
-
-
-SwagConfig = finetuning_config.make_config(
-    "SwagConfig", data=SwagData, model=SwagModel, run=SwagRun, training=SwagTraining, positive=("eval_batch_size",),
-    task_rules=swag_rules)
+# Arguments (finetuning_config.SwagConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
     return config.build_parser(SwagConfig, "run_swag.py", __doc__)
 
 
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> SwagConfig:
     """The configuration (a SwagConfig), its rules checked."""
     return config.parse(SwagConfig, "run_swag.py", __doc__, argv)
 

@@ -55,8 +55,8 @@ class FileLayout:
 
 
 @dataclass(frozen=True)
-class GlueTask:
-    """A GLUE task: label names (None for regression), the metric, and where each split lives.
+class GlueTaskSpec:
+    """A GLUE task's description: label names (None for regression), the metric, and where each split lives.
 
     `train`, each entry of `dev` and `test` are lists of alternatives; an alternative is a list of files read one
     after the other (raw CoLA's dev set is two files). The first alternative whose files all exist is used.
@@ -87,53 +87,53 @@ class GlueTask:
 
 _COLA_COLUMNS = ("source", "label", "original_notation", "sentence")
 
-TASKS: dict[str, GlueTask] = {
-    "cola": GlueTask(
+TASKS: dict[str, GlueTaskSpec] = {
+    "cola": GlueTaskSpec(
         "cola", ("0", "1"), "mcc",
         FileLayout("sentence", None, "label", names=_COLA_COLUMNS),
         FileLayout("sentence", None, None, guid="index"),
         train=(("train.tsv",), ("in_domain_train.tsv",)),
         dev={"dev": (("dev.tsv",), ("in_domain_dev.tsv", "out_of_domain_dev.tsv"))},
     ),
-    "sst-2": GlueTask(
+    "sst-2": GlueTaskSpec(
         "sst-2", ("0", "1"), "acc",
         FileLayout("sentence", None, "label"),
         FileLayout("sentence", None, None, guid="index"),
     ),
-    "mrpc": GlueTask(
+    "mrpc": GlueTaskSpec(
         "mrpc", ("0", "1"), "acc_f1",
         FileLayout("#1 String", "#2 String", "Quality"),
         FileLayout("#1 String", "#2 String", None, guid="index"),
     ),
-    "sts-b": GlueTask(
+    "sts-b": GlueTaskSpec(
         "sts-b", None, "pearson_spearman",
         FileLayout("sentence1", "sentence2", "score", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
     ),
-    "qqp": GlueTask(
+    "qqp": GlueTaskSpec(
         "qqp", ("0", "1"), "acc_f1",
         FileLayout("question1", "question2", "is_duplicate", guid="id"),
         FileLayout("question1", "question2", None, guid="id"),
         skip_short_rows=True,
     ),
-    "mnli": GlueTask(
+    "mnli": GlueTaskSpec(
         "mnli", ("contradiction", "entailment", "neutral"), "acc",
         FileLayout("sentence1", "sentence2", "gold_label", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
         dev={"dev_matched": (("dev_matched.tsv",),), "dev_mismatched": (("dev_mismatched.tsv",),)},
         test={"test_matched": (("test_matched.tsv",),), "test_mismatched": (("test_mismatched.tsv",),)},
     ),
-    "qnli": GlueTask(
+    "qnli": GlueTaskSpec(
         "qnli", ("entailment", "not_entailment"), "acc",
         FileLayout("question", "sentence", "label", guid="index"),
         FileLayout("question", "sentence", None, guid="index"),
     ),
-    "rte": GlueTask(
+    "rte": GlueTaskSpec(
         "rte", ("entailment", "not_entailment"), "acc",
         FileLayout("sentence1", "sentence2", "label", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
     ),
-    "wnli": GlueTask(
+    "wnli": GlueTaskSpec(
         "wnli", ("0", "1"), "acc",
         FileLayout("sentence1", "sentence2", "label", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
@@ -147,7 +147,7 @@ DISPLAY_NAMES = {"cola": "CoLA", "sst-2": "SST-2", "mrpc": "MRPC", "sts-b": "STS
 ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "mnli-mm": "mnli", "mnli_mismatched": "mnli", "mnli-m": "mnli"}
 
 
-def get_task(name: str) -> GlueTask:
+def get_task(name: str) -> GlueTaskSpec:
     """The task for a --task_name, case-insensitive; a GlueDataError listing the known names otherwise."""
     key = name.strip().lower()
     key = ALIASES.get(key, key)
@@ -164,7 +164,7 @@ class GlueDataError(InputError):
     """An unknown task, or a missing or malformed GLUE file; the message names the file and what to do."""
 
 
-def _resolve(data_dir: Path, task: GlueTask, split: str, alternatives: Sequence[Sequence[str]]) -> list[Path]:
+def _resolve(data_dir: Path, task: GlueTaskSpec, split: str, alternatives: Sequence[Sequence[str]]) -> list[Path]:
     for files in alternatives:
         paths = [data_dir / f for f in files]
         if all(p.is_file() for p in paths):
@@ -204,7 +204,7 @@ def _column_indices(path: Path, header: Sequence[str], layout: FileLayout) -> di
     return out
 
 
-def read_examples(paths: Sequence[Path], task: GlueTask, split: str, layout: FileLayout) -> list[InputExample]:
+def read_examples(paths: Sequence[Path], task: GlueTaskSpec, split: str, layout: FileLayout) -> list[InputExample]:
     """Read one split from one or more files (read in order), validating labels against the task's list."""
     examples: list[InputExample] = []
     skipped = 0
@@ -235,7 +235,7 @@ def read_examples(paths: Sequence[Path], task: GlueTask, split: str, layout: Fil
     return examples
 
 
-def _make_example(path: Path, line: int, row: list[str], cols: dict[str, int], task: GlueTask, split: str,
+def _make_example(path: Path, line: int, row: list[str], cols: dict[str, int], task: GlueTaskSpec, split: str,
                   ordinal: int) -> InputExample:
     label = row[cols["label"]].strip() if "label" in cols else None
     if label is not None:
@@ -245,7 +245,7 @@ def _make_example(path: Path, line: int, row: list[str], cols: dict[str, int], t
     return InputExample(guid=f"{split}-{row_id}", text_a=row[cols["text_a"]], text_b=text_b, label=label)
 
 
-def _check_label(path: Path, line: int, label: str, task: GlueTask) -> None:
+def _check_label(path: Path, line: int, label: str, task: GlueTaskSpec) -> None:
     if task.is_regression:
         try:
             value = float(label)
@@ -258,18 +258,18 @@ def _check_label(path: Path, line: int, label: str, task: GlueTask) -> None:
                             f"{task.display_name}")
 
 
-def get_train_examples(data_dir: str | Path, task: GlueTask) -> list[InputExample]:
+def get_train_examples(data_dir: str | Path, task: GlueTaskSpec) -> list[InputExample]:
     paths = _resolve(Path(data_dir), task, "train", task.train)
     return read_examples(paths, task, "train", task.layout)
 
 
-def get_dev_examples(data_dir: str | Path, task: GlueTask) -> dict[str, list[InputExample]]:
+def get_dev_examples(data_dir: str | Path, task: GlueTaskSpec) -> dict[str, list[InputExample]]:
     """{eval set name: examples}: one set ("dev"), or MNLI's two ("dev_matched", "dev_mismatched")."""
     return {name: read_examples(_resolve(Path(data_dir), task, name, alts), task, name, task.layout)
             for name, alts in task.dev.items()}
 
 
-def get_test_examples(data_dir: str | Path, task: GlueTask) -> dict[str, list[InputExample]]:
+def get_test_examples(data_dir: str | Path, task: GlueTaskSpec) -> dict[str, list[InputExample]]:
     """{test set name: unlabeled examples}, guids carrying GLUE's submission index."""
     return {name: read_examples(_resolve(Path(data_dir), task, name, alts), task, name, task.test_layout)
             for name, alts in task.test.items()}
@@ -319,7 +319,7 @@ class EncodedExamples:
         return ids, types
 
 
-def label_ids(examples: Sequence[InputExample], task: GlueTask) -> np.ndarray | None:
+def label_ids(examples: Sequence[InputExample], task: GlueTaskSpec) -> np.ndarray | None:
     """Class indices (int64) in the order of task.labels, or float32 scores for regression; None for test."""
     if any(e.label is None for e in examples):
         return None
@@ -330,7 +330,7 @@ def label_ids(examples: Sequence[InputExample], task: GlueTask) -> np.ndarray | 
 
 
 def encode_examples(examples: Sequence[InputExample], tokenizer, max_seq_length: int,
-                    task: GlueTask) -> EncodedExamples:
+                    task: GlueTaskSpec) -> EncodedExamples:
     """WordPiece every text in one bulk call, truncate each pair with truncate_seq_pair, add [CLS]/[SEP]."""
     if max_seq_length < 3:
         raise ValueError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {max_seq_length}")
@@ -363,7 +363,7 @@ def encode_examples(examples: Sequence[InputExample], tokenizer, max_seq_length:
 # than a short fine-tuning's evaluation (2-4 s a run_glue.py process); tests/test_glue.py compares them with both.
 
 
-def compute_metrics(task: GlueTask, preds: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
+def compute_metrics(task: GlueTaskSpec, preds: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
     """GLUE's metric(s) for a task. preds: class indices [N] (or scores [N] for STS-B); labels: same form.
 
     CoLA: Matthews correlation (mcc). STS-B: Pearson and Spearman correlation and their mean (corr); None where
@@ -430,6 +430,6 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     return float((x @ y) / np.sqrt((x @ x) * (y @ y)))
 
 
-def primary_metric(task: GlueTask) -> str:
+def primary_metric(task: GlueTaskSpec) -> str:
     """The headline number of a task in GLUE's leaderboard order (F1 for MRPC/QQP, Pearson for STS-B)."""
     return {"mcc": "mcc", "acc": "acc", "acc_f1": "f1", "pearson_spearman": "pearson"}[task.metric]

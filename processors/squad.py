@@ -12,7 +12,8 @@ Read top to bottom:
                vocabulary and every length that changes them
   4. answers   `get_predictions`: the best start/end pairs per example over all its windows, projected back onto the
                original characters, with probabilities; for v2.0 the null answer against the best span
-  5. metrics   `evaluate_v1` / `evaluate_v2`: the algorithms of the official evaluate-v1.1.py and evaluate-v2.0.py
+  5. metrics   `evaluate_v1` / `evaluate_v2`: the algorithms of the official evaluate-v1.1.py and evaluate-v2.0.py;
+               `score_predictions` scores with the one of the data's version
 
 Notation: F features (windows), S max_seq_length, T WordPiece tokens of one document, W windows of one document.
 
@@ -868,9 +869,10 @@ def _best_threshold(predictions, scores, na_probs, has_answer) -> tuple[float, f
     return 100.0 * best / len(scores), best_thresh
 
 
-def evaluate(gold_answers: Mapping[str, Sequence[str]], predictions: Mapping[str, str], version_2_with_negative: bool,
-             null_odds: Mapping[str, float] | None = None) -> dict[str, float]:
-    """evaluate_v2 (with null_odds as the no-answer probabilities) or evaluate_v1."""
+def score_predictions(gold_answers: Mapping[str, Sequence[str]], predictions: Mapping[str, str],
+                      version_2_with_negative: bool, null_odds: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The official scores of `predictions`: evaluate_v2 (with null_odds as the no-answer probabilities) for SQuAD
+    2.0, else evaluate_v1."""
     if version_2_with_negative:
         return evaluate_v2(gold_answers, predictions, null_odds)
     return evaluate_v1(gold_answers, predictions)

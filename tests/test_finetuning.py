@@ -175,7 +175,7 @@ def test_squad_recipe_equals_a_hand_written_loop(tmp_path, shared_data, uncased_
     predictions, nbest, _ = squad.get_predictions(examples, features, results, 20, 30, True, False, 0.0)
     assert json.loads((out / "predictions.json").read_text()) == predictions
     assert json.loads((out / "nbest_predictions.json").read_text()) == json.loads(json.dumps(nbest))
-    scores = squad.evaluate(squad.read_gold_answers(subset), predictions, False, None)
+    scores = squad.score_predictions(squad.read_gold_answers(subset), predictions, False, None)
     assert json.loads((out / "eval_results.json").read_text())["eval"] == scores
     assert (summary["exact_match"], summary["F1"], summary["global_step"]) == (scores["exact_match"], scores["f1"],
                                                                               STEPS)
@@ -203,15 +203,15 @@ def test_one_batch_vocabulary():
 def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path, do_train):
     """load_model reads the LoadReport of the checkpoint (not its log lines): a pre-training checkpoint has no
     classifier, so evaluating it without --do_train warns that the head is random; with --do_train it does not."""
-    from finetuning_config import FinetuneConfig, ModelConfig, RunConfig
+    from finetuning_config import FinetuneConfig, FinetuneModel, FinetuneRun
     from modeling import BertForPreTraining
 
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32)
     source = BertForPreTraining(config)
     torch.save({"model": source.state_dict(), "config": config.to_dict()}, tmp_path / "ckpt_1.pt")
-    cfg = FinetuneConfig(model=ModelConfig(init_checkpoint=str(tmp_path / "ckpt_1.pt")),
-                         run=RunConfig(do_train=do_train))
+    cfg = FinetuneConfig(model=FinetuneModel(init_checkpoint=str(tmp_path / "ckpt_1.pt")),
+                         run=FinetuneRun(do_train=do_train))
 
     class Classify(finetuning.Task):
         model_class = BertForSequenceClassification
