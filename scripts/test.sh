@@ -18,9 +18,10 @@ if ! command -v xz > /dev/null && [[ "$(id -u)" == 0 ]] && command -v apt-get > 
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # One worker per core, up to 4 (pytest-xdist; TEST_WORKERS=1 runs in this process): a test file runs whole on one
-# worker (tests/conftest.py groups them), so its module fixtures are made once.
+# worker (--dist loadfile), so its module fixtures are made once; the files go out in tests/file_times.py's order,
+# the longest first by the last run's times (--no-loadscope-reorder keeps xdist from sorting them by test count).
 workers="${TEST_WORKERS:-$(nproc)}"
 (( workers > 4 )) && workers=4
 parallel=()
-(( workers > 1 )) && parallel=(-n "$workers")
+(( workers > 1 )) && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 exec .venv/bin/python -m pytest -ra --durations=20 "${parallel[@]}" "${@:-tests}"

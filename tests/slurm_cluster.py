@@ -14,6 +14,7 @@ runs again within seconds.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import random
@@ -28,6 +29,12 @@ from pathlib import Path
 from utils import pid_alive
 
 BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "sbatch", "scontrol", "squeue")
+# Held while a cluster runs, by every test process on this machine, so that two clusters never run at once (each
+# node claims every CPU, and their jobs' timed waits would run out), although pytest-xdist runs test files side by
+# side and tests/test_slurm.py and tests/test_engines.py each start one: the rule lives where clusters start, with no
+# list of files or test order to keep; a worker that waits loses at most the other cluster's life (~40 s on 2 cores).
+LOCK = Path(tempfile.gettempdir()) / "bert-recipe-tests-slurm.lock"
+LOCK_WAIT = 900  # seconds
 KILL_WAIT = 5  # seconds of grace between SIGTERM and SIGKILL when Slurm ends or requeues a job
 CRED_EXPIRE = 5  # seconds; a requeued job waits this long (plus 1) before it can start again
 
@@ -96,6 +103,25 @@ class SlurmError(RuntimeError):
     pass
 
 
+@contextlib.contextmanager
+def one_cluster_at_a_time(path: Path = LOCK, timeout: float = LOCK_WAIT):
+    """Hold `path`'s exclusive lock for the block, waiting up to `timeout` seconds for another holder to end."""
+    with open(path, "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SlurmError(f"another Slurm cluster of the tests held {path} for {timeout:.0f} s") from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class SlurmCluster:
     def __init__(self, state: Path):
         self.state = state
@@ -117,13 +143,14 @@ class SlurmCluster:
     @classmethod
     @contextlib.contextmanager
     def start(cls, state: Path):
-        cluster = cls(state)
-        try:
-            cluster._write_files()
-            cluster._start_daemons()
-            yield cluster
-        finally:
-            cluster.stop()
+        with one_cluster_at_a_time():
+            cluster = cls(state)
+            try:
+                cluster._write_files()
+                cluster._start_daemons()
+                yield cluster
+            finally:
+                cluster.stop()
 
     def _write_files(self) -> None:
         user = pwd.getpwuid(os.getuid()).pw_name

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from bench import adaptive_study
-from conftest import no_training
+from helpers import no_training
 
 TINY_CONFIG = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                "intermediate_size": 64, "max_position_embeddings": 512}

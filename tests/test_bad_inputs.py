@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env,
+from helpers import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env,
                       write_config)
 
 import atomic_io

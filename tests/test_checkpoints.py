@@ -11,7 +11,7 @@ import checkpoint_io
 import convert_checkpoint
 import modeling
 from checkpoint_io import CheckpointError, from_pretrained
-from conftest import bert_config
+from helpers import bert_config
 from modeling import BertConfig
 
 

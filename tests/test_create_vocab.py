@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, args_for, read_log, subprocess_env, weights
+from helpers import REPO_ROOT, args_for, read_log, subprocess_env, weights
 
 import tokenization
 from data import create_vocab as cv

@@ -20,7 +20,7 @@ import torch
 
 import run_pretraining as rp
 import train_step
-from conftest import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
+from helpers import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 6

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import dist_env
-from conftest import subprocess_env
+from helpers import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ import torchao  # noqa: F401 - requirements-test.txt installs it: without it the
 import fp8
 import run_pretraining as rp
 from checkpoint_io import load_checkpoint_state
-from conftest import args_for, bert_config, make_shards, read_log, write_config
+from helpers import args_for, bert_config, make_shards, read_log, write_config
 from modeling import BertConfig, BertForPreTraining
 
 E4M3_MAX = 448.0  # the largest float8 e4m3fn value

@@ -24,7 +24,7 @@ import torch
 import profiling
 import run_pretraining as rp
 from bench import gpu_speed
-from conftest import args_for, make_shards, read_log, subprocess_env, write_config
+from helpers import args_for, make_shards, read_log, subprocess_env, write_config
 from modeling import BertConfig
 from pretraining_data import mlm_labels
 

@@ -17,7 +17,7 @@ from torch import nn
 
 import inference
 from checkpoint_io import export_state_dict, save_hf_directory
-from conftest import help_of
+from helpers import help_of
 from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from processors import squad
 from processors.items import read_items

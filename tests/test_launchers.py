@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import help_of
+from helpers import help_of
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SH = REPO / "scripts" / "run_pretraining.sh"

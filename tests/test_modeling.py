@@ -11,7 +11,7 @@ from transformers.models.bert.configuration_bert import BertConfig as HFConfig
 
 import checkpoint_io
 import modeling
-from conftest import SENTENCES, padded_batch
+from helpers import SENTENCES, padded_batch
 from modeling import BertConfig
 from tokenization import BertTokenizer
 

@@ -26,7 +26,7 @@ import pretraining_data
 import pretraining_format
 import run_pretraining as rp
 import trainer
-from conftest import args_for, make_shards, max_diff, read_log, shard_stream, weights
+from helpers import args_for, make_shards, max_diff, read_log, shard_stream, weights
 from modeling import BertConfig, BertForPreTraining
 
 pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")

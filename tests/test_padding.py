@@ -15,7 +15,7 @@ import bert_padding
 import checkpoint_io
 import modeling
 import pretraining_data
-from conftest import SENTENCES, bert_config, padded_batch
+from helpers import SENTENCES, bert_config, padded_batch
 from modeling import BertConfig, BertForPreTraining
 from tokenization import BertTokenizer
 

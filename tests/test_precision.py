@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import precision
-from conftest import help_of
+from helpers import help_of
 
 AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}  # an AMD EPYC / laptop CPU without native bf16
 WITH_AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512_bf16"}
@@ -146,7 +146,7 @@ def test_an_unset_or_empty_variable_reads_the_flags_and_a_bad_one_is_refused(mon
 
 def test_a_bad_variable_is_one_line_from_an_entry_script(monkeypatch, tmp_path):
     import run_pretraining as rp
-    from conftest import args_for, make_shards, write_config
+    from helpers import args_for, make_shards, write_config
 
     monkeypatch.setenv("BERT_CPU_BF16", "maybe")
     argv = args_for(make_shards(tmp_path / "data", n_shards=1), write_config(tmp_path / "config.json"),
@@ -193,7 +193,7 @@ def test_pretraining_trains_in_what_auto_decides_on_either_cpu(tmp_path, cpu_bf1
     """run_pretraining.py with --precision auto, as a CPU with (bf16) and without (fp32) native bf16 decides: the
     run takes that precision, logs it with its reason, and learns (the masked-LM loss falls)."""
     import run_pretraining as rp
-    from conftest import args_for, make_shards, read_log, write_config
+    from helpers import args_for, make_shards, read_log, write_config
 
     out = tmp_path / "out"
     argv = args_for(make_shards(tmp_path / "data", n_shards=1, n=64, vocab=30), write_config(tmp_path / "c.json",

@@ -28,7 +28,7 @@ import run_pretraining as rp
 import parallelize
 import stop_signals
 import train_step
-from conftest import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
+from helpers import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
                       read_log, shard_stream, subprocess_env, weights, write_config)
 from checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertConfig, BertForPreTraining
@@ -853,7 +853,7 @@ def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
     """--optimizer adamw: the weights after each of 6 steps equal a hand-written loop over the same batches with
     torch.optim.AdamW (decay on weight matrices only, by name), clip_grad_norm_ and the poly schedule written
     out: lr_k = lr * (k / 6) / 0.34 during warm-up, lr * (1 - k / 6) ** 0.5 after it."""
-    from conftest import write_config
+    from helpers import write_config
 
     config = write_config(tmp_path / "config.json", dropout=0.0)
     data = make_shards(tmp_path / "data", n_shards=1, n=48)
@@ -888,7 +888,7 @@ def test_unigram_bias_init_starts_at_the_unigram_loss(tmp_path):
     frequencies (the embeddings' small random logits aside), where the zero bias starts near ln V."""
     import h5py
 
-    from conftest import write_config
+    from helpers import write_config
 
     shard = tmp_path / "data" / "a.hdf5"
     shard.parent.mkdir()
@@ -925,7 +925,7 @@ def test_no_nsp_trains_on_the_masked_lm_loss_alone(tmp_path):
     """--no_nsp: after 3 AdamW steps the encoder and masked-LM head equal a hand-written loop that minimises
     out.mlm_loss only (torch.optim.AdamW, constant lr, no clipping); the next-sentence head got zero gradients, so
     AdamW moved it by weight decay alone: W <- W * (1 - lr * 0.01) per step. The NSP loss is still logged."""
-    from conftest import write_config
+    from helpers import write_config
 
     config = write_config(tmp_path / "config.json", dropout=0.0)
     data = make_shards(tmp_path / "data", n_shards=1, n=32)

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_shards, max_diff, read_log, subprocess_env, weights, write_config
+from helpers import make_shards, max_diff, read_log, subprocess_env, weights, write_config
 from slurm_cluster import SlurmCluster, free_port, installed_or_skip
 
 REPO = Path(__file__).resolve().parent.parent

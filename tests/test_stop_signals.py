@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PRED, SEQ, make_shards, read_log, write_config
+from helpers import PRED, SEQ, make_shards, read_log, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SH = REPO / "scripts" / "run_pretraining.sh"

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from bench import pretrain_study, results_page, scaling_study, study_utils
-from conftest import no_training
+from helpers import no_training
 
 # MRPC dev: 408 pairs, 279 of them paraphrases, so predicting "paraphrase" everywhere scores F1 2*279/(279+408);
 # SST-2 dev: 872 sentences, 444 positive, so always "positive" scores accuracy 444/872.
@@ -627,7 +627,7 @@ def test_reused_run_is_compared_by_its_global_batch(tmp_path):
 def tiny_bertprep_layout(root: Path) -> tuple[Path, Path, Path]:
     """training/ and test/ shards as data/bertPrep.py lays them out (conftest's tiny random shards, ids < 100),
     a 100-token vocabulary whose [CLS]/[SEP]/[MASK] are conftest's, and a 2-layer config without dropout."""
-    from conftest import make_shards, write_config
+    from helpers import make_shards, write_config
 
     make_shards(root / "data" / "training", n_shards=2, n=40)
     make_shards(root / "data" / "test", n_shards=1, n=24, seed=7)

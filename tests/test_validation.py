@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import dist_env
-from conftest import subprocess_env
+from helpers import subprocess_env
 from slurm_cluster import free_port
 from validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
 

@@ -16,7 +16,7 @@ import finetuning
 import metrics
 import parallelize
 import train_step
-from conftest import SEQ, VOCAB
+from helpers import SEQ, VOCAB
 from modeling import BertConfig, BertForPreTraining
 
 
