@@ -44,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atomic_io import atomic_write_text
+from bench import pretrain_study
 from bench import study_utils as su
 from cli import InputError, script_errors
+from processors.glue import get_task, get_train_examples
 
 REPO = su.REPO
 ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")
@@ -54,8 +56,6 @@ ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")
 def sst2_documents(data_dir: Path, out: Path, per_doc: int) -> dict:
     """SST-2's training sentences, labels dropped, in file order, `per_doc` to a document (blank-line separated):
     the plain-text input of run_cpu_demo.sh --corpus. Returns {"sentences", "documents", "words"}."""
-    from processors.glue import get_task, get_train_examples
-
     sentences = [e.text_a.strip() for e in get_train_examples(data_dir, get_task("sst-2"))]
     sentences = [s for s in sentences if s]
     docs = [sentences[i:i + per_doc] for i in range(0, len(sentences), per_doc)]
@@ -201,8 +201,6 @@ def parse(argv: list[str] | None = None) -> Plan:
 def study(plan: Plan, arm: str, lr: str, models: str, pretraining: list[str]) -> dict:
     """One arm fine-tuned at one rate (bench.pretrain_study's report); the arm's pre-training runs with its first
     rate and is reused after."""
-    from bench import pretrain_study
-
     out = plan.out
     return pretrain_study.main(["--out", str(out / arm / f"lr{lr}{plan.suffix}"), "--pretrain_out",
                                 str(out / arm / "pretrain"), "--small_lr", lr, "--models", models, *pretraining,
@@ -233,7 +231,7 @@ def pretrain_and_fine_tune(plan: Plan) -> tuple[dict[str, dict[str, dict]], dict
 
 def linear_probe_of(plan: Plan, starts: dict[str, str]) -> dict:
     """bench.linear_probe of every arm's starting checkpoint (`starts`: arm -> checkpoint), or its JSON reused."""
-    from bench import linear_probe
+    from bench import linear_probe  # it imports torch: here, so that importing this study stays light
 
     args = plan.args
     probe_argv = [a for arm in ARMS for a in ("--checkpoint", f"{arm}={starts[arm]}")]

@@ -24,10 +24,13 @@ It writes run_pretraining.py's kind of JSON lines, with the FINAL record the sum
 `check_flash` (GPU only): the flash_varlen attention kernel (bert_padding) against padded SDPA in fp32 on random
 sequences of mixed lengths, forward and gradients; with dropout: applied, unbiased over many draws, the same under
 the same seed; and compiled against eager. --kernel cudnn_varlen checks cuDNN's kernel the same way. Writes
-check_<kernel>.json (calls before 2026-11-28 16:00: flash_check.json); exits 1 when a check fails.
+check_<kernel>.json; exits 1 when a check fails.
 
 `summarize DIR`: every row's FINAL numbers and profile, the ratio of each row's real tokens/s to transformers' in the
 same phase, as summary.json and a Markdown table (summary.md).
+
+torch, transformers and the modules that load torch are imported in the functions of `hf` and `check_flash`:
+`prepare`, `summarize` and the results page (which imports this module) need none of them.
 """
 from __future__ import annotations
 
@@ -37,10 +40,16 @@ import math
 import os
 import shutil
 import sys
+import tarfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from atomic_io import JsonLogger
 from bench import study_utils as su
+from create_pretraining_data import main as create_pretraining_data
+from scripts.text_to_documents import main as text_to_documents
 
 REPO = su.REPO
 SHARED = REPO.parent / "shared" / "data"
@@ -55,9 +64,6 @@ CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {
 
 
 def prepare(args) -> dict:
-    from create_pretraining_data import main as create_pretraining_data
-    from scripts.text_to_documents import main as text_to_documents
-
     slice_dir = Path(args.slice)
     files = sorted(p for p in slice_dir.iterdir() if p.name.startswith("wiki_"))[:args.files]
     if not files:
@@ -104,21 +110,10 @@ def prepare(args) -> dict:
 # hf: the peer
 
 
-def dense_labels(positions, ids, seq: int):
-    """[B, S] masked-LM labels for transformers (-100 where nothing is predicted) from the shards' slots (position
-    0: an unused slot)."""
-    import numpy as np
-
-    labels = np.full((len(positions), seq), -100, dtype=np.int64)
-    rows, slots = np.nonzero(positions)
-    labels[rows, positions[rows, slots]] = ids[rows, slots]
-    return labels
-
-
 def hf_model(args, ours, device):
     """transformers' BertForPreTraining of our config (sdpa attention), on `device`, compiled when asked, and our
     NVLAMB over its parameters. Returns (the model to step, the optimizer)."""
-    import torch
+    import torch  # on use, as transformers and the torch-backed modules (see the module docstring)
     import transformers
 
     from checkpoint_io import hf_config
@@ -134,12 +129,9 @@ def hf_model(args, ours, device):
 def hf_tensors(args) -> tuple:
     """The shards as transformers' inputs (CPU tensors, every row), the masked positions (for the FLOP count),
     and the micro-batch."""
-    import numpy as np
-    import torch
+    import torch  # on use (see the module docstring)
 
-    from bench.study_utils import read_shards
-
-    arrays = read_shards(args.input_dir)
+    arrays = su.read_shards(args.input_dir)
     n, seq = arrays["input_ids"].shape
     micro = args.train_batch_size // args.gradient_accumulation_steps
     if n < micro:
@@ -148,19 +140,27 @@ def hf_tensors(args) -> tuple:
     as_long = lambda key: torch.from_numpy(arrays[key].astype(np.int64))  # noqa: E731
     tensors = {"input_ids": as_long("input_ids"), "attention_mask": as_long("input_mask"),
                "token_type_ids": as_long("segment_ids"), "next_sentence_label": as_long("next_sentence_labels"),
-               "labels": torch.from_numpy(dense_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq))}
+               "labels": torch.from_numpy(hf_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq))}
     return tensors, as_long("masked_lm_positions"), micro
+
+
+def hf_labels(positions: np.ndarray, ids: np.ndarray, seq: int) -> np.ndarray:
+    """[B, S] masked-LM labels in transformers' convention, -100 where nothing is predicted."""
+    from pretraining_data import mlm_labels  # torch-backed: on use (see the module docstring)
+
+    labels = mlm_labels(positions, ids, seq)
+    labels[labels == -1] = -100
+    return labels
 
 
 def run_hf(args) -> dict:
     """The peer's loop: warm-up steps, profiled steps (not timed), timed steps; the same FLOP count as ours."""
-    import torch
+    import torch  # on use, as the torch-backed modules (see the module docstring)
 
-    from atomic_io import JsonLogger
+    from metrics import peak_flops
     from modeling import BertConfig
     from profiling import StepProfiler
     from trainer import batch_flops
-    from metrics import peak_flops
 
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
@@ -212,7 +212,7 @@ def run_hf(args) -> dict:
 def hf_final(args, device, timed: dict, seconds: float, loss: float, first_step_s: float | None,
              peak: float | None) -> dict:
     """The FINAL record, in run_pretraining.py's keys."""
-    import torch
+    import torch  # on use (see the module docstring)
 
     final = {"final_loss": loss * args.gradient_accumulation_steps,
              "training_sequences_per_second": timed["rows"] / seconds,
@@ -228,7 +228,7 @@ def hf_final(args, device, timed: dict, seconds: float, loss: float, first_step_
 
 
 def sync(device) -> None:
-    import torch
+    import torch  # on use (see the module docstring)
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -244,7 +244,7 @@ def relative_error(a, b) -> float:
 
 
 def check_flash(args) -> dict:
-    import torch
+    import torch  # on use, as bert_padding (see the module docstring)
 
     import bert_padding as bp
 
@@ -313,16 +313,6 @@ def check_flash(args) -> dict:
 # summarize
 
 
-def read_records(path: Path) -> list[dict]:
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a killed row
-    return records
-
-
 def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     """Every row of the call (folder/rows.txt: name, phase, path, mode, wall seconds, exit status, one a line; the
     rows' logs in folder/logs) with its FINAL numbers and profile, and the ratio of its real tokens/s to
@@ -331,16 +321,15 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     rows = []
     listing = folder / "rows.txt"
     for line in (listing.read_text().splitlines() if listing.is_file() else []):
-        name, phase, layout, mode, wall, status, *micro = line.split()  # calls before 2026-11-28 15:35 wrote no micro
-        log = folder / "logs" / f"{name}.json"
-        records = read_records(log) if log.is_file() else []
+        name, phase, layout, mode, wall, status, micro = line.split()
+        records = su.read_log(folder / "logs" / f"{name}.json")  # a line cut by a killed row is skipped
         final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
         profile = next((r["data"] for r in records if r.get("step") == "PROFILE"), None)
         profile_file = folder / "logs" / f"{name}.profile.json"
         if profile is None and profile_file.is_file():
             profile = json.loads(profile_file.read_text())
         row = {"run": name, "phase": int(phase), "layout": layout, "mode": mode, "wall_s": int(wall),
-               "exit": int(status), "finished": final is not None, "micro_batch": int(micro[0]) if micro else None}
+               "exit": int(status), "finished": final is not None, "micro_batch": int(micro)}
         if final:
             row.update(rows_per_s=final["training_sequences_per_second"],
                        sequences_per_s=final["training_real_sequences_per_second"],
@@ -369,7 +358,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| phase | path | mode | micro-batch | rows/s | sequences/s | real tokens/s | MFU | peak GiB | "
              "vs transformers | GPU busy | last loss | wall s |", "|" + "---|" * 13]
     for r in rows:
-        head = f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r.get('micro_batch'), ',.0f')} |"
+        head = f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r['micro_batch'], ',.0f')} |"
         if not r["finished"]:
             lines.append(f"{head} failed (exit {r['exit']}, see logs/{r['run']}.log) | | | | | | | | {r['wall_s']} |")
             continue
@@ -391,8 +380,6 @@ def steady_rates(folder: Path) -> dict[str, float]:
     """{row: rows/s between its last two step log lines}, read from the call's logs.tar.gz: a second estimate of
     each run_pretraining.py row's rate, independent of its FINAL line (it includes the one host sync of a log step).
     transformers' rows log no batch size and are left out."""
-    import tarfile
-
     rates = {}
     archive = folder / "logs.tar.gz"
     if not archive.is_file():
@@ -430,7 +417,6 @@ def markdown(folder: Path) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     mistimed = set(meta.get("final_mistimed", []))  # rows whose FINAL rates a bug of that call's code spoilt
     for r in rows:
-        r["micro_batch"] = r.get("micro_batch") or micro_batch(meta.get("settings") or {}, r["phase"])
         if not r["finished"]:
             lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | failed "
                          f"(exit {r['exit']}) | | | | | | | | |")
@@ -456,14 +442,6 @@ def markdown(folder: Path) -> str:
     return "\n".join(lines + waits_table(rows))
 
 
-def micro_batch(settings: dict, phase: int) -> int | None:
-    """A row's micro-batch from the call's settings (calls that recorded none per row)."""
-    try:
-        return int(settings[f"batch{phase}"]) // int(settings[f"acc{phase}"])
-    except (KeyError, ValueError, ZeroDivisionError):
-        return None
-
-
 def waits_table(rows: list[dict]) -> list[str]:
     """Where the GPU waited for the host (profiling.py's host_while_idle), for the rows whose profile has it."""
     waited = [r for r in rows if r["finished"] and "idle_by_host" in (r.get("profile") or {})]
@@ -477,7 +455,7 @@ def waits_table(rows: list[dict]) -> list[str]:
     for r in waited:
         prof = r["profile"]
         under = "; ".join(f"{name[:60]} {ms:.1f}" for name, ms in list(prof["idle_by_host"].items())[:3])
-        lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r.get('micro_batch'), ',.0f')} | "
+        lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | "
                      f"{fmt(prof.get('kernels_per_step'), ',.0f')} | {fmt(prof.get('idle_ms_per_step'), '.1f')} | "
                      f"{under} | {fmt(prof.get('idle_uncovered_ms_per_step'), '.1f')} |")
     return lines

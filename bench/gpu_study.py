@@ -37,6 +37,9 @@ The device tool carries 64 MiB with the repository: training shards beyond --max
 
 `import` (here): turns OUT into one pre-training run folder per run that `bench.pretrain_study --pretrain_run`
 fine-tunes: <RUNS>/<name>/checkpoints/ckpt_<step>.pt ({"model": fp32 state dict}) and <name>.phase1.json.
+
+torch, safetensors and the modules that load torch are imported in the functions that use them: `prepare` and the
+results page (which imports this module for its table) need none of them.
 """
 from __future__ import annotations
 
@@ -159,7 +162,7 @@ def run_side_by_side(commands: dict[str, list[str]], logs: dict[str, Path], kill
 
 
 def environment() -> dict:
-    import torch
+    import torch  # on use (see the module docstring)
 
     info = {"torch": torch.__version__, "python": sys.version.split()[0],
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
@@ -176,7 +179,7 @@ def environment() -> dict:
 def export_weights(checkpoint: Path, target: Path) -> int:
     """The checkpoint's model weights in bf16 (floating tensors; others as they are) as safetensors, its model config
     and step in the file's metadata; returns bytes."""
-    import torch
+    import torch  # on use, as safetensors and checkpoint_io (see the module docstring)
     from safetensors.torch import save
 
     import checkpoint_io
@@ -187,18 +190,6 @@ def export_weights(checkpoint: Path, target: Path) -> int:
     with atomic_io.atomic_open(target) as f:
         f.write(data)
     return len(data)
-
-
-def checkpoints(folder: Path) -> dict[int, Path]:
-    """step -> ckpt_<step>.pt of a run's checkpoint folder, by step."""
-    from checkpoint_io import CheckpointManager
-
-    return CheckpointManager(folder).all()
-
-
-def newest_checkpoint(folder: Path) -> Path | None:
-    found = checkpoints(folder)
-    return found[max(found)] if found else None
 
 
 def progress_log(path: Path) -> Callable[[str], None]:
@@ -254,12 +245,15 @@ def probe_steps(args: argparse.Namespace, runs: list[tuple[str, str, str]], repo
                 log: Callable[[str], None]) -> int:
     """Step 2: the probe (--probe_steps of every run side by side, its checkpoints exported to check the export);
     report["probe"] and report["steps"] set; returns the steps that fit --budget_s at the slowest run's rate."""
+    from checkpoint_io import CheckpointManager  # torch-backed: on use (see the module docstring)
+
     probe = side_by_side(args, runs, Stage("probe", args.probe_steps, 0, None), log)
     failed = [n for n, r in probe.items() if r["returncode"] != 0 or not r["final"]]
     if failed:
         raise SystemExit(f"gpu_study: the probe failed for {', '.join(failed)}: see {args.out / 'gpu_study.log'}")
     for name, r in probe.items():  # the probe's own checkpoint exports too: the export path is checked before step 3
-        export_weights(newest_checkpoint(r["dir"] / "checkpoints"), args.work / f"{name}.probe.safetensors")
+        found = CheckpointManager(r["dir"] / "checkpoints").all()
+        export_weights(found[max(found)], args.work / f"{name}.probe.safetensors")
     rate = min(r["final"]["training_sequences_per_second"] for r in probe.values()) / args.batch
     wall = max(r["wall_s"] for r in probe.values())
     steps = steps_that_fit(args.budget_s, args.probe_steps, wall, rate, args.max_steps_cap)
@@ -274,17 +268,18 @@ def probe_steps(args: argparse.Namespace, runs: list[tuple[str, str, str]], repo
 def export_run(args: argparse.Namespace, name: str, r: dict) -> dict:
     """Step 4 for one run of side_by_side: its newest checkpoint's weights (and, with --checkpoints N, the earlier
     ones) as bf16 safetensors and its log into --out; returns the run's entry of gpu_study.json."""
+    from checkpoint_io import CheckpointManager  # torch-backed: on use (see the module docstring)
+
     entry = {"returncode": r["returncode"], "wall_s": r["wall_s"], "terminated": r["terminated"],
              "final": r["final"], "eval": r["eval"]}
-    checkpoint = newest_checkpoint(r["dir"] / "checkpoints")
-    if checkpoint is not None:
-        entry["checkpoint_step"] = int(checkpoint.stem.split("_")[1])
-        entry["weights_bytes"] = export_weights(checkpoint, args.out / f"{name}.bf16.safetensors")
+    found = CheckpointManager(r["dir"] / "checkpoints").all()
+    if found:
+        entry["checkpoint_step"] = max(found)
+        entry["weights_bytes"] = export_weights(found.pop(max(found)), args.out / f"{name}.bf16.safetensors")
         # --checkpoints N: the earlier ones too (the run's weights after 1/N, 2/N, ... of its steps), each as
         # <name>.step<S>.bf16.safetensors, for probing how transfer grows with the tokens seen.
-        earlier = {s: path for s, path in checkpoints(r["dir"] / "checkpoints").items() if path != checkpoint}
-        entry["earlier_steps"] = sorted(earlier)
-        for step, path in earlier.items():
+        entry["earlier_steps"] = sorted(found)
+        for step, path in found.items():
             export_weights(path, args.out / f"{name}.step{step}.bf16.safetensors")
     if (r["dir"] / "log.json").is_file():
         shutil.copyfile(r["dir"] / "log.json", args.out / f"{name}.log.json")
@@ -392,7 +387,7 @@ SHAPES = {"mini": {"hidden_size": 256, "num_attention_heads": 4, "intermediate_s
 def shape_configs(vocab_entries: int, out: Path) -> list[Path]:
     """bert-<shape>-<N>k.json for each of SHAPES: 4 layers, dropout 0.1, vocab_size = the vocabulary's entries
     rounded up to a multiple of 8 (what run_pretraining.py --vocab_file accepts)."""
-    from modeling import BertConfig
+    from modeling import BertConfig  # torch-backed: on use (see the module docstring)
 
     vocab_size = -(-vocab_entries // 8) * 8
     made = []
@@ -408,7 +403,7 @@ def shape_configs(vocab_entries: int, out: Path) -> list[Path]:
 def heldout_summary(eval_dir: Path, samples: int, vocab: list[str]) -> dict:
     """What run_pretraining.py's evaluation reads of `eval_dir` (its first `samples` sequences): the prediction
     slots, the [MASK]ed ones it scores (validation.mask_slots) and the unigram entropy of their targets."""
-    from validation import SpecialIds, mask_slots, unigram_entropy
+    from validation import SpecialIds, mask_slots, unigram_entropy  # torch-backed: on use (see the module docstring)
 
     arrays = su.read_shards(eval_dir, samples, ("input_ids", "masked_lm_positions", "masked_lm_ids"))
     targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
@@ -582,7 +577,7 @@ def cmd_prepare(args: argparse.Namespace) -> dict:
 
 def cmd_import(args) -> list[Path]:
     """OUT of `run` -> <to>/<name>/ run folders for bench.pretrain_study --pretrain_run."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # on use, as modeling (see the module docstring)
     from safetensors.torch import load_file
 
     from modeling import BertConfig

@@ -25,10 +25,14 @@ import numpy as np
 import torch
 
 from atomic_io import atomic_write_json
+from bench.study_utils import DATA, REPO
+from checkpoint_io import from_pretrained
 from cli import InputError, script_errors
+from finetuning import length_sorted_batches, pad_sequences
+from modeling import BertModel
+from processors.glue import encode_examples, get_dev_examples, get_task, get_train_examples
+from tokenization import BertTokenizer
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
 FOLDER = {"sst-2": "glue-sst2", "cola": "glue-cola"}
 
 
@@ -37,8 +41,6 @@ def sentence_features(model, encoded, batch_size: int = 128, layer: int = -1) ->
     --layers: -1 the last, 0 the first layer's output) at [CLS], and its mean over each sentence's real tokens, from
     a bare BertModel in eval mode over `encoded` (processors.glue.EncodedExamples). Batches are length-sorted
     (little padding); rows come back in the examples' order."""
-    from finetuning import length_sorted_batches, pad_sequences
-
     n, hidden = len(encoded), model.config.hidden_size
     out = {"cls": np.zeros((n, hidden), np.float32), "mean": np.zeros((n, hidden), np.float32)}
     model.eval()
@@ -57,7 +59,7 @@ def probe(train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray, dev_y: np
           holdout: float, seed: int = 0) -> dict:
     """Logistic regression on standardised features: C picked on the last `holdout` of train, refitted on all of
     train, scored on dev. Returns dev accuracy, the chosen C and each C's held-out accuracy."""
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegression  # optional and slow to import: only where a probe is fitted
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     from threadpoolctl import threadpool_limits
@@ -83,11 +85,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main(argv: list[str] | None = None) -> dict:
-    from checkpoint_io import from_pretrained
-    from modeling import BertModel
-    from processors.glue import encode_examples, get_dev_examples, get_task, get_train_examples
-    from tokenization import BertTokenizer
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", action="append", required=True, metavar="NAME=PATH",
                    help="a checkpoint to probe, named (repeatable): ckpt_<step>.pt, model.pt or a HF directory")
@@ -154,15 +151,13 @@ def _main(argv: list[str] | None = None) -> dict:
 def markdown(report: dict) -> str:
     """The probe's table: dev accuracy of each checkpoint's [CLS] and mean-of-tokens features, beside the majority
     class, with the layer, the data sizes and the command under it."""
-    cmd = report["command"]
-    layer = report.get("layer", cmd[cmd.index("--layer") + 1] if "--layer" in cmd else -1)
     lines = ["| checkpoint | dev acc., [CLS] | dev acc., mean of tokens | C ([CLS], mean) |", "|---|---|---|---|"]
     lines += [f"| {n} | {r['cls']['dev_accuracy']:.4f} | {r['mean']['dev_accuracy']:.4f} | {r['cls']['C']:g}, "
               f"{r['mean']['C']:g} |" for n, r in report["results"].items()]
     lines.append(f"| majority class | {report['majority']:.4f} | {report['majority']:.4f} | |")
-    lines += ["", f"{report['task'].upper()}, layer {layer}, {report['train_examples']} training and "
+    lines += ["", f"{report['task'].upper()}, layer {report['layer']}, {report['train_examples']} training and "
               f"{report['dev_examples']} dev sentences, {report['date']}, {report['wall_seconds']} s. Command: "
-              f"`python -m bench.linear_probe {shlex.join(cmd[3:])}`."]
+              f"`python -m bench.linear_probe {shlex.join(report['command'][3:])}`."]
     return "\n".join(lines)
 
 

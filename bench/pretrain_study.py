@@ -37,6 +37,8 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import json
 import os
 import shutil
@@ -46,7 +48,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from bench import stability
 from bench import study_utils as su
+from dist_env import DistEnv, set_seed
+from tokenization import load_vocab
 
 REPO = su.REPO
 MODELS = ("pretrained", "random", "minilm")
@@ -111,8 +118,6 @@ def demo_command(args) -> list[str]:
 
 def tee(cmd: list[str], env: dict, log_path: Path) -> int:
     """Run `cmd` in the repository, its output (stdout and stderr) both to ours and to `log_path`, as it comes."""
-    import codecs
-
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end inside a character
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -136,7 +141,7 @@ def reuse_differences(state: dict, args) -> list[str]:
             lines.append(f"{name} {have} (flag: {want})")
     if p1.get("learning_rate") is None or abs(p1["learning_rate"] - float(args.lr)) > 1e-12:
         lines.append(f"phase 1 learning rate {p1.get('learning_rate')} (flag: {args.lr})")
-    optimizer = p1.get("optimizer", "nvlamb")  # logs from before --optimizer existed: NVLAMB, the only one
+    optimizer = p1.get("optimizer")
     if optimizer != args.optimizer:
         lines.append(f"optimizer {optimizer} (flag: {args.optimizer})")
     return lines + config_differences(p1.get("config_file"), args.config)
@@ -219,10 +224,8 @@ def pretraining_report(state: dict) -> dict:
             "curves": {"phase1": p1["losses"], "phase2": p2["losses"]}}
 
 
-def _most_frequent_follower(keys: "np.ndarray", values: "np.ndarray") -> dict[int, int]:
+def _most_frequent_follower(keys: np.ndarray, values: np.ndarray) -> dict[int, int]:
     """key -> the value seen most often with it (ties: the smallest value)."""
-    import numpy as np
-
     codes, counts = np.unique(keys.astype(np.int64) * (1 << 20) + values, return_counts=True)
     first, second = codes >> 20, codes & ((1 << 20) - 1)
     order = np.lexsort((-counts, first))  # by key, the most frequent value first
@@ -237,9 +240,7 @@ def count_model_accuracies(train: dict, heldout: dict, special) -> dict[str, flo
     sees just before the slot; previous+next, the most frequent token between the two tokens the model sees around
     the slot. Each backs off to the one before it when what it looks at is [MASK] or was never seen in training.
     `special`: validation.SpecialIds."""
-    import numpy as np
-
-    from pretraining_data import unmask
+    from pretraining_data import unmask  # torch-backed, as validation: here, so that importing the study stays light
     from validation import mask_slots
 
     tokens = unmask(train["input_ids"], train["masked_lm_positions"], train["masked_lm_ids"]).astype(np.int64)
@@ -272,14 +273,10 @@ def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike,
     to copy there), its accuracy with the context and with every other token replaced by [MASK], beside three count
     models of the training shards (count_model_accuracies; the first `max_train_samples` training samples) as
     independent references: a model that reads the context beats the previous+next-token counts."""
-    import contextlib
-
-    import torch
+    import torch  # here, not at the head: importing the study (adaptive_study, the results page) stays light
 
     from checkpoint_io import from_pretrained
     from modeling import BertForPreTraining
-    from tokenization import load_vocab
-    from dist_env import DistEnv
     from validation import SpecialIds, Validator
 
     special = SpecialIds.from_vocab(load_vocab(str(vocab)))
@@ -301,11 +298,10 @@ def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike,
 def make_random_init(config: dict, vocab: Path, seed: int, out_dir: Path) -> Path:
     """modeling.py's own initialisation of BertForPreTraining(config) after set_seed(seed), saved as
     out_dir/ckpt_0.pt with bert_config.json and vocab.txt beside it (what run_glue.py --init_checkpoint reads)."""
-    import torch
+    import torch  # here, not at the head: importing the study stays light
 
     from checkpoint_io import REDUNDANT_KEYS
     from modeling import BertConfig, BertForPreTraining
-    from dist_env import set_seed
 
     bert_config = BertConfig.from_dict(config, source="the pre-trained checkpoint's config")
     set_seed(seed)
@@ -322,7 +318,7 @@ def make_random_init(config: dict, vocab: Path, seed: int, out_dir: Path) -> Pat
 def write_finetune_config(config: dict, dropout: float, out_dir: Path) -> Path:
     """out_dir/finetune_config_dropout<P>.json: the pre-trained checkpoint's config with hidden_dropout_prob and
     attention_probs_dropout_prob set to P (the name carries P, so a study's reuse check tells dropouts apart)."""
-    from modeling import BertConfig
+    from modeling import BertConfig  # torch-backed: here, so that importing the study stays light
 
     if not 0.0 <= dropout < 1.0:
         raise SystemExit(f"pretrain_study: --finetune_dropout {dropout}: give a probability in [0, 1)")
@@ -335,7 +331,7 @@ def write_finetune_config(config: dict, dropout: float, out_dir: Path) -> Path:
 
 
 def checkpoint_config(path: str | os.PathLike) -> dict:
-    import torch
+    import torch  # here, not at the head: importing the study stays light
 
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt.get("config"), dict):
@@ -398,12 +394,7 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
                       f"samples): **{su.fmt(held['accuracy'], 4)}**; always guessing the most frequent masked token: "
                       f"{su.fmt(held['baseline'], 4)}.", ""]
         probe = pre.get("context_probe")
-        if probe and "slots" not in probe:  # the first probe's record (2026-11-23): every prediction slot, kept ones too
-            lines += [f"Context probe (the final checkpoint, on {probe['positions']} held-out prediction slots, "
-                      f"the copyable kept ones included): accuracy **{su.fmt(probe['model'], 4)}** with the context, "
-                      f"{su.fmt(probe['model_without_context'], 4)} with every other token replaced by [MASK]; "
-                      f"count models: unigram {su.fmt(probe['unigram'], 4)}, bigram {su.fmt(probe['bigram'], 4)}.", ""]
-        elif probe:
+        if probe:
             lines += [f"Context probe (the final checkpoint, on the {probe['slots']} held-out [MASK]ed slots: "
                       f"nothing to copy there): accuracy **{su.fmt(probe['model'], 4)}** with the context, "
                       f"{su.fmt(probe['model_without_context'], 4)} with every other token of the input replaced "
@@ -643,7 +634,8 @@ def fine_tune(plan: Plan, starts: Starts, given: dict[tuple[str, str], Path]) ->
                 threads=args.glue_threads, parallel=args.parallel, vocab=args.vocab if small else None,
                 data_dir=data_dir, config_file=starts.finetune_config if small else None,
                 launch="in_process" if args.glue_in_process else "subprocess"))
-            summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)), su.log)
+            summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)),
+                                                               stability.main, su.log)
             results[task][model] = su.stats_of(summary)
             details[task][model] = su.seed_details(summary)
     return {"seeds": plan.seeds, "model_settings": settings_of_model, "dropout": args.finetune_dropout,

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 from atomic_io import atomic_write_text
+from bench import (adaptive_study, bench_prep_engines, gpu_speed, gpu_study, pretrain_study, pretrain_sweep,
+                   pretrain_vs_transformers, scaling_study)
 from bench import study_utils as su
 
 REPO = su.REPO
@@ -37,14 +39,12 @@ METRIC_NAME = {"f1": "F1", "acc": "accuracy", "mcc": "Matthews corr.", "spearman
 def nvidia_table(rows: list[tuple[str, list[int], list[float]]], metric: str, first: str = "Model") -> str:
     """NVIDIA's fine-tuning stability table: | first | seed #1 ... | mean | std |, scores in percent, 2 decimals.
     rows: (label, seeds, scores); the seed columns are the union of every row's seeds."""
-    from bench.stability import aggregate
-
     seeds = sorted({s for _, row_seeds, _ in rows for s in row_seeds})
     lines = [f"| {first} ({METRIC_NAME.get(metric, metric)}, %) | " + " | ".join(f"seed #{s}" for s in seeds)
              + " | mean | std |", "|---|" + "---|" * (len(seeds) + 2)]
     for label, row_seeds, scores in rows:
         by_seed = dict(zip(row_seeds, scores))
-        stats = aggregate(scores)
+        stats = su.aggregate(scores)
         cells = [f"{100 * by_seed[s]:.2f}" if s in by_seed else "" for s in seeds]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {100 * stats['mean']:.2f} | {100 * stats['std']:.2f} |")
     return "\n".join(lines)
@@ -89,8 +89,6 @@ def stability_section(mrpc: dict | None, sst2: dict | None, paths: dict[str, Pat
 def pretrain_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str,
                      name: str = "pretrain") -> list[str]:
     """One pre-train-then-fine-tune study; `name` prefixes its plots' file names (several studies, one page)."""
-    from bench import pretrain_study
-
     if report is None:
         return [f"{heading} Pre-train, then fine-tune", ""] + not_run(
             path, "Run `python -m bench.pretrain_study --out <studies>/pretrain` (see its --help).")
@@ -114,8 +112,6 @@ def pretrain_section(report: dict | None, path: Path, plots: Path, page_dir: Pat
 
 
 def scaling_section(report: dict | None, path: Path, plots: Path, page_dir: Path, heading: str) -> list[str]:
-    from bench import scaling_study
-
     if report is None:
         return [f"{heading} Batch-size scaling study", ""] + not_run(
             path, "Run `python -m bench.scaling_study --out <studies>/scaling` (see its --help).")
@@ -147,8 +143,6 @@ def table_and_plot_section(module, report: dict | None, path: Path, plots: Path,
 
 def gpu_section(paths: list[Path], plots: Path, page_dir: Path, heading: str) -> list[str]:
     """bench.gpu_study's runs (every --gpu_study file), one table and one plot of all their runs."""
-    from bench import gpu_study
-
     if not paths:
         return [f"{heading} Pre-training on one GPU (bench.gpu_study)", "",
                 "Not run: no --gpu_study file given (it needs a GPU: see bench/gpu_study.py).", ""]
@@ -177,8 +171,6 @@ def report_sections(module, paths: list[Path], heading: str, title: str, flag: s
 def gpu_speed_section(folders: list[Path], heading: str) -> list[str]:
     """BERT-large pre-training speed on one GPU, path by path, beside transformers (bench/gpu_pretraining.sh), one
     table per device call."""
-    from bench import gpu_speed
-
     lines = [f"{heading} BERT-large pre-training speed on one GPU (bench/gpu_pretraining.sh)", ""]
     if not folders:
         return lines + ["Not run: no --gpu_speed folder given (it needs a GPU: see bench/gpu_speed.py).", ""]
@@ -250,23 +242,19 @@ def main(argv: list[str] | None = None) -> str:
     for i, extra in enumerate((args.pretrain or [])[1:], start=2):
         lines += pretrain_section(load(extra), extra, plots, page_dir, "##", name=f"pretrain{i}")
     lines += scaling_section(found["scaling"], paths["scaling"], plots, page_dir, "##")
-    from bench import pretrain_sweep, pretrain_vs_transformers
-
     for i, sweep in enumerate(args.sweep or [paths["sweep"]], start=1):
         lines += table_and_plot_section(pretrain_sweep, load(sweep), sweep, plots, page_dir, "##", "Pre-training sweep",
                                         "sweep" if i == 1 else f"sweep{i}")
     lines += table_and_plot_section(pretrain_vs_transformers, found["vs_transformers"], paths["vs_transformers"], plots,
                                     page_dir, "##", "Ours against transformers", "vs_transformers")
     lines += gpu_section(args.gpu_study or [], plots, page_dir, "##")
-    from bench import adaptive_study, linear_probe
+    from bench import linear_probe  # here, not at the head: it imports torch, which the page itself never needs
 
     lines += report_sections(linear_probe, args.linear_probe or [], "##",
                              "Frozen-feature linear probes (bench.linear_probe)", "linear_probe")
     lines += report_sections(adaptive_study, args.adaptive or [], "##",
                              "Task-adaptive pre-training: four starts for SST-2 (bench.adaptive_study)", "adaptive")
     lines += gpu_speed_section(args.gpu_speed or [], "##")
-    from bench import bench_prep_engines
-
     lines += report_sections(bench_prep_engines, args.prep_engines or [], "##",
                              "The data pipeline on both engines (bench.bench_prep_engines)", "prep_engines")
     text = "\n".join(lines).rstrip() + "\n"

