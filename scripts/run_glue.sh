@@ -39,7 +39,7 @@
 #   NNODES (1), RDZV_ENDPOINT (host:port of a c10d rendezvous: torchrun --rdzv_backend=c10d, the nodes numbered by
 #   it; RDZV_ID, default $SLURM_JOB_ID or bert, equal everywhere), or else MASTER_ADDR, MASTER_PORT (29500) and
 #   NODE_RANK (0..NNODES-1) for torchrun's static rendezvous. E.g. on each of two nodes:
-#     NNODES=2 RDZV_ENDPOINT=node1:29400 bash scripts/run_glue.sh ...
+#     NNODES=2 RDZV_ENDPOINT=node1:29400 bash scripts/run_glue.sh $(source scripts/configs/glue_config.sh && mrpc_dgxa100-80g_8gpu_bf16)
 #   NUMA_BINDING=node|exclusive|socket|core-complex binds each local rank to its GPU's cores and memory node
 #   (`python -m scripts.bind --help`; scripts/torchrun_launcher.sh).
 set -euo pipefail

@@ -52,7 +52,7 @@
 #   NNODES (1), RDZV_ENDPOINT (host:port of a c10d rendezvous: torchrun --rdzv_backend=c10d, the nodes numbered by
 #   it; RDZV_ID, default $SLURM_JOB_ID or bert, equal everywhere), or else MASTER_ADDR, MASTER_PORT (29500) and
 #   NODE_RANK (0..NNODES-1) for torchrun's static rendezvous. E.g. two nodes, on each of them:
-#     NNODES=2 RDZV_ENDPOINT=node1:29400 bash scripts/run_pretraining.sh $(dgxa100-80g_8gpu_bf16)
+#     NNODES=2 RDZV_ENDPOINT=node1:29400 bash scripts/run_pretraining.sh $(source scripts/configs/pretrain_config.sh && dgxa100-80g_8gpu_bf16)
 #   (scripts/torchrun_launcher.sh builds the command; on a Slurm cluster run.sub starts the tasks with srun instead.)
 #   NUMA_BINDING=node|exclusive|socket|core-complex binds each local rank to its GPU's cores and memory node
 #   (`python -m scripts.bind --help`; scripts/torchrun_launcher.sh).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with the CPU build of PyTorch and the project's requirements.
-#   bash scripts/setup_cpu.sh          runtime requirements only
-#   bash scripts/setup_cpu.sh --test   plus the test and benchmark requirements
+#   bash scripts/setup_cpu.sh          # runtime requirements only
+#   bash scripts/setup_cpu.sh --test   # plus the test and benchmark requirements
 # torch is pinned to 2.13.0: an unpinned `torch` would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 import pytest
 
+import documented_commands as docs
 from data import bertPrep
 from data import text_formatting as tf
 from bench.dask_processes import DaskProcesses
@@ -110,23 +111,54 @@ def dask_cluster(running_cluster):
 # The same arrays everywhere
 
 
-@pytest.mark.parametrize("engine", ["processes-2", "dask-local", "dask-scheduler-file"])
-def test_every_engine_gives_the_same_arrays(engine, reference, corpus, uncased_vocab, dask_cluster, tmp_path):
-    args = {"processes-2": ["--n_processes", "2"],
-            "dask-local": ["--engine", "dask", "--n_processes", "2"],
-            "dask-scheduler-file": ["--engine", "dask", "--dask_scheduler_file", str(dask_cluster.scheduler_file)]}
-    folder = pipeline(tmp_path, corpus, uncased_vocab, *args[engine])
-    assert_same_arrays(arrays(folder), reference["arrays"])
-    # the text stages too: the formatted file and every text shard byte for byte
-    for path in sorted(reference["work"].rglob("*.txt")):
-        assert (tmp_path / path.relative_to(reference["work"])).read_bytes() == path.read_bytes(), path.name
-    manifest = json.loads((folder / "manifest.json").read_text())
-    assert len(manifest["outputs"]) == 7 and all(len(e["sha256"]) == 64 for e in manifest["outputs"].values())
-    log = [json.loads(line) for line in (tmp_path / "bertPrep_log.jsonl").read_text().splitlines()]
-    engines = [r["data"] for r in log if r["step"] == "engine"]
-    assert {e["engine"] for e in engines} == {engine.split("-")[0]}
-    if engine.startswith("dask"):
-        assert all(e["workers"] == 2 and e["dashboard"].startswith("http") for e in engines)
+@pytest.fixture(scope="module")
+def documented_runs(tmp_path_factory, shared_data, uncased_vocab) -> dict[str, Path]:
+    """Each way README.md and data/README.md show to make the shards on one machine, run as written (a fresh login
+    shell from the checkout; tests/README.md, "Every documented command") on a few real articles: one process
+    (N_PROCESSES=1, a documented variable), a local Dask cluster, a Dask scheduler and workers started by hand from
+    the folder above the checkout, and the slice command of data/README.md. Their working folders by command line."""
+    tmp = tmp_path_factory.mktemp("documented")
+    corpus = docs.tiny_wikiextractor(tmp_path_factory.mktemp("extracted"), shared_data)
+    small = {**docs.SMALL_PIPELINE, "N_TEST_SHARDS": "2", "VOCAB_FILE": str(uncased_vocab),
+             "WIKIEXTRACTOR_DIR": str(corpus)}
+    works = {}
+    for session in docs.sessions_for("test_the_documented_ways_give_the_same_shards"):
+        work = tmp / f"work{len(works)}"
+        from_above = session[0].text.startswith("cd ")  # `cd bert`: the folder above the checkout
+        replace = {"/data/bert": str(work), "/shared/bert": str(work), "/data/wiki": str(work), "8": "2", "16": "2",
+                   "vocab.txt": str(uncased_vocab), "/shared/sched.json": str(tmp / "scheduler.json"),
+                   "bert": REPO.name, "../shared/data/wikipedia-en-slice/text": str(corpus), "32": "2", "0.02": "0.2"}
+        env = {**small, "N_PROCESSES": "1"} if session[0].text.startswith("DATA_DIR=") else small
+        docs.run(session, cwd=REPO.parent if from_above else REPO, env=env, background=len(session) > 1,
+                 replace={k: v for k, v in replace.items() if any(re.search(docs.word(k), c.text) for c in session)},
+                 timeout=300)
+        works[session[-1]] = work
+    return works
+
+
+def test_the_documented_ways_give_the_same_shards(documented_runs):
+    """One process, two processes, a local Dask cluster and a scheduler with workers started apart: the same
+    formatted text, text shards and HDF5 arrays of both phases, byte for byte, and each run's log names its engine."""
+    (first, reference), *others = documented_runs.items()
+    assert len(others) == 3
+    for phase in ("seq_len_128", "seq_len_512"):
+        expected = arrays(next(reference.glob(f"hdf5_*{phase}_*")) / "wikicorpus_en")
+        assert len(expected) == 4 and all(a["input_ids"].shape[0] > 0 for a in expected.values())
+        for command, work in others:
+            got = arrays(next(work.glob(f"hdf5_*{phase}_*")) / "wikicorpus_en")
+            assert got.keys() == expected.keys(), command.text
+            for name in got:
+                for key in got[name]:
+                    np.testing.assert_array_equal(got[name][key], expected[name][key], err_msg=f"{command.text}: {name}")
+    for command, work in others:
+        for path in sorted(reference.rglob("*.txt")):
+            assert (work / path.relative_to(reference)).read_bytes() == path.read_bytes(), (command.text, path.name)
+    engines = []
+    for work in documented_runs.values():
+        log = [json.loads(line) for line in (work / "bertPrep_log.jsonl").read_text().splitlines()]
+        engines.append({(r["data"]["engine"], r["data"]["workers"] if r["data"]["engine"] == "dask" else None)
+                        for r in log if r["step"] == "engine"})
+    assert engines == [{("processes", None)}, {("dask", 2)}, {("dask", 2)}, {("processes", None)}], engines
 
 
 def test_a_vocabulary_learned_on_dask_equals_one_learned_in_one_process(reference, dask_cluster, tmp_path):
@@ -222,16 +254,22 @@ def slurm(tmp_path_factory):
         yield cluster
 
 
-def prep_env(corpus: Path, vocab: Path) -> dict[str, str]:
-    return {"WIKIEXTRACTOR_DIR": str(corpus), "VOCAB_FILE": str(vocab), "PYTHON": sys.executable,
-            "N_TRAINING_SHARDS": "6", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.1", "DUPE_FACTOR": "1",
-            "DASK_HOST": "127.0.0.1", "N_PROCESSES": "2", "OMP_NUM_THREADS": "1"}
+PREP_SUB = ("data/prep.sub", "data/create_datasets_from_start.sh")  # prep.sub passes the pipeline's variables on
 
 
-def submit_prep(slurm, env: dict[str, str], work: Path, output: Path) -> str:
-    """sbatch data/prep.sub wiki_only WORK from the checkout: 2 tasks (workers) on the one node."""
-    return slurm.sbatch(["--ntasks-per-node=2", "--overcommit", f"--output={output}",
-                         str(REPO / "data" / "prep.sub"), "wiki_only", str(work)], env=env, cwd=REPO)
+def prep_env(vocab: Path) -> dict[str, str]:
+    """The module's sizes (7 shards, 1 epoch of masks) and the vocabulary, through the variables the two scripts
+    document; DASK_HOST as prep.sub's header advises for one node. No PYTHON: prep.sub picks the checkout's .venv."""
+    return {"VOCAB_FILE": str(vocab), "N_TRAINING_SHARDS": "6", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.1",
+            "DUPE_FACTOR": "1", "DASK_HOST": "127.0.0.1", "N_PROCESSES": "2"}
+
+
+def submit_prep(slurm, commands: list[docs.Command], replace: dict[str, str], env: dict[str, str],
+                output: Path) -> str:
+    """Submit data/prep.sub as the documents show it: the one node of the test cluster with 2 workers (the
+    commands' -N 8 / --ntasks-per-node=32 become -N 1 / 2); returns the job id."""
+    return docs.submit(commands, slurm_conf=slurm.conf, output=output, replace={"8": "1", "32": "2", **replace},
+                       env=env, documented_in=PREP_SUB)
 
 
 def no_dask_process_within(slurm, seconds: float) -> list[str]:
@@ -249,8 +287,10 @@ def prep_jobs(slurm, reference, corpus, uncased_vocab, tmp_path_factory) -> dict
     rerun the rest of phase 1 and all of phase 2), so it also serves the test of a finished job, instead of a third
     job that makes the same files again from nothing (20 s)."""
     tmp = tmp_path_factory.mktemp("prep_sub")
-    work, env = tmp / "work", prep_env(corpus, uncased_vocab)
-    job = submit_prep(slurm, env, work, tmp / "first.out")
+    work, env = tmp / "work", prep_env(uncased_vocab)
+    job = submit_prep(slurm, docs.commands_for("prep_jobs"), {"/lustre/bert/data": str(work),
+                                                             "/lustre/wiki/extracted": str(corpus)}, env,
+                      tmp / "first.out")
     folder = work / next(reference["work"].glob("hdf5_*")).name / "wikicorpus_en"
     deadline = time.monotonic() + 180
     while not ((folder / "manifest.json").is_file() and json.loads((folder / "manifest.json").read_text())["outputs"]):
@@ -262,7 +302,9 @@ def prep_jobs(slurm, reference, corpus, uncased_vocab, tmp_path_factory) -> dict
     slurm.wait(job, {"CANCELLED"}, timeout=60)
     left_after_cancel = no_dask_process_within(slurm, 15)
     finished = len(json.loads((folder / "manifest.json").read_text())["outputs"])
-    again = submit_prep(slurm, env, work, tmp / "again.out")
+    rerun = docs.commands_for("test_a_cancelled_prep_job_leaves_no_process_and_its_rerun_reuses_what_it_finished")
+    again = submit_prep(slurm, rerun, {"/shared/bert": str(work)}, {**env, "WIKIEXTRACTOR_DIR": str(corpus)},
+                        tmp / "again.out")
     info = slurm.wait(again, {"COMPLETED"}, timeout=300)
     return {"work": work, "phase1": folder, "running_at_cancel": running, "left_after_cancel": left_after_cancel,
             "finished_at_cancel": finished, "rerun": again, "rerun_info": info,
@@ -295,6 +337,31 @@ def test_a_cancelled_prep_job_leaves_no_process_and_its_rerun_reuses_what_it_fin
     assert re.search(rf"create_hdf5_files: reused {finished} of 7 outputs .* computed {7 - finished}", log), log[-3000:]
     assert_same_arrays(arrays(prep_jobs["phase1"]), reference["arrays"])
     assert prep_jobs["left_after_rerun"] == []
+
+
+def test_prep_sub_reads_parquet_as_its_header_shows(slurm, shared_data, uncased_vocab, tmp_path):
+    """prep.sub's second example (a folder of Parquet files, the text column named): the job formats the same
+    documents as the process pool does from those files, and writes both phases' shards."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    documents, parquet, work = documents_of(shared_data), tmp_path / "parquet", tmp_path / "work"
+    parquet.mkdir()
+    for k, part in enumerate((documents[:11], documents[11:])):
+        pq.write_table(pa.table({"id": list(range(len(part))), "text": part}), parquet / f"part-{k}.parquet",
+                       row_group_size=4)
+    env = {**prep_env(uncased_vocab), "N_TRAINING_SHARDS": "2", "FRACTION_TEST_SET": "0.2"}
+    job = submit_prep(slurm, docs.commands_for("test_prep_sub_reads_parquet_as_its_header_shows"),
+                      {"/lustre/bert/data": str(work), "/lustre/corpus": str(parquet), "4": "1"}, env,
+                      tmp_path / "job.out")
+    slurm.wait(job, {"COMPLETED"}, timeout=300)
+    assert bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--no_progress", "--working_dir",
+                          str(tmp_path / "pool"), "--input_dir", str(parquet), "--input_format", "parquet"]) == 0
+    name = Path("formatted_one_article_per_line") / "custom_one_article_per_line"
+    assert corpus_text(work / name) == corpus_text(tmp_path / "pool" / name)
+    for seq in (128, 512):
+        assert len(list(next(work.glob(f"hdf5_*seq_len_{seq}_*")).rglob("*.hdf5"))) == 3
+    assert no_dask_process_within(slurm, 10) == []
 
 
 def _dask_processes(slurm) -> list[str]:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import documented_commands as docs
 from helpers import make_shards, max_diff, read_log, subprocess_env, weights, write_config
 from slurm_cluster import SlurmCluster, free_port, installed_or_skip
 
@@ -167,7 +168,10 @@ def preempted(two_nodes_started, cluster, inputs, tmp_path_factory) -> dict:
     checkpoints = root / "checkpoints"
     log = checkpoints / "results" / "phase1.json"
     output = root / "phase1.out"
-    job1 = submit(cluster, job_env(inputs, checkpoints), output)
+    # Phase 1 as README.md and run.sub's header show it for CPU nodes, on the one node here (-N 1).
+    env = {k: v for k, v in job_env(inputs, checkpoints).items() if k not in ("PYTHON", "PRECISION")}
+    job1 = docs.submit(docs.distinct(docs.commands_for("preempted")), slurm_conf=cluster.conf, output=output,
+                       replace={"-N 2": "-N 1"}, env=env)
     job2 = submit(cluster, job_env(inputs, checkpoints, phase=2), root / "phase2.out", f"--dependency=afterok:{job1}")
     waiting = [cluster.job(job2)]
 

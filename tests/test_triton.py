@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+import documented_commands as docs
 from checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertForQuestionAnswering
 from processors.squad import QASettings
@@ -81,9 +82,9 @@ def server(deployment, tmp_path_factory):
     except server_script.ServerError as e:
         pytest.skip(f"no Triton server binary: {e}")
     state = tmp_path_factory.mktemp("server_state")
-    proc = subprocess.run(["bash", str(SCRIPTS / "launch_server.sh"), str(deployment[2]), "bert_qa,bert_qa_text",
-                           str(state), "180"], capture_output=True, text=True, timeout=240, env=script_env())
-    assert proc.returncode == 0, f"launch_server.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    # README.md's command, from the checkout in a fresh login shell (tests/README.md, "Every documented command").
+    proc = docs.run(docs.only_command_for("server"), timeout=240,
+                    replace={"results/triton_repo_cpu": str(deployment[2]), "results/triton_server": str(state)})
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     info["state_dir"] = str(state)
     yield info
@@ -155,6 +156,19 @@ def reference_answers(deployment, qa_items, minilm_dir):
                             Runtime(batch_size=4, device="cpu"))
 
 
+def test_the_readmes_export_and_repository_commands(deployment, tmp_path):
+    """README.md's export of a fine-tuned QA model (ONNX and TorchScript, checked against PyTorch) and its model
+    repository for the CPU server (the Python backend, the text model beside the tensor model)."""
+    hf = deployment[1].parent / "hf"
+    docs.run(docs.commands_for("test_the_readmes_export_and_repository_commands"), timeout=300,
+             replace={"results/SQuAD/hf_model": str(hf), "results/triton_export": str(tmp_path / "export"),
+                      "results/triton_repo_cpu": str(tmp_path / "repo")})
+    assert (tmp_path / "export" / "model.onnx").is_file()
+    for model in ("bert_qa", "bert_qa_text"):
+        assert (tmp_path / "repo" / model / "config.pbtxt").is_file(), model
+    assert 'backend: "python"' in (tmp_path / "repo" / "bert_qa" / "config.pbtxt").read_text()
+
+
 def test_repository_configs_parse_for_both_backends(deployment, tmp_path):
     """config.pbtxt parses as Triton's ModelConfig for the python backend (served below) and for the native
     onnxruntime backend an NGC container runs (GPU instances, dynamic batching, TensorRT FP16 accelerator)."""
@@ -222,10 +236,10 @@ def test_answers_over_http_and_grpc_equal_inference(server, deployment, qa_items
 def test_server_side_text_model_equals_inference(server, qa_items, reference_answers, capsys, tmp_path):
     """Raw strings to bert_qa_text (tokenization, BLS calls to bert_qa, post-processing in the server)."""
     client = load_script("client")
-    (tmp_path / "items.json").write_text(json.dumps(qa_items))
-    assert client.main(["--url", server["grpc_url"], "--protocol", "grpc", "--text_model",
-                        "--input_file", str(tmp_path / "items.json"), "--batch_size", "4"]) == 0
-    assert_answers_equal(json.loads(capsys.readouterr().out), reference_answers)
+    (tmp_path / "q.json").write_text(json.dumps(qa_items))
+    done = docs.run(docs.only_command_for("test_server_side_text_model_equals_inference"),
+                    replace={"127.0.0.1:39813": server["grpc_url"], "q.json": str(tmp_path / "q.json")})
+    assert_answers_equal(json.loads(done.stdout), reference_answers)
 
     connection = client.TritonQA(server["http_url"], "http", "bert_qa_text", expected_inputs=("question", "context"))
     try:
@@ -624,9 +638,8 @@ def test_stop_leaves_no_process(server):
     assert group_members(server["pid"]), "the server should be running before the stop"
     stubs = [p for p in group_members(server["pid"]) if p != server["pid"]]
     assert stubs, "the Python-backend stubs run in the server's process group"
-    proc = subprocess.run(["bash", str(SCRIPTS / "stop_server.sh"), server["state_dir"], "20"], capture_output=True,
-                          text=True, timeout=60, env=script_env())
-    assert proc.returncode == 0, proc.stderr
+    proc = docs.run(docs.only_command_for("test_stop_leaves_no_process"), timeout=60,
+                    replace={"results/triton_server": server["state_dir"]})
     assert json.loads(proc.stdout)["stopped"] == server["pid"]
     assert group_members(server["pid"]) == []
     assert not Path(server["state_dir"], "server.json").exists()
