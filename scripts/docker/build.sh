@@ -2,7 +2,7 @@
 # Build the training image from the repository's Dockerfile.
 # usage: scripts/docker/build.sh [TAG]           TAG defaults to bert:latest; DRY_RUN=1 prints the docker command
 #   bash scripts/docker/build.sh
-#   FROM_IMAGE_NAME=nvcr.io/nvidia/pytorch:25.03-py3 bash scripts/docker/build.sh    # another NGC base
+#   FROM_IMAGE_NAME=nvcr.io/nvidia/pytorch:26.02-py3 bash scripts/docker/build.sh    # another NGC base
 # For Slurm with pyxis/enroot, push TAG to a registry, or make a squashfs: enroot import dockerd://bert:latest
 set -euo pipefail
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
