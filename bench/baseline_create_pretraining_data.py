@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from tokenization import BertTokenizer
+
 def read_documents(paths: list[str], tokenizer) -> list[list[list[str]]]:
     """Every document as a list of tokenized sentences; a blank line ends a document."""
     documents: list[list[list[str]]] = [[]]
@@ -156,8 +158,6 @@ def main(argv=None) -> int:
     p.add_argument("--do_whole_word_mask", action="store_true")
     p.add_argument("--python_tokenizer", action="store_true", help="the pure-Python WordPiece (the original's cost)")
     args = p.parse_args(argv)
-    from tokenization import BertTokenizer
-
     start = time.time()
     tokenizer = BertTokenizer(args.vocab_file, do_lower_case=args.do_lower_case, use_fast=not args.python_tokenizer)
     rng = random.Random(args.random_seed)

@@ -33,17 +33,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5py
+
 from atomic_io import atomic_write_text
+from bench import study_utils as su
 from cli import InputError, script_errors
+from scripts.text_to_documents import write_documents
 
 
 class RunFailed(Exception):
     """A measured command ended with an error; the message ends with its last lines of stderr."""
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED = REPO_ROOT.parent / "shared" / "data"
-VOCAB = SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"
+REPO_ROOT, SHARED, VOCAB = su.REPO, su.DATA, su.VOCAB
 WIKIPEDIA_WORDS = 2.5e9  # English Wikipedia, as in the BERT paper
 
 
@@ -54,8 +56,6 @@ WIKIPEDIA_WORDS = 2.5e9  # English Wikipedia, as in the BERT paper
 def make_corpora(work: Path) -> dict:
     """WikiText-2 valid + test made into create_pretraining_data's input by the recipe's own converter (one sentence
     a line, a blank line after each article), then repeated ten times in one file and in ten files."""
-    from scripts.text_to_documents import write_documents
-
     one = work / "wikitext.txt"
     documents, _ = write_documents([SHARED / "wikitext-2" / name for name in ("valid.txt", "test.txt")], one,
                                    sentences=True)
@@ -160,9 +160,6 @@ def commands(corpora: dict, vocab: Path, out: Path, dupe: int) -> dict[str, list
 
 def shard_stats(path: Path) -> dict:
     """Instance statistics, to see that both implementations make the same kind of data."""
-    import h5py
-    import numpy as np
-
     with h5py.File(path, "r") as f:
         mask, seg = f["input_mask"][:], f["segment_ids"][:]
         positions, nsp = f["masked_lm_positions"][:], f["next_sentence_labels"][:]

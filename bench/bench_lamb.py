@@ -29,47 +29,23 @@ from pathlib import Path
 
 import torch
 
+from atomic_io import atomic_write_json
+from bench.study_utils import REPO
+from modeling import BertConfig, BertForPreTraining
+from optimization import NVLAMB, _no_decay
+
 NOTE = ("torch_optimizer.Lamb differs mathematically: no gradient clipping, no bias correction (debias=False), "
         "trust ratio with ||p|| clamped to 10 and applied to every group; NVLAMB clips the global grad norm over "
         "all groups, bias-corrects, and uses r=1 for the weight_decay=0 group (use_nvlamb=False). Same per-element "
         "work otherwise; timings compare implementations, not identical maths.")
 
 
-def bert_base_shapes(vocab: int = 30522, hidden: int = 768, layers: int = 12, intermediate: int = 3072,
-                     max_positions: int = 512, type_vocab: int = 2) -> dict[str, tuple[int, ...]]:
-    """Hugging Face names -> shapes of BertForPreTraining (base); the tied MLM decoder weight is not repeated."""
-    shapes: dict[str, tuple[int, ...]] = {
-        "bert.embeddings.word_embeddings.weight": (vocab, hidden),
-        "bert.embeddings.position_embeddings.weight": (max_positions, hidden),
-        "bert.embeddings.token_type_embeddings.weight": (type_vocab, hidden),
-        "bert.embeddings.LayerNorm.weight": (hidden,),
-        "bert.embeddings.LayerNorm.bias": (hidden,),
-    }
-    for i in range(layers):
-        pre = f"bert.encoder.layer.{i}."
-        for lin in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
-            shapes[pre + lin + ".weight"] = (hidden, hidden)
-            shapes[pre + lin + ".bias"] = (hidden,)
-        shapes[pre + "attention.output.LayerNorm.weight"] = (hidden,)
-        shapes[pre + "attention.output.LayerNorm.bias"] = (hidden,)
-        shapes[pre + "intermediate.dense.weight"] = (intermediate, hidden)
-        shapes[pre + "intermediate.dense.bias"] = (intermediate,)
-        shapes[pre + "output.dense.weight"] = (hidden, intermediate)
-        shapes[pre + "output.dense.bias"] = (hidden,)
-        shapes[pre + "output.LayerNorm.weight"] = (hidden,)
-        shapes[pre + "output.LayerNorm.bias"] = (hidden,)
-    shapes.update({
-        "bert.pooler.dense.weight": (hidden, hidden),
-        "bert.pooler.dense.bias": (hidden,),
-        "cls.predictions.transform.dense.weight": (hidden, hidden),
-        "cls.predictions.transform.dense.bias": (hidden,),
-        "cls.predictions.transform.LayerNorm.weight": (hidden,),
-        "cls.predictions.transform.LayerNorm.bias": (hidden,),
-        "cls.predictions.bias": (vocab,),
-        "cls.seq_relationship.weight": (2, hidden),
-        "cls.seq_relationship.bias": (2,),
-    })
-    return shapes
+def bert_base_shapes() -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of modeling.py's BertForPreTraining with configs/bert-base.json (built on the meta
+    device: no memory); the MLM decoder, tied to the word embeddings, is listed once."""
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig.from_json_file(REPO / "configs" / "bert-base.json"))
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
 def build_groups(shapes: dict[str, tuple[int, ...]], grads: dict[str, torch.Tensor], device: torch.device,
@@ -78,8 +54,6 @@ def build_groups(shapes: dict[str, tuple[int, ...]], grads: dict[str, torch.Tens
 
     Each optimizer gets its own gradient copies: NVLAMB clips p.grad in place.
     """
-    from optimization import _no_decay
-
     gen = torch.Generator().manual_seed(seed)
     decay, no_decay = [], []
     for name, shape in shapes.items():
@@ -124,9 +98,7 @@ def make_optimizers(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]
     """The optimizers to time (NVLAMB, torch_optimizer.Lamb, and NVLAMB fused=False unless --no_foreach_variant),
     each over its own copy of the same parameters and gradients (seeds --seed and --seed + 1); and how many values
     the gradients hold."""
-    import torch_optimizer
-
-    from optimization import NVLAMB
+    import torch_optimizer  # a test requirement, checked in run(): --help works without it
 
     gen = torch.Generator().manual_seed(args.seed + 1)
     grads = {name: (torch.randn(shape, generator=gen) * 1e-3).to(device) for name, shape in shapes.items()}
@@ -163,7 +135,7 @@ def result_of(args: argparse.Namespace, device: torch.device, shapes: dict[str, 
               times: tuple[dict[str, list[float]], dict[str, list[float]]], command: str) -> dict:
     """The JSON result: the setting, the medians and every step's times, NVLAMB's speed-up over
     torch_optimizer.Lamb (wall and CPU time), the note on how the two differ."""
-    import torch_optimizer
+    import torch_optimizer  # a test requirement, checked in run()
 
     wall, cpu = times
     med = {name: statistics.median(t) for name, t in wall.items()}
@@ -222,8 +194,6 @@ def run(args: argparse.Namespace, command: str) -> int:
     except ImportError:
         raise SystemExit("bench_lamb: torch-optimizer is missing; pip install torch-optimizer==0.3.0 "
                          "(requirements-test.txt)")
-    from atomic_io import atomic_write_json
-
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

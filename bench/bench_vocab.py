@@ -32,24 +32,22 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
+import tokenizers
+
+from atomic_io import atomic_write_json
+from bench.study_utils import DATA, REPO, cpu_description
+from data.create_vocab import PreSplitter, VocabSettings, iter_chunks, learn_vocab, list_input_files, write_vocab
+from tokenization import WordpieceTokenizer, load_vocab
 
 
 def machine() -> dict:
     """CPU model, core count and the bf16 flags precision.py reads, for the record."""
-    import tokenizers
-
-    from bench.study_utils import cpu_description
-
     model, flags = cpu_description()
     return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
             "amx_bf16": "amx_bf16" in flags, "python": platform.python_version(), "tokenizers": tokenizers.__version__}
 
 def held_out_words(files: list[Path], lower: bool) -> collections.Counter:
     """BasicTokenizer's words of the files (create_vocab's pre-splitting, proven equal to it), counted."""
-    from data.create_vocab import PreSplitter, iter_chunks
-
     splitter, counts = PreSplitter(lower), collections.Counter()
     for chunk in iter_chunks(files):
         counts.update(splitter.words(chunk))
@@ -58,8 +56,6 @@ def held_out_words(files: list[Path], lower: bool) -> collections.Counter:
 
 def evaluate(vocab_file: Path, words: collections.Counter) -> dict:
     """[UNK] rate, pieces per word and split rate of `words` (word -> count) under the vocabulary."""
-    from tokenization import WordpieceTokenizer, load_vocab
-
     vocab = load_vocab(vocab_file)
     wordpiece = WordpieceTokenizer(vocab)
     total = unk = pieces = split = 0
@@ -74,8 +70,6 @@ def evaluate(vocab_file: Path, words: collections.Counter) -> dict:
 
 
 def learn(files: list[Path], size: int, out: Path, limit_alphabet: int | None = None) -> dict:
-    from data.create_vocab import VocabSettings, learn_vocab, write_vocab
-
     start_wall, start_cpu = time.time(), time.process_time()  # process time: every thread's, the trainer's too
     result = learn_vocab(files, VocabSettings(size, do_lower_case=True, limit_alphabet=limit_alphabet))
     wall, cpu = time.time() - start_wall, time.process_time() - start_cpu
@@ -119,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_only:
         print(markdown(json.loads(args.print_only.read_text())))
         return 0
-    from data.create_vocab import list_input_files  # run as `python -m bench.bench_vocab` from the repository root
-
     files = list_input_files([args.data])
     if len(files) <= args.held_out:
         raise SystemExit(f"error: {args.data} has {len(files)} files: fewer than --held_out {args.held_out} + 1")
@@ -150,8 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_after"] = os.getloadavg()
     report["wall_s"] = round(time.time() - start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    from atomic_io import atomic_write_json
-
     atomic_write_json(args.out, report)
     print(markdown(report))
     return 0

@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.study_utils import REPO
 from utils import pid_alive
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 class DaskProcesses:

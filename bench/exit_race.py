@@ -25,6 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
+import dist_env
 from bench import study_utils as su
 
 REPO = su.REPO
@@ -34,9 +37,7 @@ ABORT = "terminate called without an active exception"
 
 def worker(way: str, numel: int) -> None:
     """One process of a run (under torchrun)."""
-    import torch
-
-    import dist_env
+    import torch  # only the workers need it: the launching process stays light
 
     env = dist_env.init_distributed(no_cuda=True)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
@@ -91,9 +92,6 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     if args.runs < 1 or args.numel < 1 or args.timeout <= 0:
         p.error("--runs and --numel must be at least 1, --timeout positive")
-
-    from tqdm import tqdm
-
     runs = [launch(way, args.numel, args.timeout) for _ in tqdm(range(args.runs), desc="exit_race") for way in WAYS]
     table = summarise(runs)
     cpu, bf16 = su.cpu_description()

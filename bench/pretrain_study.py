@@ -427,7 +427,7 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
               "; " + "; ".join(f"{t}: {s['epochs']} epoch(s), {s['max_train'] or 'all'} training examples"
                                for t, s in ft["task_settings"].items()) + f"; sequence {ft['max_seq_length']}"
               + (f"; dropout {ft['dropout']} in fine-tuning (the checkpoint's config with both dropouts changed)"
-                 if ft.get("dropout") is not None else "") + ".", ""]
+                 if ft["dropout"] is not None else "") + ".", ""]
     for name, src in ft["sources"].items():
         lines.append(f"- {name}: `{src['source']}`{' (reused)' if src['reused'] else ''}"
                      + (f"; warnings: {'; '.join(src['warnings'])}" if src["warnings"] else ""))

@@ -23,7 +23,8 @@ precision (--precision auto: bf16 autocast where the CPU has it
 natively, fp32 otherwise). With --parallel the two run at once, one thread each.
 
 The claim to check: at every evaluation, our held-out loss is no worse than the reference's by more than 0.05 nats.
-Report: <out>/vs_transformers.json, .md (the table) and .png (both curves).
+Report: <out>/vs_transformers.json, .md (the table) and .png (both curves). torch, transformers and the modules that
+load torch are imported in the functions that train or evaluate: the results page imports this module for its table.
 """
 from __future__ import annotations
 
@@ -38,9 +39,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from atomic_io import atomic_write_text
 from bench import study_utils as su
 from bench.pretrain_sweep import bf16_flags_text
+from dist_env import DistEnv, set_seed
+from precision import autocast, resolve
+from tokenization import load_vocab
 
 REPO = su.REPO
 TOLERANCE = 0.05  # nats: ours may be worse than the reference by at most this much at equal steps
@@ -72,8 +78,6 @@ def read_arrays(path: Path, keys=("input_ids", "input_mask", "segment_ids", "mas
 
 def labels_of(positions, ids, seq_len: int):
     """[B, S] labels, -100 where nothing is predicted; a row's slots end at its first 0 after index 0 (NVIDIA)."""
-    import numpy as np
-
     labels = np.full((len(positions), seq_len), -100, dtype=np.int64)
     for row, (pos, tok) in enumerate(zip(positions, ids)):
         for p, t in zip(pos, tok):
@@ -85,8 +89,6 @@ def labels_of(positions, ids, seq_len: int):
 
 def reference_batches(train_dir: Path, batch: int, seed: int):
     """Forever: shards in a seeded order each epoch, each shard's rows in a seeded order, batches of `batch`."""
-    import numpy as np
-
     shards = sorted(train_dir.glob("*.hdf5"))
     rng = np.random.default_rng(seed)
     while True:
@@ -99,7 +101,7 @@ def reference_batches(train_dir: Path, batch: int, seed: int):
 
 def hf_losses(model, rows: dict, precision_dtype):
     """transformers' pre-training loss of a batch, its heads run on the labelled positions only."""
-    import torch
+    import torch  # on use (see the module docstring)
     import torch.nn.functional as F
 
     tensors = {k: torch.from_numpy(v.astype("int64")) for k, v in rows.items()}
@@ -118,8 +120,7 @@ def hf_losses(model, rows: dict, precision_dtype):
 
 def hf_evaluate(model, heldout: dict, mask_id: int, cls_id: int, sep_id: int, precision_dtype) -> dict:
     """Held-out loss over every prediction slot, and [MASK]-slot accuracy with and without the context."""
-    import numpy as np
-    import torch
+    import torch  # on use (see the module docstring)
 
     model.eval()
     loss_sum = slots = right = right_bare = masked = 0.0
@@ -145,12 +146,8 @@ def hf_evaluate(model, heldout: dict, mask_id: int, cls_id: int, sep_id: int, pr
 
 def run_reference(args, start_dir: Path, out: Path) -> dict:
     """The plain transformers loop; returns its evaluations and throughput (also written to out/reference.json)."""
-    import torch
+    import torch  # on use, as transformers (see the module docstring)
     from transformers import BertForPreTraining as HFBertForPreTraining
-
-    from bench.study_utils import read_shards
-    from precision import resolve
-    from tokenization import load_vocab
 
     torch.manual_seed(args.seed)
     name = resolve(args.precision, "cpu").name
@@ -164,7 +161,7 @@ def run_reference(args, start_dir: Path, out: Path) -> dict:
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: k / warm if k < warm else max(0.0, (args.steps - k) / (args.steps - warm)))
     vocab = load_vocab(str(args.vocab))
-    heldout = read_shards(args.eval_dir, args.max_eval_samples)
+    heldout = su.read_shards(args.eval_dir, args.max_eval_samples)
     evals, losses = [], []
     batches = reference_batches(args.train_dir, args.batch, args.seed)
     started = time.time()
@@ -194,9 +191,8 @@ def run_reference(args, start_dir: Path, out: Path) -> dict:
 
 def initial_weights(args, out: Path) -> Path:
     """Our BertForPreTraining at --seed (what run_pretraining.py starts from), as a transformers directory."""
-    from checkpoint_io import save_hf_directory
+    from checkpoint_io import save_hf_directory  # torch-backed, as modeling: on use (see the module docstring)
     from modeling import BertConfig, BertForPreTraining
-    from dist_env import set_seed
 
     set_seed(args.seed)
     model = BertForPreTraining(BertConfig.from_json_file(args.config))
@@ -208,16 +204,11 @@ def step_zero(args, start_dir: Path) -> dict:
     """Both evaluations of the shared initial weights (before any step): ours by validation.Validator on our
     model, the reference's by its own code on transformers' model. Equal up to float rounding when the two models
     compute the same function."""
-    import contextlib
-
-    import torch
+    import torch  # on use, as transformers and the torch-backed modules (see the module docstring)
     from transformers import BertForPreTraining as HFBertForPreTraining
 
     from checkpoint_io import from_pretrained
     from modeling import BertForPreTraining
-    from precision import autocast, resolve
-    from tokenization import load_vocab
-    from dist_env import DistEnv
     from validation import SpecialIds, Validator
 
     name = resolve(args.precision, "cpu").name
@@ -337,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 env={**os.environ, "OMP_NUM_THREADS": threads})
         if not args.parallel:
             proc.wait()
-        import torch
+        import torch  # on use (see the module docstring)
 
         torch.set_num_threads(int(threads))
         reference = run_reference(args, start_dir, args.out)

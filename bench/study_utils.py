@@ -2,7 +2,7 @@
 reading run_pretraining.py's JSON logs, deciding whether a pre-training run finished, the two baselines (most
 frequent held-out masked token; majority class of a GLUE dev set), the seed statistics and the "beats by more than
 the seed spread" rule, running bench.stability or reusing its JSON, and the plots. Importing this module loads
-neither torch, h5py nor matplotlib: the studies' --help and the results page stay light.
+neither torch, h5py nor matplotlib: the studies' --help stays light.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import math
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -19,7 +20,7 @@ import numpy as np
 
 from atomic_io import atomic_write_text
 from cli import InputError
-from precision import cpu_flags, cpu_model
+from precision import autocast, cpu_flags, cpu_model
 from pretraining_format import SHARD_KEYS, read_samples
 from processors.glue import compute_metrics, get_dev_examples, get_task, label_ids
 
@@ -63,6 +64,17 @@ def available_cores() -> int:
     if given.isdigit() and int(given) > 0:
         return int(given)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def timed_step(model, batch: dict, optimizer, precision: str, device) -> float:
+    """Seconds of one training step: the forward under `precision`'s autocast on `device`, backward, optimizer step."""
+    start = time.perf_counter()
+    with autocast(precision, device):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
 
 
 def read_log(path: str | os.PathLike) -> list[dict]:
@@ -145,15 +157,18 @@ def heldout_baseline(folder: str | os.PathLike, max_samples: int) -> float:
     return float(np.bincount(targets).max() / len(targets))
 
 
-def glue_majority_baseline(task: str, data_dir: str | os.PathLike, max_eval_examples: int | None = None) -> float:
-    """The task's GLUE metric (as bench.stability scores it) of always predicting the dev set's most frequent label
-    (MRPC: F1 0.812, accuracy 0.684; SST-2: accuracy 0.509)."""
+def glue_majority_metrics(task: str, data_dir: str | os.PathLike, max_eval_examples: int | None = None) -> dict:
+    """The task's GLUE metrics of always predicting the dev set's most frequent label (what "no learning" scores)."""
     spec = get_task(task)
     dev_sets = get_dev_examples(data_dir, spec)
     dev = dev_sets["dev"] if "dev" in dev_sets else next(iter(dev_sets.values()))
     labels = label_ids(dev[:max_eval_examples], spec)
-    preds = np.full_like(labels, np.bincount(labels).argmax())
-    return float(compute_metrics(spec, preds, labels)[SCORE.get(task, "acc")])
+    return compute_metrics(spec, np.full_like(labels, np.bincount(labels).argmax()), labels)
+
+
+def glue_majority_baseline(task: str, data_dir: str | os.PathLike, max_eval_examples: int | None = None) -> float:
+    """glue_majority_metrics' score as bench.stability scores the task (MRPC: F1 0.812; SST-2: accuracy 0.509)."""
+    return float(glue_majority_metrics(task, data_dir, max_eval_examples)[SCORE.get(task, "acc")])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -349,7 +364,7 @@ def require_matplotlib(script: str) -> None:
     """A one-line SystemExit unless matplotlib imports: a study checks this when it starts, not when its hours of
     work are done and only the plots are left (matplotlib is a test/bench requirement, not a runtime one)."""
     try:
-        import matplotlib  # noqa: F401  (an optional requirement: imported where a plot is drawn)
+        import matplotlib  # noqa: F401
     except ImportError:
         raise SystemExit(f"{script}: its plots need matplotlib, which is not installed: run `bash scripts/setup_cpu.sh "
                          "--test` (requirements-test.txt) first") from None
