@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -48,6 +47,7 @@ import numpy as np
 
 from atomic_io import JsonLogger
 from bench import study_utils as su
+from bench.study_utils import fmt
 from create_pretraining_data import main as create_pretraining_data
 from scripts.text_to_documents import main as text_to_documents
 
@@ -348,10 +348,6 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     (out / "summary.md").write_text(table(rows) + "\n")
     print(table(rows))
     return rows
-
-
-def fmt(x, spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x * scale, spec) + suffix
 
 
 def table(rows: list[dict]) -> str:

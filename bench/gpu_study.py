@@ -330,15 +330,10 @@ def print_table(report: dict, log) -> None:
 def curves(log: Path) -> dict:
     """A run's JSON-lines log -> {"losses": [[step, training masked-LM loss]], "evals": [[step, [MASK] accuracy,
     held-out loss, context gain, unigram entropy]]} (study_utils.plot_runs' layout)."""
-    losses, evals = [], []
-    for record in su.read_log(log):
-        step, data = record.get("step"), record.get("data", {})
-        if isinstance(step, int) and "mlm_loss" in data:
-            losses.append([step, data["mlm_loss"]])
-        if isinstance(step, int) and "eval_mlm_loss" in data:
-            evals.append([step, data["eval_mask_accuracy"], data["eval_mlm_loss"], data["eval_context_gain"],
-                          data["eval_unigram_entropy"]])
-    return {"losses": losses, "evals": evals}
+    run = su.run_log(log)
+    return {"losses": run["losses"], "evals": [[e["step"], e["eval_mask_accuracy"], e["eval_mlm_loss"],
+                                                 e["eval_context_gain"], e["eval_unigram_entropy"]]
+                                                for e in run["evals"]]}
 
 
 def markdown(studies: list[tuple[Path, dict]], heading: str = "##", image: str | None = None) -> str:

@@ -72,14 +72,9 @@ def command(args, optimizer: str, batch: int, lr: float, out: Path) -> list[str]
 
 def summarise(out: Path, optimizer: str, batch: int, lr: float) -> dict:
     """One run's numbers from its log: the held-out evaluations, the last one, the training curve, throughput."""
-    records = su.read_log(out / "log.json")
-    params = next((r["data"] for r in reversed(records) if r.get("step") == "PARAMETER"), {})
-    final = next((r["data"] for r in reversed(records) if r.get("step") == "FINAL"), None)
-    evals = [{"step": r["step"], "sequences": r["step"] * batch, **{k: v for k, v in r["data"].items()
-                                                                   if k.startswith("eval_")}}
-             for r in records if isinstance(r.get("step"), int) and "eval_mlm_loss" in r.get("data", {})]
-    losses = [[r["step"], r["data"]["mlm_loss"]] for r in records
-              if isinstance(r.get("step"), int) and "mlm_loss" in r.get("data", {})]
+    run = su.run_log(out / "log.json")
+    params, final, losses = run["params"], run["final"], run["losses"]
+    evals = [{"step": e["step"], "sequences": e["step"] * batch, **e} for e in run["evals"]]
     last = evals[-1] if evals else {}
     return {"optimizer": optimizer, "batch": batch, "learning_rate": lr, "steps": params.get("max_steps"),
             "precision": params.get("precision"), "finished": bool(final) and not final.get("stopped_by_signal"),

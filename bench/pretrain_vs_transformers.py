@@ -225,15 +225,11 @@ def step_zero(args, start_dir: Path) -> dict:
 
 
 def ours_result(out: Path) -> dict:
-    records = su.read_log(out / "log.json")
-    final = next((r["data"] for r in reversed(records) if r.get("step") == "FINAL"), {})
-    evals = [{"step": r["step"], **{k: v for k, v in r["data"].items() if k.startswith("eval_")}}
-             for r in records if isinstance(r.get("step"), int) and "eval_mlm_loss" in r.get("data", {})]
-    losses = [[r["step"], r["data"]["mlm_loss"]] for r in records
-              if isinstance(r.get("step"), int) and "mlm_loss" in r.get("data", {})]
-    params = next((r["data"] for r in records if r.get("step") == "PARAMETER"), {})
-    return {"evals": evals, "losses": losses, "seconds": final.get("e2e_train_time"),
-            "sequences_per_second": final.get("training_sequences_per_second"), "precision": params.get("precision")}
+    run = su.run_log(out / "log.json")
+    final = run["final"] or {}
+    return {"evals": run["evals"], "losses": run["losses"], "seconds": final.get("e2e_train_time"),
+            "sequences_per_second": final.get("training_sequences_per_second"),
+            "precision": run["params"].get("precision")}
 
 
 def compare(ours: dict, reference: dict, zero: dict | None = None) -> list[dict]:

@@ -91,6 +91,19 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def run_log(path: str | os.PathLike) -> dict[str, Any]:
+    """A run_pretraining.py JSON log's parts, in log order: the last PARAMETER record's data ({} if none), the last
+    FINAL record's (None while it runs), the masked-LM loss curve [[step, loss]] and every held-out evaluation
+    {"step", "eval_...": value}."""
+    records = read_log(path)
+    steps = [r for r in records if isinstance(r.get("step"), int)]
+    return {"params": next((r["data"] for r in reversed(records) if r.get("step") == "PARAMETER"), {}),
+            "final": next((r["data"] for r in reversed(records) if r.get("step") == "FINAL"), None),
+            "losses": [[r["step"], r["data"]["mlm_loss"]] for r in steps if "mlm_loss" in r.get("data", {})],
+            "evals": [{"step": r["step"], **{k: v for k, v in r["data"].items() if k.startswith("eval_")}}
+                      for r in steps if "eval_mlm_loss" in r.get("data", {})]}
+
+
 def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
     """One phase's log, summarised: the last PARAMETER record's settings, whether the phase finished (a FINAL
     record after the last PARAMETER, not stopped by a signal, at phase step == max_steps), the masked-LM loss
@@ -352,8 +365,12 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def fmt(x: float | None, digits: int = 4) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+def fmt(x: float | None, spec: int | str = 4, scale: float = 1.0, suffix: str = "") -> str:
+    """x times `scale` with `spec` (digits after the point, or a format spec such as ',.0f') and `suffix`; "n/a" for
+    None or NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return format(x * scale, f".{spec}f" if isinstance(spec, int) else spec) + suffix
 
 
 # --------------------------------------------------------------------------------------------------------------
