@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", default="mrpc,sst-2,cola", help="comma-separated, from " + ", ".join(RUNS))
-    p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder")
+    p.add_argument("--data", type=Path, default=su.DATA, help="the shared data folder")
     p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the MiniLM-L6 package's folder")
     p.add_argument("--out", type=Path, default=REPO / "results" / "glue_acceptance", help="output folder")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",

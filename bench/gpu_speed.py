@@ -52,7 +52,7 @@ from create_pretraining_data import main as create_pretraining_data
 from scripts.text_to_documents import main as text_to_documents
 
 REPO = su.REPO
-SHARED = REPO.parent / "shared" / "data"
+SHARED = su.DATA
 PHASES = {1: (128, 20), 2: (512, 80)}  # sequence length, predictions per sequence
 CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {},
            "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"},

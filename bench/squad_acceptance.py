@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
 def _main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dev_file", default=str(REPO.parent / "shared/data/squad-v1.1-dev/dev-v1.1.json"))
-    p.add_argument("--eval_script", default=str(REPO.parent / "shared/data/squad-eval-scripts/evaluate-v1.1.py"))
+    p.add_argument("--dev_file", default=str(su.DATA / "squad-v1.1-dev/dev-v1.1.json"))
+    p.add_argument("--eval_script", default=str(su.DATA / "squad-eval-scripts/evaluate-v1.1.py"))
     p.add_argument("--out_dir", default=str(REPO / "results/squad_acceptance"))
     p.add_argument("--train_articles", type=int, default=40)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
