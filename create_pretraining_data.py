@@ -1,5 +1,5 @@
 """Pre-training examples (masked LM + next sentence) from plain text, written as NVIDIA's HDF5 shards: the flags
-and main(); the stages are pretraining_writer.py's, the layout, masking and packing pretraining_format.py's.
+and main(); the stages are pretraining/shard_writer.py's, the layout, masking and packing pretraining/shard_format.py's.
 
 Input: one sentence per line, a blank line between documents. `--input_file` is a file, a comma-separated list,
 a glob, or a folder of .txt files. With `--output_file` every input file goes into ONE corpus and one HDF5 file
@@ -11,7 +11,7 @@ a file always starts a new document (Google would glue the last document of one 
 The instances follow Google's algorithm (documents shuffled, `--dupe_factor` passes, pairs with a random next
 sentence half the time, truncation, `--max_predictions_per_seq` masks 80/10/10, all instances shuffled); the
 same `--random_seed` gives identical arrays for any `--num_workers`, and memory does not grow with the number of
-instances (pretraining_writer.py says how).
+instances (pretraining/shard_writer.py says how).
 
 Output: NVIDIA's layout, zero-padded; gzip (--gzip_level, default 1, with HDF5's shuffle filter: h5py reads it
 like any NVIDIA shard) unless --compression none. N instances, S = max_seq_length, P = max_predictions_per_seq:
@@ -20,9 +20,9 @@ like any NVIDIA shard) unless --compression none. N instances, S = max_seq_lengt
     next_sentence_labels [N] int8 (1 = B is a random next).
 With --no_static_masking the input_ids are left unmasked and masked_lm_positions/masked_lm_ids are all zeros; the
 file attribute `masking` is "dynamic" (else "static") and the loader draws masks per epoch with
-pretraining_format.dynamic_mask. With --pack_sequences K (K >= 2) up to K instances share a row, first-fit-
+shard_format.dynamic_mask. With --pack_sequences K (K >= 2) up to K instances share a row, first-fit-
 decreasing over windows of 8,192 shuffled instances, and the shard adds next_sentence_positions [N,K] (the packed
-layout: pretraining_format.py); the summary line reports instances and packed_rows.
+layout: pretraining/shard_format.py); the summary line reports instances and packed_rows.
 
 Example:
     python create_pretraining_data.py --input_file shard_0.txt --output_file shard_0.hdf5 \\
@@ -43,8 +43,8 @@ from typing import Sequence
 
 import numpy as np
 
-import pretraining_writer as writer
-from cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
+from bert_recipe.pretraining import shard_writer as writer
+from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
 
 
 def resolve_inputs(spec: str) -> list[str]:
@@ -73,8 +73,8 @@ def resolve_inputs(spec: str) -> list[str]:
 
 
 def _check_text(path: str) -> None:
-    """Refuse a corpus file that is not text (data.text_formatting.check_text_file), naming --input_file."""
-    from data.text_formatting import check_text_file
+    """Refuse a corpus file that is not text (bert_recipe.prep.text_formatting.check_text_file), naming --input_file."""
+    from bert_recipe.prep.text_formatting import check_text_file
 
     check_text_file(path, what="--input_file", expected=", one sentence per line")
 

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 import torch
 
-import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
-import atomic_io
-import cli
+from bert_recipe.training import precision_policy
+from bert_recipe.io import atomic_io
+from bert_recipe.io import cli
 
 if TYPE_CHECKING:
     from inference import Runtime
@@ -285,11 +285,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main(argv: list[str] | None) -> dict:
-    from checkpoint_io import CheckpointError, from_pretrained
+    from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
     from inference import Runtime
     from modeling import BertModel
     from tokenization import BertTokenizer, vocab_is_uncased
-    from finetuning import check_model_fits, resolve_model_files
+    from bert_recipe.finetuning.recipe import check_model_fits, resolve_model_files
 
     args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
     for name in ("batch_size", "max_seq_length"):

@@ -21,10 +21,10 @@ its byte offset and line, a command-line argument its byte offset); a context (o
 windows (0 turns a limit off); an --output_file that is a folder or cannot be written. Long inputs show a progress
 bar on stderr (--disable_progress_bar hides it).
 
-Python callers use `answer_questions(model, tokenizer, items, settings, runtime)` (settings: processors.squad's
+Python callers use `answer_questions(model, tokenizer, items, settings, runtime)` (settings: tasks.squad's
 QASettings) and `classify(model, tokenizer, items, runtime, ...)`, which return the same JSON-ready lists.
 
-What is the fine-tuning recipe's is taken from it (finetuning.py): the model files (`check_init_checkpoint`,
+What is the fine-tuning recipe's is taken from it (finetuning/recipe.py): the model files (`check_init_checkpoint`,
 `resolve_model_files`, `check_model_fits`), the padding of a batch (`pad_sequences`) and the forward pass of
 prediction (`forward_batches`); the one-line errors are every script's (cli.script_errors). Unlike run_squad.py's
 length-sorted prediction, the batches here are consecutive, so windows and sentences reach the model in input order.
@@ -42,15 +42,15 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-import precision as precision_policy  # the module; `precision` is the resolved name in these scripts
-import atomic_io
-import cli
-import finetuning
-from checkpoint_io import load_pretrained, load_pt, read_state_dict
+from bert_recipe.training import precision_policy
+from bert_recipe.io import atomic_io
+from bert_recipe.io import cli
+from bert_recipe.finetuning import recipe
+from bert_recipe.io.checkpoint_io import load_pretrained, load_pt, read_state_dict
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
-from processors import squad
-from processors.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS, check_text,
-                             check_windows, read_items)
+from bert_recipe.finetuning.tasks import squad
+from bert_recipe.finetuning.tasks.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS,
+    check_text, check_windows, read_items)
 from tokenization import BertTokenizer, vocab_is_uncased
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -125,10 +125,10 @@ def _predict(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], he
     device = next(model.parameters()).device if runtime.device is None else torch.device(runtime.device)
     size = runtime.batch_size
     chunks = (sequences[lo:lo + size] for lo in range(0, len(sequences), size))
-    batches = (finetuning.pad_sequences(chunk, (len(chunk),)) for chunk in chunks)
+    batches = (recipe.pad_sequences(chunk, (len(chunk),)) for chunk in chunks)
     outputs: list[np.ndarray] = []
     with _progress_bar(len(sequences), size, runtime.progress, unit) as bar:
-        for out, _ in finetuning.forward_batches(model, batches, head, runtime.precision, device):
+        for out, _ in recipe.forward_batches(model, batches, head, runtime.precision, device):
             outputs.extend(out)
             bar.update(len(out))
     return outputs
@@ -145,7 +145,7 @@ def _progress_bar(total: int, batch_size: int, enabled: bool, unit: str):
 def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], max_seq_length: int
                  ) -> list[tuple[list[int], list[int]]]:
     """[CLS] A [SEP] (B [SEP]) ids and token types per item, pairs cut longest-first to max_seq_length."""
-    from processors.glue import truncate_seq_pair
+    from bert_recipe.finetuning.tasks.glue import truncate_seq_pair
 
     cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
     ids_a = tokenizer.encode_batch([item["text_a"] for item in items])
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def run(args: argparse.Namespace) -> list[dict]:
     # A missing checkpoint is named first; the vocabulary is looked for once the inputs have passed their checks.
-    finetuning.check_init_checkpoint(args)
+    recipe.check_init_checkpoint(args)
     for name in ("batch_size", "doc_stride", "n_best_size", "max_answer_length"):
         if getattr(args, name) < 1:
             raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -365,7 +365,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     items = items_from_args(args)
     if args.output_file:
         check_output_file(args.output_file)
-    vocab_file = finetuning.resolve_model_files(args)  # --vocab_file, or in or beside the checkpoint (its hf_model/)
+    vocab_file = recipe.resolve_model_files(args)  # --vocab_file, or in or beside the checkpoint (its hf_model/)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout carries the JSON only)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
     precision = precision_policy.setup(args.precision, device, "inference.py", precision_policy.READ).name
@@ -375,7 +375,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     model = load_model(args, log).to(device)
     default_length = 384 if args.mode == "qa" else 128
     max_seq_length = args.max_seq_length or min(default_length, model.config.max_position_embeddings)
-    finetuning.check_model_fits(model.config, len(tokenizer), vocab_file, max_seq_length)
+    recipe.check_model_fits(model.config, len(tokenizer), vocab_file, max_seq_length)
     runtime = Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
     if args.mode == "qa":
         if max_seq_length < args.max_query_length + 4:

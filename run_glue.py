@@ -10,7 +10,7 @@
 wrote (evaluate or predict with a fine-tuned model: --do_eval / --do_predict without --do_train).
 
 The run itself (model files, precision, training, saving, the length-sorted prediction loop, results) is the
-fine-tuning recipe's (finetuning.py); this file is the GLUE task: its examples, pair encoding and padding,
+fine-tuning recipe's (finetuning/recipe.py); this file is the GLUE task: its examples, pair encoding and padding,
 the classifier's outputs and GLUE's metrics (its flags are finetuning_config.GlueConfig).
 
 Outputs in --output_dir:
@@ -47,26 +47,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import config
-import finetuning
-import cli
-import dist_env
-from finetuning_config import GlueConfig
+from bert_recipe.io import flags
+from bert_recipe.finetuning import recipe
+from bert_recipe.io import cli
+from bert_recipe.training import dist_env
+from bert_recipe.finetuning.config import GlueConfig
 from modeling import BertForSequenceClassification
-from processors.glue import (compute_metrics, encode_examples, get_dev_examples, get_task, get_test_examples,
-                             get_train_examples)
+from bert_recipe.finetuning.tasks.glue import (compute_metrics, encode_examples, get_dev_examples, get_task,
+    get_test_examples, get_train_examples)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments (finetuning_config.GlueConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return config.build_parser(GlueConfig, "run_glue.py", __doc__)
+    return flags.build_parser(GlueConfig, "run_glue.py", __doc__)
 
 
 def parse_args(argv: list[str] | None = None) -> GlueConfig:
     """The configuration (a GlueConfig), its rules checked."""
-    return config.parse(GlueConfig, "run_glue.py", __doc__, argv)
+    return flags.parse(GlueConfig, "run_glue.py", __doc__, argv)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, S_max] (padded to the longest sequence of the batch), and
     labels [B] (int64 classes or float32 scores) when the examples have labels; items: finetuning.EncodedDataset's
     ((input_ids [L], token_type_ids [L]), label or None)."""
-    batch = finetuning.pad_sequences([sequence for sequence, _ in items], (len(items),))
+    batch = recipe.pad_sequences([sequence for sequence, _ in items], (len(items),))
     if items[0][1] is not None:
         batch["labels"] = torch.from_numpy(np.stack([label for _, label in items]))
     return batch
@@ -87,7 +87,7 @@ def collate(items) -> dict[str, torch.Tensor]:
 # The task
 
 
-class GlueTask(finetuning.Task):
+class GlueTask(recipe.Task):
     """A GLUE task for the fine-tuning recipe: the classifier (regression for STS-B) over [CLS] A [SEP] B [SEP]."""
 
     prog = "run_glue.py"
@@ -101,15 +101,15 @@ class GlueTask(finetuning.Task):
     def model_kwargs(self) -> dict:
         return {"num_labels": self.task.num_labels}
 
-    def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
+    def read(self) -> tuple[list, dict[str, recipe.EvalSet]]:
         data, run, task = self.cfg.data, self.cfg.run, self.task
         train = get_train_examples(data.data_dir, task)[:data.max_train_examples] if run.do_train else []
         needs_dev = run.do_eval or (run.do_predict and data.predict_split == "dev")
         dev_sets = get_dev_examples(data.data_dir, task) if needs_dev else {}
-        sets = {name: finetuning.EvalSet(examples[:data.max_eval_examples]) for name, examples in dev_sets.items()}
+        sets = {name: recipe.EvalSet(examples[:data.max_eval_examples]) for name, examples in dev_sets.items()}
         if run.do_predict and data.predict_split == "test":
             test_sets = get_test_examples(data.data_dir, task)
-            sets.update({name: finetuning.EvalSet(examples[:data.max_eval_examples], unlabelled=True)
+            sets.update({name: recipe.EvalSet(examples[:data.max_eval_examples], unlabelled=True)
                          for name, examples in test_sets.items()})
         for name, examples in {**({"train": train} if run.do_train else {}),
                                **{name: s.examples for name, s in sets.items()}}.items():
@@ -118,13 +118,13 @@ class GlueTask(finetuning.Task):
                                        "row only?): check --data_dir")
         return train, sets
 
-    def encode(self, examples, tokenizer, env, log, training: bool) -> finetuning.EncodedDataset:
+    def encode(self, examples, tokenizer, env, log, training: bool) -> recipe.EncodedDataset:
         max_seq_length = self.cfg.model.max_seq_length
         encoded = encode_examples(examples, tokenizer, max_seq_length, self.task)
         if training:
             log(f"{self.task.display_name} train: {len(encoded)} examples, mean length {encoded.lengths.mean():.1f} "
                 f"tokens, {encoded.truncated} truncated to {max_seq_length}")
-        return finetuning.EncodedDataset(encoded)
+        return recipe.EncodedDataset(encoded)
 
     collate = staticmethod(collate)
 
@@ -176,7 +176,7 @@ def eval_loss(regression: bool, logits: np.ndarray, labels: np.ndarray) -> float
 
 def main(argv: list[str] | None = None) -> dict:
     """The results, also in results.json; bad input is one line on stderr (finetuning.main)."""
-    return finetuning.main(GlueTask, parse_args, argv)
+    return recipe.main(GlueTask, parse_args, argv)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ Launch (flags as NVIDIA's run_pretraining.py; `--help` lists them all):
     torchrun --nproc_per_node 8 run_pretraining.py ...          (one process per GPU; NCCL on GPU, gloo on CPU)
     srun --ntasks-per-node 8 python run_pretraining.py ...      (Slurm's variables are read like torchrun's)
 
-Read top to bottom: the flags (the sections and meanings are pretraining_config.py's) -> the model with its
+Read top to bottom: the flags (the sections and meanings are pretraining/config.py's) -> the model with its
 starting weights -> main, which builds the parts (the data stream, parallelism and precision applied in one place,
 the optimizer, the validator) and hands them to trainer.Trainer, whose `fit` is the loop. Steps and phases, the
 loss, the checkpoint payload and the resume rules are described in trainer.py; the data stream (shard and sample
 order, global micro-batches, the data position a checkpoint stores, dynamic masking, length bins) in
-pretraining_data.py.
+pretraining/data_stream.py.
 
 Data. Every *.hdf5 in --input_dir, sorted by name, in an order drawn from --seed: the samples of a global step do
 not depend on how they are split across processes (2 processes x 16 sequences see exactly what 1 process x 32
@@ -56,18 +56,18 @@ from typing import Any
 
 import torch
 
-import cli
-import config
-import dist_env
-from cli import InputError
-from pretraining_config import PretrainConfig
-from pretraining_data import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
-from precision import Precision
-from trainer import (Trainer, TrainingParts, checkpoint_manager, evaluate, find_resume_checkpoint,  # noqa: F401
-                     list_checkpoints, refuse_used_output_dir)  # list_checkpoints: how tools and tests read runs
-from metrics import RunLogger
-from parallelize import apply_parallelism_and_precision, compiled
-from stop_signals import EXIT_STOPPED, StopRequest
+from bert_recipe.io import cli
+from bert_recipe.io import flags
+from bert_recipe.training import dist_env
+from bert_recipe.io.cli import InputError
+from bert_recipe.pretraining.config import PretrainConfig
+from bert_recipe.pretraining.data_stream import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
+from bert_recipe.training.precision_policy import Precision
+from bert_recipe.pretraining.trainer import (Trainer, TrainingParts, checkpoint_manager, evaluate,
+    find_resume_checkpoint, list_checkpoints, refuse_used_output_dir)
+from bert_recipe.training.meter import RunLogger
+from bert_recipe.training.parallelize import apply_parallelism_and_precision, compiled
+from bert_recipe.training.stop_signals import EXIT_STOPPED, StopRequest
 
 # ---------------------------------------------------------------------------------------------------------------
 # Flags: one per field of pretraining_config's sections, --help grouped by section, help from the docstrings
@@ -75,12 +75,12 @@ from stop_signals import EXIT_STOPPED, StopRequest
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return config.build_parser(PretrainConfig, "run_pretraining.py", __doc__)
+    return flags.build_parser(PretrainConfig, "run_pretraining.py", __doc__)
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainConfig:
     """The sections from the command line; InputError (one line, from main) for values that cannot work."""
-    return config.parse(PretrainConfig, "run_pretraining.py", __doc__, argv)
+    return flags.parse(PretrainConfig, "run_pretraining.py", __doc__, argv)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -91,9 +91,9 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     """BertForPreTraining from --config_file, with its starting weights: random (seeded identically on every
     rank), or --init_checkpoint / phase 1's checkpoint when not resuming (the resume checkpoint's weights are
     loaded later, with the rest of its state)."""
-    from checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
+    from bert_recipe.io.checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
     from modeling import BertConfig, BertForPreTraining
-    from cli import describe_error
+    from bert_recipe.io.cli import describe_error
 
     m, d = cfg.model, cfg.data
     try:
@@ -126,7 +126,7 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     elif resume is None and m.init_checkpoint:
         start = m.init_checkpoint
     elif resume is None and m.mlm_bias_init == "unigram" and cfg.training.do_train:
-        from pretraining_format import unigram_log_prior
+        from bert_recipe.pretraining.shard_format import unigram_log_prior
 
         first = sorted(Path(d.input_dir).glob("*.hdf5"))[0]
         prior = unigram_log_prior(first, model.cls.predictions.bias.numel())  # [V] float32, numpy
@@ -174,7 +174,7 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
     d = cfg.data
     if not packed:
         return d.max_predictions_per_seq
-    from pretraining_format import packed_predictions
+    from bert_recipe.pretraining.shard_format import packed_predictions
 
     return packed_predictions(d.max_seq_length, d.max_predictions_per_seq, d.masked_lm_prob, packed)
 
@@ -182,7 +182,7 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
 def make_validator(cfg: PretrainConfig, precision: Precision, env: dist_env.DistEnv):
     """The held-out set's validator (None without --eval_dir); the special ids from --vocab_file, or read off
     the held-out shards."""
-    from validation import SpecialIds, Validator
+    from bert_recipe.pretraining.validation import SpecialIds, Validator
 
     e = cfg.evaluation
     if not e.eval_dir:
@@ -251,7 +251,7 @@ def _main(argv: list[str] | None) -> int:
     e2e_start = time.perf_counter()
     cfg = parse_args(argv)
 
-    from checkpoint_io import load_checkpoint_state
+    from bert_recipe.io.checkpoint_io import load_checkpoint_state
     from modeling import count_parameters
 
     owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())

@@ -9,7 +9,7 @@
 Face directory (then --config_file and --vocab_file default to the ones inside it).
 
 The run itself (model files, precision, training, saving, the length-sorted prediction loop, results) is the
-fine-tuning recipe's (finetuning.py); this file is the SQuAD task: questions cut into windows (features cached),
+fine-tuning recipe's (finetuning/recipe.py); this file is the SQuAD task: questions cut into windows (features cached),
 their batches, the answer head's outputs turned into answers, and the official scores (its flags are
 finetuning_config.SquadConfig).
 
@@ -59,28 +59,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import config
-import finetuning
-import metrics
-import atomic_io
-import cli
-import dist_env
-from finetuning_config import SquadConfig
+from bert_recipe.io import flags
+from bert_recipe.finetuning import recipe
+from bert_recipe.training import meter
+from bert_recipe.io import atomic_io
+from bert_recipe.io import cli
+from bert_recipe.training import dist_env
+from bert_recipe.finetuning.config import SquadConfig
 from modeling import BertForQuestionAnswering
-from processors import squad
+from bert_recipe.finetuning.tasks import squad
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments (finetuning_config.SquadConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return config.build_parser(SquadConfig, "run_squad.py", __doc__)
+    return flags.build_parser(SquadConfig, "run_squad.py", __doc__)
 
 
 def parse_args(argv: list[str] | None = None) -> SquadConfig:
     """The configuration (a SquadConfig); --do_eval scores the predictions, so it implies --do_predict: a new
     configuration, the parsed one unchanged."""
-    cfg = config.parse(SquadConfig, "run_squad.py", __doc__, argv)
+    cfg = flags.parse(SquadConfig, "run_squad.py", __doc__, argv)
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, do_predict=cfg.run.do_predict or cfg.run.do_eval))
 
 
@@ -141,7 +141,7 @@ def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, S_max] (cut to the batch's longest window: padding beyond
     it is masked out of attention anyway and costs compute), and start_positions, end_positions [B] for
     training."""
-    batch = finetuning.pad_sequences([(ids, types) for ids, types, _ in items], (len(items),))
+    batch = recipe.pad_sequences([(ids, types) for ids, types, _ in items], (len(items),))
     if items[0][2] is not None:
         batch["start_positions"] = torch.tensor([answer[0] for _, _, answer in items], dtype=torch.long)
         batch["end_positions"] = torch.tensor([answer[1] for _, _, answer in items], dtype=torch.long)
@@ -175,7 +175,7 @@ def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int, epoc
 # The task
 
 
-class SquadTask(finetuning.Task):
+class SquadTask(recipe.Task):
     """SQuAD v1.1 / v2.0 for the fine-tuning recipe: start and end logits over each window, answers chosen over an
     example's windows, scored by the official algorithm."""
 
@@ -186,7 +186,7 @@ class SquadTask(finetuning.Task):
     head_description = "question-answering head"
     eval_batch_flag = "predict_batch_size"
 
-    def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
+    def read(self) -> tuple[list, dict[str, recipe.EvalSet]]:
         """The training questions (--do_train), the questions to answer (--predict_file) and, with --do_eval,
         their gold answers (for `score`); a malformed --predict_file fails here, before minutes of training."""
         data, run = self.cfg.data, self.cfg.run
@@ -195,7 +195,7 @@ class SquadTask(finetuning.Task):
         if run.do_predict:
             examples = squad.read_squad_examples(data.predict_file, False, data.version_2_with_negative)
             gold = squad.read_gold_answers(data.predict_file) if run.do_eval else None
-            sets[Path(data.predict_file).stem] = finetuning.EvalSet(examples, gold=gold)
+            sets[Path(data.predict_file).stem] = recipe.EvalSet(examples, gold=gold)
         return train, sets
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> Windows:
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
     """The summary (also printed as JSON); bad input, a checkpoint that does not fit, a malformed SQuAD file or a
     full disk end the run with one line on stderr and exit status 1 (--debug: the traceback)."""
     with cli.script_errors("run_squad.py", argv):
-        _, summary = finetuning.run(SquadTask(parse_args(argv)))
+        _, summary = recipe.run(SquadTask(parse_args(argv)))
         return summary
 
 

@@ -5,13 +5,13 @@
     torchrun --nproc_per_node=8 run_swag.py ...        (DistributedDataParallel, one process per GPU)
 
 --data_dir holds SWAG's train.csv and val.csv (and test.csv for `--do_predict --predict_split test`) as released
-in github.com/rowanz/swagaf (processors/swag.py reads them). --init_checkpoint takes what run_glue.py takes: a
+in github.com/rowanz/swagaf (finetuning/tasks/swag.py reads them). --init_checkpoint takes what run_glue.py takes: a
 ckpt_<step>.pt, an NVIDIA checkpoint, a Hugging Face directory (then --config_file and --vocab_file default to
 the ones inside it), or the model.pt / hf_model/ this script wrote.
 
 The model is BertForMultipleChoice (modeling.py): each ending is scored from the pooled output of its own
 [CLS] sent1 [SEP] sent2 ending [SEP] sequence, and the scores of an example's endings go through a softmax; the
-metric is accuracy. The run is the fine-tuning recipe's (finetuning.py: BertAdam, linear warm-up and decay,
+metric is accuracy. The run is the fine-tuning recipe's (finetuning/recipe.py: BertAdam, linear warm-up and decay,
 gradient accumulation, DDP, fp16 loss scaling / bf16 autocast, the length-sorted prediction loop), fed batches of
 examples padded to [batch, choices, longest sequence]; this file is the SWAG task alone (its flags are
 finetuning_config.SwagConfig).
@@ -34,25 +34,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import config
-import finetuning
-import cli
-import dist_env
-from finetuning_config import SwagConfig
+from bert_recipe.io import flags
+from bert_recipe.finetuning import recipe
+from bert_recipe.io import cli
+from bert_recipe.training import dist_env
+from bert_recipe.finetuning.config import SwagConfig
 from modeling import BertForMultipleChoice
-from processors.swag import accuracy, encode_examples, get_examples
+from bert_recipe.finetuning.tasks.swag import accuracy, encode_examples, get_examples
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments (finetuning_config.SwagConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return config.build_parser(SwagConfig, "run_swag.py", __doc__)
+    return flags.build_parser(SwagConfig, "run_swag.py", __doc__)
 
 
 def parse_args(argv: list[str] | None = None) -> SwagConfig:
     """The configuration (a SwagConfig), its rules checked."""
-    return config.parse(SwagConfig, "run_swag.py", __doc__, argv)
+    return flags.parse(SwagConfig, "run_swag.py", __doc__, argv)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def collate(items) -> dict[str, torch.Tensor]:
     when the examples have labels; items: finetuning.EncodedDataset's ([(input_ids [L_j], token_type_ids [L_j]) per
     choice j], label or None)."""
     choices = len(items[0][0])
-    batch = finetuning.pad_sequences([choice for example, _ in items for choice in example], (len(items), choices))
+    batch = recipe.pad_sequences([choice for example, _ in items for choice in example], (len(items), choices))
     if items[0][1] is not None:
         batch["labels"] = torch.tensor(np.stack([label for _, label in items]))
     return batch
@@ -74,7 +74,7 @@ def collate(items) -> dict[str, torch.Tensor]:
 # The task
 
 
-class SwagTask(finetuning.Task):
+class SwagTask(recipe.Task):
     """SWAG for the fine-tuning recipe: each example's endings scored by BertForMultipleChoice; accuracy."""
 
     prog = "run_swag.py"
@@ -83,28 +83,28 @@ class SwagTask(finetuning.Task):
     head_description = "multiple-choice classifier"
     unit = "examples"
 
-    def read(self) -> tuple[list, dict[str, finetuning.EvalSet]]:
+    def read(self) -> tuple[list, dict[str, recipe.EvalSet]]:
         data, run = self.cfg.data, self.cfg.run
         train = get_examples(data.data_dir, "train")[:data.max_train_examples] if run.do_train else []
         sets = {}
         if run.do_eval or (run.do_predict and data.predict_split == "val"):
-            sets["val"] = finetuning.EvalSet(get_examples(data.data_dir, "val")[:data.max_eval_examples])
+            sets["val"] = recipe.EvalSet(get_examples(data.data_dir, "val")[:data.max_eval_examples])
         if run.do_predict and data.predict_split == "test":
-            sets["test"] = finetuning.EvalSet(get_examples(data.data_dir, "test")[:data.max_eval_examples],
+            sets["test"] = recipe.EvalSet(get_examples(data.data_dir, "test")[:data.max_eval_examples],
                                               unlabelled=True)
         for name, examples in {"train": train, **{name: s.examples for name, s in sets.items()}}.items():
             if (name != "train" or run.do_train) and not examples:
                 raise cli.InputError(f"SWAG {name} set in {data.data_dir} has no examples")
         return train, sets
 
-    def encode(self, examples, tokenizer, env, log, training: bool) -> finetuning.EncodedDataset:
+    def encode(self, examples, tokenizer, env, log, training: bool) -> recipe.EncodedDataset:
         max_seq_length = self.cfg.model.max_seq_length
         encoded = encode_examples(examples, tokenizer, max_seq_length)
         if training:
             log(f"SWAG train: {len(encoded)} examples x {encoded.num_choices} choices, longest choice "
                 f"{encoded.lengths.mean():.1f} tokens on average, {encoded.truncated} choices truncated to "
                 f"{max_seq_length}")
-        return finetuning.EncodedDataset(encoded)
+        return recipe.EncodedDataset(encoded)
 
     collate = staticmethod(collate)
 
@@ -138,7 +138,7 @@ class SwagTask(finetuning.Task):
 
 def main(argv: list[str] | None = None) -> dict:
     """The results, also in results.json; bad input is one line on stderr (finetuning.main)."""
-    return finetuning.main(SwagTask, parse_args, argv)
+    return recipe.main(SwagTask, parse_args, argv)
 
 
 if __name__ == "__main__":

@@ -43,11 +43,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from atomic_io import atomic_write_text
+from bert_recipe.io.atomic_io import atomic_write_text
 from bench import pretrain_study
 from bench import study_utils as su
-from cli import InputError, script_errors
-from processors.glue import get_task, get_train_examples
+from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.finetuning.tasks.glue import get_task, get_train_examples
 
 REPO = su.REPO
 ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wiki_steps", type=int, default=4000, help="phase-1 steps on Wikipedia (the main job's)")
     p.add_argument("--task_steps", type=int, default=4000, help="phase-1 steps on SST-2's text")
     p.add_argument("--task_dupe_factor", type=int, default=10, help="masked copies of SST-2's text (create_"
-                   "pretraining_data.py --dupe_factor): 10 gives about as many sequences as 4,000 steps of 32 read")
+                   "pretraining/data_stream.py --dupe_factor): 10 gives about as many sequences as 4,000 steps of 32 read")
     p.add_argument("--doc_sentences", type=int, default=8, help="SST-2 sentences per document")
     p.add_argument("--phase2_steps", type=int, default=20)
     p.add_argument("--seeds", default="1,2,3,4,5")

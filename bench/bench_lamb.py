@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from atomic_io import atomic_write_json
+from bert_recipe.io.atomic_io import atomic_write_json
 from bench.study_utils import REPO
 from modeling import BertConfig, BertForPreTraining
 from optimization import NVLAMB, _no_decay

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from bench import study_utils as su
 from bench.dask_processes import DaskProcesses
-from data.manifest import sha256_file
+from bert_recipe.prep.manifest import sha256_file
 
 REPO, SHARED = su.REPO, su.DATA
 SLICE_WORDS = 32_469_939  # wc -w of the slice, <doc> lines removed (its PROVENANCE.txt)

@@ -65,17 +65,17 @@ import h5py
 import numpy as np
 import torch
 
-import checkpoint_io
+from bert_recipe.io import checkpoint_io
 import create_pretraining_data
 import modeling
-import pretraining_format
-from atomic_io import atomic_write_json
+from bert_recipe.pretraining import shard_format
+from bert_recipe.io.atomic_io import atomic_write_json
 from bench import study_utils as su
-from checkpoint_io import CheckpointError
-from cli import InputError, script_errors
+from bert_recipe.io.checkpoint_io import CheckpointError
+from bert_recipe.io.cli import InputError, script_errors
 from optimization import NVLAMB, param_groups_for_bert
-from precision import autocast, cpu_model
-from pretraining_data import mlm_labels
+from bert_recipe.training.precision_policy import autocast, cpu_model
+from bert_recipe.pretraining.data_stream import mlm_labels
 from scripts.text_to_documents import write_documents
 
 REPO, SHARED = su.REPO, su.DATA
@@ -183,15 +183,15 @@ class PackedBatch:
 
 def load_packed_batches(shard: Path, n_batches: int, rows: int, pool: int, k: int, seed: int
                         ) -> tuple[list[PackedBatch], Batch]:
-    """The first `pool` sequences of the shard packed (pretraining_format.pack_sequences: first-fit-decreasing,
+    """The first `pool` sequences of the shard packed (shard_format.pack_sequences: first-fit-decreasing,
     at most k a row), the rows shuffled (FFD opens rows longest first), `rows` rows a batch; and the first packed
     batch's sequences as a plain unpacked Batch (the step-0 check)."""
     with h5py.File(shard, "r") as f:
-        arrays = {key: f[key][:pool] for key in pretraining_format.SHARD_KEYS}
+        arrays = {key: f[key][:pool] for key in shard_format.SHARD_KEYS}
     n, seq = arrays["input_ids"].shape
-    width = pretraining_format.packed_predictions(seq, arrays["masked_lm_positions"].shape[1], 0.15, k)
-    packed = pretraining_format.pack_sequences(arrays, k, width)
-    row, _, _ = pretraining_format.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
+    width = shard_format.packed_predictions(seq, arrays["masked_lm_positions"].shape[1], 0.15, k)
+    packed = shard_format.pack_sequences(arrays, k, width)
+    row, _, _ = shard_format.first_fit_decreasing(arrays["input_mask"].sum(1), seq, k)
     order = np.random.default_rng(seed).permutation(len(packed["input_ids"]))  # [R_total]
     if len(order) < n_batches * rows:
         raise InputError(f"{pool} sequences pack into {len(order)} rows, fewer than {n_batches} x "

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from atomic_io import atomic_write_json
+from bert_recipe.io.atomic_io import atomic_write_json
 
 # Hard cases with their gold segmentation (abbreviations, initials, decimals, quotes, ellipses, lists, URLs).
 GOLD = [

@@ -34,14 +34,14 @@ from pathlib import Path
 
 import tokenizers
 
-from atomic_io import atomic_write_json
+from bert_recipe.io.atomic_io import atomic_write_json
 from bench.study_utils import DATA, REPO, cpu_description
-from data.create_vocab import PreSplitter, VocabSettings, iter_chunks, learn_vocab, list_input_files, write_vocab
+from bert_recipe.prep.vocab import PreSplitter, VocabSettings, iter_chunks, learn_vocab, list_input_files, write_vocab
 from tokenization import WordpieceTokenizer, load_vocab
 
 
 def machine() -> dict:
-    """CPU model, core count and the bf16 flags precision.py reads, for the record."""
+    """CPU model, core count and the bf16 flags precision_policy.py reads, for the record."""
     model, flags = cpu_description()
     return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
             "amx_bf16": "amx_bf16" in flags, "python": platform.python_version(), "tokenizers": tokenizers.__version__}

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from bench.study_utils import REPO
-from utils import pid_alive
+from bert_recipe.io.processes import pid_alive
 
 
 class DaskProcesses:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-import dist_env
+from bert_recipe.training import dist_env
 from bench import study_utils as su
 
 REPO = su.REPO

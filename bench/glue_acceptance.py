@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from atomic_io import atomic_write_json
+from bert_recipe.io.atomic_io import atomic_write_json
 from bench import study_utils as su
-from cli import script_errors
-from precision import resolve
-from processors.glue import encode_examples, get_dev_examples, get_task
+from bert_recipe.io.cli import script_errors
+from bert_recipe.training.precision_policy import resolve
+from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
 from tokenization import BertTokenizer
 
 REPO = su.REPO
@@ -75,9 +75,9 @@ def bench_padding(args) -> dict:
     """Sequences/s of evaluation with dynamic padding (length-sorted batches) vs fixed padding to 128."""
     import torch  # here, not at the head: the acceptance runs themselves are run_glue.py processes
 
-    import finetuning
+    from bert_recipe.finetuning import recipe
     import run_glue
-    from checkpoint_io import from_pretrained
+    from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
 
     model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, num_labels=2, log=None).eval()
@@ -87,10 +87,10 @@ def bench_padding(args) -> dict:
     for name, folder in (("mrpc", "glue-mrpc"), ("sst-2", "glue-sst2")):
         task = get_task(name)
         encoded = encode_examples(get_dev_examples(args.data / folder, task)["dev"], tokenizer, 128, task)
-        dataset = finetuning.EncodedDataset(encoded)
+        dataset = recipe.EncodedDataset(encoded)
         batch_size = 32
         dynamic = [run_glue.collate([dataset[i] for i in b])
-                   for b in finetuning.length_sorted_batches(encoded.lengths, batch_size)]
+                   for b in recipe.length_sorted_batches(encoded.lengths, batch_size)]
         fixed = []
         for start in range(0, len(dataset), batch_size):
             batch = run_glue.collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from atomic_io import atomic_write_json
+from bert_recipe.io.atomic_io import atomic_write_json
 from bench.study_utils import DATA, REPO
-from checkpoint_io import from_pretrained
-from cli import InputError, script_errors
-from finetuning import length_sorted_batches, pad_sequences
+from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.finetuning.recipe import length_sorted_batches, pad_sequences
 from modeling import BertModel
-from processors.glue import encode_examples, get_dev_examples, get_task, get_train_examples
+from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task, get_train_examples
 from tokenization import BertTokenizer
 
 FOLDER = {"sst-2": "glue-sst2", "cola": "glue-cola"}
@@ -39,7 +39,7 @@ FOLDER = {"sst-2": "glue-sst2", "cola": "glue-cola"}
 def sentence_features(model, encoded, batch_size: int = 128, layer: int = -1) -> dict[str, np.ndarray]:
     """{"cls": [N, H], "mean": [N, H]} float32: one encoder layer's output (`layer` counts as extract_features.py's
     --layers: -1 the last, 0 the first layer's output) at [CLS], and its mean over each sentence's real tokens, from
-    a bare BertModel in eval mode over `encoded` (processors.glue.EncodedExamples). Batches are length-sorted
+    a bare BertModel in eval mode over `encoded` (tasks.glue.EncodedExamples). Batches are length-sorted
     (little padding); rows come back in the examples' order."""
     n, hidden = len(encoded), model.config.hidden_size
     out = {"cls": np.zeros((n, hidden), np.float32), "mean": np.zeros((n, hidden), np.float32)}

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from atomic_io import atomic_write_text
+from bert_recipe.io.atomic_io import atomic_write_text
 from bench import study_utils as su
 
 REPO = su.REPO
@@ -141,7 +141,7 @@ def scaling_exponents(best: dict[str, dict[int, dict]]) -> dict[str, float]:
 
 
 def bf16_flags_text(report: dict) -> str:
-    """The CPU's bf16 flags as recorded in a report (precision.py's decision rests on them)."""
+    """The CPU's bf16 flags as recorded in a report (precision_policy.py's decision rests on them)."""
     return ", ".join(report["bf16_flags"]) or "no avx512_bf16/amx_bf16"
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from atomic_io import atomic_write_text
+from bert_recipe.io.atomic_io import atomic_write_text
 from bench import (adaptive_study, bench_prep_engines, gpu_speed, gpu_study, pretrain_study, pretrain_sweep,
                    pretrain_vs_transformers, scaling_study)
 from bench import study_utils as su

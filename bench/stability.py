@@ -27,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from atomic_io import atomic_write_text
+from bert_recipe.io.atomic_io import atomic_write_text
 from bench.study_utils import DATA, REPO, SCORE, aggregate, available_cores, minilm_dir
-from cli import InputError, script_errors
-from dist_env import rng_state, set_rng_state
+from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.training.dist_env import rng_state, set_rng_state
 
 
 class SeedFailed(Exception):

@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from atomic_io import atomic_write_text
-from cli import InputError
-from precision import autocast, cpu_flags, cpu_model
-from pretraining_format import SHARD_KEYS, read_samples
-from processors.glue import compute_metrics, get_dev_examples, get_task, label_ids
+from bert_recipe.io.atomic_io import atomic_write_text
+from bert_recipe.io.cli import InputError
+from bert_recipe.training.precision_policy import autocast, cpu_flags, cpu_model
+from bert_recipe.pretraining.shard_format import SHARD_KEYS, read_samples
+from bert_recipe.finetuning.tasks.glue import compute_metrics, get_dev_examples, get_task, label_ids
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
@@ -39,7 +39,7 @@ SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # a GLUE task's sco
 
 
 def cpu_description() -> tuple[str, list[str]]:
-    """The CPU's model name and which native-bf16 flags it has (precision.py's `auto` rests on them), for a report
+    """The CPU's model name and which native-bf16 flags it has (precision_policy.py's `auto` rests on them), for a report
     to record beside its numbers."""
     flags = cpu_flags() or set()
     return cpu_model(), [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
@@ -155,7 +155,7 @@ def count_samples(folder: Path) -> int:
 def read_shards(folder: str | os.PathLike, max_samples: int = 0, keys: tuple[str, ...] | None = None) -> dict:
     """The arrays `keys` (None: every array of NVIDIA's shard format) of every .hdf5 in `folder` (or the one file),
     in sorted order, the first `max_samples` samples (0: all): the samples run_pretraining.py's evaluation reads
-    (pretraining_format.read_samples, as its load_eval_set)."""
+    (shard_format.read_samples, as its load_eval_set)."""
     folder = Path(folder)
     files = [folder] if folder.is_file() else sorted(p for p in folder.iterdir() if p.suffix == ".hdf5")
     return read_samples(files, max_samples, keys or SHARD_KEYS)

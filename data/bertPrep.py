@@ -42,7 +42,7 @@ import zipfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ENGINES = ("processes", "dask")  # data/engine.py's (imported there only once the repository root is importable)
+ENGINES = ("processes", "dask")  # bert_recipe/prep/engine.py's (imported there only once the repository root is importable)
 DATASETS = ("wikicorpus_en", "bookscorpus", "books_wiki_en_corpus", "custom", "google_pretrained_weights")
 ACTIONS = ("download", "text_formatting", "create_vocab", "sharding", "create_hdf5_files")
 # Phase presets of the original recipe; masked_lm_prob 0.15, dupe_factor 5, short_seq_prob 0.1 for both.
@@ -55,7 +55,7 @@ GOOGLE_WEIGHTS_URL = "https://storage.googleapis.com/bert_models/2018_10_18/unca
 def _input_error(message: str) -> Exception:
     """A typed error for bad input (cli.InputError); main() makes it the one line "bertPrep.py: error: ...". Imported
     here, not at the top: the module itself loads without the repository root (main() says how to run it)."""
-    from cli import InputError
+    from bert_recipe.io.cli import InputError
 
     return InputError(message)
 
@@ -93,7 +93,7 @@ def formatted_file(dirs: dict[str, Path], dataset: str) -> Path:
 
 def formatted_inputs(dirs: dict[str, Path], dataset: str) -> list[Path]:
     """The files of the formatted corpora of `dataset` (both, for books_wiki_en_corpus), in order."""
-    from data.text_formatting import corpus_files
+    from bert_recipe.prep.text_formatting import corpus_files
 
     files = []
     for part in _parts(dataset):
@@ -117,7 +117,7 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
     'latest' is resolved to a dated dump through latest/'s checksum listing (its entries carry the real date), so
     the file we fetch and the checksum we check always belong to the same dump.
     """
-    from file_utils import DownloadError, fetch_text, parse_checksum_file
+    from bert_recipe.io.downloads import DownloadError, fetch_text, parse_checksum_file
 
     base_url = base_url.rstrip("/")
     stem = "pages-articles-multistream" if kind == "multistream" else "pages-articles"
@@ -151,8 +151,8 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
 
 
 def download_wikipedia(args, dest_dir: Path, logger) -> Path:
-    from file_utils import DownloadError, download
-    from atomic_io import atomic_write_json
+    from bert_recipe.io.downloads import DownloadError, download
+    from bert_recipe.io.atomic_io import atomic_write_json
 
     if args.dump_date != "latest" and not re.fullmatch(r"\d{8}", args.dump_date):
         raise _input_error(f"--dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
@@ -178,7 +178,7 @@ def download_wikipedia(args, dest_dir: Path, logger) -> Path:
 
 def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
     """Each line of `url_list`: a URL, optionally followed by a checksum ('sha256:<hex>')."""
-    from file_utils import DownloadError, download
+    from bert_recipe.io.downloads import DownloadError, download
 
     if not url_list.is_file():
         raise _input_error(f"URL list {url_list} does not exist")
@@ -207,7 +207,7 @@ def extract_zip(archive: Path, dest_dir: Path) -> None:
 
 
 def action_download(args, dirs, logger) -> None:
-    from file_utils import DownloadError, download
+    from bert_recipe.io.downloads import DownloadError, download
 
     for dataset in _parts(args.dataset):
         dest = dirs["download"] / dataset
@@ -260,7 +260,7 @@ def find_wiki_dump(download_dir: Path) -> Path:
 
 
 def action_text_formatting(args, dirs, logger, engine) -> None:
-    from data import text_formatting as tf
+    from bert_recipe.prep import text_formatting as tf
 
     if args.dataset == "google_pretrained_weights":
         raise _input_error("google_pretrained_weights has no text to format")
@@ -306,7 +306,7 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
     --vocab_file (default <working_dir>/vocab.txt) for create_hdf5_files. It runs before sharding because it
     needs only the formatted text, and learns from all of it: the test shards are held out from pre-training, not
     from the vocabulary (as with Google's)."""
-    from data.create_vocab import VocabSettings, create_vocab
+    from bert_recipe.prep.vocab import VocabSettings, create_vocab
 
     if args.dataset == "google_pretrained_weights":
         raise _input_error("google_pretrained_weights has no text to learn a vocabulary from")
@@ -332,7 +332,7 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
 
 
 def action_sharding(args, dirs, logger, engine) -> None:
-    from data.sharding import ShardingConfig, shard_corpus
+    from bert_recipe.prep.sharding import ShardingConfig, shard_corpus
 
     if args.dataset == "google_pretrained_weights":
         raise _input_error("google_pretrained_weights has no text to shard")
@@ -381,7 +381,7 @@ def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str |
     """Task: create_pretraining_data.py on one text shard, in a process of its own (this interpreter and this
     checkout's script, wherever the task runs), its output to a log file beside the HDF5 files. Returns (exit
     status, its one-line JSON summary, the output's sha256 when it succeeded)."""
-    from data.manifest import sha256_file
+    from bert_recipe.prep.manifest import sha256_file
 
     shard, output, arguments, log_path = job
     with open(log_path, "w") as log:
@@ -398,7 +398,7 @@ def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
     """Finished HDF5 files are kept on a rerun: refuse to mix them with files of another vocabulary (a rerun with
     another VOCAB_SIZE relearns vocab.txt; the folder's name does not say which vocabulary made it). The folder
     records the sha256 of the vocab.txt its files were made with; --overwrite removes the old files first."""
-    from atomic_io import atomic_write_text
+    from bert_recipe.io.atomic_io import atomic_write_text
 
     digest = hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest()
     stamp = out_dir / "vocab.sha256"
@@ -421,7 +421,7 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     every finished file (instances, sha256) with the settings that made it: a rerun computes only the files it
     does not list (or whose sha256 changed); --overwrite redoes them all.
     """
-    from data.manifest import Manifest
+    from bert_recipe.prep.manifest import Manifest
 
     if not (REPO_ROOT / "create_pretraining_data.py").is_file():
         raise _input_error(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
@@ -549,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random_seed", type=int, default=12345)
     p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1,
                    help="parallel worker processes (--engine processes), or the local Dask cluster's workers")
-    g = p.add_argument_group("engine (data/engine.py): where text_formatting, create_vocab, sharding and "
+    g = p.add_argument_group("engine (bert_recipe/prep/engine.py): where text_formatting, create_vocab, sharding and "
                              "create_hdf5_files run their tasks; the outputs are the same on every engine")
     g.add_argument("--engine", choices=ENGINES, default="processes",
                    help="processes: worker processes here (default); dask: a Dask cluster, local (--n_processes "
@@ -559,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dask_timeout", type=float, default=30.0,
                    help="--engine dask: seconds to wait for the scheduler file, the scheduler and a worker")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    from cli import add_debug_argument  # the repository root is importable: main() checked it
+    from bert_recipe.io.cli import add_debug_argument
 
     add_debug_argument(p)
     return p
@@ -569,7 +569,7 @@ def main(argv=None) -> int:
     """0 when the action finished; bad input, a failed download or a full disk: one line on stderr and exit
     status 1 (--debug: the traceback)."""
     try:
-        from cli import script_errors
+        from bert_recipe.io.cli import script_errors
     except ModuleNotFoundError:
         raise SystemExit("error: the project is not importable: install it (pip install -e . in the checkout, as "
                          "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout") from None
@@ -580,7 +580,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     try:
-        import file_utils  # noqa: F401  (top-level module: the repository root must be importable)
+        from bert_recipe.io import downloads
     except ModuleNotFoundError:
         raise _input_error("the project is not importable: install it (pip install -e . in the checkout, as "
                            "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout")
@@ -593,7 +593,7 @@ def _main(argv) -> int:
     for key, value in PHASES[args.phase].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    from atomic_io import JsonLogger
+    from bert_recipe.io.atomic_io import JsonLogger
 
     dirs = directories(args)
     Path(args.working_dir).mkdir(parents=True, exist_ok=True)
@@ -613,7 +613,7 @@ def _main(argv) -> int:
 
 def run_on_engine(args, dirs, logger) -> None:
     """A computing action on the engine --engine names (started here, stopped when the action ends)."""
-    from data.engine import EngineConfig, open_engine
+    from bert_recipe.prep.engine import EngineConfig, open_engine
 
     config = EngineConfig(args.engine, args.n_processes, args.dask_scheduler_file, args.dask_timeout,
                           progress=not args.no_progress)

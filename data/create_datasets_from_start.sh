@@ -16,7 +16,7 @@
 #   INPUT_DIR=folder of .txt files, DOC_BOUNDARY=file|blank_line|line    (custom)
 #   INPUT_FORMAT=parquet TEXT_COLUMN=text: INPUT_DIR holds Parquet files (a document per row, read by row group)
 #   INPUT_PATTERN=the files of INPUT_DIR (default *.txt, or *.parquet)
-#   ENGINE=processes|dask: where the stages run their tasks (data/engine.py; the shards are the same bytes either
+#   ENGINE=processes|dask: where the stages run their tasks (bert_recipe/prep/engine.py; the shards are the same bytes either
 #     way). dask without DASK_SCHEDULER_FILE: each stage starts a local cluster of N_PROCESSES workers; with it,
 #     the stages join that running cluster (sbatch data/prep.sub starts one over the job's nodes and runs this)
 #   VOCAB_FILE=vocab.txt (default: downloads Google's uncased BERT-Large zip for its vocab.txt)

@@ -15,11 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from atomic_io import atomic_write_json
+from bert_recipe.io.atomic_io import atomic_write_json
 from bench import study_utils as su
-from cli import InputError, script_errors
-from data.create_vocab import config_vocab_size
-from pretraining_format import unigram_log_prior
+from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.prep.vocab import config_vocab_size
+from bert_recipe.pretraining.shard_format import unigram_log_prior
 from tokenization import vocab_fits_config
 
 

@@ -12,7 +12,7 @@
 #
 # Steps (everything under --out, default results/cpu_demo):
 #   1. text -> one sentence per line, a blank line between documents (scripts/text_to_documents.py: WikiExtractor
-#      output, WikiText or plain text; sentences split by data/sentence_segmentation.py); the last 5% of the
+#      output, WikiText or plain text; sentences split by bert_recipe/prep/sentence_segmentation.py); the last 5% of the
 #      documents are held out;
 #   2. a WordPiece vocabulary of --vocab_size pieces learned from the training text (data/create_vocab.py), unless
 #      --vocab gives one; the model config (--config) gets that vocabulary's size (<out>/bert_config.json);

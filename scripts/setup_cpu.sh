@@ -15,7 +15,7 @@ fi
 .venv/bin/python -m pip install -q torch==2.13.0 -r "$req" 2>&1 | { grep -v "^WARNING: Location" || true; }
 .venv/bin/python -c "import torch, numpy, h5py, tokenizers" \
   || { echo "setup_cpu.sh: installing the requirements failed (see pip's output above)" >&2; exit 1; }
-# The project itself, editable (pyproject.toml): its modules import from anywhere, so data/*.py run as files too.
+# The project itself, editable (pyproject.toml): its package imports from anywhere, so data/*.py run as files too.
 .venv/bin/python -m pip install -q --no-deps -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
-(repo=$PWD && cd / && "$repo/.venv/bin/python" -c "import cli, data.bertPrep") \
+(repo=$PWD && cd / && "$repo/.venv/bin/python" -c "import bert_recipe.prep.engine, modeling") \
   || { echo "setup_cpu.sh: the editable install of the project failed (see pip's output above)" >&2; exit 1; }

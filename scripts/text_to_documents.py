@@ -1,4 +1,4 @@
-"""WikiText (or any plain text) -> documents: one per line (for `python -m data.sharding`), or one sentence per
+"""WikiText (or any plain text) -> documents: one per line (for `python -m bert_recipe.prep.sharding`), or one sentence per
 line with a blank line between documents (`--sentences`, the input of create_pretraining_data.py).
 
 The CPU demo (scripts/run_cpu_demo.sh) pre-trains on ../shared/data/wikitext-2, whose files look like
@@ -13,11 +13,11 @@ The conversion, which is all this file does:
     tokenizer would cut it into "<", "un", "##k", ">", four tokens of noise);
   * every paragraph of an article goes, space-joined, onto the article's one line.
 WikiExtractor output (`<doc ...>` ... `</doc>`, gzip-compressed or not: ../shared/data/wikipedia-en-slice, or the
-output of an older recipe's WikiExtractor step) is read with data/text_formatting.py's reader: one document per
+output of an older recipe's WikiExtractor step) is read with bert_recipe/prep/text_formatting.py's reader: one document per
 `<doc>`, its paragraphs as they are, the repeated title line dropped.
 Any other text file (no WikiText headings found) is read as documents separated by blank lines.
 A folder stands for every *.txt, *.gz and wiki_* file under it (sorted; data/create_vocab.py's rule).
-With --sentences each paragraph is split into sentences by data/sentence_segmentation.py (blingfire) when it is
+With --sentences each paragraph is split into sentences by bert_recipe/prep/sentence_segmentation.py (blingfire) when it is
 importable, else at " . ", " ? ", " ! " (right for WikiText's pre-tokenized text, rough for other text).
 --test_fraction F writes the last F of the documents (at least one) to a second file, for held-out evaluation.
 
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from cli import InputError, script_errors
+from bert_recipe.io.cli import InputError, script_errors
 
 _ARTICLE = re.compile(r"^ ?= [^=].* = ?$")  # " = Title = " (a section is " = = Title = = ")
 _SECTION = re.compile(r"^ ?(= ){2,}.*( =){2,} ?$")
@@ -52,7 +52,7 @@ def is_wikitext(lines: list[str]) -> bool:
 
 def iter_documents(path: str | Path) -> Iterator[list[str]]:
     """Yield each document of a text file as a list of paragraphs (non-empty, cleaned for WikiText)."""
-    from data.text_formatting import is_wikiextractor, iter_wikiextractor_docs, open_text
+    from bert_recipe.prep.text_formatting import is_wikiextractor, iter_wikiextractor_docs, open_text
 
     if is_wikiextractor(path):
         yield from (paragraphs for _, paragraphs in iter_wikiextractor_docs(path) if paragraphs)
@@ -82,9 +82,9 @@ def iter_documents(path: str | Path) -> Iterator[list[str]]:
 
 
 def sentence_splitter() -> Callable[[str], list[str]]:
-    """data/sentence_segmentation.py's blingfire splitter when importable, else a split at WikiText's " . "."""
+    """bert_recipe/prep/sentence_segmentation.py's blingfire splitter when importable, else a split at WikiText's " . "."""
     try:
-        from data.sentence_segmentation import get_segmenter
+        from bert_recipe.prep.sentence_segmentation import get_segmenter
 
         return get_segmenter("blingfire")
     except ImportError:
@@ -95,7 +95,7 @@ _SENTENCE_END = re.compile(r"(?<= [.?!]) ")
 
 
 def _write(docs: list[list[str]], output: str | Path, sentences: bool) -> None:
-    from atomic_io import atomic_open
+    from bert_recipe.io.atomic_io import atomic_open
 
     split = sentence_splitter() if sentences else None
     with atomic_open(output, "w", encoding="utf-8") as out:
@@ -111,7 +111,7 @@ def write_documents(inputs: Iterable[str | Path], output: str | Path, sentences:
                     test_fraction: float = 0.0, test_output: str | Path | None = None) -> tuple[int, int]:
     """Write the documents of every input to `output`, the last `test_fraction` of them (at least one when > 0) to
     `test_output`, atomically. Returns (training documents, test documents)."""
-    from data.create_vocab import list_input_files
+    from bert_recipe.prep.vocab import list_input_files
 
     docs = [doc for path in list_input_files(list(inputs)) for doc in iter_documents(path)]
     test_documents = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0

@@ -135,8 +135,8 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def shard_stream(folder: Path, micro: int, rank: int = 0, world: int = 1, state: dict | None = None, **options):
     """The pretraining_data stream over `folder`'s shards of 40 rows each, of rank `rank` of `world`, continued from
     `state` (a state_dict()) when given; `options` go to PretrainingData (seed: 7 unless given)."""
-    from dist_env import DistEnv
-    from pretraining_data import PretrainingData, ShardInfo
+    from bert_recipe.training.dist_env import DistEnv
+    from bert_recipe.pretraining.data_stream import PretrainingData, ShardInfo
 
     unmasked = options.get("masker") is not None  # dynamic masking reads shards written unmasked
     shards = [ShardInfo(p, 40, unmasked) for p in sorted(folder.glob("*.hdf5"))]

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from utils import pid_alive
+from bert_recipe.io.processes import pid_alive
 
 BINARIES = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "sbatch", "scontrol", "squeue")
 # Held while a cluster runs, by every test process on this machine, so that two clusters never run at once (each

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-import atomic_io
+from bert_recipe.io import atomic_io
 
 
 class Boom(Exception):

@@ -42,24 +42,25 @@ import torch
 from helpers import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env,
                       write_config)
 
-import atomic_io
-import cli
+from bert_recipe.io import atomic_io
+from bert_recipe.io import cli
 import convert_checkpoint
 import create_pretraining_data
 import extract_features
-import finetuning
-import pretraining_writer
+from bert_recipe.finetuning import recipe
+from bert_recipe.pretraining import shard_writer
 import run_glue
 import run_pretraining
 import run_squad
 import run_swag
-import trainer
-import utils
-import validation
-from data import bertPrep, create_vocab
+from bert_recipe.pretraining import trainer
+from bert_recipe.io import triton_scripts
+from bert_recipe.pretraining import validation
+from data import bertPrep
+from bert_recipe.prep import vocab as create_vocab
 from modeling import BertConfig, BertForPreTraining
 
-export_model = utils.load_triton_script("export_model")
+export_model = triton_scripts.load_triton_script("export_model")
 
 NOBODY = 65534
 PROGS = {"cpd": "create_pretraining_data.py", "rp": "run_pretraining.py", "squad": "run_squad.py",
@@ -72,12 +73,12 @@ MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad
          "vocab": create_vocab.main}
 # The expensive step of each script: reaching it in a bad-input case is a failure (validation comes first).
 TRIPWIRES = {
-    "cpd": [(pretraining_writer, "make_units"), (pretraining_writer, "write_hdf5")],
-    "cpd-tokenizing": [(pretraining_writer, "process_corpus")],
+    "cpd": [(shard_writer, "make_units"), (shard_writer, "write_hdf5")],
+    "cpd-tokenizing": [(shard_writer, "process_corpus")],
     "rp": [(trainer.Trainer, "fit"), (validation.Validator, "__call__")],
-    "squad": [(finetuning, "train"), (finetuning, "predict"), (run_squad, "build_features")],
-    "glue": [(finetuning, "train"), (finetuning, "predict"), (run_glue, "encode_examples")],
-    "swag": [(finetuning, "train"), (finetuning, "predict"), (run_swag, "encode_examples")],
+    "squad": [(recipe, "train"), (recipe, "predict"), (run_squad, "build_features")],
+    "glue": [(recipe, "train"), (recipe, "predict"), (run_glue, "encode_examples")],
+    "swag": [(recipe, "train"), (recipe, "predict"), (run_swag, "encode_examples")],
     "extract": [(extract_features, "extract")],
     "convert": [(convert_checkpoint, "save_hf_directory"), (convert_checkpoint, "atomic_torch_save")],
     "bertprep": [],  # its stages are the work; each case fails on its inputs before a stage writes anything
@@ -1080,7 +1081,7 @@ def test_cpd_disk_full_during_the_shard_write(W, tmp_path, monkeypatch, capsys):
 def test_cpd_disk_full_refused_before_writing(W, tmp_path, monkeypatch, capsys):
     """The shard's exact size is checked against the free space before a byte is written."""
     free = shutil.disk_usage(tmp_path)._replace(free=10_000)
-    monkeypatch.setattr(pretraining_writer.shutil, "disk_usage", lambda path: free)
+    monkeypatch.setattr(shard_writer.shutil, "disk_usage", lambda path: free)
     monkeypatch.setattr(atomic_io, "atomic_open", None)  # never reached
     code, stderr = call("cpd", cpd_in(W, tmp_path, W.corpus), capsys)
     assert_one_line(code, stderr, "create_pretraining_data.py", ("shard.hdf5", "needs", "0.0 MiB free", "free some"))
@@ -1089,12 +1090,12 @@ def test_cpd_disk_full_refused_before_writing(W, tmp_path, monkeypatch, capsys):
 
 def test_cpd_large_shard_is_checked_against_its_uncompressed_size(W, tmp_path, monkeypatch, capsys):
     """Shards above IN_MEMORY_MAX_BYTES are written by HDF5 itself, after a check against the uncompressed size."""
-    monkeypatch.setattr(pretraining_writer, "IN_MEMORY_MAX_BYTES", 0)
+    monkeypatch.setattr(shard_writer, "IN_MEMORY_MAX_BYTES", 0)
     assert create_pretraining_data.main(cpd_in(W, tmp_path / "a", W.corpus)) == 0  # that path writes a good shard
     with h5py.File(tmp_path / "a" / "out" / "shard.hdf5") as f:
         assert f["input_ids"].shape[1] == 32 and f["input_ids"].shape[0] > 0
     free = shutil.disk_usage(tmp_path)._replace(free=10_000)
-    monkeypatch.setattr(pretraining_writer.shutil, "disk_usage", lambda path: free)
+    monkeypatch.setattr(shard_writer.shutil, "disk_usage", lambda path: free)
     code, stderr = call("cpd", cpd_in(W, tmp_path / "b", W.corpus), capsys)
     assert_one_line(code, stderr, "create_pretraining_data.py", ("shard.hdf5", "needs", "free some"))
     assert no_leftovers(tmp_path / "b" / "out") == []
@@ -1102,14 +1103,14 @@ def test_cpd_large_shard_is_checked_against_its_uncompressed_size(W, tmp_path, m
 
 def test_cpd_work_folder_fills(W, tmp_path, monkeypatch, capsys):
     """The token map of the work folder cannot be written: one line naming the work folder, which is removed."""
-    real_init = pretraining_writer.CorpusBuilder.__init__
+    real_init = shard_writer.CorpusBuilder.__init__
 
     def init(self, folder, vocab_size):
         real_init(self, folder, vocab_size)
         self.file.close()
         self.file = open("/dev/full", "wb", buffering=0)
 
-    monkeypatch.setattr(pretraining_writer.CorpusBuilder, "__init__", init)
+    monkeypatch.setattr(shard_writer.CorpusBuilder, "__init__", init)
     code, stderr = call("cpd", cpd_in(W, tmp_path, W.corpus), capsys)
     assert_one_line(code, stderr, "create_pretraining_data.py", (".shard.hdf5.work.", "No space left on device"))
     assert no_leftovers(tmp_path / "out") == []

@@ -1,4 +1,4 @@
-"""The dataclass-to-argparse converter (config.py) against expectations written out here: every kind of field
+"""The dataclass-to-argparse converter (flags.py) against expectations written out here: every kind of field
 parses from a command line to the value it should, bad values are argparse's one line with exit status 2, --help
 shows each field's docstring by section, the cross-flag rules are one-line InputErrors, and configurations are
 frozen."""
@@ -10,9 +10,9 @@ from typing import Literal
 
 import pytest
 
-import cli
-import config
-from config import flag
+from bert_recipe.io import cli
+from bert_recipe.io import flags
+from bert_recipe.io.flags import flag
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class MoreSizes(Sizes):
 
 
 @dataclass(frozen=True)
-class Example(config.Config):
+class Example(flags.Config):
     sizes: MoreSizes = field(default_factory=MoreSizes)
     """sizes and modes"""
     paths: Paths = field(default_factory=Paths)
@@ -65,7 +65,7 @@ class Example(config.Config):
 
 
 def parse(*argv: str) -> Example:
-    return config.parse(Example, "example.py", "An example.\n\nMore.", list(argv))
+    return flags.parse(Example, "example.py", "An example.\n\nMore.", list(argv))
 
 
 def test_every_kind_of_field_parses_to_its_value():
@@ -124,7 +124,7 @@ def test_help_lists_each_docstring_by_section(capsys):
 
 
 def test_field_docs_follow_the_classes_they_derive_from():
-    assert config.field_docs(MoreSizes) == {"count": "how many of them", "rate": "a fraction, 50% by default",
+    assert flags.field_docs(MoreSizes) == {"count": "how many of them", "rate": "a fraction, 50% by default",
                                             "name": "an optional name", "mode": "how it goes here",
                                             "verbose": "say more"}
 

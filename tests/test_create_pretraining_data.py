@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import create_pretraining_data as cpd
-import pretraining_format
-import pretraining_writer as writer
+from bert_recipe.pretraining import shard_format
+from bert_recipe.pretraining import shard_writer as writer
 from tokenization import BertTokenizer
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0  # bert-base-uncased ids (checked against the vocabulary below)
@@ -363,7 +363,7 @@ def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_pa
         segment_bounds(ids[row])
 
     specials = [CLS, SEP, PAD, MASK]
-    masked, positions, labels = pretraining_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(0),
+    masked, positions, labels = shard_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(0),
                                                  masked_lm_prob=PROB, max_predictions_per_seq=PRED)
     assert masked.shape == ids.shape and masked.dtype == ids.dtype
     assert positions.shape == labels.shape == (len(ids), PRED)
@@ -386,10 +386,10 @@ def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_pa
     assert abs(is_mask.mean() - 0.8) < 0.02 and abs(kept.mean() - 0.1) < 0.02 and abs(1 - is_mask.mean()
                                                                                       - kept.mean() - 0.1) < 0.02
     # New masks each call (epoch), and torch tensors in -> torch tensors out, the same draws for the same seed.
-    again = pretraining_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(1), PROB, PRED)[1]
+    again = shard_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(1), PROB, PRED)[1]
     assert not np.array_equal(again, positions)
     torch = pytest.importorskip("torch")
-    t_masked, t_positions, t_labels = pretraining_format.dynamic_mask(torch.from_numpy(ids), torch.from_numpy(mask), 30522,
+    t_masked, t_positions, t_labels = shard_format.dynamic_mask(torch.from_numpy(ids), torch.from_numpy(mask), 30522,
                                                        specials, np.random.default_rng(0), PROB, PRED)
     assert isinstance(t_masked, torch.Tensor) and t_positions.dtype == torch.int64
     np.testing.assert_array_equal(t_masked.numpy(), masked)

@@ -21,7 +21,7 @@ import pytest
 from helpers import REPO_ROOT, args_for, read_log, subprocess_env, weights
 
 import tokenization
-from data import create_vocab as cv
+from bert_recipe.prep import vocab as cv
 from tokenization import BasicTokenizer, BertTokenizer, WordpieceTokenizer
 
 SLICE = Path("wikipedia-en-slice") / "text"
@@ -271,7 +271,7 @@ def test_help_and_nothing_at_import():
     done = subprocess.run([sys.executable, str(REPO_ROOT / "data" / "create_vocab.py"), "--help"],
                           capture_output=True, text=True, env=subprocess_env(), timeout=60)
     assert done.returncode == 0 and "--vocab_size" in done.stdout and "--cased" in done.stdout
-    probe = ("import sys; import data.create_vocab as m; "
+    probe = ("import sys; import bert_recipe.prep.vocab as m; "
              "assert 'tokenization' not in sys.modules and 'tokenizers' not in sys.modules")  # nothing classified
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=subprocess_env(), timeout=60)
     assert done.returncode == 0

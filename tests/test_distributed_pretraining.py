@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import run_pretraining as rp
-import train_step
+from bert_recipe.training import train_step
 from helpers import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,8 @@ sys.path.insert(0, {repo!r})
 import torch
 torch.set_num_threads(1)
 torch.distributed.init_process_group("gloo")  # main() then leaves the group alone: several runs share it
-import dist_env, run_pretraining
+import run_pretraining
+from bert_recipe.training import dist_env
 for argv in json.loads(sys.argv[1]):
     assert run_pretraining.main(argv) == 0
 dist_env.end_process_group()  # barrier, destroy: no rank tears gloo down while its peer is still in a collective

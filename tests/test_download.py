@@ -15,8 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-import file_utils
-from file_utils import DownloadError, Retry, cached_path, download, parse_checksum, parse_checksum_file
+from bert_recipe.io import downloads
+from bert_recipe.io.downloads import DownloadError, Retry, cached_path, download, parse_checksum, parse_checksum_file
 
 BODY = np.random.default_rng(0).integers(0, 256, size=300_000, dtype=np.uint8).tobytes()
 
@@ -232,7 +232,7 @@ def test_bertprep_downloads_wikipedia_and_verifies_published_sha1(server, tmp_pa
     assert index.is_file() == (kind == "multistream")
     if kind == "multistream":
         assert index.read_bytes() == INDEX_BODY
-        from data.text_formatting import multistream_index
+        from bert_recipe.prep.text_formatting import multistream_index
 
         assert multistream_index(path) == index
 

@@ -1,4 +1,4 @@
-"""The data pipeline on every engine (data/engine.py): the same HDF5 arrays from one process, two processes, a
+"""The data pipeline on every engine (bert_recipe/prep/engine.py): the same HDF5 arrays from one process, two processes, a
 local Dask cluster, and a Dask scheduler with two workers started apart through a scheduler file (as srun starts
 them); a worker killed -9 mid-stage changes nothing; a rerun after a killed run computes only what its manifest
 does not list; `sbatch data/prep.sub` on the real one-machine Slurm gives the same arrays and leaves no process;
@@ -29,10 +29,10 @@ import pytest
 
 import documented_commands as docs
 from data import bertPrep
-from data import text_formatting as tf
+from bert_recipe.prep import text_formatting as tf
 from bench.dask_processes import DaskProcesses
 from slurm_cluster import free_port
-from utils import pid_alive
+from bert_recipe.io.processes import pid_alive
 from test_text_formatting import NS, PAGES, _xml_escape, corpus_text, write_dump
 
 REPO = Path(__file__).resolve().parent.parent
@@ -493,11 +493,11 @@ def test_a_scheduler_that_does_not_answer_is_a_timeout(tmp_path):
 
 def test_workers_that_cannot_import_the_project_are_named(tmp_path):
     """Workers whose environment cannot import the project's modules are refused before any work. The project is
-    installed in this environment (pip install -e .), so the workers get a PYTHONPATH whose create_pretraining_data
+    installed in this environment (pip install -e .), so the workers get a PYTHONPATH whose bert_recipe package
     fails to import as it does where a dependency is missing, which comes first on their sys.path."""
     stub = tmp_path / "elsewhere"
-    stub.mkdir()
-    (stub / "create_pretraining_data.py").write_text("raise ModuleNotFoundError(\"No module named 'h5py'\")\n")
+    (stub / "bert_recipe").mkdir(parents=True)
+    (stub / "bert_recipe" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'h5py'\")\n")
     env = {**os.environ, "PYTHONPATH": str(stub)}
     cluster = DaskProcesses(tmp_path / "dask", workers=1, env=env, cwd=tmp_path)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import dist_env
+from bert_recipe.training import dist_env
 from helpers import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_a_single_process_exits_with_what_main_returns_or_raises(monkeypatch, ca
 SCRIPT = """
 import atexit, sys
 sys.path.insert(0, {repo!r})
-import dist_env
+from bert_recipe.training import dist_env
 atexit.register(lambda: print("finalised", flush=True))
 print("the run's last line", end="")  # no newline, no flush: still in stdout's buffer (a pipe is block-buffered)
 dist_env.exit_script(lambda: {status})

@@ -125,7 +125,7 @@ def test_output_hidden_states_keeps_the_old_outputs(minilm_dir):
     (embeddings first), whose last entry is sequence_output."""
     from transformers import BertModel as HFBert
 
-    from checkpoint_io import from_pretrained
+    from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertModel
 
     ours = from_pretrained(BertModel, minilm_dir, log=None).eval()

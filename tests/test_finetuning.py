@@ -1,4 +1,4 @@
-"""The fine-tuning recipe (finetuning.py) against loops written out here by hand.
+"""The fine-tuning recipe (finetuning/recipe.py) against loops written out here by hand.
 
 Each test runs a script's main() (run_glue.py on real MRPC pairs from the real MiniLM weights, run_squad.py on real
 SQuAD questions with a tiny random model), then repeats the same run with a plain loop: the seed, the fresh head,
@@ -16,15 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-import finetuning
+from bert_recipe.finetuning import recipe as finetuning
 import run_glue
 import run_squad
-import dist_env
-from checkpoint_io import export_state_dict, from_pretrained
+from bert_recipe.training import dist_env
+from bert_recipe.io.checkpoint_io import export_state_dict, from_pretrained
 from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from optimization import BertAdam, param_groups_for_bert
-from processors import squad
-from processors.glue import compute_metrics, encode_examples, get_dev_examples, get_task, get_train_examples
+from bert_recipe.finetuning.tasks import squad
+from bert_recipe.finetuning.tasks.glue import (compute_metrics, encode_examples, get_dev_examples, get_task,
+    get_train_examples)
 from schedulers import LinearWarmUpScheduler
 from tokenization import BertTokenizer
 
@@ -203,7 +204,7 @@ def test_one_batch_vocabulary():
 def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path, do_train):
     """load_model reads the LoadReport of the checkpoint (not its log lines): a pre-training checkpoint has no
     classifier, so evaluating it without --do_train warns that the head is random; with --do_train it does not."""
-    from finetuning_config import FinetuneConfig, FinetuneModel, FinetuneRun
+    from bert_recipe.finetuning.config import FinetuneConfig, FinetuneModel, FinetuneRun
     from modeling import BertForPreTraining
 
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,

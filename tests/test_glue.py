@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import run_glue
-import finetuning
-from processors.glue import (TASKS, EncodedExamples, GlueDataError, compute_metrics, encode_examples, get_dev_examples, get_task,
-                             get_test_examples, get_train_examples, read_examples, truncate_seq_pair)
+from bert_recipe.finetuning import recipe
+from bert_recipe.finetuning.tasks.glue import (TASKS, EncodedExamples, GlueDataError, compute_metrics, encode_examples,
+    get_dev_examples, get_task, get_test_examples, get_train_examples, read_examples, truncate_seq_pair)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Readers on the real files (counts from ../shared/data/README.md and the PROVENANCE files)
@@ -334,21 +334,21 @@ def test_collate_pads_to_the_longest_in_the_batch():
     ids = np.array([101, 5, 6, 102, 101, 7, 102, 8, 9, 102], dtype=np.int32)
     encoded = EncodedExamples(ids=ids, offsets=np.array([0, 4, 10]), len_a=np.array([4, 3], dtype=np.int32),
                               labels=np.array([1, 0]), truncated=0)
-    batch = run_glue.collate([finetuning.EncodedDataset(encoded)[i] for i in (0, 1)])
+    batch = run_glue.collate([recipe.EncodedDataset(encoded)[i] for i in (0, 1)])
     assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels"}  # the model's argument names
     assert batch["input_ids"].tolist() == [[101, 5, 6, 102, 0, 0], [101, 7, 102, 8, 9, 102]]
     assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]
     assert batch["labels"].tolist() == [1, 0]
-    order = finetuning.length_sorted_batches(np.array([3, 9, 5, 7]), 2)
+    order = recipe.length_sorted_batches(np.array([3, 9, 5, 7]), 2)
     assert order == [[1, 3], [2, 0]]
 
 
 def test_optimizer_step_count():
     # ceil over epochs of ceil(batches / accumulation); max_steps wins
-    assert finetuning.count_optimizer_steps(batches_per_epoch=10, accumulation=3, epochs=2, max_steps=-1) == 8
-    assert finetuning.count_optimizer_steps(10, 1, 0.5, -1) == 5
-    assert finetuning.count_optimizer_steps(10, 1, 3, 7) == 7
+    assert recipe.count_optimizer_steps(batches_per_epoch=10, accumulation=3, epochs=2, max_steps=-1) == 8
+    assert recipe.count_optimizer_steps(10, 1, 0.5, -1) == 5
+    assert recipe.count_optimizer_steps(10, 1, 3, 7) == 7
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ def test_hf_export_matches_transformers(mrpc_run, shared_data):
     """The fine-tuned model's hf_model/ in transformers gives the logits of our model.pt in our model."""
     from transformers.models.bert.modeling_bert import BertForSequenceClassification as HFBert
 
-    from checkpoint_io import from_pretrained
+    from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
     from tokenization import BertTokenizer
 
@@ -479,7 +479,7 @@ def test_hf_export_matches_transformers(mrpc_run, shared_data):
     examples = get_dev_examples(shared_data / "glue-mrpc", task)["dev"][:8]
     encoded = encode_examples(examples, BertTokenizer(mrpc_run / "hf_model" / "vocab.txt", do_lower_case=True), 128,
                               task)
-    batch = run_glue.collate([finetuning.EncodedDataset(encoded)[i] for i in range(len(examples))])
+    batch = run_glue.collate([recipe.EncodedDataset(encoded)[i] for i in range(len(examples))])
     with torch.no_grad():
         (logits,) = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         ref = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],

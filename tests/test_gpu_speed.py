@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-import profiling
+from bert_recipe.training import profiling
 import run_pretraining as rp
 from bench import gpu_speed
 from bench.study_utils import read_shards
@@ -255,7 +255,7 @@ def test_profile_steps_write_a_profile_not_counted_as_training(tmp_path, monkeyp
 def test_a_cpu_profile_ranks_the_operators_without_loading_inductor():
     """On a CPU, StepProfiler ranks the operators of the profiled window by their own time, and (in a fresh
     interpreter, as run_pretraining.py --profile_steps starts one) leaves torch._inductor unimported."""
-    probe = ("import sys, torch, profiling\n"
+    probe = ("import sys, torch\nfrom bert_recipe.training import profiling\n"
              "p = profiling.StepProfiler(steps=1, device=torch.device('cpu'))\n"
              "x = torch.randn(64, 64)\n"
              "torch.mm(x, x)\n"

@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 import inference
-from checkpoint_io import export_state_dict, save_hf_directory
+from bert_recipe.io.checkpoint_io import export_state_dict, save_hf_directory
 from helpers import help_of
 from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
-from processors import squad
-from processors.items import read_items
+from bert_recipe.finetuning.tasks import squad
+from bert_recipe.finetuning.tasks.items import read_items
 from tokenization import BertTokenizer
-from utils import load_triton_script
+from bert_recipe.io.triton_scripts import load_triton_script
 
 TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=128)
@@ -98,7 +98,7 @@ def test_null_answer_for_v2_models(tokenizer, long_context):
 
 
 def test_windows_match_the_feature_builder(tokenizer, long_context):
-    """The same features as processors.squad builds for training/evaluation (the Triton client reuses them)."""
+    """The same features as tasks.squad builds for training/evaluation (the Triton client reuses them)."""
     items = [{"id": "a", "question": "Where does it go?", "context": long_context(120, "Lagos")}]
     examples = squad.examples_from_qa_pairs(items)
     features = squad.convert_examples_to_features(examples, tokenizer, 64, 24, 16, is_training=False)
@@ -379,7 +379,7 @@ def test_cli_errors_are_one_line_and_debug_shows_the_traceback(qa_dir, repo_root
 
 
 def test_input_file_layouts_and_strict_errors_shared_with_the_triton_client(tmp_path, shared_data):
-    """inference.py and triton/client.py read --input_file with one function (processors.items.read_items): the
+    """inference.py and triton/client.py read --input_file with one function (tasks.items.read_items): the
     same layouts accepted, the same one-line errors for what is not an item."""
     client = load_triton_script("client")
     item = {"id": "a", "question": "Who?", "context": "Bob."}

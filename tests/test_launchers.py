@@ -735,8 +735,7 @@ def test_entry_scripts_run_as_files(tmp_path):
     assert done.stdout.count("usage:") == len(ENTRY_SCRIPTS), done.stdout[:2000]
 
 
-@pytest.mark.parametrize("script", ["data/bertPrep.py", "data/create_vocab.py", "data/sharding.py",
-                                    "data/text_formatting.py"])
+@pytest.mark.parametrize("script", ["data/bertPrep.py", "data/create_vocab.py"])
 def test_data_scripts_run_as_files_from_anywhere(script, tmp_path):
     """NVIDIA's way (`python data/bertPrep.py --action ...`): the set-up installs the project in editable mode
     (pyproject.toml), so the scripts under data/ find the project's modules from any folder, with no sys.path edit."""

@@ -9,7 +9,7 @@ import torch
 from transformers.models.bert import modeling_bert as hf
 from transformers.models.bert.configuration_bert import BertConfig as HFConfig
 
-import checkpoint_io
+from bert_recipe.io import checkpoint_io
 import modeling
 from helpers import SENTENCES, padded_batch
 from modeling import BertConfig

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 
 import bert_padding
 import create_pretraining_data as cpd
-import pretraining_data
-import pretraining_format
+from bert_recipe.pretraining import data_stream
+from bert_recipe.pretraining import shard_format
 import run_pretraining as rp
-import trainer
+from bert_recipe.pretraining import trainer
 from helpers import args_for, make_shards, max_diff, read_log, shard_stream, weights
 from modeling import BertConfig, BertForPreTraining
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
 
 # Sequence length 256: a WikiText-2 pair is at least ~44 tokens (2 sentences), so rows of 3 need more than 128.
 SEQ, PRED, K = 256, 20, 3
-ROW_PRED = pretraining_format.packed_predictions(SEQ, PRED, 0.15, K)  # 41 masked slots a packed row
+ROW_PRED = shard_format.packed_predictions(SEQ, PRED, 0.15, K)  # 41 masked slots a packed row
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def wiki(tmp_path_factory, shared_data, uncased_vocab) -> dict:
     unpacked = make_shard(corpus, uncased_vocab, root / "unpacked" / "wiki.hdf5")
     packed = make_shard(corpus, uncased_vocab, root / "packed" / "wiki.hdf5", "--pack_sequences", str(K))
     with h5py.File(root / "unpacked" / "wiki.hdf5") as f:
-        arrays = {key: f[key][()] for key in pretraining_format.SHARD_KEYS}
+        arrays = {key: f[key][()] for key in shard_format.SHARD_KEYS}
     return {"root": root, "unpacked": root / "unpacked", "packed": root / "packed", "arrays": arrays,
             "summary_unpacked": unpacked, "summary_packed": packed}
 
@@ -139,7 +139,7 @@ def reference_ffd(lengths: list[int], capacity: int, max_per_row: int) -> list[l
 
 def test_first_fit_decreasing_on_a_worked_example():
     lengths = np.array([3, 7, 2, 5, 4, 1, 3])
-    row, slot, start = pretraining_format.first_fit_decreasing(lengths, capacity=10, max_per_row=2)
+    row, slot, start = shard_format.first_fit_decreasing(lengths, capacity=10, max_per_row=2)
     # order 7(i1), 5(i3), 4(i4), 3(i0), 3(i6), 2(i2), 1(i5):
     # 7 -> row 0 [7]; 5 -> row 1 [5]; 4 -> row 1 [5,4] full (K=2); 3 -> row 0 [7,3] full; 3 -> row 2 [3];
     # 2 -> row 2 [3,2] full; 1 -> row 3 [1]
@@ -147,14 +147,14 @@ def test_first_fit_decreasing_on_a_worked_example():
     assert slot.tolist() == [1, 0, 1, 0, 1, 0, 0]
     assert start.tolist() == [7, 0, 3, 0, 5, 0, 0]
     with pytest.raises(ValueError, match="lengths"):
-        pretraining_format.first_fit_decreasing(np.array([3, 11]), capacity=10, max_per_row=2)
+        shard_format.first_fit_decreasing(np.array([3, 11]), capacity=10, max_per_row=2)
 
 
 @pytest.mark.parametrize("max_per_row", [1, 2, 3, 5])
 def test_first_fit_decreasing_keeps_every_sequence_once_within_the_limits(max_per_row):
     rng = np.random.default_rng(max_per_row)
     lengths = np.concatenate([rng.integers(1, 129, 300), rng.integers(1, 30, 300)])  # long and short ones
-    row, slot, start = pretraining_format.first_fit_decreasing(lengths, 128, max_per_row)
+    row, slot, start = shard_format.first_fit_decreasing(lengths, 128, max_per_row)
     expected = reference_ffd(lengths.tolist(), 128, max_per_row)
     got = [[] for _ in range(row.max() + 1)]
     for i in np.lexsort((slot, row)):
@@ -172,7 +172,7 @@ def test_first_fit_decreasing_keeps_every_sequence_once_within_the_limits(max_pe
 
 def test_pack_sequences_keeps_every_instance_of_real_rows(wiki):
     arrays = wiki["arrays"]
-    packed = pretraining_format.pack_sequences(arrays, K, ROW_PRED)
+    packed = shard_format.pack_sequences(arrays, K, ROW_PRED)
     assert sorted(unpack_rows(packed)) == sorted(plain_rows(arrays))
     assert len(packed["input_ids"]) < len(arrays["input_ids"])
     for name in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -180,7 +180,7 @@ def test_pack_sequences_keeps_every_instance_of_real_rows(wiki):
         assert packed[name].dtype == arrays[name].dtype, name
     assert packed["next_sentence_positions"].dtype == np.int32
     with pytest.raises(ValueError, match="masked positions"):
-        pretraining_format.pack_sequences(arrays, K, 5)
+        shard_format.pack_sequences(arrays, K, 5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -215,23 +215,23 @@ def test_packed_shard_holds_the_unpacked_shards_instances(wiki):
 
 
 def test_read_samples_takes_the_first_samples_of_the_shards_in_order(wiki):
-    """pretraining_format.read_samples (the evaluation's held-out set, the studies' shards): the first N samples of
+    """shard_format.read_samples (the evaluation's held-out set, the studies' shards): the first N samples of
     the shards in the order given, compared with h5py's arrays cut by hand; a packed shard brings its
     next_sentence_positions, unless the keys are named."""
     files = [wiki["unpacked"] / "wiki.hdf5", wiki["packed"] / "wiki.hdf5"]
     with h5py.File(files[0]) as a, h5py.File(files[1]) as b:
         first, packed = {k: a[k][()] for k in a}, {k: b[k][()] for k in b}
     n = len(first["input_ids"])
-    both = pretraining_format.read_samples(files[::-1], len(packed["input_ids"]) + 5, ("input_ids", "segment_ids"))
+    both = shard_format.read_samples(files[::-1], len(packed["input_ids"]) + 5, ("input_ids", "segment_ids"))
     assert set(both) == {"input_ids", "segment_ids"}
     for key in both:
         np.testing.assert_array_equal(both[key], np.concatenate([packed[key], first[key][:5]]))
-    some = pretraining_format.read_samples(files[1:], 3)
-    assert set(some) == set(packed) and pretraining_format.PACKED_KEY in some
+    some = shard_format.read_samples(files[1:], 3)
+    assert set(some) == set(packed) and shard_format.PACKED_KEY in some
     for key in some:
         np.testing.assert_array_equal(some[key], packed[key][:3])
-    every = pretraining_format.read_samples(files[:1])
-    assert set(every) == set(pretraining_format.SHARD_KEYS) and len(every["input_ids"]) == n
+    every = shard_format.read_samples(files[:1])
+    assert set(every) == set(shard_format.SHARD_KEYS) and len(every["input_ids"]) == n
 
 
 def test_pack_sequences_flag_is_documented_and_checked(wiki, uncased_vocab, capsys):
@@ -255,11 +255,11 @@ def packed_batch(wiki) -> dict:
     by_length = np.argsort(wiki["arrays"]["input_mask"].sum(1), kind="stable")
     chosen = np.sort(np.concatenate([by_length[:18], by_length[-18:]]))
     arrays = {k: v[chosen] for k, v in wiki["arrays"].items()}
-    packed = pretraining_format.pack_sequences(arrays, K, ROW_PRED)
-    row, slot, start = pretraining_format.first_fit_decreasing(arrays["input_mask"].sum(1), SEQ, K)
+    packed = shard_format.pack_sequences(arrays, K, ROW_PRED)
+    row, slot, start = shard_format.first_fit_decreasing(arrays["input_mask"].sum(1), SEQ, K)
     assert (np.bincount(row) == K).any() and (np.bincount(row) == 1).any()  # full rows and rows alone
-    return {"plain": pretraining_data.to_model_inputs(arrays, slice(None)),
-            "packed": pretraining_data.to_model_inputs(packed, slice(None)),
+    return {"plain": data_stream.to_model_inputs(arrays, slice(None)),
+            "packed": data_stream.to_model_inputs(packed, slice(None)),
             "row": row, "slot": slot, "start": start, "lengths": arrays["input_mask"].sum(1)}
 
 
@@ -505,11 +505,11 @@ def test_packed_and_unpacked_shards_do_not_mix_and_slots_are_checked(wiki, tmp_p
 def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
     """--dynamic_masking on packed shards masks each row as a whole, in the packed row's slots: round(p L) of its L
     real tokens, never a [CLS] or [SEP] of any of its sequences, and a resumed stream draws the same masks."""
-    masker = pretraining_data.Masker.from_vocab(str(uncased_vocab), 0.15, ROW_PRED)
-    (info,) = pretraining_data.inspect_shards(pretraining_data.list_shards(str(wiki["packed"]), "--input_dir"),
-                                              pretraining_data.ShardSpec(SEQ, PRED, True), "--input_dir")
+    masker = data_stream.Masker.from_vocab(str(uncased_vocab), 0.15, ROW_PRED)
+    (info,) = data_stream.inspect_shards(data_stream.list_shards(str(wiki["packed"]), "--input_dir"),
+                                              data_stream.ShardSpec(SEQ, PRED, True), "--input_dir")
     assert (info.packed, info.width) == (K, ROW_PRED)
-    data = pretraining_data.PretrainingData([info], seed=3, micro_batch=8, masker=masker)
+    data = data_stream.PretrainingData([info], seed=3, micro_batch=8, masker=masker)
     batches = take(data, 3)
     for b in batches:
         positions, ids = b["masked_lm_positions"], b["input_ids"]
@@ -524,7 +524,7 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
         original = ids.clone()
         original[rows, positions[used]] = b["masked_lm_ids"][used]
         assert (original[rows, positions[used]] != 102).all()  # no [SEP]
-    resumed = pretraining_data.PretrainingData([info], seed=3, micro_batch=8, masker=masker)
+    resumed = data_stream.PretrainingData([info], seed=3, micro_batch=8, masker=masker)
     resumed.load_state_dict({**data.state_dict(), "epoch": 0, "shard_index": 0, "sample_offset": 8})
     resumed = take(resumed, 2)
     assert all(torch.equal(x[k], y[k]) for x, y in zip(resumed, batches[1:]) for k in x)
@@ -535,11 +535,11 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
 
 
 def stream(folder: Path, micro: int, bins: int, rank: int = 0, world: int = 1, seed: int = 7, state=None,
-           workers: int = 0) -> pretraining_data.PretrainingData:
+           workers: int = 0) -> data_stream.PretrainingData:
     return shard_stream(folder, micro, rank, world, state, seed=seed, num_workers=workers, length_bins=bins)
 
 
-def take(data: pretraining_data.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
+def take(data: data_stream.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
     it = iter(data)
     batches = [next(it) for _ in range(count)]
     data.close()
@@ -557,7 +557,7 @@ def test_length_bins_group_lengths_see_every_sample_once_and_resume_exactly(tmp_
         lengths = b["attention_mask"].sum(1).numpy()
         bins_seen = set(((lengths - 1) * bins // seq).tolist())
         spans += len(bins_seen) > 1
-        assert b["input_ids"].shape[1] == pretraining_data.bin_width(lengths.max(), bins, seq)  # cut to the bin
+        assert b["input_ids"].shape[1] == data_stream.bin_width(lengths.max(), bins, seq)  # cut to the bin
         padding.append(1 - lengths.sum() / lengths.size / b["input_ids"].shape[1])
     unbinned = take(stream(folder, 8, 0), 15)
     padding_unbinned = [1 - b["attention_mask"].float().mean().item() for b in unbinned]

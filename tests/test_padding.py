@@ -12,9 +12,9 @@ import torch
 from transformers.models.bert import modeling_bert as hf
 
 import bert_padding
-import checkpoint_io
+from bert_recipe.io import checkpoint_io
 import modeling
-import pretraining_data
+from bert_recipe.pretraining import data_stream
 from helpers import SENTENCES, bert_config, padded_batch
 from modeling import BertConfig, BertForPreTraining
 from tokenization import BertTokenizer
@@ -50,7 +50,7 @@ def wiki_batch(shared_data, uncased_vocab) -> dict[str, torch.Tensor]:
     rows, slots = np.nonzero(positions)
     masked[rows, positions[rows, slots]] = tokenizer.vocab["[MASK]"]
     return {"input_ids": masked, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
-            "masked_lm_labels": torch.from_numpy(pretraining_data.mlm_labels(positions, ids, masked.shape[1])),
+            "masked_lm_labels": torch.from_numpy(data_stream.mlm_labels(positions, ids, masked.shape[1])),
             "masked_lm_positions": torch.from_numpy(positions), "masked_lm_ids": torch.from_numpy(ids),
             "next_sentence_labels": torch.tensor([0, 1, 1, 0, 1, 0])}
 

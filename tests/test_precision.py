@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import precision
+from bert_recipe.training import precision_policy
 from helpers import help_of
 
 AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}  # an AMD EPYC / laptop CPU without native bf16
@@ -24,44 +24,44 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\n"
                        "processor\t: 1\nflags\t\t: fpu avx2 avx512_bf16\n")
-    assert precision.cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
-    assert precision.cpu_flags(tmp_path / "absent") is None
-    assert precision.cpu_model(cpuinfo) == "AMD EPYC"
-    assert precision.cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine() or "unknown")
+    assert precision_policy.cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
+    assert precision_policy.cpu_flags(tmp_path / "absent") is None
+    assert precision_policy.cpu_model(cpuinfo) == "AMD EPYC"
+    assert precision_policy.cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine() or "unknown")
 
 
 @pytest.mark.parametrize("flags, expected", [(AVX2_ONLY, "fp32"), (WITH_AVX512_BF16, "bf16"), (WITH_AMX, "bf16"),
                                              (set(), "fp32")])
 def test_auto_on_cpu_follows_the_flags(flags, expected, monkeypatch):
     monkeypatch.delenv("BERT_CPU_BF16")
-    choice = precision.resolve("auto", torch.device("cpu"), flags=flags)
+    choice = precision_policy.resolve("auto", torch.device("cpu"), flags=flags)
     assert choice.name == expected and choice.warning is None
     assert ("amx_bf16" in choice.reason or "avx512_bf16" in choice.reason) and choice.reason.startswith("auto:")
 
 
 def test_auto_on_this_cpu_matches_its_proc_cpuinfo(monkeypatch):
-    """Independent of precision.py: grep the flags as the README says, and compare."""
+    """Independent of precision_policy.py: grep the flags as the README says, and compare."""
     monkeypatch.delenv("BERT_CPU_BF16")
     text = open("/proc/cpuinfo").read() if sys.platform == "linux" else ""
     native = "avx512_bf16" in text or "amx_bf16" in text
-    assert precision.resolve("auto", "cpu").name == ("bf16" if native else "fp32")
+    assert precision_policy.resolve("auto", "cpu").name == ("bf16" if native else "fp32")
 
 
 def test_explicit_bf16_on_a_cpu_without_it_runs_but_warns_in_one_line(monkeypatch):
     monkeypatch.delenv("BERT_CPU_BF16")
-    choice = precision.resolve("bf16", torch.device("cpu"), flags=AVX2_ONLY)
+    choice = precision_policy.resolve("bf16", torch.device("cpu"), flags=AVX2_ONLY)
     assert choice.name == "bf16" and choice.warning and "\n" not in choice.warning
     assert "slower" in choice.warning and "--precision auto" in choice.warning
-    assert precision.resolve("bf16", torch.device("cpu"), flags=WITH_AMX).warning is None
+    assert precision_policy.resolve("bf16", torch.device("cpu"), flags=WITH_AMX).warning is None
 
 
 def test_explicit_choices_are_kept():
     cpu = torch.device("cpu")
-    assert [precision.resolve(p, cpu, flags=WITH_AMX).name for p in ("fp32", "fp16", "bf16")] == \
+    assert [precision_policy.resolve(p, cpu, flags=WITH_AMX).name for p in ("fp32", "fp16", "bf16")] == \
         ["fp32", "fp16", "bf16"]
-    assert precision.resolve("tf32", cpu, flags=AVX2_ONLY).name == "fp32"  # TF32 is a GPU format
+    assert precision_policy.resolve("tf32", cpu, flags=AVX2_ONLY).name == "fp32"  # TF32 is a GPU format
     with pytest.raises(ValueError, match="precision must be one of"):
-        precision.resolve("fp8", cpu)
+        precision_policy.resolve("fp8", cpu)
 
 
 @pytest.mark.parametrize("argv, expected", [([], "auto"), (["--precision", "tf32"], "tf32"), (["--fp16"], "fp16"),
@@ -70,7 +70,7 @@ def test_aliases_set_the_one_precision(argv, expected):
     import argparse
 
     parser = argparse.ArgumentParser()
-    precision.add_arguments(parser)
+    precision_policy.add_arguments(parser)
     assert parser.parse_args(argv).precision == expected
 
 
@@ -93,7 +93,7 @@ def test_pretraining_logs_the_choice_and_its_reason(tmp_path, monkeypatch, capsy
     import run_pretraining as rp
 
     monkeypatch.delenv("BERT_CPU_BF16")
-    monkeypatch.setattr(precision, "cpu_flags", lambda *a, **k: set(AVX2_ONLY))
+    monkeypatch.setattr(precision_policy, "cpu_flags", lambda *a, **k: set(AVX2_ONLY))
     shards = tmp_path / "shards"
     shards.mkdir()
     rng = np.random.default_rng(0)
@@ -128,20 +128,20 @@ def test_pretraining_logs_the_choice_and_its_reason(tmp_path, monkeypatch, capsy
                                                     ("native", AVX2_ONLY, "bf16"), ("no", WITH_AVX512_BF16, "fp32")])
 def test_the_environment_variable_overrides_the_flags(monkeypatch, value, flags, expected):
     monkeypatch.setenv("BERT_CPU_BF16", value)
-    choice = precision.resolve("auto", "cpu", flags=flags)
+    choice = precision_policy.resolve("auto", "cpu", flags=flags)
     assert choice.name == expected and f"BERT_CPU_BF16={value}" in choice.reason
     # An explicit bf16 warns exactly when the variable says bf16 would be emulated.
-    assert (precision.resolve("bf16", "cpu", flags=flags).warning is None) == (expected == "bf16")
+    assert (precision_policy.resolve("bf16", "cpu", flags=flags).warning is None) == (expected == "bf16")
 
 
 def test_an_unset_or_empty_variable_reads_the_flags_and_a_bad_one_is_refused(monkeypatch):
     monkeypatch.setenv("BERT_CPU_BF16", "")
-    assert precision.resolve("auto", "cpu", flags=WITH_AMX).name == "bf16"
+    assert precision_policy.resolve("auto", "cpu", flags=WITH_AMX).name == "bf16"
     monkeypatch.setenv("BERT_CPU_BF16", "maybe")
     with pytest.raises(ValueError, match=r"BERT_CPU_BF16='maybe' .*set it to 1 .* or 0") as e:
-        precision.resolve("auto", "cpu", flags=WITH_AMX)
+        precision_policy.resolve("auto", "cpu", flags=WITH_AMX)
     assert "\n" not in str(e.value)
-    assert precision.resolve("fp32", "cpu").name == "fp32"  # a named precision does not read it
+    assert precision_policy.resolve("fp32", "cpu").name == "fp32"  # a named precision does not read it
 
 
 def test_a_bad_variable_is_one_line_from_an_entry_script(monkeypatch, tmp_path):
@@ -165,19 +165,19 @@ def test_a_bad_variable_is_one_line_from_an_entry_script(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("flags", [AVX2_ONLY, WITH_AMX], ids=["avx2", "amx"])
 def test_auto_for_a_command_that_only_reads_a_model_is_fp32(flags, cpu_bf16):
-    read = precision.resolve("auto", "cpu", precision.READ, flags=flags)
+    read = precision_policy.resolve("auto", "cpu", precision_policy.READ, flags=flags)
     assert read.name == "fp32" and "only reads a model" in read.reason and read.warning is None
     # Named precisions are kept for reading too; training follows the decision.
-    assert precision.resolve("bf16", "cpu", precision.READ, flags=flags).name == "bf16"
-    assert precision.resolve("auto", "cpu", precision.TRAIN).name == cpu_bf16
+    assert precision_policy.resolve("bf16", "cpu", precision_policy.READ, flags=flags).name == "bf16"
+    assert precision_policy.resolve("auto", "cpu", precision_policy.TRAIN).name == cpu_bf16
 
 
-@pytest.mark.parametrize("do_train, expected", [(True, precision.TRAIN), (False, precision.READ)])
+@pytest.mark.parametrize("do_train, expected", [(True, precision_policy.TRAIN), (False, precision_policy.READ)])
 def test_fine_tuning_reads_or_trains_by_do_train(do_train, expected):
     import argparse
 
-    assert precision.purpose_of(argparse.Namespace(do_train=do_train, do_eval=True)) == expected
-    assert precision.purpose_of(argparse.Namespace(do_predict=True)) == precision.READ
+    assert precision_policy.purpose_of(argparse.Namespace(do_train=do_train, do_eval=True)) == expected
+    assert precision_policy.purpose_of(argparse.Namespace(do_predict=True)) == precision_policy.READ
 
 
 @pytest.mark.parametrize("script, rule", [("extract_features.py", "only reads a model"),

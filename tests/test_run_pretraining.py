@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 import torch
 
-import atomic_io
-import dist_env
-import pretraining_data
-import pretraining_format
+from bert_recipe.io import atomic_io
+from bert_recipe.training import dist_env
+from bert_recipe.pretraining import data_stream
+from bert_recipe.pretraining import shard_format
 import run_pretraining as rp
-import parallelize
-import stop_signals
-import train_step
+from bert_recipe.training import parallelize
+from bert_recipe.training import stop_signals
+from bert_recipe.training import train_step
 from helpers import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
                       read_log, shard_stream, subprocess_env, weights, write_config)
-from checkpoint_io import from_pretrained, save_hf_directory
+from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertConfig, BertForPreTraining
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_mlm_labels_follow_nvidia_rule_with_padded_slots(tmp_path):
     folder = make_shards(tmp_path / "d", n_shards=1, short_rows=7)
     with h5py.File(folder / "shard_00.hdf5") as f:
         positions, ids = f["masked_lm_positions"][()], f["masked_lm_ids"][()]
-    labels = pretraining_data.mlm_labels(positions, ids, SEQ)
+    labels = data_stream.mlm_labels(positions, ids, SEQ)
     np.testing.assert_array_equal(labels, nvidia_labels(positions, ids, SEQ))
     assert (labels[-7:] >= 0).sum() == 7 * 2 and (labels[:-7] >= 0).sum() == 33 * PRED
 
@@ -125,7 +125,7 @@ def stream(folder: Path, micro: int, rank: int = 0, world: int = 1, workers: int
     return shard_stream(folder, micro, rank, world, state, num_workers=workers, masker=masker)
 
 
-def take(data: pretraining_data.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
+def take(data: data_stream.PretrainingData, count: int) -> list[dict[str, torch.Tensor]]:
     it = iter(data)
     return [next(it) for _ in range(count)]
 
@@ -151,7 +151,7 @@ def test_stream_is_independent_of_the_process_split_and_resumes_exactly(tmp_path
     for k in range(15):
         for key in resumed[k]:
             assert torch.equal(resumed[k][key], single[5 + k][key])
-    assert first.position == pretraining_data.DataPosition(epoch=0, shard_index=1, sample_offset=24)
+    assert first.position == data_stream.DataPosition(epoch=0, shard_index=1, sample_offset=24)
     first.close()
 
 
@@ -183,7 +183,7 @@ def test_mixed_shards_are_shuffled_together_as_written_and_resume_exactly(tmp_pa
     it = iter(first)
     for _ in range(8):
         next(it)
-    assert first.position == pretraining_data.DataPosition(epoch=0, shard_index=1, sample_offset=24)
+    assert first.position == data_stream.DataPosition(epoch=0, shard_index=1, sample_offset=24)
     resumed = take(mixed(12, state=first.state_dict(), workers=1), 9)
     first.close()
     for k in range(9):
@@ -199,20 +199,20 @@ def test_the_stream_refuses_a_position_in_another_stream(tmp_path):
     assert state["files"] == ["shard_00.hdf5", "shard_01.hdf5", "shard_02.hdf5"] and state["sample_offset"] == 0
     fewer = make_shards(tmp_path / "e", n_shards=2, n=40)
     data = stream(fewer, 8)
-    with pytest.raises(pretraining_data.ResumeError, match=rf"--input_dir {fewer} does not hold the shards .*\(3 "
+    with pytest.raises(data_stream.ResumeError, match=rf"--input_dir {fewer} does not hold the shards .*\(3 "
                                                            r"then, 2 now\)"):
         data.load_state_dict({**state, "sample_offset": 16})
-    assert data.position == pretraining_data.DataPosition()
-    with pytest.raises(pretraining_data.ResumeError, match="groups of 2 .*this run in groups of 1"):
+    assert data.position == data_stream.DataPosition()
+    with pytest.raises(data_stream.ResumeError, match="groups of 2 .*this run in groups of 1"):
         stream(folder, 8).load_state_dict({**state, "mix_shards": 2})
     binned = {**state, "length_bins": 4, "global_micro_batch": 16}
-    with pytest.raises(pretraining_data.ResumeError, match="global micro-batch of 16, this run with 0 and 8"):
+    with pytest.raises(data_stream.ResumeError, match="global micro-batch of 16, this run with 0 and 8"):
         stream(folder, 8).load_state_dict(binned)
-    with pytest.raises(pretraining_data.DataError, match=r"\(64 = micro-batch 8 x 8 processes\)"):
+    with pytest.raises(data_stream.DataError, match=r"\(64 = micro-batch 8 x 8 processes\)"):
         stream(folder, 8, world=8)
     moved = stream(folder, 8)
     moved.load_state_dict({**state, "shard_index": 1, "sample_offset": 16})
-    assert moved.position == pretraining_data.DataPosition(0, 1, 16)
+    assert moved.position == data_stream.DataPosition(0, 1, 16)
 
 
 def test_group_rows_pad_narrower_masked_slots_with_unused_slots(tmp_path):
@@ -220,8 +220,8 @@ def test_group_rows_pad_narrower_masked_slots_with_unused_slots(tmp_path):
     narrow = make_shards(tmp_path / "b", n_shards=1, pred=3, seed=1)
     paths = [wide / "shard_00.hdf5", narrow / "shard_00.hdf5"]
     rows = np.array([41, 3, 79, 0, 40])
-    got = pretraining_data.read_group_rows(paths, [40, 40], rows)
-    a, b = (pretraining_data.read_rows(p, np.arange(40)) for p in paths)
+    got = data_stream.read_group_rows(paths, [40, 40], rows)
+    a, b = (data_stream.read_rows(p, np.arange(40)) for p in paths)
     for key in a:
         for out, r in zip(got[key], rows):
             src = np.atleast_1d(a[key][r] if r < 40 else b[key][r - 40])
@@ -268,7 +268,7 @@ def test_an_abandoned_or_closed_stream_ends_its_workers(tmp_path):
     assert workers_gone()
 
 
-ORIGINAL_IGNORE = pretraining_data._ignore_stop_signals
+ORIGINAL_IGNORE = data_stream._ignore_stop_signals
 
 
 def _sigterm_then_ignore(worker_id: int) -> None:
@@ -284,7 +284,7 @@ def test_a_stop_signal_while_workers_start_does_not_kill_them(tmp_path, monkeypa
     one starts must not kill its worker (the training process would crash with exit 1 instead of checkpointing
     and exiting 75: CI saw it once in the preemption test). Two shards: the signal lands in both shards' workers."""
     folder = make_shards(tmp_path / "d", n_shards=2, n=40)
-    monkeypatch.setattr(pretraining_data, "_ignore_stop_signals", _sigterm_then_ignore)
+    monkeypatch.setattr(data_stream, "_ignore_stop_signals", _sigterm_then_ignore)
     data = stream(folder, 8, workers=1)
     try:
         batches = take(data, 12)  # 5 micro-batches a shard: three DataLoaders, three workers signalled
@@ -295,14 +295,14 @@ def test_a_stop_signal_while_workers_start_does_not_kill_them(tmp_path, monkeypa
 
 def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
     folder = make_shards(tmp_path / "d", n_shards=1, n=40, vocab=VOCAB, unmasked=True)
-    masker = pretraining_data.Masker(vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK,
+    masker = data_stream.Masker(vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK,
                                      masked_lm_prob=0.15, max_predictions=PRED)
     batches = take(stream(folder, 8, masker=masker), 10)  # 5 batches an epoch
     with h5py.File(folder / "shard_00.hdf5") as f:
         originals = {tuple(row) for row in f["input_ids"][()].tolist()}
     masks = [{}, {}]  # per epoch: original row -> its labels
     for k, b in enumerate(batches):
-        labels = torch.from_numpy(pretraining_data.mlm_labels(b["masked_lm_positions"].numpy(),
+        labels = torch.from_numpy(data_stream.mlm_labels(b["masked_lm_positions"].numpy(),
                                                               b["masked_lm_ids"].numpy(), SEQ))
         inputs = b["input_ids"]
         counts = (labels >= 0).sum(1)
@@ -317,7 +317,7 @@ def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
     assert len(masks[0]) == len(masks[1]) == 40
     assert sum(not torch.equal(masks[0][r], masks[1][r]) for r in masks[0]) > 30  # new masks in epoch 1
     resumed = stream(folder, 8, masker=masker)
-    resumed.position = pretraining_data.DataPosition(0, 0, 16)  # as load_state_dict sets it from a checkpoint
+    resumed.position = data_stream.DataPosition(0, 0, 16)  # as load_state_dict sets it from a checkpoint
     resumed = take(resumed, 3)
     for a, b in zip(resumed, batches[2:5]):
         assert all(torch.equal(a[k], b[k]) for k in a)
@@ -462,11 +462,11 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_json_file(config))
-    from dist_env import DistEnv
+    from bert_recipe.training.dist_env import DistEnv
 
     model, precision = parallelize.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
     optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
-    batch = pretraining_data.to_model_inputs({
+    batch = data_stream.to_model_inputs({
         "input_ids": np.full((2, 8), 7, np.int32), "input_mask": np.ones((2, 8), np.int8),
         "segment_ids": np.zeros((2, 8), np.int8), "masked_lm_positions": np.array([[1, 3], [2, 0]], np.int32),
         "masked_lm_ids": np.array([[9, 11], [12, 0]], np.int32), "next_sentence_labels": np.array([0, 1], np.int8)},
@@ -592,7 +592,7 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     loss = 0.0
     for shard in sorted(data.glob("*.hdf5"))[:3]:
         with h5py.File(shard) as f:
-            rows = {k: f[k][()] for k in pretraining_format.SHARD_KEYS}
+            rows = {k: f[k][()] for k in shard_format.SHARD_KEYS}
         take = min(40, 100 - total // PRED)
         labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"][:take], rows["masked_lm_ids"][:take], SEQ))
         with torch.no_grad():
@@ -613,7 +613,7 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
     for shard in sorted(data.glob("*.hdf5"))[:3]:
         take = min(40, 100 - count // PRED)
         with h5py.File(shard) as f:
-            rows = {k: f[k][()][:take] for k in pretraining_format.SHARD_KEYS}
+            rows = {k: f[k][()][:take] for k in shard_format.SHARD_KEYS}
         ids, mask = rows["input_ids"].astype(np.int64), rows["input_mask"].astype(np.int64)
         labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"], rows["masked_lm_ids"], SEQ))
         picked = labels >= 0
@@ -820,7 +820,7 @@ def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
     evals = [r["data"] for r in log if "eval_mlm_accuracy" in r["data"]]
     # The unigram baseline: always predict the most frequent masked token of the held-out set.
     with h5py.File(tmp_path / "test" / "wiki.hdf5") as f:
-        labels = pretraining_data.mlm_labels(f["masked_lm_positions"][:512], f["masked_lm_ids"][:512], 64)
+        labels = data_stream.mlm_labels(f["masked_lm_positions"][:512], f["masked_lm_ids"][:512], 64)
     counts = np.bincount(labels[labels >= 0])
     baseline = counts.max() / counts.sum()
     accuracy = [e["eval_mlm_accuracy"] for e in evals]
@@ -844,9 +844,9 @@ def reference_adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
 
 def batches_of(data: Path):
     """The batches of 8 that run_pretraining.py (seed 42, one process) trains on, in its order."""
-    shards = pretraining_data.inspect_shards(sorted(data.glob("*.hdf5")), pretraining_data.ShardSpec(SEQ, PRED, False),
+    shards = data_stream.inspect_shards(sorted(data.glob("*.hdf5")), data_stream.ShardSpec(SEQ, PRED, False),
                                              "--input_dir")
-    return iter(pretraining_data.PretrainingData(shards, 42, 8))
+    return iter(data_stream.PretrainingData(shards, 42, 8))
 
 
 def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
@@ -897,7 +897,7 @@ def test_unigram_bias_init_starts_at_the_unigram_loss(tmp_path):
         f["masked_lm_positions"] = np.array([[1, 2, 3], [4, 5, 0], [6, 7, 0]], np.int32)
         f["masked_lm_ids"] = np.array([[7, 7, 9], [7, 8, 55], [9, 7, 55]], np.int32)
     vocab = 12
-    prior = pretraining_format.unigram_log_prior(shard, vocab)
+    prior = shard_format.unigram_log_prior(shard, vocab)
     counts = np.ones(vocab)
     counts[7], counts[8], counts[9] = 5, 2, 3  # + 1 each
     np.testing.assert_allclose(prior, np.log(counts / counts.sum()), rtol=1e-6)
@@ -912,7 +912,7 @@ def test_unigram_bias_init_starts_at_the_unigram_loss(tmp_path):
         losses[init] = read_log(out / "log.json")[1]["data"]["mlm_loss"]
         if init == "unigram":
             bias = weights(out / "ckpt_1.pt")["cls.predictions.bias"].numpy()
-            prior = pretraining_format.unigram_log_prior(sorted(data.glob("*.hdf5"))[0], VOCAB)
+            prior = shard_format.unigram_log_prior(sorted(data.glob("*.hdf5"))[0], VOCAB)
             np.testing.assert_allclose(bias, prior, atol=1e-6)
     with h5py.File(sorted(data.glob("*.hdf5"))[0]) as f:
         targets = f["masked_lm_ids"][()][f["masked_lm_positions"][()] > 0]

@@ -1,4 +1,4 @@
-"""data/sharding.py on real text: WikiText-2 valid (../shared/data), one article per line -> sentence-per-line shards.
+"""bert_recipe/prep/sharding.py on real text: WikiText-2 valid (../shared/data), one article per line -> sentence-per-line shards.
 
 References are independent of the code under test: the input articles themselves (every one must come back exactly
 once, whole), blingfire called directly for the sentence boundaries, the LPT bound written out (any two shards
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from data import bertPrep
-from data.sharding import ShardingConfig, assign_shards, balanced_assignment, shard_corpus, shard_name
-from data import sharding
-from cli import InputError
+from bert_recipe.prep.sharding import ShardingConfig, assign_shards, balanced_assignment, shard_corpus, shard_name
+from bert_recipe.prep import sharding
+from bert_recipe.io.cli import InputError
 from test_text_formatting import corpus_text
 
 
@@ -273,7 +273,7 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
 
     import h5py
 
-    import pretraining_data
+    from bert_recipe.pretraining import data_stream
 
     extracted = tmp_path / "text" / "AA"
     extracted.mkdir(parents=True)
@@ -307,10 +307,10 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
     assert sorted(p.name for p in train_dir.iterdir()) == ["wikicorpus_en_training_0.hdf5",
                                                            "wikicorpus_en_training_1.hdf5"]
     assert sorted(p.name for p in test_dir.iterdir()) == ["wikicorpus_en_test_0.hdf5"]
-    spec = pretraining_data.ShardSpec(128, 20, False)
-    shards = pretraining_data.inspect_shards(pretraining_data.list_shards(str(train_dir), "--input_dir"), spec,
+    spec = data_stream.ShardSpec(128, 20, False)
+    shards = data_stream.inspect_shards(data_stream.list_shards(str(train_dir), "--input_dir"), spec,
                                              "--input_dir")
-    batch = next(iter(pretraining_data.PretrainingData(shards, 1, 8)))
+    batch = next(iter(data_stream.PretrainingData(shards, 1, 8)))
     assert batch["input_ids"].shape == (8, 128) and (batch["input_ids"][:, 0] == 101).all()
     with h5py.File(test_dir / "wikicorpus_en_test_0.hdf5", "r") as f:
         assert f["input_ids"].shape[0] > 0
@@ -319,5 +319,5 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
     mixed.mkdir()
     for path in [*train_dir.iterdir(), *test_dir.iterdir()]:
         (mixed / path.name).symlink_to(path)
-    with pytest.raises(pretraining_data.DataError, match="held-out ones .*wikicorpus_en_test_0.hdf5"):
-        pretraining_data.list_shards(str(mixed), "--input_dir")
+    with pytest.raises(data_stream.DataError, match="held-out ones .*wikicorpus_en_test_0.hdf5"):
+        data_stream.list_shards(str(mixed), "--input_dir")

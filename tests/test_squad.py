@@ -1,6 +1,6 @@
 """SQuAD: features, post-processing, evaluation and run_squad.py end to end.
 
-References, all independent of processors/squad.py's own output:
+References, all independent of finetuning/tasks/squad.py's own output:
 - the gold answers of real SQuAD files (Hugging Face's v2.0 fixtures, the v1.1 dev set): "oracle" logits placed at
   the gold tokens must come back as the gold text (EM 100) and impossible questions as "";
 - the definition of max-context windows, written out here as a brute-force loop;
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-import dist_env
+from bert_recipe.training import dist_env
 from modeling import BertConfig, BertForQuestionAnswering
-from processors import squad
+from bert_recipe.finetuning.tasks import squad
 from tokenization import BertTokenizer
 
 SAMPLE = "hf-test-fixtures/SQUAD/sample.json"  # Hugging Face's flat layout, v2.0 (6 of 14 impossible)
@@ -316,7 +316,7 @@ def squad_subset(dev_v1, tmp_path_factory) -> Path:
 
 def test_run_squad_end_to_end(squad_subset, uncased_vocab, shared_data, tmp_path, capsys):
     import run_squad
-    from checkpoint_io import from_pretrained
+    from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertForQuestionAnswering
 
     config_file = tmp_path / "bert_config.json"

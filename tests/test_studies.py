@@ -202,9 +202,9 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     # The random initialisation: modeling.py's own init, seed 42, loadable as a ckpt_<step>.pt with vocab beside it
     random_dir = tmp_path / "study" / "random_init"
     assert {p.name for p in random_dir.iterdir()} == {"ckpt_0.pt", "bert_config.json", "vocab.txt"}
-    from checkpoint_io import from_pretrained
+    from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertConfig, BertForPreTraining, BertForSequenceClassification
-    from dist_env import set_seed
+    from bert_recipe.training.dist_env import set_seed
 
     set_seed(42)
     expected = BertForPreTraining(BertConfig.from_dict(TINY_CONFIG)).state_dict()
@@ -585,7 +585,7 @@ def probe_shards(root):
 
 
 def test_count_models_score_the_heldout_mask_slots_as_written_out(tmp_path):
-    from validation import SpecialIds
+    from bert_recipe.pretraining.validation import SpecialIds
 
     train, heldout = probe_shards(tmp_path)
     got = pretrain_study.count_model_accuracies(study_utils.read_shards(train), study_utils.read_shards(heldout),

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-import finetuning
+from bert_recipe.finetuning import recipe
 import run_swag
-from processors.swag import SwagDataError, SwagExample, encode_examples, get_examples, read_swag_examples
+from bert_recipe.finetuning.tasks.swag import (SwagDataError, SwagExample, encode_examples, get_examples,
+    read_swag_examples)
 
 HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
 
@@ -38,7 +39,7 @@ def test_multiple_choice_matches_transformers(minilm_dir):
     from transformers import BertConfig as HFConfig
     from transformers import BertForMultipleChoice as HFMultipleChoice
 
-    from checkpoint_io import from_pretrained, load_checkpoint_state
+    from bert_recipe.io.checkpoint_io import from_pretrained, load_checkpoint_state
     from modeling import BertForMultipleChoice
     from tokenization import BertTokenizer
 
@@ -59,7 +60,7 @@ def test_multiple_choice_matches_transformers(minilm_dir):
                         "She", ("stirs.", "puts the bowl in the oven and closes the door behind it.",
                                 "throws it.", "sings."), 0)
     encoded = encode_examples([example, other], BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True), 64)
-    batch = run_swag.collate([finetuning.EncodedDataset(encoded)[i] for i in range(2)])
+    batch = run_swag.collate([recipe.EncodedDataset(encoded)[i] for i in range(2)])
     assert batch["input_ids"].shape[:2] == (2, 4) and (batch["attention_mask"] == 0).any()  # padded choices
     with torch.no_grad():
         loss, logits = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["labels"])
@@ -229,7 +230,7 @@ def test_saved_model_reloads_and_matches_transformers(swag_run, minilm_dir):
     reproduces the run's accuracy."""
     from transformers import BertForMultipleChoice as HFMultipleChoice
 
-    from checkpoint_io import from_pretrained
+    from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertForMultipleChoice
     from tokenization import BertTokenizer
 
@@ -241,7 +242,7 @@ def test_saved_model_reloads_and_matches_transformers(swag_run, minilm_dir):
     assert hf.config.architectures == ["BertForMultipleChoice"]
     examples = get_examples(data, "val")[:6]
     encoded = encode_examples(examples, BertTokenizer(out / "hf_model" / "vocab.txt", do_lower_case=True), 64)
-    batch = run_swag.collate([finetuning.EncodedDataset(encoded)[i] for i in range(len(examples))])
+    batch = run_swag.collate([recipe.EncodedDataset(encoded)[i] for i in range(len(examples))])
     with torch.no_grad():
         (logits,) = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         ref = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],

@@ -1,4 +1,4 @@
-"""data/text_formatting.py: a Wikipedia dump built here (bz2 XML, the real export schema) -> exact prose; the
+"""bert_recipe/prep/text_formatting.py: a Wikipedia dump built here (bz2 XML, the real export schema) -> exact prose; the
 WikiExtractor fixture ../shared/data/hf-test-fixtures/wiki_text/wiki_00; plain-text folders.
 
 The expected prose is written out by hand from the wikitext below (what a reader of the rendered article sees,
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from data import bertPrep
-from data import text_formatting as tf
-from cli import InputError
+from bert_recipe.prep import text_formatting as tf
+from bert_recipe.io.cli import InputError
 
 NS = "http://www.mediawiki.org/xml/export-0.10/"
 

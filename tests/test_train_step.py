@@ -1,4 +1,4 @@
-"""The shared training core (parallelize.py, train_step.py, metrics.py, checkpoint_io.CheckpointManager,
+"""The shared training core (parallelize.py, train_step.py, meter.py, checkpoint_io.CheckpointManager,
 finetuning.fit): gradients are the same with activation checkpointing and under torch.compile as
 in plain eager mode; micro-batch accumulation equals one big batch; the checkpoint manager keeps the newest N, never
 deletes the file it just wrote, and falls back past a damaged newest file; the fine-tuning loop learns and logs."""
@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-import checkpoint_io
-import dist_env
-import finetuning
-import metrics
-import parallelize
-import train_step
+from bert_recipe.io import checkpoint_io
+from bert_recipe.training import dist_env
+from bert_recipe.finetuning import recipe
+from bert_recipe.training import meter
+from bert_recipe.training import parallelize
+from bert_recipe.training import train_step
 from helpers import SEQ, VOCAB
 from modeling import BertConfig, BertForPreTraining
 
@@ -164,7 +164,7 @@ def fit_parts(model: torch.nn.Module, tmp_path, lr: float):
     _, precision = parallelize.apply_parallelism_and_precision(model, env, "fp32")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    logger = metrics.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    logger = meter.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
     return env, precision, optimizer, scheduler, logger
 
 
@@ -190,11 +190,11 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]  # 8 micro-batches
     model = Linear()
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.5)
-    total = finetuning.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
+    total = recipe.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
     assert total == 6  # ceil(8 / 3) = 3 steps an epoch (the last one of 2 micro-batches)
-    watch = finetuning.fine_tuning_watch(env.device)
+    watch = recipe.fine_tuning_watch(env.device)
     rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
-    result = finetuning.fit(rule, lambda epoch: batches, env, logger, total_steps=total, accumulation=3, log_freq=2)
+    result = recipe.fit(rule, lambda epoch: batches, env, logger, total_steps=total, accumulation=3, log_freq=2)
     logger.close()
     records = [json.loads(line) for line in (tmp_path / "log.json").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 6]
@@ -216,11 +216,11 @@ def test_fit_stops_at_a_non_finite_loss(tmp_path, every_step):
     model = torch.nn.Linear(4, 2)
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.1)
 
-    watch = finetuning.fine_tuning_watch(env.device)
+    watch = recipe.fine_tuning_watch(env.device)
     watch.every_step = every_step  # the device decides it; here the test does
     rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
     with pytest.raises(train_step.DivergedError, match="non-finite at fine-tuning step 3:"):
-        finetuning.fit(rule, lambda epoch: batches, env, logger, total_steps=5, accumulation=1, log_freq=2)
+        recipe.fit(rule, lambda epoch: batches, env, logger, total_steps=5, accumulation=1, log_freq=2)
     logger.close()
     if every_step:
         assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -242,7 +242,7 @@ def overflowing_fit_parts(tmp_path, loss_scale: float, init_loss_scale: float):
                                                             init_loss_scale=init_loss_scale)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    logger = metrics.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
+    logger = meter.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
     return model, batches, env, precision, optimizer, scheduler, logger
 
 
@@ -258,9 +258,9 @@ def test_fit_counts_the_optimizer_steps_taken(tmp_path):
             consumed.append(b)
             yield b
 
-    watch = finetuning.fine_tuning_watch(env.device)
+    watch = recipe.fine_tuning_watch(env.device)
     rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
-    result = finetuning.fit(rule, epoch_batches, env, logger, total_steps=6, accumulation=2, log_freq=3)
+    result = recipe.fit(rule, epoch_batches, env, logger, total_steps=6, accumulation=2, log_freq=3)
     logger.close()
     skipped = round(math.log2(2.0 ** 24 / precision.loss_scale))  # a dynamic scale halves once per skip
     assert skipped >= 1 and result.steps == rule.taken == 6 and scheduler.last_epoch == 6
@@ -273,11 +273,11 @@ def test_fit_stops_after_too_many_overflows_in_a_row(tmp_path):
     the next one ends the run with one line, the weights untouched."""
     model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 1e38, 2.0 ** 16)
     before = [p.detach().clone() for p in model.parameters()]
-    watch = finetuning.fine_tuning_watch(env.device)
+    watch = recipe.fine_tuning_watch(env.device)
     rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
     limit = train_step.StepRule.MAX_CONSECUTIVE_OVERFLOWS
     with pytest.raises(train_step.DivergedError, match=f"{limit} fp16 overflows in a row at step 1: the loss diverged"):
-        finetuning.fit(rule, lambda epoch: batches, env, logger, total_steps=3, accumulation=1, log_freq=1)
+        recipe.fit(rule, lambda epoch: batches, env, logger, total_steps=3, accumulation=1, log_freq=1)
     logger.close()
     assert rule.taken == 0 and rule.consecutive_skips == limit + 1 and scheduler.last_epoch == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -22,11 +22,11 @@ import pytest
 import torch
 
 import documented_commands as docs
-from checkpoint_io import from_pretrained, save_hf_directory
+from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from modeling import BertForQuestionAnswering
-from processors.squad import QASettings
+from bert_recipe.finetuning.tasks.squad import QASettings
 from tokenization import BertTokenizer
-from utils import load_triton_script as load_script
+from bert_recipe.io.triton_scripts import load_triton_script as load_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "triton" / "scripts"
@@ -649,11 +649,11 @@ def test_stop_leaves_no_process(server):
 
 def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
     """qa_text_model._limits without a server (a stand-in for triton_python_backend_utils): $BERT_TRITON_MAX_*
-    wins over the config.pbtxt parameter, which wins over processors/items.py's defaults; bad values are refused."""
+    wins over the config.pbtxt parameter, which wins over finetuning/tasks/items.py's defaults; bad values are refused."""
     import importlib.util
     import types
 
-    from processors import items
+    from bert_recipe.finetuning.tasks import items
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
     spec = importlib.util.spec_from_file_location("qa_text_model_under_test",

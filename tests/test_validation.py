@@ -33,10 +33,10 @@ import numpy as np
 import pytest
 import torch
 
-import dist_env
+from bert_recipe.training import dist_env
 from helpers import subprocess_env
 from slurm_cluster import free_port
-from validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
+from bert_recipe.pretraining.validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
 
 PAD, CLS, SEP, MASK, V = 0, 2, 3, 4, 32
 VOCAB = {"[PAD]": PAD, "[CLS]": CLS, "[SEP]": SEP, "[MASK]": MASK, "<": 10, "un": 11, "##k": 12, ">": 13}
@@ -114,9 +114,9 @@ RANK_WORKER = """
 import contextlib, json, sys
 import torch
 sys.path.insert(0, {tests!r})
-import dist_env
+from bert_recipe.training import dist_env
 from test_validation import LeftNeighbourPlusOne, VOCAB, hand_made_shard
-from validation import SpecialIds, Validator
+from bert_recipe.pretraining.validation import SpecialIds, Validator
 torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
 mine = {{k: v[rank:rank + 1] for k, v in hand_made_shard().items()}}  # rank r holds row r

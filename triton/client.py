@@ -1,5 +1,5 @@
 """Answer questions through a Triton server: tokenize here, send batches of windows over HTTP or gRPC, turn the
-logits into answers exactly as inference.py does (the same processors/squad.py functions), print JSON.
+logits into answers exactly as inference.py does (the same finetuning/tasks/squad.py functions), print JSON.
 
     PYTHONPATH=. .venv/bin/python triton/client.py --url 127.0.0.1:8000 --protocol http --export_dir DIR \
         --question "Where do the Normans live?" --context "The Normans ... in Normandy, a region in France."
@@ -24,11 +24,11 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from processors.items import read_items
+from bert_recipe.finetuning.tasks.items import read_items
 # answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
-from processors.squad import QASettings, answers_from_logits  # noqa: F401
-from atomic_io import atomic_write_json
-from cli import InputError, script_errors
+from bert_recipe.finetuning.tasks.squad import QASettings, answers_from_logits
+from bert_recipe.io.atomic_io import atomic_write_json
+from bert_recipe.io.cli import InputError, script_errors
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}
@@ -173,7 +173,7 @@ def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], s
                        batch_size: int = 8) -> list[dict[str, Any]]:
     """inference.answer_questions with the model on the server: the same windows, batches and post-processing
     (`settings`: the windows and answers, as inference.py's), `batch_size` windows per request."""
-    from processors.squad import examples_from_qa_pairs
+    from bert_recipe.finetuning.tasks.squad import examples_from_qa_pairs
 
     examples = examples_from_qa_pairs(items)
     features = settings.features(examples, tokenizer)

@@ -36,9 +36,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from processors.items import SERVER_MAX_CONTEXT_CHARS, SERVER_MAX_QUESTION_CHARS, SERVER_MAX_WINDOWS
-from atomic_io import atomic_open, atomic_write_json, atomic_write_text
-from cli import InputError, script_errors
+from bert_recipe.finetuning.tasks.items import SERVER_MAX_CONTEXT_CHARS, SERVER_MAX_QUESTION_CHARS, SERVER_MAX_WINDOWS
+from bert_recipe.io.atomic_io import atomic_open, atomic_write_json, atomic_write_text
+from bert_recipe.io.cli import InputError, script_errors
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from atomic_io import atomic_open, atomic_write_json
-from cli import InputError, script_errors
-from utils import load_triton_script
+from bert_recipe.io.atomic_io import atomic_open, atomic_write_json
+from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.triton_scripts import load_triton_script
 
 client_script = load_triton_script("client")  # its connection helpers (triton/ is not a package: loaded by path)
 INPUT_NAMES = client_script.INPUT_NAMES

@@ -33,9 +33,9 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from atomic_io import atomic_write_json
-from cli import InputError
-from utils import pid_alive
+from bert_recipe.io.atomic_io import atomic_write_json
+from bert_recipe.io.cli import InputError
+from bert_recipe.io.processes import pid_alive
 
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
 

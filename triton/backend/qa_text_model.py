@@ -5,7 +5,7 @@ settings.json (tensor model name, input dtype, lower-casing, window and answer l
 triton/client.py, for its batching and answer records) beside it.
 
 Per request row: question [1] and context [1] (BYTES, UTF-8). The model tokenizes and cuts windows with
-processors/squad.py's convert_examples_to_features, sends the windows to the tensor model (settings.json
+finetuning/tasks/squad.py's convert_examples_to_features, sends the windows to the tensor model (settings.json
 "tensor_model", e.g. bert_qa) through Triton's business-logic scripting (BLS) in batches of at most its
 max_batch_size, and turns the logits into answers with get_predictions, exactly as triton/client.py and
 inference.py do.
@@ -17,7 +17,7 @@ a question over max_question_chars or a context over max_context_chars character
 more than max_windows windows together. The limits come from $BERT_TRITON_MAX_CONTEXT_CHARS /
 $BERT_TRITON_MAX_QUESTION_CHARS / $BERT_TRITON_MAX_WINDOWS at server start, else from this model's config.pbtxt
 parameters (model_repository.py --max_context_chars / --max_question_chars / --max_windows), else the defaults in
-processors/items.py; 0 turns a limit off.
+finetuning/tasks/items.py; 0 turns a limit off.
 """
 import importlib.util
 import json
@@ -61,7 +61,7 @@ LIMITS = ("max_context_chars", "max_question_chars", "max_windows")
 
 def _strings(request, name: str) -> list[str]:
     """The rows of a BYTES input as text; ValueError naming the input, the row and the byte that is not UTF-8."""
-    from processors.items import decode_utf8
+    from bert_recipe.finetuning.tasks.items import decode_utf8
 
     array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # [B, 1] object (bytes)
     return [decode_utf8(v, f"input '{name}' row {row}") if isinstance(v, bytes) else str(v)
@@ -70,7 +70,7 @@ def _strings(request, name: str) -> list[str]:
 
 def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
     """({limit: value}, {limit: where it came from}): environment, else config.pbtxt parameters, else default."""
-    from processors import items
+    from bert_recipe.finetuning.tasks import items
 
     defaults = {"max_context_chars": items.SERVER_MAX_CONTEXT_CHARS,
                 "max_question_chars": items.SERVER_MAX_QUESTION_CHARS, "max_windows": items.SERVER_MAX_WINDOWS}
@@ -129,8 +129,8 @@ class TritonPythonModel:
         return responses
 
     def _answer(self, request):
-        from processors.items import check_qa_text, check_windows
-        from processors.squad import convert_examples_to_features, examples_from_qa_pairs
+        from bert_recipe.finetuning.tasks.items import check_qa_text, check_windows
+        from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, examples_from_qa_pairs
 
         s = self.settings
         questions, contexts = _strings(request, "question"), _strings(request, "context")

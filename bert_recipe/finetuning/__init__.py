@@ -1,0 +1,1 @@
+"""Fine-tuning: its flags, the recipe every task script shares, prediction, the tasks."""

@@ -1,0 +1,1 @@
+"""Task readers for fine-tuning: GLUE (tasks.glue) and SQuAD (tasks.squad)."""

@@ -1,0 +1,1 @@
+"""The data pipeline's stages: formatting, sharding, vocabularies, the engines that run them."""

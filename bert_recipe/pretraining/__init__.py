@@ -1,0 +1,1 @@
+"""Pre-training: its flags, the HDF5 shard format and writer, the data stream, the Trainer."""

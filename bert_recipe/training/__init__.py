@@ -1,0 +1,1 @@
+"""The training core both recipes use: processes, precision, parallelism, the step, the meter."""

@@ -1,1 +1,0 @@
-"""Task readers for fine-tuning: GLUE (processors.glue) and SQuAD (processors.squad)."""
