@@ -31,7 +31,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -39,9 +39,8 @@ import torch
 from bert_recipe.training import precision_policy
 from bert_recipe.io import atomic_io
 from bert_recipe.io import cli
+from bert_recipe.finetuning import predict
 
-if TYPE_CHECKING:
-    from inference import Runtime
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -73,9 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lower-case the input; default: yes when the vocabulary has no capital letters")
     g.add_argument("--max_seq_length", type=int, default=128, help="tokens per line, [CLS] and [SEP] included")
 
-    from inference import add_runtime_arguments
-
-    add_runtime_arguments(p, 32, "lines per forward pass", "no tqdm bar")
+    predict.add_runtime_arguments(p, 32, "lines per forward pass", "no tqdm bar")
     return p
 
 
@@ -247,19 +244,17 @@ def open_writer(path: str | Path, fmt: str, layers: list[int], args, hidden_size
 
 @torch.inference_mode()
 def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, max_seq_length: int,
-            runtime: Runtime) -> int:
+            runtime: predict.Runtime) -> int:
     """Run the encoder over `items` in batches of `runtime.batch_size` (each padded to its longest line), on
     `runtime.device` under `runtime.precision`, and hand every line's tokens and features [tokens, len(layers), H]
     to `writer.add`, in input order. Returns the number of tokens written."""
     from tqdm import tqdm
 
-    from inference import encode_pairs
-
     model.eval()
     written, batch_size, precision = 0, runtime.batch_size, runtime.precision
     device = next(model.parameters()).device if runtime.device is None else torch.device(runtime.device)
     for lo in tqdm(range(0, len(items), batch_size), desc="extract", unit="batch", disable=not runtime.progress):
-        encoded = encode_pairs(tokenizer, items[lo:lo + batch_size], max_seq_length)
+        encoded = predict.encode_pairs(tokenizer, items[lo:lo + batch_size], max_seq_length)
         longest = max(len(ids) for ids, _ in encoded)
         ids = np.zeros((len(encoded), longest), dtype=np.int64)
         types, mask = np.zeros_like(ids), np.zeros_like(ids)
@@ -286,7 +281,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _main(argv: list[str] | None) -> dict:
     from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
-    from inference import Runtime
     from modeling import BertModel
     from tokenization import BertTokenizer, vocab_is_uncased
     from bert_recipe.finetuning.recipe import check_model_fits, resolve_model_files
@@ -319,7 +313,7 @@ def _main(argv: list[str] | None) -> dict:
     layers = parse_layers(args.layers, config.num_hidden_layers)
     model.to(device)
     with open_writer(args.output_file, fmt, layers, args, config.hidden_size) as writer:
-        runtime = Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
+        runtime = predict.Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
         tokens = extract(model, tokenizer, items, layers, writer, max_seq_length=args.max_seq_length, runtime=runtime)
     summary = {"lines": len(items), "tokens": tokens, "layers": layers, "hidden_size": config.hidden_size,
                "format": fmt, "output_file": args.output_file, "precision": precision}

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_recipe.io import flags
-from bert_recipe.finetuning import recipe
+from bert_recipe.finetuning import predict, recipe
 from bert_recipe.io import cli
 from bert_recipe.training import dist_env
 from bert_recipe.finetuning.config import GlueConfig
@@ -77,7 +77,7 @@ def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, S_max] (padded to the longest sequence of the batch), and
     labels [B] (int64 classes or float32 scores) when the examples have labels; items: finetuning.EncodedDataset's
     ((input_ids [L], token_type_ids [L]), label or None)."""
-    batch = recipe.pad_sequences([sequence for sequence, _ in items], (len(items),))
+    batch = predict.pad_sequences([sequence for sequence, _ in items], (len(items),))
     if items[0][1] is not None:
         batch["labels"] = torch.from_numpy(np.stack([label for _, label in items]))
     return batch

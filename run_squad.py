@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from bert_recipe.io import flags
-from bert_recipe.finetuning import recipe
+from bert_recipe.finetuning import predict, recipe
 from bert_recipe.training import meter
 from bert_recipe.io import atomic_io
 from bert_recipe.io import cli
@@ -141,7 +141,7 @@ def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, S_max] (cut to the batch's longest window: padding beyond
     it is masked out of attention anyway and costs compute), and start_positions, end_positions [B] for
     training."""
-    batch = recipe.pad_sequences([(ids, types) for ids, types, _ in items], (len(items),))
+    batch = predict.pad_sequences([(ids, types) for ids, types, _ in items], (len(items),))
     if items[0][2] is not None:
         batch["start_positions"] = torch.tensor([answer[0] for _, _, answer in items], dtype=torch.long)
         batch["end_positions"] = torch.tensor([answer[1] for _, _, answer in items], dtype=torch.long)
@@ -245,7 +245,7 @@ class SquadTask(recipe.Task):
             return None, files
         return squad.score_predictions(eval_set.gold, predictions, version_2, null_odds if version_2 else None), files
 
-    def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
+    def after_predictions(self, output_dir: Path, results: dict, logger: meter.RunLogger) -> None:
         """eval_results.json (--do_eval): the scores, and the --eval_script's own output on the written files."""
         cfg = self.cfg
         if not cfg.run.do_eval:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_recipe.io import flags
-from bert_recipe.finetuning import recipe
+from bert_recipe.finetuning import predict, recipe
 from bert_recipe.io import cli
 from bert_recipe.training import dist_env
 from bert_recipe.finetuning.config import SwagConfig
@@ -64,7 +64,7 @@ def collate(items) -> dict[str, torch.Tensor]:
     when the examples have labels; items: finetuning.EncodedDataset's ([(input_ids [L_j], token_type_ids [L_j]) per
     choice j], label or None)."""
     choices = len(items[0][0])
-    batch = recipe.pad_sequences([choice for example, _ in items for choice in example], (len(items), choices))
+    batch = predict.pad_sequences([choice for example, _ in items for choice in example], (len(items), choices))
     if items[0][1] is not None:
         batch["labels"] = torch.tensor(np.stack([label for _, label in items]))
     return batch

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_recipe.io.atomic_io import atomic_write_json
+from bert_recipe.finetuning import predict
 from bench import study_utils as su
 from bert_recipe.io.cli import script_errors
 from bert_recipe.training.precision_policy import resolve
@@ -90,7 +91,7 @@ def bench_padding(args) -> dict:
         dataset = recipe.EncodedDataset(encoded)
         batch_size = 32
         dynamic = [run_glue.collate([dataset[i] for i in b])
-                   for b in recipe.length_sorted_batches(encoded.lengths, batch_size)]
+                   for b in predict.length_sorted_batches(encoded.lengths, batch_size)]
         fixed = []
         for start in range(0, len(dataset), batch_size):
             batch = run_glue.collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bert_recipe.finetuning import recipe as finetuning
+from bert_recipe.finetuning import predict
 import run_glue
 import run_squad
 from bert_recipe.training import dist_env
@@ -192,9 +193,9 @@ def test_one_batch_vocabulary():
     swag = swag_collate([([(np.array([101, 102]), np.array([0, 0])), (np.array([101, 5, 102]), np.array([0, 0, 1]))],
                           1)])
     for batch in (glue, squad_batch, swag):
-        assert set(finetuning.INPUT_KEYS) <= set(batch)
-    assert set(glue) - set(finetuning.INPUT_KEYS) == {"labels"} == set(swag) - set(finetuning.INPUT_KEYS)
-    assert set(squad_batch) - set(finetuning.INPUT_KEYS) == {"start_positions", "end_positions"}
+        assert set(predict.INPUT_KEYS) <= set(batch)
+    assert set(glue) - set(predict.INPUT_KEYS) == {"labels"} == set(swag) - set(predict.INPUT_KEYS)
+    assert set(squad_batch) - set(predict.INPUT_KEYS) == {"start_positions", "end_positions"}
     assert glue["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
     assert glue["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert swag["input_ids"].shape == (1, 2, 3) and swag["attention_mask"][0, 0].tolist() == [1, 1, 0]

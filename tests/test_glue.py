@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import run_glue
-from bert_recipe.finetuning import recipe
+from bert_recipe.finetuning import predict, recipe
 from bert_recipe.finetuning.tasks.glue import (TASKS, EncodedExamples, GlueDataError, compute_metrics, encode_examples,
     get_dev_examples, get_task, get_test_examples, get_train_examples, read_examples, truncate_seq_pair)
 
@@ -340,7 +340,7 @@ def test_collate_pads_to_the_longest_in_the_batch():
     assert batch["token_type_ids"].tolist() == [[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]
     assert batch["labels"].tolist() == [1, 0]
-    order = recipe.length_sorted_batches(np.array([3, 9, 5, 7]), 2)
+    order = predict.length_sorted_batches(np.array([3, 9, 5, 7]), 2)
     assert order == [[1, 3], [2, 0]]
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import inference
+from bert_recipe.finetuning import predict
 from bert_recipe.io.checkpoint_io import export_state_dict, save_hf_directory
 from helpers import help_of
 from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
@@ -67,7 +68,7 @@ def test_long_context_is_covered_by_windows_and_answer_in_last_window_found(toke
     model = PointingModel(target)
     items = [{"id": "q1", "question": "Where does the river go?", "context": context}]
     settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16, n_best_size=5)
-    out = inference.answer_questions(model, tokenizer, items, settings, inference.Runtime(batch_size=4))
+    out = predict.answer_questions(model, tokenizer, items, settings, predict.Runtime(batch_size=4))
     assert out[0]["id"] == "q1" and out[0]["answer"] == "Madagascar"
     assert out[0]["probability"] > 0.99 and out[0]["nbest"][0]["text"] == "Madagascar"
     json.dumps(out)  # JSON-ready
@@ -90,9 +91,9 @@ def test_null_answer_for_v2_models(tokenizer, long_context):
     model = PointingModel(tokenizer.vocab["madagascar"], null=20.0)  # [CLS] beats every span: no answer
     item = [{"question": "Where?", "context": context}]
     settings = squad.QASettings(max_seq_length=48, doc_stride=16, max_query_length=8, version_2_with_negative=True)
-    out = inference.answer_questions(model, tokenizer, item, settings)
+    out = predict.answer_questions(model, tokenizer, item, settings)
     assert out[0]["answer"] == "" and out[0]["null_score_diff"] > 0 and out[0]["id"] == "0"
-    out = inference.answer_questions(model, tokenizer, item, dataclasses.replace(settings,
+    out = predict.answer_questions(model, tokenizer, item, dataclasses.replace(settings,
                                                                                  version_2_with_negative=False))
     assert out[0]["answer"] == "Madagascar"
 
@@ -108,7 +109,7 @@ def test_windows_match_the_feature_builder(tokenizer, long_context):
     assert covered == set(range(len(examples[0].doc_tokens)))
     model = PointingModel(tokenizer.vocab["lagos"])
     settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
-    inference.answer_questions(model, tokenizer, items, settings)
+    predict.answer_questions(model, tokenizer, items, settings)
     assert [ids[:sum(1 for t in ids if t)] for ids, _ in model.windows] == \
         [f.input_ids[:len(f.tokens)] for f in features]
 
@@ -335,9 +336,9 @@ def test_max_windows_refuses_before_any_forward_pass(tokenizer, long_context, qa
     settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
     with pytest.raises(ValueError, match=r"item 1 \(id 'long', context of 2,\d{3} characters at max_seq_length 64, "
                                          r"doc_stride 24\) needs \d+ windows, over the limit max_windows=5"):
-        inference.answer_questions(model, tokenizer, items, settings, max_windows=5)
+        predict.answer_questions(model, tokenizer, items, settings, max_windows=5)
     assert model.windows == []
-    out = inference.answer_questions(model, tokenizer, items, settings, max_windows=100)
+    out = predict.answer_questions(model, tokenizer, items, settings, max_windows=100)
     assert out[1]["answer"] == "Madagascar" and len(model.windows) > 5
 
     with pytest.raises(SystemExit) as e:

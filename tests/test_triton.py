@@ -149,7 +149,7 @@ def assert_answers_equal(got: list[dict], expected: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def reference_answers(deployment, qa_items, minilm_dir):
     """inference.py's answers with the PyTorch model: the independent reference."""
-    from inference import Runtime, answer_questions
+    from bert_recipe.finetuning.predict import Runtime, answer_questions
 
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
     return answer_questions(deployment[0], tokenizer, qa_items, QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
@@ -437,7 +437,7 @@ SOAK_SHAPES = [(1, 16), (2, 128), (4, 48), (8, 32), (MAX_BATCH, MAX_SEQ), (1, MA
 def soak_items(qa_items, deployment, minilm_dir) -> tuple[list[dict], list[dict]]:
     """(items, inference.py's answers) for the soak's text requests: qa_items with their contexts cut after the
     first sentence that ends past 150 characters (one window each, so the soak stays short), plus "tiny"."""
-    from inference import Runtime, answer_questions
+    from bert_recipe.finetuning.predict import Runtime, answer_questions
 
     items = []
     for item in qa_items:

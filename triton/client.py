@@ -79,13 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="JSON list / JSON lines of {id?, question, context}, or a SQuAD file")
     p.add_argument("--batch_size", type=int, default=8, help="windows per request (<= the model's max_batch_size)")
     p.add_argument("--max_seq_length", type=int, default=None, help="default: export.json's, else 384")
-    p.add_argument("--doc_stride", type=int, default=128)
-    p.add_argument("--max_query_length", type=int, default=64)
-    p.add_argument("--n_best_size", type=int, default=20)
-    p.add_argument("--max_answer_length", type=int, default=30)
-    p.add_argument("--version_2_with_negative", action="store_true", help="the model may answer \"\" (SQuAD 2.0)")
-    p.add_argument("--null_score_diff_threshold", type=float, default=0.0,
-                   help="v2.0: answer \"\" when null score - best span score exceeds this")
+    QASettings.add_arguments(p)
     p.add_argument("--text_model", action="store_true", help="send raw strings to <model_name>_text")
     p.add_argument("--output", default=None, help="also write the answers here (JSON)")
     return p.parse_args(argv)
@@ -161,7 +155,7 @@ class TritonQA:
 
 def feature_batches(features: Sequence, batch_size: int, dtype) -> Iterator[tuple[Sequence, list[np.ndarray]]]:
     """(windows, [input_ids, token_type_ids, attention_mask] each [b, L]) per batch, cut after the longest window
-    of the batch (L), as inference.answer_questions batches them: no padding beyond it is computed or sent."""
+    of the batch (L), as predict.answer_questions batches them: no padding beyond it is computed or sent."""
     for start in range(0, len(features), batch_size):
         chunk = features[start:start + batch_size]
         longest = max(sum(f.input_mask) for f in chunk)
@@ -171,7 +165,7 @@ def feature_batches(features: Sequence, batch_size: int, dtype) -> Iterator[tupl
 
 def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], settings: QASettings = QASettings(),
                        batch_size: int = 8) -> list[dict[str, Any]]:
-    """inference.answer_questions with the model on the server: the same windows, batches and post-processing
+    """predict.answer_questions with the model on the server: the same windows, batches and post-processing
     (`settings`: the windows and answers, as inference.py's), `batch_size` windows per request."""
     from bert_recipe.finetuning.tasks.squad import examples_from_qa_pairs
 

@@ -37,6 +37,7 @@ import sysconfig
 from pathlib import Path
 
 from bert_recipe.finetuning.tasks.items import SERVER_MAX_CONTEXT_CHARS, SERVER_MAX_QUESTION_CHARS, SERVER_MAX_WINDOWS
+from bert_recipe.finetuning.tasks.squad import QASettings
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_json, atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
 
@@ -79,13 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="onnxruntime backend on GPU: run through ONNX Runtime's TensorRT accelerator in FP16")
     p.add_argument("--text_model", action="store_true",
                    help="also write <model_name>_text: raw question/context strings in, answers out (qa only)")
-    p.add_argument("--doc_stride", type=int, default=128, help="text model: stride between context windows")
-    p.add_argument("--max_query_length", type=int, default=64, help="text model: longest question in tokens")
-    p.add_argument("--n_best_size", type=int, default=20, help="text model")
-    p.add_argument("--max_answer_length", type=int, default=30, help="text model: longest answer in tokens")
-    p.add_argument("--version_2_with_negative", action="store_true",
-                   help="text model: a SQuAD 2.0 model (may answer \"\")")
-    p.add_argument("--null_score_diff_threshold", type=float, default=0.0, help="text model, v2.0")
+    QASettings.add_arguments(p, prefix="text model: ")
     p.add_argument("--max_context_chars", type=int, default=SERVER_MAX_CONTEXT_CHARS,
                    help="text model: refuse (400) a context longer than this many characters (0: no limit)")
     p.add_argument("--max_question_chars", type=int, default=SERVER_MAX_QUESTION_CHARS,

@@ -1,18 +1,18 @@
 """The fine-tuning recipe: the one run that run_glue.py, run_swag.py and run_squad.py share. Each script supplies a
 small `Task` (its flags, examples, encoding, batches, head and metrics); everything else is here, once.
 
-Read top to bottom:
-1. checks before any work: the model files (`check_init_checkpoint`, `resolve_model_files`, `check_model_fits`;
-   inference.py's too); every script's flags and their rules are finetuning/config.py's;
-2. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
+Read top to bottom (every script's flags and their rules are finetuning/config.py's; the model files, the padding of
+a batch and the forward pass of prediction are finetuning/predict.py's, which the commands that only read a model
+share):
+1. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
    `token_type_ids`, `attention_mask` [B, S] (multiple choice: [B, C, S]) and the head's labels (`labels`, or
    `start_positions` and `end_positions`), so one loss serves every task: `model(**batch).loss`;
-3. `Task`: what a task supplies;
-4. training: `shuffled_epochs` (a task's default batches), `count_optimizer_steps`, `train` (BertAdam, the linear
+2. `Task`: what a task supplies;
+3. training: `shuffled_epochs` (a task's default batches), `count_optimizer_steps`, `train` (BertAdam, the linear
    warm-up schedule, fit);
-5. prediction: `length_sorted_batches`, `forward_batches` (the forward pass of every prediction, inference.py's
-   too), `predict` (the one prediction loop), `latency_summary`;
-6. `run`: the skeleton, in order: model files, environment, precision, logger, every input read, tokenizer, model,
+4. prediction: `predict` (the one prediction loop, over predict.py's length-sorted batches and forward pass),
+   `latency_summary`, `predict_and_score`;
+5. `run`: the skeleton, in order: model files, environment, precision, logger, every input read, tokenizer, model,
    fit, save, predict and score, results.json, the FINAL line; `main`, a script's main() around it.
 
 Messages go to stderr (rank 0 only); stdout carries one thing, the run's FINAL record as JSON, so that a caller can
@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -35,89 +35,20 @@ from bert_recipe.training import precision_policy
 from bert_recipe.io import atomic_io
 from bert_recipe.io import cli
 from bert_recipe.training import dist_env
-from bert_recipe.training import meter as metrics
+from bert_recipe.training.meter import Meter, RunLogger
 from bert_recipe.finetuning.config import FinetuneConfig
+from bert_recipe.finetuning.predict import (check_model_fits, forward_batches, length_sorted_batches,
+                                          resolve_model_files)
 from bert_recipe.training import parallelize
 from bert_recipe.training import train_step
 
 # --------------------------------------------------------------------------------------------------------------
-# 1. Checks before any work
-
-
-def check_init_checkpoint(args) -> None:
-    """--init_checkpoint must exist (where a script may start from random weights, None with a --config_file):
-    the first check of `resolve_model_files`, on its own for a script that names a missing checkpoint before it
-    checks its other inputs and only then looks for the vocabulary (inference.py). `args`: anything with
-    init_checkpoint, config_file and vocab_file (a parsed namespace, a fine-tuning configuration's model section)."""
-    ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
-    if ckpt is None and args.config_file is None:
-        raise cli.InputError("give --init_checkpoint, or --config_file to start from random weights")
-    if ckpt is not None and not ckpt.exists():
-        raise cli.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
-                             "Face directory")
-
-
-def resolve_model_files(args) -> str:
-    """The vocabulary file of the run: --vocab_file, by default a vocab.txt inside a checkpoint directory or beside
-    a checkpoint file (or in the hf_model/ a fine-tuning script wrote beside its model.pt); returned, the flags
-    stay as parsed. --init_checkpoint must exist (`check_init_checkpoint`), and so must --config_file when given.
-    Also used by extract_features.py and inference.py."""
-    check_init_checkpoint(args)
-    ckpt = None if args.init_checkpoint is None else Path(args.init_checkpoint)
-    vocab_file = args.vocab_file
-    if vocab_file is None:
-        folder = None if ckpt is None else ckpt if ckpt.is_dir() else ckpt.parent
-        found = [] if folder is None else [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt")
-                                           if p.is_file()]
-        if not found:
-            raise cli.InputError(f"no vocab.txt in or beside {ckpt or '--init_checkpoint'}: pass --vocab_file")
-        vocab_file = str(found[0])
-    if not Path(vocab_file).is_file():
-        raise cli.InputError(f"--vocab_file {vocab_file} not found")
-    if args.config_file is not None and not Path(args.config_file).is_file():
-        raise cli.InputError(f"--config_file {args.config_file} not found")
-    return vocab_file
-
-
-def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: int) -> None:
-    """A one-line InputError, before any work, when the input cannot fit the model: a vocabulary with more tokens
-    than the model's vocab_size (its ids would index past the embedding table, an IndexError mid-run), or a
-    --max_seq_length beyond its max_position_embeddings (the same, for positions)."""
-    if vocab_size > config.vocab_size:
-        raise cli.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
-                               f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
-                               "--config_file)")
-    if max_seq_length > config.max_position_embeddings:
-        raise cli.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
-                               f"{config.max_position_embeddings}: pass at most that")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# 2. The batch vocabulary
-
-INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")  # what the model reads; the rest of a batch: labels
-
-
-def pad_sequences(sequences: Sequence[tuple[np.ndarray, np.ndarray]], shape: tuple[int, ...]
-                  ) -> dict[str, torch.Tensor]:
-    """input_ids, token_type_ids and attention_mask, int64 [*shape, S], from unpadded (input_ids [L],
-    token_type_ids [L]) sequences: each is zero-padded ([PAD] is id 0) to S, the longest of the batch, so that a
-    batch of short sentences costs what short sentences cost. `shape`: (B,), or (B, C) for C choices an example
-    (then `sequences` holds example 0's C choices, then example 1's, ...)."""
-    lengths = np.array([len(ids) for ids, _ in sequences])
-    longest = int(lengths.max())
-    real = np.arange(longest)[None, :] < lengths[:, None]  # [N, S]: the real tokens, which come first in a row
-    input_ids = np.zeros(real.shape, dtype=np.int64)
-    token_type_ids = np.zeros_like(input_ids)
-    input_ids[real] = np.concatenate([ids for ids, _ in sequences])  # row by row, as the mask is read
-    token_type_ids[real] = np.concatenate([types for _, types in sequences])
-    arrays = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": real.astype(np.int64)}
-    return {name: torch.from_numpy(a.reshape(*shape, longest)) for name, a in arrays.items()}
+# 1. The batch vocabulary
 
 
 class EncodedDataset(torch.utils.data.Dataset):
     """A task's encoded examples for the DataLoader: item i is (`encoded.example(i)`, its label or None).
-    `encoded` is one of processors' encodings (glue.EncodedExamples: an example is its (input_ids, token_type_ids);
+    `encoded` is one of the tasks' encodings (glue.EncodedExamples: an example is its (input_ids, token_type_ids);
     swag.EncodedChoices: a list of them, one per choice), which also gives `lengths` [N] (what each example is
     padded to in a batch) and `labels` [N] or None."""
 
@@ -138,7 +69,7 @@ def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 3. What a task supplies
+# 2. What a task supplies
 
 
 class EvalSet(NamedTuple):
@@ -210,7 +141,7 @@ class Task:
         """Entries added to hf_model/config.json (e.g. the label names)."""
         return {}
 
-    def after_predictions(self, output_dir: Path, results: dict, logger: metrics.RunLogger) -> None:
+    def after_predictions(self, output_dir: Path, results: dict, logger: RunLogger) -> None:
         """Runs once the prediction files are written (SQuAD: its external evaluation script reads them)."""
 
     def final_record(self, results: dict, predictions: dict[str, dict]) -> dict:
@@ -227,7 +158,7 @@ class Task:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 4. Training
+# 3. Training
 
 
 def shuffled_epochs(dataset: torch.utils.data.Dataset, micro_batch: int, collate_fn, seed: int,
@@ -255,7 +186,7 @@ def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: flo
     return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
 
 
-def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, logger: metrics.RunLogger,
+def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, logger: RunLogger,
           precision_name: str) -> FitResult:
     """Fine-tune `model` (bare: parallelism and precision `precision_name`, resolved, are applied here) on
     `dataset` with the shared flags: the task's micro-batches, BertAdam (AdamW without bias correction, as BERT)
@@ -295,7 +226,7 @@ def fine_tuning_watch(device: torch.device) -> train_step.DivergenceWatch:
 
 
 def fit(rule: train_step.StepRule, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
-        env: dist_env.DistEnv, logger: metrics.RunLogger, *, total_steps: int, accumulation: int,
+        env: dist_env.DistEnv, logger: RunLogger, *, total_steps: int, accumulation: int,
         log_freq: int) -> FitResult:
     """Train `rule.model` (the DDP-wrapped one when distributed) until `total_steps` optimizer steps are taken.
 
@@ -305,7 +236,7 @@ def fit(rule: train_step.StepRule, epoch_batches: Callable[[int], Iterable[dict[
     a log step: one host sync every `log_freq` steps. A non-finite loss (fp32/bf16) raises DivergedError naming its
     step (fine_tuning_watch): on a CPU before that step's optimizer update, on a GPU at the next log step.
     """
-    meter, watch = metrics.Meter(env), rule.watch
+    meter, watch = Meter(env), rule.watch
     bar = logger.progress(total_steps, desc="train")
     epoch, last_loss = 0, float("nan")
     rule.model.train()
@@ -333,13 +264,7 @@ def fit(rule: train_step.StepRule, epoch_batches: Callable[[int], Iterable[dict[
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 5. Prediction
-
-
-def length_sorted_batches(lengths, batch_size: int) -> list[list[int]]:
-    """Prediction batches of examples with similar lengths (longest first), so padding costs next to nothing."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+# 4. Prediction
 
 
 @dataclass
@@ -347,23 +272,6 @@ class Predictions:
     outputs: list[np.ndarray]  # the head's output for each example, in the dataset's order
     batch_ms: list[float]  # wall time of each batch (forward only, device synchronised by the copy to the host)
     seconds: float  # the whole pass
-
-
-@torch.inference_mode()
-def forward_batches(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
-                    head_outputs: Callable[[Any], torch.Tensor], precision: str, device: torch.device
-                    ) -> Iterator[tuple[np.ndarray, float]]:
-    """The forward pass of every prediction (`predict`, inference.py): per batch of the batch vocabulary, (the
-    head's outputs [B, ...] as float32 on the host, the forward's wall time in ms). Only the model's inputs are
-    passed (no labels), so the model returns its head's outputs, which `head_outputs` picks from its output."""
-    model.eval()
-    for batch in batches:
-        inputs = train_step.to_device({k: batch[k] for k in INPUT_KEYS}, device)
-        tic = time.perf_counter()
-        with precision_policy.autocast(precision, device):
-            out = head_outputs(model(**inputs))
-        out = out.float().cpu().numpy()  # the copy to the host synchronises the device
-        yield out, (time.perf_counter() - tic) * 1000
 
 
 @torch.inference_mode()
@@ -400,7 +308,7 @@ def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_siz
 
 
 def predict_and_score(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, EvalSet],
-                      env: dist_env.DistEnv, logger: metrics.RunLogger, log: Callable[[str], None],
+                      env: dist_env.DistEnv, logger: RunLogger, log: Callable[[str], None],
                       precision: str) -> tuple[dict, dict[str, dict]]:
     """Predict every set in `precision` (resolved), score it, write the prediction files (--do_predict); returns
     ({"eval", "inference"}, {prediction file name: {id: prediction}})."""
@@ -431,7 +339,7 @@ def predict_and_score(task: Task, model: torch.nn.Module, tokenizer, eval_sets: 
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 6. The run
+# 5. The run
 
 
 def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
@@ -500,7 +408,7 @@ def run(task: Task) -> tuple[dict, dict]:
     output_dir = Path(cfg.data.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-    logger = metrics.RunLogger(rt.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
+    logger = RunLogger(rt.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
                                 progress=not rt.disable_progress_bar)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
     logger.log("PARAMETER", {**cfg.flags(), "vocab_file": vocab_file, "precision": choice.name,

@@ -7,7 +7,7 @@ file), or a SQuAD file (v1.1 / v2.0, nested or Hugging Face's flat layout: every
 Anything else is a ValueError naming the file and the place: a line that is not JSON, an item that is not an
 object, a SQuAD paragraph without its "qas" list or "context", a question without "id" or "question", a file
 with no items. Which fields an item needs is checked by the task (tasks.squad.examples_from_qa_pairs,
-inference.classify). No torch here: the Triton client imports this.
+predict.classify). No torch here: the Triton client imports this.
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def check_text(text, label: str, limit: int, limit_name: str, how_to_raise: str)
     """ValueError (one line) for a text that is not UTF-8, empty or blank, or longer than `limit` characters
     (0: no limit). `label` names it ("row 0: the context", "--context"); `how_to_raise` says how the limit
     changes, with {name} standing for `limit_name` ({NAME} for it in capitals). A missing or non-string field is
-    left to the task (examples_from_qa_pairs, inference.classify), which names what it needs."""
+    left to the task (examples_from_qa_pairs, predict.classify), which names what it needs."""
     if not isinstance(text, str):
         return
     problem = text_utf8_error(text)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from bert_recipe.io.flags import field_docs
 
 logger = logging.getLogger(__name__)
 
@@ -670,7 +671,7 @@ def answers_from_logits(examples: Sequence, features: Sequence, results: dict, n
                         max_answer_length: int = 30, do_lower_case: bool = True,
                         version_2_with_negative: bool = False,
                         null_score_diff_threshold: float = 0.0) -> list[dict[str, Any]]:
-    """The answer records of inference.answer_questions and triton/client.py from the windows' logits:
+    """The answer records of predict.answer_questions and triton/client.py from the windows' logits:
     get_predictions, then per question {"id", "question", "answer", "probability" (of the answer's n-best
     entry), "nbest"} and, for SQuAD 2.0 models, "null_score_diff"."""
     predictions, nbest, null_odds = get_predictions(examples, features, results, n_best_size, max_answer_length,
@@ -698,8 +699,11 @@ class QASettings:
     # The windows: max_seq_length tokens (S) each, one starting every doc_stride document tokens, after the question
     # cut to max_query_length tokens.
     max_seq_length: int = 384
+    """tokens per window"""
     doc_stride: int = 128
+    """tokens between the starts of consecutive windows"""
     max_query_length: int = 64
+    """questions are cut to this many tokens"""
 
     def features(self, examples: Sequence[SquadExample], tokenizer) -> list[InputFeatures]:
         """The windows of `examples` to predict (convert_examples_to_features without answers)."""
@@ -709,15 +713,33 @@ class QASettings:
     # The answers: the n_best_size best spans of at most max_answer_length tokens; for a SQuAD 2.0 model, "" when
     # null score - best span score exceeds null_score_diff_threshold.
     n_best_size: int = 20
+    """answers listed per question"""
     max_answer_length: int = 30
+    """longest answer, in WordPiece tokens"""
     version_2_with_negative: bool = False
+    """the model may answer "" (SQuAD 2.0)"""
     null_score_diff_threshold: float = 0.0
+    """v2.0: answer "" when null score - best span score exceeds this"""
 
     def answers(self, examples: Sequence[SquadExample], features: Sequence[InputFeatures], results: dict,
                 do_lower_case: bool) -> list[dict[str, Any]]:
         """answers_from_logits with these settings; `do_lower_case` is the tokenizer's."""
         return answers_from_logits(examples, features, results, self.n_best_size, self.max_answer_length,
                                    do_lower_case, self.version_2_with_negative, self.null_score_diff_threshold)
+
+    @classmethod
+    def add_arguments(cls, parser, prefix: str = "") -> None:
+        """Every field but max_seq_length (whose default is each command's) as a flag of the commands that answer
+        questions (inference.py, triton/client.py, triton/model_repository.py's text model): these defaults, the
+        field docstrings as help, after `prefix`."""
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "max_seq_length":
+                continue
+            if isinstance(f.default, bool):
+                parser.add_argument(f"--{f.name}", action="store_true", help=prefix + docs[f.name])
+            else:
+                parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default, help=prefix + docs[f.name])
 
     @classmethod
     def from_args(cls, args, **overrides) -> QASettings:
