@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import modeling
-from bert_recipe.io.checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
 from bert_recipe.io.atomic_io import atomic_torch_save
+from bert_recipe.io.checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
 from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, script_errors
 
 MODELS = {

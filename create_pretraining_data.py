@@ -43,8 +43,10 @@ from typing import Sequence
 
 import numpy as np
 
-from bert_recipe.pretraining import shard_writer as writer
 from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
+from bert_recipe.prep.text_formatting import check_text_file
+from bert_recipe.pretraining import shard_writer as writer
+from tokenization import load_vocab
 
 
 def resolve_inputs(spec: str) -> list[str]:
@@ -74,7 +76,6 @@ def resolve_inputs(spec: str) -> list[str]:
 
 def _check_text(path: str) -> None:
     """Refuse a corpus file that is not text (bert_recipe.prep.text_formatting.check_text_file), naming --input_file."""
-    from bert_recipe.prep.text_formatting import check_text_file
 
     check_text_file(path, what="--input_file", expected=", one sentence per line")
 
@@ -155,7 +156,6 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
     files = resolve_inputs(args.input_file)
-    from tokenization import load_vocab
 
     try:
         vocab = load_vocab(args.vocab_file)

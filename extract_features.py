@@ -36,11 +36,13 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from bert_recipe.training import precision_policy
-from bert_recipe.io import atomic_io
-from bert_recipe.io import cli
 from bert_recipe.finetuning import predict
-
+from bert_recipe.finetuning.recipe import check_model_fits, resolve_model_files
+from bert_recipe.io import atomic_io, cli
+from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
+from bert_recipe.training import precision_policy
+from modeling import BertModel
+from tokenization import BertTokenizer, vocab_is_uncased
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -280,10 +282,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main(argv: list[str] | None) -> dict:
-    from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
-    from modeling import BertModel
-    from tokenization import BertTokenizer, vocab_is_uncased
-    from bert_recipe.finetuning.recipe import check_model_fits, resolve_model_files
 
     args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
     for name in ("batch_size", "max_seq_length"):

@@ -36,15 +36,14 @@ from pathlib import Path
 
 import torch
 
-from bert_recipe.training import precision_policy
-from bert_recipe.io import atomic_io
-from bert_recipe.io import cli
 from bert_recipe.finetuning import predict
-from bert_recipe.io.checkpoint_io import load_pretrained
-from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from bert_recipe.finetuning.tasks import squad
 from bert_recipe.finetuning.tasks.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS,
-    check_text, read_items)
+                                                check_text, read_items)
+from bert_recipe.io import atomic_io, cli
+from bert_recipe.io.checkpoint_io import load_pretrained
+from bert_recipe.training import precision_policy
+from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from tokenization import BertTokenizer, vocab_is_uncased
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import (KERNELS, Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, unpad,
-                          unpad_info, varlen_attention)
+from bert_padding import (KERNELS, Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, unpad, unpad_info,
+                          varlen_attention)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration

@@ -47,14 +47,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_recipe.io import flags
 from bert_recipe.finetuning import predict, recipe
-from bert_recipe.io import cli
-from bert_recipe.training import dist_env
 from bert_recipe.finetuning.config import GlueConfig
-from modeling import BertForSequenceClassification
 from bert_recipe.finetuning.tasks.glue import (compute_metrics, encode_examples, get_dev_examples, get_task,
-    get_test_examples, get_train_examples)
+                                               get_test_examples, get_train_examples)
+from bert_recipe.io import cli
+from bert_recipe.training import dist_env, flags
+from modeling import BertForSequenceClassification
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments (finetuning_config.GlueConfig)

@@ -57,21 +57,26 @@ from typing import Any
 import torch
 
 from bert_recipe.io import cli
-from bert_recipe.io import flags
-from bert_recipe.training import dist_env
-from bert_recipe.io.cli import InputError
+from bert_recipe.io.checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
+from bert_recipe.io.cli import InputError, describe_error
 from bert_recipe.pretraining.config import PretrainConfig
 from bert_recipe.pretraining.data_stream import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
-from bert_recipe.training.precision_policy import Precision
-from bert_recipe.pretraining.trainer import (Trainer, TrainingParts, checkpoint_manager, evaluate,
-    find_resume_checkpoint, list_checkpoints, refuse_used_output_dir)
+from bert_recipe.pretraining.shard_format import packed_predictions
+from bert_recipe.pretraining.trainer import (Trainer, TrainingParts, checkpoint_manager, find_resume_checkpoint,
+                                             refuse_used_output_dir, validate_and_describe)
+from bert_recipe.pretraining.validation import SpecialIds, Validator
+from bert_recipe.training import dist_env, flags
 from bert_recipe.training.meter import RunLogger
 from bert_recipe.training.parallelize import apply_parallelism_and_precision, compiled
+from bert_recipe.training.precision_policy import Precision
 from bert_recipe.training.stop_signals import EXIT_STOPPED, StopRequest
+from modeling import BertConfig, BertForPreTraining, count_parameters
+from optimization import make_optimizer, param_groups_for_bert
+from schedulers import get_scheduler
 
 # ---------------------------------------------------------------------------------------------------------------
 # Flags: one per field of pretraining_config's sections, --help grouped by section, help from the docstrings
-# (config.build_parser); the rules between flags are PretrainConfig.rules
+# (flags.build_parser); the rules between flags are PretrainConfig.rules
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,9 +96,6 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     """BertForPreTraining from --config_file, with its starting weights: random (seeded identically on every
     rank), or --init_checkpoint / phase 1's checkpoint when not resuming (the resume checkpoint's weights are
     loaded later, with the rest of its state)."""
-    from bert_recipe.io.checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
-    from modeling import BertConfig, BertForPreTraining
-    from bert_recipe.io.cli import describe_error
 
     m, d = cfg.model, cfg.data
     try:
@@ -146,8 +148,6 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
 
 def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: dist_env.DistEnv):
     """The optimizer (--optimizer, decay on weight matrices only) and its learning-rate schedule."""
-    from optimization import make_optimizer, param_groups_for_bert
-    from schedulers import get_scheduler
 
     o = cfg.optimizer
     optimizer = make_optimizer(o.optimizer, param_groups_for_bert(raw_model, o.weight_decay), lr=o.learning_rate,
@@ -174,7 +174,6 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
     d = cfg.data
     if not packed:
         return d.max_predictions_per_seq
-    from bert_recipe.pretraining.shard_format import packed_predictions
 
     return packed_predictions(d.max_seq_length, d.max_predictions_per_seq, d.masked_lm_prob, packed)
 
@@ -182,7 +181,6 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
 def make_validator(cfg: PretrainConfig, precision: Precision, env: dist_env.DistEnv):
     """The held-out set's validator (None without --eval_dir); the special ids from --vocab_file, or read off
     the held-out shards."""
-    from bert_recipe.pretraining.validation import SpecialIds, Validator
 
     e = cfg.evaluation
     if not e.eval_dir:
@@ -251,8 +249,6 @@ def _main(argv: list[str] | None) -> int:
     e2e_start = time.perf_counter()
     cfg = parse_args(argv)
 
-    from bert_recipe.io.checkpoint_io import load_checkpoint_state
-    from modeling import count_parameters
 
     owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     env = dist_env.init_distributed(no_cuda=cfg.parallelism.no_cuda)
@@ -295,7 +291,7 @@ def _main(argv: list[str] | None) -> int:
                 load_checkpoint_state(raw_model, resume["model"], source=f"ckpt_{resume['step']}.pt")
             step = cfg.checkpoint.step_offset
             logger.log("PARAMETER", {**parameters, "start_step": step})
-            logger.log(step, evaluate(validator, raw_model, log))
+            logger.log(step, validate_and_describe(validator, raw_model, log))
             return 0
 
         optimizer, scheduler = build_optimizer(cfg, raw_model, env)

@@ -59,15 +59,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bert_recipe.io import flags
 from bert_recipe.finetuning import predict, recipe
-from bert_recipe.training import meter
-from bert_recipe.io import atomic_io
-from bert_recipe.io import cli
-from bert_recipe.training import dist_env
 from bert_recipe.finetuning.config import SquadConfig
-from modeling import BertForQuestionAnswering
 from bert_recipe.finetuning.tasks import squad
+from bert_recipe.io import atomic_io, cli
+from bert_recipe.training import dist_env, flags, meter
+from modeling import BertForQuestionAnswering
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments (finetuning_config.SquadConfig)

@@ -34,13 +34,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_recipe.io import flags
 from bert_recipe.finetuning import predict, recipe
-from bert_recipe.io import cli
-from bert_recipe.training import dist_env
 from bert_recipe.finetuning.config import SwagConfig
-from modeling import BertForMultipleChoice
 from bert_recipe.finetuning.tasks.swag import accuracy, encode_examples, get_examples
+from bert_recipe.io import cli
+from bert_recipe.training import dist_env, flags
+from modeling import BertForMultipleChoice
 
 # ----------------------------------------------------------------------------------------------------------------
 # Arguments (finetuning_config.SwagConfig)

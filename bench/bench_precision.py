@@ -4,7 +4,7 @@ NVLAMB) of the CPU demo's model in fp32 and in bf16 autocast, alternating in one
     .venv/bin/python -m bench.bench_precision [--config configs/bert-small-cpu.json] [--batch 32] [--seq 128]
         [--steps 6] [--threads 1] [--out results/bench_precision.json]
 
-Records the CPU model, its bf16 flags (amx_bf16, avx512_bf16 from /proc/cpuinfo), what `precision.resolve`
+Records the CPU model, its bf16 flags (amx_bf16, avx512_bf16 from /proc/cpuinfo), what `precision_policy.resolve`
 picked for `auto` and why, the median step time of each precision, and the ratio. On a CPU without native bf16
 the bf16 step is emulated and much slower; where it is native, it is faster: auto must pick the faster one.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from bert_recipe.training import precision_policy
-from bert_recipe.io.atomic_io import atomic_write_text
 from bench import study_utils as su
+from bert_recipe.io.atomic_io import atomic_write_text
+from bert_recipe.training import precision_policy
 from modeling import BertConfig, BertForPreTraining
 from optimization import make_lamb, param_groups_for_bert
 

@@ -30,12 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_recipe.io.atomic_io import atomic_write_json
-from bert_recipe.finetuning import predict
+import run_glue
 from bench import study_utils as su
+from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
+from bert_recipe.io.atomic_io import atomic_write_json
+from bert_recipe.io.checkpoint_io import from_pretrained
 from bert_recipe.io.cli import script_errors
 from bert_recipe.training.precision_policy import resolve
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
+from modeling import BertForSequenceClassification
 from tokenization import BertTokenizer
 
 REPO = su.REPO
@@ -76,10 +79,6 @@ def bench_padding(args) -> dict:
     """Sequences/s of evaluation with dynamic padding (length-sorted batches) vs fixed padding to 128."""
     import torch  # here, not at the head: the acceptance runs themselves are run_glue.py processes
 
-    from bert_recipe.finetuning import recipe
-    import run_glue
-    from bert_recipe.io.checkpoint_io import from_pretrained
-    from modeling import BertForSequenceClassification
 
     model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, num_labels=2, log=None).eval()
     tokenizer = BertTokenizer(Path(args.init_checkpoint) / "vocab.txt", do_lower_case=True)
@@ -131,7 +130,7 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the MiniLM-L6 package's folder")
     p.add_argument("--out", type=Path, default=REPO / "results" / "glue_acceptance", help="output folder")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                   help="auto: bf16 where the CPU has it natively, else fp32 (precision.resolve, as a training run)")
+                   help="auto: bf16 where the CPU has it natively, else fp32 (precision_policy.resolve, as a training run)")
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS for the runs (1 is fastest on a CPU shared with other jobs)")
     p.add_argument("--seed", type=int, default=2)

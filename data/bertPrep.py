@@ -41,8 +41,22 @@ import time
 import zipfile
 from pathlib import Path
 
+try:  # a checkout that was never installed: one line instead of a traceback
+    from bert_recipe.io.cli import InputError, add_debug_argument, script_errors
+except ModuleNotFoundError as e:
+    raise SystemExit(f"bertPrep.py: error: {e}: install the project (pip install -e . in the checkout, as "
+                     "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout") from None
+from bert_recipe.io.atomic_io import JsonLogger, atomic_write_json, atomic_write_text
+from bert_recipe.io.downloads import DownloadError, download, fetch_text, parse_checksum_file
+from bert_recipe.prep import text_formatting as tf
+from bert_recipe.prep.engine import EngineConfig, open_engine
+from bert_recipe.prep.manifest import Manifest, sha256_file
+from bert_recipe.prep.sharding import ShardingConfig, shard_corpus
+from bert_recipe.prep.text_formatting import corpus_files
+from bert_recipe.prep.vocab import VocabSettings, create_vocab
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ENGINES = ("processes", "dask")  # bert_recipe/prep/engine.py's (imported there only once the repository root is importable)
+ENGINES = ("processes", "dask")  # bert_recipe/prep/engine.py's
 DATASETS = ("wikicorpus_en", "bookscorpus", "books_wiki_en_corpus", "custom", "google_pretrained_weights")
 ACTIONS = ("download", "text_formatting", "create_vocab", "sharding", "create_hdf5_files")
 # Phase presets of the original recipe; masked_lm_prob 0.15, dupe_factor 5, short_seq_prob 0.1 for both.
@@ -50,14 +64,6 @@ PHASES = {1: {"max_seq_length": 128, "max_predictions_per_seq": 20},
           2: {"max_seq_length": 512, "max_predictions_per_seq": 80}}
 WIKI_BASE_URL = "https://dumps.wikimedia.org"
 GOOGLE_WEIGHTS_URL = "https://storage.googleapis.com/bert_models/2018_10_18/uncased_L-24_H-1024_A-16.zip"
-
-
-def _input_error(message: str) -> Exception:
-    """A typed error for bad input (cli.InputError); main() makes it the one line "bertPrep.py: error: ...". Imported
-    here, not at the top: the module itself loads without the repository root (main() says how to run it)."""
-    from bert_recipe.io.cli import InputError
-
-    return InputError(message)
 
 
 def directories(args) -> dict[str, Path]:
@@ -93,13 +99,12 @@ def formatted_file(dirs: dict[str, Path], dataset: str) -> Path:
 
 def formatted_inputs(dirs: dict[str, Path], dataset: str) -> list[Path]:
     """The files of the formatted corpora of `dataset` (both, for books_wiki_en_corpus), in order."""
-    from bert_recipe.prep.text_formatting import corpus_files
 
     files = []
     for part in _parts(dataset):
         path = formatted_file(dirs, part)
         if not path.exists():
-            raise _input_error(f"{path} does not exist: run --action text_formatting --dataset {dataset} first (or "
+            raise InputError(f"{path} does not exist: run --action text_formatting --dataset {dataset} first (or "
                                "pass --input_files)")
         files.extend(corpus_files(path))
     return files
@@ -117,7 +122,6 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
     'latest' is resolved to a dated dump through latest/'s checksum listing (its entries carry the real date), so
     the file we fetch and the checksum we check always belong to the same dump.
     """
-    from bert_recipe.io.downloads import DownloadError, fetch_text, parse_checksum_file
 
     base_url = base_url.rstrip("/")
     stem = "pages-articles-multistream" if kind == "multistream" else "pages-articles"
@@ -131,11 +135,11 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
         break
     if dump_date == "latest":
         if listing is None:
-            raise _input_error(f"cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): "
+            raise InputError(f"cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): "
                              f"give --dump_date YYYYMMDD")
         names = [n for n in listing[1] if re.fullmatch(rf"{wiki}-\d{{8}}-{stem}\.xml\.bz2", n)]
         if not names:
-            raise _input_error(f"the latest {wiki} checksum listing names no {stem} dump: give --dump_date "
+            raise InputError(f"the latest {wiki} checksum listing names no {stem} dump: give --dump_date "
                              f"YYYYMMDD (or --wiki_dump_kind {'single' if kind == 'multistream' else 'multistream'})")
         dump_date = names[0].split("-")[1]
 
@@ -151,15 +155,13 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
 
 
 def download_wikipedia(args, dest_dir: Path, logger) -> Path:
-    from bert_recipe.io.downloads import DownloadError, download
-    from bert_recipe.io.atomic_io import atomic_write_json
 
     if args.dump_date != "latest" and not re.fullmatch(r"\d{8}", args.dump_date):
-        raise _input_error(f"--dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
+        raise InputError(f"--dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
     try:
         dump = resolve_wiki_dump(args.base_url, args.dump_date, kind=args.wiki_dump_kind)
     except DownloadError as e:
-        raise _input_error(str(e)) from e
+        raise InputError(str(e)) from e
     files = [dump] + ([dump["index"]] if "index" in dump else [])
     for item in files:
         if item["checksum"] is None:
@@ -171,17 +173,16 @@ def download_wikipedia(args, dest_dir: Path, logger) -> Path:
             path = download(item["url"], dest_dir / item["filename"], checksum=item["checksum"],
                             progress=not args.no_progress)
     except DownloadError as e:
-        raise _input_error(str(e)) from e
+        raise InputError(str(e)) from e
     atomic_write_json(dest_dir / "download_manifest.json", {**dump, "file": path.name})
     return path
 
 
 def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
     """Each line of `url_list`: a URL, optionally followed by a checksum ('sha256:<hex>')."""
-    from bert_recipe.io.downloads import DownloadError, download
 
     if not url_list.is_file():
-        raise _input_error(f"URL list {url_list} does not exist")
+        raise InputError(f"URL list {url_list} does not exist")
     paths = []
     for i, line in enumerate(url_list.read_text(encoding="utf-8").splitlines()):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -192,7 +193,7 @@ def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
             paths.append(download(url, dest_dir / f"{i:06d}_{name}", checksum=rest[0] if rest else None,
                                   progress=progress))
         except (DownloadError, ValueError) as e:
-            raise _input_error(f"{url_list} line {i + 1}: {e}")
+            raise InputError(f"{url_list} line {i + 1}: {e}")
     return paths
 
 
@@ -202,12 +203,11 @@ def extract_zip(archive: Path, dest_dir: Path) -> None:
     with zipfile.ZipFile(archive) as zf:
         for member in zf.namelist():
             if not (root / member).resolve().is_relative_to(root):
-                raise _input_error(f"{archive} holds an unsafe path {member!r}; not extracting")
+                raise InputError(f"{archive} holds an unsafe path {member!r}; not extracting")
         zf.extractall(root)
 
 
 def action_download(args, dirs, logger) -> None:
-    from bert_recipe.io.downloads import DownloadError, download
 
     for dataset in _parts(args.dataset):
         dest = dirs["download"] / dataset
@@ -221,7 +221,7 @@ def action_download(args, dirs, logger) -> None:
             elif args.books_dir:
                 _require_dir(args.books_dir, "--books_dir")  # used in place by text_formatting, nothing to fetch
             else:
-                raise _input_error("bookscorpus has no public download: give --books_dir (a folder of .txt "
+                raise InputError("bookscorpus has no public download: give --books_dir (a folder of .txt "
                                  "books) or --books_url_list (a file of URLs)")
         elif dataset == "custom":
             _require_dir(args.input_dir, "--input_dir")
@@ -229,16 +229,16 @@ def action_download(args, dirs, logger) -> None:
             try:
                 archive = download(args.weights_url, dest / Path(args.weights_url).name, progress=not args.no_progress)
             except DownloadError as e:
-                raise _input_error(str(e)) from e
+                raise InputError(str(e)) from e
             extract_zip(archive, dest)
             logger.log("download", {"dataset": dataset, "file": str(archive)})
 
 
 def _require_dir(path: str | None, flag: str) -> Path:
     if not path:
-        raise _input_error(f"{flag} is required for this dataset")
+        raise InputError(f"{flag} is required for this dataset")
     if not Path(path).is_dir():
-        raise _input_error(f"{flag} {path} is not a folder: pass the folder that holds the text files")
+        raise InputError(f"{flag} {path} is not a folder: pass the folder that holds the text files")
     return Path(path)
 
 
@@ -254,16 +254,15 @@ def find_wiki_dump(download_dir: Path) -> Path:
             return path
     dumps = sorted(download_dir.glob("*.xml.bz2")) if download_dir.is_dir() else []
     if len(dumps) != 1:
-        raise _input_error(f"expected one *.xml.bz2 dump in {download_dir}, found {len(dumps)}: run "
+        raise InputError(f"expected one *.xml.bz2 dump in {download_dir}, found {len(dumps)}: run "
                          f"--action download --dataset wikicorpus_en, or pass --wiki_dump PATH")
     return dumps[0]
 
 
 def action_text_formatting(args, dirs, logger, engine) -> None:
-    from bert_recipe.prep import text_formatting as tf
 
     if args.dataset == "google_pretrained_weights":
-        raise _input_error("google_pretrained_weights has no text to format")
+        raise InputError("google_pretrained_weights has no text to format")
     progress = not args.no_progress
     for dataset in _parts(args.dataset):
         output = dirs["formatted"] / formatted_name(dataset)  # a folder of parts
@@ -306,17 +305,16 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
     --vocab_file (default <working_dir>/vocab.txt) for create_hdf5_files. It runs before sharding because it
     needs only the formatted text, and learns from all of it: the test shards are held out from pre-training, not
     from the vocabulary (as with Google's)."""
-    from bert_recipe.prep.vocab import VocabSettings, create_vocab
 
     if args.dataset == "google_pretrained_weights":
-        raise _input_error("google_pretrained_weights has no text to learn a vocabulary from")
+        raise InputError("google_pretrained_weights has no text to learn a vocabulary from")
     if args.vocab_size is None:
-        raise _input_error("--action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
+        raise InputError("--action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
                          "bert-base-uncased)")
     inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
     for path in inputs:
         if not Path(path).is_file():
-            raise _input_error(f"{path} does not exist: run --action text_formatting --dataset {args.dataset} "
+            raise InputError(f"{path} does not exist: run --action text_formatting --dataset {args.dataset} "
                              "first (or pass --input_files)")
     output = vocab_output(args)
     start = time.time()
@@ -332,10 +330,9 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
 
 
 def action_sharding(args, dirs, logger, engine) -> None:
-    from bert_recipe.prep.sharding import ShardingConfig, shard_corpus
 
     if args.dataset == "google_pretrained_weights":
-        raise _input_error("google_pretrained_weights has no text to shard")
+        raise InputError("google_pretrained_weights has no text to shard")
     inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
     cfg = ShardingConfig(n_training_shards=args.n_training_shards, n_test_shards=args.n_test_shards,
                          fraction_test_set=args.fraction_test_set, segmenter=args.segmentation_method,
@@ -381,7 +378,6 @@ def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str |
     """Task: create_pretraining_data.py on one text shard, in a process of its own (this interpreter and this
     checkout's script, wherever the task runs), its output to a log file beside the HDF5 files. Returns (exit
     status, its one-line JSON summary, the output's sha256 when it succeeded)."""
-    from bert_recipe.prep.manifest import sha256_file
 
     shard, output, arguments, log_path = job
     with open(log_path, "w") as log:
@@ -398,14 +394,13 @@ def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
     """Finished HDF5 files are kept on a rerun: refuse to mix them with files of another vocabulary (a rerun with
     another VOCAB_SIZE relearns vocab.txt; the folder's name does not say which vocabulary made it). The folder
     records the sha256 of the vocab.txt its files were made with; --overwrite removes the old files first."""
-    from bert_recipe.io.atomic_io import atomic_write_text
 
     digest = hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest()
     stamp = out_dir / "vocab.sha256"
     before = (stamp.read_text().split() or [None])[0] if stamp.is_file() else None
     if existing and before not in (None, digest):
         if not args.overwrite:
-            raise _input_error(f"{out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
+            raise InputError(f"{out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
                              f"--vocab_file {args.vocab_file}: pass --overwrite to redo them, or remove the folder")
         for path in existing:  # before the new stamp: an interrupted rerun must not keep them as the new vocab's
             path.unlink()
@@ -421,17 +416,16 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     every finished file (instances, sha256) with the settings that made it: a rerun computes only the files it
     does not list (or whose sha256 changed); --overwrite redoes them all.
     """
-    from bert_recipe.prep.manifest import Manifest
 
     if not (REPO_ROOT / "create_pretraining_data.py").is_file():
-        raise _input_error(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
+        raise InputError(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
     if not args.vocab_file or not Path(args.vocab_file).is_file():
-        raise _input_error(f"--vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
+        raise InputError(f"--vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
                          f"--action download --dataset google_pretrained_weights)")
     shard_dir = dirs["sharded"] / args.dataset
     shards = list_shards(shard_dir, args.dataset)
     if not shards:
-        raise _input_error(f"no shards in {shard_dir}: run --action sharding with the same shard flags first")
+        raise InputError(f"no shards in {shard_dir}: run --action sharding with the same shard flags first")
     out_dir = dirs["hdf5"] / args.dataset
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     seed_index = {path: i for i, path in enumerate(sorted(str(s) for s in shards))}
@@ -468,7 +462,7 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     if failed:
         log = out_dir / "logs" / f"{failed[0].stem}.log"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        raise _input_error(f"create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
+        raise InputError(f"create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
                          f"{' '.join(tail)} (full log: {log})")
     manifest.save()
     manifest.report("create_hdf5_files")
@@ -559,7 +553,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dask_timeout", type=float, default=30.0,
                    help="--engine dask: seconds to wait for the scheduler file, the scheduler and a worker")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    from bert_recipe.io.cli import add_debug_argument
 
     add_debug_argument(p)
     return p
@@ -568,32 +561,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """0 when the action finished; bad input, a failed download or a full disk: one line on stderr and exit
     status 1 (--debug: the traceback)."""
-    try:
-        from bert_recipe.io.cli import script_errors
-    except ModuleNotFoundError:
-        raise SystemExit("error: the project is not importable: install it (pip install -e . in the checkout, as "
-                         "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout") from None
     with script_errors("bertPrep.py", argv):
         return _main(argv)
 
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        from bert_recipe.io import downloads
-    except ModuleNotFoundError:
-        raise _input_error("the project is not importable: install it (pip install -e . in the checkout, as "
-                           "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout")
     if not args.working_dir:
-        raise _input_error("set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
+        raise InputError("set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
     if args.n_processes < 1:
-        raise _input_error("--n_processes must be >= 1")
+        raise InputError("--n_processes must be >= 1")
     if Path(args.working_dir).exists() and not Path(args.working_dir).is_dir():
-        raise _input_error(f"--working_dir {args.working_dir} is a file: name a folder")
+        raise InputError(f"--working_dir {args.working_dir} is a file: name a folder")
     for key, value in PHASES[args.phase].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    from bert_recipe.io.atomic_io import JsonLogger
 
     dirs = directories(args)
     Path(args.working_dir).mkdir(parents=True, exist_ok=True)
@@ -613,12 +595,11 @@ def _main(argv) -> int:
 
 def run_on_engine(args, dirs, logger) -> None:
     """A computing action on the engine --engine names (started here, stopped when the action ends)."""
-    from bert_recipe.prep.engine import EngineConfig, open_engine
 
     config = EngineConfig(args.engine, args.n_processes, args.dask_scheduler_file, args.dask_timeout,
                           progress=not args.no_progress)
     if args.dask_scheduler_file and args.engine != "dask":
-        raise _input_error("--dask_scheduler_file is for --engine dask: add it, or leave the file out")
+        raise InputError("--dask_scheduler_file is for --engine dask: add it, or leave the file out")
     with open_engine(config, log_fn=lambda message: print(f"bertPrep.py: {message}", flush=True)) as engine:
         logger.log("engine", engine.describe())
         {"text_formatting": action_text_formatting, "create_vocab": action_create_vocab,

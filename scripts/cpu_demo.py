@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from bert_recipe.io.atomic_io import atomic_write_json
 from bench import study_utils as su
+from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.prep.vocab import config_vocab_size
 from bert_recipe.pretraining.shard_format import unigram_log_prior

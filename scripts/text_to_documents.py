@@ -33,7 +33,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from bert_recipe.io.atomic_io import atomic_open
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.prep.text_formatting import is_wikiextractor, iter_wikiextractor_docs, open_text
+from bert_recipe.prep.vocab import list_input_files
 
 _ARTICLE = re.compile(r"^ ?= [^=].* = ?$")  # " = Title = " (a section is " = = Title = = ")
 _SECTION = re.compile(r"^ ?(= ){2,}.*( =){2,} ?$")
@@ -52,7 +55,6 @@ def is_wikitext(lines: list[str]) -> bool:
 
 def iter_documents(path: str | Path) -> Iterator[list[str]]:
     """Yield each document of a text file as a list of paragraphs (non-empty, cleaned for WikiText)."""
-    from bert_recipe.prep.text_formatting import is_wikiextractor, iter_wikiextractor_docs, open_text
 
     if is_wikiextractor(path):
         yield from (paragraphs for _, paragraphs in iter_wikiextractor_docs(path) if paragraphs)
@@ -95,7 +97,6 @@ _SENTENCE_END = re.compile(r"(?<= [.?!]) ")
 
 
 def _write(docs: list[list[str]], output: str | Path, sentences: bool) -> None:
-    from bert_recipe.io.atomic_io import atomic_open
 
     split = sentence_splitter() if sentences else None
     with atomic_open(output, "w", encoding="utf-8") as out:
@@ -111,7 +112,6 @@ def write_documents(inputs: Iterable[str | Path], output: str | Path, sentences:
                     test_fraction: float = 0.0, test_output: str | Path | None = None) -> tuple[int, int]:
     """Write the documents of every input to `output`, the last `test_fraction` of them (at least one when > 0) to
     `test_output`, atomically. Returns (training documents, test documents)."""
-    from bert_recipe.prep.vocab import list_input_files
 
     docs = [doc for path in list_input_files(list(inputs)) for doc in iter_documents(path)]
     test_documents = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0

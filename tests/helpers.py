@@ -15,6 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from bench import pretrain_study, scaling_study, stability
+from bert_recipe.pretraining.data_stream import PretrainingData, ShardInfo
+from bert_recipe.training.dist_env import DistEnv
+from modeling import BertConfig
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -96,7 +101,6 @@ def make_shards(folder: Path, n_shards: int = 3, n: int = 40, seq: int = SEQ, pr
 
 
 def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: int = 32) -> Path:
-    from modeling import BertConfig
 
     BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
                intermediate_size=2 * hidden, max_position_embeddings=64, hidden_dropout_prob=dropout,
@@ -106,7 +110,6 @@ def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: i
 
 def bert_config(**fields):
     """A small modeling.BertConfig for tests: 2 layers, 4 heads, no dropout (exact comparisons), then `fields`."""
-    from modeling import BertConfig
 
     return BertConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_dropout_prob": 0.0,
                          "attention_probs_dropout_prob": 0.0, **fields})
@@ -135,8 +138,6 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def shard_stream(folder: Path, micro: int, rank: int = 0, world: int = 1, state: dict | None = None, **options):
     """The pretraining_data stream over `folder`'s shards of 40 rows each, of rank `rank` of `world`, continued from
     `state` (a state_dict()) when given; `options` go to PretrainingData (seed: 7 unless given)."""
-    from bert_recipe.training.dist_env import DistEnv
-    from bert_recipe.pretraining.data_stream import PretrainingData, ShardInfo
 
     unmasked = options.get("masker") is not None  # dynamic masking reads shards written unmasked
     shards = [ShardInfo(p, 40, unmasked) for p in sorted(folder.glob("*.hdf5"))]
@@ -208,7 +209,6 @@ def no_training(monkeypatch):
     test: for checking that a second call reuses every finished run."""
     import types
 
-    from bench import pretrain_study, scaling_study, stability
 
     def refuse(*a, **k):
         raise AssertionError(f"nothing should run here: {a} {k}")

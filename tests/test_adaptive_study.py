@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from bench import adaptive_study
+from bench import adaptive_study, linear_probe, results_page
 from helpers import no_training
 
 TINY_CONFIG = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -114,7 +114,6 @@ def test_four_starts_are_fine_tuned_and_probed(tiny_adaptive):
 def test_second_call_reuses_everything(tiny_adaptive, monkeypatch):
     """The same command again trains nothing and probes nothing: the pre-trainings, fine-tunings and the probe
     are read back, and the report's numbers are the first call's."""
-    from bench import linear_probe
 
     root, first = tiny_adaptive
     no_training(monkeypatch)
@@ -126,7 +125,6 @@ def test_second_call_reuses_everything(tiny_adaptive, monkeypatch):
 
 
 def test_results_page_renders_the_study(tiny_adaptive, tmp_path):
-    from bench import results_page
 
     root, report = tiny_adaptive
     absent = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(tmp_path / "absent.md")])

@@ -39,25 +39,19 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import (REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env,
-                      write_config)
-
-from bert_recipe.io import atomic_io
-from bert_recipe.io import cli
 import convert_checkpoint
 import create_pretraining_data
 import extract_features
-from bert_recipe.finetuning import recipe
-from bert_recipe.pretraining import shard_writer
 import run_glue
 import run_pretraining
 import run_squad
 import run_swag
-from bert_recipe.pretraining import trainer
-from bert_recipe.io import triton_scripts
-from bert_recipe.pretraining import validation
-from data import bertPrep
+from bert_recipe.finetuning import recipe
+from bert_recipe.io import atomic_io, cli, triton_scripts
 from bert_recipe.prep import vocab as create_vocab
+from bert_recipe.pretraining import shard_writer, trainer, validation
+from data import bertPrep
+from helpers import REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env, write_config
 from modeling import BertConfig, BertForPreTraining
 
 export_model = triton_scripts.load_triton_script("export_model")
@@ -1021,7 +1015,7 @@ def test_debug_shows_the_traceback_in_a_real_process(W, tmp_path):
     assert plain.stderr.startswith("create_pretraining_data.py: error: --vocab_file")
     assert "Traceback" not in plain.stderr
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
-    assert debug.stderr.strip().splitlines()[-1].startswith("cli.InputError: --vocab_file"), debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].startswith("bert_recipe.io.cli.InputError: --vocab_file"), debug.stderr
     assert not (tmp_path / "s.hdf5").exists()
 
 

@@ -7,13 +7,12 @@ import pytest
 import torch
 from transformers.models.bert import modeling_bert as hf
 
-from bert_recipe.io import checkpoint_io
 import convert_checkpoint
 import modeling
+from bert_recipe.io import checkpoint_io
 from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
 from helpers import bert_config
 from modeling import BertConfig
-
 
 
 @pytest.fixture(autouse=True)

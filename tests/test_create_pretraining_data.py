@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import create_pretraining_data as cpd
-from bert_recipe.pretraining import shard_format
-from bert_recipe.pretraining import shard_writer as writer
+from bert_recipe.pretraining import shard_format, shard_writer as writer
 from tokenization import BertTokenizer
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0  # bert-base-uncased ids (checked against the vocabulary below)

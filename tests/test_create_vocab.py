@@ -18,10 +18,12 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers import REPO_ROOT, args_for, read_log, subprocess_env, weights
-
+import run_pretraining
 import tokenization
 from bert_recipe.prep import vocab as cv
+from data import bertPrep
+from helpers import REPO_ROOT, args_for, read_log, subprocess_env, weights
+from modeling import BertConfig
 from tokenization import BasicTokenizer, BertTokenizer, WordpieceTokenizer
 
 SLICE = Path("wikipedia-en-slice") / "text"
@@ -342,8 +344,6 @@ def test_limit_alphabet_keeps_the_most_frequent_characters(train_words, corpus, 
 
 
 def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, capsys):
-    import run_pretraining
-    from modeling import BertConfig
 
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -417,7 +417,6 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
 
 
 def test_bertprep_create_vocab_action(corpus, tmp_path):
-    from data import bertPrep
 
     formatted = tmp_path / "work" / "formatted_one_article_per_line"
     formatted.mkdir(parents=True)

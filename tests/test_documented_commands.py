@@ -11,7 +11,6 @@ tests/test_slurm.py, the serving commands in tests/test_triton.py; the rest here
 from __future__ import annotations
 
 import ast
-import csv
 import json
 import re
 import shlex
@@ -19,10 +18,14 @@ from pathlib import Path
 
 import h5py
 import pytest
+from test_swag import _write_next_sentence_csv
 
 import documented_commands as docs
+import run_glue
+import run_pretraining
+import run_squad
+import run_swag
 from helpers import help_of
-from test_swag import _write_next_sentence_csv
 
 REPO = docs.REPO
 STAND_IN = REPO / "tests" / "stand_in"
@@ -90,10 +93,6 @@ def test_quick_commands(command, tmp_path):
 
 
 def _help_texts() -> dict[str, str]:
-    import run_glue
-    import run_pretraining
-    import run_squad
-    import run_swag
 
     mains = {"run_pretraining.py": run_pretraining.main, "run_squad.py": run_squad.main,
              "run_glue.py": run_glue.main, "run_swag.py": run_swag.main}

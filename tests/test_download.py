@@ -15,8 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-from bert_recipe.io import downloads
 from bert_recipe.io.downloads import DownloadError, Retry, cached_path, download, parse_checksum, parse_checksum_file
+from data import bertPrep
 
 BODY = np.random.default_rng(0).integers(0, 256, size=300_000, dtype=np.uint8).tobytes()
 
@@ -216,7 +216,6 @@ def _serve_dump(server, date="20240101", listing_digest=None):
 def test_bertprep_downloads_wikipedia_and_verifies_published_sha1(server, tmp_path, dump_date, kind):
     """The multistream dump (the default) comes with its index, which text_formatting needs to cut it into
     pieces; both files are checked against the published sha1 and resumed after a dropped connection."""
-    from data import bertPrep
 
     names = _serve_dump(server)
     name = names[kind]
@@ -238,7 +237,6 @@ def test_bertprep_downloads_wikipedia_and_verifies_published_sha1(server, tmp_pa
 
 
 def test_bertprep_refuses_a_dump_that_fails_the_published_checksum(server, tmp_path):
-    from data import bertPrep
 
     names = _serve_dump(server, listing_digest="f" * 40)
     with pytest.raises(SystemExit, match="sha1 checksum mismatch"):
@@ -250,7 +248,6 @@ def test_bertprep_refuses_a_dump_that_fails_the_published_checksum(server, tmp_p
 
 
 def test_bertprep_download_bad_input_errors(server, tmp_path):
-    from data import bertPrep
 
     base = ["--action", "download", "--base_url", server.url, "--working_dir", str(tmp_path), "--no_progress"]
     with pytest.raises(SystemExit, match="YYYYMMDD"):
@@ -264,7 +261,6 @@ def test_bertprep_download_bad_input_errors(server, tmp_path):
 
 
 def test_bertprep_downloads_books_from_a_url_list(server, tmp_path):
-    from data import bertPrep
 
     server.files["/books/a.txt"] = b"Book A.\n"
     server.files["/books/b.txt"] = b"Book B.\n"
@@ -282,7 +278,6 @@ def test_bertprep_google_weights_zip_is_extracted_safely(server, tmp_path):
     import io
     import zipfile
 
-    from data import bertPrep
 
     def make_zip(members: dict[str, bytes]) -> bytes:
         buf = io.BytesIO()

@@ -26,14 +26,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from test_text_formatting import NS, PAGES, _xml_escape, corpus_text, write_dump
 
 import documented_commands as docs
-from data import bertPrep
-from bert_recipe.prep import text_formatting as tf
+from bench.bench_prep_engines import projection
 from bench.dask_processes import DaskProcesses
-from slurm_cluster import free_port
 from bert_recipe.io.processes import pid_alive
-from test_text_formatting import NS, PAGES, _xml_escape, corpus_text, write_dump
+from bert_recipe.prep import text_formatting as tf
+from data import bertPrep
+from slurm_cluster import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDS = ["--n_training_shards", "6", "--n_test_shards", "1", "--fraction_test_set", "0.1"]
@@ -542,7 +543,6 @@ def test_a_corrupt_dump_piece_is_named_and_nothing_is_written(tmp_path):
 
 
 def test_the_projection_follows_its_stated_formula():
-    from bench.bench_prep_engines import projection
 
     run = {"stages": {"a": {"wall_s": 10.0, "startup_s": 1.0, "span_s": 8.0, "tasks": 100, "task_s": 16.0,
                             "longest_task_s": 0.5},

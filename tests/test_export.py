@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from bert_recipe.io.checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
+from bert_recipe.io.triton_scripts import load_triton_script as load_script
 from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from tokenization import BertTokenizer
-from bert_recipe.io.triton_scripts import load_triton_script as load_script
 
 TOLERANCE = 1e-4
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import extract_features
+from bert_recipe.io.checkpoint_io import from_pretrained
+from modeling import BertModel
 
 # Real text: MRPC dev pairs (as " ||| " pairs and as single sentences), a line longer than --max_seq_length, a blank
 # line, accents and punctuation.
@@ -125,8 +127,6 @@ def test_output_hidden_states_keeps_the_old_outputs(minilm_dir):
     (embeddings first), whose last entry is sequence_output."""
     from transformers import BertModel as HFBert
 
-    from bert_recipe.io.checkpoint_io import from_pretrained
-    from modeling import BertModel
 
     ours = from_pretrained(BertModel, minilm_dir, log=None).eval()
     hf = HFBert.from_pretrained(str(minilm_dir), attn_implementation="eager").eval()

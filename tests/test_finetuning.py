@@ -16,17 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-from bert_recipe.finetuning import recipe as finetuning
-from bert_recipe.finetuning import predict
 import run_glue
 import run_squad
-from bert_recipe.training import dist_env
-from bert_recipe.io.checkpoint_io import export_state_dict, from_pretrained
-from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
-from optimization import BertAdam, param_groups_for_bert
+from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning.config import FinetuneConfig, FinetuneModel, FinetuneRun
 from bert_recipe.finetuning.tasks import squad
 from bert_recipe.finetuning.tasks.glue import (compute_metrics, encode_examples, get_dev_examples, get_task,
-    get_train_examples)
+                                               get_train_examples)
+from bert_recipe.io.checkpoint_io import export_state_dict, from_pretrained
+from bert_recipe.training import dist_env
+from modeling import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+from optimization import BertAdam, param_groups_for_bert
+from run_swag import collate as swag_collate
 from schedulers import LinearWarmUpScheduler
 from tokenization import BertTokenizer
 
@@ -56,11 +57,11 @@ def hand_trained(model: torch.nn.Module, micro_batches: list[dict]) -> None:
 
 
 def assert_same_weights(saved: Path, model: torch.nn.Module) -> None:
-    recipe = torch.load(saved, map_location="cpu", weights_only=True)["model"]
+    recipe_weights = torch.load(saved, map_location="cpu", weights_only=True)["model"]
     mine = export_state_dict(model)
-    assert recipe.keys() == mine.keys()
+    assert recipe_weights.keys() == mine.keys()
     for key in mine:
-        assert torch.equal(recipe[key], mine[key]), key
+        assert torch.equal(recipe_weights[key], mine[key]), key
 
 
 def no_dropout_config(source: Path, target: Path) -> Path:
@@ -188,7 +189,6 @@ def test_one_batch_vocabulary():
     glue = run_glue.collate([((np.array([101, 7, 102]), np.array([0, 0, 0])), 1),
                              ((np.array([101, 102]), np.array([0, 0])), 0)])
     squad_batch = run_squad.collate([(np.array([101, 7, 102, 9, 102]), np.array([0, 0, 0, 1, 1]), (3, 3))])
-    from run_swag import collate as swag_collate
 
     swag = swag_collate([([(np.array([101, 102]), np.array([0, 0])), (np.array([101, 5, 102]), np.array([0, 0, 1]))],
                           1)])
@@ -205,8 +205,6 @@ def test_one_batch_vocabulary():
 def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path, do_train):
     """load_model reads the LoadReport of the checkpoint (not its log lines): a pre-training checkpoint has no
     classifier, so evaluating it without --do_train warns that the head is random; with --do_train it does not."""
-    from bert_recipe.finetuning.config import FinetuneConfig, FinetuneModel, FinetuneRun
-    from modeling import BertForPreTraining
 
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32)
@@ -215,14 +213,14 @@ def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path,
     cfg = FinetuneConfig(model=FinetuneModel(init_checkpoint=str(tmp_path / "ckpt_1.pt")),
                          run=FinetuneRun(do_train=do_train))
 
-    class Classify(finetuning.Task):
+    class Classify(recipe.Task):
         model_class = BertForSequenceClassification
 
         def model_kwargs(self):
             return {"num_labels": 2}
 
     lines: list[str] = []
-    model = finetuning.load_model(Classify(cfg), lines.append)
+    model = recipe.load_model(Classify(cfg), lines.append)
     assert isinstance(model, BertForSequenceClassification)
     assert any("initialised fresh: classifier.weight, classifier.bias" in line for line in lines), lines
     warned = [line for line in lines if line.startswith("warning:") and "random head" in line]

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torchao  # noqa: F401 - requirements-test.txt installs it: without it these tests fail, they do not skip
 
-from bert_recipe.training import fp8
 import run_pretraining as rp
 from bert_recipe.io.checkpoint_io import load_checkpoint_state
+from bert_recipe.training import fp8
 from helpers import args_for, bert_config, make_shards, read_log, write_config
 from modeling import BertConfig, BertForPreTraining
 

@@ -15,9 +15,14 @@ import pytest
 import torch
 
 import run_glue
+from bench import nan_probe
 from bert_recipe.finetuning import predict, recipe
 from bert_recipe.finetuning.tasks.glue import (TASKS, EncodedExamples, GlueDataError, compute_metrics, encode_examples,
-    get_dev_examples, get_task, get_test_examples, get_train_examples, read_examples, truncate_seq_pair)
+                                               get_dev_examples, get_task, get_test_examples, get_train_examples,
+                                               read_examples, truncate_seq_pair)
+from bert_recipe.io.checkpoint_io import from_pretrained
+from modeling import BertForSequenceClassification
+from tokenization import BertTokenizer
 
 # ----------------------------------------------------------------------------------------------------------------
 # Readers on the real files (counts from ../shared/data/README.md and the PROVENANCE files)
@@ -297,7 +302,6 @@ def test_truncate_seq_pair_longest_first():
 def test_pair_encoding_matches_transformers(shared_data, minilm_dir):
     from transformers import AutoTokenizer
 
-    from tokenization import BertTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(minilm_dir))
     ours = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
@@ -465,9 +469,6 @@ def test_hf_export_matches_transformers(mrpc_run, shared_data):
     """The fine-tuned model's hf_model/ in transformers gives the logits of our model.pt in our model."""
     from transformers.models.bert.modeling_bert import BertForSequenceClassification as HFBert
 
-    from bert_recipe.io.checkpoint_io import from_pretrained
-    from modeling import BertForSequenceClassification
-    from tokenization import BertTokenizer
 
     saved = torch.load(mrpc_run / "model.pt", map_location="cpu", weights_only=True)
     assert saved["task"] == "mrpc" and saved["labels"] == ["0", "1"] and saved["num_labels"] == 2
@@ -546,7 +547,6 @@ def test_nan_probe_finds_the_first_non_finite_micro_batch(tmp_path, minilm_dir, 
     of about lr = 1e30 per weight makes micro-batch 2 overflow, in fp32 as well, which the replays must show; the
     saved batch and weights load with weights_only=True and hold those enormous weights. A healthy run reports
     first_bad null after all its micro-batches."""
-    from bench import nan_probe
 
     glue = ["--task_name", "sst-2", "--data_dir", str(shared_data / "glue-sst2"), "--init_checkpoint",
             str(minilm_dir), "--do_lower_case", "--do_train", "--warmup_proportion", "0", "--max_train_examples",

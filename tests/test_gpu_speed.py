@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
-from bert_recipe.training import profiling
 import run_pretraining as rp
 from bench import gpu_speed
 from bench.study_utils import read_shards
+from bert_recipe.training import profiling
 from helpers import args_for, make_shards, read_log, subprocess_env, write_config
 from modeling import BertConfig
 

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu_study
+import create_pretraining_data
+from bench import gpu_study, results_page
+from bench.pretrain_study import run_state
+from modeling import BertConfig
 
 
 def test_steps_that_fit_the_budget_as_written_out():
@@ -52,7 +55,6 @@ def device_call(tmp_path_factory, shared_data):
     import sys
     from types import SimpleNamespace
 
-    from modeling import BertConfig
 
     tmp = tmp_path_factory.mktemp("gpu_study_call")
     slice_dir = tmp / "slice" / "AA"
@@ -96,7 +98,6 @@ def device_call(tmp_path_factory, shared_data):
 
 
 def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(device_call, tmp_path):
-    from bench.pretrain_study import run_state
 
     out, log = device_call.run, (device_call.out / "call.log").read_text()
     assert "stage pretrain done" in log, log[-3000:]  # the call's later stages are the other test's
@@ -129,7 +130,6 @@ def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(device_cal
 
     # The results page's section: the run's row carries its call's model config and its log's last held-out
     # evaluation; the plot is drawn.
-    from bench import results_page
 
     page = results_page.main(["--studies", str(tmp_path / "none"), "--gpu_study", str(out / "gpu_study.json"),
                               "--out", str(tmp_path / "page" / "RESULTS.md")])
@@ -241,7 +241,6 @@ def test_shards_that_fit_and_the_first_sequences_of_a_shard(tmp_path, shared_dat
     assert gpu_study.shards_that_fit([10, 20, 30], 9) == 0
     import h5py
 
-    import create_pretraining_data
 
     shard = tmp_path / "full.hdf5"
     create_pretraining_data.main(["--input_file", str(shared_data / "bert-sample-text" / "sample_text.txt"),

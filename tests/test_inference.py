@@ -17,13 +17,13 @@ from torch import nn
 
 import inference
 from bert_recipe.finetuning import predict
-from bert_recipe.io.checkpoint_io import export_state_dict, save_hf_directory
-from helpers import help_of
-from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from bert_recipe.finetuning.tasks import squad
 from bert_recipe.finetuning.tasks.items import read_items
-from tokenization import BertTokenizer
+from bert_recipe.io.checkpoint_io import export_state_dict, save_hf_directory
 from bert_recipe.io.triton_scripts import load_triton_script
+from helpers import help_of
+from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
+from tokenization import BertTokenizer
 
 TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=128)

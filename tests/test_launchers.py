@@ -19,7 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import create_pretraining_data
+import run_pretraining
 from helpers import help_of
+from scripts import cpu_demo as demo
+from scripts.text_to_documents import iter_documents, main, write_documents
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_SH = REPO / "scripts" / "run_pretraining.sh"
@@ -46,7 +50,6 @@ def bash(script: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> su
 @pytest.fixture(scope="module")
 def help_text() -> str:
     """run_pretraining.py --help (its parser names its prog), from its own main in this process."""
-    import run_pretraining
 
     return help_of(run_pretraining.main)
 
@@ -78,7 +81,6 @@ def run_pretraining_commands(stdout: str) -> list[list[str]]:
 
 def check_flags_against_run_pretraining(flags: list[str], help_text: str):
     """Every flag is documented in --help, and run_pretraining.py's own parser accepts the command line."""
-    import run_pretraining
 
     for flag in flags:
         name = flag.split("=", 1)[0]
@@ -490,7 +492,6 @@ def test_cpu_demo_without_data_fails_in_one_line(tmp_path):
 
 
 def test_two_phases_for_real(shared_data, tmp_path):
-    import create_pretraining_data
 
     text = shared_data / "bert-sample-text" / "sample_text.txt"
     vocab = shared_data / "bert-vocab" / "bert-base-uncased-vocab.txt"
@@ -621,7 +622,6 @@ WIKITEXT_SAMPLE = """
 
 
 def test_wikitext_becomes_documents_and_sentences(tmp_path):
-    from scripts.text_to_documents import main
 
     source = tmp_path / "wiki.txt"
     source.write_text(WIKITEXT_SAMPLE)
@@ -638,7 +638,6 @@ def test_wikitext_becomes_documents_and_sentences(tmp_path):
 
 
 def test_plain_text_documents_are_blank_line_separated(tmp_path):
-    from scripts.text_to_documents import iter_documents
 
     source = tmp_path / "mine.txt"
     source.write_text("First doc, line one.\nLine two.\n\n\nSecond doc.\n")
@@ -649,7 +648,6 @@ def test_wikiextractor_files_become_documents(shared_data, tmp_path):
     """The CPU demo's default corpus: the Wikipedia slice's gzipped WikiExtractor files, read through a folder."""
     import gzip
 
-    from scripts.text_to_documents import iter_documents, write_documents
 
     source = shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz"
     with gzip.open(source, "rt", encoding="utf-8") as f:
@@ -670,7 +668,6 @@ def test_wikiextractor_files_become_documents(shared_data, tmp_path):
 
 
 def test_real_wikitext_article_count(shared_data, tmp_path):
-    from scripts.text_to_documents import write_documents
 
     valid = shared_data / "wikitext-2" / "valid.txt"
     headings = [line for line in valid.read_text().splitlines() if re.fullmatch(r" = [^=].* = ", line)]
@@ -696,7 +693,6 @@ def test_demo_config_takes_the_vocabularys_size_or_refuses_a_bad_config(tmp_path
     """scripts.cpu_demo config (the demo's step between the vocabulary and the shards): bert-base-uncased's 30,522
     lines keep a config of 30522 (run_pretraining.py accepts it), a 1,234-line vocabulary gets 1240 (the next multiple
     of 8); a config without vocab_size is one line and exit 1, and nothing is written."""
-    from scripts import cpu_demo as demo
 
     source = tmp_path / "c.json"
     source.write_text('{"vocab_size": 30522, "hidden_size": 32}')

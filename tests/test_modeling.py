@@ -9,8 +9,8 @@ import torch
 from transformers.models.bert import modeling_bert as hf
 from transformers.models.bert.configuration_bert import BertConfig as HFConfig
 
-from bert_recipe.io import checkpoint_io
 import modeling
+from bert_recipe.io import checkpoint_io
 from helpers import SENTENCES, padded_batch
 from modeling import BertConfig
 from tokenization import BertTokenizer

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from optimization import NVLAMB, BertAdam, make_lamb, param_groups_for_bert
+from optimization import NVLAMB, BertAdam, make_lamb, param_groups_for_bert, small_batch_learning_rate
 
 B1, B2, EPS, MAX_NORM = 0.9, 0.999, 1e-6, 1.0
 STEPS = 50
@@ -360,7 +360,6 @@ def test_bf16_params_stay_finite_and_close(fused):
 def test_small_batch_learning_rate_rule_gives_the_written_out_numbers():
     """1e-2 at 32 sequences a step, times the square root of the batch ratio: 64 -> 1e-2 * sqrt(2) = 0.014142,
     128 -> 2e-2, 256 -> 1e-2 * sqrt(8) = 0.028284, 8 -> 5e-3."""
-    from optimization import small_batch_learning_rate
 
     for batch, lr in ((32, 0.01), (64, 0.0141421356), (128, 0.02), (256, 0.0282842712), (8, 0.005)):
         assert small_batch_learning_rate(batch) == pytest.approx(lr, rel=1e-8), batch

@@ -22,10 +22,8 @@ import torch.nn.functional as F
 
 import bert_padding
 import create_pretraining_data as cpd
-from bert_recipe.pretraining import data_stream
-from bert_recipe.pretraining import shard_format
 import run_pretraining as rp
-from bert_recipe.pretraining import trainer
+from bert_recipe.pretraining import data_stream, shard_format, trainer
 from helpers import args_for, make_shards, max_diff, read_log, shard_stream, weights
 from modeling import BertConfig, BertForPreTraining
 

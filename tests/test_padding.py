@@ -12,8 +12,8 @@ import torch
 from transformers.models.bert import modeling_bert as hf
 
 import bert_padding
-from bert_recipe.io import checkpoint_io
 import modeling
+from bert_recipe.io import checkpoint_io
 from bert_recipe.pretraining import data_stream
 from helpers import SENTENCES, bert_config, padded_batch
 from modeling import BertConfig, BertForPreTraining

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+import run_pretraining as rp
 from bert_recipe.training import precision_policy
 from helpers import help_of
 
@@ -90,7 +91,6 @@ def test_pretraining_logs_the_choice_and_its_reason(tmp_path, monkeypatch, capsy
     import h5py
     import numpy as np
 
-    import run_pretraining as rp
 
     monkeypatch.delenv("BERT_CPU_BF16")
     monkeypatch.setattr(precision_policy, "cpu_flags", lambda *a, **k: set(AVX2_ONLY))
@@ -145,7 +145,6 @@ def test_an_unset_or_empty_variable_reads_the_flags_and_a_bad_one_is_refused(mon
 
 
 def test_a_bad_variable_is_one_line_from_an_entry_script(monkeypatch, tmp_path):
-    import run_pretraining as rp
     from helpers import args_for, make_shards, write_config
 
     monkeypatch.setenv("BERT_CPU_BF16", "maybe")
@@ -192,7 +191,6 @@ def test_help_states_the_rule_for_auto(script, rule):
 def test_pretraining_trains_in_what_auto_decides_on_either_cpu(tmp_path, cpu_bf16):
     """run_pretraining.py with --precision auto, as a CPU with (bf16) and without (fp32) native bf16 decides: the
     run takes that precision, logs it with its reason, and learns (the masked-LM loss falls)."""
-    import run_pretraining as rp
     from helpers import args_for, make_shards, read_log, write_config
 
     out = tmp_path / "out"

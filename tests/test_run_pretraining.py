@@ -20,18 +20,17 @@ import numpy as np
 import pytest
 import torch
 
-from bert_recipe.io import atomic_io
-from bert_recipe.training import dist_env
-from bert_recipe.pretraining import data_stream
-from bert_recipe.pretraining import shard_format
+import create_pretraining_data as cpd
 import run_pretraining as rp
-from bert_recipe.training import parallelize
-from bert_recipe.training import stop_signals
-from bert_recipe.training import train_step
-from helpers import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
-                      read_log, shard_stream, subprocess_env, weights, write_config)
+from bert_recipe.io import atomic_io
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
+from bert_recipe.pretraining import data_stream, shard_format
+from bert_recipe.training import dist_env, parallelize, stop_signals, train_step
+from bert_recipe.training.dist_env import DistEnv
+from helpers import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
+                     read_log, shard_stream, subprocess_env, weights, write_config)
 from modeling import BertConfig, BertForPreTraining
+from optimization import NVLAMB, BertAdam, param_groups_for_bert
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
@@ -441,7 +440,6 @@ def test_optimizers_import_dynamo_only_when_a_run_compiles(monkeypatch):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]
     import torch._dynamo  # noqa: F401  (a compiled run has imported it)
-    from optimization import BertAdam
 
     for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
         monkeypatch.delattr(getattr(torch.optim.Optimizer, name).__wrapped__, "__dynamo_disable", raising=False)
@@ -458,11 +456,9 @@ def test_optimizers_import_dynamo_only_when_a_run_compiles(monkeypatch):
 
 
 def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
-    from optimization import NVLAMB, param_groups_for_bert
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_json_file(config))
-    from bert_recipe.training.dist_env import DistEnv
 
     model, precision = parallelize.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
     optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
@@ -694,7 +690,8 @@ def test_phase1_to_phase2_handoff(tmp_path, data, config):
 SLOW_WRITER = """
 import io, sys, time
 sys.path.insert(0, {repo!r})
-import torch, atomic_io
+import torch
+from bert_recipe.io import atomic_io
 
 def slow_torch_save(obj, path):
     buffer = io.BytesIO()
@@ -796,7 +793,6 @@ def wikitext_documents(path: Path, limit_chars: int) -> str:
 
 
 def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
-    import create_pretraining_data as cpd
 
     for split, chars in (("valid", 700_000), ("test", 60_000)):
         (tmp_path / f"{split}.txt").write_text(wikitext_documents(shared_data / "wikitext-2" / f"{split}.txt", chars))

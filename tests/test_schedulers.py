@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from optimization import NVLAMB
 from schedulers import (ConstantWarmUpScheduler, CosineWarmUpScheduler, LinearWarmUpScheduler, PolyWarmUpScheduler,
                         get_scheduler)
 
@@ -153,7 +154,6 @@ def test_bad_arguments():
 
 
 def test_works_with_nvlamb():
-    from optimization import NVLAMB
 
     p = nn.Parameter(torch.ones(4))
     opt = NVLAMB([p], lr=1e-3)

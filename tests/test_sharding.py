@@ -12,12 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from data import bertPrep
-from bert_recipe.prep.sharding import ShardingConfig, assign_shards, balanced_assignment, shard_corpus, shard_name
-from bert_recipe.prep import sharding
-from bert_recipe.io.cli import InputError
 from test_text_formatting import corpus_text
+
+import create_pretraining_data
+from bert_recipe.io.cli import InputError
+from bert_recipe.prep import sharding
+from bert_recipe.prep.sharding import ShardingConfig, assign_shards, balanced_assignment, shard_corpus, shard_name
+from bert_recipe.pretraining import data_stream
+from data import bertPrep
 
 
 def wikitext_articles(path: Path) -> list[str]:
@@ -187,7 +189,6 @@ def test_cli_and_bertprep_sharding(corpus, tmp_path):
 def test_end_to_end_wiki_fixture_to_hdf5(shared_data, uncased_vocab, tmp_path):
     import h5py
 
-    import create_pretraining_data
 
     extracted = tmp_path / "extracted" / "AA"
     extracted.mkdir(parents=True)
@@ -273,7 +274,6 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
 
     import h5py
 
-    from bert_recipe.pretraining import data_stream
 
     extracted = tmp_path / "text" / "AA"
     extracted.mkdir(parents=True)

@@ -29,6 +29,7 @@ import pytest
 import torch
 
 import documented_commands as docs
+import run_pretraining as rp
 from helpers import make_shards, max_diff, read_log, subprocess_env, weights, write_config
 from slurm_cluster import SlurmCluster, free_port, installed_or_skip
 
@@ -238,7 +239,6 @@ def test_phase2_waits_for_phase1_through_its_requeues(preempted):
 
 
 def test_two_nodes_match_one_process(inputs, two_nodes, tmp_path, one_thread):
-    import run_pretraining as rp
 
     two = torch.load(two_nodes / f"ckpt_{STEPS1}.pt", weights_only=True)
     assert two["world_size"] == 2 and len(two["rng"]) == 2  # one process group across the two launchers

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 import torch
 
+import run_squad
+from bert_recipe.finetuning.tasks import squad
+from bert_recipe.io.checkpoint_io import from_pretrained
 from bert_recipe.training import dist_env
 from modeling import BertConfig, BertForQuestionAnswering
-from bert_recipe.finetuning.tasks import squad
 from tokenization import BertTokenizer
 
 SAMPLE = "hf-test-fixtures/SQUAD/sample.json"  # Hugging Face's flat layout, v2.0 (6 of 14 impossible)
@@ -315,8 +317,6 @@ def squad_subset(dev_v1, tmp_path_factory) -> Path:
 
 
 def test_run_squad_end_to_end(squad_subset, uncased_vocab, shared_data, tmp_path, capsys):
-    import run_squad
-    from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertForQuestionAnswering
 
     config_file = tmp_path / "bert_config.json"
@@ -368,7 +368,6 @@ def test_run_squad_end_to_end(squad_subset, uncased_vocab, shared_data, tmp_path
 
 
 def test_run_squad_v2_writes_null_odds(shared_data, uncased_vocab, tmp_path):
-    import run_squad
 
     config_file = tmp_path / "bert_config.json"
     config_file.write_text(json.dumps(TINY_CONFIG))
@@ -384,7 +383,6 @@ def test_run_squad_v2_writes_null_odds(shared_data, uncased_vocab, tmp_path):
 
 
 def test_length_grouped_batches_cover_every_window_once():
-    import run_squad
 
     lengths = np.random.default_rng(0).integers(20, 384, size=1001)
     ranks = [run_squad.length_grouped_batches(lengths, 8, seed=1, epoch=0, rank=r, world_size=2) for r in (0, 1)]
@@ -404,7 +402,6 @@ def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, t
     after 3 steps agree."""
     import os
 
-    import run_squad
 
     config_file = tmp_path / "bert_config.json"
     config_file.write_text(json.dumps(dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
@@ -435,7 +432,6 @@ def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, t
     ([], "nothing to do"),
 ])
 def test_run_squad_bad_arguments(argv, message, uncased_vocab, tmp_path):
-    import run_squad
 
     base = ["--output_dir", str(tmp_path), "--config_file", str(uncased_vocab)]
     with pytest.raises(SystemExit) as e:
@@ -448,7 +444,6 @@ def test_run_squad_malformed_json_fails_in_one_line(uncased_vocab, tmp_path):
     bad.write_text('{"data": [ {"paragraphs": ')
     config_file = tmp_path / "bert_config.json"
     config_file.write_text(json.dumps(TINY_CONFIG))
-    import run_squad
 
     with pytest.raises(SystemExit) as exc:  # main's one-line error: what the process prints on stderr, exit 1
         run_squad.main(["--config_file", str(config_file), "--vocab_file", str(uncased_vocab), "--do_predict",
@@ -466,7 +461,6 @@ def test_run_squad_malformed_json_fails_in_one_line(uncased_vocab, tmp_path):
 def test_presets_produce_commands_run_squad_accepts(repo_root):
     import shlex
 
-    import run_squad
 
     script = ("source scripts/configs/squad_config.sh && for p in $(squad_presets); do "
               "echo \"$p\"; DRY_RUN=1 bash scripts/run_squad.sh $($p) || exit 1; done")

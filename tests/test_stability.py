@@ -8,6 +8,7 @@ import json
 import pytest
 
 from bench import stability, study_utils
+from modeling import BertConfig, BertForPreTraining
 
 
 def test_aggregate_is_mean_sample_std_min_max():
@@ -82,7 +83,6 @@ def test_gpu_finetune_call_runs_every_group_on_a_cpu(tmp_path, shared_data, unca
 
     import torch
 
-    from modeling import BertConfig, BertForPreTraining
 
     ft = tmp_path / "ft"
     for task in ("sst2", "mrpc"):

@@ -10,17 +10,22 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
-from bench import pretrain_study, results_page, scaling_study, study_utils
+from bench import (pretrain_study, pretrain_sweep, pretrain_sweep as ps, pretrain_vs_transformers,
+                   pretrain_vs_transformers as vs, results_page, scaling_study, stability, study_utils)
+from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.pretraining.validation import SpecialIds
+from bert_recipe.training.dist_env import set_seed
 from helpers import no_training
+from modeling import BertConfig, BertForPreTraining, BertForSequenceClassification
 
 # MRPC dev: 408 pairs, 279 of them paraphrases, so predicting "paraphrase" everywhere scores F1 2*279/(279+408);
 # SST-2 dev: 872 sentences, 444 positive, so always "positive" scores accuracy 444/872.
@@ -59,7 +64,6 @@ def heldout_shard(path):
 
 
 def fake_ckpt(path, config: dict, step: int):
-    from modeling import BertConfig, BertForPreTraining
 
     path.parent.mkdir(parents=True, exist_ok=True)
     model = BertForPreTraining(BertConfig.from_dict(config))
@@ -133,7 +137,6 @@ def test_scripts_have_help_and_do_nothing_on_import():
 def test_studies_refuse_to_start_without_matplotlib(tmp_path, monkeypatch):
     """The plots come last; a study without matplotlib must say so in one line before its first minute of work (a
     one-hour pre-training study once lost its report to the missing import at the very end)."""
-    from bench import pretrain_sweep, pretrain_vs_transformers
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
     missing = tmp_path / "missing"
@@ -202,9 +205,6 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     # The random initialisation: modeling.py's own init, seed 42, loadable as a ckpt_<step>.pt with vocab beside it
     random_dir = tmp_path / "study" / "random_init"
     assert {p.name for p in random_dir.iterdir()} == {"ckpt_0.pt", "bert_config.json", "vocab.txt"}
-    from bert_recipe.io.checkpoint_io import from_pretrained
-    from modeling import BertConfig, BertForPreTraining, BertForSequenceClassification
-    from bert_recipe.training.dist_env import set_seed
 
     set_seed(42)
     expected = BertForPreTraining(BertConfig.from_dict(TINY_CONFIG)).state_dict()
@@ -442,7 +442,6 @@ def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
     """Runs A (1 process) and C (2 gloo processes, lr x sqrt 2) for 2 steps on shards the study builds from the
     tiny study's corpus; the fine-tuning is a stand-in that checks each checkpoint exists and returns scores chosen
     here."""
-    from bench import stability
 
     root, _, _ = tiny_study
     scores = {"run_A": [0.70, 0.72], "run_C": [0.7005, 0.7205]}
@@ -585,7 +584,6 @@ def probe_shards(root):
 
 
 def test_count_models_score_the_heldout_mask_slots_as_written_out(tmp_path):
-    from bert_recipe.pretraining.validation import SpecialIds
 
     train, heldout = probe_shards(tmp_path)
     got = pretrain_study.count_model_accuracies(study_utils.read_shards(train), study_utils.read_shards(heldout),
@@ -637,7 +635,6 @@ def tiny_bertprep_layout(root: Path) -> tuple[Path, Path, Path]:
 
 
 def test_sweep_best_rate_and_scaling_exponent_as_written_out():
-    from bench import pretrain_sweep as ps
 
     runs = [{"optimizer": "adamw", "batch": 64, "learning_rate": lr, "heldout_loss": loss, "finished": True}
             for lr, loss in ((1e-3, 6.5), (2e-3, 6.1), (4e-3, 6.3))]
@@ -653,7 +650,6 @@ def test_sweep_best_rate_and_scaling_exponent_as_written_out():
 
 
 def test_sweep_runs_for_real_and_reuses_finished_runs(tmp_path, capsys):
-    from bench import pretrain_sweep as ps
 
     data, vocab, config = tiny_bertprep_layout(tmp_path)
     argv = ["--data", str(data), "--out", str(tmp_path / "sweep"), "--config", str(config), "--vocab", str(vocab),
@@ -681,7 +677,6 @@ def test_sweep_runs_for_real_and_reuses_finished_runs(tmp_path, capsys):
 
 
 def test_ours_and_transformers_start_equal_and_are_compared_step_by_step(tmp_path):
-    from bench import pretrain_vs_transformers as vs
 
     data, vocab, config = tiny_bertprep_layout(tmp_path)
     report = vs.main(["--data", str(data), "--out", str(tmp_path / "vs"), "--config", str(config), "--vocab",

@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from bert_recipe.finetuning import recipe
 import run_swag
+from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.tasks.swag import (SwagDataError, SwagExample, encode_examples, get_examples,
-    read_swag_examples)
+                                               read_swag_examples)
+from bert_recipe.io.checkpoint_io import from_pretrained, load_checkpoint_state
+from modeling import BertForMultipleChoice
+from tokenization import BertTokenizer
 
 HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
 
@@ -36,12 +39,8 @@ pytestmark = pytest.mark.usefixtures("one_thread_on_a_busy_cpu")
 def test_multiple_choice_matches_transformers(minilm_dir):
     """Same parameter names as transformers.BertForMultipleChoice (state dicts load both ways, strictly), and the
     same logits and loss on real choices of different lengths (padding inside the batch)."""
-    from transformers import BertConfig as HFConfig
-    from transformers import BertForMultipleChoice as HFMultipleChoice
+    from transformers import BertConfig as HFConfig, BertForMultipleChoice as HFMultipleChoice
 
-    from bert_recipe.io.checkpoint_io import from_pretrained, load_checkpoint_state
-    from modeling import BertForMultipleChoice
-    from tokenization import BertTokenizer
 
     torch.manual_seed(0)
     ours = from_pretrained(BertForMultipleChoice, minilm_dir, log=None).eval()
@@ -124,7 +123,6 @@ def test_choice_encoding_matches_transformers(minilm_dir):
     (the longer part is cut first) and the length is the budget."""
     from transformers import AutoTokenizer
 
-    from tokenization import BertTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(minilm_dir))
     example = SwagExample("val-0", "The chef slices the onions thinly, then heats the pan.", "She",
@@ -230,9 +228,6 @@ def test_saved_model_reloads_and_matches_transformers(swag_run, minilm_dir):
     reproduces the run's accuracy."""
     from transformers import BertForMultipleChoice as HFMultipleChoice
 
-    from bert_recipe.io.checkpoint_io import from_pretrained
-    from modeling import BertForMultipleChoice
-    from tokenization import BertTokenizer
 
     data, out, results = swag_run
     saved = torch.load(out / "model.pt", map_location="cpu", weights_only=True)

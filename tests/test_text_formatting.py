@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from data import bertPrep
-from bert_recipe.prep import text_formatting as tf
 from bert_recipe.io.cli import InputError
+from bert_recipe.prep import text_formatting as tf
+from data import bertPrep
 
 NS = "http://www.mediawiki.org/xml/export-0.10/"
 

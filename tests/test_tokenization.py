@@ -7,7 +7,8 @@ from transformers import BertTokenizer as HFBertTokenizer
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
 import tokenization
-from tokenization import BasicTokenizer, BertTokenizer, FullTokenizer, WordpieceTokenizer
+from tokenization import (BasicTokenizer, BertTokenizer, FullTokenizer, WordpieceTokenizer, casing_warning, load_vocab,
+                          vocab_is_uncased)
 
 TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "want", "##want", "##ed", "wa", "un", "runn", "##ing",
               ",", "low", "lowest"]
@@ -141,7 +142,6 @@ def test_bad_vocabulary_files(tmp_path):
 def test_casing_is_read_from_the_vocabulary(uncased_vocab, cased_vocab):
     """One rule for every script: the real uncased vocabulary (which keeps a few non-ASCII capitals) is uncased,
     the cased one is not, and only uncased-without-lower-casing warns."""
-    from tokenization import casing_warning, load_vocab, vocab_is_uncased
 
     uncased, cased = load_vocab(uncased_vocab), load_vocab(cased_vocab)
     assert any(c.isupper() for token in uncased for c in token if not token.startswith("["))  # why ASCII only

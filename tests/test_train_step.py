@@ -10,12 +10,9 @@ import math
 import pytest
 import torch
 
-from bert_recipe.io import checkpoint_io
-from bert_recipe.training import dist_env
 from bert_recipe.finetuning import recipe
-from bert_recipe.training import meter
-from bert_recipe.training import parallelize
-from bert_recipe.training import train_step
+from bert_recipe.io import checkpoint_io
+from bert_recipe.training import dist_env, meter, parallelize, train_step
 from helpers import SEQ, VOCAB
 from modeling import BertConfig, BertForPreTraining
 

@@ -22,11 +22,13 @@ import pytest
 import torch
 
 import documented_commands as docs
-from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
-from modeling import BertForQuestionAnswering
+from bert_recipe.finetuning.predict import Runtime, answer_questions
+from bert_recipe.finetuning.tasks import items
 from bert_recipe.finetuning.tasks.squad import QASettings
-from tokenization import BertTokenizer
+from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.triton_scripts import load_triton_script as load_script
+from modeling import BertForQuestionAnswering
+from tokenization import BertTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO_ROOT / "triton" / "scripts"
@@ -149,7 +151,6 @@ def assert_answers_equal(got: list[dict], expected: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def reference_answers(deployment, qa_items, minilm_dir):
     """inference.py's answers with the PyTorch model: the independent reference."""
-    from bert_recipe.finetuning.predict import Runtime, answer_questions
 
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
     return answer_questions(deployment[0], tokenizer, qa_items, QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
@@ -437,7 +438,6 @@ SOAK_SHAPES = [(1, 16), (2, 128), (4, 48), (8, 32), (MAX_BATCH, MAX_SEQ), (1, MA
 def soak_items(qa_items, deployment, minilm_dir) -> tuple[list[dict], list[dict]]:
     """(items, inference.py's answers) for the soak's text requests: qa_items with their contexts cut after the
     first sentence that ends past 150 characters (one window each, so the soak stays short), plus "tiny"."""
-    from bert_recipe.finetuning.predict import Runtime, answer_questions
 
     items = []
     for item in qa_items:
@@ -653,7 +653,6 @@ def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
     import importlib.util
     import types
 
-    from bert_recipe.finetuning.tasks import items
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
     spec = importlib.util.spec_from_file_location("qa_text_model_under_test",

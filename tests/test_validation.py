@@ -33,10 +33,10 @@ import numpy as np
 import pytest
 import torch
 
+from bert_recipe.pretraining.validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
 from bert_recipe.training import dist_env
 from helpers import subprocess_env
 from slurm_cluster import free_port
-from bert_recipe.pretraining.validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
 
 PAD, CLS, SEP, MASK, V = 0, 2, 3, 4, 32
 VOCAB = {"[PAD]": PAD, "[CLS]": CLS, "[SEP]": SEP, "[MASK]": MASK, "<": 10, "un": 11, "##k": 12, ">": 13}

@@ -26,7 +26,7 @@ import numpy as np
 
 from bert_recipe.finetuning.tasks.items import read_items
 # answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
-from bert_recipe.finetuning.tasks.squad import QASettings, answers_from_logits
+from bert_recipe.finetuning.tasks.squad import QASettings, examples_from_qa_pairs
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.cli import InputError, script_errors
 
@@ -167,7 +167,6 @@ def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], s
                        batch_size: int = 8) -> list[dict[str, Any]]:
     """predict.answer_questions with the model on the server: the same windows, batches and post-processing
     (`settings`: the windows and answers, as inference.py's), `batch_size` windows per request."""
-    from bert_recipe.finetuning.tasks.squad import examples_from_qa_pairs
 
     examples = examples_from_qa_pairs(items)
     features = settings.features(examples, tokenizer)

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from bert_recipe.io.checkpoint_io import canonical_state_dict, load_pretrained, read_state_dict
-from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_json
+from bert_recipe.io.checkpoint_io import canonical_state_dict, load_pretrained, read_state_dict
 from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
 from bert_recipe.training.dist_env import set_seed
+from modeling import BertForQuestionAnswering, BertForSequenceClassification
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 OUTPUT_NAMES = {"qa": ("start_logits", "end_logits"), "classification": ("logits",)}

@@ -1,13 +1,13 @@
 """The configurations of the fine-tuning scripts (run_glue.py, run_squad.py, run_swag.py), in the sections of their
 --help: data, model, what to run, training, runtime (and SQuAD's windows). Each section is a frozen dataclass; each
 field is a command-line flag with the same name and default (NVIDIA's interface), and the docstring under the field
-is its --help text (config.field_docs reads them, a base class's too).
+is its --help text (flags.field_docs reads them, a base class's too).
 
 The Finetune* sections hold the flags every script shares, with the defaults and help texts most scripts use; a
 script's section derives from one to add its own flags or to re-declare a field whose default or help differs, and
 its configuration (GlueConfig, SquadConfig, SwagConfig) re-declares the sections it replaces:
 
-    cfg = config.parse(GlueConfig, "run_glue.py", __doc__, argv)
+    cfg = flags.parse(GlueConfig, "run_glue.py", __doc__, argv)
     cfg.training.train_batch_size, cfg.run.do_train, cfg.flags()["seed"]
 
 `FinetuneConfig.rules` holds the checks of the shared flags, the script's `positive` flags among them, then the
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from bert_recipe.training import precision_policy
-from bert_recipe.io.flags import Config, flag
 from bert_recipe.finetuning.tasks.squad import QASettings
+from bert_recipe.training import precision_policy
+from bert_recipe.training.flags import Config, flag
 
 # ----------------------------------------------------------------------------------------------------------------
 # The shared sections

@@ -167,7 +167,7 @@ class Runtime:
 def add_runtime_arguments(parser: argparse.ArgumentParser, batch_size: int, batch_help: str,
                           progress_help: str) -> None:
     """The "runtime" flags of the commands that only read a model (this script, extract_features.py): what a
-    Runtime is made of, plus --no_cuda and --debug. Precision defaults to fp32 there (precision.READ): the same
+    Runtime is made of, plus --no_cuda and --debug. Precision defaults to fp32 there (precision_policy.READ): the same
     command gives the same outputs on every machine."""
     g = parser.add_argument_group("runtime")
     g.add_argument("--batch_size", type=int, default=batch_size, help=batch_help)

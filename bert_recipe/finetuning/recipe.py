@@ -31,16 +31,16 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from bert_recipe.training import precision_policy
-from bert_recipe.io import atomic_io
-from bert_recipe.io import cli
-from bert_recipe.training import dist_env
-from bert_recipe.training.meter import Meter, RunLogger
 from bert_recipe.finetuning.config import FinetuneConfig
-from bert_recipe.finetuning.predict import (check_model_fits, forward_batches, length_sorted_batches,
-                                          resolve_model_files)
-from bert_recipe.training import parallelize
-from bert_recipe.training import train_step
+from bert_recipe.finetuning.predict import check_model_fits, forward_batches, length_sorted_batches, resolve_model_files
+from bert_recipe.io import atomic_io, cli
+from bert_recipe.io.checkpoint_io import export_state_dict, load_pretrained, save_hf_directory
+from bert_recipe.training import dist_env, parallelize, precision_policy, train_step
+from bert_recipe.training.meter import Meter, RunLogger
+from modeling import BertConfig
+from optimization import BertAdam, param_groups_for_bert
+from schedulers import LinearWarmUpScheduler
+from tokenization import BertTokenizer, casing_warning
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. The batch vocabulary
@@ -191,8 +191,6 @@ def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, lo
     """Fine-tune `model` (bare: parallelism and precision `precision_name`, resolved, are applied here) on
     `dataset` with the shared flags: the task's micro-batches, BertAdam (AdamW without bias correction, as BERT)
     over the no-decay groups, the linear warm-up schedule, fit."""
-    from optimization import BertAdam, param_groups_for_bert
-    from schedulers import LinearWarmUpScheduler
 
     t = task.cfg.training
     micro_batch = t.train_batch_size // t.gradient_accumulation_steps
@@ -345,8 +343,6 @@ def predict_and_score(task: Task, model: torch.nn.Module, tokenizer, eval_sets: 
 def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
     """The task's model from --init_checkpoint (a head the checkpoint lacks starts fresh, and says so), or from
     random weights and --config_file where the script allows it."""
-    from bert_recipe.io.checkpoint_io import load_pretrained
-    from modeling import BertConfig
 
     m = task.cfg.model
     if m.init_checkpoint is None:
@@ -367,7 +363,6 @@ def save_model(model: torch.nn.Module, task: Task, output_dir: Path, fields: dic
     """model.pt ({"model": tensors under Hugging Face names, "config", and the task's `fields`}; loads with
     torch.load(weights_only=True) and checkpoint_io.from_pretrained) and hf_model/, the same model as a
     transformers directory (config.json, model.safetensors, `vocab_file` as vocab.txt)."""
-    from bert_recipe.io.checkpoint_io import export_state_dict, save_hf_directory
 
     atomic_io.atomic_torch_save({"model": export_state_dict(model), "config": model.config.to_dict(),
                              **fields}, output_dir / "model.pt")
@@ -394,7 +389,6 @@ def run(task: Task) -> tuple[dict, dict]:
     rank 0; the FINAL record, logged and printed on stdout by rank 0). Bad input raises cli.InputError (or a
     checkpoint's, a data file's own error) before any training or prediction. The flags are read, never changed:
     what is resolved from them (the vocabulary file, the precision) is resolved once, here."""
-    from tokenization import BertTokenizer, casing_warning
 
     cfg = task.cfg
     m, r, t, rt = cfg.model, cfg.run, cfg.training, cfg.runtime

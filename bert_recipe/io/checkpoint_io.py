@@ -34,8 +34,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from bert_recipe.io import atomic_io
-from bert_recipe.io import cli
+from bert_recipe.io import atomic_io, cli
+from bert_recipe.io.atomic_io import atomic_open, atomic_path, atomic_write_json
 from modeling import BertConfig, BertForSequenceClassification, BertModel
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -303,7 +303,6 @@ def save_hf_directory(model: nn.Module, out_dir: str | os.PathLike, vocab_file: 
     """Write config.json, model.safetensors (and vocab.txt) that transformers' from_pretrained loads."""
     from safetensors.torch import save_file
 
-    from bert_recipe.io.atomic_io import atomic_open, atomic_path, atomic_write_json
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

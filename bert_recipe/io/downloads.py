@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import urlparse
 
+from bert_recipe.io.atomic_io import durable_replace
+
 HASH_ALGOS = ("md5", "sha1", "sha256")
 _HEX_LENGTH_TO_ALGO = {32: "md5", 40: "sha1", 64: "sha256"}
 CHUNK_SIZE = 1 << 20
@@ -280,7 +282,6 @@ def _fetch_into(opener, url: str, part: Path, offset: int, timeout: float, sessi
 
 def _verify_and_publish(part: Path, dest: Path, url: str, total: int | None, expected_size: int | None,
                         want: tuple[str, str] | None) -> None:
-    from bert_recipe.io.atomic_io import durable_replace
 
     size = part.stat().st_size
     for label, expected in (("server's", total), ("expected", expected_size)):

@@ -30,8 +30,11 @@ from typing import Iterator
 
 import numpy as np
 
-from bert_recipe.prep.sentence_segmentation import SEGMENTERS, get_segmenter
+from bert_recipe.io.atomic_io import atomic_open
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.prep.engine import EngineConfig, ProcessEngine
+from bert_recipe.prep.manifest import Manifest, sha256_file
+from bert_recipe.prep.sentence_segmentation import SEGMENTERS, get_segmenter
 
 
 @dataclass
@@ -76,8 +79,6 @@ def _segment_chunk(job: tuple[str, int, int, str, str]) -> tuple[int, str]:
     """Task: split each document (line) of one byte range into sentences; write them to `seg_path` as
     'sentence\\n...sentence\\n\\n' per document, and each document's size in bytes there to `seg_path`.npy (both
     atomically). Returns (documents, the segmented file's sha256)."""
-    from bert_recipe.io.atomic_io import atomic_open
-    from bert_recipe.prep.manifest import sha256_file
 
     path, start, end, seg_path, segmenter = job
     split = _SEGMENTER_CACHE.get(segmenter) or _SEGMENTER_CACHE.setdefault(segmenter, get_segmenter(segmenter))
@@ -140,8 +141,6 @@ def assign_shards(sizes: np.ndarray, cfg: ShardingConfig) -> np.ndarray:
 def _write_shard(job: tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray]) -> tuple[str, int, int, str]:
     """Task: copy the given documents (in corpus order) from the segmented files into one shard, atomically.
     Returns (the shard's path, documents, bytes, sha256)."""
-    from bert_recipe.io.atomic_io import atomic_open
-    from bert_recipe.prep.manifest import sha256_file
 
     out_path, seg_paths, chunk, offset, size = job
     current, f = -1, None
@@ -172,8 +171,6 @@ def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.P
     A rerun with the same inputs and settings reuses every shard the manifest lists whose sha256 still matches, and
     every segmented range of pass 1 still on disk (in `.<name>_segmented/` beside the shards, removed once every
     shard is written): after a crash it computes only what is missing."""
-    from bert_recipe.prep.engine import EngineConfig, ProcessEngine
-    from bert_recipe.prep.manifest import Manifest
 
     files = [Path(f) for f in input_files]
     for f in files:
@@ -236,7 +233,6 @@ def _segment(files: list[Path], cfg: ShardingConfig, seg_dir: Path, settings: di
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """Pass 1 on the engine, reusing the ranges a crashed run segmented already. Returns every document's size,
     segmented file (index) and byte offset there, and the segmented files."""
-    from bert_recipe.prep.manifest import Manifest
 
     seg_dir.mkdir(parents=True, exist_ok=True)
     chunks = plan_chunks(files, cfg.chunk_bytes)

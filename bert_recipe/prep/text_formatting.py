@@ -38,8 +38,10 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from bert_recipe.io.atomic_io import atomic_open
 from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.prep.engine import local_engine
+from bert_recipe.prep.manifest import Manifest, sha256_file
 
 # Link namespaces whose links are not prose (an image with its caption, a category tag).
 DROP_LINK_NAMESPACES = {"file", "image", "media", "category"}
@@ -320,8 +322,6 @@ def _pages_of(stream) -> Iterator[tuple[int, str, bool, str]]:
 def _format_dump_piece(job: tuple[str, int, int, str]) -> tuple[dict, str]:
     """Task: one piece of a dump (a byte range of a multistream dump, or a whole part file) -> a part file of one
     article per line, written atomically. Returns (counts per page kind, the part's sha256)."""
-    from bert_recipe.io.atomic_io import atomic_open
-    from bert_recipe.prep.manifest import sha256_file
 
     path, start, end, part = job
     counts: Counter = Counter()
@@ -339,7 +339,6 @@ def _format_dump_piece(job: tuple[str, int, int, str]) -> tuple[dict, str]:
 def _single_stream_part(dump: Path, folder: Path, num_workers: int, progress: bool, logger) -> Counter:
     """A single-stream dump into a folder of one part (00000000.txt), listed in the folder's manifest.json as
     format_pieces lists its parts (reused by a rerun when the dump is the same)."""
-    from bert_recipe.prep.manifest import Manifest, sha256_file
 
     if folder.is_file():  # an older run's single file under the folder's name
         folder.unlink()
@@ -363,7 +362,6 @@ def _format_single_stream(dump: Path, output, num_workers: int, progress: bool, 
     order."""
     from tqdm.auto import tqdm
 
-    from bert_recipe.io.atomic_io import atomic_open
 
     counts: Counter = Counter()
     start = time.time()
@@ -401,7 +399,6 @@ def format_pieces(task: Callable, pieces: list[tuple], output: str | os.PathLike
     `.<output name>.parts/` until then, are joined in order into the file `output`, atomically, and
     `<output>.manifest.json` records it. Either way nothing is done twice: a rerun with the same settings reuses
     every listed output (or part) whose sha256 still matches."""
-    from bert_recipe.prep.manifest import Manifest
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -441,7 +438,6 @@ def format_pieces(task: Callable, pieces: list[tuple], output: str | os.PathLike
 
 def _join_parts(parts: list[Path], output: Path, final, total: Counter) -> None:
     """The parts, in order, into `output` (atomically), hashed while written; recorded in `final`."""
-    from bert_recipe.io.atomic_io import atomic_open
 
     digest = hashlib.sha256()
     with atomic_open(output, "wb") as out:
@@ -501,8 +497,6 @@ def is_wikiextractor(path: str | os.PathLike) -> bool:
 def _format_text_files(job: tuple[tuple[str, ...], str, str]) -> tuple[dict, str]:
     """Task: a run of input files -> one part file of one document per line, in file order (atomically). Returns
     (counts, sha256)."""
-    from bert_recipe.io.atomic_io import atomic_open
-    from bert_recipe.prep.manifest import sha256_file
 
     paths, doc_boundary, part = job
     docs, largest = 0, 0
@@ -635,8 +629,6 @@ def _format_parquet_row_group(job: tuple[str, int, str, str]) -> tuple[dict, str
     paragraphs of a document, as for plain text); null or blank rows are skipped. Returns (counts, sha256)."""
     import pyarrow.parquet as pq
 
-    from bert_recipe.io.atomic_io import atomic_open
-    from bert_recipe.prep.manifest import sha256_file
 
     path, group, column, part = job
     texts = pq.ParquetFile(path).read_row_group(group, columns=[column]).column(0).to_pylist()

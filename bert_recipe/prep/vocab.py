@@ -55,13 +55,17 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 import unicodedata
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from bert_recipe.io.cli import script_errors
+from bert_recipe.io.atomic_io import atomic_open, atomic_write_text
+from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, script_errors
+from bert_recipe.prep.engine import EngineConfig, ProcessEngine
+from bert_recipe.prep.manifest import Manifest, sha256_file
+from bert_recipe.prep.sharding import plan_chunks
+from tokenization import _is_chinese_char, _is_control, _is_punctuation, _is_whitespace
 
 SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD = "[PAD]"
@@ -74,7 +78,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _input_error(message: str) -> Exception:
-    from bert_recipe.io.cli import InputError
 
     return InputError(message)
 
@@ -218,7 +221,6 @@ class _CharTables:
         new = chars - self.known
         if not new:
             return self
-        from tokenization import _is_chinese_char, _is_control, _is_punctuation, _is_whitespace
 
         def dropped(c: str) -> bool:  # BasicTokenizer._clean_text drops these
             return c in ("\0", "\ufffd") or _is_control(c)
@@ -293,7 +295,6 @@ class PreSplitter:
 def continues_words(char: str) -> bool:
     """Whether `char` can follow another character inside one of BasicTokenizer's words: all but punctuation and
     CJK ideographs, which are always words of their own (so "##" + them would never be looked up)."""
-    from tokenization import _is_chinese_char, _is_punctuation
 
     return not (_is_punctuation(char) or _is_chinese_char(ord(char)))
 
@@ -415,7 +416,6 @@ PIECE_BYTES = 32 << 20
 
 def plan_pieces(files: Sequence[Path], piece_bytes: int = PIECE_BYTES) -> list[tuple[str, int, int]]:
     """(file, first byte, end byte) pieces in corpus order; a gzip file is one piece (end -1: to its end)."""
-    from bert_recipe.prep.sharding import plan_chunks
 
     pieces = []
     for path in files:
@@ -455,8 +455,6 @@ def _presplit_piece(job: tuple[str, int, int, bool, bool, str]) -> tuple[dict, i
     """Task: one piece -> its characters' counts (exact, or 1 each) and a part file of its pre-split words, one
     chunk of about CHUNK_CHARS characters a line, written atomically. Returns (counts, words, words over 100
     characters left out, chunks, the part's sha256)."""
-    from bert_recipe.io.atomic_io import atomic_open
-    from bert_recipe.prep.manifest import sha256_file
 
     path, start, end, do_lower_case, exact, part = job
     splitter = _SPLITTERS.get(do_lower_case) or _SPLITTERS.setdefault(do_lower_case, PreSplitter(do_lower_case))
@@ -504,8 +502,6 @@ def count_pieces(files: Sequence[Path], do_lower_case: bool, exact: bool, work_d
                  progress: bool = False, log: Callable[[str], None] = lambda message: None) -> Counted:
     """The counting pass on `engine` (None: one process here), part files in `work_dir` (reused on a rerun: its
     parts.json lists each with its sha256 and the settings)."""
-    from bert_recipe.prep.engine import EngineConfig, ProcessEngine
-    from bert_recipe.prep.manifest import Manifest
 
     engine = engine or ProcessEngine(EngineConfig("processes", 1, progress=progress))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -639,7 +635,6 @@ def learn_vocab(files: Sequence[Path], settings: VocabSettings, progress: bool =
 
 def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
     """vocab.txt: one token a line, UTF-8, "\\n" line ends, written atomically."""
-    from bert_recipe.io.atomic_io import atomic_write_text
 
     atomic_write_text(path, "".join(f"{t}\n" for t in tokens))
 
@@ -650,7 +645,6 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
     """Check the flags, the output and the inputs, learn, write `output_file`. The library entry (bertPrep's
     create_vocab action, which names its output flag `output_flag`); InputError for anything the user can fix,
     before the learning pass wherever it can be known there."""
-    from bert_recipe.io.cli import check_output_path
 
     check_sizes(settings)
     check_output_path(output_file, output_flag)
@@ -673,7 +667,6 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bert_recipe.io.cli import add_debug_argument
 
     p = argparse.ArgumentParser(prog="create_vocab.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,13 +1,13 @@
 """The configuration of a pre-training run, in sections: data, model, training, optimizer, precision, parallelism,
 checkpoint, evaluation, logging, debug. Each section is a frozen dataclass; each field is a command-line flag of
 run_pretraining.py with the same name and default (NVIDIA's interface: scripts/run_pretraining.sh and run.sub pass
-them), and the docstring under the field is its --help text (torchtitan's style; config.field_docs reads them).
+them), and the docstring under the field is its --help text (torchtitan's style; flags.field_docs reads them).
 
-    cfg = run_pretraining.parse_args(argv)      # config.parse: the sections from the flags, then `rules`
+    cfg = run_pretraining.parse_args(argv)      # flags.parse: the sections from the flags, then `rules`
     cfg.training.max_steps, cfg.checkpoint.output_dir, cfg.flags()["max_steps"]
 
 `PretrainConfig.flags()` is the flat {flag: value} dict that the PARAMETER log line and every checkpoint's "args"
-record (the same keys as when the configuration was one flat dataclass).
+record.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bert_recipe.io.flags import Config, flag
 from bert_recipe.pretraining.data_stream import ShardSpec
+from bert_recipe.training.flags import Config, flag
 
 
 @dataclass(frozen=True)

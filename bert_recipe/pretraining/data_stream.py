@@ -14,7 +14,7 @@ dropped), and rank r trains on the r-th slice of each: what a global step sees d
 across processes, and the data position (epoch, group index, sample offset) is one number a checkpoint stores and
 any number of processes can resume from. One group is held in memory, the next is read in a background thread;
 DataLoader workers cut the micro-batches. With dynamic masking the stored masks are undone and new ones drawn by
-create_pretraining_data.dynamic_mask, seeded by (seed, epoch, shard, offset): a resumed run draws the same masks.
+shard_format.dynamic_mask, seeded by (seed, epoch, shard, offset): a resumed run draws the same masks.
 
 Length binning (LDDL's idea, for phase 2; length_bins N > 0): sample i of a shard falls in bin floor((L_i - 1) N / S)
 by its real length L_i. The shard's permutation is regrouped, each bin keeping its samples in the permutation's
@@ -42,9 +42,11 @@ import numpy as np
 import torch
 
 from bert_recipe.io.cli import InputError
-from bert_recipe.training.dist_env import DistEnv
 # the shard layout, and reading it back, are the format module's alone
-from bert_recipe.pretraining.shard_format import PACKED_KEY, SHARD_KEYS, read_samples, shard_keys
+from bert_recipe.pretraining.shard_format import PACKED_KEY, SHARD_KEYS, dynamic_mask, read_samples, shard_keys
+from bert_recipe.training.dist_env import DistEnv
+from bert_recipe.training.stop_signals import STOP_SIGNALS
+from tokenization import load_vocab
 
 
 class DataError(InputError):
@@ -210,7 +212,7 @@ def unmask(input_ids: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.
 
 @dataclass
 class Masker:
-    """Dynamic masking with create_pretraining_data.dynamic_mask; special ids are never masked."""
+    """Dynamic masking with shard_format.dynamic_mask; special ids are never masked."""
 
     vocab_size: int
     special_ids: tuple[int, ...]
@@ -220,7 +222,6 @@ class Masker:
 
     @classmethod
     def from_vocab(cls, vocab_file: str, masked_lm_prob: float, max_predictions: int) -> "Masker":
-        from tokenization import load_vocab
 
         vocab = load_vocab(vocab_file)
         missing = [t for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]") if t not in vocab]
@@ -230,7 +231,6 @@ class Masker:
         return cls(len(vocab), special, vocab["[MASK]"], masked_lm_prob, max_predictions)
 
     def __call__(self, input_ids: np.ndarray, input_mask: np.ndarray, seed: list[int]):
-        from bert_recipe.pretraining.shard_format import dynamic_mask
 
         return dynamic_mask(input_ids, input_mask, self.vocab_size, self.special_ids, np.random.default_rng(seed),
                             self.masked_lm_prob, self.max_predictions, self.mask_id)
@@ -505,7 +505,6 @@ def _ignore_stop_signals(worker_id: int) -> None:
     torch's worker loop installs a SIGTERM handler that dies of any SIGTERM not sent by the parent, and a new
     DataLoader starts at every shard, so a preemption landing in that window crashed the run (exit 1, not 75).
     A signal that arrived meanwhile is pending; SIG_IGN discards it, then the worker unblocks."""
-    from bert_recipe.training.stop_signals import STOP_SIGNALS
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
@@ -516,7 +515,6 @@ def _ignore_stop_signals(worker_id: int) -> None:
 def _stop_signals_blocked() -> Iterator[None]:
     """Block the stop signals in this thread while DataLoader workers fork (they inherit the mask); a signal that
     arrives meanwhile is delivered on leaving (or to another thread at once), so the training process still stops."""
-    from bert_recipe.training.stop_signals import STOP_SIGNALS
 
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:

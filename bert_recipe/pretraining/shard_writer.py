@@ -62,9 +62,12 @@ from typing import Any
 
 import numpy as np
 
-from bert_recipe.pretraining.shard_format import (LAYOUT, PACKED_KEY, PACKED_LAYOUT, choose_positions,
-    choose_whole_words, mask_chosen, masked_count, pack_sequences, packed_predictions)
+from bert_recipe.io.atomic_io import atomic_open, atomic_path
 from bert_recipe.io.cli import InputError
+from bert_recipe.pretraining.shard_format import (LAYOUT, PACKED_KEY, PACKED_LAYOUT, choose_positions,
+                                                  choose_whole_words, mask_chosen, masked_count, pack_sequences,
+                                                  packed_predictions)
+from tokenization import BertTokenizer
 
 # Work-unit sizes. They shape the random streams, so they are constants: changing one changes the output arrays.
 CHUNK_BYTES = 1 << 18  # text per tokenization task
@@ -149,7 +152,6 @@ def _init_worker(vocab_file: str, do_lower_case: bool, threads_off: bool) -> Non
     global _TOKENIZER, _PIECES
     if threads_off:  # one Rust thread per worker process: the processes are the parallelism
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from tokenization import BertTokenizer
 
     _TOKENIZER = BertTokenizer(vocab_file, do_lower_case=do_lower_case)
     _PIECES = _PieceTable()  # the piece cache belongs to this tokenizer
@@ -643,7 +645,6 @@ def shard_file(path: Path, raw_bytes: int):
     """
     import h5py
 
-    from bert_recipe.io.atomic_io import atomic_path
 
     if raw_bytes <= IN_MEMORY_MAX_BYTES:
         with h5py.File(f"{path.name}.in-memory", "w", driver="core", backing_store=False) as f:
@@ -671,7 +672,6 @@ def write_file_image(path: Path, image: bytes) -> None:
     checking that the folder has room for them: a full disk is one line (an OSError naming the file and the free
     space), before anything is written, and a disk that fills during the write still leaves no partial file and
     no file under the final name."""
-    from bert_recipe.io.atomic_io import atomic_open
 
     path.parent.mkdir(parents=True, exist_ok=True)
     check_free_space(path, len(image))

@@ -49,21 +49,23 @@ from typing import Any, Callable
 
 import torch
 
+from bert_padding import host_unpad_info, packed_layout
 from bert_recipe.io import cli
-from bert_recipe.training import dist_env
-from bert_padding import host_unpad_info
 from bert_recipe.io.atomic_io import atomic_write_json
-from optimization import load_state_keeping_hyperparameters
+from bert_recipe.io.checkpoint_io import REDUNDANT_KEYS, CheckpointManager, load_checkpoint_state
 from bert_recipe.pretraining.config import PretrainConfig
 from bert_recipe.pretraining.data_stream import PretrainingData, ResumeError
 from bert_recipe.pretraining.shard_format import PACKED_KEY
-from bert_recipe.training.precision_policy import Precision
-from bert_recipe.training.profiling import StepProfiler
-from bert_recipe.io.checkpoint_io import CheckpointManager
+from bert_recipe.pretraining.validation import describe
+from bert_recipe.training import dist_env
 from bert_recipe.training.meter import HostMemory, Meter, RunLogger, peak_flops
 from bert_recipe.training.parallelize import compiled
+from bert_recipe.training.precision_policy import Precision
+from bert_recipe.training.profiling import StepProfiler
 from bert_recipe.training.stop_signals import StopRequest
 from bert_recipe.training.train_step import DivergedError, DivergenceWatch, StepRule, to_device, weights_finite
+from modeling import flops_per_sequence
+from optimization import load_state_keeping_hyperparameters
 
 
 class CheckpointWriteError(OSError):
@@ -88,13 +90,11 @@ def pretraining_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], n
 def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
     """Model FLOPs of one micro-batch of this rank, counting only real (non-padding) tokens (for MFU). Packed rows
     count per sequence (attention is within each one): the same FLOPs as those sequences unpacked."""
-    from modeling import flops_per_sequence
 
     masked = (batch["masked_lm_positions"] > 0).sum(1).double()  # [B]
     if "next_sentence_positions" not in batch:
         lengths = batch["attention_mask"].sum(1).double()  # [B]
         return float(flops_per_sequence(config, lengths, masked).sum())
-    from bert_padding import packed_layout
 
     starts = batch["next_sentence_positions"]
     lengths = packed_layout(batch["attention_mask"], starts, block_mask=False).lengths.double()  # [B, K]
@@ -352,7 +352,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """The validator's held-out numbers for the current weights: one line for a person, one JSON record."""
-        result = evaluate(self.validator, self.raw_model, self.log)
+        result = validate_and_describe(self.validator, self.raw_model, self.log)
         self.logger.log(self.state.global_step, result)
         return result
 
@@ -394,7 +394,6 @@ class Trainer:
     def state_dict(self) -> dict[str, Any] | None:
         """The checkpoint payload on rank 0 (the writer), None on the other ranks. A collective: every rank's RNG
         states go into it, so every rank calls it; only rank 0 copies the tensors."""
-        from bert_recipe.io.checkpoint_io import REDUNDANT_KEYS
 
         rngs = gather_objects(dist_env.rng_state(), self.env)
         if not self.env.is_main:
@@ -424,7 +423,6 @@ class Trainer:
         """Continue from a checkpoint of this phase: it is checked against this run first (ResumeError), then the
         weights, optimizer, schedule, grad scaler, step counters and data position are loaded, and last each rank's
         RNG states: call it after everything that draws from the global RNGs."""
-        from bert_recipe.io.checkpoint_io import load_checkpoint_state
 
         self.check_fits(ckpt)
         load_checkpoint_state(self.raw_model, ckpt["model"], source=f"ckpt_{ckpt['step']}.pt")
@@ -469,10 +467,8 @@ class Trainer:
         dist_env.set_seed(self.cfg.training.seed + self.env.rank + 1_000_003 * ckpt["phase_step"])
 
 
-def evaluate(validator, raw_model: torch.nn.Module, log: Callable[[str], None]) -> dict[str, float]:
+def validate_and_describe(validator, raw_model: torch.nn.Module, log: Callable[[str], None]) -> dict[str, float]:
     """validation.Validator's numbers for `raw_model`, and their one line for a person."""
-    from bert_recipe.pretraining.validation import describe
-
     result = validator(raw_model)
     log(describe(result))
     return result

@@ -104,18 +104,11 @@ def exit_script(main: Callable[[], object]) -> NoReturn:
     the SystemExit it raises (script_errors' 1); any other return value is success (0).
 
     One process of a multi-process run (WORLD_SIZE > 1: torchrun's or Slurm's) ends with os._exit once its output
-    is flushed, skipping Python's finalisation. Why: a gloo worker thread frees a collective's tensors just after
-    the collective completes, and freeing a tensor that Python created takes the GIL. The default group outlives
-    destroy_process_group (torch 2.13: torch.distributed.nn, which DDP imports on first use, holds it in default
-    arguments, `group=group.WORLD`), so its threads are still there when the interpreter finalises; a thread that
-    frees a tensor then cannot take the GIL, is ended by pthread_exit, and the process aborts ("terminate called
-    without an active exception", exit 134) after a run that had written everything: a Slurm phase marked FAILED,
-    its dependent phase cancelled. Measured with bench/exit_race.py. Freeing the group earlier is no cure:
-    with torch.distributed.nn imported before the group, DDP's Reducer became its last owner, and the Reducer's
-    destructor joins gloo's threads while it holds the GIL that such a thread waits for: a hang (one launch of 18,
-    2026-11-27; gdb showed the two threads). Nothing is lost by skipping the finalisation: the scripts close their
-    logs and write checkpoints atomically before main returns, and logging's handlers and stdout/stderr are flushed
-    here. A single process exits the usual way (sys.exit).
+    is flushed, skipping Python's finalisation: gloo's worker threads outlive destroy_process_group, and one that
+    frees a tensor while the interpreter finalises cannot take the GIL and aborts the process (exit 134) after a
+    run that wrote everything (tests/README.md, "the very end of a multi-process run"; bench/exit_race.py). Nothing
+    is lost: the scripts close their logs and write checkpoints atomically before main returns, and logging's
+    handlers and stdout/stderr are flushed here. A single process exits the usual way (sys.exit).
     """
     try:
         status = main()

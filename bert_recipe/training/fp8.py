@@ -1,6 +1,6 @@
 """FP8 training of the encoder's matrix products (torchao's float8 recipe), applied outside the model.
 
-    import fp8
+    from bert_recipe.training import fp8
     fp8.check(device)          # FP8Unavailable (one line) where it cannot run
     fp8.convert(model)         # before torch.compile and DDP (parallelize.apply_parallelism_and_precision does it)
 
@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from bert_recipe.io import cli
+from modeling import BertLayer
 
 
 class FP8Unavailable(cli.InputError):
@@ -59,7 +60,6 @@ def convert(model: nn.Module) -> int:
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
-    from modeling import BertLayer
 
     converted = 0
     for layer in (m for m in model.modules() if isinstance(m, BertLayer)):

@@ -13,7 +13,6 @@ import torch
 from bert_recipe.io import atomic_io
 from bert_recipe.training import dist_env
 
-
 # Dense peak FLOP/s per GPU (tensor cores, no sparsity) by precision, for MFU.
 PEAK_FLOPS = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12},

@@ -35,7 +35,7 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEn
     """Turn a bare model into the module the loop trains, and decide how its maths runs. The order matters; each
     step says why it comes where it does. Returns (the model to call, Precision); keep the bare model for saving.
 
-    precision: --precision (auto picks from the hardware, see precision.resolve); loss_scale > 0: a static
+    precision: --precision (auto picks from the hardware, see precision_policy.resolve); loss_scale > 0: a static
     fp16 loss scale, else dynamic from init_loss_scale; allreduce_fp16: all-reduce gradients in 16 bits;
     compile: True/False, or None for "on a GPU only"; compile_mode: torch.compile's mode ("reduce-overhead": CUDA
     graphs); compile_scope: "layers" compiles each region of modeling.COMPILE_REGIONS in place (regional
@@ -50,7 +50,7 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEn
     if compile is None:  # on GPUs, where it was measured faster; not on CPUs, where compiling costs minutes
         compile = cuda
     kwargs = {} if compile_mode == "default" else {"mode": compile_mode}
-    # 0. Which precision runs: auto follows the hardware (bf16 only where it is native; precision.resolve).
+    # 0. Which precision runs: auto follows the hardware (bf16 only where it is native; precision_policy.resolve).
     choice = resolve(precision, env.device)
     # 1. TF32: fp32 matmuls (the tf32 run, and what autocast leaves in fp32) on tensor cores, on GPUs that have
     #    them, unless fp32 was asked for by name; a no-op on CPU.

@@ -12,7 +12,6 @@ import torch
 
 from bert_recipe.training import dist_env
 
-
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: stopped by a signal after its checkpoint; run again to resume
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 

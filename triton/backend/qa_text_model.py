@@ -48,6 +48,11 @@ _extend_sys_path()
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from bert_recipe.finetuning.tasks import items
+from bert_recipe.finetuning.tasks.items import check_qa_text, check_windows, decode_utf8
+from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, examples_from_qa_pairs
+from tokenization import BertTokenizer
+
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 
 
@@ -61,7 +66,6 @@ LIMITS = ("max_context_chars", "max_question_chars", "max_windows")
 
 def _strings(request, name: str) -> list[str]:
     """The rows of a BYTES input as text; ValueError naming the input, the row and the byte that is not UTF-8."""
-    from bert_recipe.finetuning.tasks.items import decode_utf8
 
     array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # [B, 1] object (bytes)
     return [decode_utf8(v, f"input '{name}' row {row}") if isinstance(v, bytes) else str(v)
@@ -70,7 +74,6 @@ def _strings(request, name: str) -> list[str]:
 
 def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
     """({limit: value}, {limit: where it came from}): environment, else config.pbtxt parameters, else default."""
-    from bert_recipe.finetuning.tasks import items
 
     defaults = {"max_context_chars": items.SERVER_MAX_CONTEXT_CHARS,
                 "max_question_chars": items.SERVER_MAX_QUESTION_CHARS, "max_windows": items.SERVER_MAX_WINDOWS}
@@ -96,7 +99,6 @@ def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from tokenization import BertTokenizer
 
         folder = Path(__file__).parent
         self.settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
@@ -129,8 +131,6 @@ class TritonPythonModel:
         return responses
 
     def _answer(self, request):
-        from bert_recipe.finetuning.tasks.items import check_qa_text, check_windows
-        from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, examples_from_qa_pairs
 
         s = self.settings
         questions, contexts = _strings(request, "question"), _strings(request, "context")

@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from bert_recipe.finetuning.tasks.squad import squad_articles
+
 
 def read_items(path: str | os.PathLike) -> list[dict]:
     """The items of a JSON list, JSON-lines or SQuAD file, in file order; FileNotFoundError / ValueError."""
@@ -61,7 +63,6 @@ def _json_lines(text: str, path) -> list:
 
 def _squad_items(file: Path) -> list[dict]:
     """{"id", "question", "context"} per question of a SQuAD file (tasks.squad reads its layouts)."""
-    from bert_recipe.finetuning.tasks.squad import squad_articles
 
     items = []
     for i, article in enumerate(squad_articles(file)):

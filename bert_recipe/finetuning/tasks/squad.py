@@ -38,7 +38,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-from bert_recipe.io.flags import field_docs
+
+from bert_recipe.io.atomic_io import atomic_open
+from bert_recipe.training.flags import field_docs
+from tokenization import BasicTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +432,6 @@ def feature_cache_path(cache_dir: str | os.PathLike, input_file: str | os.PathLi
 
 def save_features(path: str | os.PathLike, features: Sequence[InputFeatures]) -> None:
     """Write features as flat integer arrays; the per-window maps are concatenated with offsets."""
-    from bert_recipe.io.atomic_io import atomic_open
 
     if not features:
         raise ValueError("no features to cache")
@@ -599,7 +601,6 @@ class _NormalizedWords:
     """
 
     def __init__(self, words: list[str], do_lower_case: bool):
-        from tokenization import BasicTokenizer
 
         self.words = words
         self.basic = BasicTokenizer(do_lower_case=do_lower_case)

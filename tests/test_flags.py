@@ -10,9 +10,12 @@ from typing import Literal
 
 import pytest
 
+import run_glue
+import run_squad
+import run_swag
 from bert_recipe.io import cli
-from bert_recipe.io import flags
-from bert_recipe.io.flags import flag
+from bert_recipe.training import flags
+from bert_recipe.training.flags import flag
 
 
 @dataclass(frozen=True)
@@ -141,9 +144,6 @@ def test_fine_tuning_configurations_are_frozen_and_typed(tmp_path):
     """Each fine-tuning script parses a typical command line into its frozen configuration: the shared sections
     with the script's own defaults (GLUE's seed, SQuAD's windows and log_freq, SWAG's batch and learning rate),
     the script's own flags in their sections, --do_eval implying --do_predict for SQuAD."""
-    import run_glue
-    import run_squad
-    import run_swag
 
     squad_file = tmp_path / "dev.json"
     squad_file.write_text("{}")

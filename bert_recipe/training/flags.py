@@ -5,12 +5,12 @@ dataclass whose fields are flags: --<field> with the field's default, and the do
 --help text (`field_docs` reads them; Python keeps no docstrings of attributes at run time). `flag()` marks a
 field that needs more than its name (aliases, another flag name, a required flag, a help text made in code).
 
-    cfg = config.parse(PretrainConfig, "run_pretraining.py", __doc__, argv)
+    cfg = flags.parse(PretrainConfig, "run_pretraining.py", __doc__, argv)
     cfg.training.max_steps, cfg.flags()["max_steps"]
 
 The converter (`build_parser`) makes the argparse parser: --help grouped by section (flags added in the
 configuration's `flag_order`, section by section unless it says otherwise), a switch for a bool, choices
-for a Literal, `X | None` accepting X, the shared --precision flags (precision.add_arguments) for a field named
+for a Literal, `X | None` accepting X, the shared --precision flags (precision_policy.add_arguments) for a field named
 `precision`, and --debug (cli.add_debug_argument). Argparse's own errors are one line and exit status 2.
 `parse` builds the configuration from the command line and applies its cross-flag rules (`Config.rules`: (refused,
 message) pairs, the first refused one raised as cli.InputError, which only a script's main() turns into its line).
@@ -29,6 +29,7 @@ import typing
 from typing import Any, ClassVar, Sequence, TypeVar
 
 from bert_recipe.io import cli
+from bert_recipe.training import precision_policy
 
 C = TypeVar("C", bound="Config")
 
@@ -139,8 +140,6 @@ def add_flag(group, f: dataclasses.Field, kind: Any, doc: str) -> None:
     """The flag of field `f` (type `kind`): a switch for a bool, choices for a Literal, `None` allowed as default."""
     text = f.metadata.get("help") or doc
     if f.name == "precision":  # --precision auto|fp32|tf32|fp16|bf16 and its aliases, as every entry script
-        from bert_recipe.training import precision_policy
-
         if f.metadata.get("help"):
             precision_policy.add_arguments(group, help_text=text)  # the shared text is the whole help
         else:

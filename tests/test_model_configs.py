@@ -32,8 +32,8 @@ EXPECTED_SHAPES = {
 
 def hf_parameter_count(path: Path) -> int:
     """transformers' BertForPreTraining from the same JSON, on the meta device (tied weights counted once)."""
-    from transformers.models.bert.modeling_bert import BertConfig as HFConfig
-    from transformers.models.bert.modeling_bert import BertForPreTraining as HFBertForPreTraining
+    from transformers.models.bert.modeling_bert import (BertConfig as HFConfig,
+                                                        BertForPreTraining as HFBertForPreTraining)
 
     with torch.device("meta"):
         model = HFBertForPreTraining(HFConfig(**json.loads(path.read_text())))
