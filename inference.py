@@ -38,8 +38,7 @@ import torch
 
 from bert_recipe.finetuning import predict
 from bert_recipe.finetuning.tasks import squad
-from bert_recipe.finetuning.tasks.items import (CLI_MAX_CONTEXT_CHARS, CLI_MAX_QUESTION_CHARS, CLI_MAX_WINDOWS,
-                                                check_text, read_items)
+from bert_recipe.finetuning.tasks.items import CLI_LIMITS, check_text, read_items
 from bert_recipe.io import atomic_io, cli
 from bert_recipe.io.checkpoint_io import load_pretrained
 from bert_recipe.training import precision_policy
@@ -152,13 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text_b", default=None, help="classify: the second sentence of a pair")
     g.add_argument("--input_file", default=None, help="a JSON list, JSON lines, or (qa) a SQuAD file")
     g.add_argument("--output_file", default=None, help="also write the JSON here")
-    g = p.add_argument_group("limits (checked before any model work; 0 = no limit)")
-    g.add_argument("--max_context_chars", type=int, default=CLI_MAX_CONTEXT_CHARS,
-                   help="refuse a context (qa) or text_a/text_b (classify) longer than this many characters")
-    g.add_argument("--max_question_chars", type=int, default=CLI_MAX_QUESTION_CHARS,
-                   help="qa: refuse a question longer than this many characters")
-    g.add_argument("--max_windows", type=int, default=CLI_MAX_WINDOWS,
-                   help="qa: refuse a question whose context needs more windows than this")
+    CLI_LIMITS.add_arguments(p.add_argument_group("limits (checked before any model work; 0 = no limit)"))
     g = p.add_argument_group("question answering")
     g.add_argument("--max_seq_length", type=int, default=None,
                    help="tokens per window (default 384 qa, 128 classify, at most the model's positions)")

@@ -43,10 +43,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import linear_probe, pretrain_study, study_utils as su
-from bert_recipe.finetuning.tasks.glue import get_task, get_train_examples
 from bert_recipe.io.atomic_io import atomic_write_text
+from bench import pretrain_study
+from bench import study_utils as su
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.finetuning.tasks.glue import get_task, get_train_examples
 
 REPO = su.REPO
 ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")
@@ -230,6 +231,7 @@ def pretrain_and_fine_tune(plan: Plan) -> tuple[dict[str, dict[str, dict]], dict
 
 def linear_probe_of(plan: Plan, starts: dict[str, str]) -> dict:
     """bench.linear_probe of every arm's starting checkpoint (`starts`: arm -> checkpoint), or its JSON reused."""
+    from bench import linear_probe  # it imports torch: here, so that importing this study stays light
 
     args = plan.args
     probe_argv = [a for arm in ARMS for a in ("--checkpoint", f"{arm}={starts[arm]}")]

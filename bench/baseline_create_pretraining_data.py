@@ -23,7 +23,6 @@ import numpy as np
 
 from tokenization import BertTokenizer
 
-
 def read_documents(paths: list[str], tokenizer) -> list[list[list[str]]]:
     """Every document as a list of tokenized sentences; a blank line ends a document."""
     documents: list[list[list[str]]] = [[]]

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import h5py
 
-from bench import study_utils as su
 from bert_recipe.io.atomic_io import atomic_write_text
+from bench import study_utils as su
 from bert_recipe.io.cli import InputError, script_errors
 from scripts.text_to_documents import write_documents
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from bench.study_utils import REPO
 from bert_recipe.io.atomic_io import atomic_write_json
+from bench.study_utils import REPO
 from modeling import BertConfig, BertForPreTraining
 from optimization import NVLAMB, _no_decay
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from bench import study_utils as su
-from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.training import precision_policy
+from bert_recipe.io.atomic_io import atomic_write_text
+from bench import study_utils as su
 from modeling import BertConfig, BertForPreTraining
 from optimization import make_lamb, param_groups_for_bert
 

@@ -65,17 +65,17 @@ import h5py
 import numpy as np
 import torch
 
+from bert_recipe.io import checkpoint_io
 import create_pretraining_data
 import modeling
-from bench import study_utils as su
-from bert_recipe.io import checkpoint_io
+from bert_recipe.pretraining import shard_format
 from bert_recipe.io.atomic_io import atomic_write_json
+from bench import study_utils as su
 from bert_recipe.io.checkpoint_io import CheckpointError
 from bert_recipe.io.cli import InputError, script_errors
-from bert_recipe.pretraining import shard_format
-from bert_recipe.pretraining.data_stream import mlm_labels
-from bert_recipe.training.precision_policy import autocast, cpu_model
 from optimization import NVLAMB, param_groups_for_bert
+from bert_recipe.training.precision_policy import autocast, cpu_model
+from bert_recipe.pretraining.data_stream import mlm_labels
 from scripts.text_to_documents import write_documents
 
 REPO, SHARED = su.REPO, su.DATA
@@ -137,8 +137,8 @@ def load_batches(shard: Path, n_batches: int, batch_size: int, start: int = 0) -
 
 def build_pair(config_path: Path, seed: int):
     """(hf_model, our_model) with identical weights: HF initialises, ours loads HF's state dict."""
-    from transformers.models.bert.modeling_bert import (BertConfig as HFConfig,
-                                                        BertForPreTraining as HFBertForPreTraining)
+    from transformers.models.bert.modeling_bert import BertConfig as HFConfig
+    from transformers.models.bert.modeling_bert import BertForPreTraining as HFBertForPreTraining
 
     config = modeling.BertConfig.from_json_file(config_path)
     torch.manual_seed(seed)

@@ -35,14 +35,14 @@ import torch
 import transformers
 from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
-from bench import study_utils as su
-from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, read_squad_examples
 from bert_recipe.io.atomic_io import atomic_write_json
+from bench import study_utils as su
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.cli import InputError, script_errors
-from bert_recipe.io.triton_scripts import load_triton_script
 from modeling import BertForQuestionAnswering
+from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, read_squad_examples
 from tokenization import BertTokenizer
+from bert_recipe.io.triton_scripts import load_triton_script
 
 SQUAD_DEV = su.DATA / "squad-v1.1-dev" / "dev-v1.1.json"
 IMPLEMENTATIONS = ("ours_pytorch_eager", "ours_onnxruntime", "hf_transformers_eager")

@@ -27,12 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.study_utils import minilm_dir
 from bert_recipe.io.atomic_io import atomic_write_json
-from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.cli import script_errors
-from bert_recipe.io.triton_scripts import load_triton_script
-from modeling import BertForQuestionAnswering
 
 SETTINGS = {  # name -> (cpu_mem_arena, arena shrinkage after each run, malloc_trim after each batch)
     "arena (ONNX Runtime default)": (True, False, False),
@@ -111,6 +107,10 @@ def child(args: argparse.Namespace) -> dict:
 def export_minilm(folder: Path, seq_length: int) -> Path:
     import torch  # here, not at the head: the --child processes measure their memory, which these would swell
 
+    from bench.study_utils import minilm_dir
+    from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
+    from modeling import BertForQuestionAnswering
+    from bert_recipe.io.triton_scripts import load_triton_script
 
     torch.manual_seed(0)
     model = from_pretrained(BertForQuestionAnswering, minilm_dir("--onnx"), log=None).eval()

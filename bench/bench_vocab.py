@@ -34,8 +34,8 @@ from pathlib import Path
 
 import tokenizers
 
-from bench.study_utils import DATA, REPO, cpu_description
 from bert_recipe.io.atomic_io import atomic_write_json
+from bench.study_utils import DATA, REPO, cpu_description
 from bert_recipe.prep.vocab import PreSplitter, VocabSettings, iter_chunks, learn_vocab, list_input_files, write_vocab
 from tokenization import WordpieceTokenizer, load_vocab
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench import study_utils as su
 from bert_recipe.training import dist_env
+from bench import study_utils as su
 
 REPO = su.REPO
 WAYS = ("sys.exit", "exit_script")

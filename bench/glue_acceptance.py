@@ -30,15 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-import run_glue
-from bench import study_utils as su
-from bert_recipe.finetuning import predict, recipe
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
 from bert_recipe.io.atomic_io import atomic_write_json
-from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.finetuning import predict
+from bench import study_utils as su
 from bert_recipe.io.cli import script_errors
 from bert_recipe.training.precision_policy import resolve
-from modeling import BertForSequenceClassification
+from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
 from tokenization import BertTokenizer
 
 REPO = su.REPO
@@ -79,6 +76,10 @@ def bench_padding(args) -> dict:
     """Sequences/s of evaluation with dynamic padding (length-sorted batches) vs fixed padding to 128."""
     import torch  # here, not at the head: the acceptance runs themselves are run_glue.py processes
 
+    from bert_recipe.finetuning import recipe
+    import run_glue
+    from bert_recipe.io.checkpoint_io import from_pretrained
+    from modeling import BertForSequenceClassification
 
     model = from_pretrained(BertForSequenceClassification, args.init_checkpoint, num_labels=2, log=None).eval()
     tokenizer = BertTokenizer(Path(args.init_checkpoint) / "vocab.txt", do_lower_case=True)

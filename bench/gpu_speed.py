@@ -45,18 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
-import bert_padding as bp
+from bert_recipe.io.atomic_io import JsonLogger
 from bench import study_utils as su
 from bench.study_utils import fmt
-from bert_recipe.io.atomic_io import JsonLogger
-from bert_recipe.io.checkpoint_io import hf_config
-from bert_recipe.pretraining.data_stream import mlm_labels
-from bert_recipe.pretraining.trainer import batch_flops
-from bert_recipe.training.meter import peak_flops
-from bert_recipe.training.profiling import StepProfiler
 from create_pretraining_data import main as create_pretraining_data
-from modeling import BertConfig
-from optimization import make_optimizer, param_groups_for_bert
 from scripts.text_to_documents import main as text_to_documents
 
 REPO = su.REPO
@@ -124,6 +116,8 @@ def hf_model(args, ours, device):
     import torch  # on use, as transformers and the torch-backed modules (see the module docstring)
     import transformers
 
+    from bert_recipe.io.checkpoint_io import hf_config
+    from optimization import make_optimizer, param_groups_for_bert
 
     hf_cfg = transformers.BertConfig(**hf_config(ours, "BertForPreTraining"))
     hf_cfg._attn_implementation = "sdpa"
@@ -152,6 +146,7 @@ def hf_tensors(args) -> tuple:
 
 def hf_labels(positions: np.ndarray, ids: np.ndarray, seq: int) -> np.ndarray:
     """[B, S] masked-LM labels in transformers' convention, -100 where nothing is predicted."""
+    from bert_recipe.pretraining.data_stream import mlm_labels
 
     labels = mlm_labels(positions, ids, seq)
     labels[labels == -1] = -100
@@ -162,6 +157,10 @@ def run_hf(args) -> dict:
     """The peer's loop: warm-up steps, profiled steps (not timed), timed steps; the same FLOP count as ours."""
     import torch  # on use, as the torch-backed modules (see the module docstring)
 
+    from bert_recipe.training.meter import peak_flops
+    from modeling import BertConfig
+    from bert_recipe.training.profiling import StepProfiler
+    from bert_recipe.pretraining.trainer import batch_flops
 
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
@@ -247,6 +246,7 @@ def relative_error(a, b) -> float:
 def check_flash(args) -> dict:
     import torch  # on use, as bert_padding (see the module docstring)
 
+    import bert_padding as bp
 
     kernel = args.kernel
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -56,11 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from bert_recipe.io import atomic_io
 from bench import study_utils as su
-from bert_recipe.io import atomic_io, checkpoint_io
-from bert_recipe.io.checkpoint_io import CheckpointManager
-from bert_recipe.pretraining.validation import SpecialIds, mask_slots, unigram_entropy
-from modeling import BertConfig
 
 REPO = su.REPO
 
@@ -185,6 +182,7 @@ def export_weights(checkpoint: Path, target: Path) -> int:
     import torch  # on use, as safetensors and checkpoint_io (see the module docstring)
     from safetensors.torch import save
 
+    from bert_recipe.io import checkpoint_io
 
     ckpt = checkpoint_io.load_pt(checkpoint)
     tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in ckpt["model"].items()}
@@ -247,6 +245,7 @@ def probe_steps(args: argparse.Namespace, runs: list[tuple[str, str, str]], repo
                 log: Callable[[str], None]) -> int:
     """Step 2: the probe (--probe_steps of every run side by side, its checkpoints exported to check the export);
     report["probe"] and report["steps"] set; returns the steps that fit --budget_s at the slowest run's rate."""
+    from bert_recipe.io.checkpoint_io import CheckpointManager
 
     probe = side_by_side(args, runs, Stage("probe", args.probe_steps, 0, None), log)
     failed = [n for n, r in probe.items() if r["returncode"] != 0 or not r["final"]]
@@ -269,6 +268,7 @@ def probe_steps(args: argparse.Namespace, runs: list[tuple[str, str, str]], repo
 def export_run(args: argparse.Namespace, name: str, r: dict) -> dict:
     """Step 4 for one run of side_by_side: its newest checkpoint's weights (and, with --checkpoints N, the earlier
     ones) as bf16 safetensors and its log into --out; returns the run's entry of gpu_study.json."""
+    from bert_recipe.io.checkpoint_io import CheckpointManager
 
     entry = {"returncode": r["returncode"], "wall_s": r["wall_s"], "terminated": r["terminated"],
              "final": r["final"], "eval": r["eval"]}
@@ -382,6 +382,7 @@ SHAPES = {"mini": {"hidden_size": 256, "num_attention_heads": 4, "intermediate_s
 def shape_configs(vocab_entries: int, out: Path) -> list[Path]:
     """bert-<shape>-<N>k.json for each of SHAPES: 4 layers, dropout 0.1, vocab_size = the vocabulary's entries
     rounded up to a multiple of 8 (what run_pretraining.py --vocab_file accepts)."""
+    from modeling import BertConfig  # torch-backed: on use (see the module docstring)
 
     vocab_size = -(-vocab_entries // 8) * 8
     made = []
@@ -397,6 +398,7 @@ def shape_configs(vocab_entries: int, out: Path) -> list[Path]:
 def heldout_summary(eval_dir: Path, samples: int, vocab: list[str]) -> dict:
     """What run_pretraining.py's evaluation reads of `eval_dir` (its first `samples` sequences): the prediction
     slots, the [MASK]ed ones it scores (validation.mask_slots) and the unigram entropy of their targets."""
+    from bert_recipe.pretraining.validation import SpecialIds, mask_slots, unigram_entropy
 
     arrays = su.read_shards(eval_dir, samples, ("input_ids", "masked_lm_positions", "masked_lm_ids"))
     targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
@@ -573,6 +575,7 @@ def cmd_import(args) -> list[Path]:
     from safetensors import safe_open  # on use, as modeling (see the module docstring)
     from safetensors.torch import load_file
 
+    from modeling import BertConfig
 
     report = json.loads((args.source / "gpu_study.json").read_text())
     made = []

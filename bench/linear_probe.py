@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.study_utils import DATA, REPO
-from bert_recipe.finetuning.predict import length_sorted_batches, pad_sequences
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task, get_train_examples
 from bert_recipe.io.atomic_io import atomic_write_json
+from bench.study_utils import DATA, REPO
 from bert_recipe.io.checkpoint_io import from_pretrained
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.finetuning.predict import length_sorted_batches, pad_sequences
 from modeling import BertModel
+from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task, get_train_examples
 from tokenization import BertTokenizer
 
 FOLDER = {"sst-2": "glue-sst2", "cola": "glue-cola"}

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 import run_glue
+from bert_recipe.training import train_step
 from bert_recipe.io.atomic_io import atomic_torch_save, atomic_write_json
 from bert_recipe.io.cli import script_errors
-from bert_recipe.training import train_step
 
 REPLAYS = ("as_run", "fp32", "unpad_never", "unpad_always", "sdpa_math", "sdpa_efficient", "sdpa_flash",
            "sdpa_cudnn")

@@ -50,12 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import stability, study_utils as su
-from bert_recipe.io.checkpoint_io import REDUNDANT_KEYS, from_pretrained
-from bert_recipe.pretraining.data_stream import unmask
-from bert_recipe.pretraining.validation import SpecialIds, Validator, mask_slots
+from bench import stability
+from bench import study_utils as su
 from bert_recipe.training.dist_env import DistEnv, set_seed
-from modeling import BertConfig, BertForPreTraining
 from tokenization import load_vocab
 
 REPO = su.REPO
@@ -243,6 +240,8 @@ def count_model_accuracies(train: dict, heldout: dict, special) -> dict[str, flo
     sees just before the slot; previous+next, the most frequent token between the two tokens the model sees around
     the slot. Each backs off to the one before it when what it looks at is [MASK] or was never seen in training.
     `special`: validation.SpecialIds."""
+    from bert_recipe.pretraining.data_stream import unmask
+    from bert_recipe.pretraining.validation import mask_slots
 
     tokens = unmask(train["input_ids"], train["masked_lm_positions"], train["masked_lm_ids"]).astype(np.int64)
     real = train["input_mask"].astype(bool)
@@ -276,6 +275,9 @@ def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike,
     independent references: a model that reads the context beats the previous+next-token counts."""
     import torch  # here, not at the head: importing the study (adaptive_study, the results page) stays light
 
+    from bert_recipe.io.checkpoint_io import from_pretrained
+    from modeling import BertForPreTraining
+    from bert_recipe.pretraining.validation import SpecialIds, Validator
 
     special = SpecialIds.from_vocab(load_vocab(str(vocab)))
     heldout = su.read_shards(eval_dir, max_samples)
@@ -298,6 +300,8 @@ def make_random_init(config: dict, vocab: Path, seed: int, out_dir: Path) -> Pat
     out_dir/ckpt_0.pt with bert_config.json and vocab.txt beside it (what run_glue.py --init_checkpoint reads)."""
     import torch  # here, not at the head: importing the study stays light
 
+    from bert_recipe.io.checkpoint_io import REDUNDANT_KEYS
+    from modeling import BertConfig, BertForPreTraining
 
     bert_config = BertConfig.from_dict(config, source="the pre-trained checkpoint's config")
     set_seed(seed)
@@ -314,6 +318,7 @@ def make_random_init(config: dict, vocab: Path, seed: int, out_dir: Path) -> Pat
 def write_finetune_config(config: dict, dropout: float, out_dir: Path) -> Path:
     """out_dir/finetune_config_dropout<P>.json: the pre-trained checkpoint's config with hidden_dropout_prob and
     attention_probs_dropout_prob set to P (the name carries P, so a study's reuse check tells dropouts apart)."""
+    from modeling import BertConfig  # torch-backed: here, so that importing the study stays light
 
     if not 0.0 <= dropout < 1.0:
         raise SystemExit(f"pretrain_study: --finetune_dropout {dropout}: give a probability in [0, 1)")

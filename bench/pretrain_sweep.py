@@ -31,8 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench import study_utils as su
 from bert_recipe.io.atomic_io import atomic_write_text
+from bench import study_utils as su
 
 REPO = su.REPO
 

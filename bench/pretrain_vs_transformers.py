@@ -41,14 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_recipe.io.atomic_io import atomic_write_text
 from bench import study_utils as su
 from bench.pretrain_sweep import bf16_flags_text
-from bert_recipe.io.atomic_io import atomic_write_text
-from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
-from bert_recipe.pretraining.validation import SpecialIds, Validator
 from bert_recipe.training.dist_env import DistEnv, set_seed
 from bert_recipe.training.precision_policy import autocast, resolve
-from modeling import BertConfig, BertForPreTraining
 from tokenization import load_vocab
 
 REPO = su.REPO
@@ -194,6 +191,8 @@ def run_reference(args, start_dir: Path, out: Path) -> dict:
 
 def initial_weights(args, out: Path) -> Path:
     """Our BertForPreTraining at --seed (what run_pretraining.py starts from), as a transformers directory."""
+    from bert_recipe.io.checkpoint_io import save_hf_directory
+    from modeling import BertConfig, BertForPreTraining
 
     set_seed(args.seed)
     model = BertForPreTraining(BertConfig.from_json_file(args.config))
@@ -208,6 +207,9 @@ def step_zero(args, start_dir: Path) -> dict:
     import torch  # on use, as transformers and the torch-backed modules (see the module docstring)
     from transformers import BertForPreTraining as HFBertForPreTraining
 
+    from bert_recipe.io.checkpoint_io import from_pretrained
+    from modeling import BertForPreTraining
+    from bert_recipe.pretraining.validation import SpecialIds, Validator
 
     name = resolve(args.precision, "cpu").name
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)

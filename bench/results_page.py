@@ -27,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench import (adaptive_study, bench_prep_engines, gpu_speed, gpu_study, linear_probe, pretrain_study,
-                   pretrain_sweep, pretrain_vs_transformers, scaling_study, study_utils as su)
 from bert_recipe.io.atomic_io import atomic_write_text
+from bench import (adaptive_study, bench_prep_engines, gpu_speed, gpu_study, pretrain_study, pretrain_sweep,
+                   pretrain_vs_transformers, scaling_study)
+from bench import study_utils as su
 
 REPO = su.REPO
 METRIC_NAME = {"f1": "F1", "acc": "accuracy", "mcc": "Matthews corr.", "spearmanr": "Spearman"}
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> str:
     lines += table_and_plot_section(pretrain_vs_transformers, found["vs_transformers"], paths["vs_transformers"], plots,
                                     page_dir, "##", "Ours against transformers", "vs_transformers")
     lines += gpu_section(args.gpu_study or [], plots, page_dir, "##")
+    from bench import linear_probe  # here, not at the head: it imports torch, which the page itself never needs
 
     lines += report_sections(linear_probe, args.linear_probe or [], "##",
                              "Frozen-feature linear probes (bench.linear_probe)", "linear_probe")

@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import create_pretraining_data
-from bench import stability, study_utils as su
 from bert_recipe.io.atomic_io import atomic_write_text
+from bench import stability
+from bench import study_utils as su
 from bert_recipe.io.cli import InputError, script_errors
 from scripts import text_to_documents
 

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
+from bert_recipe.io import atomic_io
+from bert_recipe.io import cli
 import run_squad
 from bench import study_utils as su
-from bert_recipe.finetuning.tasks import squad
-from bert_recipe.io import atomic_io, cli
 from bert_recipe.io.checkpoint_io import from_pretrained
 from modeling import BertForQuestionAnswering
+from bert_recipe.finetuning.tasks import squad
 from tokenization import BertTokenizer
 
 REPO = su.REPO

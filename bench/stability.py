@@ -27,9 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-import run_glue
-from bench.study_utils import DATA, REPO, SCORE, aggregate, available_cores, minilm_dir
 from bert_recipe.io.atomic_io import atomic_write_text
+from bench.study_utils import DATA, REPO, SCORE, aggregate, available_cores, minilm_dir
 from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.training.dist_env import rng_state, set_rng_state
 
@@ -91,6 +90,7 @@ def run_in_process(args, seed: int, cmd: list[str], log_path: Path) -> None:
     run seeds its own). A failure, even its one-line SystemExit, is SeedFailed naming the log."""
     import torch  # here, not at the head: the studies import this module, and a seed in a child process needs none
 
+    import run_glue
 
     threads, states = torch.get_num_threads(), rng_state()
     torch.set_num_threads(threads_per_run(args))

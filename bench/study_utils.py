@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bert_recipe.finetuning.tasks.glue import compute_metrics, get_dev_examples, get_task, label_ids
 from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.io.cli import InputError
-from bert_recipe.pretraining.shard_format import SHARD_KEYS, read_samples
 from bert_recipe.training.precision_policy import autocast, cpu_flags, cpu_model
+from bert_recipe.pretraining.shard_format import SHARD_KEYS, read_samples
+from bert_recipe.finetuning.tasks.glue import compute_metrics, get_dev_examples, get_task, label_ids
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"

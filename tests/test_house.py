@@ -228,3 +228,19 @@ def test_project_modules_are_imported_at_the_head():
                                      for p in (REPO / "tests").glob("*.py")}}
     local = sum(len({id(n) for _, n in project_imports(tree, inside_functions=True)}) for tree in trees.values())
     assert local <= 117, local
+
+
+def test_the_packages_folders_import_only_downward():
+    """README.md's order of bert_recipe's folders is the order of their floors: a folder imports only from folders
+    listed before it (and from the interface modules at the top)."""
+    floors = ["io", "training", "pretraining", "finetuning", "prep"]
+    upward = []
+    for rel, tree in library_sources().items():
+        parts = rel.split("/")
+        if parts[0] != "bert_recipe" or len(parts) < 3:
+            continue
+        for target, node in project_imports(tree):
+            names = target.split(".")
+            if names[0] == "bert_recipe" and len(names) > 1 and floors.index(names[1]) > floors.index(parts[1]):
+                upward.append(f"{rel}:{node.lineno} -> {target}")
+    assert upward == []

@@ -25,6 +25,7 @@ import run_pretraining as rp
 from bert_recipe.io import atomic_io
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.pretraining import data_stream, shard_format
+from bert_recipe.pretraining.trainer import list_checkpoints
 from bert_recipe.training import dist_env, parallelize, stop_signals, train_step
 from bert_recipe.training.dist_env import DistEnv
 from helpers import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
@@ -371,7 +372,7 @@ def test_a_diverged_loss_is_caught_at_its_step_and_never_checkpointed(tmp_path, 
     assert "training diverged" in text
     step = int(text.split(" step ")[1].split(":")[0])
     assert 1 <= step < 10, text
-    for path in rp.list_checkpoints(tmp_path / "a").values():
+    for path in list_checkpoints(tmp_path / "a").values():
         tensors = torch.load(path, weights_only=True)["model"]
         assert all(torch.isfinite(t).all() for t in tensors.values()), path
     if step > 1:
@@ -507,7 +508,7 @@ def test_fp16_run_counts_only_taken_steps_and_resumes_exactly(tmp_path, data, co
     # The same run in two invocations (3 steps, then resume) ends with the same weights and loss scale.
     part = tmp_path / "part"
     assert rp.main(args_for(data, config, part, *common, "--steps_this_run", "3")) == 0
-    assert sorted(rp.list_checkpoints(part)) == [3]
+    assert sorted(list_checkpoints(part)) == [3]
     assert rp.main(args_for(data, config, part, *common, "--resume_from_checkpoint")) == 0
     resumed = torch.load(part / "ckpt_5.pt", weights_only=True)
     assert max_diff(resumed["model"], ckpt["model"]) == 0.0
@@ -521,7 +522,7 @@ def test_fp16_run_counts_only_taken_steps_and_resumes_exactly(tmp_path, data, co
 def test_checkpoints_contents_rotation_refusal_and_resume_step(tmp_path, data, config):
     out = tmp_path / "out"
     assert rp.main(args_for(data, config, out, "--max_steps", "7", "--num_steps_per_checkpoint", "2")) == 0
-    assert sorted(rp.list_checkpoints(out)) == [4, 6, 7]  # every 2 steps and at the end, newest three kept
+    assert sorted(list_checkpoints(out)) == [4, 6, 7]  # every 2 steps and at the end, newest three kept
     ckpt = torch.load(out / "ckpt_7.pt", map_location="cpu", weights_only=True)  # no pickled code needed
     for key in ("model", "config", "optimizer", "scheduler", "grad_scaler", "rng", "data", "phase", "step"):
         assert key in ckpt
@@ -667,7 +668,7 @@ def test_phase1_to_phase2_handoff(tmp_path, data, config):
         rp.main(args_for(data512, config, out, "--phase2", "--phase1_end_step", "4", "--max_steps", "5", seq=64,
                          pred=10))
     assert rp.main(args_for(data512, config, out, *p2, "--max_steps", "5", seq=64, pred=10)) == 0
-    steps = sorted(rp.list_checkpoints(out))
+    steps = sorted(list_checkpoints(out))
     assert steps[-3:] == [7, 8, 9] and 4 in steps  # phase 2 keeps its newest three, never phase 1's
     logged = [r["step"] for r in read_log(out / "log.json") if isinstance(r["step"], int)]
     assert logged[-3:] == [7, 8, 9]  # phase 2 logs continue the global count
@@ -729,14 +730,14 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
     rng = random.Random(time.time_ns())
     events = []
     for mode in ("kill-in-write", "kill-in-steps", "sigterm"):
-        before = max(rp.list_checkpoints(out), default=0)
+        before = max(list_checkpoints(out), default=0)
         strike_after = before + rng.randint(1, 4)  # a random number of steps into this run
         proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         deadline = time.time() + 150
         while proc.poll() is None:  # wait for progress, then for the moment to strike
             assert time.time() < deadline, "no progress"
-            progressed = max(rp.list_checkpoints(out), default=0) >= strike_after
+            progressed = max(list_checkpoints(out), default=0) >= strike_after
             writing = bool(list(out.glob(".ckpt_*.tmp")))
             if progressed and (writing if mode == "kill-in-write" else not writing):
                 break
@@ -746,21 +747,21 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
             os.killpg(proc.pid, signal.SIGTERM)
             assert proc.wait(timeout=60) == stop_signals.EXIT_STOPPED, proc.stderr.read().decode()[-2000:]
             final = [r for r in read_log(out / "log.json") if r["step"] == "FINAL"][-1]["data"]
-            assert final["stopped_by_signal"] and final["step"] == max(rp.list_checkpoints(out)) < steps
+            assert final["stopped_by_signal"] and final["step"] == max(list_checkpoints(out)) < steps
             assert torch.load(out / f"ckpt_{final['step']}.pt", weights_only=True)["step"] == final["step"]
             events.append((mode, before, final["step"], []))
         else:
             partial = sorted(p.name for p in out.glob(".ckpt_*.tmp"))
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            events.append((mode, before, max(rp.list_checkpoints(out)), partial))
+            events.append((mode, before, max(list_checkpoints(out)), partial))
     # The run to the end is struck by nothing: the same command in this process (one thread, as OMP_NUM_THREADS=1
     # gives the subprocesses; a DataLoader worker) with torch's own checkpoint writes, not the slowed ones that
     # only serve to aim a kill: no interpreter to start, no 40 ms pauses in each of its checkpoints.
     assert rp.main(cmd[2:]) == 0
     print("(how, newest checkpoint at launch, newest at the end, temporary files at the kill):", events)
     assert events[0][3] and not events[1][3]  # killed in the middle of a write, then between writes
-    assert max(rp.list_checkpoints(out)) == steps
+    assert max(list_checkpoints(out)) == steps
     diff = max_diff(weights(out / f"ckpt_{steps}.pt"), weights(reference / f"ckpt_{steps}.pt"))
     print(f"max |w_resumed - w_uninterrupted| = {diff}")
     assert diff <= 1e-6

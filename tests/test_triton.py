@@ -661,13 +661,12 @@ def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
     spec.loader.exec_module(module)
     for name in module.LIMITS:
         monkeypatch.delenv(f"BERT_TRITON_{name.upper()}", raising=False)
-    assert module._limits({}) == (
-        {"max_context_chars": items.SERVER_MAX_CONTEXT_CHARS, "max_question_chars": items.SERVER_MAX_QUESTION_CHARS,
-         "max_windows": items.SERVER_MAX_WINDOWS}, dict.fromkeys(module.LIMITS, "default"))
+    defaults = {"max_context_chars": 20_000, "max_question_chars": 2_000, "max_windows": 64}  # tests/README.md's
+    assert module._limits({}) == (defaults, dict.fromkeys(module.LIMITS, "default"))
     config = {"parameters": {"max_context_chars": {"string_value": "500"}, "max_windows": {"string_value": "0"}}}
     monkeypatch.setenv("BERT_TRITON_MAX_WINDOWS", "7")
     values, sources = module._limits(config)
-    assert values == {"max_context_chars": 500, "max_question_chars": items.SERVER_MAX_QUESTION_CHARS,
+    assert values == {"max_context_chars": 500, "max_question_chars": items.SERVER_LIMITS.max_question_chars,
                       "max_windows": 7}
     assert sources == {"max_context_chars": "config.pbtxt", "max_question_chars": "default",
                        "max_windows": "$BERT_TRITON_MAX_WINDOWS"}

@@ -36,7 +36,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from bert_recipe.finetuning.tasks.items import SERVER_MAX_CONTEXT_CHARS, SERVER_MAX_QUESTION_CHARS, SERVER_MAX_WINDOWS
+from bert_recipe.finetuning.tasks.items import SERVER_LIMITS
 from bert_recipe.finetuning.tasks.squad import QASettings
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_json, atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
@@ -81,12 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--text_model", action="store_true",
                    help="also write <model_name>_text: raw question/context strings in, answers out (qa only)")
     QASettings.add_arguments(p, prefix="text model: ")
-    p.add_argument("--max_context_chars", type=int, default=SERVER_MAX_CONTEXT_CHARS,
-                   help="text model: refuse (400) a context longer than this many characters (0: no limit)")
-    p.add_argument("--max_question_chars", type=int, default=SERVER_MAX_QUESTION_CHARS,
-                   help="text model: refuse (400) a question longer than this many characters (0: no limit)")
-    p.add_argument("--max_windows", type=int, default=SERVER_MAX_WINDOWS,
-                   help="text model: refuse (400) a request whose rows need more windows than this (0: no limit)")
+    SERVER_LIMITS.add_arguments(p, prefix="text model (a 400; 0: no limit): ")
     p.add_argument("--link", action="store_true", help="symlink model.onnx instead of copying it")
     return p.parse_args(argv)
 

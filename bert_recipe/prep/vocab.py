@@ -65,7 +65,6 @@ from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path
 from bert_recipe.prep.engine import EngineConfig, ProcessEngine
 from bert_recipe.prep.manifest import Manifest, sha256_file
 from bert_recipe.prep.sharding import plan_chunks
-from tokenization import _is_chinese_char, _is_control, _is_punctuation, _is_whitespace
 
 SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD = "[PAD]"
@@ -221,6 +220,8 @@ class _CharTables:
         new = chars - self.known
         if not new:
             return self
+        # tokenization loads only once characters are classified: importing the learner (--help) stays light
+        from tokenization import _is_chinese_char, _is_control, _is_punctuation, _is_whitespace
 
         def dropped(c: str) -> bool:  # BasicTokenizer._clean_text drops these
             return c in ("\0", "\ufffd") or _is_control(c)
@@ -295,6 +296,8 @@ class PreSplitter:
 def continues_words(char: str) -> bool:
     """Whether `char` can follow another character inside one of BasicTokenizer's words: all but punctuation and
     CJK ideographs, which are always words of their own (so "##" + them would never be looked up)."""
+    from tokenization import _is_chinese_char, _is_punctuation  # loaded when first needed, as in _CharTables
+
 
     return not (_is_punctuation(char) or _is_chinese_char(ord(char)))
 

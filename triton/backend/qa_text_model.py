@@ -19,6 +19,7 @@ $BERT_TRITON_MAX_QUESTION_CHARS / $BERT_TRITON_MAX_WINDOWS at server start, else
 parameters (model_repository.py --max_context_chars / --max_question_chars / --max_windows), else the defaults in
 finetuning/tasks/items.py; 0 turns a limit off.
 """
+import dataclasses
 import importlib.util
 import json
 import os
@@ -50,7 +51,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from bert_recipe.finetuning.tasks import items
 from bert_recipe.finetuning.tasks.items import check_qa_text, check_windows, decode_utf8
-from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, examples_from_qa_pairs
+from bert_recipe.finetuning.tasks.squad import answers_from_logits, convert_examples_to_features, examples_from_qa_pairs
 from tokenization import BertTokenizer
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
@@ -75,8 +76,7 @@ def _strings(request, name: str) -> list[str]:
 def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
     """({limit: value}, {limit: where it came from}): environment, else config.pbtxt parameters, else default."""
 
-    defaults = {"max_context_chars": items.SERVER_MAX_CONTEXT_CHARS,
-                "max_question_chars": items.SERVER_MAX_QUESTION_CHARS, "max_windows": items.SERVER_MAX_WINDOWS}
+    defaults = dataclasses.asdict(items.SERVER_LIMITS)
     values, sources = {}, {}
     for name in LIMITS:
         env = f"BERT_TRITON_{name.upper()}"
@@ -151,9 +151,9 @@ class TritonPythonModel:
         for chunk, arrays in self.client.feature_batches(features, s["batch_size"], self.np_dtype):
             start_logits, end_logits = self._logits(arrays)
             results.update((f.unique_id, (start_logits[i], end_logits[i])) for i, f in enumerate(chunk))
-        records = self.client.answers_from_logits(examples, features, results, s["n_best_size"],
-                                                  s["max_answer_length"], self.tokenizer.do_lower_case,
-                                                  s["version_2_with_negative"], s["null_score_diff_threshold"])
+        records = answers_from_logits(examples, features, results, s["n_best_size"], s["max_answer_length"],
+                                      self.tokenizer.do_lower_case, s["version_2_with_negative"],
+                                      s["null_score_diff_threshold"])
         answers = np.array([[r["answer"].encode("utf-8")] for r in records], dtype=np.object_)
         probabilities = np.array([[r["probability"]] for r in records], dtype=np.float32)
         nbest_json = np.array([[json.dumps(r["nbest"], ensure_ascii=False).encode("utf-8")] for r in records],

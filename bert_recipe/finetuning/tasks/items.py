@@ -11,11 +11,14 @@ predict.classify). No torch here: the Triton client imports this.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from bert_recipe.finetuning.tasks.squad import squad_articles
+from bert_recipe.training.flags import field_docs
 
 
 def read_items(path: str | os.PathLike) -> list[dict]:
@@ -87,12 +90,29 @@ def _squad_items(file: Path) -> list[dict]:
 # Defaults (0 turns a limit off). A context of 20,000 characters is ~4,500 WordPiece tokens: ~35 windows of 384
 # tokens at stride 128, some 25 s of MiniLM compute on a 2-core CPU. The server refuses beyond that by default so
 # that one request cannot hold the others for long; inference.py runs on the user's own machine and allows more.
-SERVER_MAX_CONTEXT_CHARS = 20_000
-SERVER_MAX_QUESTION_CHARS = 2_000
-SERVER_MAX_WINDOWS = 64  # per request, all rows together
-CLI_MAX_CONTEXT_CHARS = 100_000
-CLI_MAX_QUESTION_CHARS = 2_000
-CLI_MAX_WINDOWS = 512  # per question
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """How much text a command takes before any model work; each one flag of the commands that answer (0: no
+    limit)."""
+
+    max_context_chars: int
+    """refuse a context (or a sentence to classify) longer than this many characters"""
+    max_question_chars: int
+    """refuse a question longer than this many characters"""
+    max_windows: int
+    """refuse a question (the server: a request, all rows together) whose context needs more windows than this"""
+
+    def add_arguments(self, parser, prefix: str = "") -> None:
+        """The three flags with these defaults, the field docstrings as help after `prefix`."""
+        docs = field_docs(type(self))
+        for f in dataclasses.fields(self):
+            parser.add_argument(f"--{f.name}", type=int, default=getattr(self, f.name), help=prefix + docs[f.name])
+
+
+SERVER_LIMITS = InputLimits(max_context_chars=20_000, max_question_chars=2_000, max_windows=64)
+CLI_LIMITS = InputLimits(max_context_chars=100_000, max_question_chars=2_000, max_windows=512)
 
 
 def utf8_error(data: bytes) -> str | None:
