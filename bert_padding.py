@@ -1,7 +1,8 @@
 """The speed path beside modeling.py: unpadding, variable-length attention and the fixed-slot masked-LM gather.
 
 What it holds, in order: `Unpadded` (where a batch's real tokens are: flat indices, int32 cumulative sequence
-offsets `cu_seqlens`, the longest length) with `unpad` / `pad` ([B, S, ...] <-> [T, ...], T = real tokens);
+offsets `cu_seqlens`, the longest length) with `unpad` / `pad` ([B, S, ...] <-> [T, ...], T = real tokens) and
+`round_rows` (the [T, ...] layout padded with zero rows to a multiple of the token count: float8's products need 16);
 `Packed` / `packed_layout` (sequence packing: several sequences a row, each attending only to itself, positions
 restarting at 0 in each); `choose_kernel`, the rule that picks the variable-length attention kernel;
 `varlen_attention`, the attention call over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot
@@ -53,6 +54,17 @@ class Unpadded(NamedTuple):
     key_mask: torch.Tensor | None  # [B, 1, 1, S] bool, True = a real key: the padded fallback's SDPA mask
     # (packed rows: the block-diagonal [B, 1, S, S] mask, True = query and key in the same sequence); None when
     # made on the host (host_unpad_info): the model derives it on the device
+    rows: int = 0  # rows of the flat layout (round_rows): T real tokens, then rows - T zero rows; 0 = exactly T
+
+    @property
+    def tokens(self) -> int:
+        """T, the real tokens (a static shape: no host sync)."""
+        return self.indices.shape[0]
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of the flat [rows, ...] layout the layers see: T, or T rounded up by round_rows."""
+        return self.rows or self.tokens
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Unpadded":
         """The same description with its tensors on `device` (the lengths stay Python ints)."""
@@ -101,13 +113,25 @@ def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor 
     return unpad_info(attention_mask, packed)._replace(key_mask=None)  # the mask is derived on the device
 
 
+def round_rows(info: Unpadded, multiple: int) -> Unpadded:
+    """The same description with its flat layout padded to a multiple of `multiple` rows: T real tokens, then zero
+    rows that no sequence of cu_seqlens holds. Why: float8's products need a token count divisible by 16 (it is
+    the inner dimension of the weight gradient); the extra rows stay out of attention and out of pad()."""
+    if multiple <= 1:
+        return info
+    return info._replace(rows=-(-info.tokens // multiple) * multiple)
+
+
 def unpad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
-    """[B, S, ...] -> [T, ...]: the rows of the real tokens, in row-major order."""
-    return x.reshape(info.batch * info.seqlen, *x.shape[2:]).index_select(0, info.indices)
+    """[B, S, ...] -> [rows, ...]: the rows of the real tokens, in row-major order, then round_rows' zero rows."""
+    real = x.reshape(info.batch * info.seqlen, *x.shape[2:]).index_select(0, info.indices)  # [T, ...]
+    extra = info.total_rows - info.tokens
+    return torch.cat([real, real.new_zeros(extra, *real.shape[1:])]) if extra else real
 
 
 def pad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
-    """[T, ...] -> [B, S, ...] with zeros at the padding positions (the inverse of unpad on the real tokens)."""
+    """[rows, ...] -> [B, S, ...] with zeros at the padding positions (the inverse of unpad on the real tokens)."""
+    x = x[:info.tokens] if info.rows else x  # [T, ...]: round_rows' extra rows are nobody's
     out = x.new_zeros(info.batch * info.seqlen, *x.shape[1:]).index_copy(0, info.indices, x)  # [B * S, ...]
     return out.view(info.batch, info.seqlen, *x.shape[1:])  # [B, S, ...]
 
@@ -259,8 +283,12 @@ def _announce(kernel: Kernel) -> None:
 def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float, preference: str = "auto") -> torch.Tensor:
     """Bidirectional attention of every sequence over its own real tokens.
 
-    qkv [T, 3, N, D] (the query/key/value projections of the real tokens), dropout_p the effective attention
-    dropout (0 in eval), preference BertConfig.varlen_kernel -> [T, N, D]."""
+    qkv [rows, 3, N, D] (the query/key/value projections of the real tokens, then round_rows' extra rows),
+    dropout_p the effective attention dropout (0 in eval), preference BertConfig.varlen_kernel -> [rows, N, D], zero
+    at the extra rows: the kernels see the real tokens only, so nothing of those rows reaches them, forward or back."""
+    if info.rows:
+        y = varlen_attention(qkv[:info.tokens], info._replace(rows=0), dropout_p, preference)  # [T, N, D]
+        return torch.cat([y, y.new_zeros(info.rows - info.tokens, *y.shape[1:])])  # [rows, N, D]
     kernel = choose_kernel(qkv.device.type, qkv.dtype, float(dropout_p), preference)
     if not torch.compiler.is_compiling():  # a log call would break a compiled graph: announced by eager calls
         _announce(kernel)

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import (KERNELS, Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, unpad, unpad_info,
-                          varlen_attention)
+from bert_padding import (KERNELS, Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, round_rows, unpad,
+                          unpad_info, varlen_attention)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -75,6 +75,9 @@ class BertConfig:
     """The attention kernel of the unpadded path: auto (bert_padding.choose_kernel's rule), varlen_attn,
     flash_varlen, flash_attn, cudnn_varlen (only by name) or padded_sdpa; a named kernel that cannot run on the device
     gives way to the rule."""
+    unpad_token_multiple: int = 1
+    """The unpadded path's token count rounded up to a multiple of this with zero rows (bert_padding.round_rows): 16
+    for float8 matrix products (training/fp8.py sets it)."""
 
     _UNPAD = ("auto", "always", "never")
     _ACTIVATIONS = ("gelu", "bias_gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish")
@@ -102,6 +105,9 @@ class BertConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"{source}: hidden_size ({self.hidden_size}) must be divisible by "
                              f"num_attention_heads ({self.num_attention_heads})")
+        if not isinstance(self.unpad_token_multiple, int) or self.unpad_token_multiple < 1:
+            raise ValueError(f"{source}: unpad_token_multiple must be a positive integer, got "
+                             f"{self.unpad_token_multiple!r}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{source}: {name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -150,6 +156,8 @@ class BertConfig:
         for key in ("unpad", "varlen_kernel"):  # likewise: speed settings, written only when not the default
             if d[key] == "auto":
                 del d[key]
+        if d["unpad_token_multiple"] == 1:
+            del d["unpad_token_multiple"]
         return d
 
     def to_json_file(self, path: str | os.PathLike) -> None:
@@ -222,7 +230,7 @@ class BertSelfAttention(nn.Module):
         qkv = self.project_qkv(x, weight, bias)  # [B, S, 3H] (unpadded: [T, 3H])
         dropout_p = self.dropout_p if self.training else 0.0
         if isinstance(attn_mask, Unpadded):
-            T, H = x.shape
+            T, H = x.shape  # T: the real tokens (round_rows: and its zero rows)
             qkv = qkv.view(T, 3, self.num_heads, self.head_size)  # [T, 3, N, D]: split the 3H columns
             y = varlen_attention(qkv, attn_mask, dropout_p, self.varlen_kernel)  # [T, N, D]
             return y.reshape(T, H)  # [T, H]: the heads side by side again
@@ -384,10 +392,14 @@ class BertModel(nn.Module):
             return None  # data-dependent shapes: a graph break under compile, a frozen shape in a trace
         if host is not None:
             key_mask = packed.block_mask if packed is not None else attention_mask[:, None, None, :].bool()
-            return host._replace(key_mask=key_mask)  # [B, 1, S, S] / [B, 1, 1, S], as unpad_info makes it
-        if packed is not None:  # the sequences' boundaries are needed even in a row without padding
-            return unpad_info(attention_mask, packed)
-        return unpad_info(attention_mask) if has_padding(attention_mask) else None  # no padding: the plain path
+            info = host._replace(key_mask=key_mask)  # [B, 1, S, S] / [B, 1, 1, S], as unpad_info makes it
+        elif packed is not None:  # the sequences' boundaries are needed even in a row without padding
+            info = unpad_info(attention_mask, packed)
+        elif has_padding(attention_mask):
+            info = unpad_info(attention_mask)
+        else:
+            return None  # no padding: the plain path
+        return round_rows(info, self.config.unpad_token_multiple)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,

@@ -38,7 +38,7 @@ def converted_model() -> BertForPreTraining:
 def test_the_products_are_float8_products():
     model = converted_model()
     layer = model.bert.encoder.layer[0]
-    x = torch.randn(40, 64) * 3.0  # [T, H]
+    x = torch.randn(48, 64) * 3.0  # [T, H]: T a multiple of 16, as the float8 products need
     attention = layer.attention.self
     weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])  # [3H, H]
     bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
@@ -117,3 +117,29 @@ def test_check_refuses_where_float8_cannot_run(monkeypatch):
     assert "\n" not in str(exc.value)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     fp8.check(torch.device("cuda"))  # Hopper
+
+
+def test_a_token_count_not_divisible_by_16_is_refused_and_the_unpadded_layout_is_rounded():
+    """torch._scaled_mm needs the token count (the inner dimension of the weight gradient) divisible by 16: on an
+    H200 the unpadded layout's 23,332 tokens failed deep inside compilation. A product is refused before it runs,
+    naming the rule, and convert() makes the model round its unpadded layout to 16 rows, so a batch of 37 real
+    tokens trains."""
+    model = converted_model()
+    assert model.config.unpad_token_multiple == 16
+    with pytest.raises(ValueError, match="divisible by 16, got 40"):
+        model.bert.encoder.layer[0].intermediate.dense(torch.randn(40, 64))
+    attention = model.bert.encoder.layer[0].attention.self
+    weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
+    with pytest.raises(ValueError, match="divisible by 16, got 40"):
+        attention.project_qkv(torch.randn(40, 64), weight, None)
+    lengths = [5, 24, 8]  # 37 real tokens
+    mask = torch.tensor([[1] * n + [0] * (24 - n) for n in lengths])
+    ids = torch.randint(5, model.config.vocab_size, (3, 24)) * mask
+    batch = dict(input_ids=ids, attention_mask=mask, masked_lm_positions=torch.tensor([[1, 2], [3, 9], [1, 4]]),
+                 masked_lm_ids=torch.randint(5, 100, (3, 2)), next_sentence_labels=torch.tensor([0, 1, 0]))
+    model.config.unpad = "always"
+    model(**batch).loss.backward()  # 48 rows: 37 real, 11 zero
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    model.config.unpad_token_multiple = 1  # the layout unrounded: the products refuse it
+    with pytest.raises(ValueError, match="divisible by 16, got 37"):
+        model(**batch)

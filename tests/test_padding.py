@@ -236,6 +236,39 @@ def test_unpadding_described_on_the_host_gives_the_same_losses_and_gradients(wik
     assert max_grad_diff(grads_host, grads_device) == 0.0
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_rounded_token_rows_change_no_loss_and_no_gradient(wiki_batch, layout):
+    """unpad_token_multiple 16 (what float8 needs): the real tokens, then zero rows up to a multiple of 16, which no
+    sequence of cu_seqlens holds. The losses and gradients are the unrounded run's: the extra rows reach neither
+    attention nor the outputs, forward or backward."""
+    _, plain = twin_models()
+    _, rounded = twin_models(unpad_token_multiple=16)
+    batch = fixed(wiki_batch)
+    starts = None
+    if layout == "packed":  # two sequences a row in row 0 (positions restart), as in the host-description test
+        starts = torch.zeros(len(batch["input_ids"]), 2, dtype=torch.long)
+        starts[0, 1] = 2
+        batch = {**batch, "next_sentence_positions": starts,
+                 "next_sentence_labels": torch.stack([batch["next_sentence_labels"],
+                                                      torch.full_like(batch["next_sentence_labels"], -1)], 1)}
+    info = rounded.bert.unpadded(batch["attention_mask"], False, None if starts is None else
+                                 bert_padding.packed_layout(batch["attention_mask"], starts))
+    T = int(batch["attention_mask"].sum())
+    assert T % 16 and info.tokens == T and info.total_rows == -(-T // 16) * 16  # really rounded
+    x = torch.randn(len(batch["input_ids"]), batch["input_ids"].shape[1], 3)
+    flat = bert_padding.unpad(x, info)  # [rows, 3]
+    assert flat.shape[0] == info.total_rows and torch.all(flat[T:] == 0)
+    torch.testing.assert_close(bert_padding.pad(flat, info)[batch["attention_mask"].bool()],
+                               x[batch["attention_mask"].bool()], rtol=0, atol=0)
+    out_plain, grads_plain = loss_and_grads(plain.train(), batch)
+    out_rounded, grads_rounded = loss_and_grads(rounded.train(), batch)
+    torch.testing.assert_close(out_rounded.loss, out_plain.loss, atol=1e-6, rtol=0)
+    assert max_grad_diff(grads_rounded, grads_plain) <= 1e-6
+    with pytest.raises(ValueError, match="unpad_token_multiple"):
+        BertConfig(unpad_token_multiple=0)
+    assert "unpad_token_multiple" not in BertConfig().to_dict()
+
+
 def test_the_kernel_in_use_is_said_in_one_line(caplog):
     bert_padding._announce.cache_clear()
     model = BertForPreTraining(small_config(vocab_size=50, unpad="always")).eval()

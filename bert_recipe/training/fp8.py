@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 
 import torch
 from torch import nn
 
 from bert_recipe.io import cli
-from modeling import BertLayer
+from modeling import BertConfig, BertLayer
 
 
 class FP8Unavailable(cli.InputError):
@@ -48,6 +49,19 @@ def check(device: torch.device) -> None:
                              f"{torch.cuda.get_device_name(device)} has {'.'.join(map(str, capability))}: drop --fp8")
 
 
+TOKEN_MULTIPLE = 16  # torch._scaled_mm: every dimension of a float8 product, the tokens of a weight gradient's too
+
+
+def check_tokens(x: torch.Tensor) -> None:
+    """Refuse, before the float8 product, an input whose token count (every dimension but the last) is not a
+    multiple of 16: in the backward it is the inner dimension of the weight gradient, where torch._scaled_mm fails
+    deep inside compilation. The unpadded layout rounds it (BertConfig.unpad_token_multiple, which convert sets)."""
+    tokens = x.numel() // x.shape[-1]
+    if tokens % TOKEN_MULTIPLE:
+        raise ValueError(f"float8 matrix products need a token count divisible by {TOKEN_MULTIPLE}, got {tokens}: "
+                         "pad the unpadded layout (BertConfig.unpad_token_multiple, which fp8.convert sets)")
+
+
 def _fits(module: nn.Module) -> bool:
     """torch._scaled_mm needs both dimensions of the weight to be multiples of 16."""
     return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
@@ -61,9 +75,15 @@ def convert(model: nn.Module) -> int:
     from torchao.float8.float8_linear import Float8Linear
 
 
+    for config in {id(m.config): m.config for m in model.modules() if isinstance(getattr(m, "config", None), BertConfig)
+                   }.values():  # the unpadded layout's token count: a multiple of 16, as the products need
+        config.unpad_token_multiple = math.lcm(config.unpad_token_multiple, TOKEN_MULTIPLE)
     converted = 0
     for layer in (m for m in model.modules() if isinstance(m, BertLayer)):
         convert_to_float8_training(layer, module_filter_fn=lambda module, fqn: _fits(module))
+        for module in layer.modules():
+            if isinstance(module, Float8Linear):
+                module.register_forward_pre_hook(lambda module, args: check_tokens(args[0]))
         attention = layer.attention.self
         if all(isinstance(m, Float8Linear) for m in (attention.query, attention.key, attention.value)):
             # The three projections are one product over their concatenated weights (modeling.py): its float8
@@ -82,6 +102,7 @@ def _float8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     module's own (the concatenated query/key/value weight, whose gradient flows back to the three layers)."""
     from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
 
+    check_tokens(x)
     if torch.is_autocast_enabled(x.device.type):  # as Float8Linear does: the product's output in the autocast dtype
         x = x.to(torch.get_autocast_dtype(x.device.type))
     out = matmul_with_hp_or_float8_args.apply(x, weight.t(), mm_config, config)
