@@ -5,8 +5,11 @@
 #   python -m bench.gpu_speed prepare --out .gpu_speed           # here, on the CPU (10 s; 14 MB)
 #   OUT=<folder> bash bench/gpu_pretraining.sh .gpu_speed         # on the GPU machine, .gpu_speed carried
 #
-# First `gpu_speed check_flash` for each kernel of CHECK (against padded SDPA: check_<kernel>.json), then one
-# process a row, in the order of ROWS, each row skipped when fewer than MIN_ROW_S seconds are left. A row's name is
+# First `gpu_speed check_flash` for each kernel of CHECK (against padded SDPA: check_<kernel>.json), then the smoke
+# (SMOKE=1): each path and mode of ROWS once, in its own process, with prepare's two-layer configs, one micro-batch
+# a step for two steps, at most SMOKE_S seconds each; smoke.txt gets "<p1_path_mode> pass|fail <s> s" first, and a
+# row whose smoke failed is not timed. Then one process a row, in the order of ROWS, each row skipped when fewer
+# than MIN_ROW_S seconds are left. A row's name is
 # p<phase>_<path>_<mode>[_m<micro>] (with _m<micro>, that micro-batch instead of the phase's BATCH/ACC: the same rows
 # a step, ACC = BATCH / micro):
 #   path   padded    run_pretraining.py, unpad never: every token of the padded rows goes through every layer
@@ -28,12 +31,13 @@
 # (compilation), PROFILE profiled steps (torch.profiler: top kernels, GPU busy share, where the GPU waited for the
 # host), then TIMED timed steps; bf16 autocast, NVLAMB lr 6e-3.
 # Comes back in $OUT (the device tool returns 8 files): gpu.txt, call.json (date and settings), call.log,
-# check_<kernel>.json, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile; refreshed after
-# every row).
+# check_<kernel>.json, smoke.txt, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile;
+# refreshed after every row).
 # Environment (tests/test_gpu_speed.py runs it small on a CPU): ROWS, DEADLINE (540), MIN_ROW_S (45), ROW_MAX_S (180:
 # a row is stopped after this long), BATCH1 (1024),
 # ACC1 (4), BATCH2 (128), ACC2 (2), WARMUP (3), PROFILE (2), TIMED (8), PRECISION (bf16), WORKERS (4), PYTHON
-# (python3), CHECK (the varlen kernels to check first where a GPU is there, "cudnn_varlen"; 0: none), LOG_FREQ (5).
+# (python3), CHECK (the varlen kernels to check first where a GPU is there, "cudnn_varlen"; 0: none), LOG_FREQ (5),
+# SMOKE (1; 0: none), SMOKE_S (90).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 D=${1:-.gpu_speed}
@@ -50,7 +54,7 @@ DEADLINE=${DEADLINE:-540}; MIN_ROW_S=${MIN_ROW_S:-45}; ROW_MAX_S=${ROW_MAX_S:-18
 BATCH1=${BATCH1:-1024}; ACC1=${ACC1:-4}; BATCH2=${BATCH2:-128}; ACC2=${ACC2:-2}
 WARMUP=${WARMUP:-3}; PROFILE=${PROFILE:-2}; TIMED=${TIMED:-8}; PRECISION=${PRECISION:-bf16}; WORKERS=${WORKERS:-4}
 for f in vocab.txt config_never.json config_always.json config_auto.json config_sdpa.json config_cudnn.json \
-         p1_plain p1_packed p2_plain p2_packed; do
+         config_never_smoke.json p1_plain p1_packed p2_plain p2_packed; do
   [[ -e "$D/$f" ]] || { echo "gpu_pretraining.sh: error: $D/$f is missing: make $D with python -m bench.gpu_speed prepare --out $D" >&2; exit 1; }
 done
 cd "$(dirname "$0")/.."  # the repository: run_pretraining.py, python -m bench.gpu_speed
@@ -85,8 +89,8 @@ if [[ -n $CHECK ]] && command -v nvidia-smi > /dev/null; then
   done
 fi
 
-run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]
-  local name=$1 phase path mode micro
+run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]; with "smoke": that path and mode, small (smoke.txt)
+  local name=$1 smoke=${2:-} phase path mode micro
   IFS=_ read -r phase path mode micro <<< "$name"
   phase=${phase#p}
   local seq=128 pred=20 batch=$BATCH1 acc=$ACC1
@@ -114,30 +118,45 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]
     hf) ;;
     *) echo "unknown path in row $name"; return ;;
   esac
-  local left=$((DEADLINE - SECONDS))
-  if (( left < MIN_ROW_S )); then echo "skip $name: ${left} s left"; return; fi
-  (( left > ROW_MAX_S )) && left=$ROW_MAX_S
-  local steps=$((WARMUP + PROFILE + TIMED)) started=$SECONDS status
-  echo "row $name (${left} s left at ${SECONDS} s)"
+  local left=$((DEADLINE - SECONDS)) steps=$((WARMUP + PROFILE + TIMED)) warmup=$WARMUP profile=$PROFILE log=$name
+  local key="p1_${path}_${mode}"
+  if [[ -n $smoke ]]; then  # phase 1's shapes, two layers, one micro-batch a step, two steps
+    grep -qs "^$key " "$OUT/smoke.txt" && return  # one smoke a path and mode
+    seq=128 pred=20 phase=1 batch=$micro acc=1 steps=2 warmup=1 profile=0 log=smoke_$key config=${config}_smoke
+    (( left > ${SMOKE_S:-90} )) && left=${SMOKE_S:-90}
+  else
+    if [[ ${SMOKE:-1} == 1 ]] && ! grep -qs "^$key pass" "$OUT/smoke.txt"; then
+      echo "skip $name: its smoke ($key) did not pass"; return
+    fi
+    if (( left < MIN_ROW_S )); then echo "skip $name: ${left} s left"; return; fi
+    (( left > ROW_MAX_S )) && left=$ROW_MAX_S
+  fi
+  local started=$SECONDS status
+  echo "${smoke:-row} $name (${left} s left at ${SECONDS} s)"
   if [[ $path == hf ]]; then
     local flag=(); [[ $mode == compile ]] && flag=(--compile)
     timeout -k 10 "$left" "$PYTHON" -m bench.gpu_speed hf --input_dir "$D/p${phase}_plain" \
-      --config "$D/config_never.json" --json-summary "$work/logs/$name.json" --train_batch_size "$batch" \
-      --gradient_accumulation_steps "$acc" --max_steps "$steps" --throughput_warmup_steps "$WARMUP" \
-      --profile_steps "$PROFILE" --precision "$PRECISION" "${flag[@]}" > "$work/logs/$name.log" 2>&1
+      --config "$D/config_${config}.json" --json-summary "$work/logs/$log.json" --train_batch_size "$batch" \
+      --gradient_accumulation_steps "$acc" --max_steps "$steps" --throughput_warmup_steps "$warmup" \
+      --profile_steps "$profile" --precision "$PRECISION" "${flag[@]}" > "$work/logs/$log.log" 2>&1
     status=$?
   else
     local flag=--no_compile; [[ $mode == compile ]] && flag=--compile
     timeout -k 10 "$left" "$PYTHON" run_pretraining.py --do_train --input_dir "$D/p${phase}_$shards" \
-      --config_file "$D/config_$config.json" --vocab_file "$D/vocab.txt" --output_dir "$work/ckpt_$name" \
+      --config_file "$D/config_$config.json" --vocab_file "$D/vocab.txt" --output_dir "$work/ckpt_$log" \
       --max_seq_length "$seq" --max_predictions_per_seq "$pred" --train_batch_size "$batch" \
       --gradient_accumulation_steps "$acc" --learning_rate 6e-3 --warmup_proportion 0.2843 --max_steps "$steps" \
-      --skip_checkpoint --log_freq "${LOG_FREQ:-5}" --num_workers "$WORKERS" --throughput_warmup_steps "$WARMUP" \
-      --profile_steps "$PROFILE" --disable_progress_bar --json-summary "$work/logs/$name.json" \
-      --precision "$PRECISION" "$flag" "${extra[@]}" > "$work/logs/$name.log" 2>&1
+      --skip_checkpoint --log_freq "${LOG_FREQ:-5}" --num_workers "$WORKERS" --throughput_warmup_steps "$warmup" \
+      --profile_steps "$profile" --disable_progress_bar --json-summary "$work/logs/$log.json" \
+      --precision "$PRECISION" "$flag" "${extra[@]}" > "$work/logs/$log.log" 2>&1
     status=$?
-    [[ -f "$work/ckpt_$name/profile.json" ]] && cp "$work/ckpt_$name/profile.json" "$work/logs/$name.profile.json"
-    rm -rf "$work/ckpt_$name"
+    [[ -f "$work/ckpt_$log/profile.json" ]] && cp "$work/ckpt_$log/profile.json" "$work/logs/$log.profile.json"
+    rm -rf "$work/ckpt_$log"
+  fi
+  if [[ -n $smoke ]]; then
+    local verdict=pass; [[ $status == 0 ]] || verdict="fail: $(tail -n 1 "$work/logs/$log.log")"
+    echo "$key $verdict ($((SECONDS - started)) s)" | tee -a "$OUT/smoke.txt"
+    return
   fi
   echo "$name $phase $path $mode $((SECONDS - started)) $status $micro" >> "$work/rows.txt"
   echo "row $name: exit $status in $((SECONDS - started)) s"
@@ -146,6 +165,11 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]
   tar -czf "$OUT/logs.tar.gz" -C "$work" logs rows.txt
 }
 
+if [[ ${SMOKE:-1} == 1 ]]; then  # every path and mode once, small, before any row is timed
+  for row in $ROWS; do
+    run_row "$row" smoke
+  done
+fi
 for row in $ROWS; do
   run_row "$row"
 done

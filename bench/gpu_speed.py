@@ -9,7 +9,7 @@
 and the uncased vocabulary: phase 1 (sequence 128, 20 predictions) and phase 2 (512, 80), each plain and packed
 (--pack_sequences 3). It writes BERT-large's config (bert_config.json) five times, differing only in the speed
 settings the rows compare: unpad never / always / auto, and always with the padded-SDPA or the cuDNN attention
-kernel.
+kernel; and each again with two layers (config_<name>_smoke.json), for the call's smoke of every path.
 
 The call script runs one process per row, each through run_pretraining.py itself (the data loader, NVLAMB, bf16
 autocast, the Trainer) with --profile_steps (the profile lands in the row's summary). The peer rows run `hf` below.
@@ -96,6 +96,8 @@ def prepare(args) -> dict:
     base = json.loads(Path(args.config).read_text())
     for name, fields in CONFIGS.items():
         (stage / f"config_{name}.json").write_text(json.dumps({**base, **fields}, indent=2) + "\n")
+        smoke = {**base, **fields, "num_hidden_layers": min(2, base.get("num_hidden_layers", 2))}  # two layers
+        (stage / f"config_{name}_smoke.json").write_text(json.dumps(smoke, indent=2) + "\n")
     report = {"command": "python -m bench.gpu_speed " + " ".join(args.argv), "files": len(files),
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "wall_s": round(time.time() - started, 1),
               "rows": {p.name: su.count_samples(p) for p in sorted(stage.glob("p*_*"))}}

@@ -61,7 +61,7 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "ROWS": ROWS, "BATCH1": "8", "ACC1": "2",
            "BATCH2": "4", "ACC2": "2", "WARMUP": "1", "PROFILE": "1", "TIMED": "2", "PRECISION": "fp32",
-           "WORKERS": "1", "OMP_NUM_THREADS": "1", "LOG_FREQ": "1"}
+           "WORKERS": "1", "OMP_NUM_THREADS": "1", "LOG_FREQ": "1", "SMOKE": "0"}  # the smoke: the test below
     done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -95,6 +95,31 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     page = gpu_speed.markdown(out)
     assert all(f"| {r['phase']} | {r['layout']} eager | {r['micro_batch']} |" in page for r in rows.values())
     assert gpu_speed.steady_rates(out).keys() == {n for n in rows if "_hf_" not in n}
+
+
+def test_the_smoke_runs_each_path_once_first_and_a_failed_path_is_not_timed(speed_data, tmp_path):
+    """SMOKE=1: before any row, each path and mode once with two layers and two steps; smoke.txt says pass or fail
+    with the error's last line; a row whose path failed (here float8, with a torchao that cannot import) is not
+    timed, the others are. p2_padded_eager shares p1_padded_eager's smoke."""
+    stub = tmp_path / "stub" / "torchao"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('this torchao is broken')\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+           "ROWS": "p1_padded_eager p1_fp8_eager p2_padded_eager", "BATCH1": "8", "ACC1": "2", "BATCH2": "4",
+           "ACC2": "2", "WARMUP": "1", "PROFILE": "0", "TIMED": "1", "PRECISION": "fp32", "WORKERS": "1", "OMP_NUM_THREADS": "1", "CHECK": "0",
+           "PYTHONPATH": str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    smoke = (out / "smoke.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in smoke] == [["p1_padded_eager", "pass"], ["p1_fp8_eager", "fail:"]], smoke
+    assert "torchao" in smoke[1]
+    assert "skip p1_fp8_eager: its smoke (p1_fp8_eager) did not pass" in done.stdout
+    log = done.stdout
+    assert log.index("smoke p1_fp8_eager") < log.index("row p1_padded_eager")  # every smoke before any row
+    rows = {r["run"] for r in json.loads((out / "summary.json").read_text())}
+    assert rows == {"p1_padded_eager", "p2_padded_eager"}
 
 
 def test_call_script_refuses_a_folder_that_prepare_did_not_make(tmp_path):
