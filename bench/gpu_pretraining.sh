@@ -31,13 +31,13 @@
 # (compilation), PROFILE profiled steps (torch.profiler: top kernels, GPU busy share, where the GPU waited for the
 # host), then TIMED timed steps; bf16 autocast, NVLAMB lr 6e-3.
 # Comes back in $OUT (the device tool returns 8 files): gpu.txt, call.json (date and settings), call.log,
-# check_<kernel>.json, smoke.txt, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile;
+# check_<kernel>.json, user_paths.txt, smoke.txt, summary.json, summary.md, logs.tar.gz (every row's JSON lines, log and profile;
 # refreshed after every row).
 # Environment (tests/test_gpu_speed.py runs it small on a CPU): ROWS, DEADLINE (540), MIN_ROW_S (45), ROW_MAX_S (180:
 # a row is stopped after this long), BATCH1 (1024),
 # ACC1 (4), BATCH2 (128), ACC2 (2), WARMUP (3), PROFILE (2), TIMED (8), PRECISION (bf16), WORKERS (4), PYTHON
 # (python3), CHECK (the varlen kernels to check first where a GPU is there, "cudnn_varlen"; 0: none), LOG_FREQ (5),
-# SMOKE (1; 0: none), SMOKE_S (90).
+# SMOKE (1; 0: none), SMOKE_S (90), USER_PATHS (1: bench/gpu_user_paths.sh first; 0: not).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 D=${1:-.gpu_speed}
@@ -165,6 +165,9 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]; with "smoke": that path 
   tar -czf "$OUT/logs.tar.gz" -C "$work" logs rows.txt
 }
 
+if [[ ${USER_PATHS:-1} == 1 ]]; then  # fine-tuning, prediction and the export once, tiny (user_paths.txt)
+  OUT="$OUT" PYTHON="$PYTHON" PRECISION="$PRECISION" bash bench/gpu_user_paths.sh "$D"
+fi
 if [[ ${SMOKE:-1} == 1 ]]; then  # every path and mode once, small, before any row is timed
   for row in $ROWS; do
     run_row "$row" smoke

@@ -92,6 +92,7 @@ def prepare(args) -> dict:
                 str(args.workers), "--no_progress", *extra])
             if code not in (0, None):
                 raise SystemExit(f"gpu_speed: error: create_pretraining_data failed for p{phase}_{kind}")
+    write_tasks(stage / "tasks", text)
     text.unlink()
     base = json.loads(Path(args.config).read_text())
     for name, fields in CONFIGS.items():
@@ -106,6 +107,40 @@ def prepare(args) -> dict:
     stage.rename(out)
     print(json.dumps(report, indent=2))
     return report
+
+
+def write_tasks(folder: Path, text: Path) -> None:
+    """Tiny real inputs for bench/gpu_user_paths.sh: GLUE MRPC (16 + 8 pairs), SQuAD (the first article's first
+    three paragraphs to train on, the fourth to answer), SWAG's layout made of consecutive sentences of the prepared
+    text (16 + 8 examples) and 4 lines for extract_features.py."""
+    import csv
+    import random
+
+    (folder / "MRPC").mkdir(parents=True)
+    for name, n in (("train.tsv", 16), ("dev.tsv", 8)):
+        rows = (SHARED / "glue-mrpc" / name).read_text(encoding="utf-8").splitlines()[:n + 1]
+        (folder / "MRPC" / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    dev = json.loads((SHARED / "squad-v1.1-dev" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    article = dev["data"][0]
+    (folder / "squad").mkdir()
+    for name, paragraphs in (("train.json", article["paragraphs"][:3]), ("dev.json", article["paragraphs"][3:4])):
+        squad = {"version": dev["version"], "data": [{"title": article["title"], "paragraphs": paragraphs}]}
+        (folder / "squad" / name).write_text(json.dumps(squad), encoding="utf-8")
+    sentences = [s for s in text.read_text(encoding="utf-8").splitlines() if 5 <= len(s.split()) <= 30][:200]
+    rng = random.Random(0)
+    (folder / "swag").mkdir()
+    for name, n in (("train.csv", 16), ("val.csv", 8)):
+        with open(folder / "swag" / name, "w", encoding="utf-8", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source", "ending0",
+                          "ending1", "ending2", "ending3", "label"])
+            for i in range(n):
+                k = rng.randrange(len(sentences) - 1)
+                endings = [sentences[k + 1], *rng.sample(sentences, 3)]
+                label = rng.randrange(4)
+                endings[0], endings[label] = endings[label], endings[0]
+                out.writerow([i, "wiki", i, sentences[k], sentences[k], "", "gold", *endings, label])
+    (folder / "lines.txt").write_text("\n".join(sentences[:4]) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -61,7 +61,8 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "ROWS": ROWS, "BATCH1": "8", "ACC1": "2",
            "BATCH2": "4", "ACC2": "2", "WARMUP": "1", "PROFILE": "1", "TIMED": "2", "PRECISION": "fp32",
-           "WORKERS": "1", "OMP_NUM_THREADS": "1", "LOG_FREQ": "1", "SMOKE": "0"}  # the smoke: the test below
+           "WORKERS": "1", "OMP_NUM_THREADS": "1", "LOG_FREQ": "1", "SMOKE": "0",
+           "USER_PATHS": "0"}  # the smoke and the user paths: the tests below
     done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -107,7 +108,7 @@ def test_the_smoke_runs_each_path_once_first_and_a_failed_path_is_not_timed(spee
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
            "ROWS": "p1_padded_eager p1_fp8_eager p2_padded_eager", "BATCH1": "8", "ACC1": "2", "BATCH2": "4",
-           "ACC2": "2", "WARMUP": "1", "PROFILE": "0", "TIMED": "1", "PRECISION": "fp32", "WORKERS": "1", "OMP_NUM_THREADS": "1", "CHECK": "0",
+           "ACC2": "2", "WARMUP": "1", "PROFILE": "0", "TIMED": "1", "PRECISION": "fp32", "USER_PATHS": "0", "WORKERS": "1", "OMP_NUM_THREADS": "1", "CHECK": "0",
            "PYTHONPATH": str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -120,6 +121,21 @@ def test_the_smoke_runs_each_path_once_first_and_a_failed_path_is_not_timed(spee
     assert log.index("smoke p1_fp8_eager") < log.index("row p1_padded_eager")  # every smoke before any row
     rows = {r["run"] for r in json.loads((out / "summary.json").read_text())}
     assert rows == {"p1_padded_eager", "p2_padded_eager"}
+
+
+def test_every_user_path_runs_once_before_the_rows(speed_data, tmp_path):
+    """bench/gpu_user_paths.sh (the call's first stage): one pre-training step, then fine-tuning on each task from
+    its checkpoint, both inference modes, feature extraction and the ONNX export, each its own process on prepare's
+    tiny inputs (real MRPC pairs and SQuAD questions); one line each in user_paths.txt, here all passing."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "PRECISION": "fp32", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_user_paths.sh"), str(speed_data)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = (out / "user_paths.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in lines] == [[name, "pass"] for name in (
+        "run_pretraining", "run_glue", "run_squad", "run_swag", "inference_qa", "inference_classify",
+        "extract_features", "onnx_export")], lines
 
 
 def test_call_script_refuses_a_folder_that_prepare_did_not_make(tmp_path):
