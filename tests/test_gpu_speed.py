@@ -108,7 +108,8 @@ def test_the_smoke_runs_each_path_once_first_and_a_failed_path_is_not_timed(spee
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
            "ROWS": "p1_padded_eager p1_fp8_eager p2_padded_eager", "BATCH1": "8", "ACC1": "2", "BATCH2": "4",
-           "ACC2": "2", "WARMUP": "1", "PROFILE": "0", "TIMED": "1", "PRECISION": "fp32", "USER_PATHS": "0", "WORKERS": "1", "OMP_NUM_THREADS": "1", "CHECK": "0",
+           "ACC2": "2", "WARMUP": "1", "PROFILE": "0", "TIMED": "1", "PRECISION": "fp32", "USER_PATHS": "0",
+           "WORKERS": "1", "OMP_NUM_THREADS": "1", "CHECK": "0",
            "PYTHONPATH": str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
                           capture_output=True, text=True, timeout=600)
