@@ -159,7 +159,12 @@ def test_the_documented_ways_give_the_same_shards(documented_runs):
         log = [json.loads(line) for line in (work / "bertPrep_log.jsonl").read_text().splitlines()]
         engines.append({(r["data"]["engine"], r["data"]["workers"] if r["data"]["engine"] == "dask" else None)
                         for r in log if r["step"] == "engine"})
-    assert engines == [{("processes", None)}, {("dask", 2)}, {("dask", 2)}, {("processes", None)}], engines
+    # A stage counts the workers joined when it starts: the local cluster starts both before the first stage, while
+    # workers started by hand beside the command may still be joining when it begins (Dask gives them tasks as they
+    # join; the arrays above are the same either way).
+    hand_started = engines.pop(2)
+    assert engines == [{("processes", None)}, {("dask", 2)}, {("processes", None)}], engines
+    assert hand_started and hand_started <= {("dask", 1), ("dask", 2)}, hand_started
 
 
 def test_a_vocabulary_learned_on_dask_equals_one_learned_in_one_process(reference, dask_cluster, tmp_path):
