@@ -12,9 +12,9 @@
 # each stage's groups run side by side and are stopped at DEADLINE (s from the start). What comes back in $OUT:
 # call.log and ft.tar.xz (each group's stability JSON, every seed's results.json and log; no weights).
 # Environment: OUT, DEADLINE (default 470), SEEDS (default 1,2,3,4,5), FT (default .gpu_ft), PY (default python3).
-# Run on 2026-11-27 (bench/STUDIES.md, "Dropout in fine-tuning"): every SST-2 seed of pre.pt went NaN in bf16 there.
-# Since then run_glue.py ends a run whose loss is not finite with an error, so such a group stops at its first diverged
-# seed (bench.stability names the seed's log) instead of reporting a NaN model's accuracy.
+# Why the groups and seeds (bench/STUDIES.md, "Dropout in fine-tuning"): SST-2 from pre.pt went NaN in bf16 on the GPU
+# at every seed. run_glue.py ends a run whose loss is not finite with an error, so such a group stops at its first
+# diverged seed (bench.stability names the seed's log) instead of reporting a NaN model's accuracy.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?}; DEADLINE=${DEADLINE:-470}; SEEDS=${SEEDS:-1,2,3,4,5}; FT=${FT:-.gpu_ft}; PY=${PY:-python3}

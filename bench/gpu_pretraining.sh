@@ -27,7 +27,7 @@
 #          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
 #   mode   compile | eager
 # Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches; phase 2: 512, BATCH2 / ACC2 (the dgxh100
-# preset's micro-batches, 256 and 64; calls before 2026-11-28 15:35 ran phase 2 at 32). Each row: WARMUP steps
+# preset's micro-batches, 256 and 64). Each row: WARMUP steps
 # (compilation), PROFILE profiled steps (torch.profiler: top kernels, GPU busy share, where the GPU waited for the
 # host), then TIMED timed steps; bf16 autocast, NVLAMB lr 6e-3.
 # Comes back in $OUT (the device tool returns 8 files): gpu.txt, call.json (date and settings), call.log,
@@ -43,9 +43,9 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 D=${1:-.gpu_speed}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
-# The default order is the next lend's: what 2026-11-28's four calls left open first (the packed rows after the
-# fix of their host layout, float8, cuDNN's attention, transformers at phase 2's largest micro-batch, the
-# whole-model compile, attention padded around SDPA), then the eager rows.
+# The default order puts first what bench/STUDIES.md lists as not yet measured (the packed rows, float8 on the
+# rounded unpadded layout, cuDNN's attention, transformers at phase 2's largest micro-batch, the whole-model compile,
+# attention padded around SDPA), then the eager rows.
 ROWS=${ROWS:-p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_cudnn_compile \
 p2_unpadded_compile_m128 p2_hf_compile_m128 p2_unpadded_compile \
 p1_unpadded_compile p1_model_compile p2_sdpa_compile p2_padded_compile p1_padded_compile p1_hf_compile \

@@ -19,14 +19,14 @@
 # it so on a CPU.
 #
 # The fine-tuning: MRPC at lr 1e-4 and 2e-4 (3 epochs), and SST-2 on all 67,349 sentences for one epoch at 1e-4,
-# pre-trained and random initialisation, every seed: the 5-seed form of the CPU's two-seed SST-2 column of
-# 2026-11-26 (bench/STUDIES.md, "BERT-small on one GPU"). On 2026-11-26, 16 fine-tunings side by side ran at about
-# 1,056 sequences/s each, so one epoch of SST-2 is about 65 s of the call.
+# pre-trained and random initialisation, every seed: the 5-seed form of the CPU's two-seed SST-2 column
+# (bench/STUDIES.md, "BERT-small on one GPU"). 16 fine-tunings side by side ran there at about 1,056 sequences/s
+# each, so one epoch of SST-2 is about 65 s of the call.
 #
 # The context probe of bench.pretrain_study (count models over 200,000 training sequences, on the CPU) runs once,
-# in the MRPC fine-tuning at 1e-4; the other groups start at the same time with --no_context_probe: on 2026-11-26
-# four probes at once, each beside 10 to 16 fine-tuning processes, took four of the call's minutes and left too few
-# for SST-2 on all its sentences.
+# in the MRPC fine-tuning at 1e-4; the other groups start at the same time with --no_context_probe: four probes at
+# once, each beside 10 to 16 fine-tuning processes, take four of the call's minutes and leave too few for SST-2 on
+# all its sentences (bench/STUDIES.md, "BERT-small on one GPU").
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?}

@@ -14,7 +14,7 @@ an update that turns finite weights non-finite from finite gradients is reported
 the learning rate, the gradient norm, the parameters hit and their gradients' largest entries), with the weights
 before it and the gradients in DIR/bad_update.pt. A run that stays finite to its end writes `"first_bad": null`.
 
-Written for the GPU-only NaN of 2026-11-27 (bench/STUDIES.md, "Dropout in fine-tuning"): a CPU-pre-trained BERT-mini
+For a NaN seen only on a GPU (bench/STUDIES.md, "Dropout in fine-tuning"): a CPU-pre-trained BERT-mini
 fine-tuned on SST-2 in bf16 on an H200 went NaN within 10 steps at every seed, learning rate and dropout tried,
 while the same runs in fp32 there, in bf16 on a CPU, and on MRPC stayed finite.
 """

@@ -46,7 +46,7 @@ def test_hf_round_trip_through_transformers(tmp_path, minilm_dir):
     mlm, nsp = ours(input_ids, token_type_ids, mask)
     reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=mask)
     # torch's fp32 tolerances (atol 1e-5, rtol 1.3e-6): the logits (up to ~10) differ in the last bits with the
-    # number of threads the matmuls are split over (1e-5 at |x| = 1.9 with one thread; CI, 2026-11-28).
+    # number of threads the matmuls are split over (1e-5 at |x| = 1.9 with one thread, on CI).
     torch.testing.assert_close(mlm, reference.prediction_logits, atol=1e-5, rtol=1.3e-6)
     torch.testing.assert_close(nsp, reference.seq_relationship_logits, atol=1e-5, rtol=1.3e-6)
     assert (tmp_path / "hf" / "vocab.txt").read_bytes() == (minilm_dir / "vocab.txt").read_bytes()

@@ -73,7 +73,7 @@ def test_a_process_of_a_multi_process_run_skips_finalisation_and_loses_no_output
 
 def test_exit_race_bench_runs_both_endings(tmp_path):
     """bench/exit_race.py at its smallest: one two-process launch each way. The exit_script launch must end 0; the
-    sys.exit one may or may not abort (5 launches of 40 did on 2026-11-27), so only its record is checked."""
+    sys.exit one may or may not abort (5 launches of 40 did in one trial), so only its record is checked."""
     out = tmp_path / "race"
     done = subprocess.run([sys.executable, "-m", "bench.exit_race", "--runs", "1", "--numel", "1024", "--out",
                            str(out)], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)

@@ -240,7 +240,7 @@ def test_a_gpu_profile_says_what_the_host_did_while_the_gpu_waited():
     assert summary["host_ops"] == pytest.approx({loader.name: 0.015, region.name: 0.017, "aten::mm": 0.003})
 
 
-@pytest.mark.parametrize("name, part", [  # kernel names from the H200 profiles of 2026-11-28
+@pytest.mark.parametrize("name, part", [  # kernel names from H200 profiles (bench/results)
     ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "matmul"),
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x6_nt_align8>", "matmul"),
     ("triton_tem_fused_addmm_0", "matmul"),

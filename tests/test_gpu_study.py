@@ -22,7 +22,7 @@ from modeling import BertConfig
 
 
 def test_steps_that_fit_the_budget_as_written_out():
-    # The H200 probe of 2026-11-26: 300 steps, 38 s of wall time, 63.48 steps/s side by side, budget 300 s.
+    # An H200 probe (bench/STUDIES.md): 300 steps, 38 s of wall time, 63.48 steps/s side by side, budget 300 s.
     # Start-up = 38 - 300 / 63.48 = 33.274 s; (300 - 33.274) * 63.48 = 16,932 steps -> 16,900.
     assert gpu_study.steps_that_fit(300, 300, 38.0, 63.48, 30000) == 16900
     assert gpu_study.steps_that_fit(300, 300, 38.0, 200.0, 30000) == 30000  # the cap

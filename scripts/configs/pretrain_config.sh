@@ -78,7 +78,7 @@ dgxa100-80g_8gpu_bf16() {
 
 # ---- NVIDIA DGX H100 (8x H100 80 GB), bf16 (ours) ------------------------------------------------------------
 # NVIDIA's global batches and learning rates; micro-batches by measurement (bench/RESULTS.md, BERT-large on one
-# H200, 2026-11-28, compiled, the unpadded path of `unpad auto`): 256 at seq 128, where the GPU is the limit, and
+# H200, compiled, the unpadded path of `unpad auto`): 256 at seq 128, where the GPU is the limit, and
 # 64 at seq 512 (accumulation 64, not the A100's 32 x 128): at 32 a Hopper GPU waits for the host a third of each
 # step (the compiled layers' launch overhead on a micro-batch that small), 338 sequences/s; at 64, 483 (+43%, peak
 # memory 34 GiB, so it fits 80 GB); at 128, 497 (59 GiB).
@@ -91,9 +91,9 @@ dgxh100_8gpu_bf16() {
 # configs/bert-small-cpu.json (2 layers, hidden 128, no dropout) with the demo's own 8,000-piece vocabulary,
 # 1 process, batch 32, no accumulation, 4,000 steps; AdamW 1e-3 with a 5% warm-up, then constant
 # (run_cpu_demo.sh adds --lr_schedule constant; phase 1 at sequence 64, 30% masked). Measured on an AMD EPYC with
-# AVX512-BF16, 2 cores, bf16 (2026-11-26, bench/STUDIES.md, run H): the held-out context gain is +1.3 points at step
+# AVX512-BF16, 2 cores, bf16 (bench/STUDIES.md, run H): the held-out context gain is +1.3 points at step
 # 2,000, +5.9 at 3,000 and +9.9 at 4,000 (438 sequences/s, 5 min); the same run with the rate decayed linearly over
-# 3,000 steps stayed at +1.7, and NVLAMB 1e-2 (this preset until then) at sequence 128 never left the word-frequency
+# 3,000 steps stayed at +1.7, and NVLAMB 1e-2 at sequence 128 never left the word-frequency
 # plateau in the demo's minutes. Phase 2: 20 steps at sequence 512, batch 8, half the rate.
 # Precision auto (run_pretraining.py --precision auto): bf16 where the CPU has it natively (AMX or AVX512-BF16 in
 # its flags), fp32 otherwise. Measured with BERT-small-cpu and the 30 K vocabulary, batch 32 at sequence 128, one
@@ -111,7 +111,7 @@ cpu() {
 # ---- One GPU, a small BERT (ours): AdamW, measured on an H200 --------------------------------------------
 # For a first real pre-training on one GPU: configs/bert-mini.json (4 layers, hidden 256), global batch 256 at
 # sequence 128 for 30,000 steps (7.7 M sequences), then batch 64 at sequence 512 for 3,000 steps; AdamW, bf16.
-# Phase 1's rate is measured (bench/STUDIES.md, "Pre-training on one GPU"; bench/gpu_study.py, H200, 2026-11-26): at
+# Phase 1's rate is measured (bench/STUDIES.md, "Pre-training on one GPU"; bench/gpu_study.py, H200): at
 # batch 256, AdamW 1e-3 learned best of six runs; NVLAMB at the CPU rule's extrapolation (2.83e-2) diverged and at 1e-2
 # fell back onto the unigram plateau after 5,000 steps; NVLAMB 4e-3 learned, behind AdamW. Phase 2 takes half of
 # phase 1's rate, as the cpu preset does: not measured. Data: the phase-1 and phase-2 folders of
