@@ -2,7 +2,9 @@
 
 What it holds, in order: `Unpadded` (where a batch's real tokens are: flat indices, int32 cumulative sequence
 offsets `cu_seqlens`, the longest length) with `unpad` / `pad` ([B, S, ...] <-> [T, ...], T = real tokens) and
-`round_rows` (the [T, ...] layout padded with zero rows to a multiple of the token count: float8's products need 16);
+`round_rows` (the [T, ...] layout padded with zero rows to a multiple of the token count: float8's products need 16)
+and `fixed_rows` (a static-shape layout: T rounded up to one of a few sizes, the offsets to a fixed length, so that a
+compiled step sees the same shapes at every micro-batch and CUDA graphs can replay it);
 `Packed` / `packed_layout` (sequence packing: several sequences a row, each attending only to itself, positions
 restarting at 0 in each); `choose_kernel`, the rule that picks the variable-length attention kernel;
 `varlen_attention`, the attention call over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot
@@ -54,11 +56,18 @@ class Unpadded(NamedTuple):
     key_mask: torch.Tensor | None  # [B, 1, 1, S] bool, True = a real key: the padded fallback's SDPA mask
     # (packed rows: the block-diagonal [B, 1, S, S] mask, True = query and key in the same sequence); None when
     # made on the host (host_unpad_info): the model derives it on the device
-    rows: int = 0  # rows of the flat layout (round_rows): T real tokens, then rows - T zero rows; 0 = exactly T
+    rows: int = 0  # rows of the flat layout (round_rows, fixed_rows): T real tokens, then rows - T zero rows; 0 = T
+    real: torch.Tensor | None = None  # [rows] bool, True at the T real tokens: set by fixed_rows, whose layout keeps
+    # T out of every shape (indices then has `rows` entries, the extra ones pointing at the sentinel position B * S)
+
+    @property
+    def fixed(self) -> bool:
+        """True for fixed_rows' static-shape layout."""
+        return self.real is not None
 
     @property
     def tokens(self) -> int:
-        """T, the real tokens (a static shape: no host sync)."""
+        """T, the real tokens (a static shape: no host sync); for a fixed layout, its rows (`real` tells the T)."""
         return self.indices.shape[0]
 
     @property
@@ -70,7 +79,7 @@ class Unpadded(NamedTuple):
         """The same description with its tensors on `device` (the lengths stay Python ints)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return self._replace(indices=move(self.indices), cu_seqlens=move(self.cu_seqlens),
-                             key_mask=move(self.key_mask))
+                             key_mask=move(self.key_mask), real=move(self.real))
 
 
 def has_padding(attention_mask: torch.Tensor | None) -> bool:
@@ -101,8 +110,10 @@ def unpad_info(attention_mask: torch.Tensor, packed: Packed | None = None) -> Un
     return Unpadded(indices, cu_seqlens, int(lengths.max()), B, S, key_mask)
 
 
-def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor | None = None) -> Unpadded | None:
+def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor | None = None,
+                    fixed_sizes: int = 0, multiple: int = 1) -> Unpadded | None:
     """unpad_info of a micro-batch while it is still on the host, or None when it has no padding and is not packed.
+    fixed_sizes > 0: already in fixed_rows' static layout (with `multiple`), so a whole-model graph can take it.
 
     Why: on a GPU, unpad_info's nonzero and longest length are host syncs that drain the queue at every
     micro-batch (measured on an H200, BERT-large phase 2: the GPU idle 38% of the step). On the host they cost
@@ -110,29 +121,77 @@ def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor 
     packed = None if sequence_starts is None else packed_layout(attention_mask, sequence_starts, block_mask=False)
     if packed is None and not has_padding(attention_mask):
         return None
-    return unpad_info(attention_mask, packed)._replace(key_mask=None)  # the mask is derived on the device
+    info = unpad_info(attention_mask, packed)._replace(key_mask=None)  # the mask is derived on the device
+    if fixed_sizes:
+        info = fixed_rows(info, fixed_sizes, multiple, sequence_slots(attention_mask, sequence_starts))
+    return info
 
 
 def round_rows(info: Unpadded, multiple: int) -> Unpadded:
     """The same description with its flat layout padded to a multiple of `multiple` rows: T real tokens, then zero
     rows that no sequence of cu_seqlens holds. Why: float8's products need a token count divisible by 16 (it is
     the inner dimension of the weight gradient); the extra rows stay out of attention and out of pad()."""
-    if multiple <= 1:
+    if multiple <= 1 or info.fixed:
         return info
     return info._replace(rows=-(-info.tokens // multiple) * multiple)
 
 
+MAX_FIXED_SIZES = 8
+"""fixed_rows' most sizes: each is a graph of every compiled region, and torch.compile keeps 8 a region by default."""
+
+
+def sequence_slots(attention_mask: torch.Tensor, sequence_starts: torch.Tensor | None) -> int:
+    """How many sequences a [B, S] batch can hold: B, or B * K with K packed slots a row (cu_seqlens' fixed size
+    minus one in fixed_rows' layout)."""
+    return attention_mask.shape[0] * (1 if sequence_starts is None else sequence_starts.shape[1])
+
+
+def fixed_rows(info: Unpadded, sizes: int, multiple: int = 1, sequences: int | None = None) -> Unpadded:
+    """The same tokens in a static-shape layout, MLPerf's fixed buffer generalised to `sizes` buffer sizes: rows R
+    = T rounded up to a multiple of ceil(B * S / sizes) (itself a multiple of `multiple`), so a compiled layer sees
+    at most `sizes` shapes; the real tokens first, then zero rows; indices padded to R with the sentinel position
+    B * S (unpad reads zeros there, pad drops it); cu_seqlens padded to `sequences` + 1 entries (default B) by
+    repeating its last, so the extra sequences are empty; max_seqlen S. Nothing of it depends on T but the values:
+    no recompilation between micro-batches of one size, no host sync, and CUDA graphs can replay the step.
+    The extra rows cost only row-wise work: attention sees them as nobody's (varlen_attention zeroes them, forward
+    and back, whatever a kernel leaves there)."""
+    if info.fixed:
+        return info
+    if sizes < 1:
+        raise ValueError(f"fixed_rows needs at least one size, got {sizes}")
+    total = info.batch * info.seqlen  # B * S: every position of the batch, and the sentinel's index
+    step = -(-(-(-total // sizes)) // multiple) * multiple  # ceil(B*S / sizes), rounded up to `multiple`
+    T = info.tokens
+    rows = max(1, -(-T // step)) * step  # R
+    indices = torch.cat([info.indices, info.indices.new_full((rows - T,), total)])  # [R]
+    sequences = info.batch if sequences is None else sequences
+    cu = info.cu_seqlens  # [used sequences + 1]
+    if cu.shape[0] > sequences + 1:
+        raise ValueError(f"fixed_rows: {cu.shape[0] - 1} sequences do not fit the {sequences} given")
+    cu_seqlens = torch.cat([cu, cu[-1:].expand(sequences + 1 - cu.shape[0])])  # [sequences + 1]
+    real = torch.arange(rows, device=info.indices.device) < T  # [R]
+    return info._replace(indices=indices, cu_seqlens=cu_seqlens, max_seqlen=info.seqlen, rows=rows, real=real)
+
+
 def unpad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
     """[B, S, ...] -> [rows, ...]: the rows of the real tokens, in row-major order, then round_rows' zero rows."""
-    real = x.reshape(info.batch * info.seqlen, *x.shape[2:]).index_select(0, info.indices)  # [T, ...]
+    flat = x.reshape(info.batch * info.seqlen, *x.shape[2:])  # [B * S, ...]
+    if info.fixed:  # indices [R], the extra ones at the sentinel B * S: a zero row appended there
+        return torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])]).index_select(0, info.indices)  # [R, ...]
+    real = flat.index_select(0, info.indices)  # [T, ...]
     extra = info.total_rows - info.tokens
     return torch.cat([real, real.new_zeros(extra, *real.shape[1:])]) if extra else real
 
 
 def pad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
     """[rows, ...] -> [B, S, ...] with zeros at the padding positions (the inverse of unpad on the real tokens)."""
+    total = info.batch * info.seqlen
+    if info.fixed:  # every extra row goes to the sentinel row B * S, dropped; zeroed first, so the copies agree
+        x = torch.where(info.real.view(-1, *[1] * (x.dim() - 1)), x, 0)  # [R, ...]
+        out = x.new_zeros(total + 1, *x.shape[1:]).index_copy(0, info.indices, x)[:total]  # [B * S, ...]
+        return out.view(info.batch, info.seqlen, *x.shape[1:])  # [B, S, ...]
     x = x[:info.tokens] if info.rows else x  # [T, ...]: round_rows' extra rows are nobody's
-    out = x.new_zeros(info.batch * info.seqlen, *x.shape[1:]).index_copy(0, info.indices, x)  # [B * S, ...]
+    out = x.new_zeros(total, *x.shape[1:]).index_copy(0, info.indices, x)  # [B * S, ...]
     return out.view(info.batch, info.seqlen, *x.shape[1:])  # [B, S, ...]
 
 
@@ -285,10 +344,22 @@ def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float, prefer
 
     qkv [rows, 3, N, D] (the query/key/value projections of the real tokens, then round_rows' extra rows),
     dropout_p the effective attention dropout (0 in eval), preference BertConfig.varlen_kernel -> [rows, N, D], zero
-    at the extra rows: the kernels see the real tokens only, so nothing of those rows reaches them, forward or back."""
+    at the extra rows: the kernels see the real tokens only, so nothing of those rows reaches them, forward or back.
+    In fixed_rows' layout the kernels get all R rows (no shape depends on T) and the extra rows, in no sequence of
+    cu_seqlens, are zeroed on the way in and out: whatever a kernel writes there (its output, or the gradient it
+    leaves in rows it never visits) reaches no weight."""
+    if info.fixed:
+        real = info.real.view(-1, 1, 1)  # [R, 1, 1]
+        qkv = torch.where(real[:, None], qkv, 0)  # [R, 3, N, D]; backward: zero gradient at the extra rows
+        return torch.where(real, _attend(qkv, info, dropout_p, preference), 0)  # [R, N, D]
     if info.rows:
-        y = varlen_attention(qkv[:info.tokens], info._replace(rows=0), dropout_p, preference)  # [T, N, D]
+        y = _attend(qkv[:info.tokens], info._replace(rows=0), dropout_p, preference)  # [T, N, D]
         return torch.cat([y, y.new_zeros(info.rows - info.tokens, *y.shape[1:])])  # [rows, N, D]
+    return _attend(qkv, info, dropout_p, preference)
+
+
+def _attend(qkv: torch.Tensor, info: Unpadded, dropout_p: float, preference: str) -> torch.Tensor:
+    """varlen_attention's kernel call: qkv [rows, 3, N, D] -> [rows, N, D] over the sequences of cu_seqlens."""
     kernel = choose_kernel(qkv.device.type, qkv.dtype, float(dropout_p), preference)
     if not torch.compiler.is_compiling():  # a log call would break a compiled graph: announced by eager calls
         _announce(kernel)
@@ -314,7 +385,7 @@ def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float, prefer
 
         return flash_attn_varlen_qkvpacked_func(qkv, info.cu_seqlens, info.max_seqlen, dropout_p=dropout_p)
     # padded_sdpa: one [T, 3H] -> [B, S, 3H] copy, SDPA with the key mask (the block-diagonal mask of packed rows),
-    # then back to the real tokens.
+    # then back to the real tokens (pad and unpad follow a fixed layout's sentinel).
     _, _, N, D = qkv.shape
     padded = pad(qkv, info)  # [B, S, 3, N, D], zeros at padding (masked out as keys)
     q, k, v = padded.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, N, S, D]

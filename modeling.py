@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import (KERNELS, Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, round_rows, unpad,
-                          unpad_info, varlen_attention)
+from bert_padding import (KERNELS, MAX_FIXED_SIZES, Packed, Unpadded, fixed_rows, gather_indexes, has_padding,
+                          packed_layout, pad, round_rows, sequence_slots, unpad, unpad_info, varlen_attention)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -78,6 +78,11 @@ class BertConfig:
     unpad_token_multiple: int = 1
     """The unpadded path's token count rounded up to a multiple of this with zero rows (bert_padding.round_rows): 16
     for float8 matrix products (training/fp8.py sets it)."""
+    unpad_fixed_sizes: int = 0
+    """0: the unpadded path's layers see exactly the T real tokens (a new shape at each micro-batch). n > 0: T
+    rounded up to one of n fixed sizes (bert_padding.fixed_rows, multiples of B*S/n), the offsets to a fixed length:
+    every shape static, so a compiled step is replayed (CUDA graphs: --compile_mode reduce-overhead) and, with a
+    whole-model graph, the unpadding itself is compiled in. 1 is MLPerf's fixed buffer (best on packed rows)."""
 
     _UNPAD = ("auto", "always", "never")
     _ACTIVATIONS = ("gelu", "bias_gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish")
@@ -108,6 +113,9 @@ class BertConfig:
         if not isinstance(self.unpad_token_multiple, int) or self.unpad_token_multiple < 1:
             raise ValueError(f"{source}: unpad_token_multiple must be a positive integer, got "
                              f"{self.unpad_token_multiple!r}")
+        if not isinstance(self.unpad_fixed_sizes, int) or not 0 <= self.unpad_fixed_sizes <= MAX_FIXED_SIZES:
+            raise ValueError(f"{source}: unpad_fixed_sizes must be an integer from 0 to {MAX_FIXED_SIZES} (each size "
+                             f"is a compiled graph), got {self.unpad_fixed_sizes!r}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{source}: {name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -156,8 +164,9 @@ class BertConfig:
         for key in ("unpad", "varlen_kernel"):  # likewise: speed settings, written only when not the default
             if d[key] == "auto":
                 del d[key]
-        if d["unpad_token_multiple"] == 1:
-            del d["unpad_token_multiple"]
+        for key in ("unpad_token_multiple", "unpad_fixed_sizes"):
+            if d[key] == getattr(BertConfig, key):
+                del d[key]
         return d
 
     def to_json_file(self, path: str | os.PathLike) -> None:
@@ -384,11 +393,13 @@ class BertModel(nn.Module):
                  packed: Packed | None = None, host: Unpadded | None = None) -> Unpadded | None:
         """Where this batch's real tokens are, when the encoder is to run on them alone; None for the padded path.
         host: the same description made on the host before the batch moved (bert_padding.host_unpad_info), used
-        instead of computing it here (which syncs the device); it is None when the batch has no padding."""
+        instead of computing it here (which syncs the device); it is None when the batch has no padding. A host
+        description already in fixed_rows' layout has no data-dependent shape, so it is taken inside a graph too."""
         mode = self.config.unpad
         if mode == "never" or (mode == "auto" and padding_positions_read):
             return None
-        if mode == "auto" and (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()):
+        graph = torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
+        if mode == "auto" and graph and not (host is not None and host.fixed):
             return None  # data-dependent shapes: a graph break under compile, a frozen shape in a trace
         if host is not None:
             key_mask = packed.block_mask if packed is not None else attention_mask[:, None, None, :].bool()
@@ -399,6 +410,9 @@ class BertModel(nn.Module):
             info = unpad_info(attention_mask)
         else:
             return None  # no padding: the plain path
+        if self.config.unpad_fixed_sizes:
+            slots = sequence_slots(attention_mask, None if packed is None else packed.lengths)  # B, or B * K
+            return fixed_rows(info, self.config.unpad_fixed_sizes, self.config.unpad_token_multiple, slots)
         return round_rows(info, self.config.unpad_token_multiple)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,

@@ -24,6 +24,11 @@
 #          fp8       unpadded, --fp8: the encoder layers' matrix products in float8 (fp8.py, torchao). torchao is not
 #                    on the device machine: carry its wheel in .whl (here: pip download --no-deps torchao==0.18.0
 #                    -d .whl) and the script installs it into /tmp/site for the call
+#          fixed     unpadded in bert_padding.fixed_rows' static layout (unpad_fixed_sizes 4: the token count rounded
+#                    up to a quarter of the micro-batch's positions), --compile_mode reduce-overhead: each compiled
+#                    layer replayed as a CUDA graph
+#          graph     the packed shards in MLPerf's fixed buffer (unpad_fixed_sizes 1), --compile_scope model
+#                    --compile_mode reduce-overhead: the whole step, unpadding included, one graph replayed
 #          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
 #   mode   compile | eager
 # Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches; phase 2: 512, BATCH2 / ACC2 (the dgxh100
@@ -43,10 +48,11 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 D=${1:-.gpu_speed}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
-# The default order puts first what bench/STUDIES.md lists as not yet measured (the packed rows, float8 on the
-# rounded unpadded layout, cuDNN's attention, transformers at phase 2's largest micro-batch, the whole-model compile,
+# The default order puts first what bench/STUDIES.md lists as not yet measured (the static-shape steps under CUDA
+# graphs, the packed rows, float8 on the rounded unpadded layout, cuDNN's attention, transformers at phase 2's largest micro-batch, the whole-model compile,
 # attention padded around SDPA), then the eager rows.
-ROWS=${ROWS:-p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_cudnn_compile \
+ROWS=${ROWS:-p1_fixed_compile p1_graph_compile p2_fixed_compile p2_graph_compile \
+p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_cudnn_compile \
 p2_unpadded_compile_m128 p2_hf_compile_m128 p2_unpadded_compile \
 p1_unpadded_compile p1_model_compile p2_sdpa_compile p2_padded_compile p1_padded_compile p1_hf_compile \
 p2_hf_compile p1_padded_eager p2_padded_eager p1_hf_eager p2_hf_eager}
@@ -54,6 +60,7 @@ DEADLINE=${DEADLINE:-540}; MIN_ROW_S=${MIN_ROW_S:-45}; ROW_MAX_S=${ROW_MAX_S:-18
 BATCH1=${BATCH1:-1024}; ACC1=${ACC1:-4}; BATCH2=${BATCH2:-128}; ACC2=${ACC2:-2}
 WARMUP=${WARMUP:-3}; PROFILE=${PROFILE:-2}; TIMED=${TIMED:-8}; PRECISION=${PRECISION:-bf16}; WORKERS=${WORKERS:-4}
 for f in vocab.txt config_never.json config_always.json config_auto.json config_sdpa.json config_cudnn.json \
+         config_fixed.json config_buffer.json \
          config_never_smoke.json p1_plain p1_packed p2_plain p2_packed; do
   [[ -e "$D/$f" ]] || { echo "gpu_pretraining.sh: error: $D/$f is missing: make $D with python -m bench.gpu_speed prepare --out $D" >&2; exit 1; }
 done
@@ -111,6 +118,8 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]; with "smoke": that path 
     sdpa) config=sdpa ;;
     model) extra=(--compile_scope model) ;;
     fp8) config=always; extra=(--fp8) ;;
+    fixed) config=fixed; extra=(--compile_mode reduce-overhead) ;;
+    graph) shards=packed config=buffer; extra=(--compile_scope model --compile_mode reduce-overhead) ;;
     cudnn) config=cudnn
       if ! grep -qs '"passed": true' "$OUT/check_cudnn_varlen.json"; then
         echo "skip $name: cudnn_varlen has not passed its check (CHECK=cudnn_varlen) in this call"; return

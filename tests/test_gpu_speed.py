@@ -30,7 +30,8 @@ from modeling import BertConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = ("p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager "
-        "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p2_padded_eager_m3")  # m3: no micro-batch of 3 divides 4
+        "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager "
+        "p2_padded_eager_m3")  # m3: no micro-batch of 3 divides 4
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def speed_data(tmp_path_factory, shared_data, uncased_vocab) -> Path:
     return tmp / "data"
 
 
-def test_prepare_writes_both_phases_plain_and_packed_and_the_five_configs(speed_data):
+def test_prepare_writes_both_phases_plain_and_packed_and_every_config(speed_data):
     report = json.loads((speed_data / "prepare.json").read_text())
     for phase in (1, 2):
         assert 0 < report["rows"][f"p{phase}_packed"] < report["rows"][f"p{phase}_plain"]  # rows hold >1 sequence
@@ -53,8 +54,10 @@ def test_prepare_writes_both_phases_plain_and_packed_and_the_five_configs(speed_
     assert configs["never"]["unpad"] == "never" and configs["always"]["unpad"] == "always"
     assert "unpad" not in configs["auto"] and configs["sdpa"]["varlen_kernel"] == "padded_sdpa"
     assert configs["cudnn"]["varlen_kernel"] == "cudnn_varlen" and configs["cudnn"]["unpad"] == "always"
-    for name in ("sdpa", "cudnn"):
-        assert {k: v for k, v in configs[name].items() if k not in ("unpad", "varlen_kernel")} == configs["auto"]
+    assert configs["fixed"]["unpad_fixed_sizes"] == 4 and configs["buffer"]["unpad_fixed_sizes"] == 1
+    for name in ("sdpa", "cudnn", "fixed", "buffer"):
+        speed = ("unpad", "varlen_kernel", "unpad_fixed_sizes")
+        assert {k: v for k, v in configs[name].items() if k not in speed} == configs["auto"]
 
 
 def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
@@ -77,7 +80,7 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
         "p2_unpadded_eager_m4": 4, "p2_hf_eager_m4": 4, "p2_hf_eager": 2}  # BATCH2 4 in ACC2 2, or in 1 of 4
     for name, r in rows.items():
         seq = 128 if r["phase"] == 1 else 512
-        if r["layout"] == "packed":  # a packed row is one to three sequences
+        if r["layout"] in ("packed", "graph"):  # a packed row is one to three sequences
             assert r["rows_per_s"] < r["sequences_per_s"] <= 3.05 * r["rows_per_s"]
         else:
             assert math.isclose(r["sequences_per_s"], r["rows_per_s"], rel_tol=0.05)  # two clock readings
@@ -90,6 +93,9 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     # float8's rounding
     fp8_loss, plain_loss = rows["p1_fp8_eager"]["final_loss"], rows["p1_unpadded_eager"]["final_loss"]
     assert fp8_loss != plain_loss and abs(fp8_loss - plain_loss) < 0.05 * plain_loss, (fp8_loss, plain_loss)
+    # the static-shape layouts train the same model on the same batches as their dynamic rows
+    for static, dynamic in (("p1_fixed_eager", "p1_unpadded_eager"), ("p1_graph_eager", "p1_packed_eager")):
+        assert math.isclose(rows[static]["final_loss"], rows[dynamic]["final_loss"], rel_tol=1e-4), static
     table = (out / "summary.md").read_text()
     assert table.count("\n") == 2 + len(rows) and "| 2 | sdpa | eager | 2 |" in table
     # The results page renders the call from its folder (the log-line rates come from logs.tar.gz).

@@ -269,6 +269,121 @@ def test_rounded_token_rows_change_no_loss_and_no_gradient(wiki_batch, layout):
     assert "unpad_token_multiple" not in BertConfig().to_dict()
 
 
+def packed_rows(batch):
+    """The batch with row 0 holding two sequences (the second starting at position 2) and the NSP labels per slot."""
+    starts = torch.zeros(len(batch["input_ids"]), 2, dtype=torch.long)
+    starts[0, 1] = 2
+    return {**batch, "next_sentence_positions": starts,
+            "next_sentence_labels": torch.stack([batch["next_sentence_labels"],
+                                                 torch.full_like(batch["next_sentence_labels"], -1)], 1)}
+
+
+@pytest.mark.parametrize("sizes", [1, 3])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_fixed_rows_change_no_loss_and_no_gradient(wiki_batch, layout, sizes):
+    """unpad_fixed_sizes (the static-shape layout for CUDA graphs): T rounded up to one of `sizes` multiples of
+    ceil(B*S / sizes), the offsets padded to B (or B*K) + 1 by repeating the last, max_seqlen S. The losses and
+    gradients are the padded encoder's, whether the model makes the layout or the loop makes it on the host."""
+    padded, fixed_model = twin_models(unpad_fixed_sizes=sizes)
+    batch = fixed(wiki_batch)
+    starts = None
+    if layout == "packed":
+        batch = packed_rows(batch)
+        starts = batch["next_sentence_positions"]
+    mask = batch["attention_mask"]
+    B, S = mask.shape
+    T = int(mask.sum())
+    step = -(-B * S // sizes)
+    info = fixed_model.bert.unpadded(mask, False, None if starts is None else bert_padding.packed_layout(mask, starts))
+    assert info.fixed and info.total_rows == -(-T // step) * step and info.total_rows > T  # really padded
+    assert info.indices.shape == (info.total_rows,) and int(info.real.sum()) == T and info.max_seqlen == S
+    K = 1 if starts is None else 2
+    lengths = info.cu_seqlens.diff()
+    assert info.cu_seqlens.shape == (B * K + 1,) and int(info.cu_seqlens[-1]) == T and torch.all(lengths >= 0)
+    if starts is not None:  # the unused slots' empty sequences come last, after every real one
+        assert torch.all(lengths[:B + 1] > 0) and torch.all(lengths[B + 1:] == 0)
+    x = torch.randn(B, S, 3)
+    flat = bert_padding.unpad(x, info)  # [R, 3]
+    assert torch.all(flat[T:] == 0)
+    torch.testing.assert_close(bert_padding.pad(flat, info), x * mask[:, :, None], rtol=0, atol=0)
+    out_padded, grads_padded = loss_and_grads(padded.train(), batch)
+    out_fixed, grads_fixed = loss_and_grads(fixed_model.train(), batch)
+    host = bert_padding.host_unpad_info(mask, starts, sizes)
+    assert host.fixed and host.total_rows == info.total_rows and host.key_mask is None
+    out_host, grads_host = loss_and_grads(fixed_model.train(), {**batch, "unpadded": host})
+    for out, grads in ((out_fixed, grads_fixed), (out_host, grads_host)):
+        torch.testing.assert_close(out.loss, out_padded.loss, atol=1e-5, rtol=0)
+        assert max_grad_diff(grads, grads_padded) <= 1e-5
+    rounded = bert_padding.fixed_rows(bert_padding.unpad_info(mask), sizes, 16)  # float8's multiple
+    assert rounded.total_rows % 16 == 0 and rounded.total_rows >= T
+    with pytest.raises(ValueError, match="unpad_fixed_sizes"):
+        BertConfig(unpad_fixed_sizes=9)
+    assert "unpad_fixed_sizes" not in BertConfig().to_dict()
+
+
+def test_fixed_rows_keep_a_kernels_garbage_out_of_every_weight(wiki_batch, monkeypatch):
+    """A varlen kernel writes only the rows of cu_seqlens' sequences: the rest of its output, and of the gradient
+    it returns, is whatever the memory held. Such a kernel (NaN in every other row, forward and backward) leaves the
+    fixed layout's losses and gradients those of the padded encoder."""
+    real_attend = bert_padding._attend
+
+    class Sloppy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, qkv, info, dropout_p, preference):
+            with torch.enable_grad():
+                ctx.qkv = qkv.detach().requires_grad_()
+                ctx.y = real_attend(ctx.qkv, info, dropout_p, preference)
+            ctx.tokens = int(info.cu_seqlens[-1])
+            y = ctx.y.detach().clone()
+            y[ctx.tokens:] = float("nan")
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            (dqkv,) = torch.autograd.grad(ctx.y, ctx.qkv, grad.nan_to_num())
+            dqkv = dqkv.clone()
+            dqkv[ctx.tokens:] = float("nan")
+            return dqkv, None, None, None
+
+    padded, fixed_model = twin_models(unpad_fixed_sizes=2)
+    batch = fixed(wiki_batch)
+    out_padded, grads_padded = loss_and_grads(padded.train(), batch)
+    monkeypatch.setattr(bert_padding, "_attend", lambda qkv, info, p, pref: Sloppy.apply(qkv, info, p, pref))
+    out_fixed, grads_fixed = loss_and_grads(fixed_model.train(), batch)
+    torch.testing.assert_close(out_fixed.loss, out_padded.loss, atol=1e-5, rtol=0)
+    assert max_grad_diff(grads_fixed, grads_padded) <= 1e-5
+
+
+def test_a_whole_model_graph_over_fixed_rows_compiles_once_per_size(wiki_batch):
+    """The static-shape unpadded step in one graph (fullgraph: no graph break, no host sync inside): micro-batches
+    with different token counts of one size reuse the graph; a count of another size compiles one more. Counted
+    with Dynamo's CompileCounter (the graph runs eagerly: what is checked is the capture, not Inductor)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = BertForPreTraining(small_config(unpad_fixed_sizes=2))  # unpad auto: in a graph only on fixed rows
+    counter = CompileCounter()
+    step = torch.compile(model.train(), backend=counter, fullgraph=True)
+    batch = fixed(wiki_batch)
+    mask = batch["attention_mask"]
+    B, S = mask.shape
+    shorter = mask.clone()
+    shorter[1, int(mask[1].sum()) - 3:] = 0  # three tokens fewer, in the same half of B * S
+    longer = mask.clone()
+    longer[0, :] = 1
+    longer[4, :] = 1
+    T = [int(m.sum()) for m in (mask, shorter, longer)]
+    assert T[0] <= B * S // 2 and T[1] <= B * S // 2 < T[2]
+    for i, m in enumerate((mask, shorter, longer)):
+        host = bert_padding.host_unpad_info(m, None, 2)
+        out_graph, grads_graph = loss_and_grads(step, {**batch, "attention_mask": m, "unpadded": host})
+        out_eager, grads_eager = loss_and_grads(model, {**batch, "attention_mask": m, "unpadded": host})
+        torch.testing.assert_close(out_graph.loss, out_eager.loss, atol=1e-6, rtol=0)
+        assert counter.frame_count == (1 if i < 2 else 2), (i, counter.frame_count)
+    torch._dynamo.reset()
+
+
 def test_the_kernel_in_use_is_said_in_one_line(caplog):
     bert_padding._announce.cache_clear()
     model = BertForPreTraining(small_config(vocab_size=50, unpad="always")).eval()

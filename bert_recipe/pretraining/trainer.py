@@ -234,9 +234,14 @@ class Trainer:
         self.checkpoints = checkpoint_manager(cfg, log)
         self.hooks: list[Hook] = []
         # The model unpads a batch when its config says always, or auto outside a whole-model graph (which keeps the
-        # padded path; regional compilation leaves the choice in eager code).
-        unpad = parts.raw_model.config.unpad
-        self.host_unpad = unpad == "always" or (unpad == "auto" and compiled(parts.model) != "model")
+        # padded path unless the layout is fixed_rows' static one; regional compilation leaves the choice in eager
+        # code).
+        self.model_config = parts.raw_model.config
+        unpad, fixed = self.model_config.unpad, self.model_config.unpad_fixed_sizes
+        self.host_unpad = unpad == "always" or (unpad == "auto" and (compiled(parts.model) != "model" or fixed > 0))
+        # CUDA graphs (--compile_mode reduce-overhead) replay into the same memory: each micro-batch is a new replay.
+        self.cuda_graphs = cfg.parallelism.compile_mode == "reduce-overhead" and env.device.type == "cuda" \
+            and compiled(parts.model) is not None
         self.last_loss: float | None = None
 
     # --- the loop
@@ -304,6 +309,8 @@ class Trainer:
                 if self.meter.peak:
                     self.meter.add_flops(batch_flops(self.raw_model.config, batch))
                 real[:] = [a + b for a, b in zip(real, real_counts(batch))]
+                if self.cuda_graphs:  # the last replay's outputs are no longer read: its memory may be reused
+                    torch.compiler.cudagraph_mark_step_begin()
                 yield self.to_device(batch)
 
         taken, losses = self.rule(micro_batches(), accum, self.state.global_step + 1,
@@ -322,7 +329,9 @@ class Trainer:
         where they are (bert_padding.host_unpad_info) made here on the host, so the device never waits for it."""
         moved = to_device(batch, self.env.device)
         if self.host_unpad:
-            info = host_unpad_info(batch["attention_mask"], batch.get(PACKED_KEY))
+            config = self.model_config
+            info = host_unpad_info(batch["attention_mask"], batch.get(PACKED_KEY), config.unpad_fixed_sizes,
+                                   config.unpad_token_multiple)
             if info is not None:
                 moved["unpadded"] = info.to(self.env.device, non_blocking=True)
         return moved
