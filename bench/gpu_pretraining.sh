@@ -29,6 +29,9 @@
 #                    layer replayed as a CUDA graph
 #          graph     the packed shards in MLPerf's fixed buffer (unpad_fixed_sizes 1), --compile_scope model
 #                    --compile_mode reduce-overhead: the whole step, unpadding included, one graph replayed
+#          autotune  unpadded, --compile_mode max-autotune-no-cudagraphs: Inductor times its Triton GEMM templates
+#                    against cuBLAS per shape and keeps the faster, with the bias and GELU (forward) and GELU's
+#                    gradient (backward) fused into a winning template's epilogue
 #          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
 #   mode   compile | eager
 # Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches; phase 2: 512, BATCH2 / ACC2 (the dgxh100
@@ -49,9 +52,9 @@ D=${1:-.gpu_speed}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
 # The default order puts first what bench/STUDIES.md lists as not yet measured (the static-shape steps under CUDA
-# graphs, the packed rows, float8 on the rounded unpadded layout, cuDNN's attention, transformers at phase 2's largest micro-batch, the whole-model compile,
+# graphs, GEMM epilogues by autotuning, the packed rows, float8 on the rounded unpadded layout, cuDNN's attention, transformers at phase 2's largest micro-batch, the whole-model compile,
 # attention padded around SDPA), then the eager rows.
-ROWS=${ROWS:-p1_fixed_compile p1_graph_compile p2_fixed_compile p2_graph_compile \
+ROWS=${ROWS:-p1_fixed_compile p1_graph_compile p2_fixed_compile p2_graph_compile p1_autotune_compile \
 p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_cudnn_compile \
 p2_unpadded_compile_m128 p2_hf_compile_m128 p2_unpadded_compile \
 p1_unpadded_compile p1_model_compile p2_sdpa_compile p2_padded_compile p1_padded_compile p1_hf_compile \
@@ -120,6 +123,7 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]; with "smoke": that path 
     fp8) config=always; extra=(--fp8) ;;
     fixed) config=fixed; extra=(--compile_mode reduce-overhead) ;;
     graph) shards=packed config=buffer; extra=(--compile_scope model --compile_mode reduce-overhead) ;;
+    autotune) config=always; extra=(--compile_mode max-autotune-no-cudagraphs) ;;
     cudnn) config=cudnn
       if ! grep -qs '"passed": true' "$OUT/check_cudnn_varlen.json"; then
         echo "skip $name: cudnn_varlen has not passed its check (CHECK=cudnn_varlen) in this call"; return

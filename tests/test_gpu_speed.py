@@ -30,7 +30,7 @@ from modeling import BertConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = ("p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager "
-        "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager "
+        "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager p1_autotune_eager "
         "p2_padded_eager_m3")  # m3: no micro-batch of 3 divides 4
 
 
