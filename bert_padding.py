@@ -1,4 +1,5 @@
-"""The speed path beside modeling.py: unpadding, variable-length attention and the fixed-slot masked-LM gather.
+"""The speed path beside modeling.py: unpadding, variable-length attention, the fixed-slot masked-LM gather and
+dropout whose mask is kept in bits.
 
 What it holds, in order: `Unpadded` (where a batch's real tokens are: flat indices, int32 cumulative sequence
 offsets `cu_seqlens`, the longest length) with `unpad` / `pad` ([B, S, ...] <-> [T, ...], T = real tokens) and
@@ -8,7 +9,8 @@ compiled step sees the same shapes at every micro-batch and CUDA graphs can repl
 `Packed` / `packed_layout` (sequence packing: several sequences a row, each attending only to itself, positions
 restarting at 0 in each); `choose_kernel`, the rule that picks the variable-length attention kernel;
 `varlen_attention`, the attention call over packed [T, 3, N, D] projections; `gather_indexes`, Google's fixed-slot
-gather for the masked-LM head.
+gather for the masked-LM head; `BitMaskDropout`, dropout that keeps its mask for the backward in 1 bit an element
+instead of torch's byte (BertConfig.dropout_mask_bits).
 
 Kernels (checked against torch 2.13): `torch.nn.attention.varlen.varlen_attn` (CUDA, fp16/bf16, has no dropout
 argument: it is chosen only when the effective attention dropout is 0, i.e. a config with
@@ -403,3 +405,54 @@ def gather_indexes(sequence_output: torch.Tensor, positions: torch.Tensor) -> to
     are given weight 0 by the caller."""
     index = positions.long()[:, :, None].expand(-1, -1, sequence_output.shape[-1])  # [B, P, H]
     return sequence_output.gather(1, index)  # [B, P, H]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dropout with a 1-bit mask
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """A bool tensor of n elements -> [ceil(n / 8)] uint8, element i in bit i % 8 of byte i // 8."""
+    flat = F.pad(mask.reshape(-1).to(torch.uint8), (0, -mask.numel() % 8)).view(-1, 8)  # [n / 8, 8]
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=mask.device)
+    return (flat * weights).sum(-1, dtype=torch.uint8)  # [n / 8]: the bits are disjoint, so the sum is their OR
+
+
+def unpack_bits(packed: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """pack_bits' inverse: [ceil(n / 8)] uint8 -> the bool tensor of `shape`."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed[:, None] >> shifts) & 1  # [n / 8, 8]
+    return bits.reshape(-1)[:shape.numel()].view(shape).bool()
+
+
+class _BitMaskDropoutFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        keep = torch.rand_like(x, dtype=torch.float32) >= p  # fp32 draws: bf16's would round p's threshold
+        ctx.p, ctx.shape = p, keep.shape
+        ctx.save_for_backward(pack_bits(keep))  # 1 bit an element where torch's dropout keeps a byte
+        return x * keep / (1.0 - p)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (packed,) = ctx.saved_tensors
+        return grad * unpack_bits(packed, ctx.shape) / (1.0 - ctx.p), None
+
+
+class BitMaskDropout(torch.nn.Module):
+    """nn.Dropout's drop-in (same `p`, same train/eval behaviour, no state), whose mask is saved for the backward in
+    1 bit an element: BERT's hidden dropouts write a mask the size of every layer's activations twice a layer, and
+    the backward reads it again; packed, that traffic is an eighth. The kept elements are those whose uniform draw is
+    at least p (torch's dropout draws differently: same distribution, not the same mask for a seed)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return _BitMaskDropoutFn.apply(x, self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

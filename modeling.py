@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import (KERNELS, MAX_FIXED_SIZES, Packed, Unpadded, fixed_rows, gather_indexes, has_padding,
-                          packed_layout, pad, round_rows, sequence_slots, unpad, unpad_info, varlen_attention)
+from bert_padding import (KERNELS, MAX_FIXED_SIZES, BitMaskDropout, Packed, Unpadded, fixed_rows, gather_indexes,
+                          has_padding, packed_layout, pad, round_rows, sequence_slots, unpad, unpad_info,
+                          varlen_attention)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -83,6 +84,9 @@ class BertConfig:
     rounded up to one of n fixed sizes (bert_padding.fixed_rows, multiples of B*S/n), the offsets to a fixed length:
     every shape static, so a compiled step is replayed (CUDA graphs: --compile_mode reduce-overhead) and, with a
     whole-model graph, the unpadding itself is compiled in. 1 is MLPerf's fixed buffer (best on packed rows)."""
+    dropout_mask_bits: int = 8
+    """Bits an element of the encoder's hidden-dropout masks keeps for the backward: 8 (torch's dropout, a byte) or 1
+    (bert_padding.BitMaskDropout: an eighth of the mask's memory traffic; a different draw, the same distribution)."""
 
     _UNPAD = ("auto", "always", "never")
     _ACTIVATIONS = ("gelu", "bias_gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish")
@@ -113,6 +117,8 @@ class BertConfig:
         if not isinstance(self.unpad_token_multiple, int) or self.unpad_token_multiple < 1:
             raise ValueError(f"{source}: unpad_token_multiple must be a positive integer, got "
                              f"{self.unpad_token_multiple!r}")
+        if not isinstance(self.dropout_mask_bits, int) or self.dropout_mask_bits not in (1, 8):
+            raise ValueError(f"{source}: dropout_mask_bits must be 1 or 8, got {self.dropout_mask_bits!r}")
         if not isinstance(self.unpad_fixed_sizes, int) or not 0 <= self.unpad_fixed_sizes <= MAX_FIXED_SIZES:
             raise ValueError(f"{source}: unpad_fixed_sizes must be an integer from 0 to {MAX_FIXED_SIZES} (each size "
                              f"is a compiled graph), got {self.unpad_fixed_sizes!r}")
@@ -164,7 +170,7 @@ class BertConfig:
         for key in ("unpad", "varlen_kernel"):  # likewise: speed settings, written only when not the default
             if d[key] == "auto":
                 del d[key]
-        for key in ("unpad_token_multiple", "unpad_fixed_sizes"):
+        for key in ("unpad_token_multiple", "unpad_fixed_sizes", "dropout_mask_bits"):
             if d[key] == getattr(BertConfig, key):
                 del d[key]
         return d
@@ -185,6 +191,12 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return F.silu  # silu / swish
 
 
+def _hidden_dropout(config: BertConfig) -> nn.Module:
+    """The encoder's hidden dropout: torch's, or with its mask in bits (config.dropout_mask_bits 1)."""
+    p = config.hidden_dropout_prob
+    return BitMaskDropout(p) if config.dropout_mask_bits == 1 else nn.Dropout(p)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The encoder
 
@@ -200,7 +212,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = _hidden_dropout(config)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -258,7 +270,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = _hidden_dropout(config)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
@@ -293,7 +305,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = _hidden_dropout(config)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)

@@ -57,7 +57,8 @@ PHASES = {1: (128, 20), 2: (512, 80)}  # sequence length, predictions per sequen
 CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {},
            "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"},
            "cudnn": {"unpad": "always", "varlen_kernel": "cudnn_varlen"},
-           "fixed": {"unpad": "always", "unpad_fixed_sizes": 4}, "buffer": {"unpad_fixed_sizes": 1}}
+           "fixed": {"unpad": "always", "unpad_fixed_sizes": 4}, "buffer": {"unpad_fixed_sizes": 1},
+           "bits": {"unpad": "always", "dropout_mask_bits": 1}}
 
 
 # --------------------------------------------------------------------------------------------------------------
