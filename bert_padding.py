@@ -379,9 +379,12 @@ def _attend(qkv: torch.Tensor, info: Unpadded, dropout_p: float, preference: str
     if kernel.name == "cudnn_varlen":
         q, k, v = qkv.unbind(1)  # each [T, N, D]
         # (output, logsumexp, ...): the logsumexp is what its backward (aten::_cudnn_attention_backward) needs
-        return torch.ops.aten._cudnn_attention_forward(q, k, v, None, info.cu_seqlens, info.cu_seqlens,
-                                                       info.max_seqlen, info.max_seqlen, qkv.requires_grad,
-                                                       dropout_p)[0]
+        out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, info.cu_seqlens, info.cu_seqlens,
+                                                      info.max_seqlen, info.max_seqlen, qkv.requires_grad,
+                                                      dropout_p)[0]
+        # cuDNN 9.5 and later read the output gradient with the output's strides, whatever its own are (pytorch
+        # #138354): the failed check of its backward. The gradient reaches the kernel laid out as the output.
+        return GradLaidOutLike.apply(out)
     if kernel.name == "flash_attn":
         from flash_attn import flash_attn_varlen_qkvpacked_func
 
@@ -393,6 +396,22 @@ def _attend(qkv: torch.Tensor, info: Unpadded, dropout_p: float, preference: str
     q, k, v = padded.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, N, S, D]
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=info.key_mask, dropout_p=dropout_p)  # [B, N, S, D]
     return unpad(y.transpose(1, 2), info)  # [B, S, N, D] -> [T, N, D]
+
+
+class GradLaidOutLike(torch.autograd.Function):
+    """The identity, whose backward hands on the gradient with the strides of the forward's tensor (a copy only when
+    they differ): for kernels whose backward assumes the output gradient is laid out as their output."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor) -> torch.Tensor:
+        ctx.stride = out.stride()
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        if grad.stride() == ctx.stride:
+            return grad
+        return torch.empty_strided(grad.shape, ctx.stride, dtype=grad.dtype, device=grad.device).copy_(grad)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -475,3 +475,30 @@ def test_both_paths_match_transformers_on_minilm(minilm_dir, unpad):
     torch.testing.assert_close(sequence_output[real], reference.last_hidden_state[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(pooled_output, reference.pooler_output, atol=1e-5, rtol=0)
     print(f"\nMiniLM unpad={unpad}: max |ours - transformers| {diff:.1e}")
+
+
+def test_the_output_gradient_reaches_a_kernel_laid_out_as_its_output():
+    """cuDNN's attention backward reads the output gradient with the output's strides. Downstream, a reshape of a
+    [T, N, D] output laid out head-major (as a kernel may write it) hands back a row-major gradient; through
+    GradLaidOutLike the producer receives it with its output's strides, and the same values."""
+    seen = {}
+
+    class Producer(torch.autograd.Function):  # stands in for the kernel: an output laid out [N, T, D] in memory
+        @staticmethod
+        def forward(ctx, x):
+            return x.transpose(0, 1).contiguous().transpose(0, 1)  # [T, N, D] values, strides of [N, T, D]
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen["stride"] = grad.stride()
+            return grad
+
+    x = torch.randn(5, 2, 3, requires_grad=True)  # [T, N, D]
+    weight = torch.randn(5, 6)
+    for guard in (False, True):
+        out = Producer.apply(x)
+        y = bert_padding.GradLaidOutLike.apply(out) if guard else out
+        x.grad = None
+        (y.reshape(5, 6) * weight).sum().backward()  # the gradient arrives row-major [T, N * D]
+        assert (seen["stride"] == out.stride()) == guard, (seen["stride"], out.stride())
+        torch.testing.assert_close(x.grad, weight.view(5, 2, 3), rtol=0, atol=0)
