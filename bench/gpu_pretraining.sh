@@ -33,6 +33,8 @@
 #                    against cuBLAS per shape and keeps the faster, with the bias and GELU (forward) and GELU's
 #                    gradient (backward) fused into a winning template's epilogue
 #          bits      unpadded, the hidden dropouts' masks kept in 1 bit an element (dropout_mask_bits 1)
+#          nodrop    unpadded with attention dropout 0 (a user's choice, never a default: it opens the kernels
+#                    without dropout, torch's varlen_attn; what it costs in held-out loss is a study of its own)
 #          hf        transformers' BertForPreTraining (sdpa) on the same shards (python -m bench.gpu_speed hf)
 #   mode   compile | eager
 # Phase 1: sequence 128, BATCH1 rows a step in ACC1 micro-batches; phase 2: 512, BATCH2 / ACC2 (the dgxh100
@@ -53,10 +55,11 @@ D=${1:-.gpu_speed}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
 # The default order puts first what bench/STUDIES.md lists as not yet measured (the static-shape steps under CUDA
-# graphs, GEMM epilogues by autotuning, dropout masks in bits, the packed rows, float8 on the rounded unpadded layout, cuDNN's attention, transformers at phase 2's largest micro-batch, the whole-model compile,
-# attention padded around SDPA), then the eager rows.
+# graphs, GEMM epilogues by autotuning, dropout masks in bits, attention without dropout, the packed rows, float8 on
+# the rounded unpadded layout, cuDNN's attention, transformers at phase 2's largest micro-batch, the whole-model
+# compile, attention padded around SDPA), then the eager rows.
 ROWS=${ROWS:-p1_fixed_compile p1_graph_compile p2_fixed_compile p2_graph_compile p1_autotune_compile \
-p1_bits_compile \
+p1_bits_compile p1_nodrop_compile \
 p2_packed_compile p1_packed_compile p1_fp8_compile p2_fp8_compile p2_cudnn_compile \
 p2_unpadded_compile_m128 p2_hf_compile_m128 p2_unpadded_compile \
 p1_unpadded_compile p1_model_compile p2_sdpa_compile p2_padded_compile p1_padded_compile p1_hf_compile \
@@ -65,7 +68,7 @@ DEADLINE=${DEADLINE:-540}; MIN_ROW_S=${MIN_ROW_S:-45}; ROW_MAX_S=${ROW_MAX_S:-18
 BATCH1=${BATCH1:-1024}; ACC1=${ACC1:-4}; BATCH2=${BATCH2:-128}; ACC2=${ACC2:-2}
 WARMUP=${WARMUP:-3}; PROFILE=${PROFILE:-2}; TIMED=${TIMED:-8}; PRECISION=${PRECISION:-bf16}; WORKERS=${WORKERS:-4}
 for f in vocab.txt config_never.json config_always.json config_auto.json config_sdpa.json config_cudnn.json \
-         config_fixed.json config_buffer.json config_bits.json \
+         config_fixed.json config_buffer.json config_bits.json config_nodrop.json \
          config_never_smoke.json p1_plain p1_packed p2_plain p2_packed; do
   [[ -e "$D/$f" ]] || { echo "gpu_pretraining.sh: error: $D/$f is missing: make $D with python -m bench.gpu_speed prepare --out $D" >&2; exit 1; }
 done
@@ -127,6 +130,7 @@ run_row() {  # name: p<phase>_<path>_<mode>[_m<micro>]; with "smoke": that path 
     graph) shards=packed config=buffer; extra=(--compile_scope model --compile_mode reduce-overhead) ;;
     autotune) config=always; extra=(--compile_mode max-autotune-no-cudagraphs) ;;
     bits) config=bits ;;
+    nodrop) config=nodrop ;;
     cudnn) config=cudnn
       if ! grep -qs '"passed": true' "$OUT/check_cudnn_varlen.json"; then
         echo "skip $name: cudnn_varlen has not passed its check (CHECK=cudnn_varlen) in this call"; return

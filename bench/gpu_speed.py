@@ -58,7 +58,8 @@ CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {
            "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"},
            "cudnn": {"unpad": "always", "varlen_kernel": "cudnn_varlen"},
            "fixed": {"unpad": "always", "unpad_fixed_sizes": 4}, "buffer": {"unpad_fixed_sizes": 1},
-           "bits": {"unpad": "always", "dropout_mask_bits": 1}}
+           "bits": {"unpad": "always", "dropout_mask_bits": 1},
+           "nodrop": {"unpad": "always", "attention_probs_dropout_prob": 0.0}}
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from modeling import BertConfig
 REPO = Path(__file__).resolve().parents[1]
 ROWS = ("p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager "
         "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager p1_autotune_eager "
-        "p1_bits_eager p2_padded_eager_m3")  # m3: no micro-batch of 3 divides 4
+        "p1_bits_eager p1_nodrop_eager p2_padded_eager_m3")  # m3: no micro-batch of 3 divides 4
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +55,11 @@ def test_prepare_writes_both_phases_plain_and_packed_and_every_config(speed_data
     assert "unpad" not in configs["auto"] and configs["sdpa"]["varlen_kernel"] == "padded_sdpa"
     assert configs["cudnn"]["varlen_kernel"] == "cudnn_varlen" and configs["cudnn"]["unpad"] == "always"
     assert configs["fixed"]["unpad_fixed_sizes"] == 4 and configs["buffer"]["unpad_fixed_sizes"] == 1
-    assert configs["bits"]["dropout_mask_bits"] == 1
-    for name in ("sdpa", "cudnn", "fixed", "buffer", "bits"):
-        speed = ("unpad", "varlen_kernel", "unpad_fixed_sizes", "dropout_mask_bits")
-        assert {k: v for k, v in configs[name].items() if k not in speed} == configs["auto"]
+    assert configs["bits"]["dropout_mask_bits"] == 1 and configs["nodrop"]["attention_probs_dropout_prob"] == 0
+    for name in ("sdpa", "cudnn", "fixed", "buffer", "bits", "nodrop"):
+        speed = ("unpad", "varlen_kernel", "unpad_fixed_sizes", "dropout_mask_bits", "attention_probs_dropout_prob")
+        assert {k: v for k, v in configs[name].items() if k not in speed} == {
+            k: v for k, v in configs["auto"].items() if k not in speed}
 
 
 def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
