@@ -125,7 +125,7 @@ def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor 
         return None
     info = unpad_info(attention_mask, packed)._replace(key_mask=None)  # the mask is derived on the device
     if fixed_sizes:
-        info = fixed_rows(info, fixed_sizes, multiple, sequence_slots(attention_mask, sequence_starts))
+        info = fixed_rows(info, fixed_sizes, multiple, sequence_slots(attention_mask, packed))
     return info
 
 
@@ -135,17 +135,22 @@ def round_rows(info: Unpadded, multiple: int) -> Unpadded:
     the inner dimension of the weight gradient); the extra rows stay out of attention and out of pad()."""
     if multiple <= 1 or info.fixed:
         return info
-    return info._replace(rows=-(-info.tokens // multiple) * multiple)
+    return info._replace(rows=round_up(info.tokens, multiple))
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The least multiple of `multiple` that is at least n."""
+    return -(-n // multiple) * multiple
 
 
 MAX_FIXED_SIZES = 8
 """fixed_rows' most sizes: each is a graph of every compiled region, and torch.compile keeps 8 a region by default."""
 
 
-def sequence_slots(attention_mask: torch.Tensor, sequence_starts: torch.Tensor | None) -> int:
+def sequence_slots(attention_mask: torch.Tensor, packed: Packed | None) -> int:
     """How many sequences a [B, S] batch can hold: B, or B * K with K packed slots a row (cu_seqlens' fixed size
     minus one in fixed_rows' layout)."""
-    return attention_mask.shape[0] * (1 if sequence_starts is None else sequence_starts.shape[1])
+    return attention_mask.shape[0] * (1 if packed is None else packed.lengths.shape[1])
 
 
 def fixed_rows(info: Unpadded, sizes: int, multiple: int = 1, sequences: int | None = None) -> Unpadded:
@@ -162,9 +167,9 @@ def fixed_rows(info: Unpadded, sizes: int, multiple: int = 1, sequences: int | N
     if sizes < 1:
         raise ValueError(f"fixed_rows needs at least one size, got {sizes}")
     total = info.batch * info.seqlen  # B * S: every position of the batch, and the sentinel's index
-    step = -(-(-(-total // sizes)) // multiple) * multiple  # ceil(B*S / sizes), rounded up to `multiple`
+    step = round_up(round_up(total, sizes) // sizes, multiple)  # ceil(B*S / sizes), rounded up to `multiple`
     T = info.tokens
-    rows = max(1, -(-T // step)) * step  # R
+    rows = max(step, round_up(T, step))  # R
     indices = torch.cat([info.indices, info.indices.new_full((rows - T,), total)])  # [R]
     sequences = info.batch if sequences is None else sequences
     cu = info.cu_seqlens  # [used sequences + 1]

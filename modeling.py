@@ -423,7 +423,7 @@ class BertModel(nn.Module):
         else:
             return None  # no padding: the plain path
         if self.config.unpad_fixed_sizes:
-            slots = sequence_slots(attention_mask, None if packed is None else packed.lengths)  # B, or B * K
+            slots = sequence_slots(attention_mask, packed)  # B, or B * K
             return fixed_rows(info, self.config.unpad_fixed_sizes, self.config.unpad_token_multiple, slots)
         return round_rows(info, self.config.unpad_token_multiple)
 
