@@ -75,8 +75,8 @@ from optimization import make_optimizer, param_groups_for_bert
 from schedulers import get_scheduler
 
 # ---------------------------------------------------------------------------------------------------------------
-# Flags: one per field of pretraining_config's sections, --help grouped by section, help from the docstrings
-# (flags.build_parser); the rules between flags are PretrainConfig.rules
+# Flags: one per field of the sections in bert_recipe/pretraining/config.py, --help grouped by section, help from
+# the docstrings (flags.build_parser); the rules between flags are PretrainConfig.rules
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -165,7 +165,7 @@ def text_model_config(name: str, args: argparse.Namespace) -> str:
 
 
 def interpreter_paths() -> list[str]:
-    """Where this interpreter finds its packages, then the repository root (modeling.py, processors/, ...):
+    """Where this interpreter finds its packages, then the repository root (modeling.py, bert_recipe/, ...):
     the Python-backend stub adds these to its own sys.path (see backend/onnx_model.py)."""
     paths = list(site.getsitepackages()) + [sysconfig.get_paths()["purelib"], str(REPO_ROOT)]
     return list(dict.fromkeys(p for p in paths if Path(p).is_dir()))

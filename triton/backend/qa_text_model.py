@@ -33,7 +33,7 @@ from pathlib import Path
 
 
 def _extend_sys_path() -> None:
-    """The stub's interpreter does not see the virtual environment nor the project (processors/, tokenization.py):
+    """The stub's interpreter does not see the virtual environment nor the project (bert_recipe/, tokenization.py):
     add the paths model_repository.py wrote to sys_path.json, and BERT_TRITON_SYS_PATH (os.pathsep-separated)."""
     paths = [p for p in os.environ.get("BERT_TRITON_SYS_PATH", "").split(os.pathsep) if p]
     listed = Path(__file__).with_name("sys_path.json")
