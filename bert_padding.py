@@ -31,6 +31,7 @@ padded encoder) get the equivalent block-diagonal [B, 1, S, S] mask instead of t
 Notation as in modeling.py: B batch, S sequence length, T real tokens of the batch, N heads, D head size,
 K packed sequences a row (slots; unused slots allowed).
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 class Unpadded(NamedTuple):
     """Where the real tokens of a [B, S] batch are; passed to every layer in place of the attention mask."""
+
     indices: torch.Tensor  # [T] int64 flat (row-major) positions of the real tokens in [B * S]
     cu_seqlens: torch.Tensor  # [B + 1] int32 offsets: sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1] of [T, ...]
     # (packed rows: [number of packed sequences + 1], one entry per sequence, not per row)
@@ -80,8 +82,12 @@ class Unpadded(NamedTuple):
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Unpadded":
         """The same description with its tensors on `device` (the lengths stay Python ints)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return self._replace(indices=move(self.indices), cu_seqlens=move(self.cu_seqlens),
-                             key_mask=move(self.key_mask), real=move(self.real))
+        return self._replace(
+            indices=move(self.indices),
+            cu_seqlens=move(self.cu_seqlens),
+            key_mask=move(self.key_mask),
+            real=move(self.real),
+        )
 
 
 def has_padding(attention_mask: torch.Tensor | None) -> bool:
@@ -112,8 +118,9 @@ def unpad_info(attention_mask: torch.Tensor, packed: Packed | None = None) -> Un
     return Unpadded(indices, cu_seqlens, int(lengths.max()), B, S, key_mask)
 
 
-def host_unpad_info(attention_mask: torch.Tensor, sequence_starts: torch.Tensor | None = None,
-                    fixed_sizes: int = 0, multiple: int = 1) -> Unpadded | None:
+def host_unpad_info(
+    attention_mask: torch.Tensor, sequence_starts: torch.Tensor | None = None, fixed_sizes: int = 0, multiple: int = 1
+) -> Unpadded | None:
     """unpad_info of a micro-batch while it is still on the host, or None when it has no padding and is not packed.
     fixed_sizes > 0: already in fixed_rows' static layout (with `multiple`), so a whole-model graph can take it.
 
@@ -197,7 +204,7 @@ def pad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
         x = torch.where(info.real.view(-1, *[1] * (x.dim() - 1)), x, 0)  # [R, ...]
         out = x.new_zeros(total + 1, *x.shape[1:]).index_copy(0, info.indices, x)[:total]  # [B * S, ...]
         return out.view(info.batch, info.seqlen, *x.shape[1:])  # [B, S, ...]
-    x = x[:info.tokens] if info.rows else x  # [T, ...]: round_rows' extra rows are nobody's
+    x = x[: info.tokens] if info.rows else x  # [T, ...]: round_rows' extra rows are nobody's
     out = x.new_zeros(total, *x.shape[1:]).index_copy(0, info.indices, x)  # [B * S, ...]
     return out.view(info.batch, info.seqlen, *x.shape[1:])  # [B, S, ...]
 
@@ -209,6 +216,7 @@ def pad(x: torch.Tensor, info: Unpadded) -> torch.Tensor:
 class Packed(NamedTuple):
     """Where the packed sequences of a [B, S] batch are. Static shapes (no host sync): the padded path can use it
     under torch.compile."""
+
     sequence_index: torch.Tensor  # [B, S] int64: k at a token of the row's k-th sequence, -1 at padding
     position_ids: torch.Tensor  # [B, S] int64: the token's position within its own sequence (0 at padding)
     block_mask: torch.Tensor | None  # [B, 1, S, S] bool: True where query and key are in the same sequence;
@@ -226,8 +234,10 @@ def packed_layout(attention_mask: torch.Tensor, sequence_starts: torch.Tensor, b
     a later slot at position 0 is unused (the convention of masked_lm_positions: nothing else can start at 0).
     A sequence runs from its start to the next used start (or the row's end); padding is wherever the mask is 0."""
     if attention_mask.dim() != 2 or sequence_starts.dim() != 2 or sequence_starts.shape[0] != attention_mask.shape[0]:
-        raise ValueError(f"packing needs attention_mask [batch, seq] and sequence starts [batch, K], got shapes "
-                         f"{tuple(attention_mask.shape)} and {tuple(sequence_starts.shape)}")
+        raise ValueError(
+            f"packing needs attention_mask [batch, seq] and sequence starts [batch, K], got shapes "
+            f"{tuple(attention_mask.shape)} and {tuple(sequence_starts.shape)}"
+        )
     mask = attention_mask.bool()  # [B, S]
     B, S = mask.shape
     starts = sequence_starts.long()  # [B, K]
@@ -276,8 +286,12 @@ def _constant_under_compile(fn):
 
 def _cudnn_attention_available() -> bool:
     """cuDNN's fused attention (aten::_cudnn_attention_forward) in this torch, with cuDNN on an sm80+ GPU."""
-    return (hasattr(torch.ops.aten, "_cudnn_attention_forward") and torch.cuda.is_available()
-            and torch.backends.cudnn.is_available() and torch.cuda.get_device_capability() >= (8, 0))
+    return (
+        hasattr(torch.ops.aten, "_cudnn_attention_forward")
+        and torch.cuda.is_available()
+        and torch.backends.cudnn.is_available()
+        and torch.cuda.get_device_capability() >= (8, 0)
+    )
 
 
 def _torch_flash_available() -> bool:
@@ -306,15 +320,20 @@ def _choose_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, prefe
     if preference not in KERNELS:
         raise ValueError(f"varlen_kernel {preference!r} is not one of {('auto',) + KERNELS}")
     cuda_half = device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-    usable = {"padded_sdpa": True,
-              "varlen_attn": cuda_half and dropout_p == 0.0 and _importable("torch.nn.attention.varlen"),
-              "flash_varlen": cuda_half and _torch_flash_available(),
-              "flash_attn": cuda_half and _importable("flash_attn"),
-              "cudnn_varlen": cuda_half and _cudnn_attention_available()}[preference]
+    usable = {
+        "padded_sdpa": True,
+        "varlen_attn": cuda_half and dropout_p == 0.0 and _importable("torch.nn.attention.varlen"),
+        "flash_varlen": cuda_half and _torch_flash_available(),
+        "flash_attn": cuda_half and _importable("flash_attn"),
+        "cudnn_varlen": cuda_half and _cudnn_attention_available(),
+    }[preference]
     if usable:
         return Kernel(preference, "asked for by the config's varlen_kernel")
-    return Kernel(auto.name, f"the config asks for {preference}, which cannot run here ({device_type} {dtype}, "
-                             f"attention dropout {dropout_p}); {auto.reason}")
+    return Kernel(
+        auto.name,
+        f"the config asks for {preference}, which cannot run here ({device_type} {dtype}, "
+        f"attention dropout {dropout_p}); {auto.reason}",
+    )
 
 
 choose_kernel.cache_clear = _choose_kernel.cache_clear  # for tests that change what is importable
@@ -323,22 +342,35 @@ choose_kernel.cache_clear = _choose_kernel.cache_clear  # for tests that change 
 def _auto_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> Kernel:
     half = dtype in (torch.float16, torch.bfloat16)
     if device_type != "cuda":
-        return Kernel("padded_sdpa", f"{device_type}: the varlen kernels are CUDA-only, so attention pads around "
-                                     f"one SDPA call and every other op runs on the real tokens")
+        return Kernel(
+            "padded_sdpa",
+            f"{device_type}: the varlen kernels are CUDA-only, so attention pads around "
+            f"one SDPA call and every other op runs on the real tokens",
+        )
     if not half:
         return Kernel("padded_sdpa", f"cuda {dtype}: the varlen kernels need fp16/bf16")
     if dropout_p == 0.0 and _importable("torch.nn.attention.varlen"):
-        return Kernel("varlen_attn", "cuda, attention dropout 0 (config or eval): torch's varlen_attn, which has no "
-                                     "dropout")
+        return Kernel(
+            "varlen_attn", "cuda, attention dropout 0 (config or eval): torch's varlen_attn, which has no dropout"
+        )
     if _torch_flash_available():
-        return Kernel("flash_varlen", f"cuda, attention dropout {dropout_p}: torch's FlashAttention-2 varlen kernel "
-                                      f"(aten::_flash_attention_forward), which applies it")
+        return Kernel(
+            "flash_varlen",
+            f"cuda, attention dropout {dropout_p}: torch's FlashAttention-2 varlen kernel "
+            f"(aten::_flash_attention_forward), which applies it",
+        )
     if _importable("flash_attn"):
-        return Kernel("flash_attn", f"cuda, attention dropout {dropout_p}: flash_attn's varlen kernel applies it "
-                                    f"(torch's varlen_attn has no dropout)")
-    return Kernel("padded_sdpa", f"cuda, attention dropout {dropout_p}: no FlashAttention varlen kernel with dropout "
-                                 f"here (torch's needs sm80+, flash_attn is not installed), so attention pads "
-                                 f"around SDPA, which applies it")
+        return Kernel(
+            "flash_attn",
+            f"cuda, attention dropout {dropout_p}: flash_attn's varlen kernel applies it "
+            f"(torch's varlen_attn has no dropout)",
+        )
+    return Kernel(
+        "padded_sdpa",
+        f"cuda, attention dropout {dropout_p}: no FlashAttention varlen kernel with dropout "
+        f"here (torch's needs sm80+, flash_attn is not installed), so attention pads "
+        f"around SDPA, which applies it",
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -360,7 +392,7 @@ def varlen_attention(qkv: torch.Tensor, info: Unpadded, dropout_p: float, prefer
         qkv = torch.where(real[:, None], qkv, 0)  # [R, 3, N, D]; backward: zero gradient at the extra rows
         return torch.where(real, _attend(qkv, info, dropout_p, preference), 0)  # [R, N, D]
     if info.rows:
-        y = _attend(qkv[:info.tokens], info._replace(rows=0), dropout_p, preference)  # [T, N, D]
+        y = _attend(qkv[: info.tokens], info._replace(rows=0), dropout_p, preference)  # [T, N, D]
         return torch.cat([y, y.new_zeros(info.rows - info.tokens, *y.shape[1:])])  # [rows, N, D]
     return _attend(qkv, info, dropout_p, preference)
 
@@ -379,14 +411,24 @@ def _attend(qkv: torch.Tensor, info: Unpadded, dropout_p: float, preference: str
         q, k, v = qkv.unbind(1)  # each [T, N, D], the head dimension contiguous as the kernel needs
         # (output, logsumexp, rng state, unused, debug mask); autograd runs aten::_flash_attention_backward with
         # the same dropout mask (the rng state), and inductor calls the op as it is (a fallback kernel).
-        return torch.ops.aten._flash_attention_forward(q, k, v, info.cu_seqlens, info.cu_seqlens, info.max_seqlen,
-                                                       info.max_seqlen, dropout_p, False, False)[0]
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, info.cu_seqlens, info.cu_seqlens, info.max_seqlen, info.max_seqlen, dropout_p, False, False
+        )[0]
     if kernel.name == "cudnn_varlen":
         q, k, v = qkv.unbind(1)  # each [T, N, D]
         # (output, logsumexp, ...): the logsumexp is what its backward (aten::_cudnn_attention_backward) needs
-        out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, info.cu_seqlens, info.cu_seqlens,
-                                                      info.max_seqlen, info.max_seqlen, qkv.requires_grad,
-                                                      dropout_p)[0]
+        out = torch.ops.aten._cudnn_attention_forward(
+            q,
+            k,
+            v,
+            None,
+            info.cu_seqlens,
+            info.cu_seqlens,
+            info.max_seqlen,
+            info.max_seqlen,
+            qkv.requires_grad,
+            dropout_p,
+        )[0]
         # cuDNN 9.5 and later read the output gradient with the output's strides, whatever its own are (pytorch
         # #138354): the failed check of its backward. The gradient reaches the kernel laid out as the output.
         return GradLaidOutLike.apply(out)
@@ -446,7 +488,7 @@ def unpack_bits(packed: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """pack_bits' inverse: [ceil(n / 8)] uint8 -> the bool tensor of `shape`."""
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
     bits = (packed[:, None] >> shifts) & 1  # [n / 8, 8]
-    return bits.reshape(-1)[:shape.numel()].view(shape).bool()
+    return bits.reshape(-1)[: shape.numel()].view(shape).bool()
 
 
 class _BitMaskDropoutFn(torch.autograd.Function):

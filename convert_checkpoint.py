@@ -8,6 +8,7 @@ Inputs: a Hugging Face directory, a ckpt_<step>.pt of run_pretraining.py / run_s
 DeepLearningExamples checkpoint, or a plain state-dict file (with --config_file). Weights are read without
 executing pickled code; keys that fit nowhere are an error, never silently dropped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,18 @@ MODELS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="convert_checkpoint.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="convert_checkpoint.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--input", required=True, help="checkpoint: HF directory, .pt, .bin or .safetensors")
     p.add_argument("--output", required=True, help="output directory (--format hf) or .pt file (--format nvidia)")
     p.add_argument("--format", choices=("hf", "nvidia"), default="hf", help="what to write (default: hf)")
-    p.add_argument("--model", choices=sorted(MODELS), default="pretraining",
-                   help="which model the checkpoint holds (default: pretraining)")
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="pretraining",
+        help="which model the checkpoint holds (default: pretraining)",
+    )
     p.add_argument("--num_labels", type=int, default=2, help="classifier outputs, with --model classification")
     p.add_argument("--config_file", default=None, help="bert_config.json, when none sits in or beside the input")
     p.add_argument("--vocab_file", default=None, help="vocab.txt to copy into a Hugging Face directory")
@@ -45,8 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> None:
     """Every input and the output checked before the checkpoint is read (one-line InputError each)."""
     if not Path(args.input).exists():
-        raise InputError(f"--input {args.input} not found: give a checkpoint (.pt, .bin, .safetensors or a Hugging "
-                         "Face folder)")
+        raise InputError(
+            f"--input {args.input} not found: give a checkpoint (.pt, .bin, .safetensors or a Hugging Face folder)"
+        )
     for flag, value in (("--config_file", args.config_file), ("--vocab_file", args.vocab_file)):
         if value is not None and not Path(value).is_file():
             raise InputError(f"{flag} {value} {'is a folder' if Path(value).is_dir() else 'not found'}: name the file")

@@ -29,6 +29,7 @@ Example:
         --vocab_file vocab.txt --do_lower_case --max_seq_length 128 --max_predictions_per_seq 20 \\
         --masked_lm_prob 0.15 --short_seq_prob 0.1 --dupe_factor 5 --random_seed 12345 --num_workers 8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,9 @@ def resolve_inputs(spec: str) -> list[str]:
         elif any(c in part for c in "*?[") and glob.glob(part):
             files.extend(sorted(p for p in glob.glob(part) if os.path.isfile(p)))
         else:
-            raise InputError(f"--input_file {part} does not exist (a text file, a folder of .txt files, or a "
-                             "comma-separated list)")
+            raise InputError(
+                f"--input_file {part} does not exist (a text file, a folder of .txt files, or a comma-separated list)"
+            )
     if not files:
         raise InputError("--input_file names no files")
     for path in files:
@@ -81,45 +83,79 @@ def _check_text(path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="create_pretraining_data.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input_file", required=True,
-                   help="a text file, a folder of .txt files, or a comma-separated list (one sentence per line, "
-                        "blank line between documents)")
+    p = argparse.ArgumentParser(
+        prog="create_pretraining_data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--input_file",
+        required=True,
+        help="a text file, a folder of .txt files, or a comma-separated list (one sentence per line, "
+        "blank line between documents)",
+    )
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--output_file", help="one HDF5 file from all inputs together")
     out.add_argument("--output_dir", help="one <stem>.hdf5 per input file, shard i with seed random_seed + i")
     p.add_argument("--vocab_file", required=True, help="BERT vocab.txt")
-    p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,
-                   help="lower-case and strip accents (uncased vocabularies; the default, as in Google's and "
-                        "NVIDIA's scripts); --no-do_lower_case / --no_do_lower_case for cased ones")
+    p.add_argument(
+        "--do_lower_case",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="lower-case and strip accents (uncased vocabularies; the default, as in Google's and "
+        "NVIDIA's scripts); --no-do_lower_case / --no_do_lower_case for cased ones",
+    )
     p.add_argument("--no_do_lower_case", dest="do_lower_case", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--max_predictions_per_seq", type=int, default=20)
     p.add_argument("--masked_lm_prob", type=float, default=0.15)
     p.add_argument("--short_seq_prob", type=float, default=0.1)
     p.add_argument("--dupe_factor", type=int, default=10, help="passes over the data, each with new masks/pairs")
-    p.add_argument("--random_seed", type=int, default=12345,
-                   help="master seed: the same seed gives identical arrays for any --num_workers")
-    p.add_argument("--num_workers", type=int, default=len(os.sched_getaffinity(0)),
-                   help="worker processes (default: the CPUs available); 1 runs in this process")
+    p.add_argument(
+        "--random_seed",
+        type=int,
+        default=12345,
+        help="master seed: the same seed gives identical arrays for any --num_workers",
+    )
+    p.add_argument(
+        "--num_workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="worker processes (default: the CPUs available); 1 runs in this process",
+    )
     p.add_argument("--do_whole_word_mask", action="store_true", help="mask whole words (all their ## pieces)")
-    p.add_argument("--no_static_masking", action="store_true",
-                   help="write unmasked input_ids and all-zero masked_lm_positions/ids (attribute masking="
-                        "'dynamic') for a loader that masks per epoch with dynamic_mask()")
-    p.add_argument("--pack_sequences", type=int, default=0, metavar="K",
-                   help="sequence packing: put up to K (>= 2) instances into each row of max_seq_length, first-fit-"
-                        "decreasing over windows of 8,192 shuffled instances; adds next_sentence_positions [N,K] "
-                        "int32, makes next_sentence_labels [N,K] int8 (-1: unused slot) and masked_lm_* [N,P_row] "
-                        "(P_row = min(K*P, floor(S*masked_lm_prob) + K)); run_pretraining.py detects packed shards "
-                        "(default 0: one instance a row)")
+    p.add_argument(
+        "--no_static_masking",
+        action="store_true",
+        help="write unmasked input_ids and all-zero masked_lm_positions/ids (attribute masking="
+        "'dynamic') for a loader that masks per epoch with dynamic_mask()",
+    )
+    p.add_argument(
+        "--pack_sequences",
+        type=int,
+        default=0,
+        metavar="K",
+        help="sequence packing: put up to K (>= 2) instances into each row of max_seq_length, first-fit-"
+        "decreasing over windows of 8,192 shuffled instances; adds next_sentence_positions [N,K] "
+        "int32, makes next_sentence_labels [N,K] int8 (-1: unused slot) and masked_lm_* [N,P_row] "
+        "(P_row = min(K*P, floor(S*masked_lm_prob) + K)); run_pretraining.py detects packed shards "
+        "(default 0: one instance a row)",
+    )
     p.add_argument("--compression", choices=("gzip", "none"), default="gzip", help="HDF5 compression (NVIDIA: gzip)")
-    p.add_argument("--gzip_level", type=int, default=1, choices=range(1, 10), metavar="{1..9}",
-                   help="zlib level (default 1: with the shuffle filter, smaller than NVIDIA's level-4 files and "
-                        "twice as fast to write)")
-    p.add_argument("--mp_start_method", choices=("auto", "spawn", "forkserver", "fork"), default="auto",
-                   help="how worker processes start; auto: fork on Linux when this process runs no other thread "
-                        "(cheap), else spawn (safe everywhere)")
+    p.add_argument(
+        "--gzip_level",
+        type=int,
+        default=1,
+        choices=range(1, 10),
+        metavar="{1..9}",
+        help="zlib level (default 1: with the shuffle filter, smaller than NVIDIA's level-4 files and "
+        "twice as fast to write)",
+    )
+    p.add_argument(
+        "--mp_start_method",
+        choices=("auto", "spawn", "forkserver", "fork"),
+        default="auto",
+        help="how worker processes start; auto: fork on Linux when this process runs no other thread "
+        "(cheap), else spawn (safe everywhere)",
+    )
     p.add_argument("--no_progress", action="store_true", help="no tqdm progress bars")
     add_debug_argument(p)
     return p
@@ -135,8 +171,10 @@ def _check_args(args) -> None:
         (args.dupe_factor < 1, f"--dupe_factor {args.dupe_factor} must be at least 1"),
         (args.random_seed < 0, f"--random_seed {args.random_seed} must be a non-negative integer"),
         (args.num_workers < 1, f"--num_workers {args.num_workers} must be at least 1"),
-        (args.pack_sequences == 1 or args.pack_sequences < 0,
-         f"--pack_sequences {args.pack_sequences} must be 0 (no packing) or at least 2 (sequences a row)"),
+        (
+            args.pack_sequences == 1 or args.pack_sequences < 0,
+            f"--pack_sequences {args.pack_sequences} must be 0 (no packing) or at least 2 (sequences a row)",
+        ),
         (os.path.isdir(args.vocab_file), f"--vocab_file {args.vocab_file} is a folder: name the vocab.txt in it"),
         (not os.path.exists(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist: give a BERT vocab.txt"),
     ]
@@ -166,11 +204,20 @@ def _main(argv: Sequence[str] | None) -> int:
         raise InputError(f"--vocab_file {args.vocab_file} lacks {missing}: is it a BERT vocab.txt?")
     vocab_size = max(vocab.values()) + 1  # ids are line numbers of the vocabulary file
     cfg = writer.InstanceConfig(
-        max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
-        masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
-        random_seed=args.random_seed, do_whole_word_mask=args.do_whole_word_mask,
-        static_masking=not args.no_static_masking, pack_sequences=args.pack_sequences, vocab_size=vocab_size,
-        cls_id=vocab["[CLS]"], sep_id=vocab["[SEP]"], mask_id=vocab["[MASK]"])
+        max_seq_length=args.max_seq_length,
+        max_predictions_per_seq=args.max_predictions_per_seq,
+        masked_lm_prob=args.masked_lm_prob,
+        short_seq_prob=args.short_seq_prob,
+        dupe_factor=args.dupe_factor,
+        random_seed=args.random_seed,
+        do_whole_word_mask=args.do_whole_word_mask,
+        static_masking=not args.no_static_masking,
+        pack_sequences=args.pack_sequences,
+        vocab_size=vocab_size,
+        cls_id=vocab["[CLS]"],
+        sep_id=vocab["[SEP]"],
+        mask_id=vocab["[MASK]"],
+    )
     is_subword = None  # "##" pieces by id, for whole-word masking
     if args.do_whole_word_mask:
         is_subword = np.zeros(vocab_size, dtype=bool)
@@ -178,23 +225,47 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.output_file:
         jobs = [(files, Path(args.output_file), cfg)]
     else:
-        jobs = [([f], Path(args.output_dir) / f"{Path(f).stem}.hdf5",
-                 dataclasses.replace(cfg, random_seed=cfg.random_seed + i)) for i, f in enumerate(files)]
+        jobs = [
+            (
+                [f],
+                Path(args.output_dir) / f"{Path(f).stem}.hdf5",
+                dataclasses.replace(cfg, random_seed=cfg.random_seed + i),
+            )
+            for i, f in enumerate(files)
+        ]
     if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise InputError(f"--output_dir {args.output_dir} is a file: name a folder for the shards")
     for _, output, _ in jobs:  # before the work, not at the final rename
         check_output_path(output, "--output_file" if args.output_file else "--output_dir")
-    writing = writer.ShardWriting(compression=None if args.compression == "none" else args.compression,
-                                  gzip_level=args.gzip_level, threads=args.num_workers)
+    writing = writer.ShardWriting(
+        compression=None if args.compression == "none" else args.compression,
+        gzip_level=args.gzip_level,
+        threads=args.num_workers,
+    )
     start = time.time()
     summaries = []
     with writer.worker_pool(args.num_workers, args.vocab_file, args.do_lower_case, args.mp_start_method) as pool:
         for k, (inputs, output, job_cfg) in enumerate(jobs):
-            summaries.append(writer.process_corpus(inputs, output, job_cfg, pool, not args.no_progress,
-                                                   f"[{k + 1}/{len(jobs)}] {output.name}", is_subword, writing))
-    total = {"instances": sum(s["instances"] for s in summaries), "tokens": sum(s["tokens"] for s in summaries),
-             "documents": sum(s["documents"] for s in summaries), "outputs": len(summaries),
-             "num_workers": args.num_workers, "seconds": round(time.time() - start, 3)}
+            summaries.append(
+                writer.process_corpus(
+                    inputs,
+                    output,
+                    job_cfg,
+                    pool,
+                    not args.no_progress,
+                    f"[{k + 1}/{len(jobs)}] {output.name}",
+                    is_subword,
+                    writing,
+                )
+            )
+    total = {
+        "instances": sum(s["instances"] for s in summaries),
+        "tokens": sum(s["tokens"] for s in summaries),
+        "documents": sum(s["documents"] for s in summaries),
+        "outputs": len(summaries),
+        "num_workers": args.num_workers,
+        "seconds": round(time.time() - start, 3),
+    }
     if args.pack_sequences:
         total["packed_rows"] = sum(s["packed_rows"] for s in summaries)
     if len(summaries) == 1:

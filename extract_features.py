@@ -22,6 +22,7 @@ Outputs (the format from --format, else from the --output_file suffix: .jsonl/.j
   hdf5   the same datasets in an HDF5 file, written batch by batch (memory stays flat)
 Every format is written to a temporary file and renamed when complete.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,26 +53,44 @@ _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="extract_features.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="extract_features.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     g = p.add_argument_group("input and output")
     g.add_argument("--input_file", required=True, help="one text a line; 'A ||| B' for a pair")
     g.add_argument("--output_file", required=True, help="features.jsonl, features.npz or features.h5")
-    g.add_argument("--format", choices=("auto", "jsonl", "npz", "hdf5"), default="auto",
-                   help="auto: from the --output_file suffix")
-    g.add_argument("--layers", default="-1,-2,-3,-4",
-                   help="comma-separated layer indices (Google's: -1 is the last encoder layer, 0 the first)")
+    g.add_argument(
+        "--format", choices=("auto", "jsonl", "npz", "hdf5"), default="auto", help="auto: from the --output_file suffix"
+    )
+    g.add_argument(
+        "--layers",
+        default="-1,-2,-3,-4",
+        help="comma-separated layer indices (Google's: -1 is the last encoder layer, 0 the first)",
+    )
     g.add_argument("--decimals", type=int, default=6, help="jsonl: round values to N decimals (-1: no rounding)")
     g.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="npz/hdf5: the features' type")
 
     g = p.add_argument_group("model")
-    g.add_argument("--init_checkpoint", required=True,
-                   help="ckpt_<step>.pt, an NVIDIA .pt, a fine-tuned model.pt, or a Hugging Face directory")
-    g.add_argument("--config_file", "--bert_config_file", default=None,
-                   help="bert_config.json; default: the config inside or beside --init_checkpoint")
+    g.add_argument(
+        "--init_checkpoint",
+        required=True,
+        help="ckpt_<step>.pt, an NVIDIA .pt, a fine-tuned model.pt, or a Hugging Face directory",
+    )
+    g.add_argument(
+        "--config_file",
+        "--bert_config_file",
+        default=None,
+        help="bert_config.json; default: the config inside or beside --init_checkpoint",
+    )
     g.add_argument("--vocab_file", default=None, help="vocab.txt; default: vocab.txt in or beside the checkpoint")
-    g.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None,
-                   help="lower-case the input; default: yes when the vocabulary has no capital letters")
+    g.add_argument(
+        "--do_lower_case",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lower-case the input; default: yes when the vocabulary has no capital letters",
+    )
     g.add_argument("--max_seq_length", type=int, default=128, help="tokens per line, [CLS] and [SEP] included")
 
     predict.add_runtime_arguments(p, 32, "lines per forward pass", "no tqdm bar")
@@ -88,8 +107,10 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
         raise cli.InputError("--layers is empty: give indices such as -1,-2,-3,-4")
     bad = [i for i in layers if not -num_layers <= i < num_layers]
     if bad:
-        raise cli.InputError(f"--layers {bad} out of range for a {num_layers}-layer model: use {-num_layers}.."
-                               f"{num_layers - 1} (-1 is the last layer)")
+        raise cli.InputError(
+            f"--layers {bad} out of range for a {num_layers}-layer model: use {-num_layers}.."
+            f"{num_layers - 1} (-1 is the last layer)"
+        )
     return layers
 
 
@@ -110,8 +131,10 @@ def output_format(args) -> str:
         return args.format
     suffix = Path(args.output_file).suffix.lower()
     if suffix not in FORMATS:
-        raise cli.InputError(f"--output_file {args.output_file}: cannot tell the format from "
-                               f"{suffix or 'no suffix'!r}; use {', '.join(FORMATS)} or --format")
+        raise cli.InputError(
+            f"--output_file {args.output_file}: cannot tell the format from "
+            f"{suffix or 'no suffix'!r}; use {', '.join(FORMATS)} or --format"
+        )
     return FORMATS[suffix]
 
 
@@ -135,14 +158,16 @@ def read_lines(path: str | Path) -> list[dict]:
             raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), data.index(b"\0") + 1, "NUL byte")
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise cli.InputError(f"--input_file {path} is not UTF-8 text (byte {e.start}): give UTF-8 text, one text a "
-                               "line") from None
+        raise cli.InputError(
+            f"--input_file {path} is not UTF-8 text (byte {e.start}): give UTF-8 text, one text a line"
+        ) from None
     items = []
     for line in io.StringIO(text, newline=None):  # universal newlines, as reading the file in text mode
         line = line.strip()
         match = _PAIR.match(line)
-        items.append({"text_a": match.group(1), "text_b": match.group(2)} if match
-                     else {"text_a": line, "text_b": None})
+        items.append(
+            {"text_a": match.group(1), "text_b": match.group(2)} if match else {"text_a": line, "text_b": None}
+        )
     return items
 
 
@@ -159,9 +184,13 @@ class JsonlWriter:
         if self.decimals >= 0:
             values = values.round(self.decimals) + 0.0  # + 0.0 turns the -0.0 of rounding into 0.0
         values = values.tolist()
-        record = {"linex_index": index, "features": [
-            {"token": token, "layers": [{"index": layer, "values": row[k]} for k, layer in enumerate(self.layers)]}
-            for token, row in zip(tokens, values)]}
+        record = {
+            "linex_index": index,
+            "features": [
+                {"token": token, "layers": [{"index": layer, "values": row[k]} for k, layer in enumerate(self.layers)]}
+                for token, row in zip(tokens, values)
+            ],
+        }
         self.f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
@@ -185,9 +214,15 @@ class ArrayWriter:
     def close(self) -> None:
         offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum(self.lengths)
-        np.savez(self.f, features=np.concatenate(self.features), offsets=offsets, token_ids=np.concatenate(self.ids),
-                 token_type_ids=np.concatenate(self.types), tokens=np.array(self.tokens, dtype=str),
-                 layers=np.array(self.layers, dtype=np.int64))
+        np.savez(
+            self.f,
+            features=np.concatenate(self.features),
+            offsets=offsets,
+            token_ids=np.concatenate(self.ids),
+            token_type_ids=np.concatenate(self.types),
+            tokens=np.array(self.tokens, dtype=str),
+            layers=np.array(self.layers, dtype=np.int64),
+        )
 
 
 class Hdf5Writer:
@@ -198,21 +233,30 @@ class Hdf5Writer:
 
         self.h5 = h5py.File(f, "w")
         self.h5.create_dataset("layers", data=np.array(layers, dtype=np.int64))
-        self.features = self.h5.create_dataset("features", (0, len(layers), hidden_size), dtype=dtype,
-                                               maxshape=(None, len(layers), hidden_size),
-                                               chunks=(64, len(layers), hidden_size))
+        self.features = self.h5.create_dataset(
+            "features",
+            (0, len(layers), hidden_size),
+            dtype=dtype,
+            maxshape=(None, len(layers), hidden_size),
+            chunks=(64, len(layers), hidden_size),
+        )
         self.ids = self.h5.create_dataset("token_ids", (0,), dtype=np.int32, maxshape=(None,), chunks=(4096,))
         self.types = self.h5.create_dataset("token_type_ids", (0,), dtype=np.int8, maxshape=(None,), chunks=(4096,))
-        self.tokens = self.h5.create_dataset("tokens", (0,), dtype=h5py.string_dtype(), maxshape=(None,),
-                                             chunks=(4096,))
+        self.tokens = self.h5.create_dataset(
+            "tokens", (0,), dtype=h5py.string_dtype(), maxshape=(None,), chunks=(4096,)
+        )
         self.offsets = [0]
 
     def add(self, index, tokens, ids, types, features) -> None:
         n, start = len(tokens), self.offsets[-1]
-        for dataset, values in ((self.features, features), (self.ids, ids), (self.types, types),
-                                (self.tokens, np.array(tokens, dtype=object))):
+        for dataset, values in (
+            (self.features, features),
+            (self.ids, ids),
+            (self.types, types),
+            (self.tokens, np.array(tokens, dtype=object)),
+        ):
             dataset.resize(start + n, axis=0)
-            dataset[start:start + n] = values
+            dataset[start : start + n] = values
         self.offsets.append(start + n)
 
     def close(self) -> None:
@@ -245,8 +289,9 @@ def open_writer(path: str | Path, fmt: str, layers: list[int], args, hidden_size
 
 
 @torch.inference_mode()
-def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, max_seq_length: int,
-            runtime: predict.Runtime) -> int:
+def extract(
+    model, tokenizer, items: list[dict], layers: list[int], writer, *, max_seq_length: int, runtime: predict.Runtime
+) -> int:
     """Run the encoder over `items` in batches of `runtime.batch_size` (each padded to its longest line), on
     `runtime.device` under `runtime.precision`, and hand every line's tokens and features [tokens, len(layers), H]
     to `writer.add`, in input order. Returns the number of tokens written."""
@@ -256,12 +301,12 @@ def extract(model, tokenizer, items: list[dict], layers: list[int], writer, *, m
     written, batch_size, precision = 0, runtime.batch_size, runtime.precision
     device = next(model.parameters()).device if runtime.device is None else torch.device(runtime.device)
     for lo in tqdm(range(0, len(items), batch_size), desc="extract", unit="batch", disable=not runtime.progress):
-        encoded = predict.encode_pairs(tokenizer, items[lo:lo + batch_size], max_seq_length)
+        encoded = predict.encode_pairs(tokenizer, items[lo : lo + batch_size], max_seq_length)
         longest = max(len(ids) for ids, _ in encoded)
         ids = np.zeros((len(encoded), longest), dtype=np.int64)
         types, mask = np.zeros_like(ids), np.zeros_like(ids)
         for row, (x, t) in enumerate(encoded):
-            ids[row, :len(x)], types[row, :len(t)], mask[row, :len(x)] = x, t, 1
+            ids[row, : len(x)], types[row, : len(t)], mask[row, : len(x)] = x, t, 1
         batch = [torch.from_numpy(a).to(device) for a in (ids, types, mask)]
         with precision_policy.autocast(precision, device):
             _, _, hidden_states = model(*batch, output_hidden_states=True)
@@ -300,8 +345,9 @@ def _main(argv: list[str] | None) -> dict:
     do_lower_case = vocab_is_uncased(tokenizer.vocab) if args.do_lower_case is None else args.do_lower_case
     tokenizer = BertTokenizer(vocab_file, do_lower_case=do_lower_case)
     try:
-        model = from_pretrained(BertModel, args.init_checkpoint, config=args.config_file, log=log,
-                                add_pooling_layer=False)
+        model = from_pretrained(
+            BertModel, args.init_checkpoint, config=args.config_file, log=log, add_pooling_layer=False
+        )
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         raise cli.InputError(f"--init_checkpoint {args.init_checkpoint}: {cli.describe_error(e)}") from e
     config = model.config
@@ -313,10 +359,19 @@ def _main(argv: list[str] | None) -> dict:
     with open_writer(args.output_file, fmt, layers, args, config.hidden_size) as writer:
         runtime = predict.Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
         tokens = extract(model, tokenizer, items, layers, writer, max_seq_length=args.max_seq_length, runtime=runtime)
-    summary = {"lines": len(items), "tokens": tokens, "layers": layers, "hidden_size": config.hidden_size,
-               "format": fmt, "output_file": args.output_file, "precision": precision}
-    log(f"extract_features.py: {len(items)} lines, {tokens} tokens x {len(layers)} layers x {config.hidden_size} "
-        f"-> {args.output_file} ({fmt})")
+    summary = {
+        "lines": len(items),
+        "tokens": tokens,
+        "layers": layers,
+        "hidden_size": config.hidden_size,
+        "format": fmt,
+        "output_file": args.output_file,
+        "precision": precision,
+    }
+    log(
+        f"extract_features.py: {len(items)} lines, {tokens} tokens x {len(layers)} layers x {config.hidden_size} "
+        f"-> {args.output_file} ({fmt})"
+    )
     return summary
 
 

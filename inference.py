@@ -26,6 +26,7 @@ bert_recipe/finetuning/predict.py's `answer_questions` and `classify` (Python ca
 batches are consecutive, so windows and sentences reach the model in input order; the one-line errors are every
 script's (cli.script_errors).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,18 +63,19 @@ def load_model(args, log):
     else:
         num_labels, names = predict.checkpoint_labels(args.init_checkpoint)
         if num_labels is None:
-            raise cli.InputError(f"{args.init_checkpoint} has no classifier head: fine-tune it with "
-                             "run_glue.py first")
-        model, report = load_pretrained(BertForSequenceClassification, args.init_checkpoint, config=config,
-                                        num_labels=num_labels)
+            raise cli.InputError(f"{args.init_checkpoint} has no classifier head: fine-tune it with run_glue.py first")
+        model, report = load_pretrained(
+            BertForSequenceClassification, args.init_checkpoint, config=config, num_labels=num_labels
+        )
         model.label_names = names
         head = "classifier"
     for line in report.lines():
         log(f"from_pretrained({type(model).__name__}, {args.init_checkpoint}): {line}")
     if report.fresh_head(f"{head}."):
         task = "run_squad.py" if args.mode == "qa" else "run_glue.py"
-        raise cli.InputError(f"{args.init_checkpoint} has no {head} head (it would answer at random): "
-                         f"fine-tune it with {task} first")
+        raise cli.InputError(
+            f"{args.init_checkpoint} has no {head} head (it would answer at random): fine-tune it with {task} first"
+        )
     return model
 
 
@@ -97,10 +99,17 @@ def items_from_args(args) -> list[dict]:
         if args.text_a is None:
             raise cli.InputError("give --text_a (and --text_b for pairs), or --input_file")
         items, labels = [{"id": "0", "text_a": args.text_a, "text_b": args.text_b}], ["--{}"]
-    fields = (("question", args.max_question_chars, "max_question_chars"),
-              ("context", args.max_context_chars, "max_context_chars")) if args.mode == "qa" else \
-        (("text_a", args.max_context_chars, "max_context_chars"), ("text_b", args.max_context_chars,
-                                                                   "max_context_chars"))
+    fields = (
+        (
+            ("question", args.max_question_chars, "max_question_chars"),
+            ("context", args.max_context_chars, "max_context_chars"),
+        )
+        if args.mode == "qa"
+        else (
+            ("text_a", args.max_context_chars, "max_context_chars"),
+            ("text_b", args.max_context_chars, "max_context_chars"),
+        )
+    )
     try:
         for item, label in zip(items, labels):
             for name, limit, limit_name in fields:
@@ -132,18 +141,33 @@ def check_output_file(path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--mode", choices=("qa", "classify"), default="qa",
-                   help="qa: span answers (BertForQuestionAnswering); classify: labels (BertForSequenceClassification)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--mode",
+        choices=("qa", "classify"),
+        default="qa",
+        help="qa: span answers (BertForQuestionAnswering); classify: labels (BertForSequenceClassification)",
+    )
     g = p.add_argument_group("model")
-    g.add_argument("--init_checkpoint", required=True,
-                   help="a fine-tuned model.pt, an NVIDIA checkpoint or a Hugging Face directory")
+    g.add_argument(
+        "--init_checkpoint",
+        required=True,
+        help="a fine-tuned model.pt, an NVIDIA checkpoint or a Hugging Face directory",
+    )
     g.add_argument("--config_file", default=None, help="bert_config.json; default: the checkpoint's own")
-    g.add_argument("--vocab_file", default=None,
-                   help="vocab.txt; default: vocab.txt in or beside the checkpoint (or in the hf_model/ beside it)")
-    g.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None,
-                   help="lower-case the input; default: yes when the vocabulary has no capital letters")
+    g.add_argument(
+        "--vocab_file",
+        default=None,
+        help="vocab.txt; default: vocab.txt in or beside the checkpoint (or in the hf_model/ beside it)",
+    )
+    g.add_argument(
+        "--do_lower_case",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lower-case the input; default: yes when the vocabulary has no capital letters",
+    )
     g = p.add_argument_group("input")
     g.add_argument("--question", default=None, help="qa: the question")
     g.add_argument("--context", default=None, help="qa: the text that holds the answer (any length)")
@@ -153,12 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output_file", default=None, help="also write the JSON here")
     CLI_LIMITS.add_arguments(p.add_argument_group("limits (checked before any model work; 0 = no limit)"))
     g = p.add_argument_group("question answering")
-    g.add_argument("--max_seq_length", type=int, default=None,
-                   help="tokens per window (default 384 qa, 128 classify, at most the model's positions)")
+    g.add_argument(
+        "--max_seq_length",
+        type=int,
+        default=None,
+        help="tokens per window (default 384 qa, 128 classify, at most the model's positions)",
+    )
     squad.QASettings.add_arguments(g)
     g = p.add_argument_group("classification")
-    g.add_argument("--labels", default=None,
-                   help="comma-separated class names; default: those the checkpoint records, else 0, 1, ...")
+    g.add_argument(
+        "--labels",
+        default=None,
+        help="comma-separated class names; default: those the checkpoint records, else 0, 1, ...",
+    )
     predict.add_runtime_arguments(p, 8, "windows (or sentences) per forward pass", "no progress bar for long inputs")
     return p
 
@@ -197,10 +228,18 @@ def run(args: argparse.Namespace) -> list[dict]:
     runtime = predict.Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
     if args.mode == "qa":
         if max_seq_length < args.max_query_length + 4:
-            raise cli.InputError(f"--max_seq_length {max_seq_length} must be at least --max_query_length "
-                                 f"{args.max_query_length} + 4")
-        out = predict.answer_questions(model, tokenizer, items, squad.QASettings.from_args(args, max_seq_length=max_seq_length),
-                               runtime, max_windows=args.max_windows, how_to_raise=LIMIT_HINT)
+            raise cli.InputError(
+                f"--max_seq_length {max_seq_length} must be at least --max_query_length {args.max_query_length} + 4"
+            )
+        out = predict.answer_questions(
+            model,
+            tokenizer,
+            items,
+            squad.QASettings.from_args(args, max_seq_length=max_seq_length),
+            runtime,
+            max_windows=args.max_windows,
+            how_to_raise=LIMIT_HINT,
+        )
     else:
         labels = args.labels.split(",") if args.labels else model.label_names
         out = predict.classify(model, tokenizer, items, runtime, max_seq_length=max_seq_length, labels=labels)

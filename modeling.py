@@ -17,6 +17,7 @@ batch, K sequences a row (sequence packing).
 The speed path lives beside it in bert_padding.py (pure PyTorch, the only module of ours imported here):
 unpadding, sequence packing's layout, the variable-length attention call and the fixed-slot masked-LM gather.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,23 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import (KERNELS, MAX_FIXED_SIZES, BitMaskDropout, Packed, Unpadded, fixed_rows, gather_indexes,
-                          has_padding, packed_layout, pad, round_rows, sequence_slots, unpad, unpad_info,
-                          varlen_attention)
+from bert_padding import (
+    KERNELS,
+    MAX_FIXED_SIZES,
+    BitMaskDropout,
+    Packed,
+    Unpadded,
+    fixed_rows,
+    gather_indexes,
+    has_padding,
+    packed_layout,
+    pad,
+    round_rows,
+    sequence_slots,
+    unpad,
+    unpad_info,
+    varlen_attention,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -105,23 +120,36 @@ class BertConfig:
 
     def validate(self, source: str = "BertConfig") -> None:
         """Raise a one-line ValueError naming the first bad field."""
-        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                    "max_position_embeddings", "type_vocab_size", "pad_vocab_size_multiple")
+        positive = (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "pad_vocab_size_multiple",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{source}: {name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"{source}: hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_attention_heads ({self.num_attention_heads})")
+            raise ValueError(
+                f"{source}: hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
         if not isinstance(self.unpad_token_multiple, int) or self.unpad_token_multiple < 1:
-            raise ValueError(f"{source}: unpad_token_multiple must be a positive integer, got "
-                             f"{self.unpad_token_multiple!r}")
+            raise ValueError(
+                f"{source}: unpad_token_multiple must be a positive integer, got {self.unpad_token_multiple!r}"
+            )
         if not isinstance(self.dropout_mask_bits, int) or self.dropout_mask_bits not in (1, 8):
             raise ValueError(f"{source}: dropout_mask_bits must be 1 or 8, got {self.dropout_mask_bits!r}")
         if not isinstance(self.unpad_fixed_sizes, int) or not 0 <= self.unpad_fixed_sizes <= MAX_FIXED_SIZES:
-            raise ValueError(f"{source}: unpad_fixed_sizes must be an integer from 0 to {MAX_FIXED_SIZES} (each size "
-                             f"is a compiled graph), got {self.unpad_fixed_sizes!r}")
+            raise ValueError(
+                f"{source}: unpad_fixed_sizes must be an integer from 0 to {MAX_FIXED_SIZES} (each size "
+                f"is a compiled graph), got {self.unpad_fixed_sizes!r}"
+            )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{source}: {name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -156,11 +184,13 @@ class BertConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"config file {path} is not valid JSON ({e}): pass a bert_config.json") from None
         except UnicodeDecodeError as e:
-            raise ValueError(f"config file {path} is not UTF-8 JSON text (byte {e.start}): pass a bert_config.json") \
-                from None
+            raise ValueError(
+                f"config file {path} is not UTF-8 JSON text (byte {e.start}): pass a bert_config.json"
+            ) from None
         if not isinstance(d, dict):
-            raise ValueError(f"config file {path} holds a JSON {type(d).__name__}, not an object: pass a "
-                             "bert_config.json")
+            raise ValueError(
+                f"config file {path} holds a JSON {type(d).__name__}, not an object: pass a bert_config.json"
+            )
         return cls.from_dict(d, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,13 +244,16 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = _hidden_dropout(config)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)  # [S], broadcast over the batch
-        x = (self.word_embeddings(input_ids)  # [B, S, H] (unpadded: [T, H])
-             + self.position_embeddings(position_ids)  # [S, H] (unpadded: [T, H])
-             + self.token_type_embeddings(token_type_ids))  # [B, S, H] (unpadded: [T, H])
+        x = (
+            self.word_embeddings(input_ids)  # [B, S, H] (unpadded: [T, H])
+            + self.position_embeddings(position_ids)  # [S, H] (unpadded: [T, H])
+            + self.token_type_embeddings(token_type_ids)
+        )  # [B, S, H] (unpadded: [T, H])
         return self.dropout(self.LayerNorm(x))  # [B, S, H] (unpadded: [T, H])
 
 
@@ -332,8 +365,9 @@ class BertEncoder(nn.Module):
         self.checkpoint_activations = False
         """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None, output_hidden_states: bool = False
-                ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None, output_hidden_states: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The last layer's output [B, S, H] (unpadded: [T, H]); with output_hidden_states, (that, (input, layer 1,
         ..., layer L))."""
         hidden_states = [x] if output_hidden_states else None
@@ -401,8 +435,13 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
-    def unpadded(self, attention_mask: torch.Tensor | None, padding_positions_read: bool,
-                 packed: Packed | None = None, host: Unpadded | None = None) -> Unpadded | None:
+    def unpadded(
+        self,
+        attention_mask: torch.Tensor | None,
+        padding_positions_read: bool,
+        packed: Packed | None = None,
+        host: Unpadded | None = None,
+    ) -> Unpadded | None:
         """Where this batch's real tokens are, when the encoder is to run on them alone; None for the padded path.
         host: the same description made on the host before the batch moved (bert_padding.host_unpad_info), used
         instead of computing it here (which syncs the device); it is None when the batch has no padding. A host
@@ -427,10 +466,16 @@ class BertModel(nn.Module):
             return fixed_rows(info, self.config.unpad_fixed_sizes, self.config.unpad_token_multiple, slots)
         return round_rows(info, self.config.unpad_token_multiple)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                padding_positions_read: bool = True, sequence_starts: torch.Tensor | None = None,
-                unpadded: Unpadded | None = None) -> BertModelOutput | BertModelOutputWithHiddenStates:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        padding_positions_read: bool = True,
+        sequence_starts: torch.Tensor | None = None,
+        unpadded: Unpadded | None = None,
+    ) -> BertModelOutput | BertModelOutputWithHiddenStates:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         packed = None
@@ -444,8 +489,9 @@ class BertModel(nn.Module):
                 position_ids = packed.position_ids.reshape(-1)  # [B*S], restarting in every sequence
             else:
                 position_ids = torch.arange(info.seqlen, device=input_ids.device).repeat(info.batch)  # [B*S]
-            x = self.embeddings(unpad(input_ids, info), unpad(token_type_ids, info),
-                                unpad(position_ids, info))  # [T, H]
+            x = self.embeddings(
+                unpad(input_ids, info), unpad(token_type_ids, info), unpad(position_ids, info)
+            )  # [T, H]
             attn_mask = info
         elif packed is not None:  # padded path over packed rows: block-diagonal attention, restarting positions
             attn_mask = packed.block_mask  # [B, 1, S, S]
@@ -547,23 +593,43 @@ class BertForPreTraining(nn.Module):
         self.cls.apply(lambda m: _init_weights(m, config.initializer_range))
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # re-tie after init
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_labels=None,
-                next_sentence_labels=None, masked_lm_positions=None, masked_lm_ids=None, next_sentence_positions=None,
-                unpadded=None) -> PreTrainingOutput | PreTrainingOutputWithLoss:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        masked_lm_labels=None,
+        next_sentence_labels=None,
+        masked_lm_positions=None,
+        masked_lm_ids=None,
+        next_sentence_positions=None,
+        unpadded=None,
+    ) -> PreTrainingOutput | PreTrainingOutputWithLoss:
         fixed_slots = masked_lm_positions is not None
         if fixed_slots and (masked_lm_ids is None or masked_lm_labels is not None):
-            raise ValueError("BertForPreTraining: pass masked_lm_positions together with masked_lm_ids, and not "
-                             "with masked_lm_labels")
-        if (next_sentence_positions is not None and next_sentence_labels is not None
-                and next_sentence_labels.shape != next_sentence_positions.shape):
-            raise ValueError(f"BertForPreTraining: packed rows need next_sentence_labels of the shape of "
-                             f"next_sentence_positions {tuple(next_sentence_positions.shape)}, got "
-                             f"{tuple(next_sentence_labels.shape)}")
+            raise ValueError(
+                "BertForPreTraining: pass masked_lm_positions together with masked_lm_ids, and not "
+                "with masked_lm_labels"
+            )
+        if (
+            next_sentence_positions is not None
+            and next_sentence_labels is not None
+            and next_sentence_labels.shape != next_sentence_positions.shape
+        ):
+            raise ValueError(
+                f"BertForPreTraining: packed rows need next_sentence_labels of the shape of "
+                f"next_sentence_positions {tuple(next_sentence_positions.shape)}, got "
+                f"{tuple(next_sentence_labels.shape)}"
+            )
         # With labels only the labelled positions and [CLS] are read: the encoder may skip the padding (unpad).
         sequence_output, pooled_output = self.bert(
-            input_ids, token_type_ids, attention_mask,
+            input_ids,
+            token_type_ids,
+            attention_mask,
             padding_positions_read=masked_lm_labels is None and not fixed_slots,
-            sequence_starts=next_sentence_positions, unpadded=unpadded)  # [B, S, H], [B, H] (packed: [B, K, H])
+            sequence_starts=next_sentence_positions,
+            unpadded=unpadded,
+        )  # [B, S, H], [B, H] (packed: [B, K, H])
         seq_relationship_score = self.cls.seq_relationship(pooled_output)  # [B, 2] (packed: [B, K, 2])
         if masked_lm_labels is None and not fixed_slots:
             return PreTrainingOutput(self.cls.predictions(sequence_output), seq_relationship_score)  # [B, S, V]
@@ -573,8 +639,9 @@ class BertForPreTraining(nn.Module):
             prediction_scores = self.cls.predictions(hidden)  # [B, P, V]
             # Unused slots (position 0) get the ignored label: cross_entropy's mean is then over the used slots.
             labels = torch.where(masked_lm_positions > 0, masked_lm_ids.long(), -100)  # [B, P]
-            mlm_loss = F.cross_entropy(prediction_scores.flatten(0, 1).float(), labels.reshape(-1),
-                                       ignore_index=-100)  # [B*P, V] against [B*P]
+            mlm_loss = F.cross_entropy(
+                prediction_scores.flatten(0, 1).float(), labels.reshape(-1), ignore_index=-100
+            )  # [B*P, V] against [B*P]
         else:  # the labelled positions only: M depends on the data (nonzero, a host sync)
             labels = masked_lm_labels.reshape(-1)  # [B*S]
             predicted = (labels >= 0).nonzero().squeeze(1)  # [M] flat indices of the labelled positions
@@ -585,8 +652,11 @@ class BertForPreTraining(nn.Module):
         loss = mlm_loss
         if next_sentence_labels is not None:
             # The mean over the real sequences: unused slots of packed rows carry the label -1 and are ignored.
-            nsp_loss = F.cross_entropy(seq_relationship_score.reshape(-1, 2).float(),  # [B, 2] (packed: [B*K, 2])
-                                       next_sentence_labels.reshape(-1).long(), ignore_index=-1)
+            nsp_loss = F.cross_entropy(
+                seq_relationship_score.reshape(-1, 2).float(),  # [B, 2] (packed: [B*K, 2])
+                next_sentence_labels.reshape(-1).long(),
+                ignore_index=-1,
+            )
             loss = mlm_loss + nsp_loss
         return PreTrainingOutputWithLoss(loss, mlm_loss, nsp_loss, prediction_scores, seq_relationship_score)
 
@@ -607,8 +677,9 @@ class BertForQuestionAnswering(nn.Module):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         _init_weights(self.qa_outputs, config.initializer_range)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
-                end_positions=None) -> QuestionAnsweringOutput | QuestionAnsweringOutputWithLoss:
+    def forward(
+        self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None, end_positions=None
+    ) -> QuestionAnsweringOutput | QuestionAnsweringOutputWithLoss:
         sequence_output = self.bert(input_ids, token_type_ids, attention_mask).sequence_output
         logits = self.qa_outputs(sequence_output)  # [B, S, 2]
         start_logits, end_logits = logits.float().unbind(-1)  # each [B, S]
@@ -617,8 +688,10 @@ class BertForQuestionAnswering(nn.Module):
         seq_len = start_logits.shape[1]
         start_positions = start_positions.clamp(0, seq_len)  # seq_len is out of range: ignored below
         end_positions = end_positions.clamp(0, seq_len)
-        loss = (F.cross_entropy(start_logits, start_positions, ignore_index=seq_len)
-                + F.cross_entropy(end_logits, end_positions, ignore_index=seq_len)) / 2
+        loss = (
+            F.cross_entropy(start_logits, start_positions, ignore_index=seq_len)
+            + F.cross_entropy(end_logits, end_positions, ignore_index=seq_len)
+        ) / 2
         return QuestionAnsweringOutputWithLoss(loss, start_logits, end_logits)
 
 
@@ -641,8 +714,9 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         _init_weights(self.classifier, config.initializer_range)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                labels=None) -> SequenceClassificationOutput | SequenceClassificationOutputWithLoss:
+    def forward(
+        self, input_ids, token_type_ids=None, attention_mask=None, labels=None
+    ) -> SequenceClassificationOutput | SequenceClassificationOutputWithLoss:
         pooled_output = self.bert(input_ids, token_type_ids, attention_mask).pooled_output
         logits = self.classifier(self.dropout(pooled_output)).float()  # [B, num_labels]
         if labels is None:
@@ -704,12 +778,14 @@ class BertModelOutputWithHiddenStates(NamedTuple):
 
 class PreTrainingOutput(NamedTuple):
     """BertForPreTraining without labels: scores at every position."""
+
     prediction_scores: torch.Tensor  # [B, S, V] masked-LM logits over the (padded) vocabulary
     seq_relationship_score: torch.Tensor  # [B, 2] next-sentence logits (0 = B follows A)
 
 
 class PreTrainingOutputWithLoss(NamedTuple):
     """BertForPreTraining with masked_lm_labels: the losses, and scores only where a label is."""
+
     loss: torch.Tensor  # [] mlm_loss + nsp_loss (mlm_loss alone without next_sentence_labels)
     mlm_loss: torch.Tensor  # [] mean cross-entropy over the M labelled positions
     nsp_loss: torch.Tensor | None  # [] next-sentence cross-entropy; None without next_sentence_labels
@@ -763,4 +839,3 @@ def flops_per_sequence(config: BertConfig, seq_len: int, masked_positions: int, 
     encoder = L * seq_len * per_token_layer
     head = masked_positions * 2 * (H * H + H * config.padded_vocab_size) + 2 * 2 * H * H  # MLM + pooler/NSP
     return (encoder + head) * (3 if training else 1)
-

@@ -28,6 +28,7 @@ Adam part with `_foreach_*` ops instead. On a CPU host a fresh 100 MB temporary 
 it (page faults), so nothing is allocated per step. The global norm and the trust ratios stay on the device (no
 host synchronisation).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -36,8 +37,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["NVLAMB", "BertAdam", "load_state_keeping_hyperparameters", "make_lamb", "make_optimizer",
-           "param_groups_for_bert"]
+__all__ = [
+    "NVLAMB",
+    "BertAdam",
+    "load_state_keeping_hyperparameters",
+    "make_lamb",
+    "make_optimizer",
+    "param_groups_for_bert",
+]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -88,8 +95,9 @@ def _bucket_by_device_dtype(params: list[torch.Tensor]) -> dict[tuple[torch.devi
     return buckets
 
 
-def _global_grad_norm(grads: list[torch.Tensor], max_grad_norm: float | None,
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _global_grad_norm(
+    grads: list[torch.Tensor], max_grad_norm: float | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """G = the L2 norm of all `grads` together (0-d, on the first grad's device) and the clip divisor.
 
     The divisor is max(G, max_grad_norm) / max_grad_norm: dividing by it is dividing by G / max_grad_norm when
@@ -108,10 +116,19 @@ def _fused_kernel_available(device: torch.device) -> bool:
     return device.type in ("cpu", "cuda") and hasattr(torch, "_fused_adam_") and hasattr(torch, "_fused_adamw_")
 
 
-def _neg_update_fused(d: list[torch.Tensor], params: list[torch.Tensor], grads: list[torch.Tensor],
-                      exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor],
-                      grad_divisor: torch.Tensor | None, beta1: float, beta2: float, eps: float,
-                      weight_decay: float) -> None:
+def _neg_update_fused(
+    d: list[torch.Tensor],
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    grad_divisor: torch.Tensor | None,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
     """d = -u = -(m_hat / (sqrt(v_hat) + eps) + weight_decay * p); m, v updated; grads divided by grad_divisor.
 
     One pass of torch's fused Adam kernel, used with lr=1 on d as its "parameter": with d = 0 and no decay it
@@ -128,8 +145,9 @@ def _neg_update_fused(d: list[torch.Tensor], params: list[torch.Tensor], grads: 
         scale = None
     elif scale is not None:
         scale = scale.float()
-    kwargs = dict(amsgrad=False, lr=1.0, beta1=beta1, beta2=beta2, eps=eps, maximize=False, grad_scale=scale,
-                  found_inf=None)
+    kwargs = dict(
+        amsgrad=False, lr=1.0, beta1=beta1, beta2=beta2, eps=eps, maximize=False, grad_scale=scale, found_inf=None
+    )
     if weight_decay != 0:
         torch._foreach_copy_(d, params)
         torch._fused_adamw_(d, grads, exp_avgs, exp_avg_sqs, [], steps, weight_decay=1.0 + weight_decay, **kwargs)
@@ -138,10 +156,20 @@ def _neg_update_fused(d: list[torch.Tensor], params: list[torch.Tensor], grads: 
         torch._fused_adam_(d, grads, exp_avgs, exp_avg_sqs, [], steps, weight_decay=0.0, **kwargs)
 
 
-def _neg_update_foreach(d: list[torch.Tensor], params: list[torch.Tensor], grads: list[torch.Tensor],
-                        exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor],
-                        grad_divisor: torch.Tensor | None, beta1: float, beta2: float, eps: float,
-                        weight_decay: float, bias_correction: bool) -> None:
+def _neg_update_foreach(
+    d: list[torch.Tensor],
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    grad_divisor: torch.Tensor | None,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction: bool,
+) -> None:
     """The same as `_neg_update_fused` with `_foreach_*` ops (and optionally without bias correction)."""
     if grad_divisor is not None:
         torch._foreach_div_(grads, grad_divisor.to(grads[0].device))
@@ -154,9 +182,9 @@ def _neg_update_foreach(d: list[torch.Tensor], params: list[torch.Tensor], grads
     torch._foreach_sqrt_(d)
     if bias_correction:
         t = torch.stack(steps).to(torch.float64)
-        bc2_sqrt = (1.0 - beta2 ** t).sqrt()
+        bc2_sqrt = (1.0 - beta2**t).sqrt()
         torch._foreach_add_(d, (eps * bc2_sqrt).tolist())
-        scale = (-bc2_sqrt / (1.0 - beta1 ** t)).tolist()
+        scale = (-bc2_sqrt / (1.0 - beta1**t)).tolist()
     else:
         torch._foreach_add_(d, eps)
         scale = -1.0
@@ -169,10 +197,24 @@ def _neg_update_foreach(d: list[torch.Tensor], params: list[torch.Tensor], grads
         torch._foreach_add_(d, params, alpha=-weight_decay)
 
 
-def _adam_lamb_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                      exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], scratch: list[torch.Tensor], *,
-                      grad_divisor: torch.Tensor | None, lr: float, beta1: float, beta2: float, eps: float,
-                      weight_decay: float, bias_correction: bool, trust_ratio: bool, fused: bool) -> None:
+def _adam_lamb_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    scratch: list[torch.Tensor],
+    *,
+    grad_divisor: torch.Tensor | None,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction: bool,
+    trust_ratio: bool,
+    fused: bool,
+) -> None:
     """One Adam/LAMB step for a bucket of same-device, same-dtype tensors, all in place.
 
     params/grads/exp_avgs/exp_avg_sqs/scratch: matching lists of tensors of each parameter's shape;
@@ -182,11 +224,24 @@ def _adam_lamb_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp
     torch._foreach_add_(steps, 1.0)
     neg_u = scratch
     if fused and bias_correction:
-        _neg_update_fused(neg_u, params, grads, exp_avgs, exp_avg_sqs, steps, grad_divisor, beta1, beta2, eps,
-                          weight_decay)
+        _neg_update_fused(
+            neg_u, params, grads, exp_avgs, exp_avg_sqs, steps, grad_divisor, beta1, beta2, eps, weight_decay
+        )
     else:
-        _neg_update_foreach(neg_u, params, grads, exp_avgs, exp_avg_sqs, steps, grad_divisor, beta1, beta2, eps,
-                            weight_decay, bias_correction)
+        _neg_update_foreach(
+            neg_u,
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            steps,
+            grad_divisor,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            bias_correction,
+        )
 
     if not trust_ratio:
         torch._foreach_add_(params, neg_u, alpha=lr)
@@ -248,8 +303,12 @@ class _AdamFamily(torch.optim.Optimizer):
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.optim.Optimizer pickles/deep-copies only defaults, state and param_groups.
-        return {**super().__getstate__(), "max_grad_norm": self.max_grad_norm, "fused": self.fused,
-                "last_grad_norm": None}
+        return {
+            **super().__getstate__(),
+            "max_grad_norm": self.max_grad_norm,
+            "fused": self.fused,
+            "last_grad_norm": None,
+        }
 
     def _scratch_for(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """A persistent buffer per parameter (never in state_dict): reused every step, so no fresh allocations."""
@@ -299,11 +358,22 @@ class _AdamFamily(torch.optim.Optimizer):
                 fused = self.fused is not False and _fused_kernel_available(device)
                 states = [self.state[p] for p in ps]
                 _adam_lamb_update(
-                    ps, [p.grad for p in ps], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                    [s["step"] for s in states], self._scratch_for(ps), grad_divisor=grad_divisor,
-                    lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=group["weight_decay"], bias_correction=group.get("bias_correction", True),
-                    trust_ratio=self._trust_ratio(group), fused=fused)
+                    ps,
+                    [p.grad for p in ps],
+                    [s["exp_avg"] for s in states],
+                    [s["exp_avg_sq"] for s in states],
+                    [s["step"] for s in states],
+                    self._scratch_for(ps),
+                    grad_divisor=grad_divisor,
+                    lr=float(group["lr"]),
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    bias_correction=group.get("bias_correction", True),
+                    trust_ratio=self._trust_ratio(group),
+                    fused=fused,
+                )
         return loss
 
 
@@ -329,9 +399,17 @@ class NVLAMB(_AdamFamily):
     `last_grad_norm` holds the unclipped global norm G of the last step (a 0-d tensor on the device) for logging.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, max_grad_norm: float | None = 1.0,
-                 use_nvlamb: bool = False, fused: bool | None = None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float | None = 1.0,
+        use_nvlamb: bool = False,
+        fused: bool | None = None,
+    ):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, use_nvlamb=use_nvlamb)
         super().__init__(params, defaults, max_grad_norm, fused)
 
@@ -354,11 +432,18 @@ class BertAdam(_AdamFamily):
     - no built-in warm-up schedule: use a scheduler from schedulers.py (e.g. LinearWarmUpScheduler).
     """
 
-    def __init__(self, params: Iterable, lr: float = 5e-5, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, max_grad_norm: float | None = 1.0,
-                 bias_correction: bool = True, fused: bool | None = None):
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction)
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 5e-5,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        max_grad_norm: float | None = 1.0,
+        bias_correction: bool = True,
+        fused: bool | None = None,
+    ):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         super().__init__(params, defaults, max_grad_norm, fused)
 
     def _trust_ratio(self, group: dict[str, Any]) -> bool:
@@ -374,9 +459,16 @@ def _all_cuda(params: list) -> bool:
     return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
-def make_lamb(params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-              weight_decay: float = 0.01, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False,
-              prefer_fused: bool = True) -> torch.optim.Optimizer:
+def make_lamb(
+    params: Iterable,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-6,
+    weight_decay: float = 0.01,
+    max_grad_norm: float | None = 1.0,
+    use_nvlamb: bool = False,
+    prefer_fused: bool = True,
+) -> torch.optim.Optimizer:
     """NVLAMB, or apex's FusedLAMB (same maths, one fused kernel) when asked for, importable and all params CUDA.
 
     apex is optional and never required. Its state_dict layout differs (a per-group step), so keep one choice for
@@ -389,24 +481,63 @@ def make_lamb(params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (
         except ImportError:
             FusedLAMB = None
         if FusedLAMB is not None:
-            return FusedLAMB(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=True,
-                             adam_w_mode=True, grad_averaging=True, max_grad_norm=max_grad_norm,
-                             use_nvlamb=use_nvlamb)
-    return NVLAMB(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                  use_nvlamb=use_nvlamb)
+            return FusedLAMB(
+                params,
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                bias_correction=True,
+                adam_w_mode=True,
+                grad_averaging=True,
+                max_grad_norm=max_grad_norm,
+                use_nvlamb=use_nvlamb,
+            )
+    return NVLAMB(
+        params,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm,
+        use_nvlamb=use_nvlamb,
+    )
 
 
-def make_optimizer(name: str, params: Iterable, lr: float, weight_decay: float = 0.01,
-                   max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, prefer_fused: bool = True,
-                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str,
+    params: Iterable,
+    lr: float,
+    weight_decay: float = 0.01,
+    max_grad_norm: float | None = 1.0,
+    use_nvlamb: bool = False,
+    prefer_fused: bool = True,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-6,
+) -> torch.optim.Optimizer:
     """Pre-training's optimizer by name: "nvlamb" (`make_lamb`) or "adamw" (BertAdam with bias correction: AdamW's
     maths on PyTorch's fused kernel, after the same global gradient clip)."""
     if name == "nvlamb":
-        return make_lamb(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb, prefer_fused=prefer_fused)
+        return make_lamb(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm,
+            use_nvlamb=use_nvlamb,
+            prefer_fused=prefer_fused,
+        )
     if name == "adamw":
-        return BertAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                        bias_correction=True)
+        return BertAdam(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm,
+            bias_correction=True,
+        )
     raise ValueError(f"unknown optimizer {name!r}: choose nvlamb or adamw")
 
 
@@ -440,8 +571,9 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def load_state_keeping_hyperparameters(optimizer: torch.optim.Optimizer,
-                                       state_dict: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+def load_state_keeping_hyperparameters(
+    optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+) -> dict[str, tuple[Any, Any]]:
     """Load a saved optimizer's state (moments, step counts) but keep this optimizer's hyper-parameters (betas, eps,
     weight decay...; torch's load_state_dict would take the saved ones). The LR is left to the scheduler. Returns
     {name: (saved value, this one's)} for each that differs, as schedulers' `changes()` does."""
@@ -449,7 +581,12 @@ def load_state_keeping_hyperparameters(optimizer: torch.optim.Optimizer,
     optimizer.load_state_dict(state_dict)
     changed = {}
     for group, own in zip(optimizer.param_groups, ours, strict=True):
-        changed.update({k: (group.get(k), v) for k, v in own.items()
-                        if k not in ("lr", "initial_lr") and not _same(group.get(k), v)})
+        changed.update(
+            {
+                k: (group.get(k), v)
+                for k, v in own.items()
+                if k not in ("lr", "initial_lr") and not _same(group.get(k), v)
+            }
+        )
         group.update(own)
     return changed

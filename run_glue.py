@@ -39,6 +39,7 @@ Differences from NVIDIA's run_glue.py, on purpose:
 - no pickled feature cache (tokenising with the Rust fast path takes seconds) and checkpoints load with
   weights_only=True.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,14 @@ import torch.nn.functional as F
 
 from bert_recipe.finetuning import predict, recipe
 from bert_recipe.finetuning.config import GlueConfig
-from bert_recipe.finetuning.tasks.glue import (compute_metrics, encode_examples, get_dev_examples, get_task,
-                                               get_test_examples, get_train_examples)
+from bert_recipe.finetuning.tasks.glue import (
+    compute_metrics,
+    encode_examples,
+    get_dev_examples,
+    get_task,
+    get_test_examples,
+    get_train_examples,
+)
 from bert_recipe.io import cli
 from bert_recipe.training import dist_env, flags
 from modeling import BertForSequenceClassification
@@ -102,27 +109,37 @@ class GlueTask(recipe.Task):
 
     def read(self) -> tuple[list, dict[str, recipe.EvalSet]]:
         data, run, task = self.cfg.data, self.cfg.run, self.task
-        train = get_train_examples(data.data_dir, task)[:data.max_train_examples] if run.do_train else []
+        train = get_train_examples(data.data_dir, task)[: data.max_train_examples] if run.do_train else []
         needs_dev = run.do_eval or (run.do_predict and data.predict_split == "dev")
         dev_sets = get_dev_examples(data.data_dir, task) if needs_dev else {}
-        sets = {name: recipe.EvalSet(examples[:data.max_eval_examples]) for name, examples in dev_sets.items()}
+        sets = {name: recipe.EvalSet(examples[: data.max_eval_examples]) for name, examples in dev_sets.items()}
         if run.do_predict and data.predict_split == "test":
             test_sets = get_test_examples(data.data_dir, task)
-            sets.update({name: recipe.EvalSet(examples[:data.max_eval_examples], unlabelled=True)
-                         for name, examples in test_sets.items()})
-        for name, examples in {**({"train": train} if run.do_train else {}),
-                               **{name: s.examples for name, s in sets.items()}}.items():
+            sets.update(
+                {
+                    name: recipe.EvalSet(examples[: data.max_eval_examples], unlabelled=True)
+                    for name, examples in test_sets.items()
+                }
+            )
+        for name, examples in {
+            **({"train": train} if run.do_train else {}),
+            **{name: s.examples for name, s in sets.items()},
+        }.items():
             if not examples:
-                raise cli.InputError(f"{task.display_name} {name} set in {data.data_dir} has no examples (a header "
-                                       "row only?): check --data_dir")
+                raise cli.InputError(
+                    f"{task.display_name} {name} set in {data.data_dir} has no examples (a header "
+                    "row only?): check --data_dir"
+                )
         return train, sets
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> recipe.EncodedDataset:
         max_seq_length = self.cfg.model.max_seq_length
         encoded = encode_examples(examples, tokenizer, max_seq_length, self.task)
         if training:
-            log(f"{self.task.display_name} train: {len(encoded)} examples, mean length {encoded.lengths.mean():.1f} "
-                f"tokens, {encoded.truncated} truncated to {max_seq_length}")
+            log(
+                f"{self.task.display_name} train: {len(encoded)} examples, mean length {encoded.lengths.mean():.1f} "
+                f"tokens, {encoded.truncated} truncated to {max_seq_length}"
+            )
         return recipe.EncodedDataset(encoded)
 
     collate = staticmethod(collate)
@@ -151,8 +168,11 @@ class GlueTask(recipe.Task):
 
     def hf_config_fields(self) -> dict:
         labels = self.label_names()
-        fields = {"id2label": {str(i): name for i, name in enumerate(labels)},
-                  "label2id": {name: i for i, name in enumerate(labels)}, "finetuning_task": self.name}
+        fields = {
+            "id2label": {str(i): name for i, name in enumerate(labels)},
+            "label2id": {name: i for i, name in enumerate(labels)},
+            "finetuning_task": self.name,
+        }
         if self.task.is_regression:
             fields["problem_type"] = "regression"
         return fields

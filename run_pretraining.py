@@ -46,6 +46,7 @@ Exit status: 0 when the phase ran to its --max_steps (or --steps_this_run); 75 w
 checkpoint; 1 with one line "run_pretraining.py: error: ..." for bad input or a failure (--debug: the traceback);
 2 for a flag argparse refuses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,14 @@ from bert_recipe.io.cli import InputError, describe_error
 from bert_recipe.pretraining.config import PretrainConfig
 from bert_recipe.pretraining.data_stream import Masker, PretrainingData, inspect_shards, list_shards, load_eval_set
 from bert_recipe.pretraining.shard_format import packed_predictions
-from bert_recipe.pretraining.trainer import (Trainer, TrainingParts, checkpoint_manager, find_resume_checkpoint,
-                                             refuse_used_output_dir, validate_and_describe)
+from bert_recipe.pretraining.trainer import (
+    Trainer,
+    TrainingParts,
+    checkpoint_manager,
+    find_resume_checkpoint,
+    refuse_used_output_dir,
+    validate_and_describe,
+)
 from bert_recipe.pretraining.validation import SpecialIds, Validator
 from bert_recipe.training import dist_env, flags
 from bert_recipe.training.meter import RunLogger
@@ -110,21 +117,27 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
         except (OSError, ValueError) as e:
             raise InputError(f"--vocab_file {d.vocab_file}: {describe_error(e)}") from e
         if not vocab_fits_config(vocab_size, config.vocab_size):
-            raise InputError(f"--vocab_file {d.vocab_file} has {vocab_size} tokens but the config's vocab_size is "
-                             f"{config.vocab_size}: the vocabulary the shards were written with must match the "
-                             "config (up to padding to a multiple of 8)")
+            raise InputError(
+                f"--vocab_file {d.vocab_file} has {vocab_size} tokens but the config's vocab_size is "
+                f"{config.vocab_size}: the vocabulary the shards were written with must match the "
+                "config (up to padding to a multiple of 8)"
+            )
     if d.max_seq_length > config.max_position_embeddings:
-        raise InputError(f"--max_seq_length {d.max_seq_length} exceeds the config's max_position_embeddings "
-                         f"{config.max_position_embeddings} ({m.config_file}): use shorter shards or a config with "
-                         "more positions")
+        raise InputError(
+            f"--max_seq_length {d.max_seq_length} exceeds the config's max_position_embeddings "
+            f"{config.max_position_embeddings} ({m.config_file}): use shorter shards or a config with "
+            "more positions"
+        )
     dist_env.set_seed(cfg.training.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     model = BertForPreTraining(config)
     start = None
     if resume is None and cfg.checkpoint.phase2:
         start = m.init_checkpoint or Path(cfg.checkpoint.output_dir) / f"ckpt_{cfg.checkpoint.phase1_end_step}.pt"
         if not Path(start).exists():
-            raise InputError(f"phase 2 starts from phase 1's checkpoint, but {start} does not exist: pass "
-                             "--init_checkpoint or the right --phase1_end_step / --output_dir")
+            raise InputError(
+                f"phase 2 starts from phase 1's checkpoint, but {start} does not exist: pass "
+                "--init_checkpoint or the right --phase1_end_step / --output_dir"
+            )
     elif resume is None and m.init_checkpoint:
         start = m.init_checkpoint
     elif resume is None and m.mlm_bias_init == "unigram" and cfg.training.do_train:
@@ -150,9 +163,15 @@ def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: dist_e
     """The optimizer (--optimizer, decay on weight matrices only) and its learning-rate schedule."""
 
     o = cfg.optimizer
-    optimizer = make_optimizer(o.optimizer, param_groups_for_bert(raw_model, o.weight_decay), lr=o.learning_rate,
-                     weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm if o.max_grad_norm > 0 else None,
-                     use_nvlamb=o.use_nvlamb, prefer_fused=env.device.type == "cuda")
+    optimizer = make_optimizer(
+        o.optimizer,
+        param_groups_for_bert(raw_model, o.weight_decay),
+        lr=o.learning_rate,
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.max_grad_norm if o.max_grad_norm > 0 else None,
+        use_nvlamb=o.use_nvlamb,
+        prefer_fused=env.device.type == "cuda",
+    )
     return optimizer, get_scheduler(o.lr_schedule, optimizer, o.warmup_proportion, cfg.training.max_steps)
 
 
@@ -162,10 +181,19 @@ def build_data(cfg: PretrainConfig, shards, env: dist_env.DistEnv, log) -> Pretr
     packed = shards[0].packed  # inspect_shards checked that every shard is packed alike
     if packed:
         log(f"packed shards: up to {packed} sequences a row, {shards[0].width} masked slots a row")
-    masker = Masker.from_vocab(d.vocab_file, d.masked_lm_prob, _masked_slots(cfg, packed)) \
-        if d.dynamic_masking else None
-    return PretrainingData(shards, cfg.training.seed, cfg.training.micro_batch_size, env, masker=masker,
-                           num_workers=d.num_workers, length_bins=d.length_bins, mix_shards=d.mix_shards)
+    masker = (
+        Masker.from_vocab(d.vocab_file, d.masked_lm_prob, _masked_slots(cfg, packed)) if d.dynamic_masking else None
+    )
+    return PretrainingData(
+        shards,
+        cfg.training.seed,
+        cfg.training.micro_batch_size,
+        env,
+        masker=masker,
+        num_workers=d.num_workers,
+        length_bins=d.length_bins,
+        mix_shards=d.mix_shards,
+    )
 
 
 def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
@@ -193,8 +221,7 @@ def make_validator(cfg: PretrainConfig, precision: Precision, env: dist_env.Dist
     else:
         special = SpecialIds.from_shards(eval_set)
     try:
-        return Validator(eval_set, special, e.eval_batch_size or cfg.training.micro_batch_size, precision.autocast,
-                         env)
+        return Validator(eval_set, special, e.eval_batch_size or cfg.training.micro_batch_size, precision.autocast, env)
     except ValueError as err:
         raise InputError(f"--eval_dir {e.eval_dir}: {err}") from None
 
@@ -218,6 +245,7 @@ def inject_inf_at(step: int):
         if pending and trainer.state.step + 1 == step:
             _inject_inf(trainer.model)
             pending = False
+
     return hook
 
 
@@ -229,11 +257,18 @@ def report_stop(cfg: PretrainConfig, summary: dict, env: dist_env.DistEnv) -> in
     """One line on stderr for a run stopped by a signal (what a launcher and a person need), and EXIT_STOPPED."""
     c = cfg.checkpoint
     saved = "" if c.skip_checkpoint or not summary["phase_step"] else f" (checkpoint ckpt_{summary['step']}.pt)"
-    again = "run the same command again to resume" if c.resume_from_checkpoint else \
-        "run the same command with --resume_from_checkpoint to resume"
+    again = (
+        "run the same command again to resume"
+        if c.resume_from_checkpoint
+        else "run the same command with --resume_from_checkpoint to resume"
+    )
     if env.is_main:
-        print(f"run_pretraining.py: phase {c.phase} stopped at step {summary['step']} by "
-              f"{summary['stopped_by_signal']}{saved}: {again}", file=sys.stderr, flush=True)
+        print(
+            f"run_pretraining.py: phase {c.phase} stopped at step {summary['step']} by "
+            f"{summary['stopped_by_signal']}{saved}: {again}",
+            file=sys.stderr,
+            flush=True,
+        )
     return EXIT_STOPPED
 
 
@@ -249,12 +284,15 @@ def _main(argv: list[str] | None) -> int:
     e2e_start = time.perf_counter()
     cfg = parse_args(argv)
 
-
     owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     env = dist_env.init_distributed(no_cuda=cfg.parallelism.no_cuda)
     log = (lambda msg: print(f"run_pretraining: {msg}", flush=True)) if env.is_main else (lambda msg: None)
-    logger = RunLogger(cfg.logging.json_summary, Path(cfg.checkpoint.output_dir) / "tensorboard", enabled=env.is_main,
-                       progress=not cfg.logging.disable_progress_bar)
+    logger = RunLogger(
+        cfg.logging.json_summary,
+        Path(cfg.checkpoint.output_dir) / "tensorboard",
+        enabled=env.is_main,
+        progress=not cfg.logging.disable_progress_bar,
+    )
     stop = StopRequest().install()  # from the start: a preemption during set-up ends the run before its 1st step
     data = None
     try:
@@ -271,21 +309,37 @@ def _main(argv: list[str] | None) -> int:
         raw_model = build_model(cfg, resume, log)
         par = cfg.parallelism
         model, precision = apply_parallelism_and_precision(
-            raw_model, env, cfg.precision.precision, loss_scale=cfg.precision.loss_scale,
-            init_loss_scale=cfg.precision.init_loss_scale, checkpoint_activations=par.checkpoint_activations,
-            allreduce_fp16=par.allreduce_post_accumulation_fp16, compile=par.compile_choice,
-            compile_mode=par.compile_mode, compile_scope=par.compile_scope, fp8=cfg.precision.fp8)
+            raw_model,
+            env,
+            cfg.precision.precision,
+            loss_scale=cfg.precision.loss_scale,
+            init_loss_scale=cfg.precision.init_loss_scale,
+            checkpoint_activations=par.checkpoint_activations,
+            allreduce_fp16=par.allreduce_post_accumulation_fp16,
+            compile=par.compile_choice,
+            compile_mode=par.compile_mode,
+            compile_scope=par.compile_scope,
+            fp8=cfg.precision.fp8,
+        )
         scope = compiled(model)
-        log(f"precision {precision.name} ({precision.reason}); "
+        log(
+            f"precision {precision.name} ({precision.reason}); "
             f"{'float8 matrix products in the encoder layers (torchao); ' if cfg.precision.fp8 else ''}"
             f"{f'torch.compile of the {scope}, mode ' + par.compile_mode if scope else 'eager mode'}"
-            f"{'' if par.compile or par.no_compile else ' (the default on a ' + env.device.type.upper() + ')'}")
+            f"{'' if par.compile or par.no_compile else ' (the default on a ' + env.device.type.upper() + ')'}"
+        )
         if precision.warning:
             log(f"warning: {precision.warning}")
         validator = make_validator(cfg, precision, env)
-        parameters = {**cfg.flags(), "world_size": env.world_size, "device": str(env.device),
-                      "precision_requested": cfg.precision.precision, "precision": precision.name,
-                      "precision_reason": precision.reason, "parameters": count_parameters(raw_model)}
+        parameters = {
+            **cfg.flags(),
+            "world_size": env.world_size,
+            "device": str(env.device),
+            "precision_requested": cfg.precision.precision,
+            "precision": precision.name,
+            "precision_reason": precision.reason,
+            "parameters": count_parameters(raw_model),
+        }
         if not do_train:  # evaluation only: the weights are all we need
             if resume is not None:
                 load_checkpoint_state(raw_model, resume["model"], source=f"ckpt_{resume['step']}.pt")
@@ -309,10 +363,12 @@ def _main(argv: list[str] | None) -> int:
         logger.log("FINAL", summary)
         if summary["stopped_by_signal"]:
             return report_stop(cfg, summary, env)
-        log(f"done: step {summary['step']}, final loss {summary['final_loss']}, "
+        log(
+            f"done: step {summary['step']}, final loss {summary['final_loss']}, "
             f"{summary['training_sequences_per_second']:.1f} rows/s "
             f"({summary['training_real_sequences_per_second']:.1f} sequences/s, "
-            f"{summary['training_real_tokens_per_second']:.0f} real tokens/s)")
+            f"{summary['training_real_tokens_per_second']:.0f} real tokens/s)"
+        )
         return 0
     finally:
         stop.restore()

@@ -45,6 +45,7 @@ Differences from NVIDIA's run_squad.py, on purpose:
   stepped after the optimizer and only for steps the fp16 GradScaler did not skip;
 - no pickled cache, checkpoints load with weights_only=True, evaluation runs in-process (no subprocess needed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,8 +95,9 @@ def cache_dir_for(cfg, input_file: str) -> Path | None:
     return beside if os.access(beside, os.W_OK) else Path(cfg.data.output_dir) / "cache"
 
 
-def build_features(cfg, input_file: str, examples, tokenizer, is_training: bool, env: dist_env.DistEnv, log,
-                   collective: bool) -> list[squad.InputFeatures]:
+def build_features(
+    cfg, input_file: str, examples, tokenizer, is_training: bool, env: dist_env.DistEnv, log, collective: bool
+) -> list[squad.InputFeatures]:
     """Features (windows) from the cache or built. `collective`: every process calls this; then process 0 builds
     and caches the features first and the others read the cache (one tokenization instead of one per process)."""
     cache_dir = cache_dir_for(cfg, input_file)
@@ -108,8 +110,9 @@ def build_features(cfg, input_file: str, examples, tokenizer, is_training: bool,
     if sync and not env.is_main:
         dist_env.barrier(env)  # wait for process 0 to write the cache, then read it
     settings = squad.QASettings.from_args(cfg.flags())
-    features, how = squad.load_or_build_features(input_file, examples, tokenizer, settings,
-                                                 is_training, cache_dir, write_cache=env.is_main, progress=progress)
+    features, how = squad.load_or_build_features(
+        input_file, examples, tokenizer, settings, is_training, cache_dir, write_cache=env.is_main, progress=progress
+    )
     if sync and env.is_main:
         dist_env.barrier(env)
     log(f"{input_file}: {len(examples)} questions -> {len(features)} windows ({how})")
@@ -152,8 +155,9 @@ def shard(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     return np.resize(order, per_rank * world_size)[rank::world_size]
 
 
-def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, rank: int,
-                           world_size: int) -> list[list[int]]:
+def length_grouped_batches(
+    lengths: np.ndarray, batch_size: int, seed: int, epoch: int, rank: int, world_size: int
+) -> list[list[int]]:
     """This process's training batches for one epoch: a seeded shuffle, cut into groups of 50 batches, each group
     sorted by length and split into batches, then the batches shuffled. Every process gets the same number of
     batches (see `shard`)."""
@@ -162,9 +166,9 @@ def length_grouped_batches(lengths: np.ndarray, batch_size: int, seed: int, epoc
     group = batch_size * 50
     batches = []
     for lo in range(0, len(order), group):
-        chunk = order[lo:lo + group]
+        chunk = order[lo : lo + group]
         chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
-        batches.extend(chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
+        batches.extend(chunk[i : i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -197,8 +201,16 @@ class SquadTask(recipe.Task):
 
     def encode(self, examples, tokenizer, env, log, training: bool) -> Windows:
         cfg = self.cfg
-        features = build_features(cfg, cfg.data.train_file if training else cfg.data.predict_file, examples, tokenizer,
-                                  training, env, log, collective=training)
+        features = build_features(
+            cfg,
+            cfg.data.train_file if training else cfg.data.predict_file,
+            examples,
+            tokenizer,
+            training,
+            env,
+            log,
+            collective=training,
+        )
         return Windows(features, with_answers=training)
 
     collate = staticmethod(collate)
@@ -210,14 +222,21 @@ class SquadTask(recipe.Task):
 
         def batches(epoch: int) -> torch.utils.data.DataLoader:
             if training.group_by_length:
-                index = length_grouped_batches(dataset.lengths, micro_batch, training.seed, epoch, env.rank,
-                                               env.world_size)
+                index = length_grouped_batches(
+                    dataset.lengths, micro_batch, training.seed, epoch, env.rank, env.world_size
+                )
             else:
-                order = shard(np.random.default_rng([training.seed, epoch]).permutation(len(dataset)), env.rank,
-                              env.world_size)
-                index = [order[i:i + micro_batch].tolist() for i in range(0, len(order), micro_batch)]
-            return torch.utils.data.DataLoader(dataset, batch_sampler=index, collate_fn=collate,
-                                               num_workers=workers, pin_memory=env.device.type == "cuda")
+                order = shard(
+                    np.random.default_rng([training.seed, epoch]).permutation(len(dataset)), env.rank, env.world_size
+                )
+                index = [order[i : i + micro_batch].tolist() for i in range(0, len(order), micro_batch)]
+            return torch.utils.data.DataLoader(
+                dataset,
+                batch_sampler=index,
+                collate_fn=collate,
+                num_workers=workers,
+                pin_memory=env.device.type == "cuda",
+            )
 
         return batches, math.ceil(math.ceil(len(dataset) / env.world_size) / micro_batch)
 
@@ -233,8 +252,15 @@ class SquadTask(recipe.Task):
         for f, n, out in zip(dataset.features, dataset.lengths.tolist(), outputs):
             results[f.unique_id] = squad.RawResult(f.unique_id, out[0, :n], out[1, :n])
         predictions, nbest, null_odds = squad.get_predictions(
-            eval_set.examples, dataset.features, results, cfg.windows.n_best_size, cfg.windows.max_answer_length,
-            cfg.model.do_lower_case, version_2, cfg.windows.null_score_diff_threshold)
+            eval_set.examples,
+            dataset.features,
+            results,
+            cfg.windows.n_best_size,
+            cfg.windows.max_answer_length,
+            cfg.model.do_lower_case,
+            version_2,
+            cfg.windows.null_score_diff_threshold,
+        )
         files = {"predictions.json": predictions, "nbest_predictions.json": nbest}
         if version_2:
             files["null_odds.json"] = null_odds
@@ -250,8 +276,9 @@ class SquadTask(recipe.Task):
         (metrics,) = results["eval"].values()
         record = {"eval": metrics}
         if cfg.run.eval_script:
-            record["eval_script"] = run_eval_script(cfg.run.eval_script, cfg.data.predict_file, output_dir,
-                                                    cfg.data.version_2_with_negative)
+            record["eval_script"] = run_eval_script(
+                cfg.run.eval_script, cfg.data.predict_file, output_dir, cfg.data.version_2_with_negative
+            )
             logger.log("EVAL_SCRIPT", record["eval_script"])
         atomic_io.atomic_write_json(output_dir / "eval_results.json", record)
 
@@ -263,13 +290,19 @@ class SquadTask(recipe.Task):
         summary: dict = {}
         if "train" in results:
             train = results["train"]
-            summary.update(e2e_train_time=train["seconds"], global_step=train["steps"], final_loss=train["final_loss"],
-                           training_sequences_per_second=train["sequences_per_second"])
+            summary.update(
+                e2e_train_time=train["seconds"],
+                global_step=train["steps"],
+                final_loss=train["final_loss"],
+                training_sequences_per_second=train["sequences_per_second"],
+            )
         if "inference" in results:
             seconds = results["inference"]["wall_seconds"]
-            summary.update(e2e_inference_time=seconds,
-                           inference_sequences_per_second=results["inference"]["sequences"] / max(seconds, 1e-9),
-                           predicted_questions=len(predictions.get("predictions.json", {})))
+            summary.update(
+                e2e_inference_time=seconds,
+                inference_sequences_per_second=results["inference"]["sequences"] / max(seconds, 1e-9),
+                predicted_questions=len(predictions.get("predictions.json", {})),
+            )
         if "eval" in results:
             (metrics,) = results["eval"].values()
             exact = metrics["exact"] if self.cfg.data.version_2_with_negative else metrics["exact_match"]
@@ -284,8 +317,10 @@ def run_eval_script(script: str, predict_file: str, output_dir: Path, version_2:
         command += ["--na-prob-file", str(output_dir / "null_odds.json")]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise cli.InputError(f"--eval_script {script} failed (exit {done.returncode}): "
-                               f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no message'}")
+        raise cli.InputError(
+            f"--eval_script {script} failed (exit {done.returncode}): "
+            f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no message'}"
+        )
     try:
         return json.loads(done.stdout)
     except json.JSONDecodeError:

@@ -26,6 +26,7 @@ Outputs in --output_dir:
     hf_model/          (--do_train) the same model as a transformers directory (BertForMultipleChoice)
     dllogger.json      JSON-lines log (--json-summary to move it)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,13 +85,14 @@ class SwagTask(recipe.Task):
 
     def read(self) -> tuple[list, dict[str, recipe.EvalSet]]:
         data, run = self.cfg.data, self.cfg.run
-        train = get_examples(data.data_dir, "train")[:data.max_train_examples] if run.do_train else []
+        train = get_examples(data.data_dir, "train")[: data.max_train_examples] if run.do_train else []
         sets = {}
         if run.do_eval or (run.do_predict and data.predict_split == "val"):
-            sets["val"] = recipe.EvalSet(get_examples(data.data_dir, "val")[:data.max_eval_examples])
+            sets["val"] = recipe.EvalSet(get_examples(data.data_dir, "val")[: data.max_eval_examples])
         if run.do_predict and data.predict_split == "test":
-            sets["test"] = recipe.EvalSet(get_examples(data.data_dir, "test")[:data.max_eval_examples],
-                                              unlabelled=True)
+            sets["test"] = recipe.EvalSet(
+                get_examples(data.data_dir, "test")[: data.max_eval_examples], unlabelled=True
+            )
         for name, examples in {"train": train, **{name: s.examples for name, s in sets.items()}}.items():
             if (name != "train" or run.do_train) and not examples:
                 raise cli.InputError(f"SWAG {name} set in {data.data_dir} has no examples")
@@ -100,9 +102,11 @@ class SwagTask(recipe.Task):
         max_seq_length = self.cfg.model.max_seq_length
         encoded = encode_examples(examples, tokenizer, max_seq_length)
         if training:
-            log(f"SWAG train: {len(encoded)} examples x {encoded.num_choices} choices, longest choice "
+            log(
+                f"SWAG train: {len(encoded)} examples x {encoded.num_choices} choices, longest choice "
                 f"{encoded.lengths.mean():.1f} tokens on average, {encoded.truncated} choices truncated to "
-                f"{max_seq_length}")
+                f"{max_seq_length}"
+            )
         return recipe.EncodedDataset(encoded)
 
     collate = staticmethod(collate)
@@ -118,13 +122,16 @@ class SwagTask(recipe.Task):
             probs = torch.softmax(torch.from_numpy(logits), dim=-1).numpy()
             predictions["predictions.json"] = {
                 e.guid: {"label": int(p), "probabilities": [round(float(x), 6) for x in prob]}
-                for e, p, prob in zip(examples, preds, probs)}
+                for e, p, prob in zip(examples, preds, probs)
+            }
         if not (run.do_eval and labels is not None):
             return None, predictions
         loss = float(F.cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels)))
         metrics = {"acc": accuracy(preds, labels), "loss": loss, "examples": len(examples)}
-        log(f"SWAG {name}: accuracy {metrics['acc']:.4f}, loss {loss:.4f} ({len(examples)} examples, "
-            f"chance {1 / dataset.encoded.num_choices:.4f})")
+        log(
+            f"SWAG {name}: accuracy {metrics['acc']:.4f}, loss {loss:.4f} ({len(examples)} examples, "
+            f"chance {1 / dataset.encoded.num_choices:.4f})"
+        )
         return metrics, predictions
 
     def saved_fields(self, steps: int, dataset) -> dict:

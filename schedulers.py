@@ -21,6 +21,7 @@ and torchtitan, so a run extended with a larger --max_steps continues along the 
 the old schedule's end (LR 0); `changes()` names what differs, for the log. It also writes the LR for the current
 step into the optimizer, so the order in which optimizer and scheduler are restored does not matter.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,14 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-__all__ = ["PolyWarmUpScheduler", "LinearWarmUpScheduler", "ConstantWarmUpScheduler", "CosineWarmUpScheduler",
-           "SCHEDULERS", "get_scheduler"]
+__all__ = [
+    "PolyWarmUpScheduler",
+    "LinearWarmUpScheduler",
+    "ConstantWarmUpScheduler",
+    "CosineWarmUpScheduler",
+    "SCHEDULERS",
+    "get_scheduler",
+]
 
 
 class _WarmUpScheduler(LRScheduler):
@@ -89,8 +96,14 @@ class PolyWarmUpScheduler(_WarmUpScheduler):
     base * (1 - warmup)^degree (e.g. 0.846 * base for phase 1's warmup 0.2843), then decays to 0 at total_steps.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, warmup: float, total_steps: int, degree: float = 0.5,
-                 last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        warmup: float,
+        total_steps: int,
+        degree: float = 0.5,
+        last_epoch: int = -1,
+    ):
         self.degree = float(degree)
         super().__init__(optimizer, warmup, total_steps, last_epoch)
 
@@ -134,8 +147,9 @@ SCHEDULERS: dict[str, type[_WarmUpScheduler]] = {
 }
 
 
-def get_scheduler(name: str, optimizer: torch.optim.Optimizer, warmup: float, total_steps: int,
-                  **kwargs: Any) -> LRScheduler:
+def get_scheduler(
+    name: str, optimizer: torch.optim.Optimizer, warmup: float, total_steps: int, **kwargs: Any
+) -> LRScheduler:
     """Build a schedule by name ("poly", "linear", "constant", "cosine"); kwargs go to it (e.g. degree=)."""
     if name not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {name!r}: choose one of {', '.join(SCHEDULERS)}")

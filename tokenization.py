@@ -12,6 +12,7 @@ The algorithm (Google's tokenization.py, re-implemented):
 configured to give the same tokens and ids (the default when it is installed). Bulk callers (pre-training data,
 fine-tuning features) use `tokenize_batch` / `encode_batch`, which hand whole lists to Rust in one call.
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,8 +34,10 @@ def load_vocab(vocab_file: str | os.PathLike) -> "collections.OrderedDict[str, i
             for index, line in enumerate(f):
                 vocab[line.strip()] = index
     except UnicodeDecodeError as e:
-        raise ValueError(f"vocabulary file {vocab_file} is not UTF-8 text (byte {e.start}): pass a BERT vocab.txt, "
-                         "one token per line") from None
+        raise ValueError(
+            f"vocabulary file {vocab_file} is not UTF-8 text (byte {e.start}): pass a BERT vocab.txt, "
+            "one token per line"
+        ) from None
     if not vocab:
         raise ValueError(f"vocabulary file {vocab_file} is empty: pass a BERT vocab.txt, one token per line")
     return vocab
@@ -56,8 +59,9 @@ def casing_warning(vocab: dict[str, int], vocab_file: str, do_lower_case: bool) 
     """A one-line warning when an uncased vocabulary meets input that is not lower-cased (every capitalised word
     would become [UNK]), else None."""
     if vocab_is_uncased(vocab) and not do_lower_case:
-        return (f"{vocab_file} is an uncased vocabulary but --do_lower_case is not set; capitalised words will "
-                "become [UNK]")
+        return (
+            f"{vocab_file} is an uncased vocabulary but --do_lower_case is not set; capitalised words will become [UNK]"
+        )
     return None
 
 
@@ -195,9 +199,23 @@ class WordpieceTokenizer:
 # punctuation), private-use characters, and the final sigma (Python lower-cases a word-final capital sigma to
 # "ς", Rust to "σ"). A text with any character outside these ranges goes through the Python path instead.
 _FAST_PATH_RANGES = (
-    (0x0000, 0x03A2), (0x03A4, 0x061C), (0x061E, 0x07FC), (0x07FE, 0x07FF), (0x0900, 0x097F), (0x0E00, 0x0E7F),
-    (0x1E00, 0x1FFF), (0x2000, 0x206F), (0x20A0, 0x20CF), (0x2100, 0x214F), (0x2190, 0x22FF), (0x2500, 0x25FF),
-    (0x3000, 0x30FF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xFF00, 0xFFEF), (0x1F300, 0x1F64F),
+    (0x0000, 0x03A2),
+    (0x03A4, 0x061C),
+    (0x061E, 0x07FC),
+    (0x07FE, 0x07FF),
+    (0x0900, 0x097F),
+    (0x0E00, 0x0E7F),
+    (0x1E00, 0x1FFF),
+    (0x2000, 0x206F),
+    (0x20A0, 0x20CF),
+    (0x2100, 0x214F),
+    (0x2190, 0x22FF),
+    (0x2500, 0x25FF),
+    (0x3000, 0x30FF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7A3),
+    (0xFF00, 0xFFEF),
+    (0x1F300, 0x1F64F),
 )
 _OUTSIDE_FAST_PATH = re.compile(
     "[^" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in _FAST_PATH_RANGES) + "]"
@@ -251,7 +269,9 @@ class BertTokenizer:
         self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, UNK, max_input_chars_per_word)
         missing = [t for t in (UNK, CLS, SEP, MASK, PAD) if t not in self.vocab]
         if missing:  # before the Rust tokenizer is built: it fails on a vocabulary without [UNK] in its own words
-            raise ValueError(f"vocabulary file {vocab_file} lacks the special tokens {missing}: is it a BERT vocab.txt?")
+            raise ValueError(
+                f"vocabulary file {vocab_file} lacks the special tokens {missing}: is it a BERT vocab.txt?"
+            )
         self._fast = _build_fast_tokenizer(self.vocab, do_lower_case, max_input_chars_per_word) if use_fast else None
 
     @property
@@ -268,7 +288,9 @@ class BertTokenizer:
         return self._tokenize_python(text)
 
     def _tokenize_python(self, text: str) -> list[str]:
-        return [piece for word in self.basic_tokenizer.tokenize(text) for piece in self.wordpiece_tokenizer.tokenize(word)]
+        return [
+            piece for word in self.basic_tokenizer.tokenize(text) for piece in self.wordpiece_tokenizer.tokenize(word)
+        ]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without [CLS]/[SEP]."""
@@ -282,7 +304,9 @@ class BertTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text (no special tokens); one call into Rust for the whole list on the fast path."""
-        return self._batch(texts, lambda encoding: encoding.ids, lambda t: self.convert_tokens_to_ids(self._tokenize_python(t)))
+        return self._batch(
+            texts, lambda encoding: encoding.ids, lambda t: self.convert_tokens_to_ids(self._tokenize_python(t))
+        )
 
     def _batch(self, texts: Sequence[str], from_encoding, python_path) -> list:
         if self._fast is None:

@@ -34,6 +34,7 @@ A second call reuses every finished run; one with another --sst2_max_train_examp
 pre-training and writes its fine-tunings and report under names that say so (lr<rate>_n<N>_ep<E>/,
 adaptive_study_n<N>_ep<E>.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,11 +44,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bert_recipe.io.atomic_io import atomic_write_text
 from bench import pretrain_study
 from bench import study_utils as su
-from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.finetuning.tasks.glue import get_task, get_train_examples
+from bert_recipe.io.atomic_io import atomic_write_text
+from bert_recipe.io.cli import InputError, script_errors
 
 REPO = su.REPO
 ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")
@@ -58,7 +59,7 @@ def sst2_documents(data_dir: Path, out: Path, per_doc: int) -> dict:
     the plain-text input of run_cpu_demo.sh --corpus. Returns {"sentences", "documents", "words"}."""
     sentences = [e.text_a.strip() for e in get_train_examples(data_dir, get_task("sst-2"))]
     sentences = [s for s in sentences if s]
-    docs = [sentences[i:i + per_doc] for i in range(0, len(sentences), per_doc)]
+    docs = [sentences[i : i + per_doc] for i in range(0, len(sentences), per_doc)]
     atomic_write_text(out, "".join("\n".join(doc) + "\n\n" for doc in docs))
     return {"sentences": len(sentences), "documents": len(docs), "words": sum(len(s.split()) for s in sentences)}
 
@@ -66,8 +67,11 @@ def sst2_documents(data_dir: Path, out: Path, per_doc: int) -> dict:
 def markdown(report: dict) -> str:
     lrs, rows = report["learning_rates"], report["arms"]
     head = " | ".join(f"SST-2 dev acc., lr {lr}" for lr in lrs)
-    lines = [f"| start | pre-training | {head} | at its best rate against random's best (difference, spread) | "
-             "linear probe, [CLS] / mean of tokens |", "|---" * (4 + len(lrs)) + "|"]
+    lines = [
+        f"| start | pre-training | {head} | at its best rate against random's best (difference, spread) | "
+        "linear probe, [CLS] / mean of tokens |",
+        "|---" * (4 + len(lrs)) + "|",
+    ]
     for arm in ARMS:
         r = rows[arm]
         cells = []
@@ -76,22 +80,32 @@ def markdown(report: dict) -> str:
             cell = f"{m['mean']:.4f} ± {m['std']:.4f}"
             cells.append(f"**{cell}**" if lr == r["best_lr"] else cell)
         v = r["against_random"]["best"] if r["against_random"] else None
-        verdict = "" if v is None else (f"{'**beats**' if v['beats'] else 'does not beat'} ({v['difference']:+.4f}, "
-                                        f"{v['spread']:.4f})")
+        verdict = (
+            ""
+            if v is None
+            else (f"{'**beats**' if v['beats'] else 'does not beat'} ({v['difference']:+.4f}, {v['spread']:.4f})")
+        )
         p = r["linear_probe"]
-        lines.append(f"| {arm} | {r['pretraining']} | {' | '.join(cells)} | {verdict} | {p['cls']:.4f} / "
-                     f"{p['mean']:.4f} |")
+        lines.append(
+            f"| {arm} | {r['pretraining']} | {' | '.join(cells)} | {verdict} | {p['cls']:.4f} / {p['mean']:.4f} |"
+        )
     majority = f"{report['majority']:.4f}"
     lines.append(f"| majority class | | {' | '.join(majority for _ in lrs)} | | {majority} |")
-    lines += [""] + [f"- {name}, each at its best rate: {'**beats**' if v['beats'] else 'does not beat'} "
-                     f"({v['difference']:+.4f}, spread {v['spread']:.4f})" for name, v in report["pairs"].items()]
+    lines += [""] + [
+        f"- {name}, each at its best rate: {'**beats**' if v['beats'] else 'does not beat'} "
+        f"({v['difference']:+.4f}, spread {v['spread']:.4f})"
+        for name, v in report["pairs"].items()
+    ]
     t, fine = report["sst2_text"], report["finetuning"]
-    lines += ["", f"Fine-tuning: the first {fine['sst2_max_train_examples']} labelled sentences, {fine['sst2_epochs']:g} "
-              f"epoch(s), {fine['seeds']} seeds, batch {fine['batch']}; bold: each start's best rate. "
-              f"Rule: {report['rule']}. "
-              f"SST-2 text: {t['sentences']} sentences, {t['words']} words, {t['documents']} documents. "
-              f"{report['date']}, {report['cpu']}, {report['wall_seconds']} s. Command: "
-              f"`python -m bench.adaptive_study {' '.join(report['command'][3:])}`."]
+    lines += [
+        "",
+        f"Fine-tuning: the first {fine['sst2_max_train_examples']} labelled sentences, {fine['sst2_epochs']:g} "
+        f"epoch(s), {fine['seeds']} seeds, batch {fine['batch']}; bold: each start's best rate. "
+        f"Rule: {report['rule']}. "
+        f"SST-2 text: {t['sentences']} sentences, {t['words']} words, {t['documents']} documents. "
+        f"{report['date']}, {report['cpu']}, {report['wall_seconds']} s. Command: "
+        f"`python -m bench.adaptive_study {' '.join(report['command'][3:])}`.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -116,25 +130,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=REPO / "configs" / "bert-small-cpu.json")
     p.add_argument("--wiki_steps", type=int, default=4000, help="phase-1 steps on Wikipedia (the main job's)")
     p.add_argument("--task_steps", type=int, default=4000, help="phase-1 steps on SST-2's text")
-    p.add_argument("--task_dupe_factor", type=int, default=10, help="masked copies of SST-2's text (create_"
-                   "pretraining/data_stream.py --dupe_factor): 10 gives about as many sequences as 4,000 steps of 32 read")
+    p.add_argument(
+        "--task_dupe_factor",
+        type=int,
+        default=10,
+        help="masked copies of SST-2's text (create_"
+        "pretraining/data_stream.py --dupe_factor): 10 gives about as many sequences as 4,000 steps of 32 read",
+    )
     p.add_argument("--doc_sentences", type=int, default=8, help="SST-2 sentences per document")
     p.add_argument("--phase2_steps", type=int, default=20)
     p.add_argument("--seeds", default="1,2,3,4,5")
-    p.add_argument("--small_lr", default="1e-4,3e-4,1e-3,3e-3", help="fine-tuning learning rates, comma-separated: every "
-                   "start is fine-tuned at each, and compared at the same rate and at its best")
+    p.add_argument(
+        "--small_lr",
+        default="1e-4,3e-4,1e-3,3e-3",
+        help="fine-tuning learning rates, comma-separated: every "
+        "start is fine-tuned at each, and compared at the same rate and at its best",
+    )
     p.add_argument("--sst2_max_train_examples", type=int, default=10000)
     p.add_argument("--sst2_epochs", type=float, default=1.0)
     p.add_argument("--max_steps", type=int, default=-1, help="fine-tuning steps cap (quick runs)")
     p.add_argument("--max_eval_examples", type=int, default=None, help="dev sentences (quick runs)")
     p.add_argument("--probe_max_train_examples", type=int, default=None, help="linear probe sentences (quick runs)")
     p.add_argument("--parallel", type=int, default=2, help="fine-tuning runs at a time")
-    p.add_argument("--glue_in_process", action="store_true", help="each fine-tuning's run_glue.main in this process "
-                   "(bench.pretrain_study --glue_in_process; needs --parallel 1): saves a process start per run, "
-                   "most of a quick run's time")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads of each pre-training (default: the cores this process may use: $OMP_NUM_THREADS "
-                        "when it is set, as on a shared machine or a test worker, else the CPUs it may run on)")
+    p.add_argument(
+        "--glue_in_process",
+        action="store_true",
+        help="each fine-tuning's run_glue.main in this process "
+        "(bench.pretrain_study --glue_in_process; needs --parallel 1): saves a process start per run, "
+        "most of a quick run's time",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of each pre-training (default: the cores this process may use: $OMP_NUM_THREADS "
+        "when it is set, as on a shared machine or a test worker, else the CPUs it may run on)",
+    )
     p.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-sst2/ (SST-2's train.tsv, dev.tsv)")
     g = p.add_argument_group("sizes (the defaults are the main job's; smaller for quick runs and the tests)")
     g.add_argument("--corpus", action="append", type=Path, help="the Wikipedia arm's text (None: the main job's)")
@@ -150,6 +181,7 @@ class Plan:
     """The checked command line: the flags, SST-2's folder, the fine-tuning rates (as pretrain_study's --small_lr
     is given them), the study's folder (absolute), the suffix of the names of the fine-tunings and the report,
     the pretrain_study flags every arm and rate share, and the command for the report."""
+
     args: argparse.Namespace
     data_dir: Path
     lrs: list[str]
@@ -172,39 +204,87 @@ def parse(argv: list[str] | None = None) -> Plan:
     data_dir = args.data_root.resolve() / "glue-sst2"
     for name in ("train.tsv", "dev.tsv"):
         if not (data_dir / name).is_file():
-            raise InputError(f"--data_root {args.data_root}: {data_dir / name} not found (SST-2 from GLUE: "
-                             "../shared/data/glue-sst2 holds it)")
+            raise InputError(
+                f"--data_root {args.data_root}: {data_dir / name} not found (SST-2 from GLUE: "
+                "../shared/data/glue-sst2 holds it)"
+            )
     try:
         lrs = [f"{float(x):g}" for x in args.small_lr.split(",") if x.strip()]
     except ValueError:
         lrs = []
     if not lrs or any(float(lr) <= 0 for lr in lrs):
         raise InputError(f"--small_lr {args.small_lr!r}: give positive learning rates, comma-separated (1e-4,1e-3)")
-    common = ["--optimizer", "adamw", "--lr", "1e-3", "--phase2_steps", str(args.phase2_steps), "--tasks", "sst-2",
-              "--seeds", args.seeds, "--sst2_max_train_examples",
-              str(args.sst2_max_train_examples), "--sst2_epochs", str(args.sst2_epochs), "--max_steps",
-              str(args.max_steps), "--parallel", str(args.parallel), "--no_context_probe",
-              "--data_root", str(args.data_root.resolve()), "--batch", str(args.batch), "--small_batch",
-              str(args.small_batch), "--max_seq_length", str(args.max_seq_length), "--threads", str(args.threads)]
+    common = [
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "1e-3",
+        "--phase2_steps",
+        str(args.phase2_steps),
+        "--tasks",
+        "sst-2",
+        "--seeds",
+        args.seeds,
+        "--sst2_max_train_examples",
+        str(args.sst2_max_train_examples),
+        "--sst2_epochs",
+        str(args.sst2_epochs),
+        "--max_steps",
+        str(args.max_steps),
+        "--parallel",
+        str(args.parallel),
+        "--no_context_probe",
+        "--data_root",
+        str(args.data_root.resolve()),
+        "--batch",
+        str(args.batch),
+        "--small_batch",
+        str(args.small_batch),
+        "--max_seq_length",
+        str(args.max_seq_length),
+        "--threads",
+        str(args.threads),
+    ]
     if args.glue_in_process:
         common.append("--glue_in_process")
     if args.max_eval_examples:
         common += ["--max_eval_examples", str(args.max_eval_examples)]
     # Fine-tuning folders and the report are named by any setting that differs from the defaults, so that a second
     # call with fewer labels or more epochs reuses the pre-training beside the first call's results.
-    suffix = "".join(f"_{key}{value:g}" for key, value, default in (
-        ("n", args.sst2_max_train_examples, 10000), ("ep", args.sst2_epochs, 1.0)) if value != default)
-    return Plan(args, data_dir, lrs, args.out.resolve(), suffix, common,
-                [sys.executable, "-m", "bench.adaptive_study", *(argv if argv is not None else sys.argv[1:])])
+    suffix = "".join(
+        f"_{key}{value:g}"
+        for key, value, default in (("n", args.sst2_max_train_examples, 10000), ("ep", args.sst2_epochs, 1.0))
+        if value != default
+    )
+    return Plan(
+        args,
+        data_dir,
+        lrs,
+        args.out.resolve(),
+        suffix,
+        common,
+        [sys.executable, "-m", "bench.adaptive_study", *(argv if argv is not None else sys.argv[1:])],
+    )
 
 
 def study(plan: Plan, arm: str, lr: str, models: str, pretraining: list[str]) -> dict:
     """One arm fine-tuned at one rate (bench.pretrain_study's report); the arm's pre-training runs with its first
     rate and is reused after."""
     out = plan.out
-    return pretrain_study.main(["--out", str(out / arm / f"lr{lr}{plan.suffix}"), "--pretrain_out",
-                                str(out / arm / "pretrain"), "--small_lr", lr, "--models", models, *pretraining,
-                                *plan.common])
+    return pretrain_study.main(
+        [
+            "--out",
+            str(out / arm / f"lr{lr}{plan.suffix}"),
+            "--pretrain_out",
+            str(out / arm / "pretrain"),
+            "--small_lr",
+            lr,
+            "--models",
+            models,
+            *pretraining,
+            *plan.common,
+        ]
+    )
 
 
 def pretrain_and_fine_tune(plan: Plan) -> tuple[dict[str, dict[str, dict]], dict]:
@@ -213,19 +293,39 @@ def pretrain_and_fine_tune(plan: Plan) -> tuple[dict[str, dict[str, dict]], dict
     arm is the Wikipedia arm's "random" model."""
     args, lrs = plan.args, plan.lrs
     # 1-2: Wikipedia, and the random start it began from
-    wiki_pre = ["--config", str(args.config), "--phase1_steps", str(args.wiki_steps), "--dupe_factor", "1",
-                "--vocab_size", str(args.vocab_size), *[a for c in args.corpus or [] for a in ("--corpus", str(c))]]
+    wiki_pre = [
+        "--config",
+        str(args.config),
+        "--phase1_steps",
+        str(args.wiki_steps),
+        "--dupe_factor",
+        "1",
+        "--vocab_size",
+        str(args.vocab_size),
+        *[a for c in args.corpus or [] for a in ("--corpus", str(c))],
+    ]
     wiki = {lr: study(plan, "wikipedia", lr, "pretrained,random", wiki_pre) for lr in lrs}
     # 3-4: SST-2's text, from the random start and from the Wikipedia model
     text = plan.out / "sst2_text.txt"
     text_stats = sst2_documents(plan.data_dir, text, args.doc_sentences)
-    task_pre = ["--corpus", str(text), "--vocab", str(plan.demo / "vocab.txt"), "--config",
-                str(plan.demo / "bert_config.json"), "--phase1_steps", str(args.task_steps), "--dupe_factor",
-                str(args.task_dupe_factor)]
+    task_pre = [
+        "--corpus",
+        str(text),
+        "--vocab",
+        str(plan.demo / "vocab.txt"),
+        "--config",
+        str(plan.demo / "bert_config.json"),
+        "--phase1_steps",
+        str(args.task_steps),
+        "--dupe_factor",
+        str(args.task_dupe_factor),
+    ]
     tapt = {lr: study(plan, "sst2-text", lr, "pretrained", task_pre) for lr in lrs}
     wiki_ckpt = wiki[lrs[0]]["pretraining"]["checkpoint"]
-    both = {lr: study(plan, "wikipedia+sst2-text", lr, "pretrained", ["--init_checkpoint", wiki_ckpt, *task_pre])
-            for lr in lrs}
+    both = {
+        lr: study(plan, "wikipedia+sst2-text", lr, "pretrained", ["--init_checkpoint", wiki_ckpt, *task_pre])
+        for lr in lrs
+    }
     return {"wikipedia": wiki, "sst2-text": tapt, "wikipedia+sst2-text": both}, text_stats
 
 
@@ -235,8 +335,18 @@ def linear_probe_of(plan: Plan, starts: dict[str, str]) -> dict:
 
     args = plan.args
     probe_argv = [a for arm in ARMS for a in ("--checkpoint", f"{arm}={starts[arm]}")]
-    probe_argv += ["--vocab_file", str(plan.demo / "vocab.txt"), "--task", "sst-2", "--data_dir", str(plan.data_dir),
-                   "--out", str(plan.out / "linear_probe.json"), "--max_seq_length", str(args.max_seq_length)]
+    probe_argv += [
+        "--vocab_file",
+        str(plan.demo / "vocab.txt"),
+        "--task",
+        "sst-2",
+        "--data_dir",
+        str(plan.data_dir),
+        "--out",
+        str(plan.out / "linear_probe.json"),
+        "--max_seq_length",
+        str(args.max_seq_length),
+    ]
     if args.probe_max_train_examples:
         probe_argv += ["--max_train_examples", str(args.probe_max_train_examples)]
     if args.max_eval_examples:
@@ -252,27 +362,46 @@ def linear_probe_of(plan: Plan, starts: dict[str, str]) -> dict:
     return probe
 
 
-def arm_rows(lrs: list[str], studies: dict[str, dict[str, dict]], starts: dict[str, str], probe: dict
-             ) -> tuple[dict, dict]:
+def arm_rows(
+    lrs: list[str], studies: dict[str, dict[str, dict]], starts: dict[str, str], probe: dict
+) -> tuple[dict, dict]:
     """The report's "arms" (per arm: its start, pre-training, SST-2 scores per rate, best rate, verdicts against
     random, linear probe) and "pairs" (the pairs that answer the question, each at its best rate)."""
     wiki, first = studies["wikipedia"], {arm: by_lr[lrs[0]] for arm, by_lr in studies.items()}
-    scores = {"random": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["random"] for lr in lrs},
-              **{arm: {lr: by_lr[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs}
-                 for arm, by_lr in studies.items()}}
+    scores = {
+        "random": {lr: wiki[lr]["finetuning"]["results"]["sst-2"]["random"] for lr in lrs},
+        **{
+            arm: {lr: by_lr[lr]["finetuning"]["results"]["sst-2"]["pretrained"] for lr in lrs}
+            for arm, by_lr in studies.items()
+        },
+    }
     best = {arm: max(lrs, key=lambda lr: by_lr[lr]["mean"]) for arm, by_lr in scores.items()}
     top = {arm: scores[arm][best[arm]] for arm in ARMS}  # each start at its best rate (chosen on dev, for all alike)
-    arms = {arm: {"checkpoint": starts[arm], "pretraining": pretraining_line(first.get(arm, {}).get("pretraining")),
-                  "pretraining_report": first.get(arm, {}).get("pretraining"),
-                  "sst2": {lr: {k: v for k, v in scores[arm][lr].items() if k != "date"} for lr in lrs},
-                  "best_lr": best[arm],
-                  "against_random": None if arm == "random" else {
-                      "same_lr": {lr: su.beats(scores[arm][lr], scores["random"][lr]) for lr in lrs},
-                      "best": su.beats(top[arm], top["random"])},
-                  "linear_probe": {k: probe["results"][arm][k]["dev_accuracy"] for k in ("cls", "mean")}}
-            for arm in ARMS}
-    pairs = {f"{a} against {b}": su.beats(top[a], top[b]) for a, b in
-             (("sst2-text", "random"), ("wikipedia+sst2-text", "sst2-text"), ("wikipedia+sst2-text", "wikipedia"))}
+    arms = {
+        arm: {
+            "checkpoint": starts[arm],
+            "pretraining": pretraining_line(first.get(arm, {}).get("pretraining")),
+            "pretraining_report": first.get(arm, {}).get("pretraining"),
+            "sst2": {lr: {k: v for k, v in scores[arm][lr].items() if k != "date"} for lr in lrs},
+            "best_lr": best[arm],
+            "against_random": None
+            if arm == "random"
+            else {
+                "same_lr": {lr: su.beats(scores[arm][lr], scores["random"][lr]) for lr in lrs},
+                "best": su.beats(top[arm], top["random"]),
+            },
+            "linear_probe": {k: probe["results"][arm][k]["dev_accuracy"] for k in ("cls", "mean")},
+        }
+        for arm in ARMS
+    }
+    pairs = {
+        f"{a} against {b}": su.beats(top[a], top[b])
+        for a, b in (
+            ("sst2-text", "random"),
+            ("wikipedia+sst2-text", "sst2-text"),
+            ("wikipedia+sst2-text", "wikipedia"),
+        )
+    }
     return arms, pairs
 
 
@@ -284,18 +413,32 @@ def run(plan: Plan) -> dict:
     started = time.time()
     studies, text_stats = pretrain_and_fine_tune(plan)
     wiki = studies["wikipedia"][lrs[0]]
-    starts = {"random": wiki["random_init"]["checkpoint"],
-              **{arm: by_lr[lrs[0]]["pretraining"]["checkpoint"] for arm, by_lr in studies.items()}}
+    starts = {
+        "random": wiki["random_init"]["checkpoint"],
+        **{arm: by_lr[lrs[0]]["pretraining"]["checkpoint"] for arm, by_lr in studies.items()},
+    }
     probe = linear_probe_of(plan, starts)
     arms, pairs = arm_rows(lrs, studies, starts, probe)
     cpu, flags = su.cpu_description()
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": plan.command,
-              "cpu": f"{cpu} ({', '.join(flags) or 'no bf16 flags'})", "sst2_text": text_stats, "learning_rates": lrs,
-              "finetuning": {"sst2_max_train_examples": args.sst2_max_train_examples, "sst2_epochs": args.sst2_epochs,
-                             "seeds": len(su.parse_seeds(args.seeds)), "batch": args.small_batch},
-              "majority": wiki["finetuning"]["baselines"]["sst-2"], "arms": arms, "pairs": pairs,
-              "rule": su.RULE, "linear_probe": str(plan.out / "linear_probe.json"),
-              "wall_seconds": round(time.time() - started, 1)}
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": plan.command,
+        "cpu": f"{cpu} ({', '.join(flags) or 'no bf16 flags'})",
+        "sst2_text": text_stats,
+        "learning_rates": lrs,
+        "finetuning": {
+            "sst2_max_train_examples": args.sst2_max_train_examples,
+            "sst2_epochs": args.sst2_epochs,
+            "seeds": len(su.parse_seeds(args.seeds)),
+            "batch": args.small_batch,
+        },
+        "majority": wiki["finetuning"]["baselines"]["sst-2"],
+        "arms": arms,
+        "pairs": pairs,
+        "rule": su.RULE,
+        "linear_probe": str(plan.out / "linear_probe.json"),
+        "wall_seconds": round(time.time() - started, 1),
+    }
     su.write_report(plan.out, f"adaptive_study{plan.suffix}", report, markdown(report))
     return report
 

@@ -10,6 +10,7 @@ create_pretraining_data.py (not the same random draws), so instances/second and 
     python -m bench.baseline_create_pretraining_data --input_file corpus.txt --output_file out.hdf5 \\
         --vocab_file vocab.txt --dupe_factor 5 [--python_tokenizer]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ import time
 import numpy as np
 
 from tokenization import BertTokenizer
+
 
 def read_documents(paths: list[str], tokenizer) -> list[list[list[str]]]:
     """Every document as a list of tokenized sentences; a blank line ends a document."""
@@ -49,8 +51,14 @@ def trim_pair(a: list[str], b: list[str], max_tokens: int, rng: random.Random) -
             longer.pop()
 
 
-def mask_tokens(tokens: list[str], masked_lm_prob: float, max_predictions: int, vocab_words: list[str],
-                rng: random.Random, whole_word: bool):
+def mask_tokens(
+    tokens: list[str],
+    masked_lm_prob: float,
+    max_predictions: int,
+    vocab_words: list[str],
+    rng: random.Random,
+    whole_word: bool,
+):
     groups: list[list[int]] = []
     for i, token in enumerate(tokens):
         if token in ("[CLS]", "[SEP]"):
@@ -102,7 +110,7 @@ def document_instances(documents, index: int, args, vocab_words: list[str], rng:
                     if other != index:
                         break
                 other_doc = documents[other]
-                for sentence in other_doc[rng.randint(0, len(other_doc) - 1):]:
+                for sentence in other_doc[rng.randint(0, len(other_doc) - 1) :]:
                     b.extend(sentence)
                     if len(b) >= target - len(a):
                         break
@@ -113,8 +121,9 @@ def document_instances(documents, index: int, args, vocab_words: list[str], rng:
             trim_pair(a, b, max_tokens, rng)
             tokens = ["[CLS]"] + a + ["[SEP]"] + b + ["[SEP]"]
             segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-            tokens, positions, labels = mask_tokens(tokens, args.masked_lm_prob, args.max_predictions_per_seq,
-                                                    vocab_words, rng, args.do_whole_word_mask)
+            tokens, positions, labels = mask_tokens(
+                tokens, args.masked_lm_prob, args.max_predictions_per_seq, vocab_words, rng, args.do_whole_word_mask
+            )
             out.append((tokens, segments, positions, labels, is_random))
             chunk, length = [], 0
         i += 1
@@ -125,9 +134,14 @@ def write(path: str, instances: list[tuple], tokenizer, args) -> None:
     import h5py
 
     n, s, p = len(instances), args.max_seq_length, args.max_predictions_per_seq
-    arrays = {"input_ids": np.zeros((n, s), np.int32), "input_mask": np.zeros((n, s), np.int8),
-              "segment_ids": np.zeros((n, s), np.int8), "masked_lm_positions": np.zeros((n, p), np.int32),
-              "masked_lm_ids": np.zeros((n, p), np.int32), "next_sentence_labels": np.zeros(n, np.int8)}
+    arrays = {
+        "input_ids": np.zeros((n, s), np.int32),
+        "input_mask": np.zeros((n, s), np.int8),
+        "segment_ids": np.zeros((n, s), np.int8),
+        "masked_lm_positions": np.zeros((n, p), np.int32),
+        "masked_lm_ids": np.zeros((n, p), np.int32),
+        "next_sentence_labels": np.zeros(n, np.int8),
+    }
     for k, (tokens, segments, positions, labels, is_random) in enumerate(instances):
         ids = tokenizer.convert_tokens_to_ids(tokens)
         arrays["input_ids"][k, : len(ids)] = ids
@@ -170,9 +184,17 @@ def main(argv=None) -> int:
             instances.extend(document_instances(documents, index, args, vocab_words, rng))
     rng.shuffle(instances)
     write(args.output_file, instances, tokenizer, args)
-    print(json.dumps({"instances": len(instances), "documents": len(documents),
-                      "tokens": sum(len(s) for d in documents for s in d), "seconds": round(time.time() - start, 3)}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "instances": len(instances),
+                "documents": len(documents),
+                "tokens": sum(len(s) for d in documents for s in d),
+                "seconds": round(time.time() - start, 3),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

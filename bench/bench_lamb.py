@@ -18,6 +18,7 @@ group, while NVLAMB clips the global gradient norm over all groups, bias-correct
 plain Adam steps for the weight_decay=0 group. The per-element work is comparable (the same moments, norms and
 update), so the timing compares implementations.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,15 +30,17 @@ from pathlib import Path
 
 import torch
 
-from bert_recipe.io.atomic_io import atomic_write_json
 from bench.study_utils import REPO
+from bert_recipe.io.atomic_io import atomic_write_json
 from modeling import BertConfig, BertForPreTraining
 from optimization import NVLAMB, _no_decay
 
-NOTE = ("torch_optimizer.Lamb differs mathematically: no gradient clipping, no bias correction (debias=False), "
-        "trust ratio with ||p|| clamped to 10 and applied to every group; NVLAMB clips the global grad norm over "
-        "all groups, bias-corrects, and uses r=1 for the weight_decay=0 group (use_nvlamb=False). Same per-element "
-        "work otherwise; timings compare implementations, not identical maths.")
+NOTE = (
+    "torch_optimizer.Lamb differs mathematically: no gradient clipping, no bias correction (debias=False), "
+    "trust ratio with ||p|| clamped to 10 and applied to every group; NVLAMB clips the global grad norm over "
+    "all groups, bias-corrects, and uses r=1 for the weight_decay=0 group (use_nvlamb=False). Same per-element "
+    "work otherwise; timings compare implementations, not identical maths."
+)
 
 
 def bert_base_shapes() -> dict[str, tuple[int, ...]]:
@@ -48,8 +51,9 @@ def bert_base_shapes() -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def build_groups(shapes: dict[str, tuple[int, ...]], grads: dict[str, torch.Tensor], device: torch.device,
-                 seed: int) -> list[dict]:
+def build_groups(
+    shapes: dict[str, tuple[int, ...]], grads: dict[str, torch.Tensor], device: torch.device, seed: int
+) -> list[dict]:
     """Fresh parameters (same values for the same seed) in two weight-decay groups, with copies of `grads`.
 
     Each optimizer gets its own gradient copies: NVLAMB clips p.grad in place.
@@ -76,16 +80,21 @@ def time_step(opt: torch.optim.Optimizer, device: torch.device) -> tuple[float, 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked (at least one timed step)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="Run from the repository root as: python -m bench.bench_lamb")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Run from the repository root as: python -m bench.bench_lamb"
+    )
     parser.add_argument("--iters", type=int, default=10, help="timed steps per optimizer (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per optimizer first (default 2)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (default: cuda when available)")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when available)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no_foreach_variant", action="store_true",
-                        help="skip timing NVLAMB(fused=False) as a third optimizer")
+    parser.add_argument(
+        "--no_foreach_variant", action="store_true", help="skip timing NVLAMB(fused=False) as a third optimizer"
+    )
     parser.add_argument("--out", default="results/bench_lamb.json", help="JSON result file")
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
@@ -93,8 +102,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def make_optimizers(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]], device: torch.device
-                    ) -> tuple[dict[str, torch.optim.Optimizer], int]:
+def make_optimizers(
+    args: argparse.Namespace, shapes: dict[str, tuple[int, ...]], device: torch.device
+) -> tuple[dict[str, torch.optim.Optimizer], int]:
     """The optimizers to time (NVLAMB, torch_optimizer.Lamb, and NVLAMB fused=False unless --no_foreach_variant),
     each over its own copy of the same parameters and gradients (seeds --seed and --seed + 1); and how many values
     the gradients hold."""
@@ -104,26 +114,28 @@ def make_optimizers(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]
     grads = {name: (torch.randn(shape, generator=gen) * 1e-3).to(device) for name, shape in shapes.items()}
     n_params = sum(g.numel() for g in grads.values())
     optimizers = {
-        "nvlamb": NVLAMB(build_groups(shapes, grads, device, args.seed), lr=1e-3, weight_decay=0.01,
-                         max_grad_norm=1.0),
-        "torch_optimizer_lamb": torch_optimizer.Lamb(build_groups(shapes, grads, device, args.seed), lr=1e-3,
-                                                     weight_decay=0.01),
+        "nvlamb": NVLAMB(build_groups(shapes, grads, device, args.seed), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0),
+        "torch_optimizer_lamb": torch_optimizer.Lamb(
+            build_groups(shapes, grads, device, args.seed), lr=1e-3, weight_decay=0.01
+        ),
     }
     if not args.no_foreach_variant:  # NVLAMB without torch's fused Adam kernel, for reference
-        optimizers["nvlamb_foreach"] = NVLAMB(build_groups(shapes, grads, device, args.seed), lr=1e-3,
-                                              weight_decay=0.01, max_grad_norm=1.0, fused=False)
+        optimizers["nvlamb_foreach"] = NVLAMB(
+            build_groups(shapes, grads, device, args.seed), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0, fused=False
+        )
     return optimizers, n_params  # the gradients' originals are freed here: each optimizer holds its copies
 
 
-def time_alternating(optimizers: dict[str, torch.optim.Optimizer], device: torch.device, warmup: int, iters: int
-                     ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def time_alternating(
+    optimizers: dict[str, torch.optim.Optimizer], device: torch.device, warmup: int, iters: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """(wall ms, CPU ms) of every timed step() per optimizer: warmup + iters rounds, every optimizer once a round,
     who goes first rotating every round; the warm-up rounds are not kept."""
     wall: dict[str, list[float]] = {name: [] for name in optimizers}
     cpu: dict[str, list[float]] = {name: [] for name in optimizers}
     order = list(optimizers)
     for it in range(warmup + iters):
-        for name in order[it % len(order):] + order[:it % len(order)]:  # rotate who goes first
+        for name in order[it % len(order) :] + order[: it % len(order)]:  # rotate who goes first
             w, c = time_step(optimizers[name], device)
             if it >= warmup:
                 wall[name].append(w)
@@ -131,8 +143,14 @@ def time_alternating(optimizers: dict[str, torch.optim.Optimizer], device: torch
     return wall, cpu
 
 
-def result_of(args: argparse.Namespace, device: torch.device, shapes: dict[str, tuple[int, ...]], n_params: int,
-              times: tuple[dict[str, list[float]], dict[str, list[float]]], command: str) -> dict:
+def result_of(
+    args: argparse.Namespace,
+    device: torch.device,
+    shapes: dict[str, tuple[int, ...]],
+    n_params: int,
+    times: tuple[dict[str, list[float]], dict[str, list[float]]],
+    command: str,
+) -> dict:
     """The JSON result: the setting, the medians and every step's times, NVLAMB's speed-up over
     torch_optimizer.Lamb (wall and CPU time), the note on how the two differ."""
     import torch_optimizer  # a test requirement, checked in run()
@@ -166,21 +184,29 @@ def result_of(args: argparse.Namespace, device: torch.device, shapes: dict[str, 
 def print_report(result: dict, out: str) -> None:
     """The setting, a Markdown table of the medians and speed-ups against torch_optimizer.Lamb, the goal, the note."""
     med, med_cpu = result["median_ms"], result["median_cpu_ms"]
-    speedup, speedup_cpu = result["speedup_nvlamb_vs_torch_optimizer"], \
-        result["speedup_nvlamb_vs_torch_optimizer_cpu_time"]
-    print(f"BERT-base parameter set: {result['n_tensors']} tensors, {result['n_params'] / 1e6:.1f}M values, device "
-          f"{result['device']}, {result['threads']} threads, median of {result['timed_iters']} steps after "
-          f"{result['warmup_iters']} warm-up")
+    speedup, speedup_cpu = (
+        result["speedup_nvlamb_vs_torch_optimizer"],
+        result["speedup_nvlamb_vs_torch_optimizer_cpu_time"],
+    )
+    print(
+        f"BERT-base parameter set: {result['n_tensors']} tensors, {result['n_params'] / 1e6:.1f}M values, device "
+        f"{result['device']}, {result['threads']} threads, median of {result['timed_iters']} steps after "
+        f"{result['warmup_iters']} warm-up"
+    )
     print()
-    labels = {"nvlamb": "NVLAMB (optimization.py, default: fused Adam kernel + foreach)",
-              "nvlamb_foreach": "NVLAMB fused=False (foreach only)",
-              "torch_optimizer_lamb": "torch_optimizer.Lamb 0.3.0"}
+    labels = {
+        "nvlamb": "NVLAMB (optimization.py, default: fused Adam kernel + foreach)",
+        "nvlamb_foreach": "NVLAMB fused=False (foreach only)",
+        "torch_optimizer_lamb": "torch_optimizer.Lamb 0.3.0",
+    }
     base, base_cpu = med["torch_optimizer_lamb"], med_cpu["torch_optimizer_lamb"]
     print("| optimizer | median wall ms/step | speed-up (wall) | median CPU ms/step | speed-up (CPU time) |")
     print("|---|---:|---:|---:|---:|")
     for name in med:
-        print(f"| {labels[name]} | {med[name]:.1f} | {base / med[name]:.2f}x | {med_cpu[name]:.1f} | "
-              f"{base_cpu / med_cpu[name]:.2f}x |")
+        print(
+            f"| {labels[name]} | {med[name]:.1f} | {base / med[name]:.2f}x | {med_cpu[name]:.1f} | "
+            f"{base_cpu / med_cpu[name]:.2f}x |"
+        )
     print(f"Goal: NVLAMB >= 3x torch_optimizer.Lamb; measured {speedup:.2f}x (wall), {speedup_cpu:.2f}x (CPU time)")
     print()
     print("Note: " + NOTE)
@@ -192,8 +218,9 @@ def run(args: argparse.Namespace, command: str) -> int:
     try:
         import torch_optimizer  # noqa: F401
     except ImportError:
-        raise SystemExit("bench_lamb: torch-optimizer is missing; pip install torch-optimizer==0.3.0 "
-                         "(requirements-test.txt)")
+        raise SystemExit(
+            "bench_lamb: torch-optimizer is missing; pip install torch-optimizer==0.3.0 (requirements-test.txt)"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

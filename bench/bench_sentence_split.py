@@ -9,6 +9,7 @@ written out below by hand.
 
     .venv/bin/python -m bench.bench_sentence_split --output results/bench_sentence_split.json   # from the repo root
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ GOLD = [
     ["J. R. R. Tolkien wrote The Hobbit.", "It was published in 1937."],
     ["The price rose to $3.50 per unit.", "Sales fell by 2.5 percent."],
     ['"Why?" she asked.', "He did not answer."],
-    ["He said, \"I'll be back.\"", "Then he left."],
+    ['He said, "I\'ll be back."', "Then he left."],
     ["Wait...", "Is that it?"],
     ["See Fig. 3 for details.", "The results are in Table 2."],
     ["Mr. and Mrs. Jones live at No. 10 Main St. in town.", "They moved in 2001."],
@@ -46,8 +47,11 @@ GOLD = [
 
 
 def wikitext_paragraphs(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text(encoding="utf-8").split("\n")
-            if line.strip() and not re.fullmatch(r" =+ .* =+ ", line)]
+    return [
+        line.strip()
+        for line in path.read_text(encoding="utf-8").split("\n")
+        if line.strip() and not re.fullmatch(r" =+ .* =+ ", line)
+    ]
 
 
 def detokenize(text: str) -> str:
@@ -98,8 +102,13 @@ def compare(a: list[list[str]], b: list[list[str]]) -> dict:
         both, only_a, only_b = both + len(bx & by), only_a + len(bx - by), only_b + len(by - bx)
         same += bx == by
     f1 = 2 * both / max(1, 2 * both + only_a + only_b)
-    return {"boundary_f1": round(f1, 4), "shared_boundaries": both, "only_blingfire": only_a, "only_pysbd": only_b,
-            "identical_paragraphs": round(same / len(a), 4)}
+    return {
+        "boundary_f1": round(f1, 4),
+        "shared_boundaries": both,
+        "only_blingfire": only_a,
+        "only_pysbd": only_b,
+        "identical_paragraphs": round(same / len(a), 4),
+    }
 
 
 def main(argv=None) -> int:
@@ -115,27 +124,40 @@ def main(argv=None) -> int:
     splitters = segmenters()
     raw = wikitext_paragraphs(path)
     corpora = {"raw": raw, "detok": [detokenize(x) for x in raw]}
-    result = {"machine": platform.processor() or platform.machine(), "python": sys.version.split()[0],
-              "paragraphs": len(raw), "corpora": {}}
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+        "paragraphs": len(raw),
+        "corpora": {},
+    }
     for corpus_name, paragraphs in corpora.items():
         chars = sum(map(len, paragraphs))
         row, splits = {"chars": chars}, {}
         for name, split in splits_in_order(splitters):
             seconds, splits[name] = time_split(split, paragraphs, args.repeats)
             n = sum(map(len, splits[name]))
-            row[name] = {"seconds": round(seconds, 4), "sentences": n, "sentences_per_s": round(n / seconds),
-                         "mb_per_s": round(chars / seconds / 1e6, 3)}
+            row[name] = {
+                "seconds": round(seconds, 4),
+                "sentences": n,
+                "sentences_per_s": round(n / seconds),
+                "mb_per_s": round(chars / seconds / 1e6, 3),
+            }
         row["speedup_blingfire_over_pysbd"] = round(row["pysbd"]["seconds"] / row["blingfire"]["seconds"], 1)
         row["agreement"] = compare(splits["blingfire"], splits["pysbd"])
-        row["differences"] = [{"paragraph": para, "blingfire": a, "pysbd": b}
-                              for para, a, b in zip(paragraphs, splits["blingfire"], splits["pysbd"])
-                              if boundaries(a) != boundaries(b) and len(para) < 600][:args.samples]
+        row["differences"] = [
+            {"paragraph": para, "blingfire": a, "pysbd": b}
+            for para, a, b in zip(paragraphs, splits["blingfire"], splits["pysbd"])
+            if boundaries(a) != boundaries(b) and len(para) < 600
+        ][: args.samples]
         result["corpora"][corpus_name] = row
     result["gold_hard_cases"] = {}
     for name, split in splits_in_order(splitters):
         correct = [boundaries(split(" ".join(case))) == boundaries(case) for case in GOLD]
-        result["gold_hard_cases"][name] = {"correct": sum(correct), "of": len(GOLD),
-                                           "wrong": [" ".join(c) for c, ok in zip(GOLD, correct) if not ok]}
+        result["gold_hard_cases"][name] = {
+            "correct": sum(correct),
+            "of": len(GOLD),
+            "wrong": [" ".join(c) for c, ok in zip(GOLD, correct) if not ok],
+        }
     atomic_write_json(args.output, result)
     print_table(result)
     print(f"\nJSON (with sample differences): {args.output}")
@@ -148,15 +170,19 @@ def splits_in_order(splitters: dict):
 
 def print_table(result: dict) -> None:
     print(f"WikiText-2 valid, {result['paragraphs']} paragraphs\n")
-    print("| text | splitter | sentences | seconds | sentences/s | MB/s | speed-up | boundary F1 | identical paragraphs |")
+    print(
+        "| text | splitter | sentences | seconds | sentences/s | MB/s | speed-up | boundary F1 | identical paragraphs |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for corpus_name, row in result["corpora"].items():
         for name in ("blingfire", "pysbd"):
             r = row[name]
             speedup = f"{row['speedup_blingfire_over_pysbd']}x" if name == "blingfire" else "1x"
-            print(f"| {corpus_name} | {name} | {r['sentences']} | {r['seconds']} | {r['sentences_per_s']:,} | "
-                  f"{r['mb_per_s']} | {speedup} | {row['agreement']['boundary_f1']} | "
-                  f"{row['agreement']['identical_paragraphs']:.1%} |")
+            print(
+                f"| {corpus_name} | {name} | {r['sentences']} | {r['seconds']} | {r['sentences_per_s']:,} | "
+                f"{r['mb_per_s']} | {speedup} | {row['agreement']['boundary_f1']} | "
+                f"{row['agreement']['identical_paragraphs']:.1%} |"
+            )
     print("\nHand-labelled hard cases (exact segmentation):")
     for name, r in result["gold_hard_cases"].items():
         print(f"  {name}: {r['correct']}/{r['of']}; wrong: {r['wrong']}")

@@ -18,6 +18,7 @@ intra_op_num_threads). Before timing, the outputs of the three are compared (max
 transformers runs with its default attention (`sdpa`, the faster of its two CPU paths; --hf_attention eager for
 the other). Writes JSON (--out) and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,22 +36,23 @@ import torch
 import transformers
 from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
-from bert_recipe.io.atomic_io import atomic_write_json
 from bench import study_utils as su
+from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, read_squad_examples
+from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.cli import InputError, script_errors
-from modeling import BertForQuestionAnswering
-from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, read_squad_examples
-from tokenization import BertTokenizer
 from bert_recipe.io.triton_scripts import load_triton_script
+from modeling import BertForQuestionAnswering
+from tokenization import BertTokenizer
 
 SQUAD_DEV = su.DATA / "squad-v1.1-dev" / "dev-v1.1.json"
 IMPLEMENTATIONS = ("ours_pytorch_eager", "ours_onnxruntime", "hf_transformers_eager")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=8, help="timed batch-1 calls per implementation per round")
     p.add_argument("--batch_size", type=int, default=32, help="throughput batch")
@@ -71,10 +73,10 @@ def squad_windows(squad_file: str, vocab_file: Path, seq_length: int, count: int
     examples = read_squad_examples(squad_file, is_training=False, version_2_with_negative=False)[: count * 2]
     features = convert_examples_to_features(examples, BertTokenizer(vocab_file), seq_length, 128, 64, False)[:count]
     if len(features) < count:
-        raise InputError(f"--squad_file {squad_file}: only {len(features)} windows, need {count}: give a larger "
-                         "file")
-    return tuple(np.array([getattr(f, k) for f in features], dtype=np.int64)
-                 for k in ("input_ids", "segment_ids", "input_mask"))
+        raise InputError(f"--squad_file {squad_file}: only {len(features)} windows, need {count}: give a larger file")
+    return tuple(
+        np.array([getattr(f, k) for f in features], dtype=np.int64) for k in ("input_ids", "segment_ids", "input_mask")
+    )
 
 
 def build(args: argparse.Namespace, workdir: Path):
@@ -88,15 +90,29 @@ def build(args: argparse.Namespace, workdir: Path):
 
     export = load_triton_script("export_model")
     started = time.perf_counter()
-    export.main(["--checkpoint", str(hf_dir), "--task", "qa", "--output_dir", str(workdir / "export"),
-                 "--format", "onnx", "--max_seq_length", str(args.seq_length), "--no_verify"])
+    export.main(
+        [
+            "--checkpoint",
+            str(hf_dir),
+            "--task",
+            "qa",
+            "--output_dir",
+            str(workdir / "export"),
+            "--format",
+            "onnx",
+            "--max_seq_length",
+            str(args.seq_length),
+            "--no_verify",
+        ]
+    )
     export_seconds = time.perf_counter() - started
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = onnxruntime.InferenceSession(str(workdir / "export" / "model.onnx"), options,
-                                           providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(workdir / "export" / "model.onnx"), options, providers=["CPUExecutionProvider"]
+    )
 
     def run_ours(batch):
         with torch.inference_mode():
@@ -108,8 +124,11 @@ def build(args: argparse.Namespace, workdir: Path):
 
     def run_hf(batch):
         with torch.inference_mode():
-            out = hf(input_ids=torch.from_numpy(batch[0]), token_type_ids=torch.from_numpy(batch[1]),
-                     attention_mask=torch.from_numpy(batch[2]))
+            out = hf(
+                input_ids=torch.from_numpy(batch[0]),
+                token_type_ids=torch.from_numpy(batch[1]),
+                attention_mask=torch.from_numpy(batch[2]),
+            )
         return out.start_logits.numpy()
 
     return dict(zip(IMPLEMENTATIONS, (run_ours, run_onnx, run_hf))), checkpoint, export_seconds
@@ -139,8 +158,11 @@ def _main(argv=None) -> int:
 
         four = tuple(a[:4] for a in full)
         reference = runners["hf_transformers_eager"](four)
-        parity = {name: float(np.abs(fn(four) - reference).max())
-                  for name, fn in runners.items() if name != "hf_transformers_eager"}
+        parity = {
+            name: float(np.abs(fn(four) - reference).max())
+            for name, fn in runners.items()
+            if name != "hf_transformers_eager"
+        }
         print(f"max |start logits - transformers| on 4 windows: {parity}", file=sys.stderr)
 
         latency = {name: [] for name in runners}
@@ -150,14 +172,21 @@ def _main(argv=None) -> int:
             fn(one)
             fn(one)
         for r in range(args.rounds):
-            order = list(runners)[r % len(runners):] + list(runners)[: r % len(runners)]
+            order = list(runners)[r % len(runners) :] + list(runners)[: r % len(runners)]
             for name in order:
                 latency[name] += [timed(runners[name], one) for _ in range(args.iters)]
             for name in order:
                 batch_time[name].append(timed(runners[name], full))
-            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{n} b1 {statistics.median(latency[n][-args.iters:]) * 1e3:.0f} ms, "
-                f"b{args.batch_size} {batch_time[n][-1]:.2f} s" for n in runners), file=sys.stderr, flush=True)
+            print(
+                f"round {r + 1}/{args.rounds}: "
+                + ", ".join(
+                    f"{n} b1 {statistics.median(latency[n][-args.iters :]) * 1e3:.0f} ms, "
+                    f"b{args.batch_size} {batch_time[n][-1]:.2f} s"
+                    for n in runners
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
 
     results = {}
     for name in runners:
@@ -166,24 +195,34 @@ def _main(argv=None) -> int:
             "batch1_latency_ms_median": round(float(np.median(lat)), 2),
             "batch1_latency_ms_p90": round(float(np.percentile(lat, 90)), 2),
             f"batch{args.batch_size}_seconds_median": round(statistics.median(batch_time[name]), 3),
-            f"batch{args.batch_size}_throughput_seq_per_s":
-                round(args.batch_size / statistics.median(batch_time[name]), 2),
+            f"batch{args.batch_size}_throughput_seq_per_s": round(
+                args.batch_size / statistics.median(batch_time[name]), 2
+            ),
         }
     hf = results["hf_transformers_eager"]
     for name, r in results.items():
         r["batch1_speedup_vs_hf"] = round(hf["batch1_latency_ms_median"] / r["batch1_latency_ms_median"], 2)
         r[f"batch{args.batch_size}_speedup_vs_hf"] = round(
-            r[f"batch{args.batch_size}_throughput_seq_per_s"] / hf[f"batch{args.batch_size}_throughput_seq_per_s"], 2)
+            r[f"batch{args.batch_size}_throughput_seq_per_s"] / hf[f"batch{args.batch_size}_throughput_seq_per_s"], 2
+        )
     report = {
         "command": ".venv/bin/python -m bench.bench_serving " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": f"BertForQuestionAnswering, weights {checkpoint} (all-MiniLM-L6-v2: 6 layers, hidden 384), "
-                 "seeded QA head",
+        "seeded QA head",
         "inputs": f"first {args.batch_size} SQuAD v1.1 dev windows, max_seq_length {args.seq_length}, padded",
-        "seq_length": args.seq_length, "batch_size": args.batch_size, "rounds": args.rounds, "iters": args.iters,
-        "threads": args.threads, "hf_attention": args.hf_attention, "onnx_export_seconds": round(export_seconds, 1),
-        "parity_max_abs_diff_vs_hf": parity, "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count(),
-        "platform": platform.platform(), "torch": torch.__version__,
+        "seq_length": args.seq_length,
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+        "iters": args.iters,
+        "threads": args.threads,
+        "hf_attention": args.hf_attention,
+        "onnx_export_seconds": round(export_seconds, 1),
+        "parity_max_abs_diff_vs_hf": parity,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
         "goal": "ours_onnxruntime batch-1 latency >= 1.5x faster than hf_transformers_eager",
         "goal_met": results["ours_onnxruntime"]["batch1_speedup_vs_hf"] >= 1.5,
         "results": results,
@@ -195,9 +234,11 @@ def _main(argv=None) -> int:
     print(f"| implementation | batch 1 latency ms (median / p90) | vs HF | batch {b} seq/s | vs HF |")
     print("|---|---|---|---|---|")
     for name, r in results.items():
-        print(f"| {name} | {r['batch1_latency_ms_median']} / {r['batch1_latency_ms_p90']} | "
-              f"{r['batch1_speedup_vs_hf']}x | {r[f'batch{b}_throughput_seq_per_s']} | "
-              f"{r[f'batch{b}_speedup_vs_hf']}x |")
+        print(
+            f"| {name} | {r['batch1_latency_ms_median']} / {r['batch1_latency_ms_p90']} | "
+            f"{r['batch1_speedup_vs_hf']}x | {r[f'batch{b}_throughput_seq_per_s']} | "
+            f"{r[f'batch{b}_speedup_vs_hf']}x |"
+        )
     print(f"wrote {args.out}; goal (ONNX Runtime >= 1.5x HF at batch 1) met: {report['goal_met']}", file=sys.stderr)
     return 0
 

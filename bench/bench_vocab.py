@@ -19,6 +19,7 @@ Writes JSON (--out, default bench/results/data/bench_vocab.json) and prints a Ma
 it again from the JSON). Learning times are CPU seconds of the whole process (every thread) and wall seconds: on a
 machine shared with other jobs the wall time says more about them than about the learner.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,8 @@ from pathlib import Path
 
 import tokenizers
 
-from bert_recipe.io.atomic_io import atomic_write_json
 from bench.study_utils import DATA, REPO, cpu_description
+from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.prep.vocab import PreSplitter, VocabSettings, iter_chunks, learn_vocab, list_input_files, write_vocab
 from tokenization import WordpieceTokenizer, load_vocab
 
@@ -43,8 +44,15 @@ from tokenization import WordpieceTokenizer, load_vocab
 def machine() -> dict:
     """CPU model, core count and the bf16 flags precision_policy.py reads, for the record."""
     model, flags = cpu_description()
-    return {"cpu": model, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags, "python": platform.python_version(), "tokenizers": tokenizers.__version__}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+        "python": platform.python_version(),
+        "tokenizers": tokenizers.__version__,
+    }
+
 
 def held_out_words(files: list[Path], lower: bool) -> collections.Counter:
     """BasicTokenizer's words of the files (create_vocab's pre-splitting, proven equal to it), counted."""
@@ -65,8 +73,13 @@ def evaluate(vocab_file: Path, words: collections.Counter) -> dict:
         pieces += n * len(tokens)
         unk += n * (tokens == ["[UNK]"])
         split += n * (len(tokens) > 1)
-    return {"words": total, "unk_rate": unk / total, "pieces_per_word": pieces / total, "split_rate": split / total,
-            "characters": sum(len(token) == 1 for token in vocab)}
+    return {
+        "words": total,
+        "unk_rate": unk / total,
+        "pieces_per_word": pieces / total,
+        "split_rate": split / total,
+        "characters": sum(len(token) == 1 for token in vocab),
+    }
 
 
 def learn(files: list[Path], size: int, out: Path, limit_alphabet: int | None = None) -> dict:
@@ -78,37 +91,53 @@ def learn(files: list[Path], size: int, out: Path, limit_alphabet: int | None = 
 
 
 def markdown(report: dict) -> str:
-    lines = ["| vocabulary | entries | single characters | [UNK] per word | pieces per word | words split "
-             f"| to learn ({report['train_files']} files): CPU s (wall s) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| vocabulary | entries | single characters | [UNK] per word | pieces per word | words split "
+        f"| to learn ({report['train_files']} files): CPU s (wall s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in report["rows"]:
         learned = row.get("learn")
         took = f"{learned['cpu_s']:.0f} ({learned['wall_s']:.0f})" if learned else "(Google's)"
-        lines.append(f"| {row['name']} | {row['entries']:,} | {row['characters']:,} | {100 * row['unk_rate']:.3f}% "
-                     f"| {row['pieces_per_word']:.3f} | {100 * row['split_rate']:.1f}% | {took} |")
+        lines.append(
+            f"| {row['name']} | {row['entries']:,} | {row['characters']:,} | {100 * row['unk_rate']:.3f}% "
+            f"| {row['pieces_per_word']:.3f} | {100 * row['split_rate']:.1f}% | {took} |"
+        )
     text = "\n".join(lines)
     full = report.get("full_slice")
     if full:
-        text += (f"\n\nLearning from the whole slice ({full['files']} files, {full['words'] / 1e6:.1f} M words as "
-                 f"BasicTokenizer splits them), {full['vocab_size']:,} entries: {full['wall_s']:.0f} s wall, "
-                 f"{full['cpu_s']:.0f} s CPU ({full['seconds']['alphabet']:.0f} s reading the alphabet, "
-                 f"{full['seconds']['learn']:.0f} s pre-splitting and learning).")
+        text += (
+            f"\n\nLearning from the whole slice ({full['files']} files, {full['words'] / 1e6:.1f} M words as "
+            f"BasicTokenizer splits them), {full['vocab_size']:,} entries: {full['wall_s']:.0f} s wall, "
+            f"{full['cpu_s']:.0f} s CPU ({full['seconds']['alphabet']:.0f} s reading the alphabet, "
+            f"{full['seconds']['learn']:.0f} s pre-splitting and learning)."
+        )
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=DATA / "wikipedia-en-slice" / "text",
-                   help="the slice's WikiExtractor folder")
+    p.add_argument(
+        "--data", type=Path, default=DATA / "wikipedia-en-slice" / "text", help="the slice's WikiExtractor folder"
+    )
     p.add_argument("--reference", type=Path, default=DATA / "bert-vocab" / "bert-base-uncased-vocab.txt")
     p.add_argument("--held_out", type=int, default=10, help="files held out (the last ones in sorted order)")
     p.add_argument("--sizes", default="8000,16000,30522", help="vocabulary sizes to learn, comma-separated")
-    p.add_argument("--limited", default="8000:1000",
-                   help="SIZE:N rows learned with --limit_alphabet N too (comma-separated; '' for none)")
+    p.add_argument(
+        "--limited",
+        default="8000:1000",
+        help="SIZE:N rows learned with --limit_alphabet N too (comma-separated; '' for none)",
+    )
     p.add_argument("--full_size", type=int, default=30522, help="the size learned from the whole slice, timed")
     p.add_argument("--no_full", action="store_true", help="skip the whole-slice timing")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "data" / "bench_vocab.json")
-    p.add_argument("--print", dest="print_only", type=Path, metavar="JSON",
-                   help="only print the Markdown table of an earlier run's JSON")
+    p.add_argument(
+        "--print",
+        dest="print_only",
+        type=Path,
+        metavar="JSON",
+        help="only print the Markdown table of an earlier run's JSON",
+    )
     args = p.parse_args(argv)
     if args.print_only:
         print(markdown(json.loads(args.print_only.read_text())))
@@ -116,11 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     files = list_input_files([args.data])
     if len(files) <= args.held_out:
         raise SystemExit(f"error: {args.data} has {len(files)} files: fewer than --held_out {args.held_out} + 1")
-    train, test = files[:-args.held_out], files[-args.held_out:]
-    report = {"command": " ".join([Path(sys.executable).name, "-m", "bench.bench_vocab", *(argv or sys.argv[1:])]),
-              "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
-              "load_average_before": os.getloadavg(), "train_files": len(train),
-              "held_out_files": [str(f.relative_to(args.data)) for f in test], "rows": []}
+    train, test = files[: -args.held_out], files[-args.held_out :]
+    report = {
+        "command": " ".join([Path(sys.executable).name, "-m", "bench.bench_vocab", *(argv or sys.argv[1:])]),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "load_average_before": os.getloadavg(),
+        "train_files": len(train),
+        "held_out_files": [str(f.relative_to(args.data)) for f in test],
+        "rows": [],
+    }
     start = time.time()
     words = held_out_words(test, lower=True)
     report["held_out_words"] = sum(words.values())

@@ -6,6 +6,7 @@ session of its own, as `srun` starts them on the nodes of a job (tests/test_engi
     cluster.kill(cluster.workers[0])                 # -9 to a worker's process group: a node lost
     cluster.stop(); assert cluster.alive() == []
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,15 +25,27 @@ class DaskProcesses:
     """The scheduler and `workers` single-threaded workers; env: their environment (default: this one with
     PYTHONPATH set to the checkout, so that they import the pipeline's tasks), cwd: where they start."""
 
-    def __init__(self, folder: Path, workers: int, env: dict[str, str] | None = None, cwd: Path = REPO,
-                 timeout: float = 60.0):
+    def __init__(
+        self, folder: Path, workers: int, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 60.0
+    ):
         self.folder, self.scheduler_file = Path(folder), Path(folder) / "scheduler.json"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.env = env if env is not None else {**os.environ, "PYTHONPATH": str(REPO)}
         self.cwd, self.groups = cwd, []
-        scheduler = self._start("scheduler", ["distributed.cli.dask_scheduler", "--scheduler-file",
-                                              str(self.scheduler_file), "--host", "127.0.0.1", "--port", "0",
-                                              "--dashboard-address", ":0"])
+        scheduler = self._start(
+            "scheduler",
+            [
+                "distributed.cli.dask_scheduler",
+                "--scheduler-file",
+                str(self.scheduler_file),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+            ],
+        )
         deadline = time.monotonic() + timeout
         while not self.scheduler_file.is_file():
             if scheduler.poll() is not None or time.monotonic() > deadline:
@@ -43,9 +56,22 @@ class DaskProcesses:
         self.wait_for_workers(workers, max(deadline - time.monotonic(), 1.0))
 
     def _start_worker(self, index: int, name: str) -> subprocess.Popen:
-        return self._start(name, ["distributed.cli.dask_worker", "--scheduler-file", str(self.scheduler_file),
-                                  "--nthreads", "1", "--nworkers", "1", "--host", "127.0.0.1", "--local-directory",
-                                  str(self.folder / f"w{index}")])
+        return self._start(
+            name,
+            [
+                "distributed.cli.dask_worker",
+                "--scheduler-file",
+                str(self.scheduler_file),
+                "--nthreads",
+                "1",
+                "--nworkers",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--local-directory",
+                str(self.folder / f"w{index}"),
+            ],
+        )
 
     def replace_worker(self, index: int) -> None:
         """A new worker in place of workers[index] (killed: a node back after a failure), with a log of its own; it
@@ -62,13 +88,20 @@ class DaskProcesses:
                 client.wait_for_workers(n, timeout=timeout)
             except TimeoutError:
                 self.stop()
-                raise RuntimeError(f"{n} Dask workers did not join within {timeout:.0f} s: see "
-                                   f"{self.folder}/worker*.log") from None
+                raise RuntimeError(
+                    f"{n} Dask workers did not join within {timeout:.0f} s: see {self.folder}/worker*.log"
+                ) from None
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         with open(self.folder / f"{name}.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", *argv], env=self.env, cwd=self.cwd, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *argv],
+                env=self.env,
+                cwd=self.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.groups.append(proc)
         return proc
 
@@ -94,8 +127,11 @@ class DaskProcesses:
         groups = {g.pid for g in self.groups}
         deadline = time.monotonic() + wait
         while True:
-            left = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                    and _pgid(int(p.name)) in groups and pid_alive(int(p.name))]
+            left = [
+                int(p.name)
+                for p in Path("/proc").iterdir()
+                if p.name.isdigit() and _pgid(int(p.name)) in groups and pid_alive(int(p.name))
+            ]
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.2)

@@ -15,6 +15,7 @@ after --timeout seconds (killed then, with their workers).
 
 Writes <out>/exit_race.json (every run's exit status) and exit_race.md (the table); prints the table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bert_recipe.training import dist_env
 from bench import study_utils as su
+from bert_recipe.training import dist_env
 
 REPO = su.REPO
 WAYS = ("sys.exit", "exit_script")
@@ -51,12 +52,25 @@ def worker(way: str, numel: int) -> None:
 
 
 def launch(way: str, numel: int, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "bench.exit_race", "--worker", way, "--numel", str(numel)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "bench.exit_race",
+        "--worker",
+        way,
+        "--numel",
+        str(numel),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # cwd=REPO: `-m` puts the checkout on the workers' sys.path
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own process group: a hung launch is killed with its workers
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )  # its own process group: a hung launch is killed with its workers
     try:
         output, _ = proc.communicate(timeout=timeout)
         hung = False
@@ -65,17 +79,26 @@ def launch(way: str, numel: int, timeout: float) -> dict:
         output, _ = proc.communicate()
         hung = True
     failed = hung or proc.returncode != 0
-    return {"way": way, "returncode": None if hung else proc.returncode, "hung": hung, "abort": ABORT in output,
-            "seconds": round(time.perf_counter() - start, 2), "tail": output[-1500:] if failed else ""}
+    return {
+        "way": way,
+        "returncode": None if hung else proc.returncode,
+        "hung": hung,
+        "abort": ABORT in output,
+        "seconds": round(time.perf_counter() - start, 2),
+        "tail": output[-1500:] if failed else "",
+    }
 
 
 def summarise(runs: list[dict]) -> dict[str, dict]:
     table = {}
     for way in WAYS:
         mine = [r for r in runs if r["way"] == way]
-        table[way] = {"runs": len(mine), "failed": sum(r["returncode"] != 0 for r in mine),
-                      "aborts": sum(r["returncode"] != 0 and r["abort"] for r in mine),
-                      "hung": sum(r["hung"] for r in mine)}
+        table[way] = {
+            "runs": len(mine),
+            "failed": sum(r["returncode"] != 0 for r in mine),
+            "aborts": sum(r["returncode"] != 0 and r["abort"] for r in mine),
+            "hung": sum(r["hung"] for r in mine),
+        }
     return table
 
 
@@ -95,14 +118,24 @@ def main(argv: list[str] | None = None) -> dict:
     runs = [launch(way, args.numel, args.timeout) for _ in tqdm(range(args.runs), desc="exit_race") for way in WAYS]
     table = summarise(runs)
     cpu, bf16 = su.cpu_description()
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "cpu_bf16_flags": bf16, "cores": os.cpu_count(),
-              "command": ["python", "-m", "bench.exit_race", *(argv if argv is not None else sys.argv[1:])],
-              "numel": args.numel, "summary": table, "runs": runs}
-    text = (f"{report['date']}, {cpu} ({os.cpu_count()} cores), {args.runs} two-process launches each way, "
-            f"last all-reduce {args.numel} floats\n\n| ending | runs | failed | aborted (terminate called) | hung |\n"
-            "|---|---|---|---|---|\n" +
-            "".join(f"| {way} | {t['runs']} | {t['failed']} | {t['aborts']} | {t['hung']} |\n"
-                    for way, t in table.items()))
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu,
+        "cpu_bf16_flags": bf16,
+        "cores": os.cpu_count(),
+        "command": ["python", "-m", "bench.exit_race", *(argv if argv is not None else sys.argv[1:])],
+        "numel": args.numel,
+        "summary": table,
+        "runs": runs,
+    }
+    text = (
+        f"{report['date']}, {cpu} ({os.cpu_count()} cores), {args.runs} two-process launches each way, "
+        f"last all-reduce {args.numel} floats\n\n| ending | runs | failed | aborted (terminate called) | hung |\n"
+        "|---|---|---|---|---|\n"
+        + "".join(
+            f"| {way} | {t['runs']} | {t['failed']} | {t['aborts']} | {t['hung']} |\n" for way, t in table.items()
+        )
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     su.write_report(out, "exit_race", report, text)

@@ -16,6 +16,7 @@ with batches padded to their longest sequence (length-sorted, as run_glue.py eva
 the file-order batches padded to max_seq_length 128 (the original's fixed-shape tensors); full passes of the two
 alternate over several rounds so that a shared machine's load hits both alike, and the medians are reported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_recipe.io.atomic_io import atomic_write_json
-from bert_recipe.finetuning import predict
 from bench import study_utils as su
+from bert_recipe.finetuning import predict
+from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
+from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.cli import script_errors
 from bert_recipe.training.precision_policy import resolve
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
 from tokenization import BertTokenizer
 
 REPO = su.REPO
@@ -52,32 +53,93 @@ class Run:
 
 # Hyper-parameters for a 22M-parameter MiniLM (a larger learning rate than BERT-large's 2e-5 suits small models).
 RUNS = {
-    "mrpc": Run("mrpc", "glue-mrpc", "f1", 0.85, [
-        "--num_train_epochs", "3", "--train_batch_size", "32", "--learning_rate", "1e-4",
-        "--warmup_proportion", "0.1"]),
-    "sst-2": Run("sst-2", "glue-sst2", "acc", 0.85, [
-        "--max_train_examples", "10000", "--num_train_epochs", "1", "--train_batch_size", "32",
-        "--learning_rate", "1e-4", "--warmup_proportion", "0.1"]),
-    "cola": Run("cola", "glue-cola", "mcc", None, [  # batch 32 / 1e-4 gave MCC 0.224, 5 epochs of it 0.270
-        "--num_train_epochs", "3", "--train_batch_size", "16", "--learning_rate", "5e-5",
-        "--warmup_proportion", "0.1"]),
+    "mrpc": Run(
+        "mrpc",
+        "glue-mrpc",
+        "f1",
+        0.85,
+        [
+            "--num_train_epochs",
+            "3",
+            "--train_batch_size",
+            "32",
+            "--learning_rate",
+            "1e-4",
+            "--warmup_proportion",
+            "0.1",
+        ],
+    ),
+    "sst-2": Run(
+        "sst-2",
+        "glue-sst2",
+        "acc",
+        0.85,
+        [
+            "--max_train_examples",
+            "10000",
+            "--num_train_epochs",
+            "1",
+            "--train_batch_size",
+            "32",
+            "--learning_rate",
+            "1e-4",
+            "--warmup_proportion",
+            "0.1",
+        ],
+    ),
+    "cola": Run(
+        "cola",
+        "glue-cola",
+        "mcc",
+        None,
+        [  # batch 32 / 1e-4 gave MCC 0.224, 5 epochs of it 0.270
+            "--num_train_epochs",
+            "3",
+            "--train_batch_size",
+            "16",
+            "--learning_rate",
+            "5e-5",
+            "--warmup_proportion",
+            "0.1",
+        ],
+    ),
 }
 
 
 def command(run: Run, args, out_dir: Path) -> list[str]:
-    return [sys.executable, str(REPO / "run_glue.py"), "--task_name", run.task,
-            "--data_dir", str(args.data / run.folder), "--init_checkpoint", str(args.init_checkpoint),
-            "--do_lower_case", "--output_dir", str(out_dir), "--do_train", "--do_eval", "--do_predict",
-            "--max_seq_length", "128", "--eval_batch_size", "64", "--seed", str(args.seed), f"--precision={args.precision}",
-            "--disable_progress_bar", *run.flags]
+    return [
+        sys.executable,
+        str(REPO / "run_glue.py"),
+        "--task_name",
+        run.task,
+        "--data_dir",
+        str(args.data / run.folder),
+        "--init_checkpoint",
+        str(args.init_checkpoint),
+        "--do_lower_case",
+        "--output_dir",
+        str(out_dir),
+        "--do_train",
+        "--do_eval",
+        "--do_predict",
+        "--max_seq_length",
+        "128",
+        "--eval_batch_size",
+        "64",
+        "--seed",
+        str(args.seed),
+        f"--precision={args.precision}",
+        "--disable_progress_bar",
+        *run.flags,
+    ]
 
 
 def bench_padding(args) -> dict:
     """Sequences/s of evaluation with dynamic padding (length-sorted batches) vs fixed padding to 128."""
     import torch  # here, not at the head: the acceptance runs themselves are run_glue.py processes
 
-    from bert_recipe.finetuning import recipe
     import run_glue
+    from bert_recipe.finetuning import recipe
     from bert_recipe.io.checkpoint_io import from_pretrained
     from modeling import BertForSequenceClassification
 
@@ -90,8 +152,10 @@ def bench_padding(args) -> dict:
         encoded = encode_examples(get_dev_examples(args.data / folder, task)["dev"], tokenizer, 128, task)
         dataset = recipe.EncodedDataset(encoded)
         batch_size = 32
-        dynamic = [run_glue.collate([dataset[i] for i in b])
-                   for b in predict.length_sorted_batches(encoded.lengths, batch_size)]
+        dynamic = [
+            run_glue.collate([dataset[i] for i in b])
+            for b in predict.length_sorted_batches(encoded.lengths, batch_size)
+        ]
         fixed = []
         for start in range(0, len(dataset), batch_size):
             batch = run_glue.collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
@@ -106,15 +170,23 @@ def bench_padding(args) -> dict:
                         model(b["input_ids"], b["token_type_ids"], b["attention_mask"])
                     seconds[kind].append(time.perf_counter() - start)
         rate = {k: len(dataset) / float(np.median(v)) for k, v in seconds.items()}
-        out[name] = {"sequences": len(dataset), "mean_tokens": float(encoded.lengths.mean()), "batch_size": batch_size,
-                     "rounds": args.rounds, "dynamic_seq_per_s": rate["dynamic"],
-                     "fixed_128_seq_per_s": rate["fixed_128"], "speedup": rate["dynamic"] / rate["fixed_128"]}
+        out[name] = {
+            "sequences": len(dataset),
+            "mean_tokens": float(encoded.lengths.mean()),
+            "batch_size": batch_size,
+            "rounds": args.rounds,
+            "dynamic_seq_per_s": rate["dynamic"],
+            "fixed_128_seq_per_s": rate["fixed_128"],
+            "speedup": rate["dynamic"] / rate["fixed_128"],
+        }
     print(f"\nEvaluation throughput, all-MiniLM-L6-v2, {args.precision}, batch 32, median of {args.rounds} rounds\n")
     print("| dev set | sequences | mean tokens | padded to 128 (seq/s) | dynamic padding (seq/s) | speed-up |")
     print("|---|---|---|---|---|---|")
     for name, r in out.items():
-        print(f"| {name} | {r['sequences']} | {r['mean_tokens']:.1f} | {r['fixed_128_seq_per_s']:.1f} | "
-              f"{r['dynamic_seq_per_s']:.1f} | {r['speedup']:.2f}x |")
+        print(
+            f"| {name} | {r['sequences']} | {r['mean_tokens']:.1f} | {r['fixed_128_seq_per_s']:.1f} | "
+            f"{r['dynamic_seq_per_s']:.1f} | {r['speedup']:.2f}x |"
+        )
     return out
 
 
@@ -130,10 +202,18 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=su.DATA, help="the shared data folder")
     p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the MiniLM-L6 package's folder")
     p.add_argument("--out", type=Path, default=REPO / "results" / "glue_acceptance", help="output folder")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                   help="auto: bf16 where the CPU has it natively, else fp32 (precision_policy.resolve, as a training run)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="OMP_NUM_THREADS for the runs (1 is fastest on a CPU shared with other jobs)")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="auto: bf16 where the CPU has it natively, else fp32 (precision_policy.resolve, as a training run)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS for the runs (1 is fastest on a CPU shared with other jobs)",
+    )
     p.add_argument("--seed", type=int, default=2)
     p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--padding", action="store_true", help="only measure dynamic padding against padding to 128")
@@ -152,16 +232,26 @@ def _main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
         result = bench_padding(args)
-        atomic_write_json(args.out / "padding.json", {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                                                      "precision": args.precision, "threads": args.threads,
-                                                      "results": result})
+        atomic_write_json(
+            args.out / "padding.json",
+            {
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "precision": args.precision,
+                "threads": args.threads,
+                "results": result,
+            },
+        )
         return 0
 
     env = dict(os.environ)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host_cpus": os.cpu_count(),
-               "omp_num_threads": env.get("OMP_NUM_THREADS"), "runs": {}}
+    summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host_cpus": os.cpu_count(),
+        "omp_num_threads": env.get("OMP_NUM_THREADS"),
+        "runs": {},
+    }
     summary_path = args.out / "glue_acceptance.json"
     if summary_path.is_file() and not args.dry_run:  # keep the tasks of an earlier invocation
         summary["runs"] = json.loads(summary_path.read_text()).get("runs", {})
@@ -180,12 +270,17 @@ def _main(argv: list[str] | None = None) -> int:
         dev = results["eval"]["dev"]
         value = dev[run.metric]
         summary["runs"][run.task] = {
-            "command": prefix + line, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": prefix + line,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             "wall_seconds": time.time() - start,
-            "train_examples": results["train"]["examples"], "train_steps": results["train"]["steps"],
-            "train_seconds": results["train"]["seconds"], "dev": dev,
+            "train_examples": results["train"]["examples"],
+            "train_steps": results["train"]["steps"],
+            "train_seconds": results["train"]["seconds"],
+            "dev": dev,
             "majority_baseline": su.glue_majority_metrics(run.task, args.data / run.folder),
-            "metric": run.metric, "value": value, "goal": run.goal,
+            "metric": run.metric,
+            "value": value,
+            "goal": run.goal,
             "passed": None if run.goal is None else value >= run.goal,
             "inference": results["inference"],
         }
@@ -197,16 +292,20 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def print_table(summary: dict) -> None:
-    print(f"\nGLUE acceptance, {summary['date']}, all-MiniLM-L6-v2, CPU ({summary['host_cpus']} cores, "
-          f"OMP_NUM_THREADS={summary['omp_num_threads']})\n")
+    print(
+        f"\nGLUE acceptance, {summary['date']}, all-MiniLM-L6-v2, CPU ({summary['host_cpus']} cores, "
+        f"OMP_NUM_THREADS={summary['omp_num_threads']})\n"
+    )
     print("| task | train examples | steps | train time | dev metrics | majority class | goal |")
     print("|---|---|---|---|---|---|---|")
     for task, r in summary["runs"].items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in r["dev"].items() if isinstance(v, float) and k != "loss")
         base = ", ".join(f"{k} {v:.4f}" for k, v in r["majority_baseline"].items() if isinstance(v, float))
         goal = "-" if r["goal"] is None else f"{r['metric']} >= {r['goal']}: {'pass' if r['passed'] else 'FAIL'}"
-        print(f"| {task} | {r['train_examples']} | {r['train_steps']} | {r['train_seconds'] / 60:.1f} min | {shown} "
-              f"| {base} | {goal} |")
+        print(
+            f"| {task} | {r['train_examples']} | {r['train_steps']} | {r['train_seconds'] / 60:.1f} min | {shown} "
+            f"| {base} | {goal} |"
+        )
 
 
 if __name__ == "__main__":

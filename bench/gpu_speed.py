@@ -32,6 +32,7 @@ same phase, as summary.json and a Markdown table (summary.md).
 torch, transformers and the modules that load torch are imported in the functions of `hf` and `check_flash`:
 `prepare`, `summarize` and the results page (which imports this module) need none of them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,21 +46,26 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_recipe.io.atomic_io import JsonLogger
 from bench import study_utils as su
 from bench.study_utils import fmt
+from bert_recipe.io.atomic_io import JsonLogger
 from create_pretraining_data import main as create_pretraining_data
 from scripts.text_to_documents import main as text_to_documents
 
 REPO = su.REPO
 SHARED = su.DATA
 PHASES = {1: (128, 20), 2: (512, 80)}  # sequence length, predictions per sequence
-CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {},
-           "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"},
-           "cudnn": {"unpad": "always", "varlen_kernel": "cudnn_varlen"},
-           "fixed": {"unpad": "always", "unpad_fixed_sizes": 4}, "buffer": {"unpad_fixed_sizes": 1},
-           "bits": {"unpad": "always", "dropout_mask_bits": 1},
-           "nodrop": {"unpad": "always", "attention_probs_dropout_prob": 0.0}}
+CONFIGS = {
+    "never": {"unpad": "never"},
+    "always": {"unpad": "always"},
+    "auto": {},
+    "sdpa": {"unpad": "always", "varlen_kernel": "padded_sdpa"},
+    "cudnn": {"unpad": "always", "varlen_kernel": "cudnn_varlen"},
+    "fixed": {"unpad": "always", "unpad_fixed_sizes": 4},
+    "buffer": {"unpad_fixed_sizes": 1},
+    "bits": {"unpad": "always", "dropout_mask_bits": 1},
+    "nodrop": {"unpad": "always", "attention_probs_dropout_prob": 0.0},
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -68,7 +74,7 @@ CONFIGS = {"never": {"unpad": "never"}, "always": {"unpad": "always"}, "auto": {
 
 def prepare(args) -> dict:
     slice_dir = Path(args.slice)
-    files = sorted(p for p in slice_dir.iterdir() if p.name.startswith("wiki_"))[:args.files]
+    files = sorted(p for p in slice_dir.iterdir() if p.name.startswith("wiki_"))[: args.files]
     if not files:
         raise SystemExit(f"gpu_speed: error: --slice {slice_dir} holds no wiki_* files")
     vocab = Path(args.vocab)
@@ -88,11 +94,29 @@ def prepare(args) -> dict:
             folder = stage / f"p{phase}_{kind}"
             folder.mkdir()
             extra = ["--pack_sequences", "3"] if kind == "packed" else []
-            code = create_pretraining_data([
-                "--input_file", str(text), "--output_file", str(folder / "train.hdf5"), "--vocab_file",
-                str(vocab), "--do_lower_case", "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred),
-                "--dupe_factor", str(args.dupe_factor), "--random_seed", "12345", "--num_workers",
-                str(args.workers), "--no_progress", *extra])
+            code = create_pretraining_data(
+                [
+                    "--input_file",
+                    str(text),
+                    "--output_file",
+                    str(folder / "train.hdf5"),
+                    "--vocab_file",
+                    str(vocab),
+                    "--do_lower_case",
+                    "--max_seq_length",
+                    str(seq),
+                    "--max_predictions_per_seq",
+                    str(pred),
+                    "--dupe_factor",
+                    str(args.dupe_factor),
+                    "--random_seed",
+                    "12345",
+                    "--num_workers",
+                    str(args.workers),
+                    "--no_progress",
+                    *extra,
+                ]
+            )
             if code not in (0, None):
                 raise SystemExit(f"gpu_speed: error: create_pretraining_data failed for p{phase}_{kind}")
     write_tasks(stage / "tasks", text)
@@ -102,9 +126,13 @@ def prepare(args) -> dict:
         (stage / f"config_{name}.json").write_text(json.dumps({**base, **fields}, indent=2) + "\n")
         smoke = {**base, **fields, "num_hidden_layers": min(2, base.get("num_hidden_layers", 2))}  # two layers
         (stage / f"config_{name}_smoke.json").write_text(json.dumps(smoke, indent=2) + "\n")
-    report = {"command": "python -m bench.gpu_speed " + " ".join(args.argv), "files": len(files),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "wall_s": round(time.time() - started, 1),
-              "rows": {p.name: su.count_samples(p) for p in sorted(stage.glob("p*_*"))}}
+    report = {
+        "command": "python -m bench.gpu_speed " + " ".join(args.argv),
+        "files": len(files),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "wall_s": round(time.time() - started, 1),
+        "rows": {p.name: su.count_samples(p) for p in sorted(stage.glob("p*_*"))},
+    }
     (stage / "prepare.json").write_text(json.dumps(report, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     stage.rename(out)
@@ -121,7 +149,7 @@ def write_tasks(folder: Path, text: Path) -> None:
 
     (folder / "MRPC").mkdir(parents=True)
     for name, n in (("train.tsv", 16), ("dev.tsv", 8)):
-        rows = (SHARED / "glue-mrpc" / name).read_text(encoding="utf-8").splitlines()[:n + 1]
+        rows = (SHARED / "glue-mrpc" / name).read_text(encoding="utf-8").splitlines()[: n + 1]
         (folder / "MRPC" / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
     dev = json.loads((SHARED / "squad-v1.1-dev" / "dev-v1.1.json").read_text(encoding="utf-8"))
     article = dev["data"][0]
@@ -135,8 +163,22 @@ def write_tasks(folder: Path, text: Path) -> None:
     for name, n in (("train.csv", 16), ("val.csv", 8)):
         with open(folder / "swag" / name, "w", encoding="utf-8", newline="") as f:
             out = csv.writer(f)
-            out.writerow(["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source", "ending0",
-                          "ending1", "ending2", "ending3", "label"])
+            out.writerow(
+                [
+                    "",
+                    "video-id",
+                    "fold-ind",
+                    "startphrase",
+                    "sent1",
+                    "sent2",
+                    "gold-source",
+                    "ending0",
+                    "ending1",
+                    "ending2",
+                    "ending3",
+                    "label",
+                ]
+            )
             for i in range(n):
                 k = rng.randrange(len(sentences) - 1)
                 endings = [sentences[k + 1], *rng.sample(sentences, 3)]
@@ -175,12 +217,17 @@ def hf_tensors(args) -> tuple:
     n, seq = arrays["input_ids"].shape
     micro = args.train_batch_size // args.gradient_accumulation_steps
     if n < micro:
-        raise SystemExit(f"gpu_speed hf: error: --input_dir {args.input_dir} holds {n} rows, fewer than a "
-                         f"micro-batch of {micro}")
+        raise SystemExit(
+            f"gpu_speed hf: error: --input_dir {args.input_dir} holds {n} rows, fewer than a micro-batch of {micro}"
+        )
     as_long = lambda key: torch.from_numpy(arrays[key].astype(np.int64))  # noqa: E731
-    tensors = {"input_ids": as_long("input_ids"), "attention_mask": as_long("input_mask"),
-               "token_type_ids": as_long("segment_ids"), "next_sentence_label": as_long("next_sentence_labels"),
-               "labels": torch.from_numpy(hf_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq))}
+    tensors = {
+        "input_ids": as_long("input_ids"),
+        "attention_mask": as_long("input_mask"),
+        "token_type_ids": as_long("segment_ids"),
+        "next_sentence_label": as_long("next_sentence_labels"),
+        "labels": torch.from_numpy(hf_labels(arrays["masked_lm_positions"], arrays["masked_lm_ids"], seq)),
+    }
     return tensors, as_long("masked_lm_positions"), micro
 
 
@@ -197,10 +244,10 @@ def run_hf(args) -> dict:
     """The peer's loop: warm-up steps, profiled steps (not timed), timed steps; the same FLOP count as ours."""
     import torch  # on use, as the torch-backed modules (see the module docstring)
 
-    from bert_recipe.training.meter import peak_flops
-    from modeling import BertConfig
-    from bert_recipe.training.profiling import StepProfiler
     from bert_recipe.pretraining.trainer import batch_flops
+    from bert_recipe.training.meter import peak_flops
+    from bert_recipe.training.profiling import StepProfiler
+    from modeling import BertConfig
 
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
@@ -241,29 +288,33 @@ def run_hf(args) -> dict:
         if step % args.log_freq == 0:
             logger.log(step, {"average_loss": float(loss) * args.gradient_accumulation_steps})
     sync(device)
-    final = hf_final(args, device, timed, time.perf_counter() - start, float(loss), first_step_s,
-                     peak_flops(device, args.precision))
+    final = hf_final(
+        args, device, timed, time.perf_counter() - start, float(loss), first_step_s, peak_flops(device, args.precision)
+    )
     logger.log("FINAL", final)
     logger.close()
     print(json.dumps(final))
     return final
 
 
-def hf_final(args, device, timed: dict, seconds: float, loss: float, first_step_s: float | None,
-             peak: float | None) -> dict:
+def hf_final(
+    args, device, timed: dict, seconds: float, loss: float, first_step_s: float | None, peak: float | None
+) -> dict:
     """The FINAL record, in run_pretraining.py's keys."""
     import torch  # on use (see the module docstring)
 
-    final = {"final_loss": loss * args.gradient_accumulation_steps,
-             "training_sequences_per_second": timed["rows"] / seconds,
-             "training_real_sequences_per_second": timed["rows"] / seconds,
-             "training_real_tokens_per_second": timed["tokens"] / seconds,
-             "first_step_s": first_step_s,
-             "timed_steps": args.max_steps - args.throughput_warmup_steps - args.profile_steps}
+    final = {
+        "final_loss": loss * args.gradient_accumulation_steps,
+        "training_sequences_per_second": timed["rows"] / seconds,
+        "training_real_sequences_per_second": timed["rows"] / seconds,
+        "training_real_tokens_per_second": timed["tokens"] / seconds,
+        "first_step_s": first_step_s,
+        "timed_steps": args.max_steps - args.throughput_warmup_steps - args.profile_steps,
+    }
     if peak:
         final["mfu"] = timed["flops"] / seconds / peak
     if device.type == "cuda":
-        final["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+        final["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return final
 
 
@@ -290,8 +341,10 @@ def check_flash(args) -> dict:
 
     kernel = args.kernel
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gpu_speed check_flash: error: needs a CUDA GPU (--device cpu --kernel padded_sdpa "
-                         "rehearses the checks on the CPU)")
+        raise SystemExit(
+            "gpu_speed check_flash: error: needs a CUDA GPU (--device cpu --kernel padded_sdpa "
+            "rehearses the checks on the CPU)"
+        )
     out = Path(args.out)
     torch.manual_seed(0)
     device, dtype = torch.device(args.device), torch.bfloat16
@@ -300,9 +353,14 @@ def check_flash(args) -> dict:
     mask = (torch.arange(S)[None] < torch.tensor(lengths)[:, None]).int().to(device)  # [B, S]
     info = bp.unpad_info(mask)
     T = int(mask.sum())
-    report: dict = {"torch": torch.__version__, "tokens": T, "kernel": kernel,
-                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                    "kernel_auto_dropout": bp.choose_kernel(device.type, dtype, 0.1).name, "checks": {}}
+    report: dict = {
+        "torch": torch.__version__,
+        "tokens": T,
+        "kernel": kernel,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "kernel_auto_dropout": bp.choose_kernel(device.type, dtype, 0.1).name,
+        "checks": {},
+    }
 
     def attend(qkv, kernel, p):
         return bp.varlen_attention(qkv, info, p, kernel)
@@ -335,10 +393,15 @@ def check_flash(args) -> dict:
     checks["dropout_grad_finite"] = bool(torch.isfinite(qkv.grad).all())
     compiled = torch.compile(lambda x: bp.varlen_attention(x, info, 0.0, kernel), backend=args.backend)
     checks["compiled_rel_error"] = relative_error(compiled(qkv.detach()), flash.detach())
-    passed = (checks["forward_rel_error"] < 1e-2 and checks["grad_rel_error"] < 2e-2
-              and checks["dropout_same_seed_equal"] and checks["dropout_draws_differ"]
-              and checks["dropout_mean_rel_error"] < 0.5 * checks["dropout_single_draw_rel_error"]
-              and checks["dropout_grad_finite"] and checks["compiled_rel_error"] < 1e-2)
+    passed = (
+        checks["forward_rel_error"] < 1e-2
+        and checks["grad_rel_error"] < 2e-2
+        and checks["dropout_same_seed_equal"]
+        and checks["dropout_draws_differ"]
+        and checks["dropout_mean_rel_error"] < 0.5 * checks["dropout_single_draw_rel_error"]
+        and checks["dropout_grad_finite"]
+        and checks["compiled_rel_error"] < 1e-2
+    )
     report["passed"] = passed
     out.mkdir(parents=True, exist_ok=True)
     name = f"check_{kernel}.json"
@@ -360,7 +423,7 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     out = out or folder
     rows = []
     listing = folder / "rows.txt"
-    for line in (listing.read_text().splitlines() if listing.is_file() else []):
+    for line in listing.read_text().splitlines() if listing.is_file() else []:
         name, phase, layout, mode, wall, status, micro = line.split()
         records = su.read_log(folder / "logs" / f"{name}.json")  # a line cut by a killed row is skipped
         final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
@@ -368,19 +431,41 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
         profile_file = folder / "logs" / f"{name}.profile.json"
         if profile is None and profile_file.is_file():
             profile = json.loads(profile_file.read_text())
-        row = {"run": name, "phase": int(phase), "layout": layout, "mode": mode, "wall_s": int(wall),
-               "exit": int(status), "finished": final is not None, "micro_batch": int(micro)}
+        row = {
+            "run": name,
+            "phase": int(phase),
+            "layout": layout,
+            "mode": mode,
+            "wall_s": int(wall),
+            "exit": int(status),
+            "finished": final is not None,
+            "micro_batch": int(micro),
+        }
         if final:
-            row.update(rows_per_s=final["training_sequences_per_second"],
-                       sequences_per_s=final["training_real_sequences_per_second"],
-                       tokens_per_s=final["training_real_tokens_per_second"], mfu=final.get("mfu"),
-                       peak_memory_gib=final.get("peak_memory_gib"), final_loss=final.get("final_loss"))
+            row.update(
+                rows_per_s=final["training_sequences_per_second"],
+                sequences_per_s=final["training_real_sequences_per_second"],
+                tokens_per_s=final["training_real_tokens_per_second"],
+                mfu=final.get("mfu"),
+                peak_memory_gib=final.get("peak_memory_gib"),
+                final_loss=final.get("final_loss"),
+            )
         if profile:
             row["profile"] = profile
         rows.append(row)
     for row in rows:  # transformers' row of the same phase, mode and micro-batch
-        peer = next((r for r in rows if r["phase"] == row["phase"] and r["layout"] == "hf" and r["finished"]
-                     and r["mode"] == row["mode"] and r["micro_batch"] == row["micro_batch"]), None)
+        peer = next(
+            (
+                r
+                for r in rows
+                if r["phase"] == row["phase"]
+                and r["layout"] == "hf"
+                and r["finished"]
+                and r["mode"] == row["mode"]
+                and r["micro_batch"] == row["micro_batch"]
+            ),
+            None,
+        )
         if row["finished"] and peer:
             row["ratio_to_transformers"] = row["tokens_per_s"] / peer["tokens_per_s"]
     out.mkdir(parents=True, exist_ok=True)
@@ -391,20 +476,25 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| phase | path | mode | micro-batch | rows/s | sequences/s | real tokens/s | MFU | peak GiB | "
-             "vs transformers | GPU busy | last loss | wall s |", "|" + "---|" * 13]
+    lines = [
+        "| phase | path | mode | micro-batch | rows/s | sequences/s | real tokens/s | MFU | peak GiB | "
+        "vs transformers | GPU busy | last loss | wall s |",
+        "|" + "---|" * 13,
+    ]
     for r in rows:
         head = f"| {r['phase']} | {r['layout']} | {r['mode']} | {fmt(r['micro_batch'], ',.0f')} |"
         if not r["finished"]:
             lines.append(f"{head} failed (exit {r['exit']}, see logs/{r['run']}.log) | | | | | | | | {r['wall_s']} |")
             continue
         busy = (r.get("profile") or {}).get("busy_share")
-        lines.append(f"{head} {fmt(r['rows_per_s'], ',.1f')} | "
-                     f"{fmt(r['sequences_per_s'], ',.1f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
-                     f"{fmt(r.get('mfu'), '.1f', 100, '%')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
-                     f"{fmt(r.get('ratio_to_transformers'), '.2f', 1, 'x')} | {fmt(busy, '.0f', 100, '%')} | "
-                     f"{fmt(r.get('final_loss'), '.3f')} | "
-                     f"{r['wall_s']} |")
+        lines.append(
+            f"{head} {fmt(r['rows_per_s'], ',.1f')} | "
+            f"{fmt(r['sequences_per_s'], ',.1f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
+            f"{fmt(r.get('mfu'), '.1f', 100, '%')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
+            f"{fmt(r.get('ratio_to_transformers'), '.2f', 1, 'x')} | {fmt(busy, '.0f', 100, '%')} | "
+            f"{fmt(r.get('final_loss'), '.3f')} | "
+            f"{r['wall_s']} |"
+        )
     return "\n".join(lines)
 
 
@@ -425,8 +515,9 @@ def steady_rates(folder: Path) -> dict[str, float]:
             name = Path(member.name)
             if name.parent.name != "logs" or name.suffix != ".json" or name.name.endswith(".profile.json"):
                 continue
-            records = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines()
-                       if line.strip()]
+            records = [
+                json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()
+            ]
             batch = next((r["data"].get("train_batch_size") for r in records if r.get("step") == "PARAMETER"), None)
             steps = [r for r in records if isinstance(r.get("step"), int)]
             if batch and len(steps) >= 2:
@@ -443,30 +534,40 @@ def markdown(folder: Path) -> str:
     gpu = (folder / "gpu.txt").read_text().strip().splitlines() if (folder / "gpu.txt").is_file() else []
     steady = steady_rates(folder)
     settings = ", ".join(f"{k} {v}" for k, v in (meta.get("settings") or {}).items() if k != "rows")
-    lines = [f"**{meta.get('title', folder.name)}** ({meta.get('date', 'date not recorded')}). "
-             f"{'; '.join(gpu[1:])}. Command: `{meta.get('command', 'OUT=<folder> bash bench/gpu_pretraining.sh')}`"
-             f"{'; settings: ' + settings if settings else ''}.", ""]
+    lines = [
+        f"**{meta.get('title', folder.name)}** ({meta.get('date', 'date not recorded')}). "
+        f"{'; '.join(gpu[1:])}. Command: `{meta.get('command', 'OUT=<folder> bash bench/gpu_pretraining.sh')}`"
+        f"{'; settings: ' + settings if settings else ''}.",
+        "",
+    ]
     if meta.get("note"):
         lines += [meta["note"], ""]
-    lines += ["| phase | path | micro-batch | rows/s | sequences/s | real tokens/s | MFU | vs transformers | rows/s, "
-              "last log steps | peak GiB | GPU busy (profile) | matmul / fused / attention / optimizer |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| phase | path | micro-batch | rows/s | sequences/s | real tokens/s | MFU | vs transformers | rows/s, "
+        "last log steps | peak GiB | GPU busy (profile) | matmul / fused / attention / optimizer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     mistimed = set(meta.get("final_mistimed", []))  # rows whose FINAL rates a bug of that call's code spoilt
     for r in rows:
         if not r["finished"]:
-            lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | failed "
-                         f"(exit {r['exit']}) | | | | | | | | |")
+            lines.append(
+                f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | failed "
+                f"(exit {r['exit']}) | | | | | | | | |"
+            )
             continue
         prof = r.get("profile") or {}
         parts = prof.get("parts") or {}
         share = lambda k: fmt((parts.get(k) or {}).get("share"), ".0f", 100, "%")  # noqa: E731
-        cells = [fmt(r["rows_per_s"], ",.0f"), fmt(r["sequences_per_s"], ",.0f"), fmt(r["tokens_per_s"], ",.0f"),
-                 fmt(r.get("mfu"), ".1f", 100, "%")]
+        cells = [
+            fmt(r["rows_per_s"], ",.0f"),
+            fmt(r["sequences_per_s"], ",.0f"),
+            fmt(r["tokens_per_s"], ",.0f"),
+            fmt(r.get("mfu"), ".1f", 100, "%"),
+        ]
         ratio = fmt(r.get("ratio_to_transformers"), ".2f", 1, "x")
         if r["run"] in mistimed:
             cells = [f"~~{c}~~" for c in cells]  # struck out: the rate from the log lines stands instead
-            peer = next((p for p in rows if p["phase"] == r["phase"] and p["layout"] == "hf" and p["finished"]),
-                        None)
+            peer = next((p for p in rows if p["phase"] == r["phase"] and p["layout"] == "hf" and p["finished"]), None)
             if peer and r["run"] in steady:  # real tokens a row are the run's own, whatever its clock
                 tokens = steady[r["run"]] * r["tokens_per_s"] / r["rows_per_s"]
                 ratio = f"{tokens / peer['tokens_per_s']:.2f}x (log)"
@@ -474,7 +575,8 @@ def markdown(folder: Path) -> str:
             f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | {' | '.join(cells)} | "
             f"{ratio} | {fmt(steady.get(r['run']), ',.0f')} | {fmt(r.get('peak_memory_gib'), '.1f')} | "
             f"{fmt(prof.get('busy_share'), '.0f', 100, '%')} | {share('matmul')} / {share('fused (compiled)')} / "
-            f"{share('attention')} / {share('optimizer')} |")
+            f"{share('attention')} / {share('optimizer')} |"
+        )
     return "\n".join(lines + waits_table(rows))
 
 
@@ -483,17 +585,23 @@ def waits_table(rows: list[dict]) -> list[str]:
     waited = [r for r in rows if r["finished"] and "idle_by_host" in (r.get("profile") or {})]
     if not waited:
         return []
-    lines = ["", "Where the GPU waited for the host, in the profiled steps (ms a step; the host's outermost ranges "
-             "that overlapped the GPU's idle time, on any thread, so one moment can count twice; 'none' is idle "
-             "time under no recorded range, the host in Python between operators):", "",
-             "| phase | path | micro-batch | kernels a step | idle ms a step | idle under (top 3) | none |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Where the GPU waited for the host, in the profiled steps (ms a step; the host's outermost ranges "
+        "that overlapped the GPU's idle time, on any thread, so one moment can count twice; 'none' is idle "
+        "time under no recorded range, the host in Python between operators):",
+        "",
+        "| phase | path | micro-batch | kernels a step | idle ms a step | idle under (top 3) | none |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in waited:
         prof = r["profile"]
         under = "; ".join(f"{name[:60]} {ms:.1f}" for name, ms in list(prof["idle_by_host"].items())[:3])
-        lines.append(f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | "
-                     f"{fmt(prof.get('kernels_per_step'), ',.0f')} | {fmt(prof.get('idle_ms_per_step'), '.1f')} | "
-                     f"{under} | {fmt(prof.get('idle_uncovered_ms_per_step'), '.1f')} |")
+        lines.append(
+            f"| {r['phase']} | {r['layout']} {r['mode']} | {fmt(r['micro_batch'], ',.0f')} | "
+            f"{fmt(prof.get('kernels_per_step'), ',.0f')} | {fmt(prof.get('idle_ms_per_step'), '.1f')} | "
+            f"{under} | {fmt(prof.get('idle_uncovered_ms_per_step'), '.1f')} |"
+        )
     return lines
 
 
@@ -501,13 +609,19 @@ def waits_table(rows: list[dict]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None):
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_speed", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.gpu_speed",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("prepare", help="real shards, vocabulary and configs for the device call (CPU)")
     pr.add_argument("--out", default=str(REPO / ".gpu_speed"))
-    pr.add_argument("--slice", default=str(SHARED / "wikipedia-en-slice" / "text" / "AA"),
-                    help="WikiExtractor folder of wiki_* files")
+    pr.add_argument(
+        "--slice",
+        default=str(SHARED / "wikipedia-en-slice" / "text" / "AA"),
+        help="WikiExtractor folder of wiki_* files",
+    )
     pr.add_argument("--files", type=int, default=6, help="the first this many files of --slice (about 1 MB each)")
     pr.add_argument("--vocab", default=str(SHARED / "bert-vocab" / "bert-base-uncased-vocab.txt"))
     pr.add_argument("--config", default=str(REPO / "bert_config.json"))
@@ -530,13 +644,21 @@ def parse_args(argv: list[str] | None):
     hf.add_argument("--seed", type=int, default=42)
     ch = sub.add_parser("check_flash", help="a varlen attention kernel against padded SDPA (GPU)")
     ch.add_argument("--out", required=True)
-    ch.add_argument("--kernel", default="flash_varlen", help="the kernel checked: flash_varlen, cudnn_varlen "
-                    "(padded_sdpa: a CPU rehearsal)")
+    ch.add_argument(
+        "--kernel",
+        default="flash_varlen",
+        help="the kernel checked: flash_varlen, cudnn_varlen (padded_sdpa: a CPU rehearsal)",
+    )
     ch.add_argument("--device", default="cuda")
     ch.add_argument("--draws", type=int, default=200, help="dropout draws averaged")
     ch.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled check")
-    ch.add_argument("--heads", type=int, default=16, help="attention heads of the checked input (BERT-large's 16; the "
-                    "CPU rehearsal takes 2: no check depends on the count, and a CPU draws dropout slowly)")
+    ch.add_argument(
+        "--heads",
+        type=int,
+        default=16,
+        help="attention heads of the checked input (BERT-large's 16; the "
+        "CPU rehearsal takes 2: no check depends on the count, and a CPU draws dropout slowly)",
+    )
     sm = sub.add_parser("summarize", help="summary.json and summary.md of a call's rows")
     sm.add_argument("folder")
     sm.add_argument("--out", help="where summary.json and summary.md go (default: the folder)")
@@ -551,8 +673,9 @@ def main(argv: list[str] | None = None):
         return prepare(args)
     if args.command == "hf":
         if args.gradient_accumulation_steps < 1 or args.train_batch_size % args.gradient_accumulation_steps:
-            raise SystemExit("gpu_speed hf: error: --train_batch_size must be a multiple of "
-                             "--gradient_accumulation_steps")
+            raise SystemExit(
+                "gpu_speed hf: error: --train_batch_size must be a multiple of --gradient_accumulation_steps"
+            )
         if args.max_steps <= args.throughput_warmup_steps + args.profile_steps:
             raise SystemExit("gpu_speed hf: error: --max_steps must exceed the warm-up and profiled steps")
         return run_hf(args)

@@ -13,6 +13,7 @@ fitted on the training sentences, its inverse regularisation C chosen from --cs 
 refitted on all of them and scored on dev. The same code, data and classifier for every checkpoint, side by side
 with the majority class; JSON out and a Markdown table printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bert_recipe.io.atomic_io import atomic_write_json
 from bench.study_utils import DATA, REPO
+from bert_recipe.finetuning.predict import length_sorted_batches, pad_sequences
+from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task, get_train_examples
+from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.checkpoint_io import from_pretrained
 from bert_recipe.io.cli import InputError, script_errors
-from bert_recipe.finetuning.predict import length_sorted_batches, pad_sequences
 from modeling import BertModel
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task, get_train_examples
 from tokenization import BertTokenizer
 
 FOLDER = {"sst-2": "glue-sst2", "cola": "glue-cola"}
@@ -55,8 +56,15 @@ def sentence_features(model, encoded, batch_size: int = 128, layer: int = -1) ->
     return out
 
 
-def probe(train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray, dev_y: np.ndarray, cs: list[float],
-          holdout: float, seed: int = 0) -> dict:
+def probe(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    dev_x: np.ndarray,
+    dev_y: np.ndarray,
+    cs: list[float],
+    holdout: float,
+    seed: int = 0,
+) -> dict:
     """Logistic regression on standardised features: C picked on the last `holdout` of train, refitted on all of
     train, scored on dev. Returns dev accuracy, the chosen C and each C's held-out accuracy."""
     from sklearn.linear_model import LogisticRegression  # optional and slow to import: only where a probe is fitted
@@ -86,8 +94,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", action="append", required=True, metavar="NAME=PATH",
-                   help="a checkpoint to probe, named (repeatable): ckpt_<step>.pt, model.pt or a HF directory")
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        metavar="NAME=PATH",
+        help="a checkpoint to probe, named (repeatable): ckpt_<step>.pt, model.pt or a HF directory",
+    )
     p.add_argument("--vocab_file", type=Path, default=None, help="default: vocab.txt beside each checkpoint")
     p.add_argument("--config_file", type=Path, default=None, help="default: inside or beside each checkpoint")
     p.add_argument("--task", default="sst-2", choices=sorted(FOLDER))
@@ -115,8 +128,8 @@ def _main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     task = get_task(args.task)
     data_dir = args.data_dir or DATA / FOLDER[args.task]
-    train = get_train_examples(data_dir, task)[:args.max_train_examples]
-    dev = get_dev_examples(data_dir, task)["dev"][:args.max_eval_examples]
+    train = get_train_examples(data_dir, task)[: args.max_train_examples]
+    dev = get_dev_examples(data_dir, task)["dev"][: args.max_eval_examples]
     results, started = {}, time.time()
     for name, path in models.items():
         vocab = args.vocab_file or (path if path.is_dir() else path.parent) / "vocab.txt"
@@ -128,20 +141,31 @@ def _main(argv: list[str] | None = None) -> dict:
         layers = model.config.num_hidden_layers
         if not -layers <= args.layer < layers:
             raise InputError(f"--layer {args.layer}: {name} has {layers} layers ({-layers}..{layers - 1})")
-        feats = {split: (sentence_features(model, enc, layer=args.layer), enc.labels) for split, enc in
-                 (("train", encode_examples(train, tokenizer, args.max_seq_length, task)),
-                  ("dev", encode_examples(dev, tokenizer, args.max_seq_length, task)))}
+        feats = {
+            split: (sentence_features(model, enc, layer=args.layer), enc.labels)
+            for split, enc in (
+                ("train", encode_examples(train, tokenizer, args.max_seq_length, task)),
+                ("dev", encode_examples(dev, tokenizer, args.max_seq_length, task)),
+            )
+        }
         results[name] = {"checkpoint": str(path), "features_seconds": round(time.time() - t0, 1)}
         for kind in ("cls", "mean"):
-            results[name][kind] = probe(feats["train"][0][kind], feats["train"][1], feats["dev"][0][kind],
-                                        feats["dev"][1], cs, args.holdout)
+            results[name][kind] = probe(
+                feats["train"][0][kind], feats["train"][1], feats["dev"][0][kind], feats["dev"][1], cs, args.holdout
+            )
     dev_labels = np.array([task.labels.index(e.label) for e in dev])
     majority = float(max(np.mean(dev_labels == k) for k in range(len(task.labels))))
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": [sys.executable, "-m", "bench.linear_probe",
-                                                                  *(argv if argv is not None else sys.argv[1:])],
-              "task": args.task, "layer": args.layer, "train_examples": len(train), "dev_examples": len(dev),
-              "majority": majority,
-              "results": results, "wall_seconds": round(time.time() - started, 1)}
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": [sys.executable, "-m", "bench.linear_probe", *(argv if argv is not None else sys.argv[1:])],
+        "task": args.task,
+        "layer": args.layer,
+        "train_examples": len(train),
+        "dev_examples": len(dev),
+        "majority": majority,
+        "results": results,
+        "wall_seconds": round(time.time() - started, 1),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, report)
     print(markdown(report))
@@ -152,12 +176,18 @@ def markdown(report: dict) -> str:
     """The probe's table: dev accuracy of each checkpoint's [CLS] and mean-of-tokens features, beside the majority
     class, with the layer, the data sizes and the command under it."""
     lines = ["| checkpoint | dev acc., [CLS] | dev acc., mean of tokens | C ([CLS], mean) |", "|---|---|---|---|"]
-    lines += [f"| {n} | {r['cls']['dev_accuracy']:.4f} | {r['mean']['dev_accuracy']:.4f} | {r['cls']['C']:g}, "
-              f"{r['mean']['C']:g} |" for n, r in report["results"].items()]
+    lines += [
+        f"| {n} | {r['cls']['dev_accuracy']:.4f} | {r['mean']['dev_accuracy']:.4f} | {r['cls']['C']:g}, "
+        f"{r['mean']['C']:g} |"
+        for n, r in report["results"].items()
+    ]
     lines.append(f"| majority class | {report['majority']:.4f} | {report['majority']:.4f} | |")
-    lines += ["", f"{report['task'].upper()}, layer {report['layer']}, {report['train_examples']} training and "
-              f"{report['dev_examples']} dev sentences, {report['date']}, {report['wall_seconds']} s. Command: "
-              f"`python -m bench.linear_probe {shlex.join(report['command'][3:])}`."]
+    lines += [
+        "",
+        f"{report['task'].upper()}, layer {report['layer']}, {report['train_examples']} training and "
+        f"{report['dev_examples']} dev sentences, {report['date']}, {report['wall_seconds']} s. Command: "
+        f"`python -m bench.linear_probe {shlex.join(report['command'][3:])}`.",
+    ]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ For a NaN seen only on a GPU (bench/STUDIES.md, "Dropout in fine-tuning"): a CPU
 fine-tuned on SST-2 in bf16 on an H200 went NaN within 10 steps at every seed, learning rate and dropout tried,
 while the same runs in fp32 there, in bf16 on a CPU, and on MRPC stayed finite.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,12 +30,11 @@ from pathlib import Path
 import torch
 
 import run_glue
-from bert_recipe.training import train_step
 from bert_recipe.io.atomic_io import atomic_torch_save, atomic_write_json
 from bert_recipe.io.cli import script_errors
+from bert_recipe.training import train_step
 
-REPLAYS = ("as_run", "fp32", "unpad_never", "unpad_always", "sdpa_math", "sdpa_efficient", "sdpa_flash",
-           "sdpa_cudnn")
+REPLAYS = ("as_run", "fp32", "unpad_never", "unpad_always", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
 
 
 class FoundNonFinite(Exception):
@@ -68,8 +68,12 @@ def replay(name: str, model, batch, loss_fn, precision) -> dict:
     elif name.startswith("unpad_") and config is not None:
         config.unpad = name.removeprefix("unpad_")
     elif name.startswith("sdpa_"):
-        backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                   "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name.removeprefix("sdpa_")]
+        backend = {
+            "math": SDPBackend.MATH,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+        }[name.removeprefix("sdpa_")]
         context = sdpa_kernel([backend])
     inner.zero_grad(set_to_none=True)
     try:
@@ -77,8 +81,12 @@ def replay(name: str, model, batch, loss_fn, precision) -> dict:
             with autocast:
                 loss = loss_fn(model, batch).reshape(-1)[0]
             loss.backward()
-        result = {"loss": float(loss.detach()), "loss_finite": bool(torch.isfinite(loss.detach())),
-                  "grads_finite": not bad_parameters(model), "bad_parameters": bad_parameters(model)[:20]}
+        result = {
+            "loss": float(loss.detach()),
+            "loss_finite": bool(torch.isfinite(loss.detach())),
+            "grads_finite": not bad_parameters(model),
+            "bad_parameters": bad_parameters(model)[:20],
+        }
     except RuntimeError as e:  # a backend that cannot run this batch (no kernel for the shape, dtype or device)
         result = {"error": str(e).splitlines()[0][:300]}
     finally:
@@ -102,16 +110,25 @@ def watch_steps(out: Path, original, names: dict[int, str]):
         if all_finite(p.detach() for p in params):
             return taken
         bad = [i for i, p in enumerate(params) if not all_finite([p.detach()])]
-        report = {"first_bad_update": count[0], "kind": "optimizer step",
-                  "learning_rate": optimizer.param_groups[0]["lr"],
-                  "grad_norm": float(optimizer.last_grad_norm) if getattr(optimizer, "last_grad_norm", None)
-                  is not None else None,
-                  "bad_parameters": [names.get(id(params[i]), f"parameter {i}") for i in bad][:20],
-                  "their_grad_max_abs": [float(params[i].grad.abs().max()) if params[i].grad is not None else None
-                                         for i in bad][:20]}
-        atomic_torch_save({"weights_before": [t.cpu() for t in before],
-                           "grads": [None if p.grad is None else p.grad.detach().cpu() for p in params]},
-                          out / "bad_update.pt")
+        report = {
+            "first_bad_update": count[0],
+            "kind": "optimizer step",
+            "learning_rate": optimizer.param_groups[0]["lr"],
+            "grad_norm": float(optimizer.last_grad_norm)
+            if getattr(optimizer, "last_grad_norm", None) is not None
+            else None,
+            "bad_parameters": [names.get(id(params[i]), f"parameter {i}") for i in bad][:20],
+            "their_grad_max_abs": [
+                float(params[i].grad.abs().max()) if params[i].grad is not None else None for i in bad
+            ][:20],
+        }
+        atomic_torch_save(
+            {
+                "weights_before": [t.cpu() for t in before],
+                "grads": [None if p.grad is None else p.grad.detach().cpu() for p in params],
+            },
+            out / "bad_update.pt",
+        )
         atomic_write_json(out / "nan_probe.json", report)
         raise FoundNonFinite(f"update {count[0]}")
 
@@ -130,14 +147,22 @@ def watch(out: Path, original, names: dict[int, str]):
             names.update({id(p): n for n, p in bare(model).named_parameters()})
         if all_finite([losses]) and all_finite(p.grad for p in bare(model).parameters() if p.grad is not None):
             return losses
-        report = {"first_bad": count[0], "loss": float(losses[0] * accum), "bad_parameters": bad_parameters(model),
-                  "lengths": batch["attention_mask"].sum(-1).tolist() if "attention_mask" in batch else None,
-                  "device": str(batch["input_ids"].device), "precision": precision.name}
+        report = {
+            "first_bad": count[0],
+            "loss": float(losses[0] * accum),
+            "bad_parameters": bad_parameters(model),
+            "lengths": batch["attention_mask"].sum(-1).tolist() if "attention_mask" in batch else None,
+            "device": str(batch["input_ids"].device),
+            "precision": precision.name,
+        }
         cpu_batch = {k: v.detach().cpu() for k, v in batch.items()}
         weights = {k: v.detach().cpu() for k, v in bare(model).state_dict().items()}
         atomic_torch_save({"batch": cpu_batch, "model": weights}, out / "bad_batch.pt")
-        report["replays"] = {name: replay(name, model, batch, loss_fn, precision) for name in REPLAYS
-                             if not name.startswith("sdpa_") or batch["input_ids"].is_cuda}
+        report["replays"] = {
+            name: replay(name, model, batch, loss_fn, precision)
+            for name in REPLAYS
+            if not name.startswith("sdpa_") or batch["input_ids"].is_cuda
+        }
         atomic_write_json(out / "nan_probe.json", report)
         raise FoundNonFinite(f"micro-batch {count[0]}")
 
@@ -152,11 +177,12 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    glue_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                usage="python -m bench.nan_probe --out DIR -- <run_glue.py arguments>")
+    glue_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], usage="python -m bench.nan_probe --out DIR -- <run_glue.py arguments>"
+    )
     p.add_argument("--out", type=Path, required=True, help="where nan_probe.json and bad_batch.pt go")
-    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if not glue_args:
         p.error("give run_glue.py's arguments after --")
     args.out.mkdir(parents=True, exist_ok=True)

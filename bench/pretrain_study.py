@@ -34,6 +34,7 @@
    pre-trained beats random initialisation on a task when mean(pre-trained) - mean(random) > max(std(pre-trained),
    std(random)) (sample standard deviations over the seeds).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,7 +79,7 @@ def run_state(run_dir: Path) -> dict:
     """Both phases of a run_cpu_demo.sh run folder, summarised; finished only when both phases are, and the last
     checkpoint is on disk."""
     logs = sorted(run_dir.glob("*.phase1.json"))
-    job = logs[0].name[:-len(".phase1.json")] if logs else None
+    job = logs[0].name[: -len(".phase1.json")] if logs else None
     phase1 = su.phase_summary(run_dir / f"{job}.phase1.json") if job else su.phase_summary(run_dir / "none")
     phase2 = su.phase_summary(run_dir / f"{job}.phase2.json") if job else su.phase_summary(run_dir / "none")
     # A run of phase 1 only (no phase-2 log at all) is finished with phase 1.
@@ -96,15 +97,40 @@ def run_state(run_dir: Path) -> dict:
         state = f"phase 1 finished, phase 2 {phase2['state']}"
     else:
         state = f"both phases finished but {checkpoint} is missing"
-    return {"run_dir": str(run_dir), "job": job, "phase1": phase1, "phase2": phase2, "finished": finished,
-            "state": state, "checkpoint": str(checkpoint) if checkpoint else None}
+    return {
+        "run_dir": str(run_dir),
+        "job": job,
+        "phase1": phase1,
+        "phase2": phase2,
+        "finished": finished,
+        "state": state,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+    }
 
 
 def demo_command(args) -> list[str]:
-    cmd = ["bash", str(REPO / "scripts" / "run_cpu_demo.sh"), "--config", str(args.config), "--out",
-           str(args.pretrain_out), "--phase1_steps", str(args.phase1_steps), "--phase2_steps", str(args.phase2_steps),
-           "--dupe_factor", str(args.dupe_factor), "--batch", str(args.batch), "--lr", str(args.lr),
-           "--optimizer", args.optimizer, "--processes", str(args.processes)]
+    cmd = [
+        "bash",
+        str(REPO / "scripts" / "run_cpu_demo.sh"),
+        "--config",
+        str(args.config),
+        "--out",
+        str(args.pretrain_out),
+        "--phase1_steps",
+        str(args.phase1_steps),
+        "--phase2_steps",
+        str(args.phase2_steps),
+        "--dupe_factor",
+        str(args.dupe_factor),
+        "--batch",
+        str(args.batch),
+        "--lr",
+        str(args.lr),
+        "--optimizer",
+        args.optimizer,
+        "--processes",
+        str(args.processes),
+    ]
     if args.vocab:  # else the demo learns one of --vocab_size pieces from its training text
         cmd += ["--vocab", str(args.vocab)]
     else:
@@ -133,10 +159,11 @@ def reuse_differences(state: dict, args) -> list[str]:
     batch), --lr, --optimizer and --config."""
     p1, p2 = state["phase1"]["params"], state["phase2"]["params"]
     lines = []
-    for name, have, want in (("phase 1 steps", p1.get("max_steps"), args.phase1_steps),
-                             *((("phase 2 steps", p2.get("max_steps"), args.phase2_steps),) if p2 else ()),
-                             ("phase 1 global batch", p1.get("train_batch_size", 0) * p1.get("world_size", 1),
-                              args.batch * args.processes)):
+    for name, have, want in (
+        ("phase 1 steps", p1.get("max_steps"), args.phase1_steps),
+        *((("phase 2 steps", p2.get("max_steps"), args.phase2_steps),) if p2 else ()),
+        ("phase 1 global batch", p1.get("train_batch_size", 0) * p1.get("world_size", 1), args.batch * args.processes),
+    ):
         if have != want:
             lines.append(f"{name} {have} (flag: {want})")
     if p1.get("learning_rate") is None or abs(p1["learning_rate"] - float(args.lr)) > 1e-12:
@@ -156,8 +183,11 @@ def config_differences(used: str | None, flag: Path) -> list[str]:
     except (OSError, TypeError, ValueError):
         return [] if Path(used or "").name == flag.name else [f"config {used} (flag: {flag})"]
     keys = [k for k in sorted((set(have) | set(want)) - {"vocab_size"}) if have.get(k) != want.get(k)]
-    return [f"config {used}: " + ", ".join(f"{k} {have.get(k)!r} (flag {flag.name}: {want.get(k)!r})" for k in keys)
-            ] if keys else []
+    return (
+        [f"config {used}: " + ", ".join(f"{k} {have.get(k)!r} (flag {flag.name}: {want.get(k)!r})" for k in keys)]
+        if keys
+        else []
+    )
 
 
 def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:
@@ -166,9 +196,11 @@ def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:
     if run is not None:
         state = run_state(run)
         if not state["finished"]:
-            raise SystemExit(f"pretrain_study: the newest pre-training run in {args.pretrain_out}, {run.name}, is not "
-                             f"finished ({state['state']}): wait for it to end, resume it, or move it away to "
-                             "pre-train again")
+            raise SystemExit(
+                f"pretrain_study: the newest pre-training run in {args.pretrain_out}, {run.name}, is not "
+                f"finished ({state['state']}): wait for it to end, resume it, or move it away to "
+                "pre-train again"
+            )
         log(f"pretrain_study: reusing the finished pre-training run {run} ({state['checkpoint']})")
         state["warnings"] = reuse_differences(state, args)
         for line in state["warnings"]:
@@ -182,13 +214,16 @@ def pretrained_run(args, log) -> tuple[dict, bool, list[str] | None]:
     log_path = args.pretrain_out / "cpu_demo_output.log"
     returncode = tee(cmd, env, log_path)
     if returncode != 0:
-        raise SystemExit(f"pretrain_study: scripts/run_cpu_demo.sh failed (exit {returncode}); its output is above "
-                         f"and in {log_path}")
+        raise SystemExit(
+            f"pretrain_study: scripts/run_cpu_demo.sh failed (exit {returncode}); its output is above and in {log_path}"
+        )
     run = newest_run(args.pretrain_out)
     state = run_state(run) if run else None
     if state is None or not state["finished"]:
-        raise SystemExit(f"pretrain_study: run_cpu_demo.sh ended but {args.pretrain_out} holds no finished run "
-                         f"({state['state'] if state else 'no run_* folder'})")
+        raise SystemExit(
+            f"pretrain_study: run_cpu_demo.sh ended but {args.pretrain_out} holds no finished run "
+            f"({state['state'] if state else 'no run_* folder'})"
+        )
     state["wall_seconds"] = round(time.time() - started, 1)
     return state, False, cmd
 
@@ -199,13 +234,19 @@ def pretraining_report(state: dict) -> dict:
 
     def phase(s: dict) -> dict:
         params, final, losses = s["params"], s["final"] or {}, s["losses"]
-        return {"steps": params.get("max_steps"), "batch": params.get("train_batch_size", 0) *
-                params.get("world_size", 1), "learning_rate": params.get("learning_rate"),
-                "max_seq_length": params.get("max_seq_length"), "processes": params.get("world_size"),
-                "precision": params.get("precision"), "first_mlm_loss": losses[0][1] if losses else None,
-                "final_mlm_loss": losses[-1][1] if losses else None, "final_loss": final.get("final_loss"),
-                "seconds": final.get("e2e_train_time"),
-                "sequences_per_second": final.get("training_sequences_per_second")}
+        return {
+            "steps": params.get("max_steps"),
+            "batch": params.get("train_batch_size", 0) * params.get("world_size", 1),
+            "learning_rate": params.get("learning_rate"),
+            "max_seq_length": params.get("max_seq_length"),
+            "processes": params.get("world_size"),
+            "precision": params.get("precision"),
+            "first_mlm_loss": losses[0][1] if losses else None,
+            "final_mlm_loss": losses[-1][1] if losses else None,
+            "final_loss": final.get("final_loss"),
+            "seconds": final.get("e2e_train_time"),
+            "sequences_per_second": final.get("training_sequences_per_second"),
+        }
 
     evals = p1["evals"] + p2["evals"]
     started, ended = p1["started"], p2["ended"] or p1["ended"]
@@ -213,15 +254,27 @@ def pretraining_report(state: dict) -> dict:
     if not eval_dir or not Path(eval_dir).is_dir():  # the run folder moved: run_cpu_demo.sh's layout
         eval_dir = str(Path(state["run_dir"]).parent / "hdf5_heldout128")
     baseline = su.heldout_baseline(eval_dir, max_eval) if Path(eval_dir).is_dir() else None
-    return {"run_dir": state["run_dir"], "checkpoint": state["checkpoint"],
-            "config_file": p1["params"].get("config_file"), "parameters": p1["params"].get("parameters"),
-            "seed": p1["params"].get("seed"), "phase1": phase(p1), "phase2": phase(p2),
-            "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else None,
-            "wall_seconds": round(ended - started, 1) if started and ended else None,
-            "heldout": {"accuracy": evals[-1][1] if evals else None, "loss": evals[-1][2] if evals else None,
-                        "step": evals[-1][0] if evals else None, "baseline": baseline, "eval_dir": eval_dir,
-                        "max_eval_samples": max_eval, "evals": evals},
-            "curves": {"phase1": p1["losses"], "phase2": p2["losses"]}}
+    return {
+        "run_dir": state["run_dir"],
+        "checkpoint": state["checkpoint"],
+        "config_file": p1["params"].get("config_file"),
+        "parameters": p1["params"].get("parameters"),
+        "seed": p1["params"].get("seed"),
+        "phase1": phase(p1),
+        "phase2": phase(p2),
+        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else None,
+        "wall_seconds": round(ended - started, 1) if started and ended else None,
+        "heldout": {
+            "accuracy": evals[-1][1] if evals else None,
+            "loss": evals[-1][2] if evals else None,
+            "step": evals[-1][0] if evals else None,
+            "baseline": baseline,
+            "eval_dir": eval_dir,
+            "max_eval_samples": max_eval,
+            "evals": evals,
+        },
+        "curves": {"phase1": p1["losses"], "phase2": p2["losses"]},
+    }
 
 
 def _most_frequent_follower(keys: np.ndarray, values: np.ndarray) -> dict[int, int]:
@@ -261,14 +314,29 @@ def count_model_accuracies(train: dict, heldout: dict, special) -> dict[str, flo
     before = inputs[rows, positions - 1]
     after = inputs[rows, np.minimum(positions + 1, inputs.shape[1] - 1)]
     guess_bigram = np.array([unigram if b == special.mask else bigram.get(b, unigram) for b in before.tolist()])
-    guess_between = np.array([g if special.mask in (b, a) else between.get(b * (1 << 20) + a, g)
-                              for g, b, a in zip(guess_bigram.tolist(), before.tolist(), after.tolist())])
-    return {"unigram": float((targets == unigram).mean()), "bigram": float((guess_bigram == targets).mean()),
-            "previous_next": float((guess_between == targets).mean()), "slots": int(len(targets))}
+    guess_between = np.array(
+        [
+            g if special.mask in (b, a) else between.get(b * (1 << 20) + a, g)
+            for g, b, a in zip(guess_bigram.tolist(), before.tolist(), after.tolist())
+        ]
+    )
+    return {
+        "unigram": float((targets == unigram).mean()),
+        "bigram": float((guess_bigram == targets).mean()),
+        "previous_next": float((guess_between == targets).mean()),
+        "slots": int(len(targets)),
+    }
 
 
-def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike, vocab: Path, train_dir: str,
-                  eval_dir: str, max_samples: int, max_train_samples: int = 200_000) -> dict:
+def context_probe(
+    checkpoint: str | os.PathLike,
+    config_file: str | os.PathLike,
+    vocab: Path,
+    train_dir: str,
+    eval_dir: str,
+    max_samples: int,
+    max_train_samples: int = 200_000,
+) -> dict:
     """Does the pre-trained model read the context? On the held-out [MASK]ed slots (validation.Validator: nothing
     to copy there), its accuracy with the context and with every other token replaced by [MASK], beside three count
     models of the training shards (count_model_accuracies; the first `max_train_samples` training samples) as
@@ -276,8 +344,8 @@ def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike,
     import torch  # here, not at the head: importing the study (adaptive_study, the results page) stays light
 
     from bert_recipe.io.checkpoint_io import from_pretrained
-    from modeling import BertForPreTraining
     from bert_recipe.pretraining.validation import SpecialIds, Validator
+    from modeling import BertForPreTraining
 
     special = SpecialIds.from_vocab(load_vocab(str(vocab)))
     heldout = su.read_shards(eval_dir, max_samples)
@@ -285,10 +353,16 @@ def context_probe(checkpoint: str | os.PathLike, config_file: str | os.PathLike,
     model = from_pretrained(BertForPreTraining, checkpoint, config=str(config_file), log=None).eval()
     with torch.no_grad():
         result = Validator(heldout, special, 64, contextlib.nullcontext, DistEnv())(model)
-    return {"model": result["eval_mask_accuracy"], "model_without_context": result["eval_mask_accuracy_without_context"],
-            "context_gain": result["eval_context_gain"], "heldout_loss": result["eval_mlm_loss"],
-            "unigram_entropy": result["eval_unigram_entropy"], **counts, "checkpoint": str(checkpoint),
-            "max_samples": max_samples}
+    return {
+        "model": result["eval_mask_accuracy"],
+        "model_without_context": result["eval_mask_accuracy_without_context"],
+        "context_gain": result["eval_context_gain"],
+        "heldout_loss": result["eval_mlm_loss"],
+        "unigram_entropy": result["eval_unigram_entropy"],
+        **counts,
+        "checkpoint": str(checkpoint),
+        "max_samples": max_samples,
+    }
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -322,9 +396,10 @@ def write_finetune_config(config: dict, dropout: float, out_dir: Path) -> Path:
 
     if not 0.0 <= dropout < 1.0:
         raise SystemExit(f"pretrain_study: --finetune_dropout {dropout}: give a probability in [0, 1)")
-    bert_config = BertConfig.from_dict({**config, "hidden_dropout_prob": dropout,
-                                        "attention_probs_dropout_prob": dropout},
-                                       source="the pre-trained checkpoint's config")
+    bert_config = BertConfig.from_dict(
+        {**config, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout},
+        source="the pre-trained checkpoint's config",
+    )
     path = out_dir / f"finetune_config_dropout{dropout:g}.json"
     bert_config.to_json_file(path)
     return path
@@ -366,71 +441,115 @@ def given_jsons(args) -> dict[tuple[str, str], Path]:
     return given
 
 
-def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png", "pretrain_seeds.png"),
-             heading: str = "#") -> str:
+def markdown(
+    report: dict, images: tuple[str, str] | None = ("pretrain_loss.png", "pretrain_seeds.png"), heading: str = "#"
+) -> str:
     """The study's Markdown; `images`: the loss-curve and per-seed plots' links (None: none)."""
     pre, ft = report["pretraining"], report["finetuning"]
     phase1_only = bool(pre) and pre["phase2"]["steps"] is None  # a run of phase 1 alone (--pretrain_run)
-    steps = "" if not pre else (f": {pre['phase1']['steps']} pre-training steps (phase 1 only)" if phase1_only else
-                                f": {pre['phase1']['steps']} + {pre['phase2']['steps']} pre-training steps")
+    steps = (
+        ""
+        if not pre
+        else (
+            f": {pre['phase1']['steps']} pre-training steps (phase 1 only)"
+            if phase1_only
+            else f": {pre['phase1']['steps']} + {pre['phase2']['steps']} pre-training steps"
+        )
+    )
     lines = [f"{heading} Pre-train, then fine-tune{steps} ({report['date']})", ""]
     if pre:
         p1, p2, held = pre["phase1"], pre["phase2"], pre["heldout"]
-        lines += [f"Pre-training: `{pre['config_file']}` ({pre['parameters'] or '?'} parameters), run "
-                  f"`{pre['run_dir']}`"
-                  f"{' (reused)' if report['pretraining_reused'] else ''}, started {pre.get('started') or 'n/a'}, "
-                  f"{su.fmt(pre.get('wall_seconds'), 0)} s from the first to the last log line; fine-tuned from "
-                  f"`{pre['checkpoint']}`.", ""]
+        lines += [
+            f"Pre-training: `{pre['config_file']}` ({pre['parameters'] or '?'} parameters), run "
+            f"`{pre['run_dir']}`"
+            f"{' (reused)' if report['pretraining_reused'] else ''}, started {pre.get('started') or 'n/a'}, "
+            f"{su.fmt(pre.get('wall_seconds'), 0)} s from the first to the last log line; fine-tuned from "
+            f"`{pre['checkpoint']}`.",
+            "",
+        ]
         warnings = report.get("pretraining_warnings") or []
         lines += [f"- Warning: the reused run differs from the command's flags: {w}." for w in warnings]
         lines += [""] if warnings else []
-        lines += ["| phase | steps | batch | lr | seq | masked-LM loss first logged -> last | seconds | sequences/s |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| phase | steps | batch | lr | seq | masked-LM loss first logged -> last | seconds | sequences/s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name, p in (("1", p1),) + ((("2", p2),) if not phase1_only else ()):
-            lines.append(f"| {name} | {p['steps']} | {p['batch']} | {p['learning_rate']} | {p['max_seq_length']} | "
-                         f"{su.fmt(p['first_mlm_loss'], 3)} -> {su.fmt(p['final_mlm_loss'], 3)} | "
-                         f"{su.fmt(p['seconds'], 0)} | {su.fmt(p['sequences_per_second'], 1)} |")
-        lines += ["", f"Held-out masked-LM accuracy (step {held['step']}, at most {held['max_eval_samples']} held-out "
-                      f"samples): **{su.fmt(held['accuracy'], 4)}**; always guessing the most frequent masked token: "
-                      f"{su.fmt(held['baseline'], 4)}.", ""]
+            lines.append(
+                f"| {name} | {p['steps']} | {p['batch']} | {p['learning_rate']} | {p['max_seq_length']} | "
+                f"{su.fmt(p['first_mlm_loss'], 3)} -> {su.fmt(p['final_mlm_loss'], 3)} | "
+                f"{su.fmt(p['seconds'], 0)} | {su.fmt(p['sequences_per_second'], 1)} |"
+            )
+        lines += [
+            "",
+            f"Held-out masked-LM accuracy (step {held['step']}, at most {held['max_eval_samples']} held-out "
+            f"samples): **{su.fmt(held['accuracy'], 4)}**; always guessing the most frequent masked token: "
+            f"{su.fmt(held['baseline'], 4)}.",
+            "",
+        ]
         probe = pre.get("context_probe")
         if probe:
-            lines += [f"Context probe (the final checkpoint, on the {probe['slots']} held-out [MASK]ed slots: "
-                      f"nothing to copy there): accuracy **{su.fmt(probe['model'], 4)}** with the context, "
-                      f"{su.fmt(probe['model_without_context'], 4)} with every other token of the input replaced "
-                      f"by [MASK] (position and segment alone); count models from the training shards: unigram "
-                      f"{su.fmt(probe['unigram'], 4)}, bigram (the previous token) {su.fmt(probe['bigram'], 4)}, "
-                      f"previous and next token {su.fmt(probe['previous_next'], 4)}. Held-out masked-LM loss "
-                      f"{su.fmt(probe['heldout_loss'], 3)} nats against a unigram entropy of "
-                      f"{su.fmt(probe['unigram_entropy'], 3)}.", ""]
+            lines += [
+                f"Context probe (the final checkpoint, on the {probe['slots']} held-out [MASK]ed slots: "
+                f"nothing to copy there): accuracy **{su.fmt(probe['model'], 4)}** with the context, "
+                f"{su.fmt(probe['model_without_context'], 4)} with every other token of the input replaced "
+                f"by [MASK] (position and segment alone); count models from the training shards: unigram "
+                f"{su.fmt(probe['unigram'], 4)}, bigram (the previous token) {su.fmt(probe['bigram'], 4)}, "
+                f"previous and next token {su.fmt(probe['previous_next'], 4)}. Held-out masked-LM loss "
+                f"{su.fmt(probe['heldout_loss'], 3)} nats against a unigram entropy of "
+                f"{su.fmt(probe['unigram_entropy'], 3)}.",
+                "",
+            ]
     models = [m for m in MODELS if any(m in ft["results"].get(t, {}) for t in ft["results"])]
-    lines += ["Downstream (dev set; mean ± sample std over seeds, [min, max]):", "",
-              "| task (metric) | majority class | " + " | ".join(models) + " |",
-              "|---|---|" + "---|" * len(models)]
+    lines += [
+        "Downstream (dev set; mean ± sample std over seeds, [min, max]):",
+        "",
+        "| task (metric) | majority class | " + " | ".join(models) + " |",
+        "|---|---|" + "---|" * len(models),
+    ]
     for task, per_model in ft["results"].items():
         cells = []
         for m in models:
             s = per_model.get(m)
-            cells.append("not run" if s is None else f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, "
-                         f"{s['max']:.4f}] ({s['seeds']} seeds)")
+            cells.append(
+                "not run"
+                if s is None
+                else f"{s['mean']:.4f} ± {s['std']:.4f} [{s['min']:.4f}, {s['max']:.4f}] ({s['seeds']} seeds)"
+            )
         metric = next((s["metric"] for s in per_model.values() if s), "")
         lines.append(f"| {task} ({metric}) | {su.fmt(ft['baselines'].get(task))} | " + " | ".join(cells) + " |")
     lines += ["", f"Rule: {su.RULE}.", ""]
     for task, v in report["verdicts"].items():
         word = "beats" if v["beats"] else "does NOT beat"
-        lines.append(f"- {task}: pre-trained {word} random initialisation by more than the seed spread "
-                     f"(difference {v['difference']:+.4f}, spread {v['spread']:.4f}).")
+        lines.append(
+            f"- {task}: pre-trained {word} random initialisation by more than the seed spread "
+            f"(difference {v['difference']:+.4f}, spread {v['spread']:.4f})."
+        )
     for note in report.get("notes", []):
         lines.append(f"- {note}")
-    lines += ["", "Fine-tuning settings: " + "; ".join(f"{m}: lr {s['learning_rate']}, batch {s['batch_size']}"
-                                                       for m, s in ft["model_settings"].items()) +
-              "; " + "; ".join(f"{t}: {s['epochs']} epoch(s), {s['max_train'] or 'all'} training examples"
-                               for t, s in ft["task_settings"].items()) + f"; sequence {ft['max_seq_length']}"
-              + (f"; dropout {ft['dropout']} in fine-tuning (the checkpoint's config with both dropouts changed)"
-                 if ft["dropout"] is not None else "") + ".", ""]
+    lines += [
+        "",
+        "Fine-tuning settings: "
+        + "; ".join(f"{m}: lr {s['learning_rate']}, batch {s['batch_size']}" for m, s in ft["model_settings"].items())
+        + "; "
+        + "; ".join(
+            f"{t}: {s['epochs']} epoch(s), {s['max_train'] or 'all'} training examples"
+            for t, s in ft["task_settings"].items()
+        )
+        + f"; sequence {ft['max_seq_length']}"
+        + (
+            f"; dropout {ft['dropout']} in fine-tuning (the checkpoint's config with both dropouts changed)"
+            if ft["dropout"] is not None
+            else ""
+        )
+        + ".",
+        "",
+    ]
     for name, src in ft["sources"].items():
-        lines.append(f"- {name}: `{src['source']}`{' (reused)' if src['reused'] else ''}"
-                     + (f"; warnings: {'; '.join(src['warnings'])}" if src["warnings"] else ""))
+        lines.append(
+            f"- {name}: `{src['source']}`{' (reused)' if src['reused'] else ''}"
+            + (f"; warnings: {'; '.join(src['warnings'])}" if src["warnings"] else "")
+        )
     if images:
         lines += ["", f"![pre-training loss]({images[0]})" if pre else "", "", f"![scores per seed]({images[1]})"]
     return "\n".join(lines) + "\n"
@@ -438,41 +557,80 @@ def markdown(report: dict, images: tuple[str, str] | None = ("pretrain_loss.png"
 
 def build_parser() -> argparse.ArgumentParser:
     """The study's command line; --help shows the module's text and every default."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=su.HelpFormatter)
-    p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "pretrain",
-                   help="where the study writes")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2], formatter_class=su.HelpFormatter
+    )
+    p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "pretrain", help="where the study writes")
     g = p.add_argument_group("pre-training (scripts/run_cpu_demo.sh)")
-    g.add_argument("--pretrain_out", type=Path, default=None,
-                   help="run_cpu_demo.sh's --out: reused when it holds a finished run_*/ (None: <out>/pretrain)")
-    g.add_argument("--pretrain_run", type=Path, default=None,
-                   help="a finished pre-training run to fine-tune, made any way: a folder with <job>.phase1.json "
-                        "(and <job>.phase2.json, unless it ran phase 1 only) and checkpoints/ (run_pretraining.sh's "
-                        "RESULTS_DIR and CHECKPOINTS_DIR)")
+    g.add_argument(
+        "--pretrain_out",
+        type=Path,
+        default=None,
+        help="run_cpu_demo.sh's --out: reused when it holds a finished run_*/ (None: <out>/pretrain)",
+    )
+    g.add_argument(
+        "--pretrain_run",
+        type=Path,
+        default=None,
+        help="a finished pre-training run to fine-tune, made any way: a folder with <job>.phase1.json "
+        "(and <job>.phase2.json, unless it ran phase 1 only) and checkpoints/ (run_pretraining.sh's "
+        "RESULTS_DIR and CHECKPOINTS_DIR)",
+    )
     g.add_argument("--config", type=Path, default=REPO / "configs" / "bert-mini.json")
     g.add_argument("--phase1_steps", type=int, default=1500)
     g.add_argument("--phase2_steps", type=int, default=30)
     g.add_argument("--dupe_factor", type=int, default=5)
     g.add_argument("--batch", type=int, default=32, help="phase 1 sequences per step and process")
-    g.add_argument("--processes", type=int, default=1, help="pre-training processes (gloo); each takes --batch "
-                   "sequences a step and --threads threads")
+    g.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="pre-training processes (gloo); each takes --batch sequences a step and --threads threads",
+    )
     g.add_argument("--lr", default="1e-2", help="phase 1 peak learning rate (of --optimizer)")
-    g.add_argument("--optimizer", choices=("nvlamb", "adamw"), default="nvlamb",
-                   help="pre-training optimizer (the cpu preset's NVLAMB, or AdamW)")
-    g.add_argument("--corpus", action="append", type=Path, help="text to pre-train on (repeatable; None: "
-                   "run_cpu_demo.sh's default, 25 files of ../shared/data/wikipedia-en-slice)")
-    g.add_argument("--vocab", type=Path, default=None, help="an existing vocabulary for the pre-training (e.g. "
-                   "bert-base-uncased's; None: the one run_cpu_demo.sh learns, or the reused run's own)")
+    g.add_argument(
+        "--optimizer",
+        choices=("nvlamb", "adamw"),
+        default="nvlamb",
+        help="pre-training optimizer (the cpu preset's NVLAMB, or AdamW)",
+    )
+    g.add_argument(
+        "--corpus",
+        action="append",
+        type=Path,
+        help="text to pre-train on (repeatable; None: "
+        "run_cpu_demo.sh's default, 25 files of ../shared/data/wikipedia-en-slice)",
+    )
+    g.add_argument(
+        "--vocab",
+        type=Path,
+        default=None,
+        help="an existing vocabulary for the pre-training (e.g. "
+        "bert-base-uncased's; None: the one run_cpu_demo.sh learns, or the reused run's own)",
+    )
     g.add_argument("--vocab_size", type=int, default=8000, help="the learned vocabulary's size (without --vocab)")
-    g.add_argument("--init_checkpoint", type=Path, default=None, help="phase 1 starts from these weights "
-                   "(run_cpu_demo.sh --init_checkpoint: continued pre-training; give the checkpoint's --vocab and "
-                   "--config)")
+    g.add_argument(
+        "--init_checkpoint",
+        type=Path,
+        default=None,
+        help="phase 1 starts from these weights "
+        "(run_cpu_demo.sh --init_checkpoint: continued pre-training; give the checkpoint's --vocab and "
+        "--config)",
+    )
     g.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the pre-training")
-    g.add_argument("--random_init_seed", type=int, default=42, help="seed of the random initialisation (42 is the "
-                   "pre-training's own: the same starting weights)")
+    g.add_argument(
+        "--random_init_seed",
+        type=int,
+        default=42,
+        help="seed of the random initialisation (42 is the pre-training's own: the same starting weights)",
+    )
     g = p.add_argument_group("fine-tuning (bench.stability)")
-    g.add_argument("--no_context_probe", action="store_true", help="skip the context probe of the checkpoint (count "
-                   "models over the training shards: minutes of CPU), e.g. where another run of the study does it")
+    g.add_argument(
+        "--no_context_probe",
+        action="store_true",
+        help="skip the context probe of the checkpoint (count "
+        "models over the training shards: minutes of CPU), e.g. where another run of the study does it",
+    )
     g.add_argument("--models", default=",".join(MODELS), help="which of pretrained,random,minilm")
     g.add_argument("--tasks", default=",".join(TASKS), help="GLUE tasks")
     g.add_argument("--seeds", default="1,2,3,4,5")
@@ -489,21 +647,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_eval_examples", type=int, default=None)
     g.add_argument("--max_steps", type=int, default=-1)
     g.add_argument("--max_seq_length", type=int, default=128)
-    g.add_argument("--finetune_dropout", type=float, default=None,
-                   help="fine-tune the pre-trained and random models with both dropouts at this value (BERT's "
-                        "0.1), through a copy of the checkpoint's config given to run_glue.py as --config_file "
-                        "(None: the checkpoint's own config, as studies 1-9 ran: a pre-training config with "
-                        "dropout 0 fine-tuned without dropout)")
+    g.add_argument(
+        "--finetune_dropout",
+        type=float,
+        default=None,
+        help="fine-tune the pre-trained and random models with both dropouts at this value (BERT's "
+        "0.1), through a copy of the checkpoint's config given to run_glue.py as --config_file "
+        "(None: the checkpoint's own config, as studies 1-9 ran: a pre-training config with "
+        "dropout 0 fine-tuned without dropout)",
+    )
     g.add_argument("--glue_threads", type=int, default=1, help="threads per fine-tuning run")
     g.add_argument("--parallel", type=int, default=1, help="fine-tuning runs at a time")
-    g.add_argument("--glue_in_process", action="store_true", help="run each fine-tuning's run_glue.main in this "
-                   "process (bench.stability --launch in_process; needs --parallel 1): saves a Python and torch start "
-                   "per seed, most of a quick run's time; the same commands and results files")
+    g.add_argument(
+        "--glue_in_process",
+        action="store_true",
+        help="run each fine-tuning's run_glue.main in this "
+        "process (bench.stability --launch in_process; needs --parallel 1): saves a Python and torch start "
+        "per seed, most of a quick run's time; the same commands and results files",
+    )
     g.add_argument("--data_root", type=Path, default=su.DATA, help="holds glue-mrpc/, glue-sst2/")
     g.add_argument("--minilm_mrpc_json", type=Path, default=None, help="reuse this stability_mrpc.json for MiniLM")
     g.add_argument("--minilm_sst2_json", type=Path, default=None, help="reuse this stability_sst-2.json for MiniLM")
-    g.add_argument("--stability_json", action="append", metavar="MODEL:TASK=FILE",
-                   help="reuse a stability JSON for any model and task (repeatable)")
+    g.add_argument(
+        "--stability_json",
+        action="append",
+        metavar="MODEL:TASK=FILE",
+        help="reuse a stability JSON for any model and task (repeatable)",
+    )
     return p
 
 
@@ -511,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
 class Plan:
     """The checked command line: the flags (paths absolute; run() sets args.vocab to the pre-training's own when
     --vocab is not given), the lists that --models, --tasks and --seeds name, and the command for the report."""
+
     args: argparse.Namespace
     models: list[str]
     tasks: list[str]
@@ -536,12 +707,18 @@ def parse(argv: list[str] | None = None) -> Plan:
         raise SystemExit(f"--models: one or more of {', '.join(MODELS)} (got {args.models!r}); --tasks: at least one")
     seeds = su.parse_seeds(args.seeds)
     if args.glue_in_process and args.parallel != 1:
-        raise SystemExit(f"--glue_in_process runs one fine-tuning at a time in this process: give --parallel 1, not "
-                         f"{args.parallel}")
+        raise SystemExit(
+            f"--glue_in_process runs one fine-tuning at a time in this process: give --parallel 1, not {args.parallel}"
+        )
     if args.vocab and not args.vocab.is_file():
         raise SystemExit(f"--vocab {args.vocab} not found")
-    return Plan(args, models, tasks, seeds,
-                [sys.executable, "-m", "bench.pretrain_study", *(argv if argv is not None else sys.argv[1:])])
+    return Plan(
+        args,
+        models,
+        tasks,
+        seeds,
+        [sys.executable, "-m", "bench.pretrain_study", *(argv if argv is not None else sys.argv[1:])],
+    )
 
 
 @dataclass
@@ -549,6 +726,7 @@ class Starts:
     """Steps 1-2's outcome: the pre-training (its report, run_state, whether it was reused, the command that ran it
     here), the random initialisation's checkpoint and the fine-tuning config (--finetune_dropout); None where
     --models and the flags ask for none."""
+
     pre: dict | None = None
     state: dict | None = None
     reused: bool | None = None
@@ -569,8 +747,10 @@ def small_model_starts(plan: Plan) -> Starts:
     run_vocab = state["phase1"]["params"].get("vocab_file")
     if args.vocab is None:  # the run's own: what its shards and checkpoint were made with
         if not run_vocab or not Path(run_vocab).is_file():
-            raise SystemExit(f"pretrain_study: the pre-training in {state['run_dir']} names no vocabulary that "
-                             f"exists ({run_vocab}): give --vocab")
+            raise SystemExit(
+                f"pretrain_study: the pre-training in {state['run_dir']} names no vocabulary that "
+                f"exists ({run_vocab}): give --vocab"
+            )
         args.vocab = Path(run_vocab)
     probe_the_context(args, state, starts.pre)
     if "random" in plan.models or args.finetune_dropout is not None:  # both start from the checkpoint's config
@@ -594,8 +774,14 @@ def probe_the_context(args: argparse.Namespace, state: dict, pre: dict) -> None:
     if args.no_context_probe:
         su.log("pretrain_study: context probe not run (--no_context_probe)")
     elif train_dir.is_dir() and pre["checkpoint"] and Path(pre["heldout"]["eval_dir"]).is_dir():
-        pre["context_probe"] = context_probe(pre["checkpoint"], pre["config_file"], args.vocab, str(train_dir),
-                                             pre["heldout"]["eval_dir"], pre["heldout"]["max_eval_samples"])
+        pre["context_probe"] = context_probe(
+            pre["checkpoint"],
+            pre["config_file"],
+            args.vocab,
+            str(train_dir),
+            pre["heldout"]["eval_dir"],
+            pre["heldout"]["max_eval_samples"],
+        )
         su.log(f"pretrain_study: context probe {pre['context_probe']}")
 
 
@@ -603,14 +789,20 @@ def model_settings(plan: Plan, starts: Starts) -> tuple[dict, dict[str, dict]]:
     """(model -> the checkpoint it is fine-tuned from, None: bench.stability's MiniLM; model -> its fine-tuning
     settings as the report records them)."""
     args, pre, finetune_config = plan.args, starts.pre, starts.finetune_config
-    inits = {"pretrained": pre["checkpoint"] if pre else None, "random": starts.random_ckpt,
-             "minilm": args.minilm_checkpoint}
-    settings = {m: {"learning_rate": args.minilm_lr if m == "minilm" else args.small_lr,
-                    "batch_size": args.minilm_batch if m == "minilm" else args.small_batch,
-                    "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)",
-                    "config_file": str(finetune_config) if finetune_config and m != "minilm" else
-                    "the checkpoint's"}
-                for m in plan.models}
+    inits = {
+        "pretrained": pre["checkpoint"] if pre else None,
+        "random": starts.random_ckpt,
+        "minilm": args.minilm_checkpoint,
+    }
+    settings = {
+        m: {
+            "learning_rate": args.minilm_lr if m == "minilm" else args.small_lr,
+            "batch_size": args.minilm_batch if m == "minilm" else args.small_batch,
+            "init_checkpoint": str(inits[m]) if inits[m] else "all-MiniLM-L6-v2 (default)",
+            "config_file": str(finetune_config) if finetune_config and m != "minilm" else "the checkpoint's",
+        }
+        for m in plan.models
+    }
     return inits, settings
 
 
@@ -627,21 +819,43 @@ def fine_tune(plan: Plan, starts: Starts, given: dict[tuple[str, str], Path]) ->
         baselines[task] = su.glue_majority_baseline(task, data_dir, args.max_eval_examples)
         for model in plan.models:
             name, small = folder_name(model, task), model != "minilm"
-            argv_s = su.stability_argv(task, inits[model], plan.seeds, args.out / name, su.StabilitySettings(
-                epochs=settings["epochs"], batch=settings_of_model[model]["batch_size"],
-                lr=settings_of_model[model]["learning_rate"], seq=args.max_seq_length,
-                max_train=settings["max_train"], max_eval=args.max_eval_examples, max_steps=args.max_steps,
-                threads=args.glue_threads, parallel=args.parallel, vocab=args.vocab if small else None,
-                data_dir=data_dir, config_file=starts.finetune_config if small else None,
-                launch="in_process" if args.glue_in_process else "subprocess"))
-            summary, sources[name] = su.run_or_reuse_stability(name, argv_s, given.get((model, task)),
-                                                               stability.main, su.log)
+            argv_s = su.stability_argv(
+                task,
+                inits[model],
+                plan.seeds,
+                args.out / name,
+                su.StabilitySettings(
+                    epochs=settings["epochs"],
+                    batch=settings_of_model[model]["batch_size"],
+                    lr=settings_of_model[model]["learning_rate"],
+                    seq=args.max_seq_length,
+                    max_train=settings["max_train"],
+                    max_eval=args.max_eval_examples,
+                    max_steps=args.max_steps,
+                    threads=args.glue_threads,
+                    parallel=args.parallel,
+                    vocab=args.vocab if small else None,
+                    data_dir=data_dir,
+                    config_file=starts.finetune_config if small else None,
+                    launch="in_process" if args.glue_in_process else "subprocess",
+                ),
+            )
+            summary, sources[name] = su.run_or_reuse_stability(
+                name, argv_s, given.get((model, task)), stability.main, su.log
+            )
             results[task][model] = su.stats_of(summary)
             details[task][model] = su.seed_details(summary)
-    return {"seeds": plan.seeds, "model_settings": settings_of_model, "dropout": args.finetune_dropout,
-            "task_settings": {t: task_settings(args, t) for t in plan.tasks},
-            "max_seq_length": args.max_seq_length, "results": results, "baselines": baselines,
-            "per_seed": details, "sources": sources}
+    return {
+        "seeds": plan.seeds,
+        "model_settings": settings_of_model,
+        "dropout": args.finetune_dropout,
+        "task_settings": {t: task_settings(args, t) for t in plan.tasks},
+        "max_seq_length": args.max_seq_length,
+        "results": results,
+        "baselines": baselines,
+        "per_seed": details,
+        "sources": sources,
+    }
 
 
 def verdicts_and_notes(tasks: list[str], finetuning: dict, pre: dict | None) -> tuple[dict, list[str]]:
@@ -655,14 +869,18 @@ def verdicts_and_notes(tasks: list[str], finetuning: dict, pre: dict | None) -> 
             verdicts[task] = su.beats(r["pretrained"], r["random"])
         for model, s in r.items():
             if all(abs(x - baselines[task]) < 1e-9 for x in s["scores"]):
-                notes.append(f"{task}: every seed of {model} scores exactly the majority-class {s['metric']} "
-                             f"{baselines[task]:.4f}: it predicts one class for every example")
+                notes.append(
+                    f"{task}: every seed of {model} scores exactly the majority-class {s['metric']} "
+                    f"{baselines[task]:.4f}: it predicts one class for every example"
+                )
         if "minilm" in r and "pretrained" in r:
             notes.append(f"{task}: MiniLM - pre-trained = {r['minilm']['mean'] - r['pretrained']['mean']:+.4f}")
     if pre and pre["heldout"]["accuracy"] is not None and pre["heldout"]["baseline"] is not None:
         gain = pre["heldout"]["accuracy"] - pre["heldout"]["baseline"]
-        notes.append(f"held-out masked-LM accuracy {pre['heldout']['accuracy']:.4f} is {gain:+.4f} from the "
-                     "most-frequent-token baseline")
+        notes.append(
+            f"held-out masked-LM accuracy {pre['heldout']['accuracy']:.4f} is {gain:+.4f} from the "
+            "most-frequent-token baseline"
+        )
     return verdicts, notes
 
 
@@ -673,10 +891,17 @@ def write_outputs(out: Path, report: dict) -> None:
     su.write_report(out, "pretrain_study", report, markdown(report))
     pre, finetuning = report["pretraining"], report["finetuning"]
     if pre:
-        su.plot_pretraining(pre["curves"], pre["heldout"], out / "pretrain_loss.png",
-                            title=f"pre-training {Path(pre['config_file'] or '').name}")
-    su.plot_seeds({t: {m: s["scores"] for m, s in per_model.items()} for t, per_model in finetuning["results"].items()},
-                  out / "pretrain_seeds.png", baselines=finetuning["baselines"])
+        su.plot_pretraining(
+            pre["curves"],
+            pre["heldout"],
+            out / "pretrain_loss.png",
+            title=f"pre-training {Path(pre['config_file'] or '').name}",
+        )
+    su.plot_seeds(
+        {t: {m: s["scores"] for m, s in per_model.items()} for t, per_model in finetuning["results"].items()},
+        out / "pretrain_seeds.png",
+        baselines=finetuning["baselines"],
+    )
 
 
 def run(plan: Plan) -> dict:
@@ -690,14 +915,23 @@ def run(plan: Plan) -> dict:
     finetuning = fine_tune(plan, starts, given)
     verdicts, notes = verdicts_and_notes(plan.tasks, finetuning, starts.pre)
     state = starts.state
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": plan.command,
-              "pretraining": starts.pre, "pretraining_reused": starts.reused, "pretraining_command": starts.command,
-              "pretraining_warnings": state.get("warnings", []) if state else [],
-              "pretraining_wall_seconds": state.get("wall_seconds") if state else None,
-              "random_init": {"checkpoint": str(starts.random_ckpt), "seed": args.random_init_seed}
-              if starts.random_ckpt else None,
-              "finetuning": finetuning, "rule": su.RULE, "verdicts": verdicts, "notes": notes,
-              "wall_seconds": round(time.time() - started, 1)}
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": plan.command,
+        "pretraining": starts.pre,
+        "pretraining_reused": starts.reused,
+        "pretraining_command": starts.command,
+        "pretraining_warnings": state.get("warnings", []) if state else [],
+        "pretraining_wall_seconds": state.get("wall_seconds") if state else None,
+        "random_init": {"checkpoint": str(starts.random_ckpt), "seed": args.random_init_seed}
+        if starts.random_ckpt
+        else None,
+        "finetuning": finetuning,
+        "rule": su.RULE,
+        "verdicts": verdicts,
+        "notes": notes,
+        "wall_seconds": round(time.time() - started, 1),
+    }
     write_outputs(args.out, report)
     return report
 

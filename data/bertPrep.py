@@ -27,6 +27,7 @@ Folders under the working dir, as in the original:
         test/<dataset>_test_<i>.hdf5            the held-out documents: its --eval_dir
 A JSON-lines log of every stage (its wall time and peak memory included) goes to <working dir>/bertPrep_log.jsonl.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,10 @@ from pathlib import Path
 try:  # a checkout that was never installed: one line instead of a traceback
     from bert_recipe.io.cli import InputError, add_debug_argument, script_errors
 except ModuleNotFoundError as e:
-    raise SystemExit(f"bertPrep.py: error: {e}: install the project (pip install -e . in the checkout, as "
-                     "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout") from None
+    raise SystemExit(
+        f"bertPrep.py: error: {e}: install the project (pip install -e . in the checkout, as "
+        "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout"
+    ) from None
 from bert_recipe.io.atomic_io import JsonLogger, atomic_write_json, atomic_write_text
 from bert_recipe.io.downloads import DownloadError, download, fetch_text, parse_checksum_file
 from bert_recipe.prep import text_formatting as tf
@@ -60,22 +63,29 @@ ENGINES = ("processes", "dask")  # bert_recipe/prep/engine.py's
 DATASETS = ("wikicorpus_en", "bookscorpus", "books_wiki_en_corpus", "custom", "google_pretrained_weights")
 ACTIONS = ("download", "text_formatting", "create_vocab", "sharding", "create_hdf5_files")
 # Phase presets of the original recipe; masked_lm_prob 0.15, dupe_factor 5, short_seq_prob 0.1 for both.
-PHASES = {1: {"max_seq_length": 128, "max_predictions_per_seq": 20},
-          2: {"max_seq_length": 512, "max_predictions_per_seq": 80}}
+PHASES = {
+    1: {"max_seq_length": 128, "max_predictions_per_seq": 20},
+    2: {"max_seq_length": 512, "max_predictions_per_seq": 80},
+}
 WIKI_BASE_URL = "https://dumps.wikimedia.org"
 GOOGLE_WEIGHTS_URL = "https://storage.googleapis.com/bert_models/2018_10_18/uncased_L-24_H-1024_A-16.zip"
 
 
 def directories(args) -> dict[str, Path]:
     work = Path(args.working_dir)
-    suffix = (f"_lower_case_{int(bool(args.do_lower_case))}_seq_len_{args.max_seq_length}"
-              f"_max_pred_{args.max_predictions_per_seq}_masked_lm_prob_{args.masked_lm_prob}"
-              f"_random_seed_{args.random_seed}_dupe_factor_{args.dupe_factor}")
+    suffix = (
+        f"_lower_case_{int(bool(args.do_lower_case))}_seq_len_{args.max_seq_length}"
+        f"_max_pred_{args.max_predictions_per_seq}_masked_lm_prob_{args.masked_lm_prob}"
+        f"_random_seed_{args.random_seed}_dupe_factor_{args.dupe_factor}"
+    )
     return {
         "download": work / "download",
         "formatted": work / "formatted_one_article_per_line",
-        "sharded": work / (f"sharded_training_shards_{args.n_training_shards}_test_shards_{args.n_test_shards}"
-                           f"_fraction_{args.fraction_test_set}"),
+        "sharded": work
+        / (
+            f"sharded_training_shards_{args.n_training_shards}_test_shards_{args.n_test_shards}"
+            f"_fraction_{args.fraction_test_set}"
+        ),
         "hdf5": work / f"hdf5{suffix}",
     }
 
@@ -104,8 +114,9 @@ def formatted_inputs(dirs: dict[str, Path], dataset: str) -> list[Path]:
     for part in _parts(dataset):
         path = formatted_file(dirs, part)
         if not path.exists():
-            raise InputError(f"{path} does not exist: run --action text_formatting --dataset {dataset} first (or "
-                               "pass --input_files)")
+            raise InputError(
+                f"{path} does not exist: run --action text_formatting --dataset {dataset} first (or pass --input_files)"
+            )
         files.extend(corpus_files(path))
     return files
 
@@ -135,18 +146,24 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
         break
     if dump_date == "latest":
         if listing is None:
-            raise InputError(f"cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): "
-                             f"give --dump_date YYYYMMDD")
+            raise InputError(
+                f"cannot resolve the latest {wiki} dump at {base_url} (no checksum listing): give --dump_date YYYYMMDD"
+            )
         names = [n for n in listing[1] if re.fullmatch(rf"{wiki}-\d{{8}}-{stem}\.xml\.bz2", n)]
         if not names:
-            raise InputError(f"the latest {wiki} checksum listing names no {stem} dump: give --dump_date "
-                             f"YYYYMMDD (or --wiki_dump_kind {'single' if kind == 'multistream' else 'multistream'})")
+            raise InputError(
+                f"the latest {wiki} checksum listing names no {stem} dump: give --dump_date "
+                f"YYYYMMDD (or --wiki_dump_kind {'single' if kind == 'multistream' else 'multistream'})"
+            )
         dump_date = names[0].split("-")[1]
 
     def entry(filename: str) -> dict:
         digest = listing[1].get(filename) if listing else None
-        return {"url": f"{base_url}/{wiki}/{dump_date}/{filename}", "filename": filename,
-                "checksum": f"{listing[0]}:{digest}" if digest else None}
+        return {
+            "url": f"{base_url}/{wiki}/{dump_date}/{filename}",
+            "filename": filename,
+            "checksum": f"{listing[0]}:{digest}" if digest else None,
+        }
 
     dump = {**entry(f"{wiki}-{dump_date}-{stem}.xml.bz2"), "dump_date": dump_date, "kind": kind}
     if kind == "multistream":
@@ -165,13 +182,15 @@ def download_wikipedia(args, dest_dir: Path, logger) -> Path:
     files = [dump] + ([dump["index"]] if "index" in dump else [])
     for item in files:
         if item["checksum"] is None:
-            print(f"warning: no published checksum found for {item['filename']}; verifying its size only",
-                  file=sys.stderr)
+            print(
+                f"warning: no published checksum found for {item['filename']}; verifying its size only", file=sys.stderr
+            )
     logger.log("download", {"dataset": "wikicorpus_en", **{k: v for k, v in dump.items() if k != "index"}})
     try:
         for item in files[::-1]:  # the small index first: a wrong date fails before gigabytes
-            path = download(item["url"], dest_dir / item["filename"], checksum=item["checksum"],
-                            progress=not args.no_progress)
+            path = download(
+                item["url"], dest_dir / item["filename"], checksum=item["checksum"], progress=not args.no_progress
+            )
     except DownloadError as e:
         raise InputError(str(e)) from e
     atomic_write_json(dest_dir / "download_manifest.json", {**dump, "file": path.name})
@@ -190,8 +209,9 @@ def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
         url, *rest = line.split()
         name = Path(url.split("?")[0]).name or f"file_{i}.txt"
         try:
-            paths.append(download(url, dest_dir / f"{i:06d}_{name}", checksum=rest[0] if rest else None,
-                                  progress=progress))
+            paths.append(
+                download(url, dest_dir / f"{i:06d}_{name}", checksum=rest[0] if rest else None, progress=progress)
+            )
         except (DownloadError, ValueError) as e:
             raise InputError(f"{url_list} line {i + 1}: {e}")
     return paths
@@ -221,8 +241,10 @@ def action_download(args, dirs, logger) -> None:
             elif args.books_dir:
                 _require_dir(args.books_dir, "--books_dir")  # used in place by text_formatting, nothing to fetch
             else:
-                raise InputError("bookscorpus has no public download: give --books_dir (a folder of .txt "
-                                 "books) or --books_url_list (a file of URLs)")
+                raise InputError(
+                    "bookscorpus has no public download: give --books_dir (a folder of .txt "
+                    "books) or --books_url_list (a file of URLs)"
+                )
         elif dataset == "custom":
             _require_dir(args.input_dir, "--input_dir")
         elif dataset == "google_pretrained_weights":
@@ -254,8 +276,10 @@ def find_wiki_dump(download_dir: Path) -> Path:
             return path
     dumps = sorted(download_dir.glob("*.xml.bz2")) if download_dir.is_dir() else []
     if len(dumps) != 1:
-        raise InputError(f"expected one *.xml.bz2 dump in {download_dir}, found {len(dumps)}: run "
-                         f"--action download --dataset wikicorpus_en, or pass --wiki_dump PATH")
+        raise InputError(
+            f"expected one *.xml.bz2 dump in {download_dir}, found {len(dumps)}: run "
+            f"--action download --dataset wikicorpus_en, or pass --wiki_dump PATH"
+        )
     return dumps[0]
 
 
@@ -281,14 +305,18 @@ def action_text_formatting(args, dirs, logger, engine) -> None:
                 folder = _require_dir(args.input_dir, "--input_dir")
             if args.input_format == "parquet":
                 files = tf.list_text_files([folder], args.input_pattern or "*.parquet")
-                counts = tf.format_parquet_files(files, output, args.text_column, args.n_processes, progress,
-                                                 engine, join=False)
+                counts = tf.format_parquet_files(
+                    files, output, args.text_column, args.n_processes, progress, engine, join=False
+                )
             else:
                 files = tf.list_text_files([folder], args.input_pattern or "*.txt")
-                counts = tf.format_text_files(files, output, args.doc_boundary, args.n_processes, progress, engine,
-                                              join=False)
-        logger.log("text_formatting", {"dataset": dataset, "output": str(output), **counts,
-                                       "elapsed_s": round(time.time() - start, 1)})
+                counts = tf.format_text_files(
+                    files, output, args.doc_boundary, args.n_processes, progress, engine, join=False
+                )
+        logger.log(
+            "text_formatting",
+            {"dataset": dataset, "output": str(output), **counts, "elapsed_s": round(time.time() - start, 1)},
+        )
         print(f"{dataset}: wrote {output} {dict(counts)}")
 
 
@@ -309,20 +337,37 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
     if args.dataset == "google_pretrained_weights":
         raise InputError("google_pretrained_weights has no text to learn a vocabulary from")
     if args.vocab_size is None:
-        raise InputError("--action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as "
-                         "bert-base-uncased)")
+        raise InputError(
+            "--action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as bert-base-uncased)"
+        )
     inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
     for path in inputs:
         if not Path(path).is_file():
-            raise InputError(f"{path} does not exist: run --action text_formatting --dataset {args.dataset} "
-                             "first (or pass --input_files)")
+            raise InputError(
+                f"{path} does not exist: run --action text_formatting --dataset {args.dataset} "
+                "first (or pass --input_files)"
+            )
     output = vocab_output(args)
     start = time.time()
     settings = VocabSettings(args.vocab_size, bool(args.do_lower_case), args.unused_slots, args.limit_alphabet)
-    result = create_vocab(inputs, output, settings, progress=not args.no_progress, output_flag="--vocab_file",
-                          log=lambda message: print(f"create_vocab: {message}", flush=True), engine=engine)
-    logger.log("create_vocab", {"dataset": args.dataset, "output": str(output), **result.summary(),
-                                "elapsed_s": round(time.time() - start, 1)})
+    result = create_vocab(
+        inputs,
+        output,
+        settings,
+        progress=not args.no_progress,
+        output_flag="--vocab_file",
+        log=lambda message: print(f"create_vocab: {message}", flush=True),
+        engine=engine,
+    )
+    logger.log(
+        "create_vocab",
+        {
+            "dataset": args.dataset,
+            "output": str(output),
+            **result.summary(),
+            "elapsed_s": round(time.time() - start, 1),
+        },
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -334,13 +379,20 @@ def action_sharding(args, dirs, logger, engine) -> None:
     if args.dataset == "google_pretrained_weights":
         raise InputError("google_pretrained_weights has no text to shard")
     inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
-    cfg = ShardingConfig(n_training_shards=args.n_training_shards, n_test_shards=args.n_test_shards,
-                         fraction_test_set=args.fraction_test_set, segmenter=args.segmentation_method,
-                         seed=args.random_seed, num_workers=args.n_processes)
+    cfg = ShardingConfig(
+        n_training_shards=args.n_training_shards,
+        n_test_shards=args.n_test_shards,
+        fraction_test_set=args.fraction_test_set,
+        segmenter=args.segmentation_method,
+        seed=args.random_seed,
+        num_workers=args.n_processes,
+    )
     prefix = dirs["sharded"] / args.dataset / args.dataset
     manifest = shard_corpus(inputs, prefix, cfg, progress=not args.no_progress, logger=logger, engine=engine)
-    print(f"{args.dataset}: {manifest['documents']} documents -> {len(manifest['training'])} training + "
-          f"{len(manifest['test'])} test shards in {prefix.parent}")
+    print(
+        f"{args.dataset}: {manifest['documents']} documents -> {len(manifest['training'])} training + "
+        f"{len(manifest['test'])} test shards in {prefix.parent}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -349,6 +401,7 @@ def action_sharding(args, dirs, logger, engine) -> None:
 
 def list_shards(shard_dir: Path, dataset: str) -> list[Path]:
     """Training shards then test shards, each in index order."""
+
     def index(p: Path) -> int:
         return int(p.stem.rsplit("_", 1)[1])
 
@@ -359,19 +412,36 @@ def list_shards(shard_dir: Path, dataset: str) -> list[Path]:
 
 
 def hdf5_split(shard: Path) -> str:
-    """"training" or "test": the folder under the HDF5 directory that a text shard's HDF5 file goes to."""
+    """ "training" or "test": the folder under the HDF5 directory that a text shard's HDF5 file goes to."""
     return "test" if "_test_" in shard.name else "training"
 
 
 def cpd_arguments(args, shard: Path, output: Path, seed: int, num_workers: int) -> list[str]:
     """create_pretraining_data.py's arguments for one shard (the interpreter and script are the worker's own)."""
-    return ["--input_file", str(shard), "--output_file", str(output), "--vocab_file", str(args.vocab_file),
-            "--do_lower_case" if args.do_lower_case else "--no-do_lower_case",
-            "--max_seq_length", str(args.max_seq_length),
-            "--max_predictions_per_seq", str(args.max_predictions_per_seq),
-            "--masked_lm_prob", str(args.masked_lm_prob), "--short_seq_prob", str(args.short_seq_prob),
-            "--dupe_factor", str(args.dupe_factor), "--random_seed", str(seed), "--num_workers", str(num_workers),
-            "--no_progress"]
+    return [
+        "--input_file",
+        str(shard),
+        "--output_file",
+        str(output),
+        "--vocab_file",
+        str(args.vocab_file),
+        "--do_lower_case" if args.do_lower_case else "--no-do_lower_case",
+        "--max_seq_length",
+        str(args.max_seq_length),
+        "--max_predictions_per_seq",
+        str(args.max_predictions_per_seq),
+        "--masked_lm_prob",
+        str(args.masked_lm_prob),
+        "--short_seq_prob",
+        str(args.short_seq_prob),
+        "--dupe_factor",
+        str(args.dupe_factor),
+        "--random_seed",
+        str(seed),
+        "--num_workers",
+        str(num_workers),
+        "--no_progress",
+    ]
 
 
 def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str | None]:
@@ -381,8 +451,12 @@ def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str |
 
     shard, output, arguments, log_path = job
     with open(log_path, "w") as log:
-        rc = subprocess.run([sys.executable, str(REPO_ROOT / "create_pretraining_data.py"), *arguments],
-                            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "create_pretraining_data.py"), *arguments],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        ).returncode
     summary = {}
     if rc == 0:  # create_pretraining_data.py ends with a one-line JSON summary
         with contextlib.suppress(ValueError, IndexError):
@@ -400,8 +474,10 @@ def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
     before = (stamp.read_text().split() or [None])[0] if stamp.is_file() else None
     if existing and before not in (None, digest):
         if not args.overwrite:
-            raise InputError(f"{out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
-                             f"--vocab_file {args.vocab_file}: pass --overwrite to redo them, or remove the folder")
+            raise InputError(
+                f"{out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
+                f"--vocab_file {args.vocab_file}: pass --overwrite to redo them, or remove the folder"
+            )
         for path in existing:  # before the new stamp: an interrupted rerun must not keep them as the new vocab's
             path.unlink()
     atomic_write_text(stamp, f"{digest}  {args.vocab_file}\n")
@@ -420,8 +496,10 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     if not (REPO_ROOT / "create_pretraining_data.py").is_file():
         raise InputError(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
     if not args.vocab_file or not Path(args.vocab_file).is_file():
-        raise InputError(f"--vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
-                         f"--action download --dataset google_pretrained_weights)")
+        raise InputError(
+            f"--vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
+            f"--action download --dataset google_pretrained_weights)"
+        )
     shard_dir = dirs["sharded"] / args.dataset
     shards = list_shards(shard_dir, args.dataset)
     if not shards:
@@ -435,24 +513,38 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     for split in {hdf5_split(s) for s in shards}:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
     _check_same_vocabulary(args, out_dir, [t[2] for t in todo if t[2].exists()])
-    settings = {"arguments": cpd_arguments(args, Path("SHARD"), Path("OUTPUT"), args.random_seed, 1),
-                "vocab_sha256": hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest(),
-                "shards": [[s.name, s.stat().st_size] for s in shards]}
+    settings = {
+        "arguments": cpd_arguments(args, Path("SHARD"), Path("OUTPUT"), args.random_seed, 1),
+        "vocab_sha256": hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest(),
+        "shards": [[s.name, s.stat().st_size] for s in shards],
+    }
     manifest = Manifest.open(out_dir / "manifest.json", settings)
     todo = [t for t in todo if args.overwrite or not manifest.reusable(str(t[2].relative_to(out_dir)))]
     # Processes here: a few shards at a time, each with the rest of the cores; Dask: one shard a worker.
     concurrency = max(1, min(args.n_processes, len(todo))) if engine.name == "processes" else 1
     workers_each = max(1, args.n_processes // concurrency) if engine.name == "processes" else 1
-    jobs = [(str(shard), str(output),
-             cpd_arguments(args, shard, output, args.random_seed + i, workers_each),
-             str(out_dir / "logs" / f"{shard.stem}.log")) for i, shard, output in todo]
+    jobs = [
+        (
+            str(shard),
+            str(output),
+            cpd_arguments(args, shard, output, args.random_seed + i, workers_each),
+            str(out_dir / "logs" / f"{shard.stem}.log"),
+        )
+        for i, shard, output in todo
+    ]
     start, failed = time.time(), []
     try:
         for k, (rc, summary, digest) in engine.map(run_cpd_task, jobs, desc="hdf5 shards", threads=True):
             _, shard, output = todo[k]
-            logger.log("create_hdf5_files", {"shard": shard.name, "returncode": rc,
-                                             "instances": summary.get("instances"),
-                                             "elapsed_s": round(time.time() - start, 1)})
+            logger.log(
+                "create_hdf5_files",
+                {
+                    "shard": shard.name,
+                    "returncode": rc,
+                    "instances": summary.get("instances"),
+                    "elapsed_s": round(time.time() - start, 1),
+                },
+            )
             if rc:
                 failed.append(shard)
             else:
@@ -462,8 +554,10 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     if failed:
         log = out_dir / "logs" / f"{failed[0].stem}.log"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        raise InputError(f"create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
-                         f"{' '.join(tail)} (full log: {log})")
+        raise InputError(
+            f"create_pretraining_data.py failed on {len(failed)} shard(s), first {failed[0]}: "
+            f"{' '.join(tail)} (full log: {log})"
+        )
     manifest.save()
     manifest.report("create_hdf5_files")
     print(f"{args.dataset}: {len(todo)} HDF5 files written ({len(shards) - len(todo)} reused) in {out_dir}")
@@ -479,79 +573,133 @@ def resources(start: float) -> dict[str, float]:
     import resource
 
     mib = 1024 if sys.platform != "darwin" else 1024 * 1024  # ru_maxrss: KiB on Linux, bytes on macOS
-    return {"elapsed_s": round(time.time() - start, 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / mib, 1),
-            "peak_child_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / mib, 1)}
+    return {
+        "elapsed_s": round(time.time() - start, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / mib, 1),
+        "peak_child_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / mib, 1),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bertPrep.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="bertPrep.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--action", required=True, choices=ACTIONS)
     p.add_argument("--dataset", required=True, choices=DATASETS)
-    p.add_argument("--working_dir", default=os.environ.get("BERT_PREP_WORKING_DIR") or os.environ.get("DATA_DIR"),
-                   help="root of every stage's folder (default: $BERT_PREP_WORKING_DIR, else $DATA_DIR)")
+    p.add_argument(
+        "--working_dir",
+        default=os.environ.get("BERT_PREP_WORKING_DIR") or os.environ.get("DATA_DIR"),
+        help="root of every stage's folder (default: $BERT_PREP_WORKING_DIR, else $DATA_DIR)",
+    )
     g = p.add_argument_group("download")
     g.add_argument("--dump_date", default="latest", help="Wikipedia dump date YYYYMMDD, or 'latest'")
     g.add_argument("--base_url", default=WIKI_BASE_URL, help="Wikipedia dump mirror")
-    g.add_argument("--wiki_dump_kind", choices=("multistream", "single"), default="multistream",
-                   help="multistream (default): the dump in bz2 streams of 100 pages and its index, which "
-                        "text_formatting cuts into pieces for the engine's workers; single: one bz2 stream, read by "
-                        "one process")
+    g.add_argument(
+        "--wiki_dump_kind",
+        choices=("multistream", "single"),
+        default="multistream",
+        help="multistream (default): the dump in bz2 streams of 100 pages and its index, which "
+        "text_formatting cuts into pieces for the engine's workers; single: one bz2 stream, read by "
+        "one process",
+    )
     g.add_argument("--books_dir", help="bookscorpus: a folder of plain-text books (used in place)")
     g.add_argument("--books_url_list", help="bookscorpus: a file with one URL per line (optional checksum after it)")
     g.add_argument("--input_dir", help="custom: your folder of text files")
     g.add_argument("--weights_url", default=GOOGLE_WEIGHTS_URL, help="google_pretrained_weights: the zip to fetch")
     g = p.add_argument_group("text_formatting")
-    g.add_argument("--wiki_dump", help="a pages-articles .xml.bz2 to format (default: the downloaded one); a "
-                                       "multistream dump beside its index, or a folder of the numbered part files, "
-                                       "is formatted in pieces, as tasks of the engine")
+    g.add_argument(
+        "--wiki_dump",
+        help="a pages-articles .xml.bz2 to format (default: the downloaded one); a "
+        "multistream dump beside its index, or a folder of the numbered part files, "
+        "is formatted in pieces, as tasks of the engine",
+    )
     g.add_argument("--wikiextractor_dir", help="format existing WikiExtractor output (wiki_* files) instead")
-    g.add_argument("--doc_boundary", choices=("file", "blank_line", "line"), default="file",
-                   help="plain text: a document per file (default), per blank-line-separated block, or per line")
-    g.add_argument("--input_pattern", help="custom/books: which files in the folder (default *.txt, or *.parquet "
-                                           "with --input_format parquet)")
-    g.add_argument("--input_format", choices=("text", "parquet"), default="text",
-                   help="custom: text files, or Parquet files with a text column (read by row group, a document "
-                        "per row)")
+    g.add_argument(
+        "--doc_boundary",
+        choices=("file", "blank_line", "line"),
+        default="file",
+        help="plain text: a document per file (default), per blank-line-separated block, or per line",
+    )
+    g.add_argument(
+        "--input_pattern",
+        help="custom/books: which files in the folder (default *.txt, or *.parquet with --input_format parquet)",
+    )
+    g.add_argument(
+        "--input_format",
+        choices=("text", "parquet"),
+        default="text",
+        help="custom: text files, or Parquet files with a text column (read by row group, a document per row)",
+    )
     g.add_argument("--text_column", default="text", help="custom Parquet input: the column that holds the text")
     g = p.add_argument_group("create_vocab (data/create_vocab.py: your own WordPiece vocabulary, Google's layout)")
     g.add_argument("--vocab_size", type=int, help="create_vocab: lines of the vocab.txt to learn (specials included)")
-    g.add_argument("--unused_slots", type=int, help="create_vocab: [unused] entries (default 99: [UNK] [CLS] [SEP] "
-                                                     "[MASK] at Google's ids 100-103, or 0 when the size is too small)")
-    g.add_argument("--limit_alphabet", type=int,
-                   help="create_vocab: keep the N most frequent characters (default: all)")
+    g.add_argument(
+        "--unused_slots",
+        type=int,
+        help="create_vocab: [unused] entries (default 99: [UNK] [CLS] [SEP] "
+        "[MASK] at Google's ids 100-103, or 0 when the size is too small)",
+    )
+    g.add_argument(
+        "--limit_alphabet", type=int, help="create_vocab: keep the N most frequent characters (default: all)"
+    )
     g = p.add_argument_group("sharding")
-    g.add_argument("--input_files", help="comma-separated one-document-per-line files (default: the formatted ones; "
-                                         "create_vocab reads them too)")
+    g.add_argument(
+        "--input_files",
+        help="comma-separated one-document-per-line files (default: the formatted ones; create_vocab reads them too)",
+    )
     g.add_argument("--n_training_shards", type=int, default=256)
     g.add_argument("--n_test_shards", type=int, default=256)
     g.add_argument("--fraction_test_set", type=float, default=0.2, help="fraction of the bytes held out for test")
     g.add_argument("--segmentation_method", choices=("blingfire", "pysbd"), default="blingfire")
     g = p.add_argument_group("create_hdf5_files")
-    g.add_argument("--phase", type=int, choices=(1, 2), default=1,
-                   help="preset: 1 = seq 128 / 20 predictions, 2 = seq 512 / 80 predictions")
+    g.add_argument(
+        "--phase",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="preset: 1 = seq 128 / 20 predictions, 2 = seq 512 / 80 predictions",
+    )
     g.add_argument("--max_seq_length", type=int, help="overrides the phase preset")
     g.add_argument("--max_predictions_per_seq", type=int, help="overrides the phase preset")
     g.add_argument("--masked_lm_prob", type=float, default=0.15)
     g.add_argument("--short_seq_prob", type=float, default=0.1)
     g.add_argument("--dupe_factor", type=int, default=5)
     g.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1, help="1 = uncased (default), 0 = cased")
-    g.add_argument("--vocab_file", help="WordPiece vocab.txt: read by create_hdf5_files, written by create_vocab "
-                                        "(default there: <working_dir>/vocab.txt)")
+    g.add_argument(
+        "--vocab_file",
+        help="WordPiece vocab.txt: read by create_hdf5_files, written by create_vocab "
+        "(default there: <working_dir>/vocab.txt)",
+    )
     g.add_argument("--overwrite", action="store_true", help="redo HDF5 files that already exist")
     p.add_argument("--random_seed", type=int, default=12345)
-    p.add_argument("--n_processes", type=int, default=os.cpu_count() or 1,
-                   help="parallel worker processes (--engine processes), or the local Dask cluster's workers")
-    g = p.add_argument_group("engine (bert_recipe/prep/engine.py): where text_formatting, create_vocab, sharding and "
-                             "create_hdf5_files run their tasks; the outputs are the same on every engine")
-    g.add_argument("--engine", choices=ENGINES, default="processes",
-                   help="processes: worker processes here (default); dask: a Dask cluster, local (--n_processes "
-                        "workers, started and stopped here) or the one --dask_scheduler_file names")
-    g.add_argument("--dask_scheduler_file", help="--engine dask: join the cluster of this scheduler file (dask "
-                                                 "scheduler --scheduler-file FILE; data/prep.sub starts one)")
-    g.add_argument("--dask_timeout", type=float, default=30.0,
-                   help="--engine dask: seconds to wait for the scheduler file, the scheduler and a worker")
+    p.add_argument(
+        "--n_processes",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="parallel worker processes (--engine processes), or the local Dask cluster's workers",
+    )
+    g = p.add_argument_group(
+        "engine (bert_recipe/prep/engine.py): where text_formatting, create_vocab, sharding and "
+        "create_hdf5_files run their tasks; the outputs are the same on every engine"
+    )
+    g.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="processes",
+        help="processes: worker processes here (default); dask: a Dask cluster, local (--n_processes "
+        "workers, started and stopped here) or the one --dask_scheduler_file names",
+    )
+    g.add_argument(
+        "--dask_scheduler_file",
+        help="--engine dask: join the cluster of this scheduler file (dask "
+        "scheduler --scheduler-file FILE; data/prep.sub starts one)",
+    )
+    g.add_argument(
+        "--dask_timeout",
+        type=float,
+        default=30.0,
+        help="--engine dask: seconds to wait for the scheduler file, the scheduler and a worker",
+    )
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
 
     add_debug_argument(p)
@@ -596,15 +744,19 @@ def _main(argv) -> int:
 def run_on_engine(args, dirs, logger) -> None:
     """A computing action on the engine --engine names (started here, stopped when the action ends)."""
 
-    config = EngineConfig(args.engine, args.n_processes, args.dask_scheduler_file, args.dask_timeout,
-                          progress=not args.no_progress)
+    config = EngineConfig(
+        args.engine, args.n_processes, args.dask_scheduler_file, args.dask_timeout, progress=not args.no_progress
+    )
     if args.dask_scheduler_file and args.engine != "dask":
         raise InputError("--dask_scheduler_file is for --engine dask: add it, or leave the file out")
     with open_engine(config, log_fn=lambda message: print(f"bertPrep.py: {message}", flush=True)) as engine:
         logger.log("engine", engine.describe())
-        {"text_formatting": action_text_formatting, "create_vocab": action_create_vocab,
-         "sharding": action_sharding, "create_hdf5_files": action_create_hdf5_files}[args.action](args, dirs, logger,
-                                                                                                 engine)
+        {
+            "text_formatting": action_text_formatting,
+            "create_vocab": action_create_vocab,
+            "sharding": action_sharding,
+            "create_hdf5_files": action_create_hdf5_files,
+        }[args.action](args, dirs, logger, engine)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ launcher with `--launcher`:
 On a machine with one NUMA node (or none in sysfs) binding changes nothing: the launcher is left as it was and a
 line on stderr says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -167,8 +168,10 @@ class BindError(ValueError):
 def plan(topology: Topology, nproc: int, mode: str = "node") -> list[RankBinding] | None:
     """Each local rank's NUMA node and CPUs, or None where there is nothing to bind (one NUMA node or none)."""
     if mode not in OWN_MODES:
-        raise BindError(f"mode {mode!r}: this module computes {' and '.join(OWN_MODES)}; {mode} needs torchrun's "
-                        "own --numa-binding (PyTorch >= 2.9, GPUs and numactl)")
+        raise BindError(
+            f"mode {mode!r}: this module computes {' and '.join(OWN_MODES)}; {mode} needs torchrun's "
+            "own --numa-binding (PyTorch >= 2.9, GPUs and numactl)"
+        )
     if nproc < 1:
         raise BindError(f"--nproc must be at least 1, got {nproc}")
     if len(topology.nodes) <= 1:
@@ -192,20 +195,24 @@ def plan(topology: Topology, nproc: int, mode: str = "node") -> list[RankBinding
             k, m = sharing.index(rank), len(sharing)
             if len(cores) < m:
                 raise BindError(f"exclusive: node {node} has {len(cores)} physical cores for {m} ranks")
-            mine = cores[k * len(cores) // m:(k + 1) * len(cores) // m]
+            mine = cores[k * len(cores) // m : (k + 1) * len(cores) // m]
             cpus = sorted(cpu for core in mine for cpu in core if cpu in topology.nodes[node])
         out.append(RankBinding(rank, gpu, node, tuple(cpus), why))
     return out
 
 
 def describe(topology: Topology, bindings: list[RankBinding] | None, mode: str) -> str:
-    lines = ["NUMA nodes: " + ("; ".join(f"node{n} cpus {format_cpulist(c)}" for n, c in topology.nodes.items())
-                               or "none in sysfs")]
+    lines = [
+        "NUMA nodes: "
+        + ("; ".join(f"node{n} cpus {format_cpulist(c)}" for n, c in topology.nodes.items()) or "none in sysfs")
+    ]
     if topology.gpus:
         lines.append("GPUs: " + "; ".join(f"{i} {g.pci} node {g.numa_node}" for i, g in enumerate(topology.gpus)))
     if bindings is None:
-        lines.append(f"{len(topology.nodes) or 'no'} NUMA node{'s' * (len(topology.nodes) != 1)}: binding would "
-                     "change nothing; processes run unbound")
+        lines.append(
+            f"{len(topology.nodes) or 'no'} NUMA node{'s' * (len(topology.nodes) != 1)}: binding would "
+            "change nothing; processes run unbound"
+        )
         return "\n".join(lines)
     lines.append(f"mode {mode}")
     lines.append(f"{'local rank':>10}  {'node':>4}  {'cpus':<24} why")
@@ -227,8 +234,14 @@ def torchrun_has_numa_binding() -> bool:
     return any("--numa-binding" in action.option_strings for action in get_args_parser()._actions)
 
 
-def bound_launcher(launcher: list[str], mode: str, nproc: int, topology: Topology,
-                   has_torchrun_option: bool | None = None, numactl: str | None = None) -> tuple[list[str], str]:
+def bound_launcher(
+    launcher: list[str],
+    mode: str,
+    nproc: int,
+    topology: Topology,
+    has_torchrun_option: bool | None = None,
+    numactl: str | None = None,
+) -> tuple[list[str], str]:
     """The launcher words with binding added, and one line saying what was done.
 
     torchrun + GPUs + numactl + its --numa-binding: insert `--numa-binding=<mode>`; else run each rank through
@@ -236,21 +249,26 @@ def bound_launcher(launcher: list[str], mode: str, nproc: int, topology: Topolog
     if mode not in MODES:
         raise BindError(f"NUMA_BINDING={mode!r}: choose one of {', '.join(MODES)}")
     numactl = shutil.which("numactl") if numactl is None else numactl
-    torchrun = next((i for i, w in enumerate(launcher) if w == "torch.distributed.run"
-                     or os.path.basename(w) == "torchrun"), None)
+    torchrun = next(
+        (i for i, w in enumerate(launcher) if w == "torch.distributed.run" or os.path.basename(w) == "torchrun"), None
+    )
     if len(topology.nodes) <= 1:
         return launcher, describe(topology, None, mode).splitlines()[-1]
     if torchrun is not None and topology.gpus and numactl:
         if has_torchrun_option is None:
             has_torchrun_option = torchrun_has_numa_binding()
         if has_torchrun_option:
-            return (launcher[:torchrun + 1] + [f"--numa-binding={mode}"] + launcher[torchrun + 1:],
-                    f"torchrun --numa-binding={mode} binds each of the {nproc} ranks to its GPU's NUMA node")
+            return (
+                launcher[: torchrun + 1] + [f"--numa-binding={mode}"] + launcher[torchrun + 1 :],
+                f"torchrun --numa-binding={mode} binds each of the {nproc} ranks to its GPU's NUMA node",
+            )
     bindings = plan(topology, nproc, mode)  # raises for socket/core-complex: those need torchrun's option
     how = "under numactl" if numactl else "with its CPUs pinned (numactl not found: memory is not bound)"
-    return (launcher + [str(Path(__file__).resolve()), "--mode", mode, "--nproc", str(nproc), "--run", "--"],
-            f"each rank starts through scripts/bind.py {how}: "
-            + "; ".join(f"rank {b.local_rank} -> node {b.node}" for b in bindings))
+    return (
+        launcher + [str(Path(__file__).resolve()), "--mode", mode, "--nproc", str(nproc), "--run", "--"],
+        f"each rank starts through scripts/bind.py {how}: "
+        + "; ".join(f"rank {b.local_rank} -> node {b.node}" for b in bindings),
+    )
 
 
 def run_bound(command: list[str], mode: str, nproc: int, topology: Topology, local_rank: int) -> None:
@@ -264,27 +282,50 @@ def run_bound(command: list[str], mode: str, nproc: int, topology: Topology, loc
     if numactl:
         os.execv(numactl, [numactl, *b.numactl_args(mode), *argv])
     os.sched_setaffinity(0, b.cpus)
-    print(f"scripts/bind.py: rank {local_rank}: CPUs {format_cpulist(list(b.cpus))} (node {b.node}); numactl not "
-          "found, so memory is placed by the kernel (first touch)", file=sys.stderr, flush=True)
+    print(
+        f"scripts/bind.py: rank {local_rank}: CPUs {format_cpulist(list(b.cpus))} (node {b.node}); numactl not "
+        "found, so memory is placed by the kernel (first touch)",
+        file=sys.stderr,
+        flush=True,
+    )
     os.execv(sys.executable, argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m scripts.bind", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.bind",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--mode", default="node", help=f"{', '.join(MODES)} (1 and true mean node)")
-    p.add_argument("--nproc", type=int, default=None,
-                   help="local ranks (default: LOCAL_WORLD_SIZE, else the GPUs found, else the NUMA nodes)")
-    p.add_argument("--sysfs", default=os.environ.get("BIND_SYSFS", "/sys"),
-                   help="the sysfs root to read (env BIND_SYSFS; a made-up tree for tests)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="local ranks (default: LOCAL_WORLD_SIZE, else the GPUs found, else the NUMA nodes)",
+    )
+    p.add_argument(
+        "--sysfs",
+        default=os.environ.get("BIND_SYSFS", "/sys"),
+        help="the sysfs root to read (env BIND_SYSFS; a made-up tree for tests)",
+    )
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--launcher", action="store_true",
-                      help="print the launcher words after -- with binding added, one per line (for the launchers)")
-    what.add_argument("--run", action="store_true",
-                      help="exec python with the words after -- bound to LOCAL_RANK's node (what each rank runs)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the launcher words (--launcher) or the script "
-                   "and its arguments (--run)")
+    what.add_argument(
+        "--launcher",
+        action="store_true",
+        help="print the launcher words after -- with binding added, one per line (for the launchers)",
+    )
+    what.add_argument(
+        "--run",
+        action="store_true",
+        help="exec python with the words after -- bound to LOCAL_RANK's node (what each rank runs)",
+    )
+    p.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        help="-- then the launcher words (--launcher) or the script and its arguments (--run)",
+    )
     return p
 
 

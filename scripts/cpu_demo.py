@@ -1,13 +1,14 @@
 """The two small programs of scripts/run_cpu_demo.sh (the README's main job), as a module.
 
-    python -m scripts.cpu_demo config SOURCE_CONFIG VOCAB OUT_CONFIG
-        the model config for a vocabulary: vocab_size kept when the vocabulary fits it (the rule run_pretraining.py
-        checks: bert-base-uncased's 30522 stays 30522), else create_vocab's padding to a multiple of 8
-    python -m scripts.cpu_demo summary RUN_DIR --job JOB --heldout HELDOUT.hdf5 --train_shard TRAIN.hdf5 --vocab VOCAB
-        what the run learned, from its JSON-lines logs: each phase's loss, held-out accuracy and speed, then the
-        held-out loss against guessing from word frequencies (the held-out targets' own, and a unigram model of the
-        training shard), and the context gain on the [MASK]ed held-out words (validation.py's numbers)
+python -m scripts.cpu_demo config SOURCE_CONFIG VOCAB OUT_CONFIG
+    the model config for a vocabulary: vocab_size kept when the vocabulary fits it (the rule run_pretraining.py
+    checks: bert-base-uncased's 30522 stays 30522), else create_vocab's padding to a multiple of 8
+python -m scripts.cpu_demo summary RUN_DIR --job JOB --heldout HELDOUT.hdf5 --train_shard TRAIN.hdf5 --vocab VOCAB
+    what the run learned, from its JSON-lines logs: each phase's loss, held-out accuracy and speed, then the
+    held-out loss against guessing from word frequencies (the held-out targets' own, and a unigram model of the
+    training shard), and the context gain on the [MASK]ed held-out words (validation.py's numbers)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,10 @@ def fit_config(source: Path, vocab: Path, target: Path) -> dict:
         config = json.loads(source.read_text(encoding="utf-8"))
         int(config["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"--config {source} is not a BERT config JSON with a vocab_size ({e}): give one such as "
-                         "configs/bert-small-cpu.json") from None
+        raise InputError(
+            f"--config {source} is not a BERT config JSON with a vocab_size ({e}): give one such as "
+            "configs/bert-small-cpu.json"
+        ) from None
     with open(vocab, encoding="utf-8") as f:
         lines = sum(1 for _ in f)
     if not vocab_fits_config(lines, config["vocab_size"]):
@@ -42,17 +45,21 @@ def fit_config(source: Path, vocab: Path, target: Path) -> dict:
 
 def phase_line(phase: int, records: list[dict]) -> tuple[str, tuple | None]:
     """One phase's line (loss, held-out accuracy, speed) and its last evaluation with a context gain, if any."""
-    losses = [(r["step"], r["data"]["mlm_loss"]) for r in records
-              if isinstance(r["step"], int) and "mlm_loss" in r["data"]]
+    losses = [
+        (r["step"], r["data"]["mlm_loss"]) for r in records if isinstance(r["step"], int) and "mlm_loss" in r["data"]
+    ]
     evals = [(r["step"], r["data"]) for r in records if "eval_mlm_accuracy" in r.get("data", {})]
     final = next((r["data"] for r in reversed(records) if r["step"] == "FINAL"), {})
     line = f"phase {phase}:"
     if losses:
-        line += (f" masked-LM loss {losses[0][1]:.3f} (step {losses[0][0]}) -> {losses[-1][1]:.3f} "
-                 f"(step {losses[-1][0]})")
+        line += (
+            f" masked-LM loss {losses[0][1]:.3f} (step {losses[0][0]}) -> {losses[-1][1]:.3f} (step {losses[-1][0]})"
+        )
     if evals:
-        line += (f"; held-out masked-LM accuracy {evals[0][1]['eval_mlm_accuracy']:.3f} -> "
-                 f"{evals[-1][1]['eval_mlm_accuracy']:.3f}")
+        line += (
+            f"; held-out masked-LM accuracy {evals[0][1]['eval_mlm_accuracy']:.3f} -> "
+            f"{evals[-1][1]['eval_mlm_accuracy']:.3f}"
+        )
     if "training_sequences_per_second" in final:
         line += f"; {final['training_sequences_per_second']:.1f} sequences/s"
     learned = (phase, *evals[-1]) if evals and "eval_context_gain" in evals[-1][1] else None
@@ -66,21 +73,28 @@ def learned_lines(learned: tuple, targets: int, train_unigram: float) -> list[st
     head = f"learned? phase {phase}, step {step}:"
     below = e["eval_unigram_entropy"] - e["eval_mlm_loss"]
     gain = train_unigram - e["eval_mlm_loss"]
-    lines = [f"{head} held-out masked-LM loss {e['eval_mlm_loss']:.3f} nats against {e['eval_unigram_entropy']:.3f} "
-             f"for guessing from word frequencies alone ({abs(below):.3f} nats {'better' if below > 0 else 'worse'}; "
-             f"those are the {targets} held-out targets' own frequencies, an optimistic reference on a set this "
-             "small)",
-             f"{head} against a unigram model of the training shard ({train_unigram:.3f} nats on the same targets): "
-             f"{abs(gain):.3f} nats {'better' if gain > 0 else 'worse'}",
-             f"{head} context gain {100 * e['eval_context_gain']:+.1f} points: {e['eval_mask_accuracy']:.3f} of the "
-             f"[MASK]ed held-out words right with their context, {e['eval_mask_accuracy_without_context']:.3f} with "
-             "every other word hidden too"]
+    lines = [
+        f"{head} held-out masked-LM loss {e['eval_mlm_loss']:.3f} nats against {e['eval_unigram_entropy']:.3f} "
+        f"for guessing from word frequencies alone ({abs(below):.3f} nats {'better' if below > 0 else 'worse'}; "
+        f"those are the {targets} held-out targets' own frequencies, an optimistic reference on a set this "
+        "small)",
+        f"{head} against a unigram model of the training shard ({train_unigram:.3f} nats on the same targets): "
+        f"{abs(gain):.3f} nats {'better' if gain > 0 else 'worse'}",
+        f"{head} context gain {100 * e['eval_context_gain']:+.1f} points: {e['eval_mask_accuracy']:.3f} of the "
+        f"[MASK]ed held-out words right with their context, {e['eval_mask_accuracy_without_context']:.3f} with "
+        "every other word hidden too",
+    ]
     commonest = e.get("eval_mask_accuracy_most_frequent")
     if commonest is not None:
-        lines.append(f"{head} always guessing the commonest of those words scores {commonest:.3f}"
-                     + (": with the context the model does no better, so the gain is its guesses without context "
-                        "getting worse (a row of [MASK]s is unlike its training), not a use of the context"
-                        if e["eval_context_gain"] > 0 and e["eval_mask_accuracy"] <= commonest else ""))
+        lines.append(
+            f"{head} always guessing the commonest of those words scores {commonest:.3f}"
+            + (
+                ": with the context the model does no better, so the gain is its guesses without context "
+                "getting worse (a row of [MASK]s is unlike its training), not a use of the context"
+                if e["eval_context_gain"] > 0 and e["eval_mask_accuracy"] <= commonest
+                else ""
+            )
+        )
     return lines
 
 
@@ -95,8 +109,10 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
     # --mlm_bias_init unigram starts from) scored on the same held-out targets. The held-out words' own entropy is
     # optimistic on a set this small (a few thousand targets: rare words seen once look certain).
     train_unigram = float(-unigram_log_prior(train_shard, vocab_size)[targets].mean())
-    lines = [f"baseline: always guessing the most frequent masked token scores "
-             f"{su.heldout_baseline(heldout, max_eval):.3f} on the held-out set"]
+    lines = [
+        f"baseline: always guessing the most frequent masked token scores "
+        f"{su.heldout_baseline(heldout, max_eval):.3f} on the held-out set"
+    ]
     learned = None
     for phase in (1, 2):
         path = run_dir / f"{job}.phase{phase}.json"
@@ -111,10 +127,14 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.cpu_demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prog", default="scripts.cpu_demo",
-                   help="the name its one-line errors start with (the launcher that runs it: run_cpu_demo.sh)")
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.cpu_demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--prog",
+        default="scripts.cpu_demo",
+        help="the name its one-line errors start with (the launcher that runs it: run_cpu_demo.sh)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("config", help="a model config whose vocab_size fits the vocabulary")
     c.add_argument("source", type=Path)

@@ -25,6 +25,7 @@ importable, else at " . ", " ? ", " ! " (right for WikiText's pre-tokenized text
     python -m scripts.text_to_documents --input corpus/ --output train.txt --sentences \
         --test_fraction 0.05 --test_output test.txt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -108,16 +109,23 @@ def _write(docs: list[list[str]], output: str | Path, sentences: bool) -> None:
             out.write("\n".join(lines) + "\n\n")
 
 
-def write_documents(inputs: Iterable[str | Path], output: str | Path, sentences: bool = False,
-                    test_fraction: float = 0.0, test_output: str | Path | None = None) -> tuple[int, int]:
+def write_documents(
+    inputs: Iterable[str | Path],
+    output: str | Path,
+    sentences: bool = False,
+    test_fraction: float = 0.0,
+    test_output: str | Path | None = None,
+) -> tuple[int, int]:
     """Write the documents of every input to `output`, the last `test_fraction` of them (at least one when > 0) to
     `test_output`, atomically. Returns (training documents, test documents)."""
 
     docs = [doc for path in list_input_files(list(inputs)) for doc in iter_documents(path)]
     test_documents = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0
     if test_documents and len(docs) <= test_documents:
-        raise InputError(f"{len(docs)} document(s) found, too few to hold out a test set: give more text "
-                         "(documents are separated by blank lines) or --test_fraction 0")
+        raise InputError(
+            f"{len(docs)} document(s) found, too few to hold out a test set: give more text "
+            "(documents are separated by blank lines) or --test_fraction 0"
+        )
     train, test = (docs[:-test_documents], docs[-test_documents:]) if test_documents else (docs, [])
     _write(train, output, sentences)
     if test:
@@ -133,14 +141,25 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True,
-                   help="text files or folders of them (WikiText, WikiExtractor output, or documents separated by "
-                        "blank lines; .gz read as gzip)")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="text files or folders of them (WikiText, WikiExtractor output, or documents separated by "
+        "blank lines; .gz read as gzip)",
+    )
     p.add_argument("--output", required=True, help="the output file")
-    p.add_argument("--sentences", action="store_true",
-                   help="one sentence per line, a blank line between documents (create_pretraining_data.py's input)")
-    p.add_argument("--test_fraction", type=float, default=0.0,
-                   help="put the last this fraction of the documents (at least one) in --test_output")
+    p.add_argument(
+        "--sentences",
+        action="store_true",
+        help="one sentence per line, a blank line between documents (create_pretraining_data.py's input)",
+    )
+    p.add_argument(
+        "--test_fraction",
+        type=float,
+        default=0.0,
+        help="put the last this fraction of the documents (at least one) in --test_output",
+    )
     p.add_argument("--test_output", help="where the --test_fraction documents go")
     args = p.parse_args(argv)
     if not 0.0 <= args.test_fraction < 1.0:
@@ -150,8 +169,10 @@ def _main(argv: list[str] | None) -> int:
     n_train, n_test = write_documents(args.input, args.output, args.sentences, args.test_fraction, args.test_output)
     if n_train == 0:
         raise InputError(f"no text found in {' '.join(args.input)}: give text files or folders of them")
-    print(f"text_to_documents: {n_train} documents -> {args.output}"
-          + (f", {n_test} -> {args.test_output}" if n_test else ""))
+    print(
+        f"text_to_documents: {n_train} documents -> {args.output}"
+        + (f", {n_test} -> {args.test_output}" if n_test else "")
+    )
     return 0
 
 

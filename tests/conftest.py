@@ -5,6 +5,7 @@ threads per xdist worker) and for CI. The builders the tests share live in tests
 Tests that need ../shared/data skip with a clear reason where it is absent (a user's fresh clone). Under CI
 (CI=true) every skip is turned into a failure at the end of the session, so nothing is silently left out there.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from file_times import FileTimes
 from helpers import REPO_ROOT, make_shards, torch_threads, write_config
 

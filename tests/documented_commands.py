@@ -12,6 +12,7 @@ A test may change only what a user would: the values of the variables and the pa
 (`replace`, for small real data in a temporary folder), and variables that the document of the script it runs
 documents (`env`); every replaced word must be in the command and every added variable in its script's header.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,9 +36,15 @@ HOWS = ("verbatim", "dry run", "help", "CI", "not here")
 def script_headers() -> list[str]:
     """The scripts whose head comment shows commands: the launchers and their presets, the Docker helpers, the Slurm
     scripts, the data pipeline and Triton's server scripts."""
-    found = [*REPO.glob("scripts/*.sh"), *REPO.glob("scripts/configs/*.sh"), *REPO.glob("scripts/docker/*.sh"),
-             REPO / "run.sub", REPO / "data/prep.sub", REPO / "data/create_datasets_from_start.sh",
-             *REPO.glob("triton/scripts/*.sh")]
+    found = [
+        *REPO.glob("scripts/*.sh"),
+        *REPO.glob("scripts/configs/*.sh"),
+        *REPO.glob("scripts/docker/*.sh"),
+        REPO / "run.sub",
+        REPO / "data/prep.sub",
+        REPO / "data/create_datasets_from_start.sh",
+        *REPO.glob("triton/scripts/*.sh"),
+    ]
     return sorted(str(p.relative_to(REPO)) for p in found)
 
 
@@ -96,8 +103,9 @@ def markdown_commands(rel: str) -> list[Command]:
         elif fence is None:
             fence, block, blocks = line[3:].strip(), [], blocks + 1
         else:
-            out += [Command(rel, n, strip_comment(t).strip(), blocks) for n, t in _join(block)
-                    if strip_comment(t).strip()]
+            out += [
+                Command(rel, n, strip_comment(t).strip(), blocks) for n, t in _join(block) if strip_comment(t).strip()
+            ]
             fence = None
     return out
 
@@ -105,8 +113,10 @@ def markdown_commands(rel: str) -> list[Command]:
 # A head-comment line shows a command when, after the '#' and an indent of two spaces or more, it starts with one of
 # these (optionally after VAR=value words): the ways into this checkout's scripts, Slurm and the shell words the
 # documents use. A synopsis starts with "usage:" and is not a command.
-_COMMAND_START = re.compile(r"(bash|sbatch|source|export|unset|srun|cd|dask|python3?|\.venv/bin/\S+|jid=\$\(\S*"
-                            r"|data/\S+\.sh|triton/scripts/\S+|scripts/\S+)(\s|$)")
+_COMMAND_START = re.compile(
+    r"(bash|sbatch|source|export|unset|srun|cd|dask|python3?|\.venv/bin/\S+|jid=\$\(\S*"
+    r"|data/\S+\.sh|triton/scripts/\S+|scripts/\S+)(\s|$)"
+)
 _ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=\S*\s+")
 
 
@@ -131,7 +141,7 @@ def header_commands(rel: str) -> list[Command]:
         body = text.strip()
         rest = body
         while _ASSIGNMENT.match(rest):
-            rest = rest[_ASSIGNMENT.match(rest).end():]
+            rest = rest[_ASSIGNMENT.match(rest).end() :]
         continued = i > 0 and lines[i - 1][1].rstrip().endswith("\\")
         if continued or (text.startswith("  ") and _COMMAND_START.match(rest)):  # examples are indented, prose not
             starts.append((number, body))
@@ -146,8 +156,9 @@ def header_commands(rel: str) -> list[Command]:
 def documented_commands() -> list[Command]:
     """Every command the documents show, in document order, each time it is shown (a block that repeats a command
     runs it again: README.md's run.sub block submits phase 1 and 2 with a container, then without)."""
-    return [c for rel in MARKDOWN for c in markdown_commands(rel)] + \
-        [c for rel in script_headers() for c in header_commands(rel)]
+    return [c for rel in MARKDOWN for c in markdown_commands(rel)] + [
+        c for rel in script_headers() for c in header_commands(rel)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,8 +201,9 @@ def commands_for(test: str) -> list[Command]:
     show it, in document order; at least one, each row still in its document."""
     named = {(r.source, r.command) for r in table_rows() if test in tests_of(r)}
     found = [c for c in documented_commands() if (c.source, c.text) in named]
-    assert named and {(c.source, c.text) for c in found} == named, \
+    assert named and {(c.source, c.text) for c in found} == named, (
         f"tests/README.md names {test} for commands the documents no longer show"
+    )
     return found
 
 
@@ -208,8 +220,12 @@ def _leads_on(command: Command) -> bool:
     """A command whose effect is on the shell the next one runs in: cd, export, unset, source alone, a job left in
     the background, a job id kept."""
     text = command.text
-    return bool(re.match(r"(cd|export|unset|source) ", text) and "&& bash" not in text or text.endswith("&")
-                or text.startswith("jid="))
+    return bool(
+        re.match(r"(cd|export|unset|source) ", text)
+        and "&& bash" not in text
+        or text.endswith("&")
+        or text.startswith("jid=")
+    )
 
 
 def sessions_for(test: str) -> list[list[Command]]:
@@ -277,10 +293,19 @@ def documented_variables(*scripts: str) -> str:
     return "\n".join(text for rel in scripts for _, text in header_lines(rel))
 
 
-def run(commands: Command | str | list[Command], *, cwd: Path = REPO, replace: dict[str, str] | None = None,
-        env: dict[str, str] | None = None, documented_in: tuple[str, ...] = (), machine: dict[str, str] | None = None,
-        timeout: float = 600, check: bool = True, background: bool = False, path_prefix: Path | None = None
-        ) -> subprocess.CompletedProcess:
+def run(
+    commands: Command | str | list[Command],
+    *,
+    cwd: Path = REPO,
+    replace: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    documented_in: tuple[str, ...] = (),
+    machine: dict[str, str] | None = None,
+    timeout: float = 600,
+    check: bool = True,
+    background: bool = False,
+    path_prefix: Path | None = None,
+) -> subprocess.CompletedProcess:
     """Run documented commands (a list: one shell, in order) in a fresh login shell from `cwd`.
 
     replace: doc word -> test word (see substitute; a key may be missing from some commands of a list, not from all).
@@ -307,8 +332,15 @@ def run(commands: Command | str | list[Command], *, cwd: Path = REPO, replace: d
         script = f"export PATH={shlex.quote(str(path_prefix))}:$PATH\n{script}"
     # Output to files, not pipes: a process left in the background would hold a pipe open after the shell ended.
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(["bash", "-lc", script], cwd=cwd, env=login_env(**env, **(machine or {})),
-                                stdout=out, stderr=err, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-lc", script],
+            cwd=cwd,
+            env=login_env(**env, **(machine or {})),
+            stdout=out,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=timeout)
         finally:
@@ -324,13 +356,25 @@ def run(commands: Command | str | list[Command], *, cwd: Path = REPO, replace: d
     return done
 
 
-def submit(commands: list[Command], *, slurm_conf: Path, output: Path, replace: dict[str, str],
-           env: dict[str, str], documented_in: tuple[str, ...] = ()) -> str:
+def submit(
+    commands: list[Command],
+    *,
+    slurm_conf: Path,
+    output: Path,
+    replace: dict[str, str],
+    env: dict[str, str],
+    documented_in: tuple[str, ...] = (),
+) -> str:
     """Run documented sbatch commands against the test machine's Slurm; the job id the last one printed. `replace`
     keys that none of the commands holds are left out (one map serves several documents' forms)."""
     replace = {k: v for k, v in replace.items() if any(re.search(word(k), c.text) for c in commands)}
-    done = run(commands, replace=replace, env=env, documented_in=documented_in,
-               machine={"SLURM_CONF": str(slurm_conf), "SBATCH_OUTPUT": str(output)})
+    done = run(
+        commands,
+        replace=replace,
+        env=env,
+        documented_in=documented_in,
+        machine={"SLURM_CONF": str(slurm_conf), "SBATCH_OUTPUT": str(output)},
+    )
     return re.findall(r"Submitted batch job (\d+)", done.stdout)[-1]
 
 

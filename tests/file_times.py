@@ -6,6 +6,7 @@ the most tests first, as xdist orders them itself; so a fresh checkout runs in x
 
 Registered by tests/conftest.py; only pytest's and xdist's public hooks.
 """
+
 from __future__ import annotations
 
 import math

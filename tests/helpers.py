@@ -3,6 +3,7 @@ sentences and padded batches for model parity, tiny NVIDIA-layout shards written
 run_pretraining argument lists and logs, the environment of the processes the tests start, and stand-ins for faults
 (a disk that fills mid-write, a bench study that must not train).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,7 +47,7 @@ def padded_batch(tokenizer, sentences: list[str], pair: bool = False, max_len: i
             ids += [*b, tokenizer.vocab["[SEP]"]]
             tt += [1] * (len(b) + 1)
         if max_len is not None and len(ids) > max_len:
-            ids, tt = ids[:max_len - 1] + [tokenizer.vocab["[SEP]"]], tt[:max_len]
+            ids, tt = ids[: max_len - 1] + [tokenizer.vocab["[SEP]"]], tt[:max_len]
         rows.append(ids)
         types.append(tt)
     width = max(map(len, rows))
@@ -62,8 +63,18 @@ SEQ, PRED, VOCAB = 32, 5, 100
 CLS, SEP, MASK = 2, 3, 4
 
 
-def make_shards(folder: Path, n_shards: int = 3, n: int = 40, seq: int = SEQ, pred: int = PRED, vocab: int = VOCAB,
-                seed: int = 0, tag: bool = False, unmasked: bool = False, short_rows: int = 0) -> Path:
+def make_shards(
+    folder: Path,
+    n_shards: int = 3,
+    n: int = 40,
+    seq: int = SEQ,
+    pred: int = PRED,
+    vocab: int = VOCAB,
+    seed: int = 0,
+    tag: bool = False,
+    unmasked: bool = False,
+    short_rows: int = 0,
+) -> Path:
     """Shards with random tokens: [CLS] ... [SEP] then padding, `pred` masked positions per row (sorted, never 0;
     the last `short_rows` rows use only 2 of them, the rest of the slots 0 as in real shards). tag=True writes
     the sample's identity (shard * n + row) at position 1, which is never masked. unmasked=True writes
@@ -80,8 +91,9 @@ def make_shards(folder: Path, n_shards: int = 3, n: int = 40, seq: int = SEQ, pr
         if tag:
             ids[:, 1] = s * n + np.arange(n)
         segments = ((np.arange(seq)[None] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int8)
-        positions = np.stack([np.sort(rng.choice(np.arange(2, length - 1), pred, replace=False))
-                              for length in lengths]).astype(np.int32)
+        positions = np.stack(
+            [np.sort(rng.choice(np.arange(2, length - 1), pred, replace=False)) for length in lengths]
+        ).astype(np.int32)
         if short_rows:
             positions[-short_rows:, 2:] = 0
         originals = np.where(positions > 0, np.take_along_axis(ids, positions, 1), 0).astype(np.int32)
@@ -102,24 +114,59 @@ def make_shards(folder: Path, n_shards: int = 3, n: int = 40, seq: int = SEQ, pr
 
 def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: int = 32) -> Path:
 
-    BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=2 * hidden, max_position_embeddings=64, hidden_dropout_prob=dropout,
-               attention_probs_dropout_prob=dropout).to_json_file(path)
+    BertConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    ).to_json_file(path)
     return path
 
 
 def bert_config(**fields):
     """A small modeling.BertConfig for tests: 2 layers, 4 heads, no dropout (exact comparisons), then `fields`."""
 
-    return BertConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_dropout_prob": 0.0,
-                         "attention_probs_dropout_prob": 0.0, **fields})
+    return BertConfig(
+        **{
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            **fields,
+        }
+    )
 
 
 def args_for(data: Path, config: Path, out: Path, *extra: str, seq: int = SEQ, pred: int = PRED) -> list[str]:
-    return ["--input_dir", str(data), "--config_file", str(config), "--output_dir", str(out), "--do_train",
-            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred), "--train_batch_size", "8",
-            "--learning_rate", "1e-2", "--warmup_proportion", "0.2", "--num_workers", "0",
-            "--disable_progress_bar", "--json-summary", str(out / "log.json"), *extra]
+    return [
+        "--input_dir",
+        str(data),
+        "--config_file",
+        str(config),
+        "--output_dir",
+        str(out),
+        "--do_train",
+        "--max_seq_length",
+        str(seq),
+        "--max_predictions_per_seq",
+        str(pred),
+        "--train_batch_size",
+        "8",
+        "--learning_rate",
+        "1e-2",
+        "--warmup_proportion",
+        "0.2",
+        "--num_workers",
+        "0",
+        "--disable_progress_bar",
+        "--json-summary",
+        str(out / "log.json"),
+        *extra,
+    ]
 
 
 def read_log(path: Path) -> list[dict]:
@@ -208,7 +255,6 @@ def no_training(monkeypatch):
     """Any attempt to train in the bench studies (their launcher subprocesses, bench.stability's seeds) fails the
     test: for checking that a second call reuses every finished run."""
     import types
-
 
     def refuse(*a, **k):
         raise AssertionError(f"nothing should run here: {a} {k}")

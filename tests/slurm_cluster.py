@@ -11,6 +11,7 @@ cluster's SLURM_CONF (batch scripts, tasks, slurmstepd) is killed by its pid. Ti
 ../shared/notes/slurm-on-one-machine.md: short scheduler intervals and credential lifetime, so that a requeued job
 runs again within seconds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,10 @@ def installed_or_skip(repo: Path) -> None:
     if missing_binaries():
         done = subprocess.run(["bash", str(repo / "scripts" / "install_slurm.sh")], capture_output=True, text=True)
         if done.returncode != 0 or missing_binaries():
-            pytest.skip(f"Slurm is not installed ({', '.join(missing_binaries())} missing): "
-                        f"{done.stderr.strip() or 'scripts/install_slurm.sh did not install it'}")
+            pytest.skip(
+                f"Slurm is not installed ({', '.join(missing_binaries())} missing): "
+                f"{done.stderr.strip() or 'scripts/install_slurm.sh did not install it'}"
+            )
 
 
 _PORTS_GIVEN: set[int] = set()
@@ -162,37 +165,42 @@ class SlurmCluster:
         key.chmod(0o600)
         mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         s = self.state
-        self.conf.write_text("\n".join([
-            "ClusterName=tests",
-            "SlurmctldHost=localhost(127.0.0.1)",
-            f"SlurmctldPort={free_port()}",
-            f"SlurmdPort={free_port()}",
-            f"SlurmUser={user}",
-            f"SlurmdUser={user}",
-            "AuthType=auth/munge",
-            f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE}",
-            f"StateSaveLocation={s / 'ctld'}",
-            f"SlurmdSpoolDir={s / 'd'}",
-            f"SlurmctldPidFile={s / 'slurmctld.pid'}",
-            f"SlurmdPidFile={s / 'slurmd.pid'}",
-            f"SlurmctldLogFile={s / 'slurmctld.log'}",
-            f"SlurmdLogFile={s / 'slurmd.log'}",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
-            "SchedulerParameters=bf_interval=1,sched_interval=2",
-            "DependencyParameters=kill_invalid_depend",
-            "MinJobAge=3600",
-            f"KillWait={KILL_WAIT}",
-            "ReturnToService=2",
-            "MailProg=/bin/true",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={max(mem_mb // 2, 100)} "
-            "State=UNKNOWN",
-            f"PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
-            ""]))
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "ClusterName=tests",
+                    "SlurmctldHost=localhost(127.0.0.1)",
+                    f"SlurmctldPort={free_port()}",
+                    f"SlurmdPort={free_port()}",
+                    f"SlurmUser={user}",
+                    f"SlurmdUser={user}",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE}",
+                    f"StateSaveLocation={s / 'ctld'}",
+                    f"SlurmdSpoolDir={s / 'd'}",
+                    f"SlurmctldPidFile={s / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={s / 'slurmd.pid'}",
+                    f"SlurmctldLogFile={s / 'slurmctld.log'}",
+                    f"SlurmdLogFile={s / 'slurmd.log'}",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_CPU",
+                    "SchedulerParameters=bf_interval=1,sched_interval=2",
+                    "DependencyParameters=kill_invalid_depend",
+                    "MinJobAge=3600",
+                    f"KillWait={KILL_WAIT}",
+                    "ReturnToService=2",
+                    "MailProg=/bin/true",
+                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={max(mem_mb // 2, 100)} "
+                    "State=UNKNOWN",
+                    f"PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
 
     def _daemon(self, argv: list[str]) -> None:
         # Without SLURM_CONF in their environment (they get -f): what carries it is a job's, see _job_processes.
@@ -206,11 +214,20 @@ class SlurmCluster:
         try:
             socket.gethostbyname(self.node)
         except OSError as e:
-            raise SlurmError(f"this machine's name {self.node!r} does not resolve ({e}): run.sub takes the rendezvous "
-                             f"address from the node name; add it to /etc/hosts") from None
-        self._daemon(["/usr/sbin/munged", f"--key-file={s / 'munge-key' / 'munge.key'}",
-                      f"--socket={self.munge_socket}", f"--pid-file={s / 'munged.pid'}",
-                      f"--log-file={s / 'munged.log'}", f"--seed-file={s / 'munged.seed'}"])
+            raise SlurmError(
+                f"this machine's name {self.node!r} does not resolve ({e}): run.sub takes the rendezvous "
+                f"address from the node name; add it to /etc/hosts"
+            ) from None
+        self._daemon(
+            [
+                "/usr/sbin/munged",
+                f"--key-file={s / 'munge-key' / 'munge.key'}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={s / 'munged.pid'}",
+                f"--log-file={s / 'munged.log'}",
+                f"--seed-file={s / 'munged.seed'}",
+            ]
+        )
         self._daemon(["/usr/sbin/slurmctld", "-f", str(self.conf)])
         self._daemon(["/usr/sbin/slurmd", "-f", str(self.conf), "-N", self.node])
         deadline = time.monotonic() + 30
@@ -221,15 +238,21 @@ class SlurmCluster:
             if out.returncode == 0 and state == "idle":
                 return
             time.sleep(0.2)
-        raise SlurmError(f"node {self.node} not idle after 30 s (sinfo: {state or out.stderr.strip()}); "
-                         f"see {s / 'slurmctld.log'} and {s / 'slurmd.log'}:\n{self.logs()}")
+        raise SlurmError(
+            f"node {self.node} not idle after 30 s (sinfo: {state or out.stderr.strip()}); "
+            f"see {s / 'slurmctld.log'} and {s / 'slurmd.log'}:\n{self.logs()}"
+        )
 
     def stop(self) -> None:
         """Cancel every job, stop the daemons by their pid files, kill anything else started under this cluster."""
         with contextlib.suppress(Exception):
             if self.conf.is_file() and (self.state / "slurmctld.pid").is_file():
-                subprocess.run(["scancel", "--quiet", f"--user={pwd.getpwuid(os.getuid()).pw_name}"],
-                               env=self.env, capture_output=True, timeout=20)
+                subprocess.run(
+                    ["scancel", "--quiet", f"--user={pwd.getpwuid(os.getuid()).pw_name}"],
+                    env=self.env,
+                    capture_output=True,
+                    timeout=20,
+                )
                 deadline = time.monotonic() + KILL_WAIT + 10
                 while time.monotonic() < deadline and self._job_processes():
                     time.sleep(0.2)
@@ -263,10 +286,12 @@ class SlurmCluster:
 
     # ---- jobs ------------------------------------------------------------------------------------------------
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run(argv, env={**self.env, **(env or {})}, cwd=cwd, capture_output=True, text=True,
-                              timeout=60)
+    def run(
+        self, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            argv, env={**self.env, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=60
+        )
         if check and done.returncode != 0:
             raise SlurmError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
         return done
@@ -287,8 +312,17 @@ class SlurmCluster:
 
     def wait(self, job_id: str, states: set[str], timeout: float = 120.0, poll: float = 0.25) -> dict[str, str]:
         """Wait until the job is in one of `states`; SlurmError if it ends in another state or time runs out."""
-        final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED"}
+        final = {
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "PREEMPTED",
+        }
         deadline = time.monotonic() + timeout
         info: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -296,11 +330,15 @@ class SlurmCluster:
             if info.get("JobState") in states:
                 return info
             if info.get("JobState") in final:
-                raise SlurmError(f"job {job_id} ended {info.get('JobState')} (waiting for {sorted(states)}): {info}"
-                                 f"\n{job_output(info)}")
+                raise SlurmError(
+                    f"job {job_id} ended {info.get('JobState')} (waiting for {sorted(states)}): {info}"
+                    f"\n{job_output(info)}"
+                )
             time.sleep(poll)
-        raise SlurmError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s "
-                         f"(waiting for {sorted(states)}): {info}\n{job_output(info)}\n{self.logs()}")
+        raise SlurmError(
+            f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s "
+            f"(waiting for {sorted(states)}): {info}\n{job_output(info)}\n{self.logs()}"
+        )
 
 
 def job_output(info: dict[str, str], tail: int = 4000) -> str:

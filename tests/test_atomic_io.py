@@ -1,5 +1,6 @@
 """atomic_io's one temporary-file + fsync + rename: atomic_path (any writer that opens a file by name) and
 atomic_open (a file object), which both go through it."""
+
 from __future__ import annotations
 
 import errno

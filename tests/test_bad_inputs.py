@@ -16,6 +16,7 @@ call runs with the effective user and group of `nobody` (os.seteuid, put back ri
 read-only folder bite as they do for a user; the fixture folder is made traversable for that user. Either way the
 case runs: nothing is skipped.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +39,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env, write_config
 
 import convert_checkpoint
 import create_pretraining_data
@@ -51,20 +53,35 @@ from bert_recipe.io import atomic_io, cli, triton_scripts
 from bert_recipe.prep import vocab as create_vocab
 from bert_recipe.pretraining import shard_writer, trainer, validation
 from data import bertPrep
-from helpers import REPO_ROOT, args_for, disk_full_for_large_writes, make_shards, subprocess_env, write_config
 from modeling import BertConfig, BertForPreTraining
 
 export_model = triton_scripts.load_triton_script("export_model")
 
 NOBODY = 65534
-PROGS = {"cpd": "create_pretraining_data.py", "rp": "run_pretraining.py", "squad": "run_squad.py",
-         "glue": "run_glue.py", "swag": "run_swag.py", "extract": "extract_features.py",
-         "convert": "convert_checkpoint.py", "bertprep": "bertPrep.py", "export": "export_model.py",
-         "vocab": "create_vocab.py"}
-MAINS = {"cpd": create_pretraining_data.main, "rp": run_pretraining.main, "squad": run_squad.main,
-         "glue": run_glue.main, "swag": run_swag.main, "extract": extract_features.main,
-         "convert": convert_checkpoint.main, "bertprep": bertPrep.main, "export": export_model.main,
-         "vocab": create_vocab.main}
+PROGS = {
+    "cpd": "create_pretraining_data.py",
+    "rp": "run_pretraining.py",
+    "squad": "run_squad.py",
+    "glue": "run_glue.py",
+    "swag": "run_swag.py",
+    "extract": "extract_features.py",
+    "convert": "convert_checkpoint.py",
+    "bertprep": "bertPrep.py",
+    "export": "export_model.py",
+    "vocab": "create_vocab.py",
+}
+MAINS = {
+    "cpd": create_pretraining_data.main,
+    "rp": run_pretraining.main,
+    "squad": run_squad.main,
+    "glue": run_glue.main,
+    "swag": run_swag.main,
+    "extract": extract_features.main,
+    "convert": convert_checkpoint.main,
+    "bertprep": bertPrep.main,
+    "export": export_model.main,
+    "vocab": create_vocab.main,
+}
 # The expensive step of each script: reaching it in a bad-input case is a failure (validation comes first).
 TRIPWIRES = {
     "cpd": [(shard_writer, "make_units"), (shard_writer, "write_hdf5")],
@@ -81,29 +98,91 @@ TRIPWIRES = {
     "vocab-learning": [(create_vocab, "learn_pieces")],
 }
 # Outputs that look complete, and leftovers of an interrupted write: none may exist after a refused case.
-LOOKS_COMPLETE = ("*.hdf5", "ckpt_*.pt", "model.pt", "model.onnx", "model.safetensors", "export.json",
-                  "results.json", "predictions.json", "eval_results.json", "nbest_predictions.json", "*.npz",
-                  "features.*", "converted.pt", "*_one_article_per_line.txt", "*_training_*.txt", "*.tmp", "vocab.txt",
-                  ".*.work.*", ".formatting_*")
+LOOKS_COMPLETE = (
+    "*.hdf5",
+    "ckpt_*.pt",
+    "model.pt",
+    "model.onnx",
+    "model.safetensors",
+    "export.json",
+    "results.json",
+    "predictions.json",
+    "eval_results.json",
+    "nbest_predictions.json",
+    "*.npz",
+    "features.*",
+    "converted.pt",
+    "*_one_article_per_line.txt",
+    "*_training_*.txt",
+    "*.tmp",
+    "vocab.txt",
+    ".*.work.*",
+    ".formatting_*",
+)
 # Words of a message that says what to do (or what the value must be).
-ADVICE = ("pass", "give", "use", "name", "choose", "check", "remove", "move", "write", "convert", "free", "lower",
-          "restore", "run ", "set ", "must", "need", "expected", "is --", "separate", "download", "re-save", "make",
-          "not found", "rerun", "is a folder", "is a file", "is it a", "is this a",
-          "divisible", "not one of", "is not an", "see -h", "see --help",
-          "not allowed with", "choose from", "required")  # the last three: argparse's own
+ADVICE = (
+    "pass",
+    "give",
+    "use",
+    "name",
+    "choose",
+    "check",
+    "remove",
+    "move",
+    "write",
+    "convert",
+    "free",
+    "lower",
+    "restore",
+    "run ",
+    "set ",
+    "must",
+    "need",
+    "expected",
+    "is --",
+    "separate",
+    "download",
+    "re-save",
+    "make",
+    "not found",
+    "rerun",
+    "is a folder",
+    "is a file",
+    "is it a",
+    "is this a",
+    "divisible",
+    "not one of",
+    "is not an",
+    "see -h",
+    "see --help",
+    "not allowed with",
+    "choose from",
+    "required",
+)  # the last three: argparse's own
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Fixtures, built once
 
-VOCAB_TOKENS = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghijklmnopqrstuvwxyz")
-                + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("0123456789") + list(".,!?'-")
-                + "the an is of and to in it was he she cat dog sat on mat ran fast big red blue quick brown fox "
-                  "jumps over lazy".split())
+VOCAB_TOKENS = (
+    ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    + list("abcdefghijklmnopqrstuvwxyz")
+    + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    + list("0123456789")
+    + list(".,!?'-")
+    + "the an is of and to in it was he she cat dog sat on mat ran fast big red blue quick brown fox "
+    "jumps over lazy".split()
+)
 assert len(VOCAB_TOKENS) == len(set(VOCAB_TOKENS)) == 100
 
-SENTENCES = ["the cat sat on the mat .", "the dog ran fast .", "a big red fox jumps over the lazy dog .",
-             "she was in it .", "he ran to the blue mat .", "the quick brown fox is fast ."]
+SENTENCES = [
+    "the cat sat on the mat .",
+    "the dog ran fast .",
+    "a big red fox jumps over the lazy dog .",
+    "she was in it .",
+    "he ran to the blue mat .",
+    "the quick brown fox is fast .",
+]
 
 
 class Evil:
@@ -117,8 +196,14 @@ class Evil:
 
 
 def _tiny_checkpoint(path: Path, hidden: int = 32) -> Path:
-    config = BertConfig(vocab_size=100, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=2 * hidden, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = BertForPreTraining(config)
     torch.save({"model": model.state_dict(), "config": config.to_dict()}, path)
@@ -197,7 +282,7 @@ def W():
     (w.text_dir / "notes.md").write_text("not a corpus")
     w.corpus_truncated_gz = root / "corpus.txt.gz"  # gzip cut in half: a download that stopped early
     whole = gzip.compress(w.corpus.read_bytes() * 50)
-    w.corpus_truncated_gz.write_bytes(whole[:len(whole) // 2])
+    w.corpus_truncated_gz.write_bytes(whole[: len(whole) // 2])
     w.a_file = root / "a_file"  # a regular file where a folder is needed
     w.a_file.write_text("I am a file")
 
@@ -253,14 +338,25 @@ def W():
     # SQuAD
     context = "the quick brown fox jumps over the lazy dog ."
     qa = {"id": "q1", "question": "what jumps ?", "answers": [{"text": "brown fox", "answer_start": 10}]}
-    w.squad = _squad(root / "squad.json", {"version": "1.1", "data": [{"title": "t", "paragraphs": [
-        {"context": context, "qas": [qa]}]}]})
+    w.squad = _squad(
+        root / "squad.json",
+        {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": [qa]}]}]},
+    )
     w.squad_malformed = root / "squad_malformed.json"
     w.squad_malformed.write_text('{"data": [ {"paragraphs": [ {"context": "the cat", "qas": [')
     w.squad_list = _squad(root / "squad_list.json", [{"question": "q", "context": "c"}])
     w.squad_no_paragraphs = _squad(root / "squad_noparas.json", {"data": [{"title": "t"}]})
-    w.squad_no_answer = _squad(root / "squad_noanswer.json", {"data": [{"title": "t", "paragraphs": [
-        {"context": context, "qas": [{"id": "q1", "question": "what ?", "answers": []}]}]}]})
+    w.squad_no_answer = _squad(
+        root / "squad_noanswer.json",
+        {
+            "data": [
+                {
+                    "title": "t",
+                    "paragraphs": [{"context": context, "qas": [{"id": "q1", "question": "what ?", "answers": []}]}],
+                }
+            ]
+        },
+    )
     w.squad_latin1 = root / "squad_latin1.json"
     w.squad_latin1.write_bytes(json.dumps({"data": []}).replace("[]", '["caf\xe9"]').encode("latin-1"))
 
@@ -273,8 +369,9 @@ def W():
     w.glue_columns = _glue_dir(glue, "columns", "label\tsentence\n1\tthe cat\n", header + rows)
     w.glue_label = _glue_dir(glue, "label", header + "7\t1\t2\tthe cat\tthe dog\n", header + rows)
     w.glue_short = _glue_dir(glue, "short", header + "1\t1\tthe cat\n", header + rows)
-    w.glue_latin1 = _glue_dir(glue, "latin1", (header + "1\t1\t2\tle caf\xe9\tna\xefve\n").encode("latin-1"),
-                              header + rows)
+    w.glue_latin1 = _glue_dir(
+        glue, "latin1", (header + "1\t1\t2\tle caf\xe9\tna\xefve\n").encode("latin-1"), header + rows
+    )
     w.glue_header_only = _glue_dir(glue, "header_only", header, header + rows)
     w.glue_nodev = _glue_dir(glue, "nodev", header + rows, None)
     w.glue_empty = _glue_dir(glue, "empty", "", header + rows)
@@ -372,8 +469,20 @@ class Case:
 
 
 def cpd(w, d, *extra):
-    return ["--vocab_file", str(w.vocab), "--num_workers", "1", "--no_progress", "--max_seq_length", "32",
-            "--max_predictions_per_seq", "5", "--dupe_factor", "1", *extra]
+    return [
+        "--vocab_file",
+        str(w.vocab),
+        "--num_workers",
+        "1",
+        "--no_progress",
+        "--max_seq_length",
+        "32",
+        "--max_predictions_per_seq",
+        "5",
+        "--dupe_factor",
+        "1",
+        *extra,
+    ]
 
 
 def cpd_in(w, d, path, *extra):
@@ -385,26 +494,76 @@ def rp(w, d, data, *extra, config=None, seq=32):
 
 
 def squad(w, d, *extra, ckpt=None):
-    return ["--init_checkpoint", str(ckpt or w.ckpt), "--vocab_file", str(w.vocab), "--output_dir", str(d / "out"),
-            "--max_seq_length", "32", "--max_query_length", "8", "--doc_stride", "8", "--disable_progress_bar",
-            "--skip_cache", *extra]
+    return [
+        "--init_checkpoint",
+        str(ckpt or w.ckpt),
+        "--vocab_file",
+        str(w.vocab),
+        "--output_dir",
+        str(d / "out"),
+        "--max_seq_length",
+        "32",
+        "--max_query_length",
+        "8",
+        "--doc_stride",
+        "8",
+        "--disable_progress_bar",
+        "--skip_cache",
+        *extra,
+    ]
 
 
 def glue(w, d, data_dir, *extra, ckpt=None):
-    return ["--task_name", "mrpc", "--data_dir", str(data_dir), "--init_checkpoint", str(ckpt or w.ckpt),
-            "--vocab_file", str(w.vocab), "--output_dir", str(d / "out"), "--max_seq_length", "32",
-            "--disable_progress_bar", *extra]
+    return [
+        "--task_name",
+        "mrpc",
+        "--data_dir",
+        str(data_dir),
+        "--init_checkpoint",
+        str(ckpt or w.ckpt),
+        "--vocab_file",
+        str(w.vocab),
+        "--output_dir",
+        str(d / "out"),
+        "--max_seq_length",
+        "32",
+        "--disable_progress_bar",
+        *extra,
+    ]
 
 
 def swag(w, d, data_dir, *extra, ckpt=None):
-    return ["--data_dir", str(data_dir), "--init_checkpoint", str(ckpt or w.ckpt), "--vocab_file", str(w.vocab),
-            "--output_dir", str(d / "out"), "--max_seq_length", "16", "--disable_progress_bar", *extra]
+    return [
+        "--data_dir",
+        str(data_dir),
+        "--init_checkpoint",
+        str(ckpt or w.ckpt),
+        "--vocab_file",
+        str(w.vocab),
+        "--output_dir",
+        str(d / "out"),
+        "--max_seq_length",
+        "16",
+        "--disable_progress_bar",
+        *extra,
+    ]
 
 
 def extract(w, d, *extra, input_file=None, output=None, ckpt=None):
-    return ["--input_file", str(input_file or w.lines), "--output_file", str(output or d / "out" / "features.jsonl"),
-            "--init_checkpoint", str(ckpt or w.ckpt), "--vocab_file", str(w.vocab), "--max_seq_length", "16",
-            "--disable_progress_bar", *extra]
+    return [
+        "--input_file",
+        str(input_file or w.lines),
+        "--output_file",
+        str(output or d / "out" / "features.jsonl"),
+        "--init_checkpoint",
+        str(ckpt or w.ckpt),
+        "--vocab_file",
+        str(w.vocab),
+        "--max_seq_length",
+        "16",
+        "--disable_progress_bar",
+        *extra,
+    ]
 
 
 def convert(w, d, *extra, source=None, output=None):
@@ -412,13 +571,29 @@ def convert(w, d, *extra, source=None, output=None):
 
 
 def export(w, d, *extra, ckpt=None):
-    return ["--checkpoint", str(ckpt or w.ckpt), "--output_dir", str(d / "out"), "--allow_fresh_head",
-            "--max_seq_length", "32", "--no_verify", *extra]
+    return [
+        "--checkpoint",
+        str(ckpt or w.ckpt),
+        "--output_dir",
+        str(d / "out"),
+        "--allow_fresh_head",
+        "--max_seq_length",
+        "32",
+        "--no_verify",
+        *extra,
+    ]
 
 
 def vocab(w, d, *inputs, size="300", extra=()):
-    return [*(a for path in inputs for a in ("--input", str(path))), "--output_file", str(d / "out" / "vocab.txt"),
-            "--vocab_size", size, "--no_progress", *extra]
+    return [
+        *(a for path in inputs for a in ("--input", str(path))),
+        "--output_file",
+        str(d / "out" / "vocab.txt"),
+        "--vocab_size",
+        size,
+        "--no_progress",
+        *extra,
+    ]
 
 
 def prep(w, d, action, *extra):
@@ -428,364 +603,981 @@ def prep(w, d, action, *extra):
 CASES = [
     # ---- create_pretraining_data.py -------------------------------------------------------------------------
     Case("cpd-input-missing", "cpd", lambda w, d: cpd_in(w, d, d / "nowhere.txt"), ("--input_file", "does not exist")),
-    Case("cpd-input-empty", "cpd", lambda w, d: cpd_in(w, d, w.empty),
-         ("empty.txt", "no text", "one sentence per line"),
-         tokenizes=True),
+    Case(
+        "cpd-input-empty",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.empty),
+        ("empty.txt", "no text", "one sentence per line"),
+        tokenizes=True,
+    ),
     Case("cpd-input-blank-lines", "cpd", lambda w, d: cpd_in(w, d, w.blank), ("blank.txt", "no text"), tokenizes=True),
-    Case("cpd-input-one-sentence", "cpd", lambda w, d: cpd_in(w, d, w.one_sentence), ("one_sentence.txt",
-         "single sentence"), tokenizes=True),
+    Case(
+        "cpd-input-one-sentence",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.one_sentence),
+        ("one_sentence.txt", "single sentence"),
+        tokenizes=True,
+    ),
     Case("cpd-input-binary", "cpd", lambda w, d: cpd_in(w, d, w.binary), ("--input_file", "binary.txt", "not text")),
     Case("cpd-input-not-utf8", "cpd", lambda w, d: cpd_in(w, d, w.latin1), ("latin1.txt", "not UTF-8", "convert")),
-    Case("cpd-input-unreadable", "cpd", lambda w, d: cpd_in(w, d, unreadable(copy_to(d, w.corpus))),
-         ("--input_file", "corpus.txt", "cannot be read"), as_user=True),
-    Case("cpd-input-folder-without-text", "cpd", lambda w, d: cpd_in(w, d, w.text_dir),
-         ("--input_file", "text_dir", "without .txt")),
-    Case("cpd-vocab-missing", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
-         str(d / "out" / "s.hdf5"), *cpd(w, d, "--vocab_file", str(d / "no_vocab.txt"))],
-         ("--vocab_file", "does not exist")),
-    Case("cpd-vocab-folder", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.root)),
-         ("--vocab_file", "is a folder")),
-    Case("cpd-vocab-not-utf8", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.vocab_latin1)),
-         ("--vocab_file", "vocab_latin1.txt", "not UTF-8")),
-    Case("cpd-vocab-empty", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.empty)),
-         ("--vocab_file", "empty")),
-    Case("cpd-vocab-no-special-tokens", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file",
-         str(w.vocab_nospecial)), ("--vocab_file", "[CLS]", "BERT vocab.txt")),
-    Case("cpd-output-is-folder", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
-         str(w.root), *cpd(w, d)], ("--output_file", "is a folder")),
-    Case("cpd-output-under-a-file", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
-         str(w.a_file / "s.hdf5"), *cpd(w, d)], ("--output_file", "cannot create the folder")),
-    Case("cpd-output-read-only-folder", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_file",
-         str(read_only_folder(d / "out") / "s.hdf5"), *cpd(w, d)], ("--output_file", "cannot write in"), as_user=True),
-    Case("cpd-output-dir-is-file", "cpd", lambda w, d: ["--input_file", str(w.corpus), "--output_dir",
-         str(w.a_file), *cpd(w, d)], ("--output_dir", "a_file", "is a file")),
-    Case("cpd-seq-too-short", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--max_seq_length", "4"),
-         ("--max_seq_length 4", "at least 5")),
-    Case("cpd-predictions-above-seq", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--max_predictions_per_seq", "40"),
-         ("--max_predictions_per_seq 40", "max_seq_length=32")),
-    Case("cpd-masked-lm-prob-zero", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--masked_lm_prob", "0"),
-         ("--masked_lm_prob 0",)),
-    Case("cpd-short-seq-prob-above-1", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--short_seq_prob", "1.5"),
-         ("--short_seq_prob 1.5",)),
-    Case("cpd-dupe-factor-zero", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--dupe_factor", "0"),
-         ("--dupe_factor 0",)),
+    Case(
+        "cpd-input-unreadable",
+        "cpd",
+        lambda w, d: cpd_in(w, d, unreadable(copy_to(d, w.corpus))),
+        ("--input_file", "corpus.txt", "cannot be read"),
+        as_user=True,
+    ),
+    Case(
+        "cpd-input-folder-without-text",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.text_dir),
+        ("--input_file", "text_dir", "without .txt"),
+    ),
+    Case(
+        "cpd-vocab-missing",
+        "cpd",
+        lambda w, d: [
+            "--input_file",
+            str(w.corpus),
+            "--output_file",
+            str(d / "out" / "s.hdf5"),
+            *cpd(w, d, "--vocab_file", str(d / "no_vocab.txt")),
+        ],
+        ("--vocab_file", "does not exist"),
+    ),
+    Case(
+        "cpd-vocab-folder",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.root)),
+        ("--vocab_file", "is a folder"),
+    ),
+    Case(
+        "cpd-vocab-not-utf8",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.vocab_latin1)),
+        ("--vocab_file", "vocab_latin1.txt", "not UTF-8"),
+    ),
+    Case(
+        "cpd-vocab-empty",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.empty)),
+        ("--vocab_file", "empty"),
+    ),
+    Case(
+        "cpd-vocab-no-special-tokens",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--vocab_file", str(w.vocab_nospecial)),
+        ("--vocab_file", "[CLS]", "BERT vocab.txt"),
+    ),
+    Case(
+        "cpd-output-is-folder",
+        "cpd",
+        lambda w, d: ["--input_file", str(w.corpus), "--output_file", str(w.root), *cpd(w, d)],
+        ("--output_file", "is a folder"),
+    ),
+    Case(
+        "cpd-output-under-a-file",
+        "cpd",
+        lambda w, d: ["--input_file", str(w.corpus), "--output_file", str(w.a_file / "s.hdf5"), *cpd(w, d)],
+        ("--output_file", "cannot create the folder"),
+    ),
+    Case(
+        "cpd-output-read-only-folder",
+        "cpd",
+        lambda w, d: [
+            "--input_file",
+            str(w.corpus),
+            "--output_file",
+            str(read_only_folder(d / "out") / "s.hdf5"),
+            *cpd(w, d),
+        ],
+        ("--output_file", "cannot write in"),
+        as_user=True,
+    ),
+    Case(
+        "cpd-output-dir-is-file",
+        "cpd",
+        lambda w, d: ["--input_file", str(w.corpus), "--output_dir", str(w.a_file), *cpd(w, d)],
+        ("--output_dir", "a_file", "is a file"),
+    ),
+    Case(
+        "cpd-seq-too-short",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--max_seq_length", "4"),
+        ("--max_seq_length 4", "at least 5"),
+    ),
+    Case(
+        "cpd-predictions-above-seq",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--max_predictions_per_seq", "40"),
+        ("--max_predictions_per_seq 40", "max_seq_length=32"),
+    ),
+    Case(
+        "cpd-masked-lm-prob-zero",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--masked_lm_prob", "0"),
+        ("--masked_lm_prob 0",),
+    ),
+    Case(
+        "cpd-short-seq-prob-above-1",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--short_seq_prob", "1.5"),
+        ("--short_seq_prob 1.5",),
+    ),
+    Case(
+        "cpd-dupe-factor-zero", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--dupe_factor", "0"), ("--dupe_factor 0",)
+    ),
     Case("cpd-workers-zero", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--num_workers", "0"), ("--num_workers 0",)),
-    Case("cpd-output-file-and-dir", "cpd", lambda w, d: cpd_in(w, d, w.corpus, "--output_dir", str(d / "out")),
-         ("--output_dir", "not allowed with", "--output_file")),
-
+    Case(
+        "cpd-output-file-and-dir",
+        "cpd",
+        lambda w, d: cpd_in(w, d, w.corpus, "--output_dir", str(d / "out")),
+        ("--output_dir", "not allowed with", "--output_file"),
+    ),
     # ---- run_pretraining.py ---------------------------------------------------------------------------------
     Case("rp-input-dir-missing", "rp", lambda w, d: rp(w, d, d / "nowhere"), ("--input_dir", "is not a folder")),
     Case("rp-input-dir-is-file", "rp", lambda w, d: rp(w, d, w.a_file), ("--input_dir", "a_file", "not a folder")),
     Case("rp-input-dir-empty", "rp", lambda w, d: rp(w, d, w.shards_empty), ("--input_dir", "no .hdf5 shards")),
-    Case("rp-shard-truncated", "rp", lambda w, d: rp(w, d, w.shards_truncated),
-         ("shard_00.hdf5", "cannot be read as HDF5")),
+    Case(
+        "rp-shard-truncated",
+        "rp",
+        lambda w, d: rp(w, d, w.shards_truncated),
+        ("shard_00.hdf5", "cannot be read as HDF5"),
+    ),
     Case("rp-shard-not-hdf5", "rp", lambda w, d: rp(w, d, w.shards_text), ("shards_text", "cannot be read as HDF5")),
-    Case("rp-shard-unreadable", "rp", lambda w, d: rp(w, d, unreadable_in(copy_to(d, w.shards), "shard_00.hdf5")),
-         ("shard_00.hdf5", "cannot be read"), as_user=True),
+    Case(
+        "rp-shard-unreadable",
+        "rp",
+        lambda w, d: rp(w, d, unreadable_in(copy_to(d, w.shards), "shard_00.hdf5")),
+        ("shard_00.hdf5", "cannot be read"),
+        as_user=True,
+    ),
     Case("rp-shard-missing-dataset", "rp", lambda w, d: rp(w, d, w.shards_missing), ("next_sentence_labels", "lacks")),
     Case("rp-shard-float-ids", "rp", lambda w, d: rp(w, d, w.shards_float), ("input_ids", "must be integers")),
     Case("rp-shard-rows-differ", "rp", lambda w, d: rp(w, d, w.shards_rows), ("shards_rows", "mismatched shapes")),
     Case("rp-shard-flat-ids", "rp", lambda w, d: rp(w, d, w.shards_flat), ("shards_flat", "mismatched shapes")),
     Case("rp-shard-zero-rows", "rp", lambda w, d: rp(w, d, w.shards_zero), ("shards_zero", "no samples")),
-    Case("rp-shard-other-seq-length", "rp", lambda w, d: rp(w, d, w.shards_seq64),
-         ("length 64", "--max_seq_length is 32")),
-    Case("rp-shard-unmasked-without-dynamic", "rp", lambda w, d: rp(w, d, w.shards_unmasked),
-         ("--no_static_masking", "--dynamic_masking")),
-    Case("rp-config-missing", "rp", lambda w, d: rp(w, d, w.shards, config=d / "none.json"),
-         ("--config_file", "not found")),
-    Case("rp-config-not-json", "rp", lambda w, d: rp(w, d, w.shards, config=w.config_notjson),
-         ("--config_file", "not_json.json", "not valid JSON")),
-    Case("rp-config-a-list", "rp", lambda w, d: rp(w, d, w.shards, config=w.config_list),
-         ("list.json", "not an object")),
+    Case(
+        "rp-shard-other-seq-length",
+        "rp",
+        lambda w, d: rp(w, d, w.shards_seq64),
+        ("length 64", "--max_seq_length is 32"),
+    ),
+    Case(
+        "rp-shard-unmasked-without-dynamic",
+        "rp",
+        lambda w, d: rp(w, d, w.shards_unmasked),
+        ("--no_static_masking", "--dynamic_masking"),
+    ),
+    Case(
+        "rp-config-missing",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, config=d / "none.json"),
+        ("--config_file", "not found"),
+    ),
+    Case(
+        "rp-config-not-json",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, config=w.config_notjson),
+        ("--config_file", "not_json.json", "not valid JSON"),
+    ),
+    Case(
+        "rp-config-a-list", "rp", lambda w, d: rp(w, d, w.shards, config=w.config_list), ("list.json", "not an object")
+    ),
     Case("rp-config-is-folder", "rp", lambda w, d: rp(w, d, w.shards, config=w.root), ("--config_file", "not found")),
-    Case("rp-vocab-size-differs", "rp", lambda w, d: rp(w, d, w.shards, "--vocab_file", str(w.vocab_small)),
-         ("--vocab_file", "50 tokens", "vocab_size is 100")),
-    Case("rp-vocab-not-utf8", "rp", lambda w, d: rp(w, d, w.shards, "--vocab_file", str(w.vocab_latin1)),
-         ("--vocab_file", "not UTF-8")),
-    Case("rp-seq-above-positions", "rp", lambda w, d: rp(w, d, w.shards_seq128, seq=128),
-         ("--max_seq_length 128", "max_position_embeddings 64")),
-    Case("rp-init-checkpoint-other-config", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint",
-         str(w.ckpt_other)),
-         ("ckpt_48.pt", "does not fit", "wrong shape")),
-    Case("rp-init-checkpoint-missing", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(d / "x.pt")),
-         ("--init_checkpoint", "not found")),
-    Case("rp-init-checkpoint-truncated", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint",
-         str(w.ckpt_truncated)),
-         ("truncated.pt", "cannot be read")),
-    Case("rp-init-checkpoint-malicious", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.evil_pt)),
-         ("evil.pt", "refused"), payload=True),
-    Case("rp-init-checkpoint-malicious-pickle", "rp", lambda w, d: rp(w, d, w.shards, "--init_checkpoint",
-         str(w.evil_bin)), ("evil.bin", "refused"), payload=True),
-    Case("rp-resume-malicious-checkpoint", "rp", lambda w, d: rp(w, d, w.shards, "--resume_from_checkpoint")
-         if place(w.evil_pt, d / "out" / "ckpt_1.pt") else [],
-         ("--resume_from_checkpoint", "ckpt_1.pt", "can be read"), payload=True),
-    Case("rp-output-holds-checkpoints", "rp", lambda w, d: rp(w, d, w.shards)
-         if place(w.ckpt, d / "out" / "ckpt_1.pt") else [],
-         ("--output_dir", "ckpt_1.pt", "--resume_from_checkpoint")),
-    Case("rp-output-dir-is-file", "rp", lambda w, d: args_for(w.shards, w.config, w.a_file, "--json-summary",
-         str(d / "log.json")), ("--output_dir", "is a file")),
-    Case("rp-log-is-folder", "rp", lambda w, d: rp(w, d, w.shards, "--json-summary", str(w.root)),
-         ("--json-summary", "is a folder")),
+    Case(
+        "rp-vocab-size-differs",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--vocab_file", str(w.vocab_small)),
+        ("--vocab_file", "50 tokens", "vocab_size is 100"),
+    ),
+    Case(
+        "rp-vocab-not-utf8",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--vocab_file", str(w.vocab_latin1)),
+        ("--vocab_file", "not UTF-8"),
+    ),
+    Case(
+        "rp-seq-above-positions",
+        "rp",
+        lambda w, d: rp(w, d, w.shards_seq128, seq=128),
+        ("--max_seq_length 128", "max_position_embeddings 64"),
+    ),
+    Case(
+        "rp-init-checkpoint-other-config",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.ckpt_other)),
+        ("ckpt_48.pt", "does not fit", "wrong shape"),
+    ),
+    Case(
+        "rp-init-checkpoint-missing",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(d / "x.pt")),
+        ("--init_checkpoint", "not found"),
+    ),
+    Case(
+        "rp-init-checkpoint-truncated",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.ckpt_truncated)),
+        ("truncated.pt", "cannot be read"),
+    ),
+    Case(
+        "rp-init-checkpoint-malicious",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.evil_pt)),
+        ("evil.pt", "refused"),
+        payload=True,
+    ),
+    Case(
+        "rp-init-checkpoint-malicious-pickle",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--init_checkpoint", str(w.evil_bin)),
+        ("evil.bin", "refused"),
+        payload=True,
+    ),
+    Case(
+        "rp-resume-malicious-checkpoint",
+        "rp",
+        lambda w, d: (
+            rp(w, d, w.shards, "--resume_from_checkpoint") if place(w.evil_pt, d / "out" / "ckpt_1.pt") else []
+        ),
+        ("--resume_from_checkpoint", "ckpt_1.pt", "can be read"),
+        payload=True,
+    ),
+    Case(
+        "rp-output-holds-checkpoints",
+        "rp",
+        lambda w, d: rp(w, d, w.shards) if place(w.ckpt, d / "out" / "ckpt_1.pt") else [],
+        ("--output_dir", "ckpt_1.pt", "--resume_from_checkpoint"),
+    ),
+    Case(
+        "rp-output-dir-is-file",
+        "rp",
+        lambda w, d: args_for(w.shards, w.config, w.a_file, "--json-summary", str(d / "log.json")),
+        ("--output_dir", "is a file"),
+    ),
+    Case(
+        "rp-log-is-folder",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--json-summary", str(w.root)),
+        ("--json-summary", "is a folder"),
+    ),
     Case("rp-batch-zero", "rp", lambda w, d: rp(w, d, w.shards, "--train_batch_size", "0"), ("--train_batch_size 0",)),
-    Case("rp-batch-not-divisible", "rp", lambda w, d: rp(w, d, w.shards, "--gradient_accumulation_steps", "3"),
-         ("--train_batch_size 8", "--gradient_accumulation_steps 3")),
-    Case("rp-warmup-above-1", "rp", lambda w, d: rp(w, d, w.shards, "--warmup_proportion", "2"),
-         ("--warmup_proportion 2",)),
-    Case("rp-learning-rate-negative", "rp", lambda w, d: rp(w, d, w.shards, "--learning_rate", "-1"),
-         ("--learning_rate -1",)),
-    Case("rp-resume-step-without-resume", "rp", lambda w, d: rp(w, d, w.shards, "--resume_step", "3"),
-         ("--resume_step", "--resume_from_checkpoint")),
-    Case("rp-dynamic-masking-without-vocab", "rp", lambda w, d: rp(w, d, w.shards, "--dynamic_masking"),
-         ("--dynamic_masking", "--vocab_file")),
-    Case("rp-phase2-without-phase1", "rp", lambda w, d: rp(w, d, w.shards, "--phase2", "--phase1_end_step", "5"),
-         ("phase 2", "ckpt_5.pt", "--init_checkpoint")),
-    Case("rp-eval-dir-missing", "rp", lambda w, d: rp(w, d, w.shards, "--eval_dir", str(d / "none")),
-         ("--eval_dir", "not a folder")),
+    Case(
+        "rp-batch-not-divisible",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--gradient_accumulation_steps", "3"),
+        ("--train_batch_size 8", "--gradient_accumulation_steps 3"),
+    ),
+    Case(
+        "rp-warmup-above-1",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--warmup_proportion", "2"),
+        ("--warmup_proportion 2",),
+    ),
+    Case(
+        "rp-learning-rate-negative",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--learning_rate", "-1"),
+        ("--learning_rate -1",),
+    ),
+    Case(
+        "rp-resume-step-without-resume",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--resume_step", "3"),
+        ("--resume_step", "--resume_from_checkpoint"),
+    ),
+    Case(
+        "rp-dynamic-masking-without-vocab",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--dynamic_masking"),
+        ("--dynamic_masking", "--vocab_file"),
+    ),
+    Case(
+        "rp-phase2-without-phase1",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--phase2", "--phase1_end_step", "5"),
+        ("phase 2", "ckpt_5.pt", "--init_checkpoint"),
+    ),
+    Case(
+        "rp-eval-dir-missing",
+        "rp",
+        lambda w, d: rp(w, d, w.shards, "--eval_dir", str(d / "none")),
+        ("--eval_dir", "not a folder"),
+    ),
     Case("rp-precision-unknown", "rp", lambda w, d: rp(w, d, w.shards, "--precision", "fp8"), ("--precision", "fp8")),
-
     # ---- run_squad.py ---------------------------------------------------------------------------------------
-    Case("squad-train-file-missing", "squad", lambda w, d: squad(w, d, "--do_train", "--train_file", str(d / "x.json")),
-         ("--train_file", "not found")),
-    Case("squad-predict-malformed", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad_malformed)), ("squad_malformed.json", "not valid JSON")),
-    Case("squad-predict-malformed-after-training", "squad", lambda w, d: squad(w, d, "--do_train", "--train_file",
-         str(w.squad), "--do_predict", "--predict_file", str(w.squad_malformed)),
-         ("squad_malformed.json", "not valid JSON")),
-    Case("squad-predict-not-squad", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad_list)),
-         ("squad_list.json", "no 'data' list")),
-    Case("squad-predict-no-paragraphs", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad_no_paragraphs)), ("squad_noparas.json", "paragraphs")),
-    Case("squad-predict-not-utf8", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad_latin1)), ("squad_latin1.json", "not UTF-8")),
-    Case("squad-predict-empty", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.empty)),
-         ("empty.txt", "not valid JSON")),
-    Case("squad-predict-unreadable", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(unreadable(copy_to(d, w.squad)))),
-         ("squad.json", "Permission denied", "check its permissions"), as_user=True),
-    Case("squad-train-without-answers", "squad", lambda w, d: squad(w, d, "--do_train", "--train_file",
-         str(w.squad_no_answer)), ("squad_noanswer.json", "no answer", "--version_2_with_negative")),
-    Case("squad-checkpoint-malicious", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad), ckpt=w.evil_pt), ("evil.pt", "refused"), payload=True),
-    Case("squad-checkpoint-other-config", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad), "--config_file", str(w.config), ckpt=w.ckpt_other), ("ckpt_48.pt", "does not fit")),
-    Case("squad-config-not-json", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad),
-         "--config_file", str(w.config_notjson)), ("not_json.json", "not valid JSON")),
-    Case("squad-seq-above-positions", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad),
-         "--max_seq_length", "128"), ("--max_seq_length 128", "max_position_embeddings 64")),
-    Case("squad-vocab-larger-than-model", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad), "--vocab_file", str(w.vocab_big)), ("--vocab_file", "200 tokens", "model only 100")),
-    Case("squad-doc-stride-zero", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad),
-         "--doc_stride", "0"), ("--doc_stride", "positive")),
-    Case("squad-query-longer-than-window", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file",
-         str(w.squad), "--max_query_length", "30"), ("--max_seq_length 32", "--max_query_length 30")),
+    Case(
+        "squad-train-file-missing",
+        "squad",
+        lambda w, d: squad(w, d, "--do_train", "--train_file", str(d / "x.json")),
+        ("--train_file", "not found"),
+    ),
+    Case(
+        "squad-predict-malformed",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad_malformed)),
+        ("squad_malformed.json", "not valid JSON"),
+    ),
+    Case(
+        "squad-predict-malformed-after-training",
+        "squad",
+        lambda w, d: squad(
+            w, d, "--do_train", "--train_file", str(w.squad), "--do_predict", "--predict_file", str(w.squad_malformed)
+        ),
+        ("squad_malformed.json", "not valid JSON"),
+    ),
+    Case(
+        "squad-predict-not-squad",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad_list)),
+        ("squad_list.json", "no 'data' list"),
+    ),
+    Case(
+        "squad-predict-no-paragraphs",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad_no_paragraphs)),
+        ("squad_noparas.json", "paragraphs"),
+    ),
+    Case(
+        "squad-predict-not-utf8",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad_latin1)),
+        ("squad_latin1.json", "not UTF-8"),
+    ),
+    Case(
+        "squad-predict-empty",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.empty)),
+        ("empty.txt", "not valid JSON"),
+    ),
+    Case(
+        "squad-predict-unreadable",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(unreadable(copy_to(d, w.squad)))),
+        ("squad.json", "Permission denied", "check its permissions"),
+        as_user=True,
+    ),
+    Case(
+        "squad-train-without-answers",
+        "squad",
+        lambda w, d: squad(w, d, "--do_train", "--train_file", str(w.squad_no_answer)),
+        ("squad_noanswer.json", "no answer", "--version_2_with_negative"),
+    ),
+    Case(
+        "squad-checkpoint-malicious",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad), ckpt=w.evil_pt),
+        ("evil.pt", "refused"),
+        payload=True,
+    ),
+    Case(
+        "squad-checkpoint-other-config",
+        "squad",
+        lambda w, d: squad(
+            w, d, "--do_predict", "--predict_file", str(w.squad), "--config_file", str(w.config), ckpt=w.ckpt_other
+        ),
+        ("ckpt_48.pt", "does not fit"),
+    ),
+    Case(
+        "squad-config-not-json",
+        "squad",
+        lambda w, d: squad(
+            w, d, "--do_predict", "--predict_file", str(w.squad), "--config_file", str(w.config_notjson)
+        ),
+        ("not_json.json", "not valid JSON"),
+    ),
+    Case(
+        "squad-seq-above-positions",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad), "--max_seq_length", "128"),
+        ("--max_seq_length 128", "max_position_embeddings 64"),
+    ),
+    Case(
+        "squad-vocab-larger-than-model",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad), "--vocab_file", str(w.vocab_big)),
+        ("--vocab_file", "200 tokens", "model only 100"),
+    ),
+    Case(
+        "squad-doc-stride-zero",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad), "--doc_stride", "0"),
+        ("--doc_stride", "positive"),
+    ),
+    Case(
+        "squad-query-longer-than-window",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad), "--max_query_length", "30"),
+        ("--max_seq_length 32", "--max_query_length 30"),
+    ),
     Case("squad-nothing-to-do", "squad", lambda w, d: squad(w, d), ("nothing to do", "--do_train")),
-    Case("squad-output-dir-is-file", "squad", lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad),
-         "--output_dir", str(w.a_file)), ("--output_dir", "is a file")),
-
+    Case(
+        "squad-output-dir-is-file",
+        "squad",
+        lambda w, d: squad(w, d, "--do_predict", "--predict_file", str(w.squad), "--output_dir", str(w.a_file)),
+        ("--output_dir", "is a file"),
+    ),
     # ---- run_glue.py ----------------------------------------------------------------------------------------
-    Case("glue-data-dir-missing", "glue", lambda w, d: glue(w, d, d / "none", "--do_train"),
-         ("--data_dir", "not a directory")),
-    Case("glue-train-columns", "glue", lambda w, d: glue(w, d, w.glue_columns, "--do_train"),
-         ("train.tsv", "no column")),
-    Case("glue-train-bad-label", "glue", lambda w, d: glue(w, d, w.glue_label, "--do_train"),
-         ("train.tsv:2", "label '7'")),
-    Case("glue-train-short-row", "glue", lambda w, d: glue(w, d, w.glue_short, "--do_train"),
-         ("train.tsv:2", "fields")),
-    Case("glue-train-not-utf8", "glue", lambda w, d: glue(w, d, w.glue_latin1, "--do_train"),
-         ("train.tsv", "not UTF-8")),
-    Case("glue-train-header-only", "glue", lambda w, d: glue(w, d, w.glue_header_only, "--do_train"),
-         ("train set", "no examples")),
+    Case(
+        "glue-data-dir-missing",
+        "glue",
+        lambda w, d: glue(w, d, d / "none", "--do_train"),
+        ("--data_dir", "not a directory"),
+    ),
+    Case(
+        "glue-train-columns", "glue", lambda w, d: glue(w, d, w.glue_columns, "--do_train"), ("train.tsv", "no column")
+    ),
+    Case(
+        "glue-train-bad-label",
+        "glue",
+        lambda w, d: glue(w, d, w.glue_label, "--do_train"),
+        ("train.tsv:2", "label '7'"),
+    ),
+    Case(
+        "glue-train-short-row", "glue", lambda w, d: glue(w, d, w.glue_short, "--do_train"), ("train.tsv:2", "fields")
+    ),
+    Case(
+        "glue-train-not-utf8", "glue", lambda w, d: glue(w, d, w.glue_latin1, "--do_train"), ("train.tsv", "not UTF-8")
+    ),
+    Case(
+        "glue-train-header-only",
+        "glue",
+        lambda w, d: glue(w, d, w.glue_header_only, "--do_train"),
+        ("train set", "no examples"),
+    ),
     Case("glue-train-empty", "glue", lambda w, d: glue(w, d, w.glue_empty, "--do_train"), ("train.tsv", "is empty")),
-    Case("glue-dev-missing", "glue", lambda w, d: glue(w, d, w.glue_nodev, "--do_train", "--do_eval"),
-         ("dev set not found", "--data_dir")),
-    Case("glue-train-unreadable", "glue", lambda w, d: glue(w, d, unreadable_in(copy_to(d, w.glue), "train.tsv"),
-         "--do_train"), ("train.tsv", "Permission denied"), as_user=True),
-    Case("glue-task-unknown", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--task_name", "mrcp"),
-         ("--task_name 'mrcp'",)),
-    Case("glue-checkpoint-malicious", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.evil_pt),
-         ("evil.pt", "refused"), payload=True),
-    Case("glue-checkpoint-malicious-hf-folder", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.evil_hf),
-         ("pytorch_model.bin", "refused"), payload=True),
-    Case("glue-checkpoint-truncated", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.ckpt_truncated),
-         ("truncated.pt", "cannot be read")),
-    Case("glue-checkpoint-not-tensors", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.not_a_checkpoint),
-         ("notes.pt",)),
-    Case("glue-checkpoint-missing", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=d / "x.pt"),
-         ("--init_checkpoint", "not found")),
-    Case("glue-batch-not-divisible", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--train_batch_size", "8",
-         "--gradient_accumulation_steps", "3"), ("--train_batch_size 8", "--gradient_accumulation_steps 3")),
-    Case("glue-vocab-larger-than-model", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--vocab_file",
-         str(w.vocab_big)), ("--vocab_file", "200 tokens", "model only 100")),
-    Case("glue-seq-above-positions", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--max_seq_length", "128"),
-         ("--max_seq_length 128", "max_position_embeddings 64")),
-    Case("glue-seq-zero", "glue", lambda w, d: glue(w, d, w.glue, "--do_train", "--max_seq_length", "0"),
-         ("--max_seq_length", "positive")),
-
+    Case(
+        "glue-dev-missing",
+        "glue",
+        lambda w, d: glue(w, d, w.glue_nodev, "--do_train", "--do_eval"),
+        ("dev set not found", "--data_dir"),
+    ),
+    Case(
+        "glue-train-unreadable",
+        "glue",
+        lambda w, d: glue(w, d, unreadable_in(copy_to(d, w.glue), "train.tsv"), "--do_train"),
+        ("train.tsv", "Permission denied"),
+        as_user=True,
+    ),
+    Case(
+        "glue-task-unknown",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", "--task_name", "mrcp"),
+        ("--task_name 'mrcp'",),
+    ),
+    Case(
+        "glue-checkpoint-malicious",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.evil_pt),
+        ("evil.pt", "refused"),
+        payload=True,
+    ),
+    Case(
+        "glue-checkpoint-malicious-hf-folder",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.evil_hf),
+        ("pytorch_model.bin", "refused"),
+        payload=True,
+    ),
+    Case(
+        "glue-checkpoint-truncated",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.ckpt_truncated),
+        ("truncated.pt", "cannot be read"),
+    ),
+    Case(
+        "glue-checkpoint-not-tensors",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=w.not_a_checkpoint),
+        ("notes.pt",),
+    ),
+    Case(
+        "glue-checkpoint-missing",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", ckpt=d / "x.pt"),
+        ("--init_checkpoint", "not found"),
+    ),
+    Case(
+        "glue-batch-not-divisible",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", "--train_batch_size", "8", "--gradient_accumulation_steps", "3"),
+        ("--train_batch_size 8", "--gradient_accumulation_steps 3"),
+    ),
+    Case(
+        "glue-vocab-larger-than-model",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", "--vocab_file", str(w.vocab_big)),
+        ("--vocab_file", "200 tokens", "model only 100"),
+    ),
+    Case(
+        "glue-seq-above-positions",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", "--max_seq_length", "128"),
+        ("--max_seq_length 128", "max_position_embeddings 64"),
+    ),
+    Case(
+        "glue-seq-zero",
+        "glue",
+        lambda w, d: glue(w, d, w.glue, "--do_train", "--max_seq_length", "0"),
+        ("--max_seq_length", "positive"),
+    ),
     # ---- run_swag.py ----------------------------------------------------------------------------------------
-    Case("swag-train-missing", "swag", lambda w, d: swag(w, d, d / "none", "--do_train"),
-         ("train.csv not found", "--data_dir")),
-    Case("swag-train-bad-label", "swag", lambda w, d: swag(w, d, w.swag_label, "--do_train"),
-         ("train.csv:2", "label '9'")),
-    Case("swag-train-not-utf8", "swag", lambda w, d: swag(w, d, w.swag_latin1, "--do_train"),
-         ("train.csv", "not UTF-8")),
-    Case("swag-checkpoint-malicious", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", ckpt=w.evil_bin),
-         ("evil.bin", "refused"), payload=True),
-    Case("swag-seq-above-positions", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", "--max_seq_length", "100"),
-         ("--max_seq_length 100", "max_position_embeddings 64")),
-    Case("swag-seq-too-short", "swag", lambda w, d: swag(w, d, w.swag, "--do_train", "--max_seq_length", "2"),
-         ("--max_seq_length", "at least 3")),
-
+    Case(
+        "swag-train-missing",
+        "swag",
+        lambda w, d: swag(w, d, d / "none", "--do_train"),
+        ("train.csv not found", "--data_dir"),
+    ),
+    Case(
+        "swag-train-bad-label",
+        "swag",
+        lambda w, d: swag(w, d, w.swag_label, "--do_train"),
+        ("train.csv:2", "label '9'"),
+    ),
+    Case(
+        "swag-train-not-utf8", "swag", lambda w, d: swag(w, d, w.swag_latin1, "--do_train"), ("train.csv", "not UTF-8")
+    ),
+    Case(
+        "swag-checkpoint-malicious",
+        "swag",
+        lambda w, d: swag(w, d, w.swag, "--do_train", ckpt=w.evil_bin),
+        ("evil.bin", "refused"),
+        payload=True,
+    ),
+    Case(
+        "swag-seq-above-positions",
+        "swag",
+        lambda w, d: swag(w, d, w.swag, "--do_train", "--max_seq_length", "100"),
+        ("--max_seq_length 100", "max_position_embeddings 64"),
+    ),
+    Case(
+        "swag-seq-too-short",
+        "swag",
+        lambda w, d: swag(w, d, w.swag, "--do_train", "--max_seq_length", "2"),
+        ("--max_seq_length", "at least 3"),
+    ),
     # ---- extract_features.py --------------------------------------------------------------------------------
-    Case("extract-input-missing", "extract", lambda w, d: extract(w, d, input_file=d / "none.txt"),
-         ("--input_file", "not found")),
-    Case("extract-input-empty", "extract", lambda w, d: extract(w, d, input_file=w.empty),
-         ("--input_file", "is empty")),
-    Case("extract-input-binary", "extract", lambda w, d: extract(w, d, input_file=w.binary),
-         ("binary.txt", "not UTF-8")),
-    Case("extract-input-not-utf8", "extract", lambda w, d: extract(w, d, input_file=w.latin1),
-         ("latin1.txt", "not UTF-8")),
-    Case("extract-input-folder", "extract", lambda w, d: extract(w, d, input_file=w.root),
-         ("--input_file", "is a folder")),
-    Case("extract-input-unreadable", "extract", lambda w, d: extract(w, d, input_file=unreadable(copy_to(d, w.lines))),
-         ("lines.txt", "cannot be read"), as_user=True),
-    Case("extract-output-is-folder", "extract", lambda w, d: extract(w, d, output=_mkdir(d / "out" / "f.jsonl")),
-         ("--output_file", "is a folder")),
-    Case("extract-output-read-only", "extract", lambda w, d: extract(w, d,
-         output=read_only_folder(d / "out") / "f.jsonl"),
-         ("--output_file", "cannot write"), as_user=True),
-    Case("extract-output-suffix", "extract", lambda w, d: extract(w, d, output=d / "out" / "f.txt"),
-         ("--output_file", "cannot tell the format")),
-    Case("extract-checkpoint-malicious", "extract", lambda w, d: extract(w, d, ckpt=w.evil_pt), ("evil.pt", "refused"),
-         payload=True),
-    Case("extract-layers-out-of-range", "extract", lambda w, d: extract(w, d, "--layers", "-3"),
-         ("--layers [-3]", "out of range")),
-    Case("extract-vocab-larger-than-model", "extract", lambda w, d: extract(w, d, "--vocab_file", str(w.vocab_big)),
-         ("--vocab_file", "200 tokens", "model only 100")),
-    Case("extract-seq-above-positions", "extract", lambda w, d: extract(w, d, "--max_seq_length", "100"),
-         ("--max_seq_length 100", "max_position_embeddings")),
-
+    Case(
+        "extract-input-missing",
+        "extract",
+        lambda w, d: extract(w, d, input_file=d / "none.txt"),
+        ("--input_file", "not found"),
+    ),
+    Case(
+        "extract-input-empty", "extract", lambda w, d: extract(w, d, input_file=w.empty), ("--input_file", "is empty")
+    ),
+    Case(
+        "extract-input-binary", "extract", lambda w, d: extract(w, d, input_file=w.binary), ("binary.txt", "not UTF-8")
+    ),
+    Case(
+        "extract-input-not-utf8",
+        "extract",
+        lambda w, d: extract(w, d, input_file=w.latin1),
+        ("latin1.txt", "not UTF-8"),
+    ),
+    Case(
+        "extract-input-folder",
+        "extract",
+        lambda w, d: extract(w, d, input_file=w.root),
+        ("--input_file", "is a folder"),
+    ),
+    Case(
+        "extract-input-unreadable",
+        "extract",
+        lambda w, d: extract(w, d, input_file=unreadable(copy_to(d, w.lines))),
+        ("lines.txt", "cannot be read"),
+        as_user=True,
+    ),
+    Case(
+        "extract-output-is-folder",
+        "extract",
+        lambda w, d: extract(w, d, output=_mkdir(d / "out" / "f.jsonl")),
+        ("--output_file", "is a folder"),
+    ),
+    Case(
+        "extract-output-read-only",
+        "extract",
+        lambda w, d: extract(w, d, output=read_only_folder(d / "out") / "f.jsonl"),
+        ("--output_file", "cannot write"),
+        as_user=True,
+    ),
+    Case(
+        "extract-output-suffix",
+        "extract",
+        lambda w, d: extract(w, d, output=d / "out" / "f.txt"),
+        ("--output_file", "cannot tell the format"),
+    ),
+    Case(
+        "extract-checkpoint-malicious",
+        "extract",
+        lambda w, d: extract(w, d, ckpt=w.evil_pt),
+        ("evil.pt", "refused"),
+        payload=True,
+    ),
+    Case(
+        "extract-layers-out-of-range",
+        "extract",
+        lambda w, d: extract(w, d, "--layers", "-3"),
+        ("--layers [-3]", "out of range"),
+    ),
+    Case(
+        "extract-vocab-larger-than-model",
+        "extract",
+        lambda w, d: extract(w, d, "--vocab_file", str(w.vocab_big)),
+        ("--vocab_file", "200 tokens", "model only 100"),
+    ),
+    Case(
+        "extract-seq-above-positions",
+        "extract",
+        lambda w, d: extract(w, d, "--max_seq_length", "100"),
+        ("--max_seq_length 100", "max_position_embeddings"),
+    ),
     # ---- convert_checkpoint.py ------------------------------------------------------------------------------
     Case("convert-input-missing", "convert", lambda w, d: convert(w, d, source=d / "x.pt"), ("--input", "not found")),
-    Case("convert-input-malicious", "convert", lambda w, d: convert(w, d, source=w.evil_pt), ("evil.pt", "refused"),
-         payload=True),
-    Case("convert-input-malicious-pickle", "convert", lambda w, d: convert(w, d, source=w.evil_bin),
-         ("evil.bin", "refused"), payload=True),
-    Case("convert-input-truncated", "convert", lambda w, d: convert(w, d, source=w.ckpt_truncated),
-         ("truncated.pt", "cannot be read")),
-    Case("convert-input-unreadable", "convert", lambda w, d: convert(w, d, source=unreadable(copy_to(d, w.ckpt))),
-         ("ckpt.pt", "cannot be read"), as_user=True),
-    Case("convert-other-config", "convert", lambda w, d: convert(w, d, "--config_file", str(w.config),
-         source=w.ckpt_other),
-         ("ckpt_48.pt", "does not fit")),
-    Case("convert-config-not-json", "convert", lambda w, d: convert(w, d, "--config_file", str(w.config_notjson)),
-         ("not_json.json", "not valid JSON")),
-    Case("convert-output-hf-is-file", "convert", lambda w, d: convert(w, d, output=w.a_file),
-         ("--output", "is a file")),
-    Case("convert-output-nvidia-is-folder", "convert", lambda w, d: convert(w, d, "--format", "nvidia",
-         output=_mkdir(d / "out" / "converted.pt")), ("--output", "is a folder")),
-    Case("convert-vocab-missing", "convert", lambda w, d: convert(w, d, "--vocab_file", str(d / "vocab.txt")),
-         ("--vocab_file", "not found")),
-    Case("convert-vocab-with-nvidia", "convert", lambda w, d: convert(w, d, "--format", "nvidia", "--vocab_file",
-         str(w.vocab), output=d / "out" / "converted.pt"), ("--vocab_file", "--format hf")),
-    Case("convert-num-labels-zero", "convert", lambda w, d: convert(w, d, "--model", "classification", "--num_labels",
-         "0"),
-         ("--num_labels", "at least 1")),
-
+    Case(
+        "convert-input-malicious",
+        "convert",
+        lambda w, d: convert(w, d, source=w.evil_pt),
+        ("evil.pt", "refused"),
+        payload=True,
+    ),
+    Case(
+        "convert-input-malicious-pickle",
+        "convert",
+        lambda w, d: convert(w, d, source=w.evil_bin),
+        ("evil.bin", "refused"),
+        payload=True,
+    ),
+    Case(
+        "convert-input-truncated",
+        "convert",
+        lambda w, d: convert(w, d, source=w.ckpt_truncated),
+        ("truncated.pt", "cannot be read"),
+    ),
+    Case(
+        "convert-input-unreadable",
+        "convert",
+        lambda w, d: convert(w, d, source=unreadable(copy_to(d, w.ckpt))),
+        ("ckpt.pt", "cannot be read"),
+        as_user=True,
+    ),
+    Case(
+        "convert-other-config",
+        "convert",
+        lambda w, d: convert(w, d, "--config_file", str(w.config), source=w.ckpt_other),
+        ("ckpt_48.pt", "does not fit"),
+    ),
+    Case(
+        "convert-config-not-json",
+        "convert",
+        lambda w, d: convert(w, d, "--config_file", str(w.config_notjson)),
+        ("not_json.json", "not valid JSON"),
+    ),
+    Case(
+        "convert-output-hf-is-file", "convert", lambda w, d: convert(w, d, output=w.a_file), ("--output", "is a file")
+    ),
+    Case(
+        "convert-output-nvidia-is-folder",
+        "convert",
+        lambda w, d: convert(w, d, "--format", "nvidia", output=_mkdir(d / "out" / "converted.pt")),
+        ("--output", "is a folder"),
+    ),
+    Case(
+        "convert-vocab-missing",
+        "convert",
+        lambda w, d: convert(w, d, "--vocab_file", str(d / "vocab.txt")),
+        ("--vocab_file", "not found"),
+    ),
+    Case(
+        "convert-vocab-with-nvidia",
+        "convert",
+        lambda w, d: convert(
+            w, d, "--format", "nvidia", "--vocab_file", str(w.vocab), output=d / "out" / "converted.pt"
+        ),
+        ("--vocab_file", "--format hf"),
+    ),
+    Case(
+        "convert-num-labels-zero",
+        "convert",
+        lambda w, d: convert(w, d, "--model", "classification", "--num_labels", "0"),
+        ("--num_labels", "at least 1"),
+    ),
     # ---- data/bertPrep.py -----------------------------------------------------------------------------------
-    Case("bertprep-no-working-dir", "bertprep", lambda w, d: ["--action", "sharding", "--dataset", "custom"],
-         ("--working_dir", "BERT_PREP_WORKING_DIR")),
-    Case("bertprep-working-dir-is-file", "bertprep", lambda w, d: prep(w, d, "sharding", "--dataset", "custom",
-         "--working_dir", str(w.a_file)), ("--working_dir", "is a file")),
-    Case("bertprep-processes-zero", "bertprep", lambda w, d: prep(w, d, "sharding", "--dataset", "custom",
-         "--n_processes", "0"), ("--n_processes",)),
-    Case("bertprep-custom-input-missing", "bertprep", lambda w, d: prep(w, d, "text_formatting", "--dataset", "custom",
-         "--input_dir", str(d / "none")), ("--input_dir", "not a folder")),
-    Case("bertprep-custom-binary-file", "bertprep", lambda w, d: prep(w, d, "text_formatting", "--dataset", "custom",
-         "--input_dir", str(w.custom_binary)), ("image.txt", "not text")),
-    Case("bertprep-custom-unreadable-file", "bertprep", lambda w, d: prep(w, d, "text_formatting", "--dataset",
-         "custom", "--input_dir", str(unreadable_in(copy_to(d, w.custom_unreadable), "book.txt"))),
-         ("book.txt", "cannot be read"), as_user=True),
-    Case("bertprep-sharding-input-missing", "bertprep", lambda w, d: prep(w, d, "sharding", "--dataset", "custom",
-         "--input_files", str(d / "none.txt")), ("none.txt", "does not exist")),
-    Case("bertprep-shards-zero", "bertprep", lambda w, d: prep(w, d, "sharding", "--dataset", "custom",
-         "--input_files", str(w.corpus), "--n_training_shards", "0"), ("--n_training_shards",)),
-    Case("bertprep-hdf5-vocab-missing", "bertprep", lambda w, d: prep(w, d, "create_hdf5_files", "--dataset", "custom",
-         "--vocab_file", str(d / "vocab.txt")), ("--vocab_file", "does not exist")),
-    Case("bertprep-hdf5-no-shards", "bertprep", lambda w, d: prep(w, d, "create_hdf5_files", "--dataset", "custom",
-         "--vocab_file", str(w.vocab)), ("no shards", "--action sharding")),
-
-    Case("bertprep-working-dir-under-a-file", "bertprep", lambda w, d: prep(w, d, "sharding", "--dataset", "custom",
-         "--working_dir", str(w.a_file / "work")), ("a_file/work", "Not a directory", "not a folder")),
-
-    Case("bertprep-vocab-without-formatted-text", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset",
-         "custom", "--vocab_size", "300"), ("custom_one_article_per_line", "does not exist", "text_formatting")),
-    Case("bertprep-vocab-size-missing", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom",
-         "--input_files", str(w.corpus)), ("create_vocab", "needs --vocab_size")),
-    Case("bertprep-vocab-output-is-folder", "bertprep", lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom",
-         "--input_files", str(w.corpus), "--vocab_size", "300", "--vocab_file", str(w.root)),
-         ("--vocab_file", "is a folder")),
-
+    Case(
+        "bertprep-no-working-dir",
+        "bertprep",
+        lambda w, d: ["--action", "sharding", "--dataset", "custom"],
+        ("--working_dir", "BERT_PREP_WORKING_DIR"),
+    ),
+    Case(
+        "bertprep-working-dir-is-file",
+        "bertprep",
+        lambda w, d: prep(w, d, "sharding", "--dataset", "custom", "--working_dir", str(w.a_file)),
+        ("--working_dir", "is a file"),
+    ),
+    Case(
+        "bertprep-processes-zero",
+        "bertprep",
+        lambda w, d: prep(w, d, "sharding", "--dataset", "custom", "--n_processes", "0"),
+        ("--n_processes",),
+    ),
+    Case(
+        "bertprep-custom-input-missing",
+        "bertprep",
+        lambda w, d: prep(w, d, "text_formatting", "--dataset", "custom", "--input_dir", str(d / "none")),
+        ("--input_dir", "not a folder"),
+    ),
+    Case(
+        "bertprep-custom-binary-file",
+        "bertprep",
+        lambda w, d: prep(w, d, "text_formatting", "--dataset", "custom", "--input_dir", str(w.custom_binary)),
+        ("image.txt", "not text"),
+    ),
+    Case(
+        "bertprep-custom-unreadable-file",
+        "bertprep",
+        lambda w, d: prep(
+            w,
+            d,
+            "text_formatting",
+            "--dataset",
+            "custom",
+            "--input_dir",
+            str(unreadable_in(copy_to(d, w.custom_unreadable), "book.txt")),
+        ),
+        ("book.txt", "cannot be read"),
+        as_user=True,
+    ),
+    Case(
+        "bertprep-sharding-input-missing",
+        "bertprep",
+        lambda w, d: prep(w, d, "sharding", "--dataset", "custom", "--input_files", str(d / "none.txt")),
+        ("none.txt", "does not exist"),
+    ),
+    Case(
+        "bertprep-shards-zero",
+        "bertprep",
+        lambda w, d: prep(
+            w, d, "sharding", "--dataset", "custom", "--input_files", str(w.corpus), "--n_training_shards", "0"
+        ),
+        ("--n_training_shards",),
+    ),
+    Case(
+        "bertprep-hdf5-vocab-missing",
+        "bertprep",
+        lambda w, d: prep(w, d, "create_hdf5_files", "--dataset", "custom", "--vocab_file", str(d / "vocab.txt")),
+        ("--vocab_file", "does not exist"),
+    ),
+    Case(
+        "bertprep-hdf5-no-shards",
+        "bertprep",
+        lambda w, d: prep(w, d, "create_hdf5_files", "--dataset", "custom", "--vocab_file", str(w.vocab)),
+        ("no shards", "--action sharding"),
+    ),
+    Case(
+        "bertprep-working-dir-under-a-file",
+        "bertprep",
+        lambda w, d: prep(w, d, "sharding", "--dataset", "custom", "--working_dir", str(w.a_file / "work")),
+        ("a_file/work", "Not a directory", "not a folder"),
+    ),
+    Case(
+        "bertprep-vocab-without-formatted-text",
+        "bertprep",
+        lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom", "--vocab_size", "300"),
+        ("custom_one_article_per_line", "does not exist", "text_formatting"),
+    ),
+    Case(
+        "bertprep-vocab-size-missing",
+        "bertprep",
+        lambda w, d: prep(w, d, "create_vocab", "--dataset", "custom", "--input_files", str(w.corpus)),
+        ("create_vocab", "needs --vocab_size"),
+    ),
+    Case(
+        "bertprep-vocab-output-is-folder",
+        "bertprep",
+        lambda w, d: prep(
+            w,
+            d,
+            "create_vocab",
+            "--dataset",
+            "custom",
+            "--input_files",
+            str(w.corpus),
+            "--vocab_size",
+            "300",
+            "--vocab_file",
+            str(w.root),
+        ),
+        ("--vocab_file", "is a folder"),
+    ),
     # ---- data/create_vocab.py -------------------------------------------------------------------------------
-    Case("vocab-input-missing", "vocab", lambda w, d: vocab(w, d, d / "none.txt"),
-         ("--input", "none.txt", "does not exist")),
+    Case(
+        "vocab-input-missing",
+        "vocab",
+        lambda w, d: vocab(w, d, d / "none.txt"),
+        ("--input", "none.txt", "does not exist"),
+    ),
     Case("vocab-input-none", "vocab", lambda w, d: vocab(w, d), ("--input", "required")),
     Case("vocab-input-empty", "vocab", lambda w, d: vocab(w, d, w.empty), ("empty.txt", "no text to learn from")),
-    Case("vocab-input-blank-lines", "vocab", lambda w, d: vocab(w, d, w.blank, w.empty),
-         ("blank.txt", "empty.txt", "no text to learn from")),
-    Case("vocab-input-binary", "vocab", lambda w, d: vocab(w, d, w.corpus, w.binary),
-         ("--input", "binary.txt", "not text")),
+    Case(
+        "vocab-input-blank-lines",
+        "vocab",
+        lambda w, d: vocab(w, d, w.blank, w.empty),
+        ("blank.txt", "empty.txt", "no text to learn from"),
+    ),
+    Case(
+        "vocab-input-binary",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, w.binary),
+        ("--input", "binary.txt", "not text"),
+    ),
     Case("vocab-input-not-utf8", "vocab", lambda w, d: vocab(w, d, w.latin1), ("latin1.txt", "not UTF-8", "convert")),
-    Case("vocab-input-truncated-gzip", "vocab", lambda w, d: vocab(w, d, w.corpus_truncated_gz),
-         ("corpus.txt.gz", "truncated gzip")),
-    Case("vocab-input-folder-without-text", "vocab", lambda w, d: vocab(w, d, w.text_dir),
-         ("--input", "text_dir", "without text files")),
-    Case("vocab-input-unreadable", "vocab", lambda w, d: vocab(w, d, unreadable(copy_to(d, w.corpus))),
-         ("--input", "corpus.txt", "cannot be read"), as_user=True),
-    Case("vocab-size-below-the-specials", "vocab", lambda w, d: vocab(w, d, w.corpus, size="3"),
-         ("--vocab_size 3", "at least 6")),
-    Case("vocab-size-too-small-for-the-alphabet", "vocab", lambda w, d: vocab(w, d, w.corpus, size="40"),
-         ("--vocab_size 40", "too small", "alphabet entries")),
-    Case("vocab-size-too-small-for-the-slots", "vocab", lambda w, d: vocab(w, d, w.corpus, size="100",
-         extra=("--unused_slots", "99")), ("--vocab_size 100", "99 [unused] slots", "--unused_slots")),
-    Case("vocab-size-too-large-for-the-corpus", "vocab", lambda w, d: vocab(w, d, w.corpus, size="5000"),
-         ("--vocab_size 5000", "too large for this corpus", "or less"), tokenizes=True),
-    Case("vocab-unused-slots-negative", "vocab", lambda w, d: vocab(w, d, w.corpus, extra=("--unused_slots", "-1")),
-         ("--unused_slots -1", "0 or more")),
-    Case("vocab-limit-alphabet-zero", "vocab", lambda w, d: vocab(w, d, w.corpus, extra=("--limit_alphabet", "0")),
-         ("--limit_alphabet 0", "at least 1")),
-    Case("vocab-cased-and-lowercase", "vocab", lambda w, d: vocab(w, d, w.corpus, extra=("--cased",
-         "--do_lower_case")), ("--do_lower_case", "not allowed with", "--cased")),
-    Case("vocab-output-is-folder", "vocab", lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file", str(w.root),
-         "--vocab_size", "300"], ("--output_file", "is a folder")),
-    Case("vocab-output-under-a-file", "vocab", lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file",
-         str(w.a_file / "vocab.txt"), "--vocab_size", "300"], ("--output_file", "cannot create the folder")),
-    Case("vocab-output-read-only-folder", "vocab", lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file",
-         str(read_only_folder(d / "out") / "vocab.txt"), "--vocab_size", "300"], ("--output_file", "cannot write"),
-         as_user=True),
-
+    Case(
+        "vocab-input-truncated-gzip",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus_truncated_gz),
+        ("corpus.txt.gz", "truncated gzip"),
+    ),
+    Case(
+        "vocab-input-folder-without-text",
+        "vocab",
+        lambda w, d: vocab(w, d, w.text_dir),
+        ("--input", "text_dir", "without text files"),
+    ),
+    Case(
+        "vocab-input-unreadable",
+        "vocab",
+        lambda w, d: vocab(w, d, unreadable(copy_to(d, w.corpus))),
+        ("--input", "corpus.txt", "cannot be read"),
+        as_user=True,
+    ),
+    Case(
+        "vocab-size-below-the-specials",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, size="3"),
+        ("--vocab_size 3", "at least 6"),
+    ),
+    Case(
+        "vocab-size-too-small-for-the-alphabet",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, size="40"),
+        ("--vocab_size 40", "too small", "alphabet entries"),
+    ),
+    Case(
+        "vocab-size-too-small-for-the-slots",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, size="100", extra=("--unused_slots", "99")),
+        ("--vocab_size 100", "99 [unused] slots", "--unused_slots"),
+    ),
+    Case(
+        "vocab-size-too-large-for-the-corpus",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, size="5000"),
+        ("--vocab_size 5000", "too large for this corpus", "or less"),
+        tokenizes=True,
+    ),
+    Case(
+        "vocab-unused-slots-negative",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, extra=("--unused_slots", "-1")),
+        ("--unused_slots -1", "0 or more"),
+    ),
+    Case(
+        "vocab-limit-alphabet-zero",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, extra=("--limit_alphabet", "0")),
+        ("--limit_alphabet 0", "at least 1"),
+    ),
+    Case(
+        "vocab-cased-and-lowercase",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus, extra=("--cased", "--do_lower_case")),
+        ("--do_lower_case", "not allowed with", "--cased"),
+    ),
+    Case(
+        "vocab-output-is-folder",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file", str(w.root), "--vocab_size", "300"],
+        ("--output_file", "is a folder"),
+    ),
+    Case(
+        "vocab-output-under-a-file",
+        "vocab",
+        lambda w, d: vocab(w, d, w.corpus)[:2] + ["--output_file", str(w.a_file / "vocab.txt"), "--vocab_size", "300"],
+        ("--output_file", "cannot create the folder"),
+    ),
+    Case(
+        "vocab-output-read-only-folder",
+        "vocab",
+        lambda w, d: (
+            vocab(w, d, w.corpus)[:2]
+            + ["--output_file", str(read_only_folder(d / "out") / "vocab.txt"), "--vocab_size", "300"]
+        ),
+        ("--output_file", "cannot write"),
+        as_user=True,
+    ),
     # ---- triton/export_model.py -----------------------------------------------------------------------------
-    Case("export-checkpoint-missing", "export", lambda w, d: export(w, d, ckpt=d / "x.pt"),
-         ("--checkpoint", "not found")),
-    Case("export-checkpoint-malicious", "export", lambda w, d: export(w, d, ckpt=w.evil_pt), ("evil.pt", "refused"),
-         payload=True),
-    Case("export-classification-malicious", "export", lambda w, d: export(w, d, "--task", "classification",
-         ckpt=w.evil_bin), ("evil.bin", "refused"), payload=True),
-    Case("export-checkpoint-truncated", "export", lambda w, d: export(w, d, ckpt=w.ckpt_truncated),
-         ("truncated.pt", "cannot be read")),
-    Case("export-no-head", "export", lambda w, d: [a for a in export(w, d) if a != "--allow_fresh_head"],
-         ("no qa head", "--allow_fresh_head")),
+    Case(
+        "export-checkpoint-missing", "export", lambda w, d: export(w, d, ckpt=d / "x.pt"), ("--checkpoint", "not found")
+    ),
+    Case(
+        "export-checkpoint-malicious",
+        "export",
+        lambda w, d: export(w, d, ckpt=w.evil_pt),
+        ("evil.pt", "refused"),
+        payload=True,
+    ),
+    Case(
+        "export-classification-malicious",
+        "export",
+        lambda w, d: export(w, d, "--task", "classification", ckpt=w.evil_bin),
+        ("evil.bin", "refused"),
+        payload=True,
+    ),
+    Case(
+        "export-checkpoint-truncated",
+        "export",
+        lambda w, d: export(w, d, ckpt=w.ckpt_truncated),
+        ("truncated.pt", "cannot be read"),
+    ),
+    Case(
+        "export-no-head",
+        "export",
+        lambda w, d: [a for a in export(w, d) if a != "--allow_fresh_head"],
+        ("no qa head", "--allow_fresh_head"),
+    ),
     Case("export-opset-old", "export", lambda w, d: export(w, d, "--opset", "11"), ("--opset 11", "17")),
-    Case("export-seq-above-positions", "export", lambda w, d: export(w, d, "--max_seq_length", "100"),
-         ("--max_seq_length 100", "max_position_embeddings")),
-    Case("export-num-labels-zero", "export", lambda w, d: export(w, d, "--task", "classification", "--num_labels", "0"),
-         ("--num_labels", "at least 1")),
-    Case("export-output-is-file", "export", lambda w, d: [*export(w, d)[:2], "--output_dir", str(w.a_file),
-         *export(w, d)[4:]], ("--output_dir", "is a file")),
-    Case("export-vocab-missing", "export", lambda w, d: export(w, d, "--vocab_file", str(d / "vocab.txt")),
-         ("--vocab_file", "not found")),
-    Case("export-config-other", "export", lambda w, d: export(w, d, "--config_file", str(w.config_other)),
-         ("ckpt.pt", "does not fit")),
+    Case(
+        "export-seq-above-positions",
+        "export",
+        lambda w, d: export(w, d, "--max_seq_length", "100"),
+        ("--max_seq_length 100", "max_position_embeddings"),
+    ),
+    Case(
+        "export-num-labels-zero",
+        "export",
+        lambda w, d: export(w, d, "--task", "classification", "--num_labels", "0"),
+        ("--num_labels", "at least 1"),
+    ),
+    Case(
+        "export-output-is-file",
+        "export",
+        lambda w, d: [*export(w, d)[:2], "--output_dir", str(w.a_file), *export(w, d)[4:]],
+        ("--output_dir", "is a file"),
+    ),
+    Case(
+        "export-vocab-missing",
+        "export",
+        lambda w, d: export(w, d, "--vocab_file", str(d / "vocab.txt")),
+        ("--vocab_file", "not found"),
+    ),
+    Case(
+        "export-config-other",
+        "export",
+        lambda w, d: export(w, d, "--config_file", str(w.config_other)),
+        ("ckpt.pt", "does not fit"),
+    ),
 ]
 
 
@@ -794,16 +1586,18 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-
-
 @pytest.fixture
 def tripwires(monkeypatch):
     """Replace every script's expensive step by a failure: the cases must stop before any of them."""
+
     def arm(script: str) -> None:
         for module, name in TRIPWIRES[script]:
+
             def tripped(*args, _name=f"{module.__name__}.{name}", **kwargs):
                 raise AssertionError(f"{_name} ran: the bad input was not refused before the work")
+
             monkeypatch.setattr(module, name, tripped)
+
     return arm
 
 
@@ -840,8 +1634,12 @@ def assert_one_line(code: int, stderr: str, prog: str, expect: tuple[str, ...]) 
 def complete_looking(folder: Path) -> dict[str, int]:
     """Files under `folder` (its input copies in in/ aside) that look like finished outputs or interrupted writes,
     with their modification times."""
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for pattern in LOOKS_COMPLETE
-            for p in folder.rglob(pattern) if p.relative_to(folder).parts[0] != "in"}
+    return {
+        str(p.relative_to(folder)): p.stat().st_mtime_ns
+        for pattern in LOOKS_COMPLETE
+        for p in folder.rglob(pattern)
+        if p.relative_to(folder).parts[0] != "in"
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -871,7 +1669,6 @@ def test_bad_input_is_one_line(case: Case, W, tripwires, capsys, tmp_path_factor
         assert not W.marker.exists(), "the malicious pickle's payload ran"
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # The launchers: bash subprocesses (each stops in its own checks, before Python starts, but one)
 
@@ -879,80 +1676,242 @@ def test_bad_input_is_one_line(case: Case, W, tripwires, capsys, tmp_path_factor
 def pretraining_sh(w, d, **changed: str) -> list[str]:
     """run_pretraining.sh's 25 positional arguments for a tiny run (phase 1 only: PHASES=1), with `changed`
     (argument number -> value) applied."""
-    args = ["8", "1e-3", "fp32", "1", "0.5", "2", "1", "false", "true", "true", "1", "7", "tiny", "false", "false",
-            "8", "1e-3", "0.5", "1", "1", str(w.shards), str(w.shards), str(REPO_ROOT), "None", str(w.config)]
+    args = [
+        "8",
+        "1e-3",
+        "fp32",
+        "1",
+        "0.5",
+        "2",
+        "1",
+        "false",
+        "true",
+        "true",
+        "1",
+        "7",
+        "tiny",
+        "false",
+        "false",
+        "8",
+        "1e-3",
+        "0.5",
+        "1",
+        "1",
+        str(w.shards),
+        str(w.shards),
+        str(REPO_ROOT),
+        "None",
+        str(w.config),
+    ]
     for number, value in changed.items():
         args[int(number.lstrip("a")) - 1] = value
     return args
 
 
 def squad_sh(w, d, **changed: str) -> list[str]:
-    args = [str(w.ckpt), "1", "2", "3e-5", "fp32", "1", "1", str(w.root), str(w.vocab), str(d / "out"), "prediction",
-            str(w.config), "-1"]
+    args = [
+        str(w.ckpt),
+        "1",
+        "2",
+        "3e-5",
+        "fp32",
+        "1",
+        "1",
+        str(w.root),
+        str(w.vocab),
+        str(d / "out"),
+        "prediction",
+        str(w.config),
+        "-1",
+    ]
     for number, value in changed.items():
         args[int(number.lstrip("a")) - 1] = value
     return args
 
 
 def glue_sh(w, d, **changed: str) -> list[str]:
-    args = [str(w.ckpt), str(w.glue), str(w.vocab), str(w.config), str(d / "out"), "mrpc", "1", "8", "1", "2e-5",
-            "0.1", "1", "-1", "fp32", "2", "train eval"]
+    args = [
+        str(w.ckpt),
+        str(w.glue),
+        str(w.vocab),
+        str(w.config),
+        str(d / "out"),
+        "mrpc",
+        "1",
+        "8",
+        "1",
+        "2e-5",
+        "0.1",
+        "1",
+        "-1",
+        "fp32",
+        "2",
+        "train eval",
+    ]
     for number, value in changed.items():
         args[int(number.lstrip("a")) - 1] = value
     return args
 
 
 def swag_sh(w, d, **changed: str) -> list[str]:
-    args = [str(w.ckpt), str(w.swag), str(w.vocab), str(w.config), str(d / "out"), "1", "2", "1", "2e-5", "0.1", "1",
-            "-1", "fp32", "42", "train"]
+    args = [
+        str(w.ckpt),
+        str(w.swag),
+        str(w.vocab),
+        str(w.config),
+        str(d / "out"),
+        "1",
+        "2",
+        "1",
+        "2e-5",
+        "0.1",
+        "1",
+        "-1",
+        "fp32",
+        "42",
+        "train",
+    ]
     for number, value in changed.items():
         args[int(number.lstrip("a")) - 1] = value
     return args
 
 
 LAUNCHER_CASES = [
-    ("pretraining-precision", "run_pretraining.sh", lambda w, d: pretraining_sh(w, d, a3="fp8"),
-     ("argument 3 (precision)", "fp8")),
-    ("pretraining-batch-not-a-number", "run_pretraining.sh", lambda w, d: pretraining_sh(w, d, a1="many"),
-     ("argument 1 (train_batch_size)", "integer")),
-    ("pretraining-flag-not-boolean", "run_pretraining.sh", lambda w, d: pretraining_sh(w, d, a8="yes"),
-     ("argument 8 (resume_training)", "true or false")),
-    ("pretraining-data-missing", "run_pretraining.sh", lambda w, d: pretraining_sh(w, d, a21=str(d / "none")),
-     ("phase 1 data folder", "not found", "argument 21")),
-    ("pretraining-config-missing", "run_pretraining.sh", lambda w, d: pretraining_sh(w, d, a25=str(d / "none.json")),
-     ("none.json", "not found", "argument 25")),
-    ("pretraining-batch-not-divisible", "run_pretraining.sh", lambda w, d: pretraining_sh(w, d, a1="10", a11="3"),
-     ("train_batch_size 10", "not divisible", "gradient_accumulation_steps 3")),
-    ("pretraining-python-refuses", "run_pretraining.sh", lambda w, d: pretraining_sh(w, d, a21=str(w.shards_empty)),
-     ("phase 1 failed", "run_pretraining.py: error: --input_dir", "no .hdf5 shards")),
-    ("squad-checkpoint-missing", "run_squad.sh", lambda w, d: squad_sh(w, d, a1=str(d / "none.pt")),
-     ("none.pt", "not found", "argument 1")),
+    (
+        "pretraining-precision",
+        "run_pretraining.sh",
+        lambda w, d: pretraining_sh(w, d, a3="fp8"),
+        ("argument 3 (precision)", "fp8"),
+    ),
+    (
+        "pretraining-batch-not-a-number",
+        "run_pretraining.sh",
+        lambda w, d: pretraining_sh(w, d, a1="many"),
+        ("argument 1 (train_batch_size)", "integer"),
+    ),
+    (
+        "pretraining-flag-not-boolean",
+        "run_pretraining.sh",
+        lambda w, d: pretraining_sh(w, d, a8="yes"),
+        ("argument 8 (resume_training)", "true or false"),
+    ),
+    (
+        "pretraining-data-missing",
+        "run_pretraining.sh",
+        lambda w, d: pretraining_sh(w, d, a21=str(d / "none")),
+        ("phase 1 data folder", "not found", "argument 21"),
+    ),
+    (
+        "pretraining-config-missing",
+        "run_pretraining.sh",
+        lambda w, d: pretraining_sh(w, d, a25=str(d / "none.json")),
+        ("none.json", "not found", "argument 25"),
+    ),
+    (
+        "pretraining-batch-not-divisible",
+        "run_pretraining.sh",
+        lambda w, d: pretraining_sh(w, d, a1="10", a11="3"),
+        ("train_batch_size 10", "not divisible", "gradient_accumulation_steps 3"),
+    ),
+    (
+        "pretraining-python-refuses",
+        "run_pretraining.sh",
+        lambda w, d: pretraining_sh(w, d, a21=str(w.shards_empty)),
+        ("phase 1 failed", "run_pretraining.py: error: --input_dir", "no .hdf5 shards"),
+    ),
+    (
+        "squad-checkpoint-missing",
+        "run_squad.sh",
+        lambda w, d: squad_sh(w, d, a1=str(d / "none.pt")),
+        ("none.pt", "not found", "argument 1"),
+    ),
     ("squad-mode", "run_squad.sh", lambda w, d: squad_sh(w, d, a11="fly"), ("argument 11 (mode)", "fly")),
-    ("squad-predict-file-missing", "run_squad.sh", lambda w, d: squad_sh(w, d, a8=str(d / "none")),
-     ("dev-v1.1.json", "not found", "argument 8")),
-    ("glue-data-missing", "run_glue.sh", lambda w, d: glue_sh(w, d, a2=str(d / "none")),
-     ("GLUE folder", "not found", "argument 2")),
-    ("glue-batch-not-divisible", "run_glue.sh", lambda w, d: glue_sh(w, d, a9="3"),
-     ("argument 8 (batch_size 8)", "divisible", "argument 9")),
-    ("swag-batch-not-divisible", "run_swag.sh", lambda w, d: swag_sh(w, d, a7="3", a8="2"),
-     ("argument 7 (batch_size 3)", "divisible")),
-    ("cpu-demo-corpus-missing", "run_cpu_demo.sh", lambda w, d: ["--corpus", str(d / "none.txt"), "--out",
-     str(d / "out")], ("none.txt", "not found", "--corpus")),
-    ("cpu-demo-vocab-missing", "run_cpu_demo.sh", lambda w, d: ["--corpus", str(w.corpus), "--vocab",
-     str(d / "none.txt"), "--out", str(d / "out")], ("none.txt", "not found", "--vocab")),
+    (
+        "squad-predict-file-missing",
+        "run_squad.sh",
+        lambda w, d: squad_sh(w, d, a8=str(d / "none")),
+        ("dev-v1.1.json", "not found", "argument 8"),
+    ),
+    (
+        "glue-data-missing",
+        "run_glue.sh",
+        lambda w, d: glue_sh(w, d, a2=str(d / "none")),
+        ("GLUE folder", "not found", "argument 2"),
+    ),
+    (
+        "glue-batch-not-divisible",
+        "run_glue.sh",
+        lambda w, d: glue_sh(w, d, a9="3"),
+        ("argument 8 (batch_size 8)", "divisible", "argument 9"),
+    ),
+    (
+        "swag-batch-not-divisible",
+        "run_swag.sh",
+        lambda w, d: swag_sh(w, d, a7="3", a8="2"),
+        ("argument 7 (batch_size 3)", "divisible"),
+    ),
+    (
+        "cpu-demo-corpus-missing",
+        "run_cpu_demo.sh",
+        lambda w, d: ["--corpus", str(d / "none.txt"), "--out", str(d / "out")],
+        ("none.txt", "not found", "--corpus"),
+    ),
+    (
+        "cpu-demo-vocab-missing",
+        "run_cpu_demo.sh",
+        lambda w, d: ["--corpus", str(w.corpus), "--vocab", str(d / "none.txt"), "--out", str(d / "out")],
+        ("none.txt", "not found", "--vocab"),
+    ),
     ("cpu-demo-batch-zero", "run_cpu_demo.sh", lambda w, d: ["--batch", "0"], ("--batch", "positive integer")),
-    ("cpu-demo-config-folder", "run_cpu_demo.sh", lambda w, d: ["--config", str(w.root)],
-     ("--config", "existing BERT config JSON file")),
+    (
+        "cpu-demo-config-folder",
+        "run_cpu_demo.sh",
+        lambda w, d: ["--config", str(w.root)],
+        ("--config", "existing BERT config JSON file"),
+    ),
     ("cpu-demo-unknown-option", "run_cpu_demo.sh", lambda w, d: ["--phases", "3"], ("unknown option '--phases'",)),
-    ("cpu-demo-optimizer-unknown", "run_cpu_demo.sh", lambda w, d: ["--optimizer", "sgd"],
-     ("--optimizer", "adamw or nvlamb")),
-    ("cpu-demo-config-not-json", "run_cpu_demo.sh", lambda w, d: ["--corpus", str(w.corpus), "--vocab", str(w.vocab),
-     "--config", str(w.config_notjson), "--out", str(d / "out")], ("--config", "not_json.json", "not a BERT config")),
-    ("cpu-demo-vocab-size-zero", "run_cpu_demo.sh", lambda w, d: ["--vocab_size", "0"],
-     ("--vocab_size", "positive integer")),
-    ("cpu-demo-init-checkpoint-missing", "run_cpu_demo.sh", lambda w, d: ["--corpus", str(w.corpus), "--vocab",
-     str(w.vocab), "--init_checkpoint", str(d / "none.pt"), "--out", str(d / "out")],
-     ("none.pt", "not found", "--init_checkpoint")),
+    (
+        "cpu-demo-optimizer-unknown",
+        "run_cpu_demo.sh",
+        lambda w, d: ["--optimizer", "sgd"],
+        ("--optimizer", "adamw or nvlamb"),
+    ),
+    (
+        "cpu-demo-config-not-json",
+        "run_cpu_demo.sh",
+        lambda w, d: [
+            "--corpus",
+            str(w.corpus),
+            "--vocab",
+            str(w.vocab),
+            "--config",
+            str(w.config_notjson),
+            "--out",
+            str(d / "out"),
+        ],
+        ("--config", "not_json.json", "not a BERT config"),
+    ),
+    (
+        "cpu-demo-vocab-size-zero",
+        "run_cpu_demo.sh",
+        lambda w, d: ["--vocab_size", "0"],
+        ("--vocab_size", "positive integer"),
+    ),
+    (
+        "cpu-demo-init-checkpoint-missing",
+        "run_cpu_demo.sh",
+        lambda w, d: [
+            "--corpus",
+            str(w.corpus),
+            "--vocab",
+            str(w.vocab),
+            "--init_checkpoint",
+            str(d / "none.pt"),
+            "--out",
+            str(d / "out"),
+        ],
+        ("none.pt", "not found", "--init_checkpoint"),
+    ),
 ]
 
 
@@ -960,11 +1919,22 @@ LAUNCHER_CASES = [
 def test_launcher_bad_input_is_one_line(name, script, argv, expect, W):
     folder = W.root / "launchers" / name
     folder.mkdir(parents=True)
-    env = {**subprocess_env(), "PYTHON": sys.executable, "RESULTS_DIR": str(folder / "results"),
-           "CHECKPOINTS_DIR": str(folder / "checkpoints"), "PHASES": "1",
-           "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar"}
-    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / script), *argv(W, folder)], capture_output=True,
-                          text=True, cwd=folder, env=env, timeout=300)
+    env = {
+        **subprocess_env(),
+        "PYTHON": sys.executable,
+        "RESULTS_DIR": str(folder / "results"),
+        "CHECKPOINTS_DIR": str(folder / "checkpoints"),
+        "PHASES": "1",
+        "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar",
+    }
+    done = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / script), *argv(W, folder)],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env=env,
+        timeout=300,
+    )
     assert_one_line(done.returncode, done.stderr, script, expect)
     assert not complete_looking(folder), "something was left behind"
 
@@ -976,8 +1946,13 @@ def test_the_matrix_covers_every_script_and_launcher():
     for _, script, _, _ in LAUNCHER_CASES:
         per_script[script] = per_script.get(script, 0) + 1
     assert len(CASES) + len(LAUNCHER_CASES) >= 60
-    assert set(per_script) >= {*PROGS.values(), "run_pretraining.sh", "run_squad.sh", "run_glue.sh",
-                               "run_cpu_demo.sh"}, per_script
+    assert set(per_script) >= {
+        *PROGS.values(),
+        "run_pretraining.sh",
+        "run_squad.sh",
+        "run_glue.sh",
+        "run_cpu_demo.sh",
+    }, per_script
     assert {c.script for c in CASES if c.payload} >= {"rp", "squad", "glue", "swag", "extract", "convert", "export"}
     assert {c.script for c in CASES if c.as_user} >= {"cpd", "rp", "squad", "glue", "extract", "convert", "bertprep"}
 
@@ -985,11 +1960,18 @@ def test_the_matrix_covers_every_script_and_launcher():
 # ---------------------------------------------------------------------------------------------------------------
 # --debug: the same errors with their traceback
 
-DEBUG_CASES = {"cpd": "cpd-vocab-not-utf8", "rp": "rp-config-not-json", "squad": "squad-predict-malformed",
-               "glue": "glue-checkpoint-malicious", "swag": "swag-checkpoint-malicious",
-               "extract": "extract-checkpoint-malicious", "convert": "convert-input-malicious",
-               "bertprep": "bertprep-working-dir-under-a-file", "export": "export-checkpoint-malicious",
-               "vocab": "vocab-input-missing"}
+DEBUG_CASES = {
+    "cpd": "cpd-vocab-not-utf8",
+    "rp": "rp-config-not-json",
+    "squad": "squad-predict-malformed",
+    "glue": "glue-checkpoint-malicious",
+    "swag": "swag-checkpoint-malicious",
+    "extract": "extract-checkpoint-malicious",
+    "convert": "convert-input-malicious",
+    "bertprep": "bertprep-working-dir-under-a-file",
+    "export": "export-checkpoint-malicious",
+    "vocab": "vocab-input-missing",
+}
 
 
 @pytest.mark.parametrize("script", sorted(DEBUG_CASES))
@@ -1007,8 +1989,18 @@ def test_debug_lets_the_error_through(script, W, tripwires, capsys):
 
 
 def test_debug_shows_the_traceback_in_a_real_process(W, tmp_path):
-    argv = [sys.executable, str(REPO_ROOT / "create_pretraining_data.py"), "--input_file", str(W.corpus),
-            "--output_file", str(tmp_path / "s.hdf5"), "--vocab_file", str(W.vocab_latin1), "--num_workers", "1"]
+    argv = [
+        sys.executable,
+        str(REPO_ROOT / "create_pretraining_data.py"),
+        "--input_file",
+        str(W.corpus),
+        "--output_file",
+        str(tmp_path / "s.hdf5"),
+        "--vocab_file",
+        str(W.vocab_latin1),
+        "--num_workers",
+        "1",
+    ]
     plain = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env(), timeout=120)
     debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert plain.returncode == 1 and len(plain.stderr.strip().splitlines()) == 1, plain.stderr
@@ -1022,6 +2014,7 @@ def test_debug_shows_the_traceback_in_a_real_process(W, tmp_path):
 def test_script_errors_puts_every_message_in_one_form(capsys):
     """The helper itself: a script's own SystemExit message, an OSError with only errno and file, and a multi-line
     message all become '<prog>: error: <one line>'; an unexpected exception (a bug) is never hidden."""
+
     def run(exc):
         with pytest.raises(SystemExit) as raised:
             with cli.script_errors("x.py", []):
@@ -1031,8 +2024,10 @@ def test_script_errors_puts_every_message_in_one_form(capsys):
     assert run(SystemExit("error: --flag bad")) == "x.py: error: --flag bad"
     assert run(SystemExit("x.py: --flag bad")) == "x.py: error: --flag bad"
     assert run(SystemExit(2)) == 2  # argparse's usage errors keep their status
-    assert run(OSError(errno.ENOSPC, "No space left on device", "/d/f")) == \
-        "x.py: error: /d/f: No space left on device (free some space or write elsewhere, then run again)"
+    assert (
+        run(OSError(errno.ENOSPC, "No space left on device", "/d/f"))
+        == "x.py: error: /d/f: No space left on device (free some space or write elsewhere, then run again)"
+    )
     assert run(ValueError("two\nlines")) == "x.py: error: two lines"
     with pytest.raises(KeyError):
         with cli.script_errors("x.py", []):
@@ -1119,14 +2114,17 @@ def test_checkpoint_write_on_a_full_disk_raises_the_oserror_alone(tmp_path, monk
     disk_full_for_large_writes(monkeypatch)
     checkpoint = {"model": {"w": torch.zeros(1 << 18)}}
     with pytest.raises(RuntimeError, match="unexpected pos"):  # what a bare torch.save does on that disk
-        with open(os.open(tmp_path / "bare.pt", os.O_WRONLY | os.O_CREAT), "wb", closefd=True) as raw, \
-                os.fdopen(os.dup(raw.fileno()), "wb") as f:
+        with (
+            open(os.open(tmp_path / "bare.pt", os.O_WRONLY | os.O_CREAT), "wb", closefd=True) as raw,
+            os.fdopen(os.dup(raw.fileno()), "wb") as f,
+        ):
             torch.save(checkpoint, f)
     (tmp_path / "bare.pt").unlink()
     with pytest.raises(OSError) as raised:
         atomic_io.atomic_torch_save(checkpoint, tmp_path / "ckpt_2.pt")
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / "ckpt_2.pt")
-    assert cli.describe_error(raised.value) == (f"{tmp_path / 'ckpt_2.pt'}: No space left on device (free some "
-                                                  "space or write elsewhere, then run again)")
+    assert cli.describe_error(raised.value) == (
+        f"{tmp_path / 'ckpt_2.pt'}: No space left on device (free some space or write elsewhere, then run again)"
+    )
     assert no_leftovers(tmp_path) == ["ckpt_1.pt"]
     assert (tmp_path / "ckpt_1.pt").read_bytes() == b"the previous checkpoint"

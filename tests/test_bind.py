@@ -2,6 +2,7 @@
 launcher rewrite (torchrun's own --numa-binding, else a per-rank numactl wrapper), the per-rank start-up for real
 (with a stand-in numactl, and with CPU affinity where there is none), nothing bound on a one-node machine, and the
 NUMA_BINDING hook of the launchers."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,13 @@ from scripts import bind
 # Made-up sysfs trees
 
 
-def make_sysfs(root: Path, nodes: dict[int, str], gpus: dict[str, int] = (), siblings: int = 0,
-               other_devices: dict[str, tuple[str, str]] = ()) -> Path:
+def make_sysfs(
+    root: Path,
+    nodes: dict[int, str],
+    gpus: dict[str, int] = (),
+    siblings: int = 0,
+    other_devices: dict[str, tuple[str, str]] = (),
+) -> Path:
     """nodes: node -> cpulist; gpus: PCI address -> numa_node (NVIDIA 3D controllers); siblings: CPU k and
     k + siblings are hyper-threads of one core; other_devices: address -> (vendor, class)."""
     sysfs = root / "sys"
@@ -53,8 +59,11 @@ def make_sysfs(root: Path, nodes: dict[int, str], gpus: dict[str, int] = (), sib
 # and an HBM-like memory-only node 2 without CPUs.
 DGX_NODES = {0: "0-7,16-23", 1: "8-15,24-31", 2: ""}
 DGX_GPUS = {"0000:b7:00.0": 1, "0000:07:00.0": 0, "0000:0f:00.0": 0, "0000:bd:00.0": 1}
-DGX_OTHERS = {"0000:07:00.1": ("0x10de", "0x040300"), "0000:b7:00.1": ("0x10de", "0x040300"),
-              "0000:01:00.0": ("0x8086", "0x020000")}
+DGX_OTHERS = {
+    "0000:07:00.1": ("0x10de", "0x040300"),
+    "0000:b7:00.1": ("0x10de", "0x040300"),
+    "0000:01:00.0": ("0x8086", "0x020000"),
+}
 
 
 @pytest.fixture
@@ -85,8 +94,7 @@ def test_topology_and_node_mode(dgx):
 def test_exclusive_mode_splits_physical_cores(dgx):
     """Two ranks per node: each gets half of its node's 8 cores together with their hyper-threads."""
     plan = bind.plan(bind.read_topology(dgx), 4, "exclusive")
-    assert [bind.format_cpulist(list(b.cpus)) for b in plan] == ["0-3,16-19", "4-7,20-23", "8-11,24-27",
-                                                                 "12-15,28-31"]
+    assert [bind.format_cpulist(list(b.cpus)) for b in plan] == ["0-3,16-19", "4-7,20-23", "8-11,24-27", "12-15,28-31"]
     assert plan[1].numactl_args("exclusive") == ["--physcpubind=4-7,20-23", "--membind=0"]
     assert len({cpu for b in plan for cpu in b.cpus}) == 32  # disjoint, and every CPU used
 
@@ -96,8 +104,12 @@ def test_without_gpus_ranks_go_to_nodes_in_blocks(tmp_path):
     assert topology.gpus == []
     plan = bind.plan(topology, 4, "node")
     assert [b.node for b in plan] == [0, 0, 1, 1] and plan[0].why == "no GPU: rank block 1 of 2"
-    assert [bind.format_cpulist(list(b.cpus)) for b in bind.plan(topology, 4, "exclusive")] == ["0-1", "2-3", "4-5",
-                                                                                                 "6-7"]
+    assert [bind.format_cpulist(list(b.cpus)) for b in bind.plan(topology, 4, "exclusive")] == [
+        "0-1",
+        "2-3",
+        "4-5",
+        "6-7",
+    ]
     assert [b.node for b in bind.plan(topology, 3, "node")] == [0, 0, 1]
     with pytest.raises(bind.BindError, match="node 0 has 4 physical cores for 6 ranks"):
         bind.plan(topology, 12, "exclusive")
@@ -141,8 +153,9 @@ def test_launcher_rewrite(dgx):
     script = str(Path(bind.__file__).resolve())
     wrapper = [script, "--mode", "exclusive", "--nproc", "4", "--run", "--"]
     for option, numactl in ((False, "/x/numactl"), (True, "")):  # an older torchrun, or no numactl for torchrun
-        words, line = bind.bound_launcher(torchrun, "exclusive", 4, topology, has_torchrun_option=option,
-                                          numactl=numactl)
+        words, line = bind.bound_launcher(
+            torchrun, "exclusive", 4, topology, has_torchrun_option=option, numactl=numactl
+        )
         assert words == torchrun + wrapper
         assert line.endswith("rank 0 -> node 0; rank 1 -> node 0; rank 2 -> node 1; rank 3 -> node 1")
     words, _ = bind.bound_launcher(["py"], "node", 1, topology, has_torchrun_option=True, numactl="/x/numactl")
@@ -155,8 +168,9 @@ def test_launcher_rewrite(dgx):
 
 def test_installed_torchrun_option_is_detected():
     """The answer agrees with the installed torchrun's own --help (PyTorch 2.13 has --numa-binding)."""
-    help_text = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True,
-                               text=True, check=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert bind.torchrun_has_numa_binding() == ("--numa-binding" in help_text)
 
 
@@ -164,9 +178,27 @@ def _run_rank(sysfs: Path, local_rank: int, path_dir: Path, mode: str = "node") 
     child = "import os, sys; print(sorted(os.sched_getaffinity(0)), sys.argv[1:])"
     (path_dir / "child.py").write_text(child)
     env = {**os.environ, "PATH": str(path_dir), "LOCAL_RANK": str(local_rank), "BIND_SYSFS": str(sysfs)}
-    return subprocess.run([sys.executable, "-m", "scripts.bind", "--mode", mode, "--nproc", "2", "--run", "--",
-                           str(path_dir / "child.py"), "--flag", "x"], cwd=Path(bind.__file__).parent.parent,
-                          env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scripts.bind",
+            "--mode",
+            mode,
+            "--nproc",
+            "2",
+            "--run",
+            "--",
+            str(path_dir / "child.py"),
+            "--flag",
+            "x",
+        ],
+        cwd=Path(bind.__file__).parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_each_rank_starts_under_numactl(tmp_path):
@@ -174,13 +206,20 @@ def test_each_rank_starts_under_numactl(tmp_path):
     numactl on PATH prints what it was given)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "numactl").write_text("#!/bin/sh\necho numactl \"$@\"\n")
+    (bin_dir / "numactl").write_text('#!/bin/sh\necho numactl "$@"\n')
     (bin_dir / "numactl").chmod(0o755)
     sysfs = make_sysfs(tmp_path, {0: "0-3", 1: "4-7"})
     out = _run_rank(sysfs, 1, bin_dir)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["numactl", "--cpunodebind=1", "--membind=1", sys.executable,
-                                  str(bin_dir / "child.py"), "--flag", "x"]
+    assert out.stdout.split() == [
+        "numactl",
+        "--cpunodebind=1",
+        "--membind=1",
+        sys.executable,
+        str(bin_dir / "child.py"),
+        "--flag",
+        "x",
+    ]
     out = _run_rank(sysfs, 0, bin_dir, mode="exclusive")
     assert out.stdout.split()[:3] == ["numactl", "--physcpubind=0-3", "--membind=0"]  # alone on node 0
 
@@ -206,23 +245,42 @@ def test_launchers_take_numa_binding(launcher, repo_root, dgx, tmp_path):
     num_gpu_position = {"run_glue.sh": 7, "run_squad.sh": 6, "run_swag.sh": 6}[launcher]
     args = [""] * 16
     args[num_gpu_position - 1] = "2"
-    plain = subprocess.run(["bash", f"scripts/{launcher}", *args[:num_gpu_position]], cwd=repo_root,
-                           capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1"}, check=True)
-    bound = subprocess.run(["bash", f"scripts/{launcher}", *args[:num_gpu_position]], cwd=repo_root,
-                           capture_output=True, text=True, check=True,
-                           env={**os.environ, "DRY_RUN": "1", "BIND_SYSFS": str(dgx), "NUMA_BINDING": "node",
-                                "CUDA_VISIBLE_DEVICES": ""})  # no GPUs: the numactl wrapper
+    plain = subprocess.run(
+        ["bash", f"scripts/{launcher}", *args[:num_gpu_position]],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY_RUN": "1"},
+        check=True,
+    )
+    bound = subprocess.run(
+        ["bash", f"scripts/{launcher}", *args[:num_gpu_position]],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "DRY_RUN": "1", "BIND_SYSFS": str(dgx), "NUMA_BINDING": "node", "CUDA_VISIBLE_DEVICES": ""},
+    )  # no GPUs: the numactl wrapper
     plain_cmd, bound_cmd = shlex.split(plain.stdout), shlex.split(bound.stdout)
     at = plain_cmd.index("--nproc_per_node=2") + 1
     wrapper = [str(Path(bind.__file__).resolve()), "--mode", "node", "--nproc", "2", "--run", "--"]
     assert bound_cmd == plain_cmd[:at] + wrapper + plain_cmd[at:]
     assert "rank 0 -> node 0; rank 1 -> node 1" in bound.stderr
     one_node = make_sysfs(tmp_path / "one", {0: "0-1"})
-    same = subprocess.run(["bash", f"scripts/{launcher}", *args[:num_gpu_position]], cwd=repo_root,
-                          capture_output=True, text=True, check=True,
-                          env={**os.environ, "DRY_RUN": "1", "BIND_SYSFS": str(one_node), "NUMA_BINDING": "1"})
+    same = subprocess.run(
+        ["bash", f"scripts/{launcher}", *args[:num_gpu_position]],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "DRY_RUN": "1", "BIND_SYSFS": str(one_node), "NUMA_BINDING": "1"},
+    )
     assert shlex.split(same.stdout) == plain_cmd and "binding would change nothing" in same.stderr
-    bad = subprocess.run(["bash", f"scripts/{launcher}", *args[:num_gpu_position]], cwd=repo_root,
-                         capture_output=True, text=True,
-                         env={**os.environ, "DRY_RUN": "1", "BIND_SYSFS": str(dgx), "NUMA_BINDING": "sockets"})
+    bad = subprocess.run(
+        ["bash", f"scripts/{launcher}", *args[:num_gpu_position]],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY_RUN": "1", "BIND_SYSFS": str(dgx), "NUMA_BINDING": "sockets"},
+    )
     assert bad.returncode != 0 and "NUMA_BINDING='sockets': choose one of" in bad.stderr

@@ -1,13 +1,14 @@
 """bert_padding.BitMaskDropout (BertConfig.dropout_mask_bits 1) against the written-out formula of dropout and against
 torch's own dropout: the same outputs and gradients for the mask it draws, an eighth of the bytes saved for the
 backward, the configured keep rate, and a model that trains the same way in eval and learns in training."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers import bert_config
 
 import bert_padding
-from helpers import bert_config
 from modeling import BertConfig, BertForPreTraining
 
 

@@ -1,17 +1,18 @@
 """Checkpoint interop: Hugging Face directories, NVIDIA .pt files, errors that list keys, safe loading."""
+
 from __future__ import annotations
 
 import pickle
 
 import pytest
 import torch
+from helpers import bert_config
 from transformers.models.bert import modeling_bert as hf
 
 import convert_checkpoint
 import modeling
 from bert_recipe.io import checkpoint_io
 from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
-from helpers import bert_config
 from modeling import BertConfig
 
 
@@ -23,8 +24,9 @@ def _no_grad():
 
 
 def tiny_config(**overrides) -> BertConfig:
-    return bert_config(**{"vocab_size": 1000, "hidden_size": 32, "intermediate_size": 64,
-                          "max_position_embeddings": 64, **overrides})
+    return bert_config(
+        **{"vocab_size": 1000, "hidden_size": 32, "intermediate_size": 64, "max_position_embeddings": 64, **overrides}
+    )
 
 
 def batch(seed=0, vocab=1000):
@@ -57,8 +59,10 @@ def nvidia_style_checkpoint(model: modeling.BertForPreTraining, path, old_layern
     names, the vocabulary padded to a multiple of 8, and (in older ones) LayerNorm gamma/beta."""
     state = checkpoint_io.nvidia_state_dict(model)
     if old_layernorm_names:
-        state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-                 for k, v in state.items()}
+        state = {
+            k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+            for k, v in state.items()
+        }
     state = {"module." + k: v for k, v in state.items()}  # saved from inside DDP
     torch.save({"model": state, "optimizer": {}, "files": [0, 1], "epoch": 3}, path)
 
@@ -71,8 +75,9 @@ def test_nvidia_checkpoint_loads_with_same_outputs(tmp_path, old_names):
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
     assert state["module.cls.predictions.bias"].shape[0] == 1008  # padded, as NVIDIA's are
     assert any(".dense_act." in k for k in state)
-    loaded = from_pretrained(modeling.BertForPreTraining, tmp_path / "ckpt.pt", config=tiny_config(vocab_size=1001),
-                             log=None).eval()
+    loaded = from_pretrained(
+        modeling.BertForPreTraining, tmp_path / "ckpt.pt", config=tiny_config(vocab_size=1001), log=None
+    ).eval()
     inputs = batch(vocab=1001)
     for a, b in zip(original(*inputs), loaded(*inputs)):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
@@ -89,33 +94,51 @@ NV_H, NV_I, NV_P, NV_V = 32, 64, 64, 30528
 
 
 # Modules with a .weight and a .bias ([rows of the weight]), by their NVIDIA path: one encoder layer, then the rest.
-NV_LAYER = [("attention.self.query", (NV_H, NV_H)), ("attention.self.key", (NV_H, NV_H)),
-            ("attention.self.value", (NV_H, NV_H)), ("attention.output.dense", (NV_H, NV_H)),
-            ("attention.output.LayerNorm", (NV_H,)), ("intermediate.dense_act", (NV_I, NV_H)),
-            ("output.dense", (NV_H, NV_I)), ("output.LayerNorm", (NV_H,))]
+NV_LAYER = [
+    ("attention.self.query", (NV_H, NV_H)),
+    ("attention.self.key", (NV_H, NV_H)),
+    ("attention.self.value", (NV_H, NV_H)),
+    ("attention.output.dense", (NV_H, NV_H)),
+    ("attention.output.LayerNorm", (NV_H,)),
+    ("intermediate.dense_act", (NV_I, NV_H)),
+    ("output.dense", (NV_H, NV_I)),
+    ("output.LayerNorm", (NV_H,)),
+]
 NV_POOLER = [("bert.pooler.dense_act", (NV_H, NV_H))]
-NV_PRETRAINING_HEADS = [("cls.predictions.transform.dense_act", (NV_H, NV_H)),
-                        ("cls.predictions.transform.LayerNorm", (NV_H,)), ("cls.seq_relationship", (2, NV_H))]
+NV_PRETRAINING_HEADS = [
+    ("cls.predictions.transform.dense_act", (NV_H, NV_H)),
+    ("cls.predictions.transform.LayerNorm", (NV_H,)),
+    ("cls.seq_relationship", (2, NV_H)),
+]
 
 
 def with_biases(modules: list[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
-    return {key: shape for path, weight in modules
-            for key, shape in ((f"{path}.weight", weight), (f"{path}.bias", weight[:1]))}
+    return {
+        key: shape
+        for path, weight in modules
+        for key, shape in ((f"{path}.weight", weight), (f"{path}.bias", weight[:1]))
+    }
 
 
 def nvidia_encoder_keys(layers: int) -> dict[str, tuple[int, ...]]:
-    keys = {"bert.embeddings.word_embeddings.weight": (NV_V, NV_H),
-            "bert.embeddings.position_embeddings.weight": (NV_P, NV_H),
-            "bert.embeddings.token_type_embeddings.weight": (2, NV_H),
-            **with_biases([("bert.embeddings.LayerNorm", (NV_H,))])}
+    keys = {
+        "bert.embeddings.word_embeddings.weight": (NV_V, NV_H),
+        "bert.embeddings.position_embeddings.weight": (NV_P, NV_H),
+        "bert.embeddings.token_type_embeddings.weight": (2, NV_H),
+        **with_biases([("bert.embeddings.LayerNorm", (NV_H,))]),
+    }
     for n in range(layers):
         keys.update(with_biases([(f"bert.encoder.layer.{n}.{path}", shape) for path, shape in NV_LAYER]))
     return {**keys, **with_biases(NV_POOLER)}
 
 
 def nvidia_pretraining_keys(layers: int) -> dict[str, tuple[int, ...]]:
-    return {**nvidia_encoder_keys(layers), "cls.predictions.bias": (NV_V,),
-            **with_biases(NV_PRETRAINING_HEADS), "cls.predictions.decoder.weight": (NV_V, NV_H)}
+    return {
+        **nvidia_encoder_keys(layers),
+        "cls.predictions.bias": (NV_V,),
+        **with_biases(NV_PRETRAINING_HEADS),
+        "cls.predictions.decoder.weight": (NV_V, NV_H),
+    }
 
 
 def random_nvidia_state(keys: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, torch.Tensor]:
@@ -127,9 +150,16 @@ def random_nvidia_state(keys: dict[str, tuple[int, ...]], seed: int = 0) -> dict
 
 
 def nvidia_config(pad_vocab_size_multiple: int = 1) -> BertConfig:
-    return BertConfig(vocab_size=30522, hidden_size=NV_H, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=NV_I, max_position_embeddings=NV_P, hidden_act="gelu",
-                      pad_vocab_size_multiple=pad_vocab_size_multiple)
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=NV_H,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=NV_I,
+        max_position_embeddings=NV_P,
+        hidden_act="gelu",
+        pad_vocab_size_multiple=pad_vocab_size_multiple,
+    )
 
 
 def ours_for_nvidia(key: str) -> str:
@@ -139,22 +169,26 @@ def ours_for_nvidia(key: str) -> str:
     return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
 
-@pytest.mark.parametrize("ddp_prefix,old_layernorm,pad_multiple", [
-    (False, False, 8), (False, False, 1), (True, True, 1)])
+@pytest.mark.parametrize(
+    "ddp_prefix,old_layernorm,pad_multiple", [(False, False, 8), (False, False, 1), (True, True, 1)]
+)
 def test_nvidia_layout_written_by_hand_loads_every_tensor(tmp_path, ddp_prefix, old_layernorm, pad_multiple):
     state = random_nvidia_state(nvidia_pretraining_keys(2))
     assert len(state) == 5 + 2 * 16 + 2 + 8  # embeddings, 2 layers, pooler, heads
     saved = dict(state)
     if old_layernorm:
-        saved = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-                 for k, v in saved.items()}
+        saved = {
+            k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+            for k, v in saved.items()
+        }
     if ddp_prefix:
         saved = {"module." + k: v for k, v in saved.items()}
     torch.save({"model": saved, "optimizer": {}, "files": [0, 1], "epoch": 2}, tmp_path / "nvidia.pt")
 
     lines = []
-    model = from_pretrained(modeling.BertForPreTraining, tmp_path / "nvidia.pt",
-                            config=nvidia_config(pad_multiple), log=lines.append)
+    model = from_pretrained(
+        modeling.BertForPreTraining, tmp_path / "nvidia.pt", config=nvidia_config(pad_multiple), log=lines.append
+    )
     assert lines == []  # every tensor has a place, nothing is started fresh
     rows = 30528 if pad_multiple == 8 else 30522
     assert model.bert.embeddings.word_embeddings.weight.shape == (rows, NV_H)
@@ -164,11 +198,14 @@ def test_nvidia_layout_written_by_hand_loads_every_tensor(tmp_path, ddp_prefix, 
         expected = value[:rows] if value.shape[0] == NV_V else value
         assert torch.equal(ours[name], expected), key
     # The same by attribute, for a few NVIDIA names whose module differs from ours.
-    assert torch.equal(model.bert.encoder.layer[1].intermediate.dense.weight,
-                       state["bert.encoder.layer.1.intermediate.dense_act.weight"])
+    assert torch.equal(
+        model.bert.encoder.layer[1].intermediate.dense.weight,
+        state["bert.encoder.layer.1.intermediate.dense_act.weight"],
+    )
     assert torch.equal(model.bert.pooler.dense.bias, state["bert.pooler.dense_act.bias"])
-    assert torch.equal(model.cls.predictions.transform.dense.weight,
-                       state["cls.predictions.transform.dense_act.weight"])
+    assert torch.equal(
+        model.cls.predictions.transform.dense.weight, state["cls.predictions.transform.dense_act.weight"]
+    )
     assert torch.equal(model.cls.predictions.bias, state["cls.predictions.bias"][:rows])
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
 
@@ -186,19 +223,24 @@ def test_nvidia_squad_checkpoint_loads_into_question_answering(tmp_path):
     state = random_nvidia_state(keys, seed=1)
     torch.save({"model": state}, tmp_path / "pytorch_model.bin")
     lines = []
-    qa = from_pretrained(modeling.BertForQuestionAnswering, tmp_path / "pytorch_model.bin", config=nvidia_config(),
-                         log=lines.append)
+    qa = from_pretrained(
+        modeling.BertForQuestionAnswering, tmp_path / "pytorch_model.bin", config=nvidia_config(), log=lines.append
+    )
     assert [line.split(": ", 1)[1] for line in lines] == [
-        "not used by BertForQuestionAnswering: bert.pooler.dense.weight, bert.pooler.dense.bias"]
+        "not used by BertForQuestionAnswering: bert.pooler.dense.weight, bert.pooler.dense.bias"
+    ]
     assert torch.equal(qa.qa_outputs.weight, state["qa_outputs.weight"])
-    assert torch.equal(qa.bert.encoder.layer[0].intermediate.dense.bias,
-                       state["bert.encoder.layer.0.intermediate.dense_act.bias"])
-    assert torch.equal(qa.bert.embeddings.word_embeddings.weight,
-                       state["bert.embeddings.word_embeddings.weight"][:30522])
+    assert torch.equal(
+        qa.bert.encoder.layer[0].intermediate.dense.bias, state["bert.encoder.layer.0.intermediate.dense_act.bias"]
+    )
+    assert torch.equal(
+        qa.bert.embeddings.word_embeddings.weight, state["bert.embeddings.word_embeddings.weight"][:30522]
+    )
     # A bare encoder exports the same names without `bert.` (as Hugging Face's BertModel), vocabulary padded too.
     encoder = checkpoint_io.nvidia_state_dict(modeling.BertModel(nvidia_config()))
-    assert {k: tuple(v.shape) for k, v in encoder.items()} == \
-        {k.removeprefix("bert."): shape for k, shape in nvidia_encoder_keys(2).items()}
+    assert {k: tuple(v.shape) for k, v in encoder.items()} == {
+        k.removeprefix("bert."): shape for k, shape in nvidia_encoder_keys(2).items()
+    }
 
 
 def test_task_head_is_reported_fresh_and_pretraining_heads_left_out(tmp_path):
@@ -207,10 +249,12 @@ def test_task_head_is_reported_fresh_and_pretraining_heads_left_out(tmp_path):
     lines = []
     qa = from_pretrained(modeling.BertForQuestionAnswering, tmp_path / "ckpt_10.pt", log=lines.append)
     assert any("initialised fresh: qa_outputs.weight, qa_outputs.bias" in line for line in lines), lines
-    assert any("not used by BertForQuestionAnswering" in line and "cls.seq_relationship.weight" in line
-               for line in lines), lines
-    torch.testing.assert_close(qa.bert.encoder.layer[1].output.dense.weight,
-                               source.bert.encoder.layer[1].output.dense.weight)
+    assert any(
+        "not used by BertForQuestionAnswering" in line and "cls.seq_relationship.weight" in line for line in lines
+    ), lines
+    torch.testing.assert_close(
+        qa.bert.encoder.layer[1].output.dense.weight, source.bert.encoder.layer[1].output.dense.weight
+    )
     # The report as an object, which the scripts test (nobody reads the log lines back)
     _, report = checkpoint_io.load_pretrained(modeling.BertForQuestionAnswering, tmp_path / "ckpt_10.pt")
     assert report.fresh == ("qa_outputs.weight", "qa_outputs.bias")
@@ -275,12 +319,27 @@ def test_encoder_checkpoint_without_bert_prefix_loads_into_pretraining_model(min
 def test_converter_writes_hf_and_nvidia(tmp_path, minilm_dir):
     source = modeling.BertForPreTraining(tiny_config()).eval()
     torch.save({"model": source.state_dict(), "config": source.config.to_dict()}, tmp_path / "ckpt_5.pt")
-    assert convert_checkpoint.main(["--input", str(tmp_path / "ckpt_5.pt"), "--output", str(tmp_path / "hf"),
-                                    "--vocab_file", str(minilm_dir / "vocab.txt")]) == 0
+    assert (
+        convert_checkpoint.main(
+            [
+                "--input",
+                str(tmp_path / "ckpt_5.pt"),
+                "--output",
+                str(tmp_path / "hf"),
+                "--vocab_file",
+                str(minilm_dir / "vocab.txt"),
+            ]
+        )
+        == 0
+    )
     theirs, info = hf.BertForPreTraining.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    assert convert_checkpoint.main(["--input", str(tmp_path / "hf"), "--output", str(tmp_path / "nv.pt"),
-                                    "--format", "nvidia"]) == 0
+    assert (
+        convert_checkpoint.main(
+            ["--input", str(tmp_path / "hf"), "--output", str(tmp_path / "nv.pt"), "--format", "nvidia"]
+        )
+        == 0
+    )
     back = from_pretrained(modeling.BertForPreTraining, tmp_path / "nv.pt", log=None).eval()
     inputs = batch()
     reference = theirs.eval()(input_ids=inputs[0], token_type_ids=inputs[1], attention_mask=inputs[2])

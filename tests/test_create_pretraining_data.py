@@ -5,6 +5,7 @@ sentence at a time, and every segment of every instance is searched for in those
 prediction count with Python's round, truncation of the longer side, the 80/10/10 rule, whole-word groups) are
 written out in the tests; nothing is compared with output captured from the code.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,13 +17,20 @@ import numpy as np
 import pytest
 
 import create_pretraining_data as cpd
-from bert_recipe.pretraining import shard_format, shard_writer as writer
+from bert_recipe.pretraining import shard_format
+from bert_recipe.pretraining import shard_writer as writer
 from tokenization import BertTokenizer
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0  # bert-base-uncased ids (checked against the vocabulary below)
 SEQ, PRED, PROB = 128, 20, 0.15
-KEYS = {"input_ids": np.int32, "input_mask": np.int8, "segment_ids": np.int8, "masked_lm_positions": np.int32,
-        "masked_lm_ids": np.int32, "next_sentence_labels": np.int8}
+KEYS = {
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "masked_lm_positions": np.int32,
+    "masked_lm_ids": np.int32,
+    "next_sentence_labels": np.int8,
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -57,9 +65,22 @@ def write_corpus(path: Path, documents: list[list[str]]) -> Path:
 
 def run(tmp_path: Path, name: str, input_file, vocab, *extra: str, capsys=None) -> dict[str, np.ndarray]:
     out = tmp_path / f"{name}.hdf5"
-    argv = ["--input_file", str(input_file), "--output_file", str(out), "--vocab_file", str(vocab),
-            "--max_seq_length", str(SEQ), "--max_predictions_per_seq", str(PRED), "--masked_lm_prob", str(PROB),
-            "--no_progress", *extra]
+    argv = [
+        "--input_file",
+        str(input_file),
+        "--output_file",
+        str(out),
+        "--vocab_file",
+        str(vocab),
+        "--max_seq_length",
+        str(SEQ),
+        "--max_predictions_per_seq",
+        str(PRED),
+        "--masked_lm_prob",
+        str(PROB),
+        "--no_progress",
+        *extra,
+    ]
     assert cpd.main(argv) == 0
     with h5py.File(out, "r") as f:
         arrays = {k: f[k][:] for k in f}
@@ -97,8 +118,18 @@ def reference_ids(corpus, uncased_vocab) -> bytes:
 @pytest.fixture(scope="module")
 def shard(corpus, uncased_vocab, tmp_path_factory) -> dict[str, np.ndarray]:
     """Default settings, 4 passes: ~2,600 instances, ~45,000 predictions."""
-    return run(tmp_path_factory.mktemp("shard"), "shard", corpus[0], uncased_vocab, "--dupe_factor", "4",
-               "--random_seed", "7", "--num_workers", "1")
+    return run(
+        tmp_path_factory.mktemp("shard"),
+        "shard",
+        corpus[0],
+        uncased_vocab,
+        "--dupe_factor",
+        "4",
+        "--random_seed",
+        "7",
+        "--num_workers",
+        "1",
+    )
 
 
 def unmasked(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -174,7 +205,7 @@ def test_cls_sep_segments_mask_and_padding(shard):
         np.testing.assert_array_equal(shard["segment_ids"][row], expected_segments)
         expected_mask = np.r_[np.ones(second + 1), np.zeros(SEQ - second - 1)]
         np.testing.assert_array_equal(shard["input_mask"][row], expected_mask)
-        assert (ids[row, second + 1:] == PAD).all() and (shard["input_ids"][row, second + 1:] == PAD).all()
+        assert (ids[row, second + 1 :] == PAD).all() and (shard["input_ids"][row, second + 1 :] == PAD).all()
         assert CLS not in ids[row, 1:]
 
 
@@ -195,8 +226,20 @@ def test_prediction_count_positions_and_labels(shard):
 
 def test_prediction_cap_and_other_probability(small_corpus, uncased_vocab, tmp_path):
     """min(P, max(1, round(L * p))) where the cap P binds (P = 12, p = 0.2: rows of 63+ tokens hit it)."""
-    arrays = run(tmp_path, "cap", small_corpus, uncased_vocab, "--dupe_factor", "1", "--num_workers", "1",
-                 "--max_predictions_per_seq", "12", "--masked_lm_prob", "0.2")
+    arrays = run(
+        tmp_path,
+        "cap",
+        small_corpus,
+        uncased_vocab,
+        "--dupe_factor",
+        "1",
+        "--num_workers",
+        "1",
+        "--max_predictions_per_seq",
+        "12",
+        "--masked_lm_prob",
+        "0.2",
+    )
     assert arrays["masked_lm_positions"].shape[1] == 12
     lengths = arrays["input_mask"].sum(1)
     counts = (arrays["masked_lm_positions"] > 0).sum(1)
@@ -209,11 +252,21 @@ def test_help_and_import_have_no_side_effects(repo_root):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "create_pretraining_data.py", "--help"], cwd=repo_root,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "create_pretraining_data.py", "--help"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and "--no_static_masking" in done.stdout and "--output_dir" in done.stdout
-    done = subprocess.run([sys.executable, "-c", "import create_pretraining_data"], cwd=repo_root,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", "import create_pretraining_data"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
 
 
@@ -243,7 +296,7 @@ def test_segments_are_contiguous_runs_of_the_corpus(shard, reference_ids):
     contiguous = 0
     for row in range(len(ids)):
         first, second = segment_bounds(ids[row])
-        a, b = ids[row, 1:first], ids[row, first + 1:second]
+        a, b = ids[row, 1:first], ids[row, first + 1 : second]
         assert occurs(reference_ids, a), f"row {row}: segment A is not a run of the corpus"
         assert occurs(reference_ids, b), f"row {row}: segment B is not a run of the corpus"
         if shard["next_sentence_labels"][row] == 0:
@@ -288,17 +341,30 @@ def test_same_seed_same_arrays_for_any_worker_count(small_corpus, uncased_vocab,
     common = ("--dupe_factor", "2", "--random_seed", "3")
     one = run(tmp_path, "w1", small_corpus, uncased_vocab, *common, "--num_workers", "1")
     two = run(tmp_path, "w2", small_corpus, uncased_vocab, *common, "--num_workers", "2")
-    spawned = run(tmp_path, "w2s", small_corpus, uncased_vocab, *common, "--num_workers", "2",
-                  "--mp_start_method", "spawn", "--compression", "none")
+    spawned = run(
+        tmp_path,
+        "w2s",
+        small_corpus,
+        uncased_vocab,
+        *common,
+        "--num_workers",
+        "2",
+        "--mp_start_method",
+        "spawn",
+        "--compression",
+        "none",
+    )
     again = run(tmp_path, "again", small_corpus, uncased_vocab, *common, "--num_workers", "1")
-    other = run(tmp_path, "other", small_corpus, uncased_vocab, "--dupe_factor", "2", "--random_seed", "4",
-                "--num_workers", "1")
+    other = run(
+        tmp_path, "other", small_corpus, uncased_vocab, "--dupe_factor", "2", "--random_seed", "4", "--num_workers", "1"
+    )
     for key in KEYS:
         np.testing.assert_array_equal(one[key], two[key], err_msg=key)
         np.testing.assert_array_equal(one[key], spawned[key], err_msg=key)
         np.testing.assert_array_equal(one[key], again[key], err_msg=key)
-    assert one["input_ids"].shape != other["input_ids"].shape or not np.array_equal(one["input_ids"],
-                                                                                   other["input_ids"])
+    assert one["input_ids"].shape != other["input_ids"].shape or not np.array_equal(
+        one["input_ids"], other["input_ids"]
+    )
 
 
 def test_output_dir_matches_one_call_per_shard(valid_lines, uncased_vocab, tmp_path):
@@ -307,14 +373,28 @@ def test_output_dir_matches_one_call_per_shard(valid_lines, uncased_vocab, tmp_p
     shards.mkdir()
     documents = wikitext_documents(valid_lines[:500])
     write_corpus(shards / "part_0.txt", documents[: len(documents) // 2])
-    write_corpus(shards / "part_1.txt", documents[len(documents) // 2:])
+    write_corpus(shards / "part_1.txt", documents[len(documents) // 2 :])
     (shards / "notes.md").write_text("not a shard")
     common = ["--vocab_file", str(uncased_vocab), "--dupe_factor", "1", "--no_progress", "--num_workers", "2"]
-    assert cpd.main(["--input_file", str(shards), "--output_dir", str(tmp_path / "out"), "--random_seed", "10",
-                     *common]) == 0
+    assert (
+        cpd.main(["--input_file", str(shards), "--output_dir", str(tmp_path / "out"), "--random_seed", "10", *common])
+        == 0
+    )
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["part_0.hdf5", "part_1.hdf5"]
-    assert cpd.main(["--input_file", str(shards / "part_1.txt"), "--output_file", str(tmp_path / "single.hdf5"),
-                     "--random_seed", "11", *common]) == 0
+    assert (
+        cpd.main(
+            [
+                "--input_file",
+                str(shards / "part_1.txt"),
+                "--output_file",
+                str(tmp_path / "single.hdf5"),
+                "--random_seed",
+                "11",
+                *common,
+            ]
+        )
+        == 0
+    )
     with h5py.File(tmp_path / "out" / "part_1.hdf5") as a, h5py.File(tmp_path / "single.hdf5") as b:
         for key in KEYS:
             np.testing.assert_array_equal(a[key][:], b[key][:], err_msg=key)
@@ -325,8 +405,9 @@ def test_output_dir_matches_one_call_per_shard(valid_lines, uncased_vocab, tmp_p
 
 
 def test_whole_word_mask(small_corpus, uncased_vocab, tmp_path):
-    arrays = run(tmp_path, "wwm", small_corpus, uncased_vocab, "--dupe_factor", "2", "--num_workers", "1",
-                 "--do_whole_word_mask")
+    arrays = run(
+        tmp_path, "wwm", small_corpus, uncased_vocab, "--dupe_factor", "2", "--num_workers", "1", "--do_whole_word_mask"
+    )
     vocab = BertTokenizer(uncased_vocab, use_fast=False).ids_to_tokens
     ids = unmasked(arrays)
     lengths = arrays["input_mask"].sum(1)
@@ -352,8 +433,9 @@ def test_whole_word_mask(small_corpus, uncased_vocab, tmp_path):
 
 
 def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_path):
-    arrays = run(tmp_path, "dyn", small_corpus, uncased_vocab, "--dupe_factor", "6", "--num_workers", "1",
-                 "--no_static_masking")
+    arrays = run(
+        tmp_path, "dyn", small_corpus, uncased_vocab, "--dupe_factor", "6", "--num_workers", "1", "--no_static_masking"
+    )
     assert arrays["_attrs"]["masking"] == "dynamic"
     assert not arrays["masked_lm_positions"].any() and not arrays["masked_lm_ids"].any()
     ids, mask = arrays["input_ids"], arrays["input_mask"]
@@ -362,8 +444,9 @@ def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_pa
         segment_bounds(ids[row])
 
     specials = [CLS, SEP, PAD, MASK]
-    masked, positions, labels = shard_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(0),
-                                                 masked_lm_prob=PROB, max_predictions_per_seq=PRED)
+    masked, positions, labels = shard_format.dynamic_mask(
+        ids, mask, 30522, specials, np.random.default_rng(0), masked_lm_prob=PROB, max_predictions_per_seq=PRED
+    )
     assert masked.shape == ids.shape and masked.dtype == ids.dtype
     assert positions.shape == labels.shape == (len(ids), PRED)
     counts = (positions > 0).sum(1)
@@ -382,14 +465,18 @@ def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_pa
     now = masked[rows, at]
     is_mask = now == MASK
     kept = ~is_mask & (now == ids[rows, at])
-    assert abs(is_mask.mean() - 0.8) < 0.02 and abs(kept.mean() - 0.1) < 0.02 and abs(1 - is_mask.mean()
-                                                                                      - kept.mean() - 0.1) < 0.02
+    assert (
+        abs(is_mask.mean() - 0.8) < 0.02
+        and abs(kept.mean() - 0.1) < 0.02
+        and abs(1 - is_mask.mean() - kept.mean() - 0.1) < 0.02
+    )
     # New masks each call (epoch), and torch tensors in -> torch tensors out, the same draws for the same seed.
     again = shard_format.dynamic_mask(ids, mask, 30522, specials, np.random.default_rng(1), PROB, PRED)[1]
     assert not np.array_equal(again, positions)
     torch = pytest.importorskip("torch")
-    t_masked, t_positions, t_labels = shard_format.dynamic_mask(torch.from_numpy(ids), torch.from_numpy(mask), 30522,
-                                                       specials, np.random.default_rng(0), PROB, PRED)
+    t_masked, t_positions, t_labels = shard_format.dynamic_mask(
+        torch.from_numpy(ids), torch.from_numpy(mask), 30522, specials, np.random.default_rng(0), PROB, PRED
+    )
     assert isinstance(t_masked, torch.Tensor) and t_positions.dtype == torch.int64
     np.testing.assert_array_equal(t_masked.numpy(), masked)
     np.testing.assert_array_equal(t_positions.numpy(), positions)
@@ -397,8 +484,15 @@ def test_no_static_masking_then_dynamic_mask(small_corpus, uncased_vocab, tmp_pa
 
 def test_piece_cache_tokenizes_like_the_python_tokenizer(uncased_vocab, cased_vocab):
     """Tokenizing each space-separated piece once is exact, also on accents, final sigma, CJK, controls, tabs."""
-    lines = ["Héllo  wörld\tTAB ΣΑΣ ΟΔΥΣΣΕΥΣ end.", "x\u2028y  \u200bz 中文字 mixed中文 ", "a" * 150 + " b",
-             "\x1c\x85 ok", "don't stop-me (now)!", "The <unk> of 1 @,@ 000 km²", "naïve café Ångström"]
+    lines = [
+        "Héllo  wörld\tTAB ΣΑΣ ΟΔΥΣΣΕΥΣ end.",
+        "x\u2028y  \u200bz 中文字 mixed中文 ",
+        "a" * 150 + " b",
+        "\x1c\x85 ok",
+        "don't stop-me (now)!",
+        "The <unk> of 1 @,@ 000 km²",
+        "naïve café Ångström",
+    ]
     for vocab, lower in ((uncased_vocab, True), (cased_vocab, False)):
         writer._init_worker(str(vocab), lower, threads_off=False)
         writer._PIECES = writer._PieceTable()
@@ -423,8 +517,7 @@ def test_document_boundaries_and_blank_lines(uncased_vocab, tmp_path):
     assert corpus.num_documents == 3
     assert np.diff(corpus.doc_start).tolist() == [2, 1, 2]
     tok = BertTokenizer(uncased_vocab, use_fast=False)
-    sentences = ["first sentence one .", "second one .", "third , in doc two .", "fourth in doc three .",
-                 "fifth too ."]
+    sentences = ["first sentence one .", "second one .", "third , in doc two .", "fourth in doc three .", "fifth too ."]
     assert corpus.tokens.tolist() == [i for s in sentences for i in tok.encode(s)]
 
 
@@ -443,8 +536,10 @@ def test_bad_input_gives_a_clear_error(uncased_vocab, tmp_path, small_corpus):
         (["--input_file", str(tmp_path / "missing.txt"), *base], "missing.txt does not exist"),
         (["--input_file", str(empty_dir), *base], "folder without .txt"),
         (["--input_file", str(blank), *base], "no text in"),
-        (["--input_file", str(small_corpus), "--output_file", out, "--vocab_file", str(tmp_path / "v.txt")],
-         "--vocab_file .*v.txt does not exist"),
+        (
+            ["--input_file", str(small_corpus), "--output_file", out, "--vocab_file", str(tmp_path / "v.txt")],
+            "--vocab_file .*v.txt does not exist",
+        ),
         (["--input_file", str(small_corpus), *base, "--max_seq_length", "4"], "--max_seq_length 4"),
         (["--input_file", str(small_corpus), *base, "--masked_lm_prob", "1.5"], "--masked_lm_prob 1.5"),
         (["--input_file", str(small_corpus), *base, "--max_predictions_per_seq", "0"], "--max_predictions_per_seq"),
@@ -452,10 +547,30 @@ def test_bad_input_gives_a_clear_error(uncased_vocab, tmp_path, small_corpus):
         (["--input_file", str(small_corpus), *base, "--num_workers", "0"], "--num_workers 0"),
         (["--input_file", str(binary), *base], "is not text"),
         (["--input_file", str(latin), *base], "is not UTF-8 text"),
-        (["--input_file", str(small_corpus), "--output_file", str(empty_dir), "--vocab_file", str(uncased_vocab),
-          "--no_progress"], "is a folder: name the file to write"),
-        (["--input_file", str(small_corpus), "--output_file", str(blank / "sub" / "o.hdf5"), "--vocab_file",
-          str(uncased_vocab), "--no_progress"], "cannot create the folder"),
+        (
+            [
+                "--input_file",
+                str(small_corpus),
+                "--output_file",
+                str(empty_dir),
+                "--vocab_file",
+                str(uncased_vocab),
+                "--no_progress",
+            ],
+            "is a folder: name the file to write",
+        ),
+        (
+            [
+                "--input_file",
+                str(small_corpus),
+                "--output_file",
+                str(blank / "sub" / "o.hdf5"),
+                "--vocab_file",
+                str(uncased_vocab),
+                "--no_progress",
+            ],
+            "cannot create the folder",
+        ),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):

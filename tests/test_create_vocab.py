@@ -5,6 +5,7 @@ bert-base-uncased's own vocab.txt (the layout of its first lines), transformers'
 tokens our tokenizer gives with the learned vocabulary), the training text itself (every character covered), and
 the pipeline's own scripts (create_pretraining_data.py, run_pretraining.py, bertPrep, the data script).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -17,12 +18,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from helpers import REPO_ROOT, args_for, read_log, subprocess_env, weights
 
 import run_pretraining
 import tokenization
 from bert_recipe.prep import vocab as cv
 from data import bertPrep
-from helpers import REPO_ROOT, args_for, read_log, subprocess_env, weights
 from modeling import BertConfig
 from tokenization import BasicTokenizer, BertTokenizer, WordpieceTokenizer
 
@@ -120,14 +121,17 @@ def test_presplitter_equals_basic_tokenizer_on_every_code_point(lower):
     splitter, basic = cv.PreSplitter(lower), BasicTokenizer(lower)
 
     def alike(cp: int) -> bool:
-        return (unicodedata.category(chr(cp)) in ("Cn", "Co", "Cs") or tokenization._is_chinese_char(cp)
-                or 0xAC00 <= cp <= 0xD7A3)
+        return (
+            unicodedata.category(chr(cp)) in ("Cn", "Co", "Cs")
+            or tokenization._is_chinese_char(cp)
+            or 0xAC00 <= cp <= 0xD7A3
+        )
 
     points = [cp for cp in range(0x110000) if not alike(cp) or cp % 97 == 0]
     assert len(points) > 60_000
     lines = []
     for i in range(0, len(points), 64):
-        lines.append("".join(f"a{chr(cp)}b " if cp % 2 else f"{chr(cp)}Σ.{chr(cp)} " for cp in points[i:i + 64]))
+        lines.append("".join(f"a{chr(cp)}b " if cp % 2 else f"{chr(cp)}Σ.{chr(cp)} " for cp in points[i : i + 64]))
     differing = [line for line in lines if splitter.words(line) != basic.tokenize(line)]
     assert differing == []
     # Whole chunks at once, as the learner feeds them, give the lines' words one after the other, whether the
@@ -158,8 +162,9 @@ def test_alphabet_from_the_raw_characters_is_the_words_alphabet(held_out, lower)
     words = "".join(w for line in lines for w in BasicTokenizer(lower).tokenize(line))
     # Lower-casing, a capital sigma's count goes to both sigmas: its place in a word decides which it becomes.
     sigmas = ("σ", "ς") if lower else ()
-    assert {c: n for c, n in predicted.items() if c not in sigmas} == \
-        {c: words.count(c) for c in set(words) if c not in sigmas}
+    assert {c: n for c, n in predicted.items() if c not in sigmas} == {
+        c: words.count(c) for c in set(words) if c not in sigmas
+    }
     assert all(predicted[c] >= words.count(c) > 0 for c in sigmas)
 
 
@@ -174,8 +179,9 @@ def test_reader_skips_wikiextractor_markup_reads_gzip_by_its_bytes_and_plain_tex
     plain.write_text("\n".join(raw_lines), encoding="utf-8")
     for path in (gz_named_oddly, plain):
         lines = "\n".join(cv.iter_chunks([path], chunk_chars=10_000)).split("\n")
-        assert lines == [line.strip() for line in raw_lines if line.strip() and not line.startswith("<doc ")
-                         and line != "</doc>"]
+        assert lines == [
+            line.strip() for line in raw_lines if line.strip() and not line.startswith("<doc ") and line != "</doc>"
+        ]
         assert len(lines) == sum(1 for line in raw_lines if line.strip()) - 2 * docs
     sizes = []
     list(cv.iter_chunks([gz_named_oddly, plain], on_bytes=sizes.append))
@@ -218,9 +224,9 @@ def test_every_entry_is_a_piece_our_tokenizer_can_produce(train_words, learned, 
             assert cv.continues_words(body[0]), token  # never "##" + punctuation or an ideograph
     # Alphabet first, by code point, then "##" + each, then the learned pieces (most useful first).
     alphabet = sorted(set("".join(train_words[lower])))
-    assert learned_entries[:len(alphabet)] == alphabet
+    assert learned_entries[: len(alphabet)] == alphabet
     continuations = ["##" + c for c in alphabet if cv.continues_words(c)]
-    assert learned_entries[len(alphabet):result.alphabet_entries] == continuations
+    assert learned_entries[len(alphabet) : result.alphabet_entries] == continuations
     assert result.alphabet == len(alphabet) and result.learned == SIZE - 104 - result.alphabet_entries
     if lower:
         assert "é" not in alphabet and all(t == t.lower() for t in learned_entries)
@@ -257,9 +263,23 @@ def test_same_text_same_bytes_in_separate_processes_and_a_smaller_size_is_a_pref
     runs = [[sys.executable, str(REPO_ROOT / "data" / "create_vocab.py")], [sys.executable, "-m", "data.create_vocab"]]
     outputs = []
     for i, command in enumerate(runs):
-        done = subprocess.run([*command, "--input", str(corpus), "--output_file", str(tmp_path / f"{i}.txt"),
-                               "--vocab_size", "1500", "--no_progress"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, env=subprocess_env(), timeout=300)
+        done = subprocess.run(
+            [
+                *command,
+                "--input",
+                str(corpus),
+                "--output_file",
+                str(tmp_path / f"{i}.txt"),
+                "--vocab_size",
+                "1500",
+                "--no_progress",
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=300,
+        )
         assert done.returncode == 0 and done.stderr == "", done.stderr
         assert '"vocab_size": 1500' in done.stdout.splitlines()[-1]  # the JSON summary
         outputs.append((tmp_path / f"{i}.txt").read_bytes())
@@ -270,11 +290,18 @@ def test_same_text_same_bytes_in_separate_processes_and_a_smaller_size_is_a_pref
 
 
 def test_help_and_nothing_at_import():
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "data" / "create_vocab.py"), "--help"],
-                          capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "data" / "create_vocab.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=60,
+    )
     assert done.returncode == 0 and "--vocab_size" in done.stdout and "--cased" in done.stdout
-    probe = ("import sys; import bert_recipe.prep.vocab as m; "
-             "assert 'tokenization' not in sys.modules and 'tokenizers' not in sys.modules")  # nothing classified
+    probe = (
+        "import sys; import bert_recipe.prep.vocab as m; "
+        "assert 'tokenization' not in sys.modules and 'tokenizers' not in sys.modules"
+    )  # nothing classified
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=subprocess_env(), timeout=60)
     assert done.returncode == 0
 
@@ -349,12 +376,22 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
     mine.mkdir()
     # 1,200 real lines as a plain-text book: one document per blank-line-separated block of 40 lines.
     lines = slice_lines(shared_data / TRAIN_FILE, 1200)
-    (mine / "book.txt").write_text("\n\n".join("\n".join(lines[i:i + 40]) for i in range(0, 1200, 40)) + "\n",
-                                   encoding="utf-8")
+    (mine / "book.txt").write_text(
+        "\n\n".join("\n".join(lines[i : i + 40]) for i in range(0, 1200, 40)) + "\n", encoding="utf-8"
+    )
     work = tmp_path / "work"
-    env = {**subprocess_env(), "INPUT_DIR": str(mine), "DOC_BOUNDARY": "blank_line", "VOCAB_SIZE": "1003",
-           "N_PROCESSES": "1", "N_TRAINING_SHARDS": "1", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.2",
-           "DUPE_FACTOR": "1", "PYTHON": sys.executable}
+    env = {
+        **subprocess_env(),
+        "INPUT_DIR": str(mine),
+        "DOC_BOUNDARY": "blank_line",
+        "VOCAB_SIZE": "1003",
+        "N_PROCESSES": "1",
+        "N_TRAINING_SHARDS": "1",
+        "N_TEST_SHARDS": "1",
+        "FRACTION_TEST_SET": "0.2",
+        "DUPE_FACTOR": "1",
+        "PYTHON": sys.executable,
+    }
     script = str(REPO_ROOT / "data" / "create_datasets_from_start.sh")
     done = subprocess.run(["bash", script, "custom", str(work)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -363,11 +400,16 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
     assert len(tokens) == 1003 == len(set(tokens)) and tokens[101] == "[CLS]"
     assert "vocab_size 1008" in done.stdout  # the config size, logged
     assert "create_vocab" in (work / "bertPrep_log.jsonl").read_text()
-    phase1 = work / ("hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_1"
-                     ) / "custom"
+    phase1 = (
+        work
+        / ("hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_1")
+        / "custom"
+    )
     # Training and held-out shards in folders of their own (run_pretraining reads every file of --input_dir).
     assert sorted(str(p.relative_to(phase1)) for p in phase1.glob("*/*.hdf5")) == [
-        "test/custom_test_0.hdf5", "training/custom_training_0.hdf5"]
+        "test/custom_test_0.hdf5",
+        "training/custom_training_0.hdf5",
+    ]
     with h5py.File(phase1 / "training" / "custom_training_0.hdf5") as f:
         ids = f["input_ids"][:]
         assert (ids[:, 0] == 101).all() and ids.max() < 1003 and len(ids) > 50
@@ -375,12 +417,19 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
         assert (ids == 100).sum() < 0.001 * (ids > 0).sum()
     # run_pretraining with a config whose vocab_size is the vocabulary's, padded to a multiple of 8, trains.
     config = tmp_path / "config_1008.json"
-    BertConfig(vocab_size=1008, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-               max_position_embeddings=128).to_json_file(config)
+    BertConfig(
+        vocab_size=1008,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    ).to_json_file(config)
     train_dir = phase1 / "training"
     out = tmp_path / "run"
-    argv = args_for(train_dir, config, out, "--max_steps", "3", "--precision", "fp32", "--vocab_file", str(vocab),
-                    seq=128, pred=20)
+    argv = args_for(
+        train_dir, config, out, "--max_steps", "3", "--precision", "fp32", "--vocab_file", str(vocab), seq=128, pred=20
+    )
     assert run_pretraining.main(argv) == 0
     final = [r for r in read_log(out / "log.json") if r["step"] == "FINAL"][-1]["data"]
     assert final["step"] == 3 and np.isfinite(final["final_loss"])
@@ -388,13 +437,32 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
     # A config whose vocab_size does not match the vocabulary is refused in one line, before any step.
     for size in (1016, 1000, 30522):
         config_other = tmp_path / f"config_{size}.json"
-        BertConfig(vocab_size=size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                   max_position_embeddings=128).to_json_file(config_other)
+        BertConfig(
+            vocab_size=size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        ).to_json_file(config_other)
         other = tmp_path / f"run_{size}"
         capsys.readouterr()
         with pytest.raises(SystemExit) as refused:
-            run_pretraining.main(args_for(train_dir, config_other, other, "--max_steps", "3", "--precision", "fp32",
-                                          "--vocab_file", str(vocab), seq=128, pred=20))
+            run_pretraining.main(
+                args_for(
+                    train_dir,
+                    config_other,
+                    other,
+                    "--max_steps",
+                    "3",
+                    "--precision",
+                    "fp32",
+                    "--vocab_file",
+                    str(vocab),
+                    seq=128,
+                    pred=20,
+                )
+            )
         message = str(refused.value.code)
         assert message.startswith("run_pretraining.py: error: --vocab_file") and "\n" not in message
         assert "1003 tokens" in message and f"vocab_size is {size}" in message
@@ -411,8 +479,13 @@ def test_pipeline_end_to_end_with_a_learned_vocabulary(shared_data, tmp_path, ca
     last = rerun.stderr.strip().splitlines()[-1]
     assert last.startswith("bertPrep.py: error:") and "another vocabulary" in last and "--overwrite" in last
     # VOCAB_SIZE and VOCAB_FILE together are refused before anything runs.
-    both = subprocess.run(["bash", script, "custom", str(tmp_path / "none")], capture_output=True, text=True,
-                          env={**env, "VOCAB_FILE": str(vocab)}, timeout=60)
+    both = subprocess.run(
+        ["bash", script, "custom", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        env={**env, "VOCAB_FILE": str(vocab)},
+        timeout=60,
+    )
     assert both.returncode == 2 and "not both" in both.stderr and not (tmp_path / "none").exists()
 
 
@@ -425,8 +498,11 @@ def test_bertprep_create_vocab_action(corpus, tmp_path):
     common = ["--dataset", "custom", "--working_dir", str(tmp_path / "work"), "--no_progress"]
     assert bertPrep.main(["--action", "create_vocab", "--vocab_size", "900", "--do_lower_case", "0", *common]) == 0
     tokens = read_vocab(tmp_path / "work" / "vocab.txt")
-    direct = cv.create_vocab([formatted / "custom_one_article_per_line.txt"], tmp_path / "direct.txt",
-                             cv.VocabSettings(900, do_lower_case=False)).tokens
+    direct = cv.create_vocab(
+        [formatted / "custom_one_article_per_line.txt"],
+        tmp_path / "direct.txt",
+        cv.VocabSettings(900, do_lower_case=False),
+    ).tokens
     assert tokens == direct and len(tokens) == 900 and not tokenization.vocab_is_uncased(dict.fromkeys(tokens))
     with pytest.raises(SystemExit, match="needs --vocab_size"):
         bertPrep.main(["--action", "create_vocab", *common])

@@ -8,6 +8,7 @@ same number of masked positions: each rank averages the MLM loss over its own po
 which equals the 1-process average only when the ranks hold equally many positions (true of NVIDIA's recipe too).
 All 2-process runs happen in one torchrun launch (starting Python and torch twice is most of the cost).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
 
 import run_pretraining as rp
 from bert_recipe.training import train_step
-from helpers import args_for, make_shards, max_diff, read_log, subprocess_env, weights, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 6
@@ -68,24 +69,37 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
         "two_plain": run_args("two_plain", 4, 1),
         "two_accum_every_micro": run_args("two_accum_every_micro", 4, 2),
         "two_no_sync": run_args("two_no_sync", 4, 2, "--allreduce_post_accumulation"),
-        "two_no_sync_fp16": run_args("two_no_sync_fp16", 4, 2, "--allreduce_post_accumulation",
-                                     "--allreduce_post_accumulation_fp16"),
+        "two_no_sync_fp16": run_args(
+            "two_no_sync_fp16", 4, 2, "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16"
+        ),
         "handover": run_args("handover", 4, 2, "--resume_from_checkpoint"),
         "two_fp16": run_args("two_fp16", 4, 2, *fp16),  # both ranks overflow at step 2 and skip it together
-        "two_bf16_compressed": run_args("two_bf16_compressed", 4, 2, "--bf16", "--allreduce_post_accumulation",
-                                        "--allreduce_post_accumulation_fp16"),
+        "two_bf16_compressed": run_args(
+            "two_bf16_compressed", 4, 2, "--bf16", "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16"
+        ),
     }
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER.format(repo=str(REPO)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
-           json.dumps(list(two.values()))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(worker),
+        json.dumps(list(two.values())),
+    ]
     done = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     final = f"ckpt_{STEPS}.pt"
     plain, accum = weights(tmp_path / "one_plain" / final), weights(tmp_path / "one_accum" / final)
-    reference = {"two_plain": plain, "two_fp16": weights(tmp_path / "one_fp16" / final),
-                 "two_bf16_compressed": weights(tmp_path / "one_bf16" / final)}
+    reference = {
+        "two_plain": plain,
+        "two_fp16": weights(tmp_path / "one_fp16" / final),
+        "two_bf16_compressed": weights(tmp_path / "one_bf16" / final),
+    }
     diffs = {name: max_diff(weights(tmp_path / name / final), reference.get(name, accum)) for name in two}
     print("max |w_2proc - w_1proc| after", STEPS, "steps:", diffs)
     for name in ("two_plain", "two_accum_every_micro", "two_no_sync", "handover"):
@@ -93,14 +107,14 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     # Gradients rounded to 16 bits on the wire, or computed in 16 bits on half the batch: close, not equal (LAMB's
     # normalised steps keep the error small).
     assert diffs["two_no_sync_fp16"] <= 2e-3 and diffs["two_fp16"] <= 2e-3 and diffs["two_bf16_compressed"] <= 1e-2
-    assert [r["data"]["skipped_steps"] for r in read_log(tmp_path / "two_fp16" / "log.json")
-            if isinstance(r["step"], int)] == [0, 1, 1, 1, 1, 1]
+    assert [
+        r["data"]["skipped_steps"] for r in read_log(tmp_path / "two_fp16" / "log.json") if isinstance(r["step"], int)
+    ] == [0, 1, 1, 1, 1, 1]
     assert max_diff(weights(tmp_path / "handover" / "ckpt_3.pt"), accum) > 1e-2  # steps 4-6 moved the weights
 
     # The logged losses are the means over both ranks: the same as the single process's.
     def losses(name: str) -> list[float]:
-        return [r["data"]["average_loss"] for r in read_log(tmp_path / name / "log.json")
-                if isinstance(r["step"], int)]
+        return [r["data"]["average_loss"] for r in read_log(tmp_path / name / "log.json") if isinstance(r["step"], int)]
 
     assert losses("two_no_sync") == pytest.approx(losses("one_accum"), abs=1e-5)
     assert losses("two_plain") == pytest.approx(losses("one_plain"), abs=1e-5)

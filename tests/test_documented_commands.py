@@ -8,6 +8,7 @@ test) changes with it. The data pipeline's commands run in tests/test_engines.py
 the documents show), data/prep.sub's and run.sub's on the one-machine Slurm in tests/test_engines.py and
 tests/test_slurm.py, the serving commands in tests/test_triton.py; the rest here.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,16 +17,16 @@ import re
 import shlex
 from pathlib import Path
 
+import documented_commands as docs
 import h5py
 import pytest
+from helpers import help_of
 from test_swag import _write_next_sentence_csv
 
-import documented_commands as docs
 import run_glue
 import run_pretraining
 import run_squad
 import run_swag
-from helpers import help_of
 
 REPO = docs.REPO
 STAND_IN = REPO / "tests" / "stand_in"
@@ -41,8 +42,10 @@ def test_the_table_lists_every_documented_command():
     listed = [(r.source, r.command) for r in docs.table_rows()]
     assert len(listed) == len(set(listed)), "tests/README.md lists a command twice"
     new, gone = sorted(shown - set(listed)), sorted(set(listed) - shown)
-    assert not new and not gone, (f"documented but not in tests/README.md's table (add a row and its test): {new}; "
-                                  f"in the table but no longer documented (change or drop the row): {gone}")
+    assert not new and not gone, (
+        f"documented but not in tests/README.md's table (add a row and its test): {new}; "
+        f"in the table but no longer documented (change or drop the row): {gone}"
+    )
 
 
 def test_each_row_says_how_and_names_a_test_that_exists():
@@ -94,8 +97,12 @@ def test_quick_commands(command, tmp_path):
 
 def _help_texts() -> dict[str, str]:
 
-    mains = {"run_pretraining.py": run_pretraining.main, "run_squad.py": run_squad.main,
-             "run_glue.py": run_glue.main, "run_swag.py": run_swag.main}
+    mains = {
+        "run_pretraining.py": run_pretraining.main,
+        "run_squad.py": run_squad.main,
+        "run_glue.py": run_glue.main,
+        "run_swag.py": run_swag.main,
+    }
     return {name: help_of(main) for name, main in mains.items()}
 
 
@@ -117,8 +124,11 @@ def check_printed_commands(output: str, expect: int) -> list[list[str]]:
         if script is None:
             continue
         name = Path(words[script]).name
-        unknown = [w for w in words[script + 1:] if w.startswith("--")
-                   and not re.search(rf"(?m)^\s*(-\w, )?{re.escape(w.split('=')[0])}\b", HELP[name])]
+        unknown = [
+            w
+            for w in words[script + 1 :]
+            if w.startswith("--") and not re.search(rf"(?m)^\s*(-\w, )?{re.escape(w.split('=')[0])}\b", HELP[name])
+        ]
         assert not unknown, f"{name} has no {unknown}: {line}"
         found.append(words)
     assert len(found) >= expect, output[-3000:]
@@ -138,12 +148,21 @@ def test_dry_runs(session, tmp_path):
     log = tmp_path / "sbatch.log"
     machine = {"STAND_IN_LOG": str(log)}
     stand_in = STAND_IN if any("sbatch" in c.text for c in session) else None
-    env = {"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path / "results"),
-           # run.sub's folders for the blocks that submit it without the exports below them in the README
-           "DATADIR_PHASE1": "/lustre/bert/hdf5_seq128", "DATADIR_PHASE2": "/lustre/bert/hdf5_seq512",
-           "CHECKPOINTDIR": "/lustre/bert/run1"}
-    done = docs.run(session, env=env, machine=machine, path_prefix=stand_in,
-                    documented_in=("scripts/run_pretraining.sh", "run.sub", "scripts/docker/build.sh"))
+    env = {
+        "DRY_RUN": "1",
+        "RESULTS_DIR": str(tmp_path / "results"),
+        # run.sub's folders for the blocks that submit it without the exports below them in the README
+        "DATADIR_PHASE1": "/lustre/bert/hdf5_seq128",
+        "DATADIR_PHASE2": "/lustre/bert/hdf5_seq512",
+        "CHECKPOINTDIR": "/lustre/bert/run1",
+    }
+    done = docs.run(
+        session,
+        env=env,
+        machine=machine,
+        path_prefix=stand_in,
+        documented_in=("scripts/run_pretraining.sh", "run.sub", "scripts/docker/build.sh"),
+    )
     output = done.stdout + (log.read_text() if log.is_file() else "")
     docker = [c for c in session if "scripts/docker/" in c.text]
     launches = [c for c in session if c not in docker and re.search(r"\b(sbatch|bash scripts/run_\w+\.sh)\b", c.text)]
@@ -169,8 +188,6 @@ def tiny_corpus(tmp_path_factory, shared_data) -> Path:
     return docs.tiny_wikiextractor(tmp_path_factory.mktemp("extracted"), shared_data)
 
 
-
-
 def hdf5_rows(work: Path) -> dict[int, int]:
     """Rows of the HDF5 shards of each sequence length under a pipeline's working folder."""
     rows: dict[int, int] = {}
@@ -193,8 +210,11 @@ def test_custom_and_books_pipelines(tmp_path, tiny_corpus, uncased_vocab, shared
     for command in docs.distinct(docs.commands_for("test_custom_and_books_pipelines")):
         work = tmp_path / f"work{command.line}"
         folder = {"custom": ("/data/my_txt", texts), "wiki_books": ("/data/books", books)}[command.words[-2]]
-        docs.run(command, replace={"/data/bert": str(work), folder[0]: str(folder[1])},
-                 env={**docs.SMALL_PIPELINE, "VOCAB_FILE": str(uncased_vocab), "WIKIEXTRACTOR_DIR": str(tiny_corpus)})
+        docs.run(
+            command,
+            replace={"/data/bert": str(work), folder[0]: str(folder[1])},
+            env={**docs.SMALL_PIPELINE, "VOCAB_FILE": str(uncased_vocab), "WIKIEXTRACTOR_DIR": str(tiny_corpus)},
+        )
         rows = hdf5_rows(work)
         assert set(rows) == {128, 512} and min(rows.values()) > 0, (command.text, rows)
         if "wiki_books" in command.text:
@@ -211,21 +231,29 @@ def test_vocabulary_commands(tmp_path, tiny_corpus, shared_data):
     import gzip
 
     with gzip.open(tmp_path / "more.txt.gz", "wt", encoding="utf-8") as f:
-        f.write(wiki[len(wiki) // 2:])
+        f.write(wiki[len(wiki) // 2 :])
     for command in docs.distinct(docs.commands_for("test_vocabulary_commands")):
         if "create_vocab" in command.text:  # from the checkout (.venv/bin/python), the text and vocabularies here
             out = tmp_path / ("vocab-cased.txt" if "--cased" in command.text else "vocab.txt")
             out.unlink(missing_ok=True)
-            paths = {"/data/my_text/": f"{text}/", "text/": f"{text}/", "more.txt.gz": str(tmp_path / "more.txt.gz"),
-                     "vocab.txt": str(tmp_path / "vocab.txt"), "vocab-cased.txt": str(tmp_path / "vocab-cased.txt")}
+            paths = {
+                "/data/my_text/": f"{text}/",
+                "text/": f"{text}/",
+                "more.txt.gz": str(tmp_path / "more.txt.gz"),
+                "vocab.txt": str(tmp_path / "vocab.txt"),
+                "vocab-cased.txt": str(tmp_path / "vocab-cased.txt"),
+            }
             docs.run(command, replace={"16000": "2000", **{k: v for k, v in paths.items() if k in command.words}})
             lines = out.read_text(encoding="utf-8").splitlines()
             assert 1500 < len(lines) <= 2000 and "[CLS]" in lines and "[MASK]" in lines, command.text
             assert any(w[:1].isupper() for w in lines) == ("--cased" in command.text), command.text
         else:  # VOCAB_SIZE=16000 DATA_DIR=/data/bert data/create_datasets_from_start.sh wiki_only
             work = tmp_path / "work"
-            docs.run(command, replace={"16000": "1000", "/data/bert": str(work)},
-                     env={**docs.SMALL_PIPELINE, "WIKIEXTRACTOR_DIR": str(tiny_corpus)})
+            docs.run(
+                command,
+                replace={"16000": "1000", "/data/bert": str(work)},
+                env={**docs.SMALL_PIPELINE, "WIKIEXTRACTOR_DIR": str(tiny_corpus)},
+            )
             assert len((work / "vocab.txt").read_text(encoding="utf-8").splitlines()) <= 1000
             assert set(hdf5_rows(work)) == {128, 512}
 
@@ -246,8 +274,15 @@ def fine_tuning_data(tmp_path_factory, shared_data) -> Path:
     dev = json.loads((shared_data / "squad-v1.1-dev" / "dev-v1.1.json").read_text(encoding="utf-8"))
     paragraphs = dev["data"][0]["paragraphs"]
     for name, part in (("train-v1.1.json", paragraphs[:3]), ("dev-v1.1.json", paragraphs[3:4])):
-        subset = {"version": dev["version"], "data": [{"title": dev["data"][0]["title"], "paragraphs": [
-            {**p, "qas": p["qas"][:6 if name.startswith("dev") else 4]} for p in part]}]}
+        subset = {
+            "version": dev["version"],
+            "data": [
+                {
+                    "title": dev["data"][0]["title"],
+                    "paragraphs": [{**p, "qas": p["qas"][: 6 if name.startswith("dev") else 4]} for p in part],
+                }
+            ],
+        }
         (squad / name).write_text(json.dumps(subset), encoding="utf-8")
     (squad / "evaluate-v1.1.py").symlink_to(shared_data / "squad-eval-scripts" / "evaluate-v1.1.py")
     swag = prep / "download" / "swag"
@@ -283,7 +318,14 @@ def test_extract_features_command(tmp_path, minilm_dir, shared_data):
     command = docs.only_command_for("test_extract_features_command")
     lines = (shared_data / "bert-sample-text" / "sample_text.txt").read_text(encoding="utf-8").splitlines()
     (tmp_path / "in.txt").write_text("\n".join(l for l in lines[:3] if l.strip()) + "\n", encoding="utf-8")
-    docs.run(command, cwd=REPO, replace={"in.txt": str(tmp_path / "in.txt"), "CKPT": str(minilm_dir),
-                                         "features.jsonl": str(tmp_path / "features.jsonl")})
+    docs.run(
+        command,
+        cwd=REPO,
+        replace={
+            "in.txt": str(tmp_path / "in.txt"),
+            "CKPT": str(minilm_dir),
+            "features.jsonl": str(tmp_path / "features.jsonl"),
+        },
+    )
     records = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
     assert records and all(len(f["layers"]) == 4 for f in records[0]["features"]), records[0].keys()

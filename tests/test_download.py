@@ -4,6 +4,7 @@ The server honours Range (206 + Content-Range) unless told to ignore it, and can
 of a response, so resuming, restarting and verification are exercised for real, over sockets. The expected bytes
 and digests come from hashlib on the bytes the test itself generated.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -79,8 +80,9 @@ FAST = {"retry": Retry(max_retries=3, backoff=0.01, timeout=10), "progress": Fal
 
 def test_plain_download_with_checksum(server, tmp_path):
     server.files["/f.bin"] = BODY
-    dest = download(server.url + "/f.bin", tmp_path / "f.bin", checksum="sha256:" + hashlib.sha256(BODY).hexdigest(),
-                    **FAST)
+    dest = download(
+        server.url + "/f.bin", tmp_path / "f.bin", checksum="sha256:" + hashlib.sha256(BODY).hexdigest(), **FAST
+    )
     assert dest.read_bytes() == BODY
     assert not (tmp_path / "f.bin.part").exists()
     assert server.requests == [("/f.bin", None)]
@@ -92,8 +94,9 @@ def test_plain_download_with_checksum(server, tmp_path):
 def test_dropped_connection_resumes_with_range(server, tmp_path):
     server.files["/f.bin"] = BODY
     server.drop_after["/f.bin"] = [100_000, 50_000]  # two broken responses, then a whole one
-    dest = download(server.url + "/f.bin", tmp_path / "f.bin", checksum="sha1:" + hashlib.sha1(BODY).hexdigest(),
-                    **FAST)
+    dest = download(
+        server.url + "/f.bin", tmp_path / "f.bin", checksum="sha1:" + hashlib.sha1(BODY).hexdigest(), **FAST
+    )
     assert dest.read_bytes() == BODY
     assert server.requests == [("/f.bin", None), ("/f.bin", "bytes=100000-"), ("/f.bin", "bytes=150000-")]
 
@@ -128,8 +131,9 @@ def test_corrupted_body_is_refused_and_deleted(server, tmp_path):
     corrupted[12_345] ^= 0xFF
     server.files["/f.bin"] = bytes(corrupted)
     with pytest.raises(DownloadError, match="checksum mismatch"):
-        download(server.url + "/f.bin", tmp_path / "f.bin", checksum="sha256:" + hashlib.sha256(BODY).hexdigest(),
-                 **FAST)
+        download(
+            server.url + "/f.bin", tmp_path / "f.bin", checksum="sha256:" + hashlib.sha256(BODY).hexdigest(), **FAST
+        )
     assert list(tmp_path.iterdir()) == []  # neither the final file nor the .part
 
 
@@ -154,8 +158,11 @@ def test_gives_up_after_bounded_retries_and_keeps_part(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(DownloadError, match="giving up.*after 2 retries"):
-        download(f"http://127.0.0.1:{port}/f.bin", tmp_path / "f.bin",
-                 **{**FAST, "retry": Retry(max_retries=2, backoff=0.01, timeout=10)})
+        download(
+            f"http://127.0.0.1:{port}/f.bin",
+            tmp_path / "f.bin",
+            **{**FAST, "retry": Retry(max_retries=2, backoff=0.01, timeout=10)},
+        )
 
 
 def test_s3_without_boto3_says_what_to_install(tmp_path, monkeypatch):
@@ -166,16 +173,21 @@ def test_s3_without_boto3_says_what_to_install(tmp_path, monkeypatch):
 
 def test_checksum_parsing():
     assert parse_checksum("SHA1:ABCDEF0123456789abcdef0123456789abcdef01") == (
-        "sha1", "abcdef0123456789abcdef0123456789abcdef01")
+        "sha1",
+        "abcdef0123456789abcdef0123456789abcdef01",
+    )
     assert parse_checksum("d41d8cd98f00b204e9800998ecf8427e") == ("md5", "d41d8cd98f00b204e9800998ecf8427e")
     with pytest.raises(ValueError):
         parse_checksum("crc32:1234")
-    listing = ("0123456789abcdef0123456789abcdef  enwiki-20240101-pages-articles.xml.bz2\n"
-               "fedcba9876543210fedcba9876543210 *enwiki-20240101-abstract.xml.gz\n"
-               "not a checksum line\n")
+    listing = (
+        "0123456789abcdef0123456789abcdef  enwiki-20240101-pages-articles.xml.bz2\n"
+        "fedcba9876543210fedcba9876543210 *enwiki-20240101-abstract.xml.gz\n"
+        "not a checksum line\n"
+    )
     assert parse_checksum_file(listing) == {
         "enwiki-20240101-pages-articles.xml.bz2": "0123456789abcdef0123456789abcdef",
-        "enwiki-20240101-abstract.xml.gz": "fedcba9876543210fedcba9876543210"}
+        "enwiki-20240101-abstract.xml.gz": "fedcba9876543210fedcba9876543210",
+    }
 
 
 def test_cached_path_downloads_once_per_url(server, tmp_path):
@@ -204,8 +216,9 @@ def _serve_dump(server, date="20240101", listing_digest=None):
     for name, body in ((single, BODY), (multi, BODY[::-1]), (index, INDEX_BODY)):
         server.files[f"/enwiki/{date}/{name}"] = body
     digest = lambda body: listing_digest or hashlib.sha1(body).hexdigest()  # noqa: E731
-    listing = (f"{digest(BODY[::-1])}  {multi}\n{hashlib.sha1(INDEX_BODY).hexdigest()}  {index}\n"
-               f"{digest(BODY)}  {single}\n").encode()
+    listing = (
+        f"{digest(BODY[::-1])}  {multi}\n{hashlib.sha1(INDEX_BODY).hexdigest()}  {index}\n{digest(BODY)}  {single}\n"
+    ).encode()
     server.files[f"/enwiki/{date}/enwiki-{date}-sha1sums.txt"] = listing
     server.files["/enwiki/latest/enwiki-latest-sha1sums.txt"] = listing
     return {"single": single, "multistream": multi, "index": index}
@@ -220,9 +233,23 @@ def test_bertprep_downloads_wikipedia_and_verifies_published_sha1(server, tmp_pa
     names = _serve_dump(server)
     name = names[kind]
     server.drop_after[f"/enwiki/20240101/{name}"] = [40_000]
-    bertPrep.main(["--action", "download", "--dataset", "wikicorpus_en", "--dump_date", dump_date,
-                   "--base_url", server.url, "--working_dir", str(tmp_path), "--no_progress",
-                   "--wiki_dump_kind", kind])
+    bertPrep.main(
+        [
+            "--action",
+            "download",
+            "--dataset",
+            "wikicorpus_en",
+            "--dump_date",
+            dump_date,
+            "--base_url",
+            server.url,
+            "--working_dir",
+            str(tmp_path),
+            "--no_progress",
+            "--wiki_dump_kind",
+            kind,
+        ]
+    )
     path = tmp_path / "download" / "wikicorpus_en" / name
     assert path.read_bytes() == server.files[f"/enwiki/20240101/{name}"]
     assert (f"/enwiki/20240101/{name}", "bytes=40000-") in server.requests
@@ -240,8 +267,21 @@ def test_bertprep_refuses_a_dump_that_fails_the_published_checksum(server, tmp_p
 
     names = _serve_dump(server, listing_digest="f" * 40)
     with pytest.raises(SystemExit, match="sha1 checksum mismatch"):
-        bertPrep.main(["--action", "download", "--dataset", "wikicorpus_en", "--dump_date", "20240101",
-                       "--base_url", server.url, "--working_dir", str(tmp_path), "--no_progress"])
+        bertPrep.main(
+            [
+                "--action",
+                "download",
+                "--dataset",
+                "wikicorpus_en",
+                "--dump_date",
+                "20240101",
+                "--base_url",
+                server.url,
+                "--working_dir",
+                str(tmp_path),
+                "--no_progress",
+            ]
+        )
     for name in (names["multistream"], names["single"]):
         assert not (tmp_path / "download" / "wikicorpus_en" / name).exists()
         assert not (tmp_path / "download" / "wikicorpus_en" / (name + ".part")).exists()
@@ -265,19 +305,30 @@ def test_bertprep_downloads_books_from_a_url_list(server, tmp_path):
     server.files["/books/a.txt"] = b"Book A.\n"
     server.files["/books/b.txt"] = b"Book B.\n"
     url_list = tmp_path / "urls.txt"
-    url_list.write_text(f"{server.url}/books/a.txt sha256:{hashlib.sha256(b'Book A.' + bytes([10])).hexdigest()}\n"
-                        f"# a comment\n{server.url}/books/b.txt\n")
-    bertPrep.main(["--action", "download", "--dataset", "bookscorpus", "--books_url_list", str(url_list),
-                   "--working_dir", str(tmp_path / "w"), "--no_progress"])
+    url_list.write_text(
+        f"{server.url}/books/a.txt sha256:{hashlib.sha256(b'Book A.' + bytes([10])).hexdigest()}\n"
+        f"# a comment\n{server.url}/books/b.txt\n"
+    )
+    bertPrep.main(
+        [
+            "--action",
+            "download",
+            "--dataset",
+            "bookscorpus",
+            "--books_url_list",
+            str(url_list),
+            "--working_dir",
+            str(tmp_path / "w"),
+            "--no_progress",
+        ]
+    )
     books = sorted((tmp_path / "w" / "download" / "bookscorpus").glob("*.txt"))
     assert [b.read_bytes() for b in books] == [b"Book A.\n", b"Book B.\n"]
-
 
 
 def test_bertprep_google_weights_zip_is_extracted_safely(server, tmp_path):
     import io
     import zipfile
-
 
     def make_zip(members: dict[str, bytes]) -> bytes:
         buf = io.BytesIO()
@@ -287,10 +338,18 @@ def test_bertprep_google_weights_zip_is_extracted_safely(server, tmp_path):
         return buf.getvalue()
 
     server.files["/bert_models/uncased_L-24_H-1024_A-16.zip"] = make_zip(
-        {"uncased_L-24_H-1024_A-16/vocab.txt": b"[PAD]\n[UNK]\n", "uncased_L-24_H-1024_A-16/bert_config.json": b"{}"})
+        {"uncased_L-24_H-1024_A-16/vocab.txt": b"[PAD]\n[UNK]\n", "uncased_L-24_H-1024_A-16/bert_config.json": b"{}"}
+    )
     server.files["/bert_models/evil.zip"] = make_zip({"../../escaped.txt": b"x"})
-    base = ["--action", "download", "--dataset", "google_pretrained_weights", "--working_dir", str(tmp_path / "w"),
-            "--no_progress"]
+    base = [
+        "--action",
+        "download",
+        "--dataset",
+        "google_pretrained_weights",
+        "--working_dir",
+        str(tmp_path / "w"),
+        "--no_progress",
+    ]
     bertPrep.main(base + ["--weights_url", server.url + "/bert_models/uncased_L-24_H-1024_A-16.zip"])
     vocab = tmp_path / "w" / "download" / "google_pretrained_weights" / "uncased_L-24_H-1024_A-16" / "vocab.txt"
     assert vocab.read_bytes() == b"[PAD]\n[UNK]\n"

@@ -9,6 +9,7 @@ Parquet file without the text column, a corrupt dump piece) is one line and a no
 The corpus is real: two WikiExtractor files of the Wikipedia slice in ../shared/data, each cut to the first half
 of its articles (45 articles).
 """
+
 from __future__ import annotations
 
 import bz2
@@ -23,18 +24,18 @@ import sys
 import time
 from pathlib import Path
 
+import documented_commands as docs
 import h5py
 import numpy as np
 import pytest
+from slurm_cluster import free_port
 from test_text_formatting import NS, PAGES, _xml_escape, corpus_text, write_dump
 
-import documented_commands as docs
 from bench.bench_prep_engines import projection
 from bench.dask_processes import DaskProcesses
 from bert_recipe.io.processes import pid_alive
 from bert_recipe.prep import text_formatting as tf
 from data import bertPrep
-from slurm_cluster import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDS = ["--n_training_shards", "6", "--n_test_shards", "1", "--fraction_test_set", "0.1"]
@@ -50,13 +51,27 @@ def corpus(tmp_path_factory, shared_data) -> Path:
         with gzip.open(shared_data / "wikipedia-en-slice" / "text" / "AA" / name, "rt", encoding="utf-8") as f:
             articles = f.read().split("</doc>\n")[:-1]
         with gzip.open(folder / name, "wt", encoding="utf-8") as f:
-            f.write("".join(a + "</doc>\n" for a in articles[:len(articles) // 2]))
+            f.write("".join(a + "</doc>\n" for a in articles[: len(articles) // 2]))
     return folder
 
 
 def prep(work: Path, action: str, *extra: str) -> None:
-    assert bertPrep.main(["--action", action, "--dataset", "wikicorpus_en", "--working_dir", str(work),
-                          "--no_progress", *SHARDS, *extra]) == 0
+    assert (
+        bertPrep.main(
+            [
+                "--action",
+                action,
+                "--dataset",
+                "wikicorpus_en",
+                "--working_dir",
+                str(work),
+                "--no_progress",
+                *SHARDS,
+                *extra,
+            ]
+        )
+        == 0
+    )
 
 
 def pipeline(work: Path, corpus: Path, vocab: Path, *engine: str) -> Path:
@@ -120,19 +135,38 @@ def documented_runs(tmp_path_factory, shared_data, uncased_vocab) -> dict[str, P
     the folder above the checkout, and the slice command of data/README.md. Their working folders by command line."""
     tmp = tmp_path_factory.mktemp("documented")
     corpus = docs.tiny_wikiextractor(tmp_path_factory.mktemp("extracted"), shared_data)
-    small = {**docs.SMALL_PIPELINE, "N_TEST_SHARDS": "2", "VOCAB_FILE": str(uncased_vocab),
-             "WIKIEXTRACTOR_DIR": str(corpus)}
+    small = {
+        **docs.SMALL_PIPELINE,
+        "N_TEST_SHARDS": "2",
+        "VOCAB_FILE": str(uncased_vocab),
+        "WIKIEXTRACTOR_DIR": str(corpus),
+    }
     works = {}
     for session in docs.sessions_for("test_the_documented_ways_give_the_same_shards"):
         work = tmp / f"work{len(works)}"
         from_above = session[0].text.startswith("cd ")  # `cd bert`: the folder above the checkout
-        replace = {"/data/bert": str(work), "/shared/bert": str(work), "/data/wiki": str(work), "8": "2", "16": "2",
-                   "vocab.txt": str(uncased_vocab), "/shared/sched.json": str(tmp / "scheduler.json"),
-                   "bert": REPO.name, "../shared/data/wikipedia-en-slice/text": str(corpus), "32": "2", "0.02": "0.2"}
+        replace = {
+            "/data/bert": str(work),
+            "/shared/bert": str(work),
+            "/data/wiki": str(work),
+            "8": "2",
+            "16": "2",
+            "vocab.txt": str(uncased_vocab),
+            "/shared/sched.json": str(tmp / "scheduler.json"),
+            "bert": REPO.name,
+            "../shared/data/wikipedia-en-slice/text": str(corpus),
+            "32": "2",
+            "0.02": "0.2",
+        }
         env = {**small, "N_PROCESSES": "1"} if session[0].text.startswith("DATA_DIR=") else small
-        docs.run(session, cwd=REPO.parent if from_above else REPO, env=env, background=len(session) > 1,
-                 replace={k: v for k, v in replace.items() if any(re.search(docs.word(k), c.text) for c in session)},
-                 timeout=300)
+        docs.run(
+            session,
+            cwd=REPO.parent if from_above else REPO,
+            env=env,
+            background=len(session) > 1,
+            replace={k: v for k, v in replace.items() if any(re.search(docs.word(k), c.text) for c in session)},
+            timeout=300,
+        )
         works[session[-1]] = work
     return works
 
@@ -150,15 +184,22 @@ def test_the_documented_ways_give_the_same_shards(documented_runs):
             assert got.keys() == expected.keys(), command.text
             for name in got:
                 for key in got[name]:
-                    np.testing.assert_array_equal(got[name][key], expected[name][key], err_msg=f"{command.text}: {name}")
+                    np.testing.assert_array_equal(
+                        got[name][key], expected[name][key], err_msg=f"{command.text}: {name}"
+                    )
     for command, work in others:
         for path in sorted(reference.rglob("*.txt")):
             assert (work / path.relative_to(reference)).read_bytes() == path.read_bytes(), (command.text, path.name)
     engines = []
     for work in documented_runs.values():
         log = [json.loads(line) for line in (work / "bertPrep_log.jsonl").read_text().splitlines()]
-        engines.append({(r["data"]["engine"], r["data"]["workers"] if r["data"]["engine"] == "dask" else None)
-                        for r in log if r["step"] == "engine"})
+        engines.append(
+            {
+                (r["data"]["engine"], r["data"]["workers"] if r["data"]["engine"] == "dask" else None)
+                for r in log
+                if r["step"] == "engine"
+            }
+        )
     # A stage counts the workers joined when it starts: the local cluster starts both before the first stage, while
     # workers started by hand beside the command may still be joining when it begins (Dask gives them tasks as they
     # join; the arrays above are the same either way).
@@ -169,11 +210,32 @@ def test_the_documented_ways_give_the_same_shards(documented_runs):
 
 def test_a_vocabulary_learned_on_dask_equals_one_learned_in_one_process(reference, dask_cluster, tmp_path):
     """create_vocab's counting pass split into pieces across two workers: the same vocab.txt byte for byte."""
-    common = ["--action", "create_vocab", "--dataset", "wikicorpus_en", "--working_dir", str(reference["work"]),
-              "--vocab_size", "3000", "--no_progress"]  # the formatted corpus: its folder of parts
+    common = [
+        "--action",
+        "create_vocab",
+        "--dataset",
+        "wikicorpus_en",
+        "--working_dir",
+        str(reference["work"]),
+        "--vocab_size",
+        "3000",
+        "--no_progress",
+    ]  # the formatted corpus: its folder of parts
     assert bertPrep.main([*common, "--vocab_file", str(tmp_path / "one.txt"), "--n_processes", "1"]) == 0
-    assert bertPrep.main([*common, "--vocab_file", str(tmp_path / "dask.txt"), "--engine", "dask",
-                          "--dask_scheduler_file", str(dask_cluster.scheduler_file)]) == 0
+    assert (
+        bertPrep.main(
+            [
+                *common,
+                "--vocab_file",
+                str(tmp_path / "dask.txt"),
+                "--engine",
+                "dask",
+                "--dask_scheduler_file",
+                str(dask_cluster.scheduler_file),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "dask.txt").read_bytes() == (tmp_path / "one.txt").read_bytes()
     assert len((tmp_path / "one.txt").read_text().splitlines()) == 3000
 
@@ -196,14 +258,31 @@ def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, das
     work = text_stages_of(reference["work"], tmp_path / "work")
     cluster, pool, run = dask_cluster, ThreadPoolExecutor(1), None
     try:
-        argv = ["--action", "create_hdf5_files", "--dataset", "wikicorpus_en", "--working_dir", str(work),
-                "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab), "--dupe_factor", "1", "--engine", "dask",
-                "--dask_scheduler_file", str(cluster.scheduler_file)]
+        argv = [
+            "--action",
+            "create_hdf5_files",
+            "--dataset",
+            "wikicorpus_en",
+            "--working_dir",
+            str(work),
+            "--no_progress",
+            *SHARDS,
+            "--vocab_file",
+            str(uncased_vocab),
+            "--dupe_factor",
+            "1",
+            "--engine",
+            "dask",
+            "--dask_scheduler_file",
+            str(cluster.scheduler_file),
+        ]
         # The stage's client runs here, in a thread (the kill is the worker's, not the client's): no second
         # interpreter importing Dask for it.
         run = pool.submit(bertPrep.main, argv)
-        manifest = work / "hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe" \
-                          "_factor_1" / "wikicorpus_en" / "manifest.json"
+        manifest = (
+            work / "hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe"
+            "_factor_1" / "wikicorpus_en" / "manifest.json"
+        )
         deadline = time.monotonic() + 120
         while not (manifest.is_file() and json.loads(manifest.read_text())["outputs"]):
             assert not run.done() and time.monotonic() < deadline, run.result() if run.done() else "timeout"
@@ -222,11 +301,28 @@ def test_a_worker_killed_mid_stage_changes_nothing(reference, uncased_vocab, das
 
 def test_a_rerun_after_a_killed_run_computes_only_the_missing_outputs(reference, uncased_vocab, tmp_path, capsys):
     work = text_stages_of(reference["work"], tmp_path / "work")
-    argv = [sys.executable, "-m", "data.bertPrep", "--action", "create_hdf5_files", "--dataset", "wikicorpus_en",
-            "--working_dir", str(work), "--no_progress", *SHARDS, "--vocab_file", str(uncased_vocab),
-            "--dupe_factor", "1", "--n_processes", "1"]
-    first = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "data.bertPrep",
+        "--action",
+        "create_hdf5_files",
+        "--dataset",
+        "wikicorpus_en",
+        "--working_dir",
+        str(work),
+        "--no_progress",
+        *SHARDS,
+        "--vocab_file",
+        str(uncased_vocab),
+        "--dupe_factor",
+        "1",
+        "--n_processes",
+        "1",
+    ]
+    first = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     folder = next(reference["work"].glob("hdf5_*")).name
     manifest = work / folder / "wikicorpus_en" / "manifest.json"
     deadline = time.monotonic() + 120
@@ -266,16 +362,28 @@ PREP_SUB = ("data/prep.sub", "data/create_datasets_from_start.sh")  # prep.sub p
 def prep_env(vocab: Path) -> dict[str, str]:
     """The module's sizes (7 shards, 1 epoch of masks) and the vocabulary, through the variables the two scripts
     document; DASK_HOST as prep.sub's header advises for one node. No PYTHON: prep.sub picks the checkout's .venv."""
-    return {"VOCAB_FILE": str(vocab), "N_TRAINING_SHARDS": "6", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.1",
-            "DUPE_FACTOR": "1", "DASK_HOST": "127.0.0.1", "N_PROCESSES": "2"}
+    return {
+        "VOCAB_FILE": str(vocab),
+        "N_TRAINING_SHARDS": "6",
+        "N_TEST_SHARDS": "1",
+        "FRACTION_TEST_SET": "0.1",
+        "DUPE_FACTOR": "1",
+        "DASK_HOST": "127.0.0.1",
+        "N_PROCESSES": "2",
+    }
 
 
-def submit_prep(slurm, commands: list[docs.Command], replace: dict[str, str], env: dict[str, str],
-                output: Path) -> str:
+def submit_prep(slurm, commands: list[docs.Command], replace: dict[str, str], env: dict[str, str], output: Path) -> str:
     """Submit data/prep.sub as the documents show it: the one node of the test cluster with 2 workers (the
     commands' -N 8 / --ntasks-per-node=32 become -N 1 / 2); returns the job id."""
-    return docs.submit(commands, slurm_conf=slurm.conf, output=output, replace={"8": "1", "32": "2", **replace},
-                       env=env, documented_in=PREP_SUB)
+    return docs.submit(
+        commands,
+        slurm_conf=slurm.conf,
+        output=output,
+        replace={"8": "1", "32": "2", **replace},
+        env=env,
+        documented_in=PREP_SUB,
+    )
 
 
 def no_dask_process_within(slurm, seconds: float) -> list[str]:
@@ -294,14 +402,19 @@ def prep_jobs(slurm, reference, corpus, uncased_vocab, tmp_path_factory) -> dict
     job that makes the same files again from nothing (20 s)."""
     tmp = tmp_path_factory.mktemp("prep_sub")
     work, env = tmp / "work", prep_env(uncased_vocab)
-    job = submit_prep(slurm, docs.commands_for("prep_jobs"), {"/lustre/bert/data": str(work),
-                                                             "/lustre/wiki/extracted": str(corpus)}, env,
-                      tmp / "first.out")
+    job = submit_prep(
+        slurm,
+        docs.commands_for("prep_jobs"),
+        {"/lustre/bert/data": str(work), "/lustre/wiki/extracted": str(corpus)},
+        env,
+        tmp / "first.out",
+    )
     folder = work / next(reference["work"].glob("hdf5_*")).name / "wikicorpus_en"
     deadline = time.monotonic() + 180
     while not ((folder / "manifest.json").is_file() and json.loads((folder / "manifest.json").read_text())["outputs"]):
-        assert time.monotonic() < deadline and slurm.job(job)["JobState"] in ("PENDING", "RUNNING"), \
-            (tmp / "first.out").read_text()[-3000:]
+        assert time.monotonic() < deadline and slurm.job(job)["JobState"] in ("PENDING", "RUNNING"), (
+            tmp / "first.out"
+        ).read_text()[-3000:]
         time.sleep(0.05)
     running = _dask_processes(slurm)  # the scheduler and two workers (nannies and their workers)
     slurm.run(["scancel", job])
@@ -309,12 +422,21 @@ def prep_jobs(slurm, reference, corpus, uncased_vocab, tmp_path_factory) -> dict
     left_after_cancel = no_dask_process_within(slurm, 15)
     finished = len(json.loads((folder / "manifest.json").read_text())["outputs"])
     rerun = docs.commands_for("test_a_cancelled_prep_job_leaves_no_process_and_its_rerun_reuses_what_it_finished")
-    again = submit_prep(slurm, rerun, {"/shared/bert": str(work)}, {**env, "WIKIEXTRACTOR_DIR": str(corpus)},
-                        tmp / "again.out")
+    again = submit_prep(
+        slurm, rerun, {"/shared/bert": str(work)}, {**env, "WIKIEXTRACTOR_DIR": str(corpus)}, tmp / "again.out"
+    )
     info = slurm.wait(again, {"COMPLETED"}, timeout=300)
-    return {"work": work, "phase1": folder, "running_at_cancel": running, "left_after_cancel": left_after_cancel,
-            "finished_at_cancel": finished, "rerun": again, "rerun_info": info,
-            "rerun_log": (tmp / "again.out").read_text(), "left_after_rerun": no_dask_process_within(slurm, 10)}
+    return {
+        "work": work,
+        "phase1": folder,
+        "running_at_cancel": running,
+        "left_after_cancel": left_after_cancel,
+        "finished_at_cancel": finished,
+        "rerun": again,
+        "rerun_info": info,
+        "rerun_log": (tmp / "again.out").read_text(),
+        "left_after_rerun": no_dask_process_within(slurm, 10),
+    }
 
 
 def test_prep_sub_runs_the_pipeline_on_slurm_and_leaves_no_process(prep_jobs, reference):
@@ -354,15 +476,36 @@ def test_prep_sub_reads_parquet_as_its_header_shows(slurm, shared_data, uncased_
     documents, parquet, work = documents_of(shared_data), tmp_path / "parquet", tmp_path / "work"
     parquet.mkdir()
     for k, part in enumerate((documents[:11], documents[11:])):
-        pq.write_table(pa.table({"id": list(range(len(part))), "text": part}), parquet / f"part-{k}.parquet",
-                       row_group_size=4)
+        pq.write_table(
+            pa.table({"id": list(range(len(part))), "text": part}), parquet / f"part-{k}.parquet", row_group_size=4
+        )
     env = {**prep_env(uncased_vocab), "N_TRAINING_SHARDS": "2", "FRACTION_TEST_SET": "0.2"}
-    job = submit_prep(slurm, docs.commands_for("test_prep_sub_reads_parquet_as_its_header_shows"),
-                      {"/lustre/bert/data": str(work), "/lustre/corpus": str(parquet), "4": "1"}, env,
-                      tmp_path / "job.out")
+    job = submit_prep(
+        slurm,
+        docs.commands_for("test_prep_sub_reads_parquet_as_its_header_shows"),
+        {"/lustre/bert/data": str(work), "/lustre/corpus": str(parquet), "4": "1"},
+        env,
+        tmp_path / "job.out",
+    )
     slurm.wait(job, {"COMPLETED"}, timeout=300)
-    assert bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--no_progress", "--working_dir",
-                          str(tmp_path / "pool"), "--input_dir", str(parquet), "--input_format", "parquet"]) == 0
+    assert (
+        bertPrep.main(
+            [
+                "--action",
+                "text_formatting",
+                "--dataset",
+                "custom",
+                "--no_progress",
+                "--working_dir",
+                str(tmp_path / "pool"),
+                "--input_dir",
+                str(parquet),
+                "--input_format",
+                "parquet",
+            ]
+        )
+        == 0
+    )
     name = Path("formatted_one_article_per_line") / "custom_one_article_per_line"
     assert corpus_text(work / name) == corpus_text(tmp_path / "pool" / name)
     for seq in (128, 512):
@@ -375,8 +518,12 @@ def _dask_processes(slurm) -> list[str]:
     marker, found = f"SLURM_CONF={slurm.conf}".encode(), []
     for proc in Path("/proc").iterdir():
         with contextlib.suppress(OSError):
-            if (proc.name.isdigit() and b"distributed.cli.dask_" in (proc / "cmdline").read_bytes()
-                    and marker in (proc / "environ").read_bytes().split(b"\0") and pid_alive(int(proc.name))):
+            if (
+                proc.name.isdigit()
+                and b"distributed.cli.dask_" in (proc / "cmdline").read_bytes()
+                and marker in (proc / "environ").read_bytes().split(b"\0")
+                and pid_alive(int(proc.name))
+            ):
                 found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
     return found
 
@@ -388,9 +535,11 @@ def _dask_processes(slurm) -> list[str]:
 def documents_of(shared_data: Path, n: int = 23) -> list[str]:
     """Real documents: WikiText-2 articles, their paragraphs one a line."""
     text = (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
-    articles = re.split(r"\n = [^=\n]+ = \n", text)[1:n + 1]
-    return ["\n".join(line.strip() for line in a.splitlines() if line.strip() and not line.strip().startswith("="))
-            for a in articles]
+    articles = re.split(r"\n = [^=\n]+ = \n", text)[1 : n + 1]
+    return [
+        "\n".join(line.strip() for line in a.splitlines() if line.strip() and not line.strip().startswith("="))
+        for a in articles
+    ]
 
 
 @pytest.mark.parametrize("engine", [["--n_processes", "2"], ["--engine", "dask"]], ids=["processes", "dask"])
@@ -414,8 +563,22 @@ def test_parquet_input_gives_the_documents_of_the_same_text_files(shared_data, t
     for i, doc in enumerate(docs):
         (text / f"doc_{i:03d}.txt").write_text(doc + "\n", encoding="utf-8")
     common = ["--action", "text_formatting", "--dataset", "custom", "--no_progress", *engine]
-    assert bertPrep.main([*common, "--working_dir", str(tmp_path / "a"), "--input_dir", str(parquet),
-                          "--input_format", "parquet", "--text_column", "text"]) == 0
+    assert (
+        bertPrep.main(
+            [
+                *common,
+                "--working_dir",
+                str(tmp_path / "a"),
+                "--input_dir",
+                str(parquet),
+                "--input_format",
+                "parquet",
+                "--text_column",
+                "text",
+            ]
+        )
+        == 0
+    )
     assert bertPrep.main([*common, "--working_dir", str(tmp_path / "b"), "--input_dir", str(text)]) == 0
     name = Path("formatted_one_article_per_line") / "custom_one_article_per_line"
     formatted = corpus_text(tmp_path / "a" / name)
@@ -426,26 +589,31 @@ def test_parquet_input_gives_the_documents_of_the_same_text_files(shared_data, t
 def multistream_dump(folder: Path, pages=PAGES, per_stream: int = 2) -> Path:
     """The same pages as write_dump's, as Wikipedia's multistream dump: the site information in the first bz2
     stream, then `per_stream` pages a stream, the closing tag in the last; and its index (offset:id:title)."""
-    header = (f'<mediawiki xmlns="{NS}" version="0.10" xml:lang="en">\n<siteinfo><sitename>Wikipedia</sitename>'
-              f'<namespaces><namespace key="0" case="first-letter" /></namespaces></siteinfo>\n')
+    header = (
+        f'<mediawiki xmlns="{NS}" version="0.10" xml:lang="en">\n<siteinfo><sitename>Wikipedia</sitename>'
+        f'<namespaces><namespace key="0" case="first-letter" /></namespaces></siteinfo>\n'
+    )
     streams, index = [bz2.compress(header.encode())], []
     offset = len(streams[0])
     for start in range(0, len(pages), per_stream):
         xml = ""
-        for i, (ns, title, redirect, text) in enumerate(pages[start:start + per_stream], start=start):
+        for i, (ns, title, redirect, text) in enumerate(pages[start : start + per_stream], start=start):
             index.append(f"{offset}:{i + 1}:{title}")
-            xml += (f"<page>\n<title>{_xml_escape(title)}</title>\n<ns>{ns}</ns>\n<id>{i + 1}</id>\n"
-                    + ('<redirect title="Albert Testperson" />\n' if redirect else "")
-                    + f"<revision><id>{100 + i}</id><model>wikitext</model><format>text/x-wiki</format>"
-                      f'<text bytes="{len(text)}" xml:space="preserve">{_xml_escape(text)}</text>'
-                      '</revision>\n</page>\n')
+            xml += (
+                f"<page>\n<title>{_xml_escape(title)}</title>\n<ns>{ns}</ns>\n<id>{i + 1}</id>\n"
+                + ('<redirect title="Albert Testperson" />\n' if redirect else "")
+                + f"<revision><id>{100 + i}</id><model>wikitext</model><format>text/x-wiki</format>"
+                f'<text bytes="{len(text)}" xml:space="preserve">{_xml_escape(text)}</text>'
+                "</revision>\n</page>\n"
+            )
         streams.append(bz2.compress(xml.encode()))
         offset += len(streams[-1])
     streams.append(bz2.compress(b"</mediawiki>\n"))
     dump = folder / "enwiki-20240101-pages-articles-multistream.xml.bz2"
     dump.write_bytes(b"".join(streams))
     (folder / "enwiki-20240101-pages-articles-multistream-index.txt.bz2").write_bytes(
-        bz2.compress(("\n".join(index) + "\n").encode()))
+        bz2.compress(("\n".join(index) + "\n").encode())
+    )
     return dump
 
 
@@ -464,8 +632,10 @@ def test_dump_pieces_format_like_the_whole_dump(tmp_path, layout):
         parts = tmp_path / "parts"
         parts.mkdir()
         for k, start in enumerate(range(0, len(PAGES), 3)):  # named out of lexical order: p10 after p4
-            write_dump(parts / f"enwiki-20240101-pages-articles{k + 1}.xml-p{start * 3 + 1}p{start * 3 + 3}.bz2",
-                       PAGES[start:start + 3])
+            write_dump(
+                parts / f"enwiki-20240101-pages-articles{k + 1}.xml-p{start * 3 + 1}p{start * 3 + 3}.bz2",
+                PAGES[start : start + 3],
+            )
         dump = parts
         counts = tf.format_wiki_dump(parts, tmp_path / "out.txt", num_workers=2, progress=False)
     assert (tmp_path / "out.txt").read_text() == (tmp_path / "whole.txt").read_text()
@@ -480,8 +650,16 @@ def test_dump_pieces_format_like_the_whole_dump(tmp_path, layout):
 def test_a_missing_scheduler_file_is_one_line_not_a_hang(tmp_path):
     started = time.monotonic()
     with pytest.raises(SystemExit, match=r"--dask_scheduler_file .*missing.json does not exist \(waited 1 s\)"):
-        prep(tmp_path, "sharding", "--engine", "dask", "--dask_scheduler_file", str(tmp_path / "missing.json"),
-             "--dask_timeout", "1")
+        prep(
+            tmp_path,
+            "sharding",
+            "--engine",
+            "dask",
+            "--dask_scheduler_file",
+            str(tmp_path / "missing.json"),
+            "--dask_timeout",
+            "1",
+        )
     assert time.monotonic() - started < 20
     with pytest.raises(SystemExit, match="--dask_scheduler_file is for --engine dask"):
         prep(tmp_path, "sharding", "--dask_scheduler_file", str(tmp_path / "missing.json"))
@@ -489,8 +667,18 @@ def test_a_missing_scheduler_file_is_one_line_not_a_hang(tmp_path):
 
 def test_a_scheduler_that_does_not_answer_is_a_timeout(tmp_path):
     dead = tmp_path / "scheduler.json"
-    dead.write_text(json.dumps({"type": "Scheduler", "id": "Scheduler-x", "address": f"tcp://127.0.0.1:{free_port()}",
-                                "services": {}, "started": time.time(), "workers": {}}))
+    dead.write_text(
+        json.dumps(
+            {
+                "type": "Scheduler",
+                "id": "Scheduler-x",
+                "address": f"tcp://127.0.0.1:{free_port()}",
+                "services": {},
+                "started": time.time(),
+                "workers": {},
+            }
+        )
+    )
     started = time.monotonic()
     with pytest.raises(SystemExit, match="the scheduler it names does not answer within 1 s"):
         prep(tmp_path, "sharding", "--engine", "dask", "--dask_scheduler_file", str(dead), "--dask_timeout", "1")
@@ -507,10 +695,21 @@ def test_workers_that_cannot_import_the_project_are_named(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(stub)}
     cluster = DaskProcesses(tmp_path / "dask", workers=1, env=env, cwd=tmp_path)
     try:
-        with pytest.raises(SystemExit, match=r"the Dask workers cannot run the pipeline's tasks "
-                                             r"\(ModuleNotFoundError: No module named 'h5py'\).*PYTHONPATH="):
-            prep(tmp_path / "work", "sharding", "--engine", "dask", "--dask_scheduler_file",
-                 str(cluster.scheduler_file), "--dask_timeout", "20")
+        with pytest.raises(
+            SystemExit,
+            match=r"the Dask workers cannot run the pipeline's tasks "
+            r"\(ModuleNotFoundError: No module named 'h5py'\).*PYTHONPATH=",
+        ):
+            prep(
+                tmp_path / "work",
+                "sharding",
+                "--engine",
+                "dask",
+                "--dask_scheduler_file",
+                str(cluster.scheduler_file),
+                "--dask_timeout",
+                "20",
+            )
     finally:
         cluster.stop()
     assert not (tmp_path / "work" / "sharded_training_shards_6_test_shards_1_fraction_0.1").exists()
@@ -523,8 +722,21 @@ def test_a_parquet_file_without_the_text_column_is_named(tmp_path):
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"id": [1, 2], "body": ["One doc.", "Two."]}), tmp_path / "in" / "a.parquet")
     with pytest.raises(SystemExit, match=r"a\.parquet has no column 'text' \(it has id, body\)"):
-        bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--working_dir", str(tmp_path / "w"),
-                       "--input_dir", str(tmp_path / "in"), "--input_format", "parquet", "--no_progress"])
+        bertPrep.main(
+            [
+                "--action",
+                "text_formatting",
+                "--dataset",
+                "custom",
+                "--working_dir",
+                str(tmp_path / "w"),
+                "--input_dir",
+                str(tmp_path / "in"),
+                "--input_format",
+                "parquet",
+                "--no_progress",
+            ]
+        )
     assert not list((tmp_path / "w").rglob("*.txt"))
 
 
@@ -533,14 +745,28 @@ def test_a_corrupt_dump_piece_is_named_and_nothing_is_written(tmp_path):
     data = bytearray(dump.read_bytes())
     pieces = tf.dump_pieces(dump, piece_bytes=1)
     middle = (pieces[2][1] + pieces[2][2]) // 2
-    data[middle:middle + 8] = b"\xff" * 8  # inside the third piece's bz2 stream
+    data[middle : middle + 8] = b"\xff" * 8  # inside the third piece's bz2 stream
     dump.write_bytes(bytes(data))
     output = tmp_path / "work" / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line"
     with pytest.raises(SystemExit, match=rf"{dump.name}.*(Invalid data stream|cut off|CRC|corrupt)"):
-        bertPrep.main(["--action", "text_formatting", "--dataset", "wikicorpus_en", "--working_dir",
-                       str(tmp_path / "work"), "--wiki_dump", str(dump), "--no_progress", "--n_processes", "1"])
-    assert not list(output.glob("*.txt")) or json.loads((output / "manifest.json").read_text())["outputs"].keys() \
-        == {p.name for p in output.glob("*.txt")}  # only whole parts of the good pieces, each listed
+        bertPrep.main(
+            [
+                "--action",
+                "text_formatting",
+                "--dataset",
+                "wikicorpus_en",
+                "--working_dir",
+                str(tmp_path / "work"),
+                "--wiki_dump",
+                str(dump),
+                "--no_progress",
+                "--n_processes",
+                "1",
+            ]
+        )
+    assert not list(output.glob("*.txt")) or json.loads((output / "manifest.json").read_text())["outputs"].keys() == {
+        p.name for p in output.glob("*.txt")
+    }  # only whole parts of the good pieces, each listed
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -549,10 +775,12 @@ def test_a_corrupt_dump_piece_is_named_and_nothing_is_written(tmp_path):
 
 def test_the_projection_follows_its_stated_formula():
 
-    run = {"stages": {"a": {"wall_s": 10.0, "startup_s": 1.0, "span_s": 8.0, "tasks": 100, "task_s": 16.0,
-                            "longest_task_s": 0.5},
-                      "b": {"wall_s": 5.0, "startup_s": 0.5, "span_s": 4.5, "tasks": 10, "task_s": 9.0,
-                            "longest_task_s": 3.0}}}
+    run = {
+        "stages": {
+            "a": {"wall_s": 10.0, "startup_s": 1.0, "span_s": 8.0, "tasks": 100, "task_s": 16.0, "longest_task_s": 0.5},
+            "b": {"wall_s": 5.0, "startup_s": 0.5, "span_s": 4.5, "tasks": 10, "task_s": 9.0, "longest_task_s": 3.0},
+        }
+    }
     o, c, f = 0.002, 64, 100.0
     out = projection(run, o, c, f)
     for n in (1, 8, 32):

@@ -4,6 +4,7 @@ A single process exits the usual way, with main's status; one process of a multi
 without Python's finalisation (os._exit: its atexit handlers do not run), after flushing what it printed. Why: see
 exit_script's docstring; bench/exit_race.py counts the aborts it removes (tests/README.md, the reliability table).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import subprocess_env
 
 from bert_recipe.training import dist_env
-from helpers import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,6 +31,7 @@ def ended_with(monkeypatch, main) -> object:
 def raising(code):
     def main():
         raise SystemExit(code)
+
     return main
 
 
@@ -58,8 +60,13 @@ dist_env.exit_script(lambda: {status})
 def run_script(tmp_path: Path, world_size: str, status: int) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT.format(repo=str(REPO), status=status))
-    return subprocess.run([sys.executable, str(script)], env={**subprocess_env(), "WORLD_SIZE": world_size},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        env={**subprocess_env(), "WORLD_SIZE": world_size},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("status", [0, 75])
@@ -75,8 +82,14 @@ def test_exit_race_bench_runs_both_endings(tmp_path):
     """bench/exit_race.py at its smallest: one two-process launch each way. The exit_script launch must end 0; the
     sys.exit one may or may not abort (5 launches of 40 did in one trial), so only its record is checked."""
     out = tmp_path / "race"
-    done = subprocess.run([sys.executable, "-m", "bench.exit_race", "--runs", "1", "--numel", "1024", "--out",
-                           str(out)], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.exit_race", "--runs", "1", "--numel", "1024", "--out", str(out)],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((out / "exit_race.json").read_text())
     assert [r["way"] for r in report["runs"]] == ["sys.exit", "exit_script"]
@@ -84,9 +97,10 @@ def test_exit_race_bench_runs_both_endings(tmp_path):
     assert by_way["exit_script"]["returncode"] == 0, by_way["exit_script"]["tail"]
     plain = by_way["sys.exit"]
     assert plain["returncode"] == 0 or plain["abort"], plain["tail"]  # a failure other than the abort is a bug
-    assert report["summary"] == {"sys.exit": {"runs": 1, "failed": int(plain["returncode"] != 0),
-                                              "aborts": int(plain["abort"]), "hung": 0},
-                                 "exit_script": {"runs": 1, "failed": 0, "aborts": 0, "hung": 0}}
+    assert report["summary"] == {
+        "sys.exit": {"runs": 1, "failed": int(plain["returncode"] != 0), "aborts": int(plain["abort"]), "hung": 0},
+        "exit_script": {"runs": 1, "failed": 0, "aborts": 0, "hung": 0},
+    }
     assert "| exit_script | 1 | 0 | 0 | 0 |" in (out / "exit_race.md").read_text()
 
 
@@ -94,8 +108,14 @@ def test_exit_race_bench_kills_a_hung_launch_with_its_workers(tmp_path):
     """--timeout shorter than a launch's start-up: every launch counts as hung and is killed; no process of it (the
     launcher or a worker it had started) is left running."""
     out = tmp_path / "race"
-    done = subprocess.run([sys.executable, "-m", "bench.exit_race", "--runs", "1", "--timeout", "0.5", "--out",
-                           str(out)], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.exit_race", "--runs", "1", "--timeout", "0.5", "--out", str(out)],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "exit_race.json").read_text())
     assert [(r["hung"], r["returncode"]) for r in report["runs"]] == [(True, None), (True, None)]

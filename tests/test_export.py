@@ -5,6 +5,7 @@ Real weights: all-MiniLM-L6-v2 (6 layers, hidden 384) with a seeded QA head, sav
 as this project's ckpt .pt; a small random classifier saved in NVIDIA's layout. Real inputs: SQuAD questions and
 contexts, MRPC sentence pairs, tokenized with the project's tokenizer, with rows of different lengths padded.
 """
+
 from __future__ import annotations
 
 import csv
@@ -56,8 +57,9 @@ def squad_batches(shared_data, minilm_dir):
     records = json.loads((shared_data / "hf-test-fixtures" / "SQUAD" / "sample.json").read_text())["data"]
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
     pairs = [(r["question"], r["context"]) for r in records]
-    first = encode_pairs(tokenizer, [pairs[0], (pairs[1][0], pairs[1][1][:150]), (pairs[2][0], pairs[2][1][:60])],
-                         128, np.int64)
+    first = encode_pairs(
+        tokenizer, [pairs[0], (pairs[1][0], pairs[1][1][:150]), (pairs[2][0], pairs[2][1][:60])], 128, np.int64
+    )
     second = encode_pairs(tokenizer, [(pairs[3][0], pairs[3][1][:90]), pairs[4]], 96, np.int64)
     return [first, second]
 
@@ -108,8 +110,9 @@ def test_qa_from_hf_directory_int64(export_model, qa_model, squad_batches, minil
     hf_dir = tmp_path / "hf"
     save_hf_directory(qa_model, hf_dir, vocab_file=minilm_dir / "vocab.txt")
     out = tmp_path / "export"
-    assert export_model.main(["--checkpoint", str(hf_dir), "--task", "qa", "--output_dir", str(out),
-                              "--no_verify"]) == 0  # the built-in check runs in the classification tests
+    assert (
+        export_model.main(["--checkpoint", str(hf_dir), "--task", "qa", "--output_dir", str(out), "--no_verify"]) == 0
+    )  # the built-in check runs in the classification tests
 
     info = json.loads((out / "export.json").read_text())
     assert info["input_dtype"] == "int64" and info["output_names"] == ["start_logits", "end_logits"]
@@ -131,8 +134,9 @@ def test_qa_from_hf_directory_int64(export_model, qa_model, squad_batches, minil
     for batch in squad_batches:  # two batch shapes, neither the traced one
         reference = torch_outputs(qa_model, batch)
         with torch.no_grad():
-            hf_out = hf(**{k: torch.from_numpy(v) for k, v in
-                           zip(("input_ids", "token_type_ids", "attention_mask"), batch)})
+            hf_out = hf(
+                **{k: torch.from_numpy(v) for k, v in zip(("input_ids", "token_type_ids", "attention_mask"), batch)}
+            )
         hf_ref = [hf_out.start_logits.numpy(), hf_out.end_logits.numpy()]
         got_onnx = onnx_outputs(session, batch)
         got_ts = torchscript_outputs(scripted, batch)
@@ -149,8 +153,24 @@ def test_qa_from_project_checkpoint_int32(export_model, qa_model, squad_batches,
     ckpt = tmp_path / "ckpt_100.pt"
     torch.save({"model": qa_model.state_dict(), "config": qa_model.config.to_dict(), "step": 100}, ckpt)
     out = tmp_path / "export"
-    assert export_model.main(["--checkpoint", str(ckpt), "--task", "qa", "--output_dir", str(out),
-                              "--input_dtype", "int32", "--format", "onnx", "--no_verify"]) == 0
+    assert (
+        export_model.main(
+            [
+                "--checkpoint",
+                str(ckpt),
+                "--task",
+                "qa",
+                "--output_dir",
+                str(out),
+                "--input_dtype",
+                "int32",
+                "--format",
+                "onnx",
+                "--no_verify",
+            ]
+        )
+        == 0
+    )
     assert not (out / "model.pt").exists()
     session = onnx_session(out / "model.onnx")
     assert [i.type for i in session.get_inputs()] == ["tensor(int32)"] * 3
@@ -165,7 +185,7 @@ def test_qa_from_project_checkpoint_int32(export_model, qa_model, squad_batches,
 
 def mrpc_pairs(shared_data, n: int) -> list[tuple[str, str]]:
     with open(shared_data / "glue-mrpc" / "dev.tsv", encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1: n + 1]
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1 : n + 1]
     return [(r[3], r[4]) for r in rows]
 
 
@@ -173,8 +193,14 @@ def mrpc_pairs(shared_data, n: int) -> list[tuple[str, str]]:
 def test_classification_from_nvidia_checkpoint(export_model, shared_data, uncased_vocab, tmp_path, dtype):
     """An NVIDIA-layout .pt ({"model": ...}, dense_act names, vocabulary padded to 30528) with bert_config.json
     beside it -> classification ONNX + TorchScript, int64 and int32; num_labels is read from the checkpoint."""
-    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(1)
     model = BertForSequenceClassification(config, num_labels=3).eval()
     folder = tmp_path / "nvidia"
@@ -182,9 +208,25 @@ def test_classification_from_nvidia_checkpoint(export_model, shared_data, uncase
     torch.save({"model": nvidia_state_dict(model)}, folder / "bert_classifier.pt")
     config.to_json_file(folder / "bert_config.json")
     out = tmp_path / "export"
-    assert export_model.main(["--checkpoint", str(folder / "bert_classifier.pt"), "--task", "classification",
-                              "--output_dir", str(out), "--input_dtype", dtype, "--max_seq_length", "128",
-                              "--vocab_file", str(uncased_vocab)]) == 0
+    assert (
+        export_model.main(
+            [
+                "--checkpoint",
+                str(folder / "bert_classifier.pt"),
+                "--task",
+                "classification",
+                "--output_dir",
+                str(out),
+                "--input_dtype",
+                dtype,
+                "--max_seq_length",
+                "128",
+                "--vocab_file",
+                str(uncased_vocab),
+            ]
+        )
+        == 0
+    )
     info = json.loads((out / "export.json").read_text())
     assert info["num_labels"] == 3 and info["output_names"] == ["logits"]
     assert set(info["parity_max_abs_diff"]) == {"onnx", "torchscript"}  # the exporter's own check ran
@@ -209,6 +251,15 @@ def test_refuses_bad_requests(export_model, minilm_dir, tmp_path):
     with pytest.raises(SystemExit, match="--checkpoint .*not found"):
         export_model.main(["--checkpoint", str(tmp_path / "missing.pt"), "--output_dir", str(tmp_path / "c")])
     with pytest.raises(SystemExit, match="--max_seq_length 1000"):
-        export_model.main(["--checkpoint", str(minilm_dir), "--output_dir", str(tmp_path / "d"),
-                           "--allow_fresh_head", "--max_seq_length", "1000"])
+        export_model.main(
+            [
+                "--checkpoint",
+                str(minilm_dir),
+                "--output_dir",
+                str(tmp_path / "d"),
+                "--allow_fresh_head",
+                "--max_seq_length",
+                "1000",
+            ]
+        )
     assert not (tmp_path / "a" / "export.json").exists()

@@ -2,6 +2,7 @@
 with the real MiniLM weights and its own tokenizer, line by line without padding; the three output formats hold the
 same numbers in the layouts the docstring promises; BertModel's new output_hidden_states leaves the old outputs as
 they were; bad input fails in one line."""
+
 from __future__ import annotations
 
 import json
@@ -24,16 +25,33 @@ def _lines(shared_data) -> list[str]:
     rows = (shared_data / "glue-mrpc" / "dev.tsv").read_text(encoding="utf-8-sig").splitlines()[1:4]
     pairs = [row.split("\t")[3:5] for row in rows]
     long = " ".join(" ".join(p) for p in pairs)  # about 150 WordPieces: cut to MAX_SEQ
-    return [f"{pairs[0][0]} ||| {pairs[0][1]}", pairs[1][0], long, "", "Zoë's café, naïve — and 3.14 déjà vu!",
-            f"{pairs[2][0]} ||| {pairs[2][1]}"]
+    return [
+        f"{pairs[0][0]} ||| {pairs[0][1]}",
+        pairs[1][0],
+        long,
+        "",
+        "Zoë's café, naïve — and 3.14 déjà vu!",
+        f"{pairs[2][0]} ||| {pairs[2][1]}",
+    ]
 
 
 def _extract(tmp_path, minilm_dir, lines, output, *flags) -> dict:
     """extract_features.py with its default precision (auto) unless `flags` name one."""
     (tmp_path / "input.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return extract_features.main(["--input_file", str(tmp_path / "input.txt"), "--output_file", str(output),
-                                  "--init_checkpoint", str(minilm_dir), "--max_seq_length", str(MAX_SEQ),
-                                  "--disable_progress_bar", *flags])
+    return extract_features.main(
+        [
+            "--input_file",
+            str(tmp_path / "input.txt"),
+            "--output_file",
+            str(output),
+            "--init_checkpoint",
+            str(minilm_dir),
+            "--max_seq_length",
+            str(MAX_SEQ),
+            "--disable_progress_bar",
+            *flags,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +71,18 @@ def test_features_match_transformers(tmp_path, minilm_dir, shared_data, hf_model
     lines = _lines(shared_data)
     layers = [-1, -2, -3, -4, 0, 5]
     out = tmp_path / "features.jsonl"
-    summary = _extract(tmp_path, minilm_dir, lines, out, "--layers", ",".join(map(str, layers)), "--decimals", "-1",
-                       "--batch_size", "4")  # two batches of different padded lengths
+    summary = _extract(
+        tmp_path,
+        minilm_dir,
+        lines,
+        out,
+        "--layers",
+        ",".join(map(str, layers)),
+        "--decimals",
+        "-1",
+        "--batch_size",
+        "4",
+    )  # two batches of different padded lengths
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r["linex_index"] for r in records] == list(range(len(lines)))
     worst = 0.0
@@ -119,14 +147,13 @@ def test_three_formats_hold_the_same_features(tmp_path, minilm_dir, shared_data)
     pair = slice(offsets[0], offsets[1])  # [CLS] A [SEP] B [SEP]: types 0 up to the first [SEP], then 1
     types, tokens = npz["token_type_ids"][pair], npz["tokens"][pair].tolist()
     first_sep = tokens.index("[SEP]")
-    assert types[:first_sep + 1].tolist() == [0] * (first_sep + 1) and set(types[first_sep + 1:]) == {1}
+    assert types[: first_sep + 1].tolist() == [0] * (first_sep + 1) and set(types[first_sep + 1 :]) == {1}
 
 
 def test_output_hidden_states_keeps_the_old_outputs(minilm_dir):
     """BertModel without the flag returns what it always returned; with it a third item, transformers' hidden_states
     (embeddings first), whose last entry is sequence_output."""
     from transformers import BertModel as HFBert
-
 
     ours = from_pretrained(BertModel, minilm_dir, log=None).eval()
     hf = HFBert.from_pretrained(str(minilm_dir), attn_implementation="eager").eval()
@@ -148,8 +175,16 @@ def test_bad_input_is_one_line_error(tmp_path, minilm_dir):
     with pytest.raises(SystemExit, match="cannot tell the format from '.txt'"):
         _extract(tmp_path, minilm_dir, ["a line"], tmp_path / "f.txt")
     with pytest.raises(SystemExit, match="--input_file .*missing.txt not found"):
-        extract_features.main(["--input_file", str(tmp_path / "missing.txt"), "--output_file", str(tmp_path / "f.npz"),
-                               "--init_checkpoint", str(minilm_dir)])
+        extract_features.main(
+            [
+                "--input_file",
+                str(tmp_path / "missing.txt"),
+                "--output_file",
+                str(tmp_path / "f.npz"),
+                "--init_checkpoint",
+                str(minilm_dir),
+            ]
+        )
     with pytest.raises(SystemExit, match="--layers 'last'"):
         _extract(tmp_path, minilm_dir, ["a line"], tmp_path / "f.jsonl", "--layers", "last")
     assert not (tmp_path / "f.jsonl").exists() and not (tmp_path / "f.txt").exists()

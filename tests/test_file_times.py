@@ -1,6 +1,7 @@
 """tests/file_times.py: the order in which pytest-xdist's workers list the test files (the longest first by the last
 run's times, files without a time first by test count, each file's tests in their own order) and the times kept for
 the next run."""
+
 from __future__ import annotations
 
 import types
@@ -27,16 +28,31 @@ def item(nodeid: str):
 
 def test_a_worker_lists_whole_files_longest_first_and_files_without_a_time_first():
     last = {"tests/test_a.py": 5.0, "tests/test_b.py": 60.0, "tests/test_c.py": 20.0}
-    collected = ["tests/test_a.py::x", "tests/test_a.py::y", "tests/test_b.py::x", "tests/test_c.py::x",
-                 "tests/test_c.py::y[1]", "tests/test_c.py::y[2]", "tests/test_new.py::x", "tests/test_newer.py::x",
-                 "tests/test_newer.py::y"]
+    collected = [
+        "tests/test_a.py::x",
+        "tests/test_a.py::y",
+        "tests/test_b.py::x",
+        "tests/test_c.py::x",
+        "tests/test_c.py::y[1]",
+        "tests/test_c.py::y[2]",
+        "tests/test_new.py::x",
+        "tests/test_newer.py::x",
+        "tests/test_newer.py::y",
+    ]
     items = [item(n) for n in collected]
     config = types.SimpleNamespace(workerinput={CACHE_KEY: last})
     FileTimes(config).pytest_collection_modifyitems(config, items)
     assert [i.nodeid for i in items] == [
-        "tests/test_newer.py::x", "tests/test_newer.py::y", "tests/test_new.py::x",
-        "tests/test_b.py::x", "tests/test_c.py::x", "tests/test_c.py::y[1]", "tests/test_c.py::y[2]",
-        "tests/test_a.py::x", "tests/test_a.py::y"]
+        "tests/test_newer.py::x",
+        "tests/test_newer.py::y",
+        "tests/test_new.py::x",
+        "tests/test_b.py::x",
+        "tests/test_c.py::x",
+        "tests/test_c.py::y[1]",
+        "tests/test_c.py::y[2]",
+        "tests/test_a.py::x",
+        "tests/test_a.py::y",
+    ]
 
 
 def test_without_xdist_the_collection_keeps_its_order():

@@ -7,6 +7,7 @@ warm-up stepped once per group; then prediction over the same length-sorted batc
 trained weights, the predictions and the scores must be the same to the bit: the recipe adds nothing to the
 arithmetic of a fine-tuning run, whatever task supplies the parts.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,13 @@ import run_squad
 from bert_recipe.finetuning import predict, recipe
 from bert_recipe.finetuning.config import FinetuneConfig, FinetuneModel, FinetuneRun
 from bert_recipe.finetuning.tasks import squad
-from bert_recipe.finetuning.tasks.glue import (compute_metrics, encode_examples, get_dev_examples, get_task,
-                                               get_train_examples)
+from bert_recipe.finetuning.tasks.glue import (
+    compute_metrics,
+    encode_examples,
+    get_dev_examples,
+    get_task,
+    get_train_examples,
+)
 from bert_recipe.io.checkpoint_io import export_state_dict, from_pretrained
 from bert_recipe.training import dist_env
 from modeling import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
@@ -50,7 +56,7 @@ def hand_trained(model: torch.nn.Module, micro_batches: list[dict]) -> None:
     model.train()
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
-        for batch in micro_batches[step * ACCUMULATION:(step + 1) * ACCUMULATION]:
+        for batch in micro_batches[step * ACCUMULATION : (step + 1) * ACCUMULATION]:
             (model(**batch).loss / ACCUMULATION).backward()
         optimizer.step()
         scheduler.step()
@@ -74,13 +80,45 @@ def no_dropout_config(source: Path, target: Path) -> Path:
 def test_glue_recipe_equals_a_hand_written_loop(tmp_path, shared_data, minilm_dir):
     data, out = shared_data / "glue-mrpc", tmp_path / "out"
     config = no_dropout_config(minilm_dir / "config.json", tmp_path / "config.json")
-    results = run_glue.main(["--task_name", "mrpc", "--data_dir", str(data), "--init_checkpoint", str(minilm_dir),
-                             "--config_file", str(config), "--do_lower_case", "--output_dir", str(out),
-                             "--do_train", "--do_eval", "--do_predict", "--precision", "fp32", "--seed", str(SEED),
-                             "--max_train_examples", "32", "--max_eval_examples", "24", "--max_seq_length", "64",
-                             "--max_steps", str(STEPS), "--train_batch_size", str(BATCH),
-                             "--gradient_accumulation_steps", str(ACCUMULATION), "--learning_rate", str(LR),
-                             "--eval_batch_size", "8", "--disable_progress_bar"])
+    results = run_glue.main(
+        [
+            "--task_name",
+            "mrpc",
+            "--data_dir",
+            str(data),
+            "--init_checkpoint",
+            str(minilm_dir),
+            "--config_file",
+            str(config),
+            "--do_lower_case",
+            "--output_dir",
+            str(out),
+            "--do_train",
+            "--do_eval",
+            "--do_predict",
+            "--precision",
+            "fp32",
+            "--seed",
+            str(SEED),
+            "--max_train_examples",
+            "32",
+            "--max_eval_examples",
+            "24",
+            "--max_seq_length",
+            "64",
+            "--max_steps",
+            str(STEPS),
+            "--train_batch_size",
+            str(BATCH),
+            "--gradient_accumulation_steps",
+            str(ACCUMULATION),
+            "--learning_rate",
+            str(LR),
+            "--eval_batch_size",
+            "8",
+            "--disable_progress_bar",
+        ]
+    )
 
     task = get_task("mrpc")
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
@@ -91,11 +129,15 @@ def test_glue_recipe_equals_a_hand_written_loop(tmp_path, shared_data, minilm_di
     micro = BATCH // ACCUMULATION
     micro_batches = []
     for lo in range(0, STEPS * BATCH, micro):
-        rows = [train.example(i) for i in order[lo:lo + micro]]
-        micro_batches.append({"input_ids": padded([ids.tolist() for ids, _ in rows]),
-                              "token_type_ids": padded([types.tolist() for _, types in rows]),
-                              "attention_mask": padded([[1] * len(ids) for ids, _ in rows]),
-                              "labels": torch.from_numpy(train.labels[order[lo:lo + micro]])})
+        rows = [train.example(i) for i in order[lo : lo + micro]]
+        micro_batches.append(
+            {
+                "input_ids": padded([ids.tolist() for ids, _ in rows]),
+                "token_type_ids": padded([types.tolist() for _, types in rows]),
+                "attention_mask": padded([[1] * len(ids) for ids, _ in rows]),
+                "labels": torch.from_numpy(train.labels[order[lo : lo + micro]]),
+            }
+        )
     hand_trained(model, micro_batches)
     assert_same_weights(out / "model.pt", model)
 
@@ -106,58 +148,108 @@ def test_glue_recipe_equals_a_hand_written_loop(tmp_path, shared_data, minilm_di
     with torch.no_grad():  # the same length-sorted batches of 8, longest first
         for index in np.array_split(np.argsort(-dev.lengths, kind="stable"), 3):
             rows = [dev.example(i) for i in index]
-            logits[index] = model(padded([ids.tolist() for ids, _ in rows]),
-                                  padded([types.tolist() for _, types in rows]),
-                                  padded([[1] * len(ids) for ids, _ in rows])).logits.numpy()
+            logits[index] = model(
+                padded([ids.tolist() for ids, _ in rows]),
+                padded([types.tolist() for _, types in rows]),
+                padded([[1] * len(ids) for ids, _ in rows]),
+            ).logits.numpy()
     preds = logits.argmax(-1)
     predictions = json.loads((out / "predictions.json").read_text())
     assert predictions == {e.guid: task.labels[p] for e, p in zip(dev_examples, preds)}
     metrics = results["eval"]["dev"]
     for key, value in compute_metrics(task, preds, dev.labels).items():
         assert metrics[key] == value, key
-    assert metrics["loss"] == float(torch.nn.functional.cross_entropy(torch.from_numpy(logits),
-                                                                      torch.from_numpy(dev.labels)))
+    assert metrics["loss"] == float(
+        torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(dev.labels))
+    )
     assert results["train"]["steps"] == STEPS and results["train"]["examples"] == 32
 
 
 def test_squad_recipe_equals_a_hand_written_loop(tmp_path, shared_data, uncased_vocab):
     dev = json.loads((shared_data / "squad-v1.1-dev" / "dev-v1.1.json").read_text())
     subset = tmp_path / "subset.json"
-    subset.write_text(json.dumps({"version": "1.1", "data": [dict(a, paragraphs=a["paragraphs"][:2])
-                                                              for a in dev["data"][:2]]}))
+    subset.write_text(
+        json.dumps({"version": "1.1", "data": [dict(a, paragraphs=a["paragraphs"][:2]) for a in dev["data"][:2]]})
+    )
     config_file = tmp_path / "bert_config.json"
-    BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-               max_position_embeddings=128, hidden_dropout_prob=0.0,
-               attention_probs_dropout_prob=0.0).to_json_file(config_file)
+    BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    ).to_json_file(config_file)
     out = tmp_path / "out"
-    summary = run_squad.main(["--config_file", str(config_file), "--vocab_file", str(uncased_vocab),
-                              "--do_lower_case", "--train_file", str(subset), "--predict_file", str(subset),
-                              "--do_train", "--do_eval", "--max_seq_length", "96", "--doc_stride", "32",
-                              "--max_query_length", "24", "--max_steps", str(STEPS), "--train_batch_size", str(BATCH),
-                              "--gradient_accumulation_steps", str(ACCUMULATION), "--learning_rate", str(LR),
-                              "--seed", str(SEED), "--predict_batch_size", "16", "--precision", "fp32",
-                              "--skip_cache", "--disable_progress_bar", "--output_dir", str(out)])
+    summary = run_squad.main(
+        [
+            "--config_file",
+            str(config_file),
+            "--vocab_file",
+            str(uncased_vocab),
+            "--do_lower_case",
+            "--train_file",
+            str(subset),
+            "--predict_file",
+            str(subset),
+            "--do_train",
+            "--do_eval",
+            "--max_seq_length",
+            "96",
+            "--doc_stride",
+            "32",
+            "--max_query_length",
+            "24",
+            "--max_steps",
+            str(STEPS),
+            "--train_batch_size",
+            str(BATCH),
+            "--gradient_accumulation_steps",
+            str(ACCUMULATION),
+            "--learning_rate",
+            str(LR),
+            "--seed",
+            str(SEED),
+            "--predict_batch_size",
+            "16",
+            "--precision",
+            "fp32",
+            "--skip_cache",
+            "--disable_progress_bar",
+            "--output_dir",
+            str(out),
+        ]
+    )
 
     tokenizer = BertTokenizer(uncased_vocab, do_lower_case=True)
-    train = squad.convert_examples_to_features(squad.read_squad_examples(subset, True, False), tokenizer, 96, 32, 24,
-                                               True)
+    train = squad.convert_examples_to_features(
+        squad.read_squad_examples(subset, True, False), tokenizer, 96, 32, 24, True
+    )
     dist_env.set_seed(SEED)  # the random initial weights
     model = BertForQuestionAnswering(BertConfig.from_json_file(config_file))
 
     def window_batch(features: list[squad.InputFeatures]) -> dict[str, torch.Tensor]:
         n = [sum(f.input_mask) for f in features]
-        return {"input_ids": padded([f.input_ids[:k] for f, k in zip(features, n)]),
-                "token_type_ids": padded([f.segment_ids[:k] for f, k in zip(features, n)]),
-                "attention_mask": padded([[1] * k for k in n])}
+        return {
+            "input_ids": padded([f.input_ids[:k] for f, k in zip(features, n)]),
+            "token_type_ids": padded([f.segment_ids[:k] for f, k in zip(features, n)]),
+            "attention_mask": padded([[1] * k for k in n]),
+        }
 
     order = np.random.default_rng([SEED, 0]).permutation(len(train))  # run_squad.py's shuffle of epoch 0
     micro = BATCH // ACCUMULATION
     micro_batches = []
     for lo in range(0, STEPS * BATCH, micro):
-        features = [train[i] for i in order[lo:lo + micro]]
-        micro_batches.append({**window_batch(features),
-                              "start_positions": torch.tensor([f.start_position for f in features]),
-                              "end_positions": torch.tensor([f.end_position for f in features])})
+        features = [train[i] for i in order[lo : lo + micro]]
+        micro_batches.append(
+            {
+                **window_batch(features),
+                "start_positions": torch.tensor([f.start_position for f in features]),
+                "end_positions": torch.tensor([f.end_position for f in features]),
+            }
+        )
     hand_trained(model, micro_batches)
     assert_same_weights(out / "model.pt", model)
 
@@ -169,29 +261,36 @@ def test_squad_recipe_equals_a_hand_written_loop(tmp_path, shared_data, uncased_
     with torch.no_grad():  # the same length-sorted batches of 16 windows, longest first
         order = np.argsort(-lengths, kind="stable")
         for lo in range(0, len(order), 16):
-            index = order[lo:lo + 16]
+            index = order[lo : lo + 16]
             out_batch = model(**window_batch([features[i] for i in index]))
             for row, i in enumerate(index):
-                results[features[i].unique_id] = squad.RawResult(features[i].unique_id,
-                                                                 out_batch.start_logits[row, :lengths[i]].numpy(),
-                                                                 out_batch.end_logits[row, :lengths[i]].numpy())
+                results[features[i].unique_id] = squad.RawResult(
+                    features[i].unique_id,
+                    out_batch.start_logits[row, : lengths[i]].numpy(),
+                    out_batch.end_logits[row, : lengths[i]].numpy(),
+                )
     predictions, nbest, _ = squad.get_predictions(examples, features, results, 20, 30, True, False, 0.0)
     assert json.loads((out / "predictions.json").read_text()) == predictions
     assert json.loads((out / "nbest_predictions.json").read_text()) == json.loads(json.dumps(nbest))
     scores = squad.score_predictions(squad.read_gold_answers(subset), predictions, False, None)
     assert json.loads((out / "eval_results.json").read_text())["eval"] == scores
-    assert (summary["exact_match"], summary["F1"], summary["global_step"]) == (scores["exact_match"], scores["f1"],
-                                                                              STEPS)
+    assert (summary["exact_match"], summary["F1"], summary["global_step"]) == (
+        scores["exact_match"],
+        scores["f1"],
+        STEPS,
+    )
 
 
 def test_one_batch_vocabulary():
     """Every task's batch holds the model's own argument names, so one loss serves them all."""
-    glue = run_glue.collate([((np.array([101, 7, 102]), np.array([0, 0, 0])), 1),
-                             ((np.array([101, 102]), np.array([0, 0])), 0)])
+    glue = run_glue.collate(
+        [((np.array([101, 7, 102]), np.array([0, 0, 0])), 1), ((np.array([101, 102]), np.array([0, 0])), 0)]
+    )
     squad_batch = run_squad.collate([(np.array([101, 7, 102, 9, 102]), np.array([0, 0, 0, 1, 1]), (3, 3))])
 
-    swag = swag_collate([([(np.array([101, 102]), np.array([0, 0])), (np.array([101, 5, 102]), np.array([0, 0, 1]))],
-                          1)])
+    swag = swag_collate(
+        [([(np.array([101, 102]), np.array([0, 0])), (np.array([101, 5, 102]), np.array([0, 0, 1]))], 1)]
+    )
     for batch in (glue, squad_batch, swag):
         assert set(predict.INPUT_KEYS) <= set(batch)
     assert set(glue) - set(predict.INPUT_KEYS) == {"labels"} == set(swag) - set(predict.INPUT_KEYS)
@@ -206,12 +305,19 @@ def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path,
     """load_model reads the LoadReport of the checkpoint (not its log lines): a pre-training checkpoint has no
     classifier, so evaluating it without --do_train warns that the head is random; with --do_train it does not."""
 
-    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     source = BertForPreTraining(config)
     torch.save({"model": source.state_dict(), "config": config.to_dict()}, tmp_path / "ckpt_1.pt")
-    cfg = FinetuneConfig(model=FinetuneModel(init_checkpoint=str(tmp_path / "ckpt_1.pt")),
-                         run=FinetuneRun(do_train=do_train))
+    cfg = FinetuneConfig(
+        model=FinetuneModel(init_checkpoint=str(tmp_path / "ckpt_1.pt")), run=FinetuneRun(do_train=do_train)
+    )
 
     class Classify(recipe.Task):
         model_class = BertForSequenceClassification

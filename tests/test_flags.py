@@ -2,6 +2,7 @@
 parses from a command line to the value it should, bad values are argparse's one line with exit status 2, --help
 shows each field's docstring by section, the cross-flag rules are one-line InputErrors, and configurations are
 frozen."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,8 +64,10 @@ class Example(flags.Config):
     """paths"""
 
     def rules(self) -> list[tuple[bool, str]]:
-        return [(self.sizes.count < 1, f"--count {self.sizes.count} must be at least 1"),
-                (self.sizes.rate > self.sizes.count, "--rate must not exceed --count")]
+        return [
+            (self.sizes.count < 1, f"--count {self.sizes.count} must be at least 1"),
+            (self.sizes.rate > self.sizes.count, "--rate must not exceed --count"),
+        ]
 
 
 def parse(*argv: str) -> Example:
@@ -72,27 +75,53 @@ def parse(*argv: str) -> Example:
 
 
 def test_every_kind_of_field_parses_to_its_value():
-    cfg = parse("--out", "o", "--count", "4", "--rate", "0.25", "--name", "n", "--mode", "fast", "--verbose",
-                "--log_file", "l.json", "--cap", "2")
+    cfg = parse(
+        "--out",
+        "o",
+        "--count",
+        "4",
+        "--rate",
+        "0.25",
+        "--name",
+        "n",
+        "--mode",
+        "fast",
+        "--verbose",
+        "--log_file",
+        "l.json",
+        "--cap",
+        "2",
+    )
     assert cfg.sizes == MoreSizes(count=4, rate=0.25, name="n", mode="fast", verbose=True)
     assert cfg.paths == Paths(out="o", log_file="l.json", limit=2)
     assert parse("--out", "o", "--log-file", "x", "--limit", "5").paths == Paths(out="o", log_file="x", limit=5)
     defaults = parse("--out", "o")
     assert defaults.sizes == MoreSizes() and (defaults.sizes.count, defaults.sizes.mode) == (9, "slow")
     assert defaults.sizes.name is None and defaults.sizes.verbose is False
-    assert defaults.flags() == {"count": 9, "rate": 0.5, "name": None, "mode": "slow", "verbose": False,
-                                "out": "o", "log_file": "log.json", "limit": 7}
+    assert defaults.flags() == {
+        "count": 9,
+        "rate": 0.5,
+        "name": None,
+        "mode": "slow",
+        "verbose": False,
+        "out": "o",
+        "log_file": "log.json",
+        "limit": 7,
+    }
     assert Example.from_flags(defaults.flags()) == defaults
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--out", "o", "--count", "x"], ("--count", "invalid int value: 'x'")),
-    (["--out", "o", "--rate", "half"], ("--rate", "invalid float value")),
-    (["--out", "o", "--mode", "quick"], ("--mode", "invalid choice: 'quick'")),
-    (["--out", "o", "--verbose", "yes"], ("unrecognized arguments: yes",)),
-    ([], ("required", "--out")),
-    (["--out", "o", "--unknown"], ("unrecognized arguments: --unknown",)),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--out", "o", "--count", "x"], ("--count", "invalid int value: 'x'")),
+        (["--out", "o", "--rate", "half"], ("--rate", "invalid float value")),
+        (["--out", "o", "--mode", "quick"], ("--mode", "invalid choice: 'quick'")),
+        (["--out", "o", "--verbose", "yes"], ("unrecognized arguments: yes",)),
+        ([], ("required", "--out")),
+        (["--out", "o", "--unknown"], ("unrecognized arguments: --unknown",)),
+    ],
+)
 def test_bad_values_are_one_line_with_exit_status_2(argv, words, capsys):
     with pytest.raises(SystemExit) as e:
         parse(*argv)
@@ -117,19 +146,29 @@ def test_help_lists_each_docstring_by_section(capsys):
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split("options:")[1].split())  # the groups, after the usage line
     assert text.index("sizes and modes:") < text.index("--count") < text.index("paths:") < text.index("--out")
-    for doc in ("how many of them (default: 9)", "a fraction, 50% by default (default: 0.5)",
-                "an optional name (default: None)", "{fast,slow} how it goes here (default: slow)",
-                "say more (default: False)", "where it goes (default: None)",
-                "--log-file LOG_FILE, --log_file LOG_FILE the log (default: log.json)",
-                "--limit LIMIT, --cap LIMIT the most there may be (default: 7)", "--debug"):
+    for doc in (
+        "how many of them (default: 9)",
+        "a fraction, 50% by default (default: 0.5)",
+        "an optional name (default: None)",
+        "{fast,slow} how it goes here (default: slow)",
+        "say more (default: False)",
+        "where it goes (default: None)",
+        "--log-file LOG_FILE, --log_file LOG_FILE the log (default: log.json)",
+        "--limit LIMIT, --cap LIMIT the most there may be (default: 7)",
+        "--debug",
+    ):
         assert doc in text, doc
     assert text.index("--debug") > text.index("--out")  # in the last section's group
 
 
 def test_field_docs_follow_the_classes_they_derive_from():
-    assert flags.field_docs(MoreSizes) == {"count": "how many of them", "rate": "a fraction, 50% by default",
-                                            "name": "an optional name", "mode": "how it goes here",
-                                            "verbose": "say more"}
+    assert flags.field_docs(MoreSizes) == {
+        "count": "how many of them",
+        "rate": "a fraction, 50% by default",
+        "name": "an optional name",
+        "mode": "how it goes here",
+        "verbose": "say more",
+    }
 
 
 def test_configurations_are_frozen():
@@ -147,25 +186,76 @@ def test_fine_tuning_configurations_are_frozen_and_typed(tmp_path):
 
     squad_file = tmp_path / "dev.json"
     squad_file.write_text("{}")
-    squad = run_squad.parse_args(["--init_checkpoint", "ckpt.pt", "--output_dir", "out", "--do_eval",
-                                  "--predict_file", str(squad_file), "--bf16", "--doc_stride", "64"])
+    squad = run_squad.parse_args(
+        [
+            "--init_checkpoint",
+            "ckpt.pt",
+            "--output_dir",
+            "out",
+            "--do_eval",
+            "--predict_file",
+            str(squad_file),
+            "--bf16",
+            "--doc_stride",
+            "64",
+        ]
+    )
     assert (squad.model.init_checkpoint, squad.model.max_seq_length, squad.data.predict_file) == (
-        "ckpt.pt", 384, str(squad_file))
+        "ckpt.pt",
+        384,
+        str(squad_file),
+    )
     assert (squad.run.do_eval, squad.run.do_predict, squad.run.do_train) == (True, True, False)
     assert (squad.training.predict_batch_size, squad.training.seed, squad.training.precision) == (64, 42, "bf16")
     assert (squad.runtime.log_freq, squad.windows.doc_stride, squad.windows.max_query_length) == (50, 64, 64)
-    glue = run_glue.parse_args(["--task_name", "mrpc", "--data_dir", "glue/MRPC", "--init_checkpoint", "ckpt.pt",
-                                "--output_dir", "out", "--do_train", "--max_steps", "5", "--local-rank", "0",
-                                "--json-summary", "log.json", "--disable-progress-bar"])
+    glue = run_glue.parse_args(
+        [
+            "--task_name",
+            "mrpc",
+            "--data_dir",
+            "glue/MRPC",
+            "--init_checkpoint",
+            "ckpt.pt",
+            "--output_dir",
+            "out",
+            "--do_train",
+            "--max_steps",
+            "5",
+            "--local-rank",
+            "0",
+            "--json-summary",
+            "log.json",
+            "--disable-progress-bar",
+        ]
+    )
     assert (glue.data.task_name, glue.data.data_dir, glue.data.predict_split) == ("mrpc", "glue/MRPC", "dev")
     assert (glue.training.seed, glue.training.max_steps, glue.training.eval_batch_size) == (2, 5.0, 128)
     assert (glue.runtime.local_rank, glue.runtime.json_summary, glue.runtime.disable_progress_bar) == (
-        0, "log.json", True)
+        0,
+        "log.json",
+        True,
+    )
     assert glue.model.max_seq_length == 128 and glue.training.precision == "auto"
-    swag = run_swag.parse_args(["--data_dir", "swag", "--init_checkpoint", "ckpt.pt", "--output_dir", "out",
-                                "--do_predict", "--predict_split", "test", "--max_eval_examples", "8"])
+    swag = run_swag.parse_args(
+        [
+            "--data_dir",
+            "swag",
+            "--init_checkpoint",
+            "ckpt.pt",
+            "--output_dir",
+            "out",
+            "--do_predict",
+            "--predict_split",
+            "test",
+            "--max_eval_examples",
+            "8",
+        ]
+    )
     assert (swag.training.train_batch_size, swag.training.learning_rate, swag.training.eval_batch_size) == (
-        16, 2e-5, 64)
+        16,
+        2e-5,
+        64,
+    )
     assert (swag.data.predict_split, swag.data.max_eval_examples, swag.runtime.log_freq) == ("test", 8, 10)
     assert swag.flags()["train_batch_size"] == 16 and "debug" not in swag.flags()
     for cfg in (squad, glue, swag):

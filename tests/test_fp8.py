@@ -5,6 +5,7 @@ e4m3, multiplied, unscaled), for the fused query/key/value projection (our own r
 for a converted Linear layer; the state dict keeps its names, so an fp8 run's checkpoint loads into the plain model;
 a run's first loss is the fp32 run's within float8's error; where torchao is missing, --fp8 is one line.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,11 +13,11 @@ import importlib.util
 import pytest
 import torch
 import torchao  # noqa: F401 - requirements-test.txt installs it: without it these tests fail, they do not skip
+from helpers import args_for, bert_config, make_shards, read_log, write_config
 
 import run_pretraining as rp
 from bert_recipe.io.checkpoint_io import load_checkpoint_state
 from bert_recipe.training import fp8
-from helpers import args_for, bert_config, make_shards, read_log, write_config
 from modeling import BertConfig, BertForPreTraining
 
 E4M3_MAX = 448.0  # the largest float8 e4m3fn value
@@ -46,8 +47,9 @@ def test_the_products_are_float8_products():
         qkv = attention.project_qkv(x, weight, bias)  # [T, 3H]
         ffn = layer.intermediate.dense(x)  # [T, I]
     torch.testing.assert_close(qkv, float8(x) @ float8(weight).T + bias, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ffn, float8(x) @ float8(layer.intermediate.dense.weight).T
-                               + layer.intermediate.dense.bias, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ffn, float8(x) @ float8(layer.intermediate.dense.weight).T + layer.intermediate.dense.bias, rtol=1e-5, atol=1e-5
+    )
     exact = x @ weight.T + bias  # and it is not the fp32 product: the rounding to 3 mantissa bits shows
     assert (qkv - exact).abs().max() > 1e-3
 
@@ -60,8 +62,13 @@ def test_the_state_dict_keeps_its_names_and_the_gradients_reach_every_weight():
     plain.load_state_dict(model.state_dict(), strict=True)
     ids = torch.randint(5, model.config.vocab_size, (4, 24))
     positions = torch.randint(1, 24, (4, 3))
-    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), masked_lm_positions=positions,
-                 masked_lm_ids=torch.randint(5, 100, (4, 3)), next_sentence_labels=torch.tensor([0, 1, 0, 1]))
+    batch = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        masked_lm_positions=positions,
+        masked_lm_ids=torch.randint(5, 100, (4, 3)),
+        next_sentence_labels=torch.tensor([0, 1, 0, 1]),
+    )
     for m in (model, plain):
         m(**batch).loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
@@ -80,8 +87,25 @@ def test_an_fp8_run_starts_where_the_fp32_run_does_and_its_checkpoint_loads_into
     losses = {}
     for name, extra in (("fp32", []), ("fp8", ["--fp8"])):
         out = tmp_path / name
-        assert rp.main(args_for(data, config, out, "--max_steps", "3", "--log_freq", "1", "--precision", "fp32",
-                                "--seed", "7", *extra)) == 0
+        assert (
+            rp.main(
+                args_for(
+                    data,
+                    config,
+                    out,
+                    "--max_steps",
+                    "3",
+                    "--log_freq",
+                    "1",
+                    "--precision",
+                    "fp32",
+                    "--seed",
+                    "7",
+                    *extra,
+                )
+            )
+            == 0
+        )
         losses[name] = [r["data"]["average_loss"] for r in read_log(out / "log.json") if isinstance(r["step"], int)]
     assert abs(losses["fp8"][0] - losses["fp32"][0]) < 0.02 * losses["fp32"][0], losses  # the same first batch
     assert losses["fp8"] != losses["fp32"]  # and not the same arithmetic
@@ -98,8 +122,10 @@ def test_fp8_without_torchao_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         rp.main(args_for(data, config, tmp_path / "out", "--fp8", "--precision", "fp32"))
     text = str(exc.value.code)
-    assert text == "run_pretraining.py: error: --fp8 needs the torchao package (pip install torchao), which is not " \
-                   "installed", text
+    assert (
+        text == "run_pretraining.py: error: --fp8 needs the torchao package (pip install torchao), which is not "
+        "installed"
+    ), text
     assert not list((tmp_path / "out").glob("ckpt_*.pt"))  # refused before the first step
 
 
@@ -135,8 +161,13 @@ def test_a_token_count_not_divisible_by_16_is_refused_and_the_unpadded_layout_is
     lengths = [5, 24, 8]  # 37 real tokens
     mask = torch.tensor([[1] * n + [0] * (24 - n) for n in lengths])
     ids = torch.randint(5, model.config.vocab_size, (3, 24)) * mask
-    batch = dict(input_ids=ids, attention_mask=mask, masked_lm_positions=torch.tensor([[1, 2], [3, 9], [1, 4]]),
-                 masked_lm_ids=torch.randint(5, 100, (3, 2)), next_sentence_labels=torch.tensor([0, 1, 0]))
+    batch = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        masked_lm_positions=torch.tensor([[1, 2], [3, 9], [1, 4]]),
+        masked_lm_ids=torch.randint(5, 100, (3, 2)),
+        next_sentence_labels=torch.tensor([0, 1, 0]),
+    )
     model.config.unpad = "always"
     model(**batch).loss.backward()  # 48 rows: 37 real, 11 zero
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

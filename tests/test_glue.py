@@ -1,6 +1,7 @@
 """GLUE: readers on the real files and on tsv files laid out as GLUE's, metrics against formulas written out here,
 pair encoding against Hugging Face's tokenizer, real learning from the real MiniLM weights, the regression path,
 the Hugging Face export against transformers, and the launcher presets against run_glue.py's own flags."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,19 @@ import torch
 import run_glue
 from bench import nan_probe
 from bert_recipe.finetuning import predict, recipe
-from bert_recipe.finetuning.tasks.glue import (TASKS, EncodedExamples, GlueDataError, compute_metrics, encode_examples,
-                                               get_dev_examples, get_task, get_test_examples, get_train_examples,
-                                               read_examples, truncate_seq_pair)
+from bert_recipe.finetuning.tasks.glue import (
+    TASKS,
+    EncodedExamples,
+    GlueDataError,
+    compute_metrics,
+    encode_examples,
+    get_dev_examples,
+    get_task,
+    get_test_examples,
+    get_train_examples,
+    read_examples,
+    truncate_seq_pair,
+)
 from bert_recipe.io.checkpoint_io import from_pretrained
 from modeling import BertForSequenceClassification
 from tokenization import BertTokenizer
@@ -83,8 +94,10 @@ def test_hf_fixture_files(shared_data):
 # ----------------------------------------------------------------------------------------------------------------
 # Readers on files laid out as GLUE's (headers and columns of download_glue_data.py's output)
 
-MNLI_DEV_HEADER = ("index promptID pairID genre sentence1_binary_parse sentence2_binary_parse sentence1_parse "
-                   "sentence2_parse sentence1 sentence2 label1 label2 label3 label4 label5 gold_label").split()
+MNLI_DEV_HEADER = (
+    "index promptID pairID genre sentence1_binary_parse sentence2_binary_parse sentence1_parse "
+    "sentence2_parse sentence1 sentence2 label1 label2 label3 label4 label5 gold_label"
+).split()
 MNLI_TRAIN_HEADER = MNLI_DEV_HEADER[:11] + ["gold_label"]
 MNLI_TEST_HEADER = MNLI_DEV_HEADER[:10]
 
@@ -95,29 +108,59 @@ def _write(path: Path, rows: list[list[str]], bom: bool = False) -> None:
 
 
 def _mnli_row(i, s1, s2, labels):
-    return [str(i), "31193", f"{31193 + i}n", "government", "( ( parse", "( parse )", "(ROOT (S ...))", "(ROOT ...)",
-            s1, s2, *labels]
+    return [
+        str(i),
+        "31193",
+        f"{31193 + i}n",
+        "government",
+        "( ( parse",
+        "( parse )",
+        "(ROOT (S ...))",
+        "(ROOT ...)",
+        s1,
+        s2,
+        *labels,
+    ]
 
 
 def test_mnli_matched_and_mismatched(tmp_path):
-    _write(tmp_path / "train.tsv", [MNLI_TRAIN_HEADER,
-                                    _mnli_row(0, "Conceptually cream skimming has two basic dimensions.",
-                                              "Product and geography are what make cream skimming work.",
-                                              ["neutral", "neutral"]),
-                                    _mnli_row(1, 'He said "yes".', "He agreed.", ["entailment", "entailment"])])
-    _write(tmp_path / "dev_matched.tsv", [MNLI_DEV_HEADER,
-                                          _mnli_row(0, "The new rights are nice enough", "Everyone really likes them",
-                                                    ["neutral", "entailment", "neutral", "neutral", "neutral",
-                                                     "neutral"])])
-    _write(tmp_path / "dev_mismatched.tsv", [MNLI_DEV_HEADER,
-                                             _mnli_row(7, "Your contribution helped.", "It did not help at all.",
-                                                       ["contradiction"] * 6)])
+    _write(
+        tmp_path / "train.tsv",
+        [
+            MNLI_TRAIN_HEADER,
+            _mnli_row(
+                0,
+                "Conceptually cream skimming has two basic dimensions.",
+                "Product and geography are what make cream skimming work.",
+                ["neutral", "neutral"],
+            ),
+            _mnli_row(1, 'He said "yes".', "He agreed.", ["entailment", "entailment"]),
+        ],
+    )
+    _write(
+        tmp_path / "dev_matched.tsv",
+        [
+            MNLI_DEV_HEADER,
+            _mnli_row(
+                0,
+                "The new rights are nice enough",
+                "Everyone really likes them",
+                ["neutral", "entailment", "neutral", "neutral", "neutral", "neutral"],
+            ),
+        ],
+    )
+    _write(
+        tmp_path / "dev_mismatched.tsv",
+        [MNLI_DEV_HEADER, _mnli_row(7, "Your contribution helped.", "It did not help at all.", ["contradiction"] * 6)],
+    )
     _write(tmp_path / "test_matched.tsv", [MNLI_TEST_HEADER, _mnli_row(42, "A test premise.", "A hypothesis.", [])])
     _write(tmp_path / "test_mismatched.tsv", [MNLI_TEST_HEADER, _mnli_row(9, "Another.", "One more.", [])])
     task = get_task("MNLI")
     train = get_train_examples(tmp_path, task)
-    assert [(e.text_b, e.label) for e in train] == [("Product and geography are what make cream skimming work.",
-                                                     "neutral"), ("He agreed.", "entailment")]
+    assert [(e.text_b, e.label) for e in train] == [
+        ("Product and geography are what make cream skimming work.", "neutral"),
+        ("He agreed.", "entailment"),
+    ]
     assert train[1].text_a == 'He said "yes".'
     dev = get_dev_examples(tmp_path, task)
     assert list(dev) == ["dev_matched", "dev_mismatched"]
@@ -131,32 +174,100 @@ def test_mnli_matched_and_mismatched(tmp_path):
 
 def test_qqp_qnli_rte_wnli_stsb_layouts(tmp_path):
     cases = {
-        "qqp": ([["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
-                 ["133273", "213221", "213222", "How is the life of a math student?", "Which level of math?", "0"],
-                 ["402555", "536040", "536041", "How do I control my horny emotions?", "How do you control it?", "1"],
-                 ["999", "1", "2", "a row with a question missing"]],  # the public file has a few such rows
-                ("qqp", "train-402555", "How do I control my horny emotions?", "How do you control it?", "1")),
-        "qnli": ([["index", "question", "sentence", "label"],
-                  ["0", "When did the third Digimon series begin?",
-                   "Unlike the two seasons before it, the third season is darker.", "not_entailment"]],
-                 ("qnli", "train-0", "When did the third Digimon series begin?",
-                  "Unlike the two seasons before it, the third season is darker.", "not_entailment")),
-        "rte": ([["index", "sentence1", "sentence2", "label"],
-                 ["0", "No Weapons of Mass Destruction Found in Iraq Yet.", "Weapons Found in Iraq.",
-                  "not_entailment"], ["1", "A place of sorrow.", "Sorrow exists.", "entailment"]],
-                ("rte", "train-1", "A place of sorrow.", "Sorrow exists.", "entailment")),
-        "wnli": ([["index", "sentence1", "sentence2", "label"],
-                  ["0", "I stuck a pin through a carrot. When I pulled the pin out, it had a hole.",
-                   "The carrot had a hole.", "1"]],
-                 ("wnli", "train-0", "I stuck a pin through a carrot. When I pulled the pin out, it had a hole.",
-                  "The carrot had a hole.", "1")),
-        "sts-b": ([["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
-                    "score"],
-                   ["0", "main-captions", "MSRvid", "2012test", "0001", "none", "none", "A plane is taking off.",
-                    "An air plane is taking off.", "5.000"],
-                   ["1", "main-captions", "MSRvid", "2012test", "0004", "none", "none", "A man is playing a flute.",
-                    "A man is playing a bamboo flute.", "3.800"]],
-                  ("sts-b", "train-1", "A man is playing a flute.", "A man is playing a bamboo flute.", "3.800")),
+        "qqp": (
+            [
+                ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                ["133273", "213221", "213222", "How is the life of a math student?", "Which level of math?", "0"],
+                ["402555", "536040", "536041", "How do I control my horny emotions?", "How do you control it?", "1"],
+                ["999", "1", "2", "a row with a question missing"],
+            ],  # the public file has a few such rows
+            ("qqp", "train-402555", "How do I control my horny emotions?", "How do you control it?", "1"),
+        ),
+        "qnli": (
+            [
+                ["index", "question", "sentence", "label"],
+                [
+                    "0",
+                    "When did the third Digimon series begin?",
+                    "Unlike the two seasons before it, the third season is darker.",
+                    "not_entailment",
+                ],
+            ],
+            (
+                "qnli",
+                "train-0",
+                "When did the third Digimon series begin?",
+                "Unlike the two seasons before it, the third season is darker.",
+                "not_entailment",
+            ),
+        ),
+        "rte": (
+            [
+                ["index", "sentence1", "sentence2", "label"],
+                ["0", "No Weapons of Mass Destruction Found in Iraq Yet.", "Weapons Found in Iraq.", "not_entailment"],
+                ["1", "A place of sorrow.", "Sorrow exists.", "entailment"],
+            ],
+            ("rte", "train-1", "A place of sorrow.", "Sorrow exists.", "entailment"),
+        ),
+        "wnli": (
+            [
+                ["index", "sentence1", "sentence2", "label"],
+                [
+                    "0",
+                    "I stuck a pin through a carrot. When I pulled the pin out, it had a hole.",
+                    "The carrot had a hole.",
+                    "1",
+                ],
+            ],
+            (
+                "wnli",
+                "train-0",
+                "I stuck a pin through a carrot. When I pulled the pin out, it had a hole.",
+                "The carrot had a hole.",
+                "1",
+            ),
+        ),
+        "sts-b": (
+            [
+                [
+                    "index",
+                    "genre",
+                    "filename",
+                    "year",
+                    "old_index",
+                    "source1",
+                    "source2",
+                    "sentence1",
+                    "sentence2",
+                    "score",
+                ],
+                [
+                    "0",
+                    "main-captions",
+                    "MSRvid",
+                    "2012test",
+                    "0001",
+                    "none",
+                    "none",
+                    "A plane is taking off.",
+                    "An air plane is taking off.",
+                    "5.000",
+                ],
+                [
+                    "1",
+                    "main-captions",
+                    "MSRvid",
+                    "2012test",
+                    "0004",
+                    "none",
+                    "none",
+                    "A man is playing a flute.",
+                    "A man is playing a bamboo flute.",
+                    "3.800",
+                ],
+            ],
+            ("sts-b", "train-1", "A man is playing a flute.", "A man is playing a bamboo flute.", "3.800"),
+        ),
     }
     for name, (rows, (task_name, guid, text_a, text_b, label)) in cases.items():
         folder = tmp_path / name
@@ -168,19 +279,32 @@ def test_qqp_qnli_rte_wnli_stsb_layouts(tmp_path):
         assert (found.text_a, found.text_b, found.label) == (text_a, text_b, label), name
     assert get_task("STSB").is_regression and get_task("sts-b").num_labels == 1
     assert {n: len(t.labels or ()) for n, t in TASKS.items()} == {
-        "cola": 2, "sst-2": 2, "mrpc": 2, "sts-b": 0, "qqp": 2, "mnli": 3, "qnli": 2, "rte": 2, "wnli": 2}
+        "cola": 2,
+        "sst-2": 2,
+        "mrpc": 2,
+        "sts-b": 0,
+        "qqp": 2,
+        "mnli": 3,
+        "qnli": 2,
+        "rte": 2,
+        "wnli": 2,
+    }
 
 
 def test_glue_layout_cola_and_sst2_test_files(tmp_path):
     # GLUE's CoLA: train/dev without a header, test with "index<TAB>sentence"; SST-2 test likewise.
-    _write(tmp_path / "train.tsv", [["gj04", "1", "", "Our friends won't buy this analysis."],
-                                    ["gj04", "0", "*", "They drank the pub."]])
+    _write(
+        tmp_path / "train.tsv",
+        [["gj04", "1", "", "Our friends won't buy this analysis."], ["gj04", "0", "*", "They drank the pub."]],
+    )
     _write(tmp_path / "dev.tsv", [["gj04", "1", "", "The sailors rode the breeze clear of the rocks."]])
     _write(tmp_path / "test.tsv", [["index", "sentence"], ["0", "Bill whistled past the house."]])
     cola = get_task("CoLA")
     train = get_train_examples(tmp_path, cola)
-    assert [(e.text_a, e.label) for e in train] == [("Our friends won't buy this analysis.", "1"),
-                                                    ("They drank the pub.", "0")]
+    assert [(e.text_a, e.label) for e in train] == [
+        ("Our friends won't buy this analysis.", "1"),
+        ("They drank the pub.", "0"),
+    ]
     assert len(get_dev_examples(tmp_path, cola)["dev"]) == 1  # dev.tsv wins over the raw release's files
     assert get_test_examples(tmp_path, cola)["test"][0].text_a == "Bill whistled past the house."
 
@@ -229,7 +353,8 @@ def test_metrics_against_formulas():
         assert compute_metrics(get_task(name), preds, labels) == pytest.approx({"acc": acc})
     three = rng.integers(0, 3, 50)
     assert compute_metrics(get_task("mnli"), three, np.roll(three, 1))["acc"] == pytest.approx(
-        np.mean(three == np.roll(three, 1)))
+        np.mean(three == np.roll(three, 1))
+    )
     # All one class: MCC is 0 by convention (the numerator is 0), F1 of never predicting "1" is 0.
     assert compute_metrics(get_task("cola"), np.ones(10, int), labels[:10])["mcc"] == 0.0
     assert compute_metrics(get_task("mrpc"), np.zeros(10, int), np.ones(10, int))["f1"] == 0.0
@@ -240,10 +365,10 @@ def test_regression_metrics_against_formulas():
     labels = rng.uniform(0, 5, 100)
     preds = labels + rng.normal(0, 1.0, 100)  # continuous: no ties, so ranks are a permutation
     xm, ym = preds - preds.mean(), labels - labels.mean()
-    pearson = (xm * ym).sum() / math.sqrt((xm ** 2).sum() * (ym ** 2).sum())
+    pearson = (xm * ym).sum() / math.sqrt((xm**2).sum() * (ym**2).sum())
     rank_x, rank_y = np.argsort(np.argsort(preds)), np.argsort(np.argsort(labels))
     d = (rank_x - rank_y).astype(float)
-    spearman = 1 - 6 * (d ** 2).sum() / (100 * (100 ** 2 - 1))
+    spearman = 1 - 6 * (d**2).sum() / (100 * (100**2 - 1))
     m = compute_metrics(get_task("sts-b"), preds, labels)
     assert m["pearson"] == pytest.approx(pearson, abs=1e-10)
     assert m["spearmanr"] == pytest.approx(spearman, abs=1e-10)
@@ -271,16 +396,23 @@ def test_metrics_equal_scikit_learn_and_scipy_with_ties_and_three_classes():
         labels, preds = rng.integers(0, k, n), rng.integers(0, k, n)
         preds[: n // 2] = labels[: n // 2]
         assert compute_metrics(get_task("cola"), preds, labels)["mcc"] == pytest.approx(
-            matthews_corrcoef(labels, preds), abs=1e-12)
+            matthews_corrcoef(labels, preds), abs=1e-12
+        )
         if k == 2:
             assert compute_metrics(get_task("mrpc"), preds, labels)["f1"] == pytest.approx(
-                f1_score(labels, preds, pos_label=1, zero_division=0.0), abs=1e-12)
-    for preds, labels in ((np.zeros(5, int), np.zeros(5, int)), (np.ones(5, int), np.zeros(5, int)),
-                          (np.array([0, 1, 1, 0]), np.array([1, 0, 0, 1]))):
+                f1_score(labels, preds, pos_label=1, zero_division=0.0), abs=1e-12
+            )
+    for preds, labels in (
+        (np.zeros(5, int), np.zeros(5, int)),
+        (np.ones(5, int), np.zeros(5, int)),
+        (np.array([0, 1, 1, 0]), np.array([1, 0, 0, 1])),
+    ):
         assert compute_metrics(get_task("cola"), preds, labels)["mcc"] == pytest.approx(
-            matthews_corrcoef(labels, preds), abs=1e-12)
+            matthews_corrcoef(labels, preds), abs=1e-12
+        )
         assert compute_metrics(get_task("mrpc"), preds, labels)["f1"] == pytest.approx(
-            f1_score(labels, preds, pos_label=1, zero_division=0.0), abs=1e-12)
+            f1_score(labels, preds, pos_label=1, zero_division=0.0), abs=1e-12
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -301,7 +433,6 @@ def test_truncate_seq_pair_longest_first():
 
 def test_pair_encoding_matches_transformers(shared_data, minilm_dir):
     from transformers import AutoTokenizer
-
 
     hf = AutoTokenizer.from_pretrained(str(minilm_dir))
     ours = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
@@ -324,8 +455,8 @@ def test_pair_encoding_matches_transformers(shared_data, minilm_dir):
         full_b = hf(e.text_b, add_special_tokens=False)["input_ids"]
         ids, types = short.example(i)
         n_a = int(short.len_a[i]) - 2
-        a, b = ids[1:1 + n_a].tolist(), ids[2 + n_a:-1].tolist()
-        assert a == full_a[:len(a)] and b == full_b[:len(b)]
+        a, b = ids[1 : 1 + n_a].tolist(), ids[2 + n_a : -1].tolist()
+        assert a == full_a[: len(a)] and b == full_b[: len(b)]
         assert len(ids) == min(32, len(full_a) + len(full_b) + 3)
         if len(a) < len(full_a) and len(b) < len(full_b):
             assert len(a) - len(b) in (0, 1)
@@ -336,8 +467,13 @@ def test_pair_encoding_matches_transformers(shared_data, minilm_dir):
 
 def test_collate_pads_to_the_longest_in_the_batch():
     ids = np.array([101, 5, 6, 102, 101, 7, 102, 8, 9, 102], dtype=np.int32)
-    encoded = EncodedExamples(ids=ids, offsets=np.array([0, 4, 10]), len_a=np.array([4, 3], dtype=np.int32),
-                              labels=np.array([1, 0]), truncated=0)
+    encoded = EncodedExamples(
+        ids=ids,
+        offsets=np.array([0, 4, 10]),
+        len_a=np.array([4, 3], dtype=np.int32),
+        labels=np.array([1, 0]),
+        truncated=0,
+    )
     batch = run_glue.collate([recipe.EncodedDataset(encoded)[i] for i in (0, 1)])
     assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels"}  # the model's argument names
     assert batch["input_ids"].tolist() == [[101, 5, 6, 102, 0, 0], [101, 7, 102, 8, 9, 102]]
@@ -375,9 +511,25 @@ pytestmark = pytest.mark.usefixtures("one_thread_on_a_busy_cpu")
 
 
 def _run(out: Path, minilm_dir, task: str, data_dir: Path, *flags: str) -> dict:
-    return run_glue.main(["--task_name", task, "--data_dir", str(data_dir), "--init_checkpoint", str(minilm_dir),
-                          "--do_lower_case", "--output_dir", str(out), "--precision", "auto", "--seed", "2",
-                          "--disable_progress_bar", *flags])
+    return run_glue.main(
+        [
+            "--task_name",
+            task,
+            "--data_dir",
+            str(data_dir),
+            "--init_checkpoint",
+            str(minilm_dir),
+            "--do_lower_case",
+            "--output_dir",
+            str(out),
+            "--precision",
+            "auto",
+            "--seed",
+            "2",
+            "--disable_progress_bar",
+            *flags,
+        ]
+    )
 
 
 def _majority(dev, task) -> float:
@@ -402,16 +554,30 @@ def _check_outputs(out: Path, dev, task) -> dict:
     return results
 
 
-def test_auto_trains_as_the_hardware_decides_and_evaluation_alone_is_fp32(tmp_path, shared_data, minilm_dir,
-                                                                          cpu_bf16):
+def test_auto_trains_as_the_hardware_decides_and_evaluation_alone_is_fp32(tmp_path, shared_data, minilm_dir, cpu_bf16):
     """--precision auto: a run with --do_train trains (and evaluates) in the fastest native precision, which is
     what the CPU decides (cpu_bf16: as one with and one without native bf16); a run that only evaluates the saved
     model is fp32 on either, and equals the explicit fp32 evaluation."""
     data = shared_data / "glue-sst2"
     # One optimizer step and 8 sentences: the decision is what is checked, and bf16 on a CPU without it is emulated.
-    trained = _run(tmp_path / "train", minilm_dir, "sst-2", data, "--do_train", "--max_train_examples", "8",
-                   "--max_steps", "1", "--train_batch_size", "8", "--max_seq_length", "32", "--do_eval",
-                   "--max_eval_examples", "8")
+    trained = _run(
+        tmp_path / "train",
+        minilm_dir,
+        "sst-2",
+        data,
+        "--do_train",
+        "--max_train_examples",
+        "8",
+        "--max_steps",
+        "1",
+        "--train_batch_size",
+        "8",
+        "--max_seq_length",
+        "32",
+        "--do_eval",
+        "--max_eval_examples",
+        "8",
+    )
     assert trained["precision"] == cpu_bf16 and trained["train"]["steps"] == 1
     evaluate = ["--do_eval", "--max_eval_examples", "8", "--max_seq_length", "32"]
     alone = _run(tmp_path / "eval", tmp_path / "train" / "model.pt", "sst-2", data, *evaluate)
@@ -422,10 +588,26 @@ def test_auto_trains_as_the_hardware_decides_and_evaluation_alone_is_fp32(tmp_pa
 
 def test_sst2_learns_from_minilm(tmp_path, shared_data, minilm_dir):
     task, data = get_task("sst-2"), shared_data / "glue-sst2"
-    _run(tmp_path, minilm_dir, "sst-2", data, "--do_train", "--do_eval", "--do_predict", "--skip_checkpoint",
-         "--max_train_examples", str(SST2["train"]), "--max_eval_examples", str(DEV_EXAMPLES),
-         "--num_train_epochs", str(SST2["epochs"]), "--train_batch_size", str(SST2["batch"]),
-         "--learning_rate", str(SST2["lr"]))
+    _run(
+        tmp_path,
+        minilm_dir,
+        "sst-2",
+        data,
+        "--do_train",
+        "--do_eval",
+        "--do_predict",
+        "--skip_checkpoint",
+        "--max_train_examples",
+        str(SST2["train"]),
+        "--max_eval_examples",
+        str(DEV_EXAMPLES),
+        "--num_train_epochs",
+        str(SST2["epochs"]),
+        "--train_batch_size",
+        str(SST2["batch"]),
+        "--learning_rate",
+        str(SST2["lr"]),
+    )
     dev = get_dev_examples(data, task)["dev"][:DEV_EXAMPLES]
     results = _check_outputs(tmp_path, dev, task)
     accuracy, majority = results["eval"]["dev"]["acc"], _majority(dev, task)
@@ -441,10 +623,27 @@ MRPC_EVAL = 64
 def mrpc_run(tmp_path_factory, shared_data, minilm_dir) -> Path:
     """A short MRPC fine-tune (64 pairs, 4 optimizer steps) with every output written."""
     out = tmp_path_factory.mktemp("mrpc")
-    _run(out, minilm_dir, "mrpc", shared_data / "glue-mrpc", "--do_train", "--do_eval", "--do_predict",
-         "--max_train_examples", "64", "--max_eval_examples", str(MRPC_EVAL), "--max_steps", "4",
-         "--train_batch_size", "16", "--learning_rate", "1e-4",
-         "--precision", "fp32")  # its re-evaluation (fp32 on every CPU) is compared with its scores at 1e-6
+    _run(
+        out,
+        minilm_dir,
+        "mrpc",
+        shared_data / "glue-mrpc",
+        "--do_train",
+        "--do_eval",
+        "--do_predict",
+        "--max_train_examples",
+        "64",
+        "--max_eval_examples",
+        str(MRPC_EVAL),
+        "--max_steps",
+        "4",
+        "--train_batch_size",
+        "16",
+        "--learning_rate",
+        "1e-4",
+        "--precision",
+        "fp32",
+    )  # its re-evaluation (fp32 on every CPU) is compared with its scores at 1e-6
     return out
 
 
@@ -458,17 +657,18 @@ def test_mrpc_outputs_and_reload(mrpc_run, tmp_path, shared_data):
     assert set(results["eval"]["dev"]) == {"acc", "f1", "acc_and_f1", "loss", "examples"}
     for source in ("model.pt", "hf_model"):
         out = tmp_path / source
-        again = _run(out, mrpc_run / source, "mrpc", data, "--do_eval", "--do_predict",
-                     "--max_eval_examples", str(MRPC_EVAL))
+        again = _run(
+            out, mrpc_run / source, "mrpc", data, "--do_eval", "--do_predict", "--max_eval_examples", str(MRPC_EVAL)
+        )
         assert json.loads((out / "predictions.json").read_text()) == json.loads(
-            (mrpc_run / "predictions.json").read_text())
+            (mrpc_run / "predictions.json").read_text()
+        )
         assert again["eval"]["dev"] == pytest.approx(results["eval"]["dev"], abs=1e-6)
 
 
 def test_hf_export_matches_transformers(mrpc_run, shared_data):
     """The fine-tuned model's hf_model/ in transformers gives the logits of our model.pt in our model."""
     from transformers.models.bert.modeling_bert import BertForSequenceClassification as HFBert
-
 
     saved = torch.load(mrpc_run / "model.pt", map_location="cpu", weights_only=True)
     assert saved["task"] == "mrpc" and saved["labels"] == ["0", "1"] and saved["num_labels"] == 2
@@ -478,13 +678,15 @@ def test_hf_export_matches_transformers(mrpc_run, shared_data):
 
     task = get_task("mrpc")
     examples = get_dev_examples(shared_data / "glue-mrpc", task)["dev"][:8]
-    encoded = encode_examples(examples, BertTokenizer(mrpc_run / "hf_model" / "vocab.txt", do_lower_case=True), 128,
-                              task)
+    encoded = encode_examples(
+        examples, BertTokenizer(mrpc_run / "hf_model" / "vocab.txt", do_lower_case=True), 128, task
+    )
     batch = run_glue.collate([recipe.EncodedDataset(encoded)[i] for i in range(len(examples))])
     with torch.no_grad():
         (logits,) = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        ref = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                 attention_mask=batch["attention_mask"]).logits
+        ref = hf(
+            input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+        ).logits
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -499,10 +701,32 @@ def test_stsb_regression_end_to_end(tmp_path, shared_data, minilm_dir):
     (data / "train.tsv").write_bytes(rows)  # the fixture has dev rows only: train on them too
     (data / "dev.tsv").write_bytes(rows)
     out = tmp_path / "out"
-    results = run_glue.main(["--task_name", "STS-B", "--data_dir", str(data), "--init_checkpoint", str(minilm_dir),
-                             "--do_lower_case", "--output_dir", str(out), "--do_train", "--do_eval", "--do_predict",
-                             "--max_steps", "2", "--train_batch_size", "4", "--gradient_accumulation_steps", "2",
-                             "--learning_rate", "1e-4", "--disable_progress_bar", "--skip_checkpoint"])
+    results = run_glue.main(
+        [
+            "--task_name",
+            "STS-B",
+            "--data_dir",
+            str(data),
+            "--init_checkpoint",
+            str(minilm_dir),
+            "--do_lower_case",
+            "--output_dir",
+            str(out),
+            "--do_train",
+            "--do_eval",
+            "--do_predict",
+            "--max_steps",
+            "2",
+            "--train_batch_size",
+            "4",
+            "--gradient_accumulation_steps",
+            "2",
+            "--learning_rate",
+            "1e-4",
+            "--disable_progress_bar",
+            "--skip_checkpoint",
+        ]
+    )
     assert results["train"]["steps"] == 2
     predictions = json.loads((out / "predictions.json").read_text())
     dev = get_dev_examples(data, get_task("sts-b"))["dev"]
@@ -523,11 +747,32 @@ def test_run_glue_errors(tmp_path, minilm_dir, shared_data):
     with pytest.raises(SystemExit, match=r"MRPC dev set not found: no .*dev\.tsv; is --data_dir"):
         run_glue.main(["--task_name", "mrpc", "--data_dir", str(tmp_path), *base])
     with pytest.raises(SystemExit, match="nothing to do"):
-        run_glue.main(["--task_name", "mrpc", "--data_dir", str(tmp_path), "--init_checkpoint", str(minilm_dir),
-                       "--output_dir", str(tmp_path)])
+        run_glue.main(
+            [
+                "--task_name",
+                "mrpc",
+                "--data_dir",
+                str(tmp_path),
+                "--init_checkpoint",
+                str(minilm_dir),
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
     with pytest.raises(SystemExit, match="--init_checkpoint .* not found"):
-        run_glue.main(["--task_name", "mrpc", "--data_dir", str(shared_data / "glue-mrpc"), "--init_checkpoint",
-                       str(tmp_path / "missing.pt"), "--output_dir", str(tmp_path), "--do_eval"])
+        run_glue.main(
+            [
+                "--task_name",
+                "mrpc",
+                "--data_dir",
+                str(shared_data / "glue-mrpc"),
+                "--init_checkpoint",
+                str(tmp_path / "missing.pt"),
+                "--output_dir",
+                str(tmp_path),
+                "--do_eval",
+            ]
+        )
 
 
 def test_diverged_fine_tuning_is_an_error_not_a_result(tmp_path, minilm_dir, shared_data):
@@ -536,9 +781,27 @@ def test_diverged_fine_tuning_is_an_error_not_a_result(tmp_path, minilm_dir, sha
     acc 0.4908, every prediction one class, with exit status 0)."""
     out = tmp_path / "o"
     with pytest.raises(SystemExit, match=r"^run_glue\.py: error: the loss became non-finite at fine-tuning step \d+"):
-        _run(out, minilm_dir, "sst-2", shared_data / "glue-sst2", "--do_train", "--do_eval", "--learning_rate",
-             "1e30", "--warmup_proportion", "0", "--max_train_examples", "64", "--max_eval_examples", "16",
-             "--max_steps", "4", "--train_batch_size", "16", "--skip_checkpoint")
+        _run(
+            out,
+            minilm_dir,
+            "sst-2",
+            shared_data / "glue-sst2",
+            "--do_train",
+            "--do_eval",
+            "--learning_rate",
+            "1e30",
+            "--warmup_proportion",
+            "0",
+            "--max_train_examples",
+            "64",
+            "--max_eval_examples",
+            "16",
+            "--max_steps",
+            "4",
+            "--train_batch_size",
+            "16",
+            "--skip_checkpoint",
+        )
     assert not (out / "results.json").exists()
 
 
@@ -548,12 +811,31 @@ def test_nan_probe_finds_the_first_non_finite_micro_batch(tmp_path, minilm_dir, 
     saved batch and weights load with weights_only=True and hold those enormous weights. A healthy run reports
     first_bad null after all its micro-batches."""
 
-    glue = ["--task_name", "sst-2", "--data_dir", str(shared_data / "glue-sst2"), "--init_checkpoint",
-            str(minilm_dir), "--do_lower_case", "--do_train", "--warmup_proportion", "0", "--max_train_examples",
-            "64", "--train_batch_size", "16", "--max_steps", "3", "--skip_checkpoint", "--disable_progress_bar",
-            "--seed", "2"]
-    report = nan_probe.main(["--out", str(tmp_path / "bad"), "--", *glue, "--output_dir", str(tmp_path / "o1"),
-                             "--learning_rate", "1e30"])
+    glue = [
+        "--task_name",
+        "sst-2",
+        "--data_dir",
+        str(shared_data / "glue-sst2"),
+        "--init_checkpoint",
+        str(minilm_dir),
+        "--do_lower_case",
+        "--do_train",
+        "--warmup_proportion",
+        "0",
+        "--max_train_examples",
+        "64",
+        "--train_batch_size",
+        "16",
+        "--max_steps",
+        "3",
+        "--skip_checkpoint",
+        "--disable_progress_bar",
+        "--seed",
+        "2",
+    ]
+    report = nan_probe.main(
+        ["--out", str(tmp_path / "bad"), "--", *glue, "--output_dir", str(tmp_path / "o1"), "--learning_rate", "1e30"]
+    )
     assert report["first_bad"] == 2
     assert not math.isfinite(report["loss"]) and report["bad_parameters"]
     assert report["replays"]["as_run"]["loss_finite"] is False and report["replays"]["fp32"]["loss_finite"] is False
@@ -561,12 +843,14 @@ def test_nan_probe_finds_the_first_non_finite_micro_batch(tmp_path, minilm_dir, 
     saved = torch.load(tmp_path / "bad" / "bad_batch.pt", weights_only=True)
     assert saved["batch"]["input_ids"].shape[0] == 16
     assert max(float(v.abs().max()) for v in saved["model"].values() if v.is_floating_point()) > 1e25
-    healthy = nan_probe.main(["--out", str(tmp_path / "good"), "--", *glue, "--output_dir", str(tmp_path / "o2"),
-                              "--learning_rate", "1e-4"])
+    healthy = nan_probe.main(
+        ["--out", str(tmp_path / "good"), "--", *glue, "--output_dir", str(tmp_path / "o2"), "--learning_rate", "1e-4"]
+    )
     assert healthy == {"first_bad": None, "micro_batches": 3}
     # an infinite learning rate: micro-batch 1 is finite, and it is the update after it that breaks the weights
-    broken = nan_probe.main(["--out", str(tmp_path / "update"), "--", *glue, "--output_dir", str(tmp_path / "o3"),
-                             "--learning_rate", "inf"])
+    broken = nan_probe.main(
+        ["--out", str(tmp_path / "update"), "--", *glue, "--output_dir", str(tmp_path / "o3"), "--learning_rate", "inf"]
+    )
     assert broken["first_bad_update"] == 1 and broken["learning_rate"] == math.inf
     assert "bert.embeddings.word_embeddings.weight" in broken["bad_parameters"]
     assert all(math.isfinite(g) for g in broken["their_grad_max_abs"])
@@ -581,20 +865,33 @@ def test_nan_probe_finds_the_first_non_finite_micro_batch(tmp_path, minilm_dir, 
 def _dry_run(repo_root: Path, preset: str | None, *positional: str) -> list[str]:
     script = "source scripts/configs/glue_config.sh && "
     args = f"$({preset})" if preset else " ".join(shlex.quote(a) for a in positional)
-    out = subprocess.run(["bash", "-c", script + f"bash scripts/run_glue.sh {args}"], cwd=repo_root,
-                         env={**os.environ, "DRY_RUN": "1"}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", "-c", script + f"bash scripts/run_glue.sh {args}"],
+        cwd=repo_root,
+        env={**os.environ, "DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return shlex.split(out.stdout.strip())
 
 
 def test_launcher_presets_use_known_flags(repo_root):
     parser = run_glue.build_parser()
     known = {s for action in parser._actions for s in action.option_strings}
-    presets = ["mrpc_dgx1-32g_8gpu_fp16", "sst-2_dgx1-32g_1gpu_fp32", "mnli_dgx2-32g_16gpu_fp16",
-               "qqp_dgxa100-80g_8gpu_bf16", "cola_dgxh100-80g_4gpu_tf32", "sts-b_cpu_1gpu_bf16", "rte_cpu_1gpu_fp32"]
+    presets = [
+        "mrpc_dgx1-32g_8gpu_fp16",
+        "sst-2_dgx1-32g_1gpu_fp32",
+        "mnli_dgx2-32g_16gpu_fp16",
+        "qqp_dgxa100-80g_8gpu_bf16",
+        "cola_dgxh100-80g_4gpu_tf32",
+        "sts-b_cpu_1gpu_bf16",
+        "rte_cpu_1gpu_fp32",
+    ]
     for preset in presets:
         cmd = _dry_run(repo_root, preset)
         script = next(i for i, a in enumerate(cmd) if a.endswith("run_glue.py"))
-        flags = cmd[script + 1:]
+        flags = cmd[script + 1 :]
         assert {f.split("=")[0] for f in flags if f.startswith("--")} <= known, preset
         args = parser.parse_args(flags)  # values of the right types
         assert args.do_train and args.do_eval and args.task_name == preset.split("_")[0]
@@ -604,10 +901,33 @@ def test_launcher_presets_use_known_flags(repo_root):
         if "dgx1-32g_1gpu_fp32" in preset:  # 1024 per step = 16 micro-batches of 64 (the fp32 capacity)
             assert (args.train_batch_size, args.gradient_accumulation_steps) == (1024, 16)
     # positional arguments in the original's order, mode "eval" on one process
-    cmd = _dry_run(repo_root, None, "ckpt.pt", "glue/RTE", "vocab.txt", "cfg.json", "out", "rte", "8", "32", "2",
-                   "3e-5", "0.2", "2", "-1", "bf16", "7", "eval prediction")
-    args = parser.parse_args(cmd[cmd.index(next(a for a in cmd if a.endswith("run_glue.py"))) + 1:])
+    cmd = _dry_run(
+        repo_root,
+        None,
+        "ckpt.pt",
+        "glue/RTE",
+        "vocab.txt",
+        "cfg.json",
+        "out",
+        "rte",
+        "8",
+        "32",
+        "2",
+        "3e-5",
+        "0.2",
+        "2",
+        "-1",
+        "bf16",
+        "7",
+        "eval prediction",
+    )
+    args = parser.parse_args(cmd[cmd.index(next(a for a in cmd if a.endswith("run_glue.py"))) + 1 :])
     assert "--nproc_per_node=8" not in cmd and args.do_eval and args.do_predict and not args.do_train
     assert (args.init_checkpoint, args.data_dir, args.vocab_file, args.config_file, args.output_dir) == (
-        "ckpt.pt", "glue/RTE", "vocab.txt", "cfg.json", "out")
+        "ckpt.pt",
+        "glue/RTE",
+        "vocab.txt",
+        "cfg.json",
+        "out",
+    )
     assert args.eval_batch_size == 32 and args.seed == 7 and args.precision == "bf16" and args.task_name == "rte"

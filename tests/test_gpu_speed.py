@@ -7,6 +7,7 @@ time is the union of the kernels' intervals (against a brute-force count), real 
 right parts of a step, and run_pretraining.py --profile_steps writes a profile whose summarising is not counted as
 training time. The check of the flash_varlen kernel runs on a GPU only; its logic is rehearsed here on padded SDPA.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,18 +21,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import args_for, make_shards, read_log, subprocess_env, write_config
 
 import run_pretraining as rp
 from bench import gpu_speed
 from bench.study_utils import read_shards
 from bert_recipe.training import profiling
-from helpers import args_for, make_shards, read_log, subprocess_env, write_config
 from modeling import BertConfig
 
 REPO = Path(__file__).resolve().parents[1]
-ROWS = ("p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager "
-        "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager p1_autotune_eager "
-        "p1_bits_eager p1_nodrop_eager p2_padded_eager_m3")  # m3: no micro-batch of 3 divides 4
+ROWS = (
+    "p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager "
+    "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager p1_autotune_eager "
+    "p1_bits_eager p1_nodrop_eager p2_padded_eager_m3"
+)  # m3: no micro-batch of 3 divides 4
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +42,31 @@ def speed_data(tmp_path_factory, shared_data, uncased_vocab) -> Path:
     """`gpu_speed prepare` on one file of the Wikipedia slice, with a one-layer model in place of BERT-large."""
     tmp = tmp_path_factory.mktemp("gpu_speed")
     tiny = tmp / "tiny.json"
-    BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-               max_position_embeddings=512).to_json_file(tiny)
-    gpu_speed.main(["prepare", "--out", str(tmp / "data"), "--files", "1", "--config", str(tiny), "--workers", "1",
-                    "--slice", str(shared_data / "wikipedia-en-slice" / "text" / "AA"), "--vocab", str(uncased_vocab)])
+    BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    ).to_json_file(tiny)
+    gpu_speed.main(
+        [
+            "prepare",
+            "--out",
+            str(tmp / "data"),
+            "--files",
+            "1",
+            "--config",
+            str(tiny),
+            "--workers",
+            "1",
+            "--slice",
+            str(shared_data / "wikipedia-en-slice" / "text" / "AA"),
+            "--vocab",
+            str(uncased_vocab),
+        ]
+    )
     return tmp / "data"
 
 
@@ -59,27 +83,57 @@ def test_prepare_writes_both_phases_plain_and_packed_and_every_config(speed_data
     for name in ("sdpa", "cudnn", "fixed", "buffer", "bits", "nodrop"):
         speed = ("unpad", "varlen_kernel", "unpad_fixed_sizes", "dropout_mask_bits", "attention_probs_dropout_prob")
         assert {k: v for k, v in configs[name].items() if k not in speed} == {
-            k: v for k, v in configs["auto"].items() if k not in speed}
+            k: v for k, v in configs["auto"].items() if k not in speed
+        }
 
 
 def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "ROWS": ROWS, "BATCH1": "8", "ACC1": "2",
-           "BATCH2": "4", "ACC2": "2", "WARMUP": "1", "PROFILE": "1", "TIMED": "2", "PRECISION": "fp32",
-           "WORKERS": "1", "OMP_NUM_THREADS": "1", "LOG_FREQ": "1", "SMOKE": "0",
-           "USER_PATHS": "0"}  # the smoke and the user paths: the tests below
-    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "ROWS": ROWS,
+        "BATCH1": "8",
+        "ACC1": "2",
+        "BATCH2": "4",
+        "ACC2": "2",
+        "WARMUP": "1",
+        "PROFILE": "1",
+        "TIMED": "2",
+        "PRECISION": "fp32",
+        "WORKERS": "1",
+        "OMP_NUM_THREADS": "1",
+        "LOG_FREQ": "1",
+        "SMOKE": "0",
+        "USER_PATHS": "0",
+    }  # the smoke and the user paths: the tests below
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == ["call.json", "call.log", "gpu.txt", "logs.tar.gz",
-                                                     "summary.json", "summary.md"]  # the device tool returns 8
+    assert sorted(p.name for p in out.iterdir()) == [
+        "call.json",
+        "call.log",
+        "gpu.txt",
+        "logs.tar.gz",
+        "summary.json",
+        "summary.md",
+    ]  # the device tool returns 8
     assert json.loads((out / "call.json").read_text())["settings"]["rows"] == ROWS
     rows = {r["run"]: r for r in json.loads((out / "summary.json").read_text())}
     assert sorted(rows) == sorted(ROWS.split()[:-1])
     assert "skip p2_padded_eager_m3: the micro-batch must divide the phase's 4 rows a step" in done.stdout
     assert all(r["finished"] and r["exit"] == 0 for r in rows.values()), done.stdout
     assert {n: r["micro_batch"] for n, r in rows.items() if "_m4" in n or n.startswith("p2_hf")} == {
-        "p2_unpadded_eager_m4": 4, "p2_hf_eager_m4": 4, "p2_hf_eager": 2}  # BATCH2 4 in ACC2 2, or in 1 of 4
+        "p2_unpadded_eager_m4": 4,
+        "p2_hf_eager_m4": 4,
+        "p2_hf_eager": 2,
+    }  # BATCH2 4 in ACC2 2, or in 1 of 4
     for name, r in rows.items():
         seq = 128 if r["phase"] == 1 else 512
         if r["layout"] in ("packed", "graph"):  # a packed row is one to three sequences
@@ -114,13 +168,32 @@ def test_the_smoke_runs_each_path_once_first_and_a_failed_path_is_not_timed(spee
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('this torchao is broken')\n")
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
-           "ROWS": "p1_padded_eager p1_fp8_eager p2_padded_eager", "BATCH1": "8", "ACC1": "2", "BATCH2": "4",
-           "ACC2": "2", "WARMUP": "1", "PROFILE": "0", "TIMED": "1", "PRECISION": "fp32", "USER_PATHS": "0",
-           "WORKERS": "1", "OMP_NUM_THREADS": "1", "CHECK": "0",
-           "PYTHONPATH": str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "ROWS": "p1_padded_eager p1_fp8_eager p2_padded_eager",
+        "BATCH1": "8",
+        "ACC1": "2",
+        "BATCH2": "4",
+        "ACC2": "2",
+        "WARMUP": "1",
+        "PROFILE": "0",
+        "TIMED": "1",
+        "PRECISION": "fp32",
+        "USER_PATHS": "0",
+        "WORKERS": "1",
+        "OMP_NUM_THREADS": "1",
+        "CHECK": "0",
+        "PYTHONPATH": str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     smoke = (out / "smoke.txt").read_text().splitlines()
     assert [line.split()[:2] for line in smoke] == [["p1_padded_eager", "pass"], ["p1_fp8_eager", "fail:"]], smoke
@@ -138,18 +211,37 @@ def test_every_user_path_runs_once_before_the_rows(speed_data, tmp_path):
     tiny inputs (real MRPC pairs and SQuAD questions); one line each in user_paths.txt, here all passing."""
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "PRECISION": "fp32", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_user_paths.sh"), str(speed_data)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_user_paths.sh"), str(speed_data)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = (out / "user_paths.txt").read_text().splitlines()
-    assert [line.split()[:2] for line in lines] == [[name, "pass"] for name in (
-        "run_pretraining", "run_glue", "run_squad", "run_swag", "inference_qa", "inference_classify",
-        "extract_features", "onnx_export")], lines
+    assert [line.split()[:2] for line in lines] == [
+        [name, "pass"]
+        for name in (
+            "run_pretraining",
+            "run_glue",
+            "run_squad",
+            "run_swag",
+            "inference_qa",
+            "inference_classify",
+            "extract_features",
+            "onnx_export",
+        )
+    ], lines
 
 
 def test_call_script_refuses_a_folder_that_prepare_did_not_make(tmp_path):
-    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(tmp_path)],
-                          env={**os.environ, "OUT": str(tmp_path / "out")}, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(tmp_path)],
+        env={**os.environ, "OUT": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "python -m bench.gpu_speed prepare" in done.stderr
 
@@ -174,8 +266,23 @@ def test_flash_check_logic_rehearsed_on_padded_sdpa(tmp_path):
     (fp32 reference, dropout applied, seeded, unbiased, compiled = eager) pass for a kernel known to be right. On 2
     heads instead of the device's 16: the same sequences and checks, an eighth of the dropout masks to draw, which
     on a CPU was most of the test (16 heads: 20 s of CPU, 2 heads: 10 s, the same errors to two digits)."""
-    report = gpu_speed.main(["check_flash", "--out", str(tmp_path), "--kernel", "padded_sdpa", "--device", "cpu",
-                             "--draws", "12", "--backend", "aot_eager", "--heads", "2"])
+    report = gpu_speed.main(
+        [
+            "check_flash",
+            "--out",
+            str(tmp_path),
+            "--kernel",
+            "padded_sdpa",
+            "--device",
+            "cpu",
+            "--draws",
+            "12",
+            "--backend",
+            "aot_eager",
+            "--heads",
+            "2",
+        ]
+    )
     assert report["passed"] and json.loads((tmp_path / "check_padded_sdpa.json").read_text())["passed"]
     checks = report["checks"]
     assert checks["forward_rel_error"] < 1e-2 and checks["dropout_draws_differ"]
@@ -238,8 +345,10 @@ def test_a_gpu_profile_says_what_the_host_did_while_the_gpu_waited():
     region, op = event(2, "Torch-Compiled Region: 0/0", 25, 45), event(3, "aten::mm", 26, 29)
     region.append_cpu_child(op)
     op.set_cpu_parent(region)
-    kernels = [event(4, "nvjet_sm90_tst_128x256", 0, 10, DeviceType.CUDA, 7),
-               event(5, "triton_poi_fused_gelu_0", 30, 40, DeviceType.CUDA, 7)]
+    kernels = [
+        event(4, "nvjet_sm90_tst_128x256", 0, 10, DeviceType.CUDA, 7),
+        event(5, "triton_poi_fused_gelu_0", 30, 40, DeviceType.CUDA, 7),
+    ]
     summary = profiling.StepProfiler(steps=1, device=torch.device("cpu")).device_summary([loader, region, op, *kernels])
     assert summary["busy_ms"] == pytest.approx(0.020) and summary["idle_ms_per_step"] == pytest.approx(0.025)
     assert summary["idle_gaps_per_step"] == 2 and summary["kernels_per_step"] == 2
@@ -248,24 +357,39 @@ def test_a_gpu_profile_says_what_the_host_did_while_the_gpu_waited():
     assert summary["host_ops"] == pytest.approx({loader.name: 0.015, region.name: 0.017, "aten::mm": 0.003})
 
 
-@pytest.mark.parametrize("name, part", [  # kernel names from H200 profiles (bench/results)
-    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "matmul"),
-    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x6_nt_align8>", "matmul"),
-    ("triton_tem_fused_addmm_0", "matmul"),
-    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128>>", "attention"),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64", "attention"),
-    ("triton_per_fused__to_copy_add_native_dropout_native_layer_norm_native_layer_norm_backward_view_6",
-     "fused (compiled)"),
-    ("triton_poi_fused_gelu_gelu_backward_4", "fused (compiled)"),
-    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::TensorListMetadata<4>>",
-     "optimizer"),
-    ("Memcpy HtoD (Pageable -> Device)", "copy"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "element-wise (eager)"),
-    # ATen's sum over the tokens for a bias gradient, whose name holds a "lambda" (it was filed under "optimizer")
-    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-     "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>>>",
-     "element-wise (eager)"),
-])
+@pytest.mark.parametrize(
+    "name, part",
+    [  # kernel names from H200 profiles (bench/results)
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "matmul"),
+        ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x6_nt_align8>", "matmul"),
+        ("triton_tem_fused_addmm_0", "matmul"),
+        (
+            "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128>>",
+            "attention",
+        ),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64", "attention"),
+        (
+            "triton_per_fused__to_copy_add_native_dropout_native_layer_norm_native_layer_norm_backward_view_6",
+            "fused (compiled)",
+        ),
+        ("triton_poi_fused_gelu_gelu_backward_4", "fused (compiled)"),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::TensorListMetadata<4>>",
+            "optimizer",
+        ),
+        ("Memcpy HtoD (Pageable -> Device)", "copy"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+            "element-wise (eager)",
+        ),
+        # ATen's sum over the tokens for a bias gradient, whose name holds a "lambda" (it was filed under "optimizer")
+        (
+            "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+            "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>>>",
+            "element-wise (eager)",
+        ),
+    ],
+)
 def test_kernels_fall_into_the_parts_of_a_step(name, part):
     assert profiling.category(name) == part
 
@@ -292,8 +416,25 @@ def test_profile_steps_write_a_profile_not_counted_as_training(tmp_path, monkeyp
     monkeypatch.setattr(profiling.StepProfiler, "stop", slow_stop)
     data, config = make_shards(tmp_path / "data"), write_config(tmp_path / "config.json")
     out = tmp_path / "out"
-    assert rp.main(args_for(data, config, out, "--max_steps", "8", "--throughput_warmup_steps", "1",
-                            "--profile_steps", "2", "--skip_checkpoint", "--log_freq", "1")) == 0
+    assert (
+        rp.main(
+            args_for(
+                data,
+                config,
+                out,
+                "--max_steps",
+                "8",
+                "--throughput_warmup_steps",
+                "1",
+                "--profile_steps",
+                "2",
+                "--skip_checkpoint",
+                "--log_freq",
+                "1",
+            )
+        )
+        == 0
+    )
     profile = json.loads((out / "profile.json").read_text())
     assert profile["steps"] == 2 and profile["operators"]
     assert any(op["name"].startswith("aten::") for op in profile["operators"])
@@ -305,19 +446,22 @@ def test_profile_steps_write_a_profile_not_counted_as_training(tmp_path, monkeyp
 def test_a_cpu_profile_ranks_the_operators_without_loading_inductor():
     """On a CPU, StepProfiler ranks the operators of the profiled window by their own time, and (in a fresh
     interpreter, as run_pretraining.py --profile_steps starts one) leaves torch._inductor unimported."""
-    probe = ("import sys, torch\nfrom bert_recipe.training import profiling\n"
-             "p = profiling.StepProfiler(steps=1, device=torch.device('cpu'))\n"
-             "x = torch.randn(64, 64)\n"
-             "torch.mm(x, x)\n"
-             "p.start()\n"
-             "for _ in range(3): y = torch.mm(x, x).relu()\n"
-             "s = p.stop()\n"
-             "names = [o['name'] for o in s['operators']]\n"
-             "assert 'aten::mm' in names and 'aten::relu' in names, names\n"
-             "assert {o['calls'] for o in s['operators'] if o['name'] == 'aten::mm'} == {3}, s\n"
-             "assert 'torch._inductor' not in sys.modules\n")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=120)
+    probe = (
+        "import sys, torch\nfrom bert_recipe.training import profiling\n"
+        "p = profiling.StepProfiler(steps=1, device=torch.device('cpu'))\n"
+        "x = torch.randn(64, 64)\n"
+        "torch.mm(x, x)\n"
+        "p.start()\n"
+        "for _ in range(3): y = torch.mm(x, x).relu()\n"
+        "s = p.stop()\n"
+        "names = [o['name'] for o in s['operators']]\n"
+        "assert 'aten::mm' in names and 'aten::relu' in names, names\n"
+        "assert {o['calls'] for o in s['operators'] if o['name'] == 'aten::mm'} == {3}, s\n"
+        "assert 'torch._inductor' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 

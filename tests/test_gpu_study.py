@@ -5,6 +5,7 @@ call's folder from the real Wikipedia slice and bench/gpu_study_call.sh runs on 
 (text shards plain and xz-compressed -> unmasked shards -> probe -> pre-training -> bf16 export -> import ->
 fine-tuning); the export is compared with torch's own bf16 rounding of the checkpoint it came from, and `import`
 gives the run folder that bench.pretrain_study fine-tunes."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ def test_steps_that_fit_the_budget_as_written_out():
 
 
 def test_runs_are_parsed_and_bad_ones_refused():
-    assert gpu_study.parse_runs("adamw:1e-3,nvlamb:2.83e-2") == [("adamw_1e-3", "adamw", "1e-3"),
-                                                                 ("nvlamb_2.83e-2", "nvlamb", "2.83e-2")]
+    assert gpu_study.parse_runs("adamw:1e-3,nvlamb:2.83e-2") == [
+        ("adamw_1e-3", "adamw", "1e-3"),
+        ("nvlamb_2.83e-2", "nvlamb", "2.83e-2"),
+    ]
     for bad in ("sgd:1e-3", "adamw", "adamw:fast"):
         with pytest.raises(ValueError):
             gpu_study.parse_runs(bad)
@@ -55,7 +58,6 @@ def device_call(tmp_path_factory, shared_data):
     import sys
     from types import SimpleNamespace
 
-
     tmp = tmp_path_factory.mktemp("gpu_study_call")
     slice_dir = tmp / "slice" / "AA"
     slice_dir.mkdir(parents=True)
@@ -68,33 +70,93 @@ def device_call(tmp_path_factory, shared_data):
             lines = (shared_data / task / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:41]
             (glue / task / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     data, work = tmp / "gpu_data", tmp / "prep"
-    report = gpu_study.main(["prepare", "--out", str(data), "--slice", str(tmp / "slice"), "--work", str(work),
-                             "--n_training_shards", "2", "--n_test_shards", "1", "--fraction_test_set", "0.1",
-                             "--vocab_size", "3000", "--limit_alphabet", "300", "--eval_samples", "64",
-                             "--workers", "2", "--glue_root", str(glue)])
+    report = gpu_study.main(
+        [
+            "prepare",
+            "--out",
+            str(data),
+            "--slice",
+            str(tmp / "slice"),
+            "--work",
+            str(work),
+            "--n_training_shards",
+            "2",
+            "--n_test_shards",
+            "1",
+            "--fraction_test_set",
+            "0.1",
+            "--vocab_size",
+            "3000",
+            "--limit_alphabet",
+            "300",
+            "--eval_samples",
+            "64",
+            "--workers",
+            "2",
+            "--glue_root",
+            str(glue),
+        ]
+    )
 
     text = tmp / "text"
     text.mkdir()
     (text / "wikicorpus_en_training_0.txt").write_bytes(
-        lzma.decompress((data / "text" / "wikicorpus_en_training_0.txt.xz").read_bytes()))
+        lzma.decompress((data / "text" / "wikicorpus_en_training_0.txt.xz").read_bytes())
+    )
     shutil.copyfile(data / "text" / "wikicorpus_en_training_1.txt.xz", text / "wikicorpus_en_training_1.txt.xz")
     (text / "ignored.json").write_text("{}")
     config = tmp / "model" / "config.json"
     config.parent.mkdir()
-    BertConfig(vocab_size=3000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-               max_position_embeddings=128).to_json_file(config)
+    BertConfig(
+        vocab_size=3000,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    ).to_json_file(config)
     out = tmp / "out"
     out.mkdir()
-    env = {**os.environ, "OUT": str(out), "GPU_DATA": str(data), "TEXT": str(text), "CONFIG": str(config),
-           "BUDGET": "120", "PROBE": "3", "CAP": "20", "EVAL_SAMPLES": "64", "BATCH": "4", "SEEDS": "1",
-           "DEADLINE": "900", "CKPTS": "4", "WORK": str(tmp / "gs_work"), "TMP_ROOT": str(tmp / "gs"),
-           "OMP_NUM_THREADS": "1", "FT_EXTRA": "--max_train_examples 16 --max_eval_examples 16",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    done = subprocess.run(["bash", str(gpu_study.REPO / "bench" / "gpu_study_call.sh")], cwd=gpu_study.REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "GPU_DATA": str(data),
+        "TEXT": str(text),
+        "CONFIG": str(config),
+        "BUDGET": "120",
+        "PROBE": "3",
+        "CAP": "20",
+        "EVAL_SAMPLES": "64",
+        "BATCH": "4",
+        "SEEDS": "1",
+        "DEADLINE": "900",
+        "CKPTS": "4",
+        "WORK": str(tmp / "gs_work"),
+        "TMP_ROOT": str(tmp / "gs"),
+        "OMP_NUM_THREADS": "1",
+        "FT_EXTRA": "--max_train_examples 16 --max_eval_examples 16",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    }
+    done = subprocess.run(
+        ["bash", str(gpu_study.REPO / "bench" / "gpu_study_call.sh")],
+        cwd=gpu_study.REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     # run: the call's `gpu_study run --out` (every export, whole); pretrain: its checkpoints.
-    return SimpleNamespace(tmp=tmp, slice=tmp / "slice", data=data, work=work, report=report, out=out, done=done,
-                           run=tmp / "gs" / "gs", pretrain=tmp / "gs_work" / "pretrain" / "adamw_1e-3")
+    return SimpleNamespace(
+        tmp=tmp,
+        slice=tmp / "slice",
+        data=data,
+        work=work,
+        report=report,
+        out=out,
+        done=done,
+        run=tmp / "gs" / "gs",
+        pretrain=tmp / "gs_work" / "pretrain" / "adamw_1e-3",
+    )
 
 
 def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(device_call, tmp_path):
@@ -114,8 +176,10 @@ def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(device_cal
 
     # CKPTS=4: the weights after 5, 10 and 15 of the 20 steps come out too, each the same way.
     assert run["earlier_steps"] == [5, 10, 15]
-    for step, file in ((20, "adamw_1e-3.bf16.safetensors"), *((s, f"adamw_1e-3.step{s}.bf16.safetensors")
-                                                              for s in (5, 10, 15))):
+    for step, file in (
+        (20, "adamw_1e-3.bf16.safetensors"),
+        *((s, f"adamw_1e-3.step{s}.bf16.safetensors") for s in (5, 10, 15)),
+    ):
         ckpt = torch.load(device_call.pretrain / "checkpoints" / f"ckpt_{step}.pt", weights_only=True)
         exported = load_file(str(out / file))
         assert exported.keys() == ckpt["model"].keys() and ckpt["step"] == step
@@ -131,10 +195,21 @@ def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(device_cal
     # The results page's section: the run's row carries its call's model config and its log's last held-out
     # evaluation; the plot is drawn.
 
-    page = results_page.main(["--studies", str(tmp_path / "none"), "--gpu_study", str(out / "gpu_study.json"),
-                              "--out", str(tmp_path / "page" / "RESULTS.md")])
-    last = [json.loads(line)["data"] for line in (out / "adamw_1e-3.log.json").read_text().splitlines()
-            if "eval_mlm_loss" in line][-1]
+    page = results_page.main(
+        [
+            "--studies",
+            str(tmp_path / "none"),
+            "--gpu_study",
+            str(out / "gpu_study.json"),
+            "--out",
+            str(tmp_path / "page" / "RESULTS.md"),
+        ]
+    )
+    last = [
+        json.loads(line)["data"]
+        for line in (out / "adamw_1e-3.log.json").read_text().splitlines()
+        if "eval_mlm_loss" in line
+    ][-1]
     row = next(line for line in page.splitlines() if "| adamw_1e-3 |" in line)
     assert "| config.json | adamw_1e-3 | 20 |" in row and f"| {last['eval_mlm_loss']:.3f} |" in row
     assert row.endswith("| finished |")
@@ -156,14 +231,28 @@ def test_gpu_study_runs_on_cpu_and_its_export_imports_for_fine_tuning(device_cal
     for name, tensor in exported.items():
         assert torch.equal(imported["model"][name], tensor.float() if tensor.is_floating_point() else tensor), name
     imported = torch.load(made[0] / "checkpoints" / "ckpt_5.pt", weights_only=True)
-    assert imported["step"] == 5 and all(torch.equal(imported["model"][k], t.float() if t.is_floating_point() else t)
-                                         for k, t in early.items())
+    assert imported["step"] == 5 and all(
+        torch.equal(imported["model"][k], t.float() if t.is_floating_point() else t) for k, t in early.items()
+    )
 
 
 def test_gpu_study_refuses_a_missing_input_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--text_dir .* does not exist"):
-        gpu_study.main(["run", "--text_dir", str(tmp_path / "nope"), "--eval_dir", str(tmp_path), "--vocab",
-                        str(tmp_path), "--config", str(tmp_path), "--out", str(tmp_path / "out")])
+        gpu_study.main(
+            [
+                "run",
+                "--text_dir",
+                str(tmp_path / "nope"),
+                "--eval_dir",
+                str(tmp_path),
+                "--vocab",
+                str(tmp_path),
+                "--config",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
 
 
 def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(device_call):
@@ -197,8 +286,17 @@ def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(device
     with pytest.raises(SystemExit, match="--out .* is not empty"):
         gpu_study.main(["prepare", "--out", str(data), "--slice", str(device_call.slice)])
     with pytest.raises(SystemExit, match="--work .* was not made by `prepare`"):  # never empties a user's folder
-        gpu_study.main(["prepare", "--out", str(device_call.tmp / "new"), "--slice", str(device_call.slice),
-                        "--work", str(device_call.slice)])
+        gpu_study.main(
+            [
+                "prepare",
+                "--out",
+                str(device_call.tmp / "new"),
+                "--slice",
+                str(device_call.slice),
+                "--work",
+                str(device_call.slice),
+            ]
+        )
     assert (device_call.slice / "AA" / "wiki_00.gz").is_file()
 
     # The device call, as it runs on the GPU machine, at the tiniest size.
@@ -213,8 +311,11 @@ def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(device
     assert all(f"stage finetune {g} ended (exit 0)" in log for g in groups), log[-3000:]
 
     # run_pretraining.py's evaluation of the same held-out sequences counts what PREPARED.json says.
-    evaluated = [json.loads(line)["data"] for line in (out / "adamw_1e-3.log.json").read_text().splitlines()
-                 if "eval_mlm_loss" in line][-1]
+    evaluated = [
+        json.loads(line)["data"]
+        for line in (out / "adamw_1e-3.log.json").read_text().splitlines()
+        if "eval_mlm_loss" in line
+    ][-1]
     assert evaluated["eval_masked_positions"] == report["heldout"]["prediction_slots"]
     assert evaluated["eval_mask_slots"] == report["heldout"]["mask_slots"]
     assert evaluated["eval_unigram_entropy"] == pytest.approx(report["heldout"]["unigram_entropy"], abs=1e-6)
@@ -226,8 +327,9 @@ def test_prepare_makes_the_device_calls_folder_and_the_call_runs_on_a_cpu(device
             report_json = json.load(tar.extractfile(f"ft/{group}/pretrain_study.json"))
             assert ("context_probe" in report_json["pretraining"]) == (group == "mrpc_1e-4"), group
         for group, model in (("sst2_full_1e-4_pre", "pretrained"), ("sst2_full_1e-4_rand", "random")):
-            member = next(n for n in tar.getnames()
-                          if n.startswith(f"ft/{group}/") and n.endswith("stability_sst-2.json"))
+            member = next(
+                n for n in tar.getnames() if n.startswith(f"ft/{group}/") and n.endswith("stability_sst-2.json")
+            )
             summary = json.load(tar.extractfile(member))
             cmd = summary["runs"][0]["command"]
             assert cmd[cmd.index("--num_train_epochs") + 1] in ("1", "1.0")
@@ -241,12 +343,25 @@ def test_shards_that_fit_and_the_first_sequences_of_a_shard(tmp_path, shared_dat
     assert gpu_study.shards_that_fit([10, 20, 30], 9) == 0
     import h5py
 
-
     shard = tmp_path / "full.hdf5"
-    create_pretraining_data.main(["--input_file", str(shared_data / "bert-sample-text" / "sample_text.txt"),
-                                  "--output_file", str(shard), "--vocab_file", str(uncased_vocab), "--do_lower_case",
-                                  "--max_seq_length", "64", "--max_predictions_per_seq", "10", "--dupe_factor", "2",
-                                  "--no_progress"])
+    create_pretraining_data.main(
+        [
+            "--input_file",
+            str(shared_data / "bert-sample-text" / "sample_text.txt"),
+            "--output_file",
+            str(shard),
+            "--vocab_file",
+            str(uncased_vocab),
+            "--do_lower_case",
+            "--max_seq_length",
+            "64",
+            "--max_predictions_per_seq",
+            "10",
+            "--dupe_factor",
+            "2",
+            "--no_progress",
+        ]
+    )
     assert gpu_study.first_sequences(shard, tmp_path / "first.hdf5", 7) == 7
     with h5py.File(shard, "r") as full, h5py.File(tmp_path / "first.hdf5", "r") as first:
         assert set(first) == set(full) and len(full["input_ids"]) > 7 and dict(first.attrs) == dict(full.attrs)

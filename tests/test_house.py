@@ -1,6 +1,7 @@
 """The shape of the house (issues 45 and 53), read from the source: one definition per concept, no code that reads our
-own log lines back, no function over 80 lines, and a ratchet on long parameter lists (the list below may only shrink: a
-new function over the limits fails here, and one that is shortened must leave its list)."""
+own log lines back, no function over 60 statements, and a ratchet on long parameter lists (the list below may only
+shrink: a new function over the limits fails here, and one that is shortened must leave its list)."""
+
 from __future__ import annotations
 
 import ast
@@ -15,10 +16,16 @@ REPO = Path(__file__).resolve().parent.parent
 # Functions of more than 8 parameters (issue 45: 6 at most, optimization.py's fused kernels aside): the one ordered
 # set-up function (its flags), the optimizer factory (its hyper-parameters) and BertForPreTraining.forward (Hugging
 # Face's signature).
-MANY_PARAMETERS = {"bert_recipe/training/parallelize.py:apply_parallelism_and_precision", "optimization.py:make_optimizer",
-                   "modeling.py:forward"}
-FUSED_KERNELS = {"optimization.py:_adam_lamb_update", "optimization.py:_neg_update_foreach",
-                 "optimization.py:_neg_update_fused"}
+MANY_PARAMETERS = {
+    "bert_recipe/training/parallelize.py:apply_parallelism_and_precision",
+    "optimization.py:make_optimizer",
+    "modeling.py:forward",
+}
+FUSED_KERNELS = {
+    "optimization.py:_adam_lamb_update",
+    "optimization.py:_neg_update_foreach",
+    "optimization.py:_neg_update_fused",
+}
 
 
 def library_sources() -> dict[str, ast.Module]:
@@ -33,8 +40,12 @@ def library_sources() -> dict[str, ast.Module]:
 
 
 def functions() -> list[tuple[str, ast.FunctionDef]]:
-    return [(f"{name}:{node.name}", node) for name, tree in library_sources().items() for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return [
+        (f"{name}:{node.name}", node)
+        for name, tree in library_sources().items()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
 
 
 def parameters(node: ast.FunctionDef) -> int:
@@ -59,24 +70,38 @@ def test_the_shard_layout_is_defined_once():
 def test_no_code_reads_our_own_log_lines():
     """A checkpoint load's outcome is a LoadReport that callers test; its log text is written in checkpoint_io.py
     and read nowhere (finetuning/recipe.py, inference.py and triton/export_model.py searched it for a phrase once)."""
+
     def phrase(node) -> bool:
         return isinstance(node, ast.Constant) and isinstance(node.value, str) and "initialised fresh" in node.value
 
     readers = []
     for name, tree in library_sources().items():
         for node in ast.walk(tree):
-            searched = (isinstance(node, ast.Compare) and any(phrase(n) for n in [node.left, *node.comparators])) \
-                or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("startswith", "endswith", "find", "index", "count")
-                    and any(phrase(a) for a in node.args))
+            searched = (isinstance(node, ast.Compare) and any(phrase(n) for n in [node.left, *node.comparators])) or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("startswith", "endswith", "find", "index", "count")
+                and any(phrase(a) for a in node.args)
+            )
             if searched:
                 readers.append(f"{name}:{node.lineno}")
     assert readers == [], readers
 
 
-def test_no_function_over_80_lines():
-    long = sorted(f"{name} ({node.end_lineno - node.lineno + 1} lines)" for name, node in functions()
-                  if node.end_lineno - node.lineno + 1 > 80)
+MAX_STATEMENTS = 60
+"""The longest function, in statements: what a reader holds in mind, and what a formatter does not change (ruff format
+spreads a long call over one line an argument). 60 statements is about what 80 hand-packed lines held."""
+
+
+def statements(node: ast.FunctionDef) -> int:
+    """The lines on which a statement of `node` starts (the def, its docstring and nested functions' bodies included)."""
+    return len({n.lineno for n in ast.walk(node) if isinstance(n, ast.stmt)})
+
+
+def test_no_function_over_60_statements():
+    long = sorted(
+        f"{name} ({statements(node)} statements)" for name, node in functions() if statements(node) > MAX_STATEMENTS
+    )
     assert long == []
 
 
@@ -103,27 +128,54 @@ def test_the_readme_is_for_users():
 # The layout (issue 53): the recipe's face at the top, the library in one package
 
 
-ENTRY_SCRIPTS = {"run_pretraining", "run_squad", "run_glue", "run_swag", "inference", "extract_features",
-                 "create_pretraining_data", "convert_checkpoint"}
+ENTRY_SCRIPTS = {
+    "run_pretraining",
+    "run_squad",
+    "run_glue",
+    "run_swag",
+    "inference",
+    "extract_features",
+    "create_pretraining_data",
+    "convert_checkpoint",
+}
 INTERFACE = {"modeling", "bert_padding", "tokenization", "optimization", "schedulers"}  # NVIDIA's module names
-GENERIC = ("config", "data", "utils", "metrics", "cli", "precision", "processors", "validation", "trainer",
-           "file_utils", "checkpoint_io", "atomic_io", "profiling", "dist_env")
+GENERIC = (
+    "config",
+    "data",
+    "utils",
+    "metrics",
+    "cli",
+    "precision",
+    "processors",
+    "validation",
+    "trainer",
+    "file_utils",
+    "checkpoint_io",
+    "atomic_io",
+    "profiling",
+    "dist_env",
+)
 PROJECT_TOPS = ("bert_recipe", "data", "bench", "scripts", "triton", *ENTRY_SCRIPTS, *INTERFACE)
 
 
 def project_imports(tree: ast.Module, inside_functions: bool | None = None) -> list[tuple[str, ast.AST]]:
     """(module, node) of each import of a project module; inside_functions: only those in (True) or outside
     (False) a function body."""
-    local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-             for n in ast.walk(f)}
+    local = {
+        id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+    }
     out = []
     for node in ast.walk(tree):
         if inside_functions is not None and (id(node) in local) != inside_functions:
             continue
         if isinstance(node, ast.Import):
             out += [(a.name, node) for a in node.names if a.name.split(".")[0] in PROJECT_TOPS]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] in PROJECT_TOPS:
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] in PROJECT_TOPS
+        ):
             out += [(f"{node.module}.{a.name}", node) for a in node.names]
     return out
 
@@ -138,20 +190,26 @@ def test_the_top_level_is_the_recipes_interface():
 def test_installing_puts_no_generic_name_into_the_environment(tmp_path):
     """From another folder, none of the generic names resolves to this checkout (the editable install holds the
     package and the interface modules only); the package and those modules do."""
-    probe = ("import importlib.util, json; print(json.dumps({n: (s.origin if (s := importlib.util.find_spec(n)) "
-             "else None) for n in %r}))" % ((*GENERIC, "bert_recipe", *sorted(INTERFACE)),))
+    probe = (
+        "import importlib.util, json; print(json.dumps({n: (s.origin if (s := importlib.util.find_spec(n)) "
+        "else None) for n in %r}))" % ((*GENERIC, "bert_recipe", *sorted(INTERFACE)),)
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
     found = json.loads(done.stdout)
     assert {n: o for n, o in found.items() if n in GENERIC and o and str(REPO) in o} == {}
     assert all(found[n] and found[n].startswith(str(REPO)) for n in ("bert_recipe", *INTERFACE)), found
 
 
 def test_no_entry_script_imports_another():
-    hits = sorted(f"{p.name}: {m}" for p in REPO.glob("*.py")
-                  for m, _ in project_imports(ast.parse(p.read_text(encoding="utf-8")))
-                  if m.split(".")[0] in ENTRY_SCRIPTS and m.split(".")[0] != p.stem)
+    hits = sorted(
+        f"{p.name}: {m}"
+        for p in REPO.glob("*.py")
+        for m, _ in project_imports(ast.parse(p.read_text(encoding="utf-8")))
+        if m.split(".")[0] in ENTRY_SCRIPTS and m.split(".")[0] != p.stem
+    )
     assert hits == []
 
 
@@ -203,29 +261,48 @@ def test_no_import_circle():
 
 
 def test_no_class_factories_for_configs():
-    calls = [f"{name}:{node.lineno}" for name, tree in library_sources().items() for node in ast.walk(tree)
-             if isinstance(node, ast.Attribute) and node.attr == "make_dataclass"
-             or isinstance(node, ast.Name) and node.id == "make_dataclass"]
+    calls = [
+        f"{name}:{node.lineno}"
+        for name, tree in library_sources().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "make_dataclass"
+        or isinstance(node, ast.Name)
+        and node.id == "make_dataclass"
+    ]
     assert calls == []
 
 
 def test_the_tests_use_no_private_xdist_internals():
     private = re.compile(r"\b(_split_scope|_assign_work_unit|workqueue|LoadScopeScheduling|LoadFileScheduling)\b")
-    hits = [f"{p.name}:{i}" for p in (REPO / "tests").glob("*.py") if p.name != "test_house.py"
-            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if private.search(line)]
+    hits = [
+        f"{p.name}:{i}"
+        for p in (REPO / "tests").glob("*.py")
+        if p.name != "test_house.py"
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if private.search(line)
+    ]
     assert hits == []
 
 
 def test_bench_stays_within_its_size():
-    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in (REPO / "bench").glob("*.py"))
-    assert lines <= 7805, lines
+    """bench/'s Python in statements (a formatter does not change them; 4,755 when ruff format came in, against 7,520
+    lines) and its shell in lines: the notebook may not grow in either language."""
+    python = sum(
+        len({n.lineno for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(n, ast.stmt)})
+        for p in (REPO / "bench").glob("*.py")
+    )
+    shell = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in (REPO / "bench").glob("*.sh"))
+    assert python <= 4755 and shell <= 388, (python, shell)
 
 
 def test_project_modules_are_imported_at_the_head():
     """At most 117 imports of the project's modules inside functions (tests included): a file's head lists its
     neighbours; a local import is kept only for a reason its comment gives."""
-    trees = {**library_sources(), **{str(p.relative_to(REPO)): ast.parse(p.read_text(encoding="utf-8"))
-                                     for p in (REPO / "tests").glob("*.py")}}
+    trees = {
+        **library_sources(),
+        **{str(p.relative_to(REPO)): ast.parse(p.read_text(encoding="utf-8")) for p in (REPO / "tests").glob("*.py")},
+    }
     local = sum(len({id(n) for _, n in project_imports(tree, inside_functions=True)}) for tree in trees.values())
     assert local <= 117, local
 

@@ -7,6 +7,7 @@ defaults are checked against NVIDIA DeepLearningExamples' run_pretraining.sh, wh
 One test runs the launcher for real (both phases, a tiny model, a few steps) to see the phase hand-off, the log
 file and the summary.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import help_of
 
 import create_pretraining_data
 import run_pretraining
-from helpers import help_of
 from scripts import cpu_demo as demo
 from scripts.text_to_documents import iter_documents, main, write_documents
 
@@ -30,21 +31,53 @@ RUN_SH = REPO / "scripts" / "run_pretraining.sh"
 PRESETS_SH = REPO / "scripts" / "configs" / "pretrain_config.sh"
 SHELL_SCRIPTS = sorted(REPO.glob("scripts/**/*.sh")) + [REPO / "run.sub"]
 PRECISIONS = {"auto", "fp16", "bf16", "tf32", "fp32"}
-EXPECTED_PRESETS = {"dgx1_8gpu_fp16", "dgx1_8gpu_fp32", "dgx2_16gpu_fp16", "dgx2_16gpu_fp32", "dgxa100-40g_8gpu_fp16",
-                    "dgxa100-40g_8gpu_tf32", "dgxa100-80g_8gpu_fp16", "dgxa100-80g_8gpu_tf32", "dgxa100-80g_8gpu_bf16",
-                    "dgxh100_8gpu_bf16", "cpu", "small_1gpu_bf16"}
+EXPECTED_PRESETS = {
+    "dgx1_8gpu_fp16",
+    "dgx1_8gpu_fp32",
+    "dgx2_16gpu_fp16",
+    "dgx2_16gpu_fp32",
+    "dgxa100-40g_8gpu_fp16",
+    "dgxa100-40g_8gpu_tf32",
+    "dgxa100-80g_8gpu_fp16",
+    "dgxa100-80g_8gpu_tf32",
+    "dgxa100-80g_8gpu_bf16",
+    "dgxh100_8gpu_bf16",
+    "cpu",
+    "small_1gpu_bf16",
+}
 SMALL_PRESETS = {"cpu", "small_1gpu_bf16"}  # ours: a small model at a small batch, the 26th argument (optimizer) named
 # NVIDIA's run_pretraining.sh (the HDF5-era version with 25 positional arguments): its defaults, arguments 1-20.
-NVIDIA_DEFAULTS = ["8192", "6e-3", "fp16", "8", "0.2843", "7038", "200", "false", "true", "true", "128", "12439",
-                   "bert_lamb_pretraining", "true", "true", "4096", "4e-3", "0.128", "1563", "512"]
+NVIDIA_DEFAULTS = [
+    "8192",
+    "6e-3",
+    "fp16",
+    "8",
+    "0.2843",
+    "7038",
+    "200",
+    "false",
+    "true",
+    "true",
+    "128",
+    "12439",
+    "bert_lamb_pretraining",
+    "true",
+    "true",
+    "4096",
+    "4e-3",
+    "0.128",
+    "1563",
+    "512",
+]
 INT_ARGS = (1, 4, 6, 7, 11, 12, 16, 19, 20)
 FLOAT_ARGS = (2, 5, 17, 18)
 BOOL_ARGS = (8, 9, 10, 14, 15)
 
 
 def bash(script: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=cwd, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, cwd=cwd, timeout=120, env={**os.environ, **(env or {})}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +90,11 @@ def help_text() -> str:
 @pytest.fixture(scope="module")
 def presets() -> dict[str, list[str]]:
     """Every preset function's words, from a real `source` of the file."""
-    out = bash(f"source {shlex.quote(str(PRESETS_SH))}; for p in \"${{PRETRAIN_PRESETS[@]}}\"; do "
-               f"echo \"$p|$($p)\"; done; declare -F | awk '{{print \"FN \" $3}}'",
-               env={"BERT_PREP_WORKING_DIR": "/workspace/data"})
+    out = bash(
+        f'source {shlex.quote(str(PRESETS_SH))}; for p in "${{PRETRAIN_PRESETS[@]}}"; do '
+        f'echo "$p|$($p)"; done; declare -F | awk \'{{print "FN " $3}}\'',
+        env={"BERT_PREP_WORKING_DIR": "/workspace/data"},
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     functions = {line[3:] for line in lines if line.startswith("FN ") and not line[3:].startswith("_")}
@@ -75,7 +110,7 @@ def run_pretraining_commands(stdout: str) -> list[list[str]]:
     for line in stdout.splitlines():
         words = shlex.split(line)
         at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
-        commands.append(words[at + 1:])
+        commands.append(words[at + 1 :])
     return commands
 
 
@@ -104,8 +139,14 @@ def test_shell_syntax(path):
 
 def test_the_expected_scripts_exist():
     names = {str(p.relative_to(REPO)) for p in SHELL_SCRIPTS}
-    assert {"scripts/run_pretraining.sh", "scripts/configs/pretrain_config.sh", "scripts/docker/build.sh",
-            "scripts/docker/launch.sh", "scripts/run_cpu_demo.sh", "run.sub"} <= names
+    assert {
+        "scripts/run_pretraining.sh",
+        "scripts/configs/pretrain_config.sh",
+        "scripts/docker/build.sh",
+        "scripts/docker/launch.sh",
+        "scripts/run_cpu_demo.sh",
+        "run.sub",
+    } <= names
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,18 +217,26 @@ def test_cpu_preset_uses_this_repository(presets):
 @pytest.mark.parametrize("name", sorted(EXPECTED_PRESETS))
 def test_preset_makes_valid_run_pretraining_commands(presets, help_text, name, tmp_path):
     words = presets[name]
-    out = bash(f"bash {shlex.quote(str(RUN_SH))} {' '.join(map(shlex.quote, words))}",
-               env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path)})
+    out = bash(
+        f"bash {shlex.quote(str(RUN_SH))} {' '.join(map(shlex.quote, words))}",
+        env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr
     commands = run_pretraining_commands(out.stdout)
     assert len(commands) == 2, out.stdout
     arg = {i + 1: w for i, w in enumerate(words)}
     phase1, phase2 = (check_flags_against_run_pretraining(c, help_text) for c in commands)
     assert (phase1.training.train_batch_size, phase1.training.max_steps, phase1.data.max_seq_length) == (
-        int(arg[1]), int(arg[6]), 128)
+        int(arg[1]),
+        int(arg[6]),
+        128,
+    )
     assert phase1.training.gradient_accumulation_steps == (int(arg[11]) if arg[10] == "true" else 1)
     assert (phase2.training.train_batch_size, phase2.training.max_steps, phase2.data.max_seq_length) == (
-        int(arg[16]), int(arg[19]), 512)
+        int(arg[16]),
+        int(arg[19]),
+        512,
+    )
     assert phase2.checkpoint.phase2 and phase2.checkpoint.phase1_end_step == int(arg[6])
     assert phase2.checkpoint.resume_from_checkpoint
     assert not phase1.checkpoint.phase2 and phase1.checkpoint.resume_from_checkpoint == (arg[8] == "true")
@@ -211,18 +260,27 @@ def test_preset_makes_valid_run_pretraining_commands(presets, help_text, name, t
 
 
 def test_defaults_are_nvidias(help_text, tmp_path):
-    out = bash("bash " + shlex.quote(str(RUN_SH)), env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path),
-                                              "BERT_PREP_WORKING_DIR": "/prep"})
+    out = bash(
+        "bash " + shlex.quote(str(RUN_SH)),
+        env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path), "BERT_PREP_WORKING_DIR": "/prep"},
+    )
     assert out.returncode == 0, out.stderr
     phase1, phase2 = (flag_values(c) for c in run_pretraining_commands(out.stdout))
     d = NVIDIA_DEFAULTS
-    assert phase1["--train_batch_size"] == d[0] and phase1["--learning_rate"] == d[1] and phase1["--precision"] == "fp16"
+    assert (
+        phase1["--train_batch_size"] == d[0] and phase1["--learning_rate"] == d[1] and phase1["--precision"] == "fp16"
+    )
     assert phase1["--warmup_proportion"] == d[4] and phase1["--max_steps"] == d[5]
     assert phase1["--num_steps_per_checkpoint"] == d[6] and "--resume_from_checkpoint" not in phase1
     assert phase1["--gradient_accumulation_steps"] == d[10] and phase1["--seed"] == d[11]
     assert "--allreduce_post_accumulation" in phase1 and "--allreduce_post_accumulation_fp16" in phase1
-    assert (phase2["--train_batch_size"], phase2["--learning_rate"], phase2["--warmup_proportion"],
-            phase2["--max_steps"], phase2["--gradient_accumulation_steps"]) == tuple(d[15:20])
+    assert (
+        phase2["--train_batch_size"],
+        phase2["--learning_rate"],
+        phase2["--warmup_proportion"],
+        phase2["--max_steps"],
+        phase2["--gradient_accumulation_steps"],
+    ) == tuple(d[15:20])
     assert phase1["--max_predictions_per_seq"] == "20" and phase2["--max_predictions_per_seq"] == "80"
     assert phase1["--input_dir"].startswith("/prep/hdf5_lower_case_1_seq_len_128_max_pred_20_")
     assert phase2["--input_dir"].startswith("/prep/hdf5_lower_case_1_seq_len_512_max_pred_80_")
@@ -233,23 +291,49 @@ def test_defaults_are_nvidias(help_text, tmp_path):
 def test_help_lists_all_25_arguments():
     out = bash(f"bash {shlex.quote(str(RUN_SH))} -h")
     assert out.returncode == 0
-    for i, name in enumerate(["train_batch_size", "learning_rate", "precision", "num_gpus", "warmup_proportion",
-                              "train_steps", "save_checkpoint_steps", "resume_training", "create_logfile",
-                              "accumulate_gradients", "gradient_accumulation_steps", "seed", "job_name",
-                              "allreduce_post_accumulation", "allreduce_post_accumulation_fp16",
-                              "train_batch_size_phase2", "learning_rate_phase2", "warmup_proportion_phase2",
-                              "train_steps_phase2", "gradient_accumulation_steps_phase2", "DATA_DIR_PHASE1",
-                              "DATA_DIR_PHASE2", "CODEDIR", "init_checkpoint", "BERT_CONFIG"], start=1):
+    for i, name in enumerate(
+        [
+            "train_batch_size",
+            "learning_rate",
+            "precision",
+            "num_gpus",
+            "warmup_proportion",
+            "train_steps",
+            "save_checkpoint_steps",
+            "resume_training",
+            "create_logfile",
+            "accumulate_gradients",
+            "gradient_accumulation_steps",
+            "seed",
+            "job_name",
+            "allreduce_post_accumulation",
+            "allreduce_post_accumulation_fp16",
+            "train_batch_size_phase2",
+            "learning_rate_phase2",
+            "warmup_proportion_phase2",
+            "train_steps_phase2",
+            "gradient_accumulation_steps_phase2",
+            "DATA_DIR_PHASE1",
+            "DATA_DIR_PHASE2",
+            "CODEDIR",
+            "init_checkpoint",
+            "BERT_CONFIG",
+        ],
+        start=1,
+    ):
         assert re.search(rf"^\s*{i} {name}\s", out.stdout, re.M), f"argument {i} {name} missing from -h"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["64", "1e-3", "fp8"], "argument 3 (precision)"),
-    (["6x4"], "argument 1 (train_batch_size)"),
-    (["64", "fast"], "argument 2 (learning_rate)"),
-    (["64", "1e-3", "fp32", "1", "0.1", "10", "5", "maybe"], "argument 8 (resume_training)"),
-    (["64", "1e-3", "fp32", "1", "0.1", "10", "5", "false", "false", "true", "3"], "not divisible"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["64", "1e-3", "fp8"], "argument 3 (precision)"),
+        (["6x4"], "argument 1 (train_batch_size)"),
+        (["64", "fast"], "argument 2 (learning_rate)"),
+        (["64", "1e-3", "fp32", "1", "0.1", "10", "5", "maybe"], "argument 8 (resume_training)"),
+        (["64", "1e-3", "fp32", "1", "0.1", "10", "5", "false", "false", "true", "3"], "not divisible"),
+    ],
+)
 def test_bad_arguments_fail_in_one_line(args, message, tmp_path):
     out = bash(" ".join(["bash", shlex.quote(str(RUN_SH))] + args), env={"DRY_RUN": "1", "RESULTS_DIR": str(tmp_path)})
     assert out.returncode == 1 and out.stdout == ""
@@ -257,22 +341,36 @@ def test_bad_arguments_fail_in_one_line(args, message, tmp_path):
 
 
 def test_missing_data_folder_is_an_error(tmp_path):
-    out = bash(f"bash {shlex.quote(str(RUN_SH))} 8 1e-3 fp32 1 0.1 2 1 false false false 1 1 job false false 8 1e-3 0.1 1 1 "
-               f"{tmp_path}/nowhere {tmp_path}/nowhere2", env={"RESULTS_DIR": str(tmp_path)})
+    out = bash(
+        f"bash {shlex.quote(str(RUN_SH))} 8 1e-3 fp32 1 0.1 2 1 false false false 1 1 job false false 8 1e-3 0.1 1 1 "
+        f"{tmp_path}/nowhere {tmp_path}/nowhere2",
+        env={"RESULTS_DIR": str(tmp_path)},
+    )
     assert out.returncode == 1 and "phase 1 data folder" in out.stderr and "argument 21" in out.stderr
 
 
 def test_phases_extra_args_and_cpu_processes(help_text, tmp_path):
-    out = bash(f"bash {shlex.quote(str(RUN_SH))} 64 1e-3 bf16 2", env={
-        "DRY_RUN": "1", "RESULTS_DIR": str(tmp_path), "PHASES": "2", "EXTRA_ARGS": "--log_freq=5 --num_workers 1",
-        "VOCAB_FILE": "/v/vocab.txt", "EVAL_DIR_PHASE2": "/eval", "MAX_SEQ_LENGTH_PHASE2": "256",
-        "MAX_PRED_PHASE2": "40"})
+    out = bash(
+        f"bash {shlex.quote(str(RUN_SH))} 64 1e-3 bf16 2",
+        env={
+            "DRY_RUN": "1",
+            "RESULTS_DIR": str(tmp_path),
+            "PHASES": "2",
+            "EXTRA_ARGS": "--log_freq=5 --num_workers 1",
+            "VOCAB_FILE": "/v/vocab.txt",
+            "EVAL_DIR_PHASE2": "/eval",
+            "MAX_SEQ_LENGTH_PHASE2": "256",
+            "MAX_PRED_PHASE2": "40",
+        },
+    )
     assert out.returncode == 0, out.stderr
     (flags,) = run_pretraining_commands(out.stdout)
     cfg = check_flags_against_run_pretraining(flags, help_text)
     assert cfg.checkpoint.phase2 and cfg.logging.log_freq == 5 and cfg.data.num_workers == 1
     assert cfg.data.vocab_file == "/v/vocab.txt" and cfg.evaluation.eval_dir == "/eval"
-    assert cfg.data.max_seq_length == 256 and cfg.data.max_predictions_per_seq == 40 and cfg.precision.precision == "bf16"
+    assert (
+        cfg.data.max_seq_length == 256 and cfg.data.max_predictions_per_seq == 40 and cfg.precision.precision == "bf16"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,15 +379,26 @@ def test_phases_extra_args_and_cpu_processes(help_text, tmp_path):
 
 def run_sub(env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
-    return subprocess.run(["bash", str(REPO / "run.sub")], capture_output=True, text=True, cwd=REPO, timeout=60,
-                          env={**clean, **env})
+    return subprocess.run(
+        ["bash", str(REPO / "run.sub")], capture_output=True, text=True, cwd=REPO, timeout=60, env={**clean, **env}
+    )
 
 
 @pytest.mark.parametrize("phase, nodes", [("1", "1"), ("2", "4")])
 def test_run_sub_builds_one_task_per_gpu(help_text, phase, nodes):
-    out = run_sub({"DRY_RUN": "1", "CONT": "registry/bert:latest", "DATADIR_PHASE1": "/lustre/p1",
-                   "DATADIR_PHASE2": "/lustre/p2", "CHECKPOINTDIR": "/lustre/ckpt", "PHASE": phase,
-                   "SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "1234"})
+    out = run_sub(
+        {
+            "DRY_RUN": "1",
+            "CONT": "registry/bert:latest",
+            "DATADIR_PHASE1": "/lustre/p1",
+            "DATADIR_PHASE2": "/lustre/p2",
+            "CHECKPOINTDIR": "/lustre/ckpt",
+            "PHASE": phase,
+            "SLURM_JOB_NUM_NODES": nodes,
+            "SLURM_NTASKS_PER_NODE": "8",
+            "SLURM_JOB_ID": "1234",
+        }
+    )
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout)
     at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
@@ -298,7 +407,7 @@ def test_run_sub_builds_one_task_per_gpu(help_text, phase, nodes):
     assert srun["--container-image"] == "registry/bert:latest"
     mounts = dict(m.split(":") for m in srun["--container-mounts"].split(","))
     assert mounts[f"/lustre/p{phase}"] == "/data" and mounts["/lustre/ckpt"] == "/checkpoints"
-    cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
+    cfg = check_flags_against_run_pretraining(words[at + 1 :], help_text)
     world = int(nodes) * 8
     assert cfg.data.input_dir == "/data" and cfg.checkpoint.output_dir == "/checkpoints"
     assert cfg.checkpoint.resume_from_checkpoint
@@ -314,14 +423,28 @@ def test_run_sub_builds_one_task_per_gpu(help_text, phase, nodes):
 
 
 def test_run_sub_takes_batch_lr_and_accumulation_from_the_environment(help_text):
-    out = run_sub({"DRY_RUN": "1", "CONT": "c", "DATADIR": "/d", "CHECKPOINTDIR": "/c", "BATCHSIZE": "96",
-                   "LR": "1e-3", "GRADIENT_STEPS": "3", "PRECISION": "fp16"})
+    out = run_sub(
+        {
+            "DRY_RUN": "1",
+            "CONT": "c",
+            "DATADIR": "/d",
+            "CHECKPOINTDIR": "/c",
+            "BATCHSIZE": "96",
+            "LR": "1e-3",
+            "GRADIENT_STEPS": "3",
+            "PRECISION": "fp16",
+        }
+    )
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout)
     at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
-    cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
-    assert (cfg.training.train_batch_size, cfg.optimizer.learning_rate, cfg.training.gradient_accumulation_steps,
-            cfg.precision.precision) == (96, 1e-3, 3, "fp16")
+    cfg = check_flags_against_run_pretraining(words[at + 1 :], help_text)
+    assert (
+        cfg.training.train_batch_size,
+        cfg.optimizer.learning_rate,
+        cfg.training.gradient_accumulation_steps,
+        cfg.precision.precision,
+    ) == (96, 1e-3, 3, "fp16")
 
 
 @pytest.mark.parametrize("container", ["c", ""], ids=["container", "no_container"])
@@ -335,20 +458,34 @@ def test_run_sub_requires_its_folders(missing, container):
 
 def test_run_sub_without_a_container_runs_the_checkout(help_text):
     """No CONT: srun starts the checkout's run_pretraining.py with its .venv (or PYTHON), on the host's paths."""
-    env = {"DRY_RUN": "1", "DATADIR_PHASE1": "/lustre/p1", "CHECKPOINTDIR": "/lustre/ckpt", "PRECISION": "fp32",
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "4"}
+    env = {
+        "DRY_RUN": "1",
+        "DATADIR_PHASE1": "/lustre/p1",
+        "CHECKPOINTDIR": "/lustre/ckpt",
+        "PRECISION": "fp32",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NTASKS_PER_NODE": "4",
+    }
     out = run_sub(env)
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout)
     at = next(i for i, w in enumerate(words) if w.endswith("run_pretraining.py"))
-    srun = flag_values([w for w in words[:at - 2] if w.startswith("--")])
-    assert words[0] == "srun" and srun == {"--nodes": "2", "--ntasks-per-node": "4", "--kill-on-bad-exit": "0",
-                                           "--wait": "120", "--chdir": str(REPO)}
+    srun = flag_values([w for w in words[: at - 2] if w.startswith("--")])
+    assert words[0] == "srun" and srun == {
+        "--nodes": "2",
+        "--ntasks-per-node": "4",
+        "--kill-on-bad-exit": "0",
+        "--wait": "120",
+        "--chdir": str(REPO),
+    }
     venv = REPO / ".venv" / "bin" / "python"
-    assert words[at - 2:at + 1] == [str(venv) if venv.exists() else "python3", "-u", str(REPO / "run_pretraining.py")]
-    cfg = check_flags_against_run_pretraining(words[at + 1:], help_text)
-    assert (cfg.data.input_dir, cfg.checkpoint.output_dir, cfg.model.config_file) == ("/lustre/p1", "/lustre/ckpt",
-                                                                 str(REPO / "bert_config.json"))
+    assert words[at - 2 : at + 1] == [str(venv) if venv.exists() else "python3", "-u", str(REPO / "run_pretraining.py")]
+    cfg = check_flags_against_run_pretraining(words[at + 1 :], help_text)
+    assert (cfg.data.input_dir, cfg.checkpoint.output_dir, cfg.model.config_file) == (
+        "/lustre/p1",
+        "/lustre/ckpt",
+        str(REPO / "bert_config.json"),
+    )
     assert cfg.logging.json_summary == "/lustre/ckpt/results/phase1.json" and cfg.checkpoint.resume_from_checkpoint
     assert cfg.precision.precision == "fp32"  # named: run_pretraining.py's own default (auto) could pick bf16 on a CPU
     assert cfg.training.train_batch_size * 8 == 65536
@@ -364,26 +501,49 @@ def test_run_sub_finds_the_checkout_from_the_submit_folder(tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / "slurm_script").write_text((REPO / "run.sub").read_text())
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))},
-           "DRY_RUN": "1", "DATADIR": "/d", "CHECKPOINTDIR": "/c"}
-    out = subprocess.run(["bash", str(spool / "slurm_script")], capture_output=True, text=True, cwd=tmp_path,
-                         env={**env, "SLURM_SUBMIT_DIR": str(REPO)}, timeout=60)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))},
+        "DRY_RUN": "1",
+        "DATADIR": "/d",
+        "CHECKPOINTDIR": "/c",
+    }
+    out = subprocess.run(
+        ["bash", str(spool / "slurm_script")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "SLURM_SUBMIT_DIR": str(REPO)},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert f" {REPO / 'run_pretraining.py'} " in out.stdout and f"--chdir={REPO} " in out.stdout
-    out = subprocess.run(["bash", str(spool / "slurm_script")], capture_output=True, text=True, cwd=tmp_path,
-                         env={**env, "SLURM_SUBMIT_DIR": str(tmp_path)}, timeout=60)
+    out = subprocess.run(
+        ["bash", str(spool / "slurm_script")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "SLURM_SUBMIT_DIR": str(tmp_path)},
+        timeout=60,
+    )
     assert out.returncode == 1 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
     assert "set CODEDIR to the checkout" in out.stderr and "or set CONT" in out.stderr
-    out = subprocess.run(["bash", str(REPO / "run.sub")], capture_output=True, text=True, timeout=60,
-                         env={**env, "CODEDIR": str(tmp_path)})
+    out = subprocess.run(
+        ["bash", str(REPO / "run.sub")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "CODEDIR": str(tmp_path)},
+    )
     assert out.returncode == 1 and f"no run_pretraining.py in CODEDIR {tmp_path}" in out.stderr
 
 
 def test_run_sub_missing_data_folder_fails_before_srun(tmp_path):
     out = run_sub({"DATADIR_PHASE1": str(tmp_path / "nowhere"), "CHECKPOINTDIR": str(tmp_path / "c")})
     assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr.strip() == (f"run.sub: DATADIR_PHASE1 folder {tmp_path / 'nowhere'} not found: point it at "
-                                  "the phase 1 HDF5 shards (data/create_datasets_from_start.sh writes them)")
+    assert out.stderr.strip() == (
+        f"run.sub: DATADIR_PHASE1 folder {tmp_path / 'nowhere'} not found: point it at "
+        "the phase 1 HDF5 shards (data/create_datasets_from_start.sh writes them)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -395,15 +555,24 @@ LAUNCHERS = {"run_pretraining.sh": "run_pretraining.py", "run_squad.sh": "run_sq
 
 def launcher_words(script: str, env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     """The words before the entry script in the first command the launcher prints (DRY_RUN)."""
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("NNODES", "NODE_RANK", "RDZV_ENDPOINT", "RDZV_ID", "MASTER_ADDR", "MASTER_PORT")
-             and not k.startswith("SLURM_")}
-    out = subprocess.run(["bash", str(REPO / "scripts" / script), *args], capture_output=True, text=True, cwd=REPO,
-                         timeout=60, env={**clean, "DRY_RUN": "1", "PYTHON": "py", **env})
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NNODES", "NODE_RANK", "RDZV_ENDPOINT", "RDZV_ID", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith("SLURM_")
+    }
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={**clean, "DRY_RUN": "1", "PYTHON": "py", **env},
+    )
     if out.returncode != 0:
         return out, []
     words = shlex.split(out.stdout.splitlines()[0])
-    return out, words[:next(i for i, w in enumerate(words) if w.endswith(LAUNCHERS[script]))]
+    return out, words[: next(i for i, w in enumerate(words) if w.endswith(LAUNCHERS[script]))]
 
 
 @pytest.mark.parametrize("script", sorted(LAUNCHERS))
@@ -414,35 +583,53 @@ def test_launchers_take_multi_node_settings_from_the_environment(script):
     out, words = launcher_words(script, {"MASTER_ADDR": "10.0.0.1", "NNODES": "1"})  # one node: unchanged
     assert words == [*torchrun, "--standalone", "--nproc_per_node=8"], out.stderr
     # c10d rendezvous: the same command on every node
-    out, words = launcher_words(script, {"NNODES": "4", "RDZV_ENDPOINT": "node1:29400", "RDZV_ID": "run7",
-                                         "NODE_RANK": "3"})
-    assert words == [*torchrun, "--nnodes=4", "--nproc_per_node=8", "--rdzv_backend=c10d",
-                     "--rdzv_endpoint=node1:29400", "--rdzv_id=run7"], out.stderr
+    out, words = launcher_words(
+        script, {"NNODES": "4", "RDZV_ENDPOINT": "node1:29400", "RDZV_ID": "run7", "NODE_RANK": "3"}
+    )
+    assert words == [
+        *torchrun,
+        "--nnodes=4",
+        "--nproc_per_node=8",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=node1:29400",
+        "--rdzv_id=run7",
+    ], out.stderr
     out, words = launcher_words(script, {"NNODES": "2", "RDZV_ENDPOINT": "node1:29400", "SLURM_JOB_ID": "55"})
     assert words[-1] == "--rdzv_id=55", out.stderr  # in a Slurm job the job id names the rendezvous
     # static rendezvous on node 0
-    out, words = launcher_words(script, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
-                                         "MASTER_PORT": "6000"})
-    assert words == [*torchrun, "--nnodes=2", "--nproc_per_node=8", "--node_rank=1", "--master_addr=10.0.0.1",
-                     "--master_port=6000"], out.stderr
+    out, words = launcher_words(
+        script, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6000"}
+    )
+    assert words == [
+        *torchrun,
+        "--nnodes=2",
+        "--nproc_per_node=8",
+        "--node_rank=1",
+        "--master_addr=10.0.0.1",
+        "--master_port=6000",
+    ], out.stderr
 
 
 def test_multi_node_with_one_process_per_node_still_uses_torchrun():
-    out, words = launcher_words("run_pretraining.sh", {"NNODES": "2", "RDZV_ENDPOINT": "127.0.0.1:29400"},
-                                "256", "1e-3", "tf32", "1")
+    out, words = launcher_words(
+        "run_pretraining.sh", {"NNODES": "2", "RDZV_ENDPOINT": "127.0.0.1:29400"}, "256", "1e-3", "tf32", "1"
+    )
     assert words[1:5] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"], out.stderr
     out, words = launcher_words("run_pretraining.sh", {}, "256", "1e-3", "tf32", "1")
     assert words == ["py"], out.stderr
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"NNODES": "two"}, "NNODES must be a positive integer, got 'two'"),
-    ({"NNODES": "2"}, "NNODES=2 needs MASTER_ADDR (node 0's address) or RDZV_ENDPOINT"),
-    ({"NNODES": "2", "MASTER_ADDR": "n1"}, "NNODES=2 with MASTER_ADDR needs NODE_RANK (0..1, 0 on n1)"),
-    ({"NNODES": "2", "MASTER_ADDR": "n1", "NODE_RANK": "2"}, "NODE_RANK must be 0..1 (NNODES=2), got '2'"),
-    ({"NNODES": "2", "MASTER_ADDR": "n1", "NODE_RANK": "0", "MASTER_PORT": "x"}, "MASTER_PORT must be a port"),
-    ({"NNODES": "2", "RDZV_ENDPOINT": "node1"}, "RDZV_ENDPOINT must be host:port"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"NNODES": "two"}, "NNODES must be a positive integer, got 'two'"),
+        ({"NNODES": "2"}, "NNODES=2 needs MASTER_ADDR (node 0's address) or RDZV_ENDPOINT"),
+        ({"NNODES": "2", "MASTER_ADDR": "n1"}, "NNODES=2 with MASTER_ADDR needs NODE_RANK (0..1, 0 on n1)"),
+        ({"NNODES": "2", "MASTER_ADDR": "n1", "NODE_RANK": "2"}, "NODE_RANK must be 0..1 (NNODES=2), got '2'"),
+        ({"NNODES": "2", "MASTER_ADDR": "n1", "NODE_RANK": "0", "MASTER_PORT": "x"}, "MASTER_PORT must be a port"),
+        ({"NNODES": "2", "RDZV_ENDPOINT": "node1"}, "RDZV_ENDPOINT must be host:port"),
+    ],
+)
 @pytest.mark.parametrize("script", sorted(LAUNCHERS))
 def test_bad_multi_node_settings_fail_in_one_line(script, env, message):
     out, _ = launcher_words(script, env)
@@ -466,14 +653,16 @@ def test_dockerfile_uses_an_ngc_pytorch_image_and_the_requirements():
 def test_launch_sh_mounts_the_folders(tmp_path):
     """The docker command launch.sh builds (DRY_RUN=1): every GPU, the three folders at their fixed places."""
     folders = [tmp_path / name for name in ("data", "ckpt", "results")]
-    out = bash("bash scripts/docker/launch.sh " + " ".join(map(str, folders)) + " -- nvidia-smi",
-               env={"DRY_RUN": "1"})
+    out = bash("bash scripts/docker/launch.sh " + " ".join(map(str, folders)) + " -- nvidia-smi", env={"DRY_RUN": "1"})
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout)
     assert words[:3] == ["docker", "run", "--rm"] and "--gpus" in words and words[-2:] == ["bert:latest", "nvidia-smi"]
     mounts = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
-    assert mounts == [f"{folders[0]}:/workspace/data", f"{folders[1]}:/workspace/bert/checkpoints",
-                      f"{folders[2]}:/workspace/bert/results"]
+    assert mounts == [
+        f"{folders[0]}:/workspace/data",
+        f"{folders[1]}:/workspace/bert/checkpoints",
+        f"{folders[2]}:/workspace/bert/results",
+    ]
     assert not any(f.exists() for f in folders)  # a dry run makes nothing
 
 
@@ -496,33 +685,87 @@ def test_two_phases_for_real(shared_data, tmp_path):
     text = shared_data / "bert-sample-text" / "sample_text.txt"
     vocab = shared_data / "bert-vocab" / "bert-base-uncased-vocab.txt"
     for seq, pred, folder in ((32, 5, "p1"), (64, 10, "p2")):
-        create_pretraining_data.main(["--input_file", str(text), "--output_file", str(tmp_path / folder / "s.hdf5"),
-                                      "--vocab_file", str(vocab), "--max_seq_length", str(seq),
-                                      "--max_predictions_per_seq", str(pred), "--dupe_factor", "1",
-                                      "--num_workers", "1", "--no_progress"])
+        create_pretraining_data.main(
+            [
+                "--input_file",
+                str(text),
+                "--output_file",
+                str(tmp_path / folder / "s.hdf5"),
+                "--vocab_file",
+                str(vocab),
+                "--max_seq_length",
+                str(seq),
+                "--max_predictions_per_seq",
+                str(pred),
+                "--dupe_factor",
+                "1",
+                "--num_workers",
+                "1",
+                "--no_progress",
+            ]
+        )
     config = tmp_path / "tiny.json"
-    config.write_text('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
-                      '"intermediate_size": 64, "max_position_embeddings": 64}')
-    args = ["8", "1e-3", "fp32", "1", "0.5", "3", "2", "false", "true", "true", "2", "7", "tiny", "false", "false",
-            "4", "1e-3", "0.5", "2", "1", str(tmp_path / "p1"), str(tmp_path / "p2"), str(REPO), "None", str(config)]
+    config.write_text(
+        '{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
+        '"intermediate_size": 64, "max_position_embeddings": 64}'
+    )
+    args = [
+        "8",
+        "1e-3",
+        "fp32",
+        "1",
+        "0.5",
+        "3",
+        "2",
+        "false",
+        "true",
+        "true",
+        "2",
+        "7",
+        "tiny",
+        "false",
+        "false",
+        "4",
+        "1e-3",
+        "0.5",
+        "2",
+        "1",
+        str(tmp_path / "p1"),
+        str(tmp_path / "p2"),
+        str(REPO),
+        "None",
+        str(config),
+    ]
     results = tmp_path / "results"
-    out = bash(" ".join(["bash", shlex.quote(str(RUN_SH))] + args), env={
-        "RESULTS_DIR": str(results), "PYTHON": sys.executable, "MAX_SEQ_LENGTH_PHASE1": "32", "MAX_PRED_PHASE1": "5",
-        "MAX_SEQ_LENGTH_PHASE2": "64", "MAX_PRED_PHASE2": "10",
-        "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1"})
+    out = bash(
+        " ".join(["bash", shlex.quote(str(RUN_SH))] + args),
+        env={
+            "RESULTS_DIR": str(results),
+            "PYTHON": sys.executable,
+            "MAX_SEQ_LENGTH_PHASE1": "32",
+            "MAX_PRED_PHASE1": "5",
+            "MAX_SEQ_LENGTH_PHASE2": "64",
+            "MAX_PRED_PHASE2": "10",
+            "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1",
+        },
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     checkpoints = sorted(p.name for p in (results / "checkpoints").glob("ckpt_*.pt"))
     assert checkpoints == ["ckpt_2.pt", "ckpt_3.pt", "ckpt_5.pt"]  # phase 2 numbers its steps after phase 1's 3
     logs = sorted(results.glob("tiny.pyt_bert_pretraining_phase*_fp32_gbs*.log"))
-    assert [p.name.split(".")[1] for p in logs] == ["pyt_bert_pretraining_phase1_fp32_gbs8",
-                                                     "pyt_bert_pretraining_phase2_fp32_gbs4"]
+    assert [p.name.split(".")[1] for p in logs] == [
+        "pyt_bert_pretraining_phase1_fp32_gbs8",
+        "pyt_bert_pretraining_phase2_fp32_gbs4",
+    ]
     assert "--phase2" in logs[1].read_text().splitlines()[0]  # the command heads the log
     assert "phase 2 finished" in out.stderr and '"FINAL"' in out.stderr
     assert (results / "tiny.phase1.json").is_file() and (results / "tiny.phase2.json").is_file()
 
 
-TINY_DEMO_CONFIG = ('{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
-                    '"intermediate_size": 64, "max_position_embeddings": 512}')
+TINY_DEMO_CONFIG = (
+    '{"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, '
+    '"intermediate_size": 64, "max_position_embeddings": 512}'
+)
 
 
 @pytest.fixture(scope="module")
@@ -535,8 +778,11 @@ def demo_run(shared_data, tmp_path_factory) -> tuple[Path, subprocess.CompletedP
     config.write_text(TINY_DEMO_CONFIG)
     out = folder / "demo"
     corpus = shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz"
-    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {corpus} --vocab_size 1234 --config {config} "
-               f"--phase1_steps 2 --phase2_steps 1 --out {out}", env={"PYTHON": sys.executable})
+    run = bash(
+        f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {corpus} --vocab_size 1234 --config {config} "
+        f"--phase1_steps 2 --phase2_steps 1 --out {out}",
+        env={"PYTHON": sys.executable},
+    )
     return out, run
 
 
@@ -580,9 +826,12 @@ def test_cpu_demo_continues_pre_training_from_a_checkpoint(shared_data, demo_run
     second = tmp_path / "second"
     assert run.returncode == 0, run.stderr[-3000:]
     start = next(first.glob("run_*/checkpoints/ckpt_3.pt"))
-    run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_01.gz'} --init_checkpoint {start} "
-               f"--vocab {first / 'vocab.txt'} --config {first / 'bert_config.json'} --lr 0 --phase1_steps 1 "
-               f"--phase2_steps 1 --out {second}", env={"PYTHON": sys.executable})
+    run = bash(
+        f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_01.gz'} --init_checkpoint {start} "
+        f"--vocab {first / 'vocab.txt'} --config {first / 'bert_config.json'} --lr 0 --phase1_steps 1 "
+        f"--phase2_steps 1 --out {second}",
+        env={"PYTHON": sys.executable},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     phase1 = next(second.glob("run_*/bert_cpu_demo.phase1.json")).read_text().splitlines()
     params = next(r["data"] for r in map(json.loads, phase1) if r["step"] == "PARAMETER")
@@ -596,8 +845,11 @@ def test_cpu_demo_continues_pre_training_from_a_checkpoint(shared_data, demo_run
     for missing in ("--vocab", "--config"):
         flags = {"--vocab": f"--vocab {first / 'vocab.txt'}", "--config": f"--config {first / 'bert_config.json'}"}
         flags.pop(missing)
-        run = bash(f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_01.gz'} --init_checkpoint {start} "
-                   f"{' '.join(flags.values())} --out {tmp_path / 'refused'}", env={"PYTHON": sys.executable})
+        run = bash(
+            f"bash {REPO}/scripts/run_cpu_demo.sh --corpus {text / 'wiki_01.gz'} --init_checkpoint {start} "
+            f"{' '.join(flags.values())} --out {tmp_path / 'refused'}",
+            env={"PYTHON": sys.executable},
+        )
         assert run.returncode == 1 and f"--init_checkpoint needs {missing}" in run.stderr, run.stderr
         assert not (tmp_path / "refused").exists()
 
@@ -628,12 +880,31 @@ def test_wikitext_becomes_documents_and_sentences(tmp_path):
     assert main(["--input", str(source), "--output", str(tmp_path / "docs.txt")]) == 0
     assert (tmp_path / "docs.txt").read_text().splitlines() == [
         "The rock is 1,000 m high , a well-known . It was 2.5 km away ! Then it fell . Second paragraph here .",
-        "Only one line ."]
-    assert main(["--input", str(source), "--output", str(tmp_path / "train.txt"), "--sentences",
-                 "--test_fraction", "0.5", "--test_output", str(tmp_path / "test.txt")]) == 0
+        "Only one line .",
+    ]
+    assert (
+        main(
+            [
+                "--input",
+                str(source),
+                "--output",
+                str(tmp_path / "train.txt"),
+                "--sentences",
+                "--test_fraction",
+                "0.5",
+                "--test_output",
+                str(tmp_path / "test.txt"),
+            ]
+        )
+        == 0
+    )
     train = (tmp_path / "train.txt").read_text().split("\n\n")
-    assert train[0].splitlines() == ["The rock is 1,000 m high , a well-known .", "It was 2.5 km away !",
-                                     "Then it fell .", "Second paragraph here ."]
+    assert train[0].splitlines() == [
+        "The rock is 1,000 m high , a well-known .",
+        "It was 2.5 km away !",
+        "Then it fell .",
+        "Second paragraph here .",
+    ]
     assert (tmp_path / "test.txt").read_text() == "Only one line .\n\n"
 
 
@@ -648,20 +919,19 @@ def test_wikiextractor_files_become_documents(shared_data, tmp_path):
     """The CPU demo's default corpus: the Wikipedia slice's gzipped WikiExtractor files, read through a folder."""
     import gzip
 
-
     source = shared_data / "wikipedia-en-slice" / "text" / "AA" / "wiki_00.gz"
     with gzip.open(source, "rt", encoding="utf-8") as f:
         lines = f.read().splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("<doc ")]
     # the reference, written out: a <doc> line, the title line, then the paragraphs (non-empty lines, stripped) up
     # to </doc>
-    first = [line.strip() for line in lines[starts[0] + 2:lines.index("</doc>")] if line.strip()]
+    first = [line.strip() for line in lines[starts[0] + 2 : lines.index("</doc>")] if line.strip()]
     docs = list(iter_documents(source))
     assert len(docs) == len(starts) == 38 and docs[0] == first  # PROVENANCE: article 12, "Anarchism", comes first
     assert docs[0][0].startswith("Anarchism is a political philosophy")
     folder = tmp_path / "text" / "AA"  # a folder of wiki_* files without a suffix, as WikiExtractor writes them
     folder.mkdir(parents=True)
-    (folder / "wiki_00").write_text("\n".join(lines[:lines.index("</doc>") + 1]) + "\n", encoding="utf-8")
+    (folder / "wiki_00").write_text("\n".join(lines[: lines.index("</doc>") + 1]) + "\n", encoding="utf-8")
     (folder / "notes.md").write_text("not a corpus file\n")
     assert write_documents([tmp_path / "text"], tmp_path / "docs.txt") == (1, 0)
     assert (tmp_path / "docs.txt").read_text(encoding="utf-8") == " ".join(first) + "\n"
@@ -682,8 +952,10 @@ def test_preset_arguments_are_named_as_run_pretraining_sh_names_them():
     positional = re.findall(r"^(\w+)=\$\{(\d+):-", (REPO / "scripts" / "run_pretraining.sh").read_text(), re.M)
     expected = [name for name, n in sorted(positional, key=lambda p: int(p[1]))]
     assert [int(n) for _, n in sorted(positional, key=lambda p: int(p[1]))] == list(range(1, 27))
-    out = bash(f"source {REPO}/scripts/configs/pretrain_config.sh && echo \"${{PRETRAIN_ARG_NAMES[*]}}\" "
-               f"&& pretrain_slot train_steps_phase2 && pretrain_slot nonsense")
+    out = bash(
+        f'source {REPO}/scripts/configs/pretrain_config.sh && echo "${{PRETRAIN_ARG_NAMES[*]}}" '
+        f"&& pretrain_slot train_steps_phase2 && pretrain_slot nonsense"
+    )
     names, slot = out.stdout.split("\n")[:2]
     assert names.split() == expected and int(slot) == expected.index("train_steps_phase2") == 18
     assert out.returncode == 1 and "no argument named 'nonsense'" in out.stderr
@@ -708,25 +980,39 @@ def test_demo_config_takes_the_vocabularys_size_or_refuses_a_bad_config(tmp_path
     assert not (tmp_path / "c_out.json").exists()
 
 
-ENTRY_SCRIPTS = ("run_pretraining.py", "run_squad.py", "run_glue.py", "run_swag.py", "inference.py",
-                 "extract_features.py", "create_pretraining_data.py")
+ENTRY_SCRIPTS = (
+    "run_pretraining.py",
+    "run_squad.py",
+    "run_glue.py",
+    "run_swag.py",
+    "inference.py",
+    "extract_features.py",
+    "create_pretraining_data.py",
+)
 
 
 def test_entry_scripts_run_as_files(tmp_path):
     """Each entry script's `if __name__ == "__main__"` block, as `python <script> --help` runs it, from another
     folder: one interpreter runs every file as __main__ in turn (one torch start instead of seven); each must print
     its usage and exit 0. The help texts themselves are checked in process (tests/test_precision.py)."""
-    probe = ("import runpy, sys\n"
-             "for script in sys.argv[1:]:\n"
-             "    sys.argv = [script, '--help']\n"
-             "    try:\n"
-             "        runpy.run_path(script, run_name='__main__')\n"
-             "    except SystemExit as e:\n"
-             "        assert e.code in (0, None), (script, e.code)\n"
-             "    else:\n"
-             "        raise AssertionError(f'{script} --help did not exit')\n")
-    done = subprocess.run([sys.executable, "-c", probe, *(str(REPO / s) for s in ENTRY_SCRIPTS)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    probe = (
+        "import runpy, sys\n"
+        "for script in sys.argv[1:]:\n"
+        "    sys.argv = [script, '--help']\n"
+        "    try:\n"
+        "        runpy.run_path(script, run_name='__main__')\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), (script, e.code)\n"
+        "    else:\n"
+        "        raise AssertionError(f'{script} --help did not exit')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *(str(REPO / s) for s in ENTRY_SCRIPTS)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("usage:") == len(ENTRY_SCRIPTS), done.stdout[:2000]
 
@@ -735,8 +1021,9 @@ def test_entry_scripts_run_as_files(tmp_path):
 def test_data_scripts_run_as_files_from_anywhere(script, tmp_path):
     """NVIDIA's way (`python data/bertPrep.py --action ...`): the set-up installs the project in editable mode
     (pyproject.toml), so the scripts under data/ find the project's modules from any folder, with no sys.path edit."""
-    done = subprocess.run([sys.executable, str(REPO / script), "--help"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(REPO / script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage:")
     assert not re.search(r"sys\.path\.(insert|append)|sys\.path\s*[+]?=", (REPO / script).read_text())

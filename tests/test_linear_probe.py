@@ -1,6 +1,7 @@
 """bench/linear_probe.py: the features are the written-out [CLS] vector and masked mean of the encoder's last
 layer; the probe on the real all-MiniLM-L6-v2 (a sentence encoder) reads SST-2 sentiment far above the majority
 class and above the same architecture's random initialisation."""
+
 from __future__ import annotations
 
 import json
@@ -42,10 +43,22 @@ def test_probe_reads_sentiment_from_minilm_and_not_from_random_weights(tmp_path,
     assert any(not torch.equal(v, state[k]) for k, v in random.state_dict().items())
     (tmp_path / "random").mkdir()
     torch.save({"model": random.state_dict(), "config": random.config.to_dict()}, tmp_path / "random" / "m.pt")
-    report = linear_probe.main(["--checkpoint", f"minilm={minilm_dir}", "--checkpoint",
-                                f"random={tmp_path / 'random' / 'm.pt'}", "--vocab_file",
-                                str(minilm_dir / "vocab.txt"), "--max_train_examples", "1500",
-                                "--max_eval_examples", "300", "--out", str(tmp_path / "probe.json")])
+    report = linear_probe.main(
+        [
+            "--checkpoint",
+            f"minilm={minilm_dir}",
+            "--checkpoint",
+            f"random={tmp_path / 'random' / 'm.pt'}",
+            "--vocab_file",
+            str(minilm_dir / "vocab.txt"),
+            "--max_train_examples",
+            "1500",
+            "--max_eval_examples",
+            "300",
+            "--out",
+            str(tmp_path / "probe.json"),
+        ]
+    )
     assert json.loads((tmp_path / "probe.json").read_text()) == report
     minilm, rand = report["results"]["minilm"], report["results"]["random"]
     assert 0.5 <= report["majority"] < 0.6

@@ -5,6 +5,7 @@ reference) and the published sizes (BERT-large ~335M, BERT-base ~110M with the p
 BERT-large and BERT-base are built on the meta device (shapes only, no memory); the small configs for real, with
 one forward pass.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,19 @@ import modeling
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_FILES = sorted((REPO / "configs").glob("*.json")) + [REPO / "bert_config.json"]
 # The keys of Google's bert_config.json (uncased_L-24_H-1024_A-16), nothing more, nothing less.
-GOOGLE_KEYS = {"attention_probs_dropout_prob", "hidden_act", "hidden_dropout_prob", "hidden_size",
-               "initializer_range", "intermediate_size", "max_position_embeddings", "num_attention_heads",
-               "num_hidden_layers", "type_vocab_size", "vocab_size"}
+GOOGLE_KEYS = {
+    "attention_probs_dropout_prob",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "hidden_size",
+    "initializer_range",
+    "intermediate_size",
+    "max_position_embeddings",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "type_vocab_size",
+    "vocab_size",
+}
 GOOGLE_KEY_SET_FILES = ("bert_config.json", "bert-base.json", "bert-mini.json", "bert-small-cpu.json")
 # (layers, hidden, heads, intermediate), as the brief and the BERT paper define them.
 EXPECTED_SHAPES = {
@@ -32,8 +43,8 @@ EXPECTED_SHAPES = {
 
 def hf_parameter_count(path: Path) -> int:
     """transformers' BertForPreTraining from the same JSON, on the meta device (tied weights counted once)."""
-    from transformers.models.bert.modeling_bert import (BertConfig as HFConfig,
-                                                        BertForPreTraining as HFBertForPreTraining)
+    from transformers.models.bert.modeling_bert import BertConfig as HFConfig
+    from transformers.models.bert.modeling_bert import BertForPreTraining as HFBertForPreTraining
 
     with torch.device("meta"):
         model = HFBertForPreTraining(HFConfig(**json.loads(path.read_text())))
@@ -70,8 +81,10 @@ def test_parameter_count_matches_transformers(path):
 
 # Published sizes: the encoder (BertModel with pooler) of BERT-large has 335M parameters and of BERT-base 110M
 # (109.5M); the pre-training heads add the MLM transform, the output bias and the NSP layer (1.1M / 0.6M).
-@pytest.mark.parametrize("name, encoder_millions, pretraining_millions",
-                         [("bert_config.json", 335.1, 336.2), ("bert-base.json", 109.5, 110.1)])
+@pytest.mark.parametrize(
+    "name, encoder_millions, pretraining_millions",
+    [("bert_config.json", 335.1, 336.2), ("bert-base.json", 109.5, 110.1)],
+)
 def test_published_sizes(name, encoder_millions, pretraining_millions):
     path = REPO / name if name == "bert_config.json" else REPO / "configs" / name
     config = modeling.BertConfig.from_json_file(path)
@@ -91,8 +104,9 @@ def test_small_configs_run_a_pretraining_forward(name):
     labels = torch.full_like(input_ids, -1)
     labels[:, 3] = input_ids[:, 3]
     with torch.no_grad():
-        total, mlm, nsp, scores, nsp_scores = model(input_ids, masked_lm_labels=labels,
-                                                    next_sentence_labels=torch.tensor([0, 1]))
+        total, mlm, nsp, scores, nsp_scores = model(
+            input_ids, masked_lm_labels=labels, next_sentence_labels=torch.tensor([0, 1])
+        )
     assert scores.shape == (2, config.vocab_size) and nsp_scores.shape == (2, 2)
     # Freshly initialised (std 0.02): the masked-LM loss is near that of a uniform guess over the vocabulary.
     assert float(mlm) == pytest.approx(float(torch.log(torch.tensor(config.vocab_size * 1.0))), abs=0.5)

@@ -1,17 +1,18 @@
 """The model against Hugging Face transformers: real MiniLM weights for the encoder, random weights copied
 through our checkpoint loader (checkpoint_io) for the pre-training and task heads; the named-tuple outputs."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
+from helpers import SENTENCES, padded_batch
 from transformers.models.bert import modeling_bert as hf
 from transformers.models.bert.configuration_bert import BertConfig as HFConfig
 
 import modeling
 from bert_recipe.io import checkpoint_io
-from helpers import SENTENCES, padded_batch
 from modeling import BertConfig
 from tokenization import BertTokenizer
 
@@ -24,9 +25,17 @@ def _no_grad():
 
 
 def small_hf_config(**overrides) -> HFConfig:
-    kwargs = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                  max_position_embeddings=64, type_vocab_size=2, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
+    kwargs = dict(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     kwargs.update(overrides)
     return HFConfig(**kwargs)
 
@@ -92,15 +101,21 @@ def test_pretraining_heads_and_loss_match_transformers():
     nsp_labels = torch.tensor([0, 1, 1])
 
     total, mlm, nsp, scores, nsp_scores = ours(input_ids, token_type_ids, attention_mask, labels, nsp_labels)
-    reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                       labels=labels.masked_fill(labels < 0, -100), next_sentence_label=nsp_labels)
+    reference = theirs(
+        input_ids=input_ids,
+        token_type_ids=token_type_ids,
+        attention_mask=attention_mask,
+        labels=labels.masked_fill(labels < 0, -100),
+        next_sentence_label=nsp_labels,
+    )
     labelled = labels >= 0
     torch.testing.assert_close(scores, reference.prediction_logits[labelled], atol=1e-5, rtol=0)
     torch.testing.assert_close(nsp_scores, reference.seq_relationship_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(total, reference.loss, atol=1e-5, rtol=0)
     # The loss is the written-out formula: mean CE over labelled positions + NSP CE.
-    expected = (torch.nn.functional.cross_entropy(reference.prediction_logits[labelled], labels[labelled])
-                + torch.nn.functional.cross_entropy(reference.seq_relationship_logits, nsp_labels))
+    expected = torch.nn.functional.cross_entropy(
+        reference.prediction_logits[labelled], labels[labelled]
+    ) + torch.nn.functional.cross_entropy(reference.seq_relationship_logits, nsp_labels)
     torch.testing.assert_close(total, expected, atol=1e-5, rtol=0)
     # Without labels: full-vocabulary scores at every position.
     all_scores, _ = ours(input_ids, token_type_ids, attention_mask)
@@ -114,8 +129,13 @@ def test_question_answering_matches_transformers():
     input_ids, token_type_ids, attention_mask = random_batch(seed=1)
     starts, ends = torch.tensor([1, 4, 30]), torch.tensor([2, 6, 31])  # 30, 31 are outside: ignored
     loss, start, end = ours(input_ids, token_type_ids, attention_mask, starts, ends)
-    reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                       start_positions=starts, end_positions=ends)
+    reference = theirs(
+        input_ids=input_ids,
+        token_type_ids=token_type_ids,
+        attention_mask=attention_mask,
+        start_positions=starts,
+        end_positions=ends,
+    )
     torch.testing.assert_close(start, reference.start_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(end, reference.end_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(loss, reference.loss, atol=1e-5, rtol=0)
@@ -129,8 +149,7 @@ def test_sequence_classification_matches_transformers(num_labels):
     input_ids, token_type_ids, attention_mask = random_batch(seed=2)
     labels = torch.tensor([0.5, 2.0, -1.0]) if num_labels == 1 else torch.tensor([0, 2, 1])
     loss, logits = ours(input_ids, token_type_ids, attention_mask, labels)
-    reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                       labels=labels)
+    reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels)
     torch.testing.assert_close(logits, reference.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(loss, reference.loss, atol=1e-5, rtol=0)
 
@@ -146,22 +165,43 @@ def test_outputs_are_named_tuples_with_fixed_fields_in_positional_order():
     labels = torch.full_like(input_ids, -1)
     labels[0, 2], labels[2, 4] = 7, 8
     expected = {  # (model, arguments after the three inputs) -> (type, its fields in order)
-        "encoder": (modeling.BertModel(config), (), modeling.BertModelOutput,
-                    ("sequence_output", "pooled_output")),
-        "pretraining": (modeling.BertForPreTraining(config), (), modeling.PreTrainingOutput,
-                        ("prediction_scores", "seq_relationship_score")),
-        "pretraining+labels": (modeling.BertForPreTraining(config), (labels, torch.tensor([0, 1, 1])),
-                               modeling.PreTrainingOutputWithLoss,
-                               ("loss", "mlm_loss", "nsp_loss", "prediction_scores", "seq_relationship_score")),
-        "qa": (modeling.BertForQuestionAnswering(config), (), modeling.QuestionAnsweringOutput,
-               ("start_logits", "end_logits")),
-        "qa+labels": (modeling.BertForQuestionAnswering(config), (torch.tensor([1, 2, 3]), torch.tensor([2, 2, 4])),
-                      modeling.QuestionAnsweringOutputWithLoss, ("loss", "start_logits", "end_logits")),
-        "classification": (modeling.BertForSequenceClassification(config, num_labels=3), (),
-                           modeling.SequenceClassificationOutput, ("logits",)),
-        "classification+labels": (modeling.BertForSequenceClassification(config, num_labels=3),
-                                  (torch.tensor([0, 2, 1]),), modeling.SequenceClassificationOutputWithLoss,
-                                  ("loss", "logits")),
+        "encoder": (modeling.BertModel(config), (), modeling.BertModelOutput, ("sequence_output", "pooled_output")),
+        "pretraining": (
+            modeling.BertForPreTraining(config),
+            (),
+            modeling.PreTrainingOutput,
+            ("prediction_scores", "seq_relationship_score"),
+        ),
+        "pretraining+labels": (
+            modeling.BertForPreTraining(config),
+            (labels, torch.tensor([0, 1, 1])),
+            modeling.PreTrainingOutputWithLoss,
+            ("loss", "mlm_loss", "nsp_loss", "prediction_scores", "seq_relationship_score"),
+        ),
+        "qa": (
+            modeling.BertForQuestionAnswering(config),
+            (),
+            modeling.QuestionAnsweringOutput,
+            ("start_logits", "end_logits"),
+        ),
+        "qa+labels": (
+            modeling.BertForQuestionAnswering(config),
+            (torch.tensor([1, 2, 3]), torch.tensor([2, 2, 4])),
+            modeling.QuestionAnsweringOutputWithLoss,
+            ("loss", "start_logits", "end_logits"),
+        ),
+        "classification": (
+            modeling.BertForSequenceClassification(config, num_labels=3),
+            (),
+            modeling.SequenceClassificationOutput,
+            ("logits",),
+        ),
+        "classification+labels": (
+            modeling.BertForSequenceClassification(config, num_labels=3),
+            (torch.tensor([0, 2, 1]),),
+            modeling.SequenceClassificationOutputWithLoss,
+            ("loss", "logits"),
+        ),
     }
     outs = {}
     for name, (model, extra, cls, fields) in expected.items():
@@ -197,10 +237,19 @@ def test_outputs_are_named_tuples_with_fixed_fields_in_positional_order():
 
 
 def test_config_reads_google_and_hf_json(tmp_path, minilm_dir, repo_root):
-    google = {"vocab_size": 30522, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-              "intermediate_size": 4096, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-              "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512, "type_vocab_size": 2,
-              "initializer_range": 0.02}
+    google = {
+        "vocab_size": 30522,
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "initializer_range": 0.02,
+    }
     (tmp_path / "bert_config.json").write_text(json.dumps(google))
     config = BertConfig.from_json_file(tmp_path / "bert_config.json")
     assert (config.hidden_size, config.num_hidden_layers, config.layer_norm_eps) == (1024, 24, 1e-12)
@@ -210,12 +259,15 @@ def test_config_reads_google_and_hf_json(tmp_path, minilm_dir, repo_root):
     assert (minilm.hidden_size, minilm.num_hidden_layers, minilm.intermediate_size) == (384, 6, 1536)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("num_attention_heads", 10, "divisible"),
-    ("hidden_size", 0, "positive"),
-    ("hidden_act", "tanh", "hidden_act"),
-    ("hidden_dropout_prob", 1.5, "hidden_dropout_prob"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("num_attention_heads", 10, "divisible"),
+        ("hidden_size", 0, "positive"),
+        ("hidden_act", "tanh", "hidden_act"),
+        ("hidden_dropout_prob", 1.5, "hidden_dropout_prob"),
+    ],
+)
 def test_config_validation_names_the_field(tmp_path, field, value, message):
     d = BertConfig().to_dict()
     d[field] = value
@@ -226,8 +278,14 @@ def test_config_validation_names_the_field(tmp_path, field, value, message):
 
 
 def test_padded_vocabulary_is_cut_on_export():
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, pad_vocab_size_multiple=8)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        pad_vocab_size_multiple=8,
+    )
     model = modeling.BertForPreTraining(config)
     assert model.bert.embeddings.word_embeddings.weight.shape[0] == 30528
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
@@ -238,8 +296,14 @@ def test_padded_vocabulary_is_cut_on_export():
 
 
 def test_initialisation_is_googles():
-    config = BertConfig(vocab_size=5000, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=1024, initializer_range=0.02)
+    config = BertConfig(
+        vocab_size=5000,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        initializer_range=0.02,
+    )
     model = modeling.BertForPreTraining(config)
     for name, p in model.named_parameters():
         if "LayerNorm.weight" in name:

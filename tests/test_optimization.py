@@ -3,6 +3,7 @@
 The reference below is deliberately naive (one tensor at a time, the formulas of the issue verbatim) and shares no
 code with optimization.py.
 """
+
 from __future__ import annotations
 
 import io
@@ -27,10 +28,18 @@ NONE_GRAD_STEPS = {4, 5, 20, 21, 22, 40}  # steps where "sometimes" gets no grad
 
 def make_params(dtype=torch.float64) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    shapes = {"w1": (16, 8), "w2": (8, 4), "zeros": (5, 3), "dead": (6,), "sometimes": (7, 2),  # decay group
-              "b1": (16,), "ln": (8,)}  # no-decay group
-    params = {name: (torch.randn(shape, generator=gen, dtype=torch.float64) * 0.5).to(dtype)
-              for name, shape in shapes.items()}
+    shapes = {
+        "w1": (16, 8),
+        "w2": (8, 4),
+        "zeros": (5, 3),
+        "dead": (6,),
+        "sometimes": (7, 2),  # decay group
+        "b1": (16,),
+        "ln": (8,),
+    }  # no-decay group
+    params = {
+        name: (torch.randn(shape, generator=gen, dtype=torch.float64) * 0.5).to(dtype) for name, shape in shapes.items()
+    }
     params["zeros"].zero_()  # ||p|| = 0 on the first step: r must be 1
     params["dead"].zero_()  # zero p and zero grads: ||u|| = 0 on every step: r must be 1, p stays 0
     return {name: p.requires_grad_(True) for name, p in params.items()}
@@ -60,8 +69,9 @@ def lr_for_step(step: int, group: int) -> float:
 # The reference: the six steps of the issue, per tensor, float64.
 
 
-def reference_lamb(steps: int, weight_decays: tuple[float, float], use_nvlamb: bool,
-                   max_grad_norm: float | None = MAX_NORM) -> tuple[dict[str, torch.Tensor], list[float]]:
+def reference_lamb(
+    steps: int, weight_decays: tuple[float, float], use_nvlamb: bool, max_grad_norm: float | None = MAX_NORM
+) -> tuple[dict[str, torch.Tensor], list[float]]:
     params = {k: v.detach().clone().double() for k, v in make_params().items()}
     m = {k: torch.zeros_like(v) for k, v in params.items()}
     v = {k: torch.zeros_like(p) for k, p in params.items()}
@@ -95,19 +105,29 @@ def reference_lamb(steps: int, weight_decays: tuple[float, float], use_nvlamb: b
     return params, global_norms
 
 
-def run_nvlamb(steps: int, weight_decays: tuple[float, float], use_nvlamb: bool, dtype=torch.float64,
-               start: tuple[dict, dict] | None = None, first_step: int = 1, max_grad_norm: float | None = MAX_NORM,
-               fused: bool | None = None):
+def run_nvlamb(
+    steps: int,
+    weight_decays: tuple[float, float],
+    use_nvlamb: bool,
+    dtype=torch.float64,
+    start: tuple[dict, dict] | None = None,
+    first_step: int = 1,
+    max_grad_norm: float | None = MAX_NORM,
+    fused: bool | None = None,
+):
     """Run NVLAMB from step `first_step` to `steps`; `start` = (params, optimizer state_dict) to resume from."""
     params = make_params(dtype)
     if start is not None:
         with torch.no_grad():
             for k, p in params.items():
                 p.copy_(start[0][k])
-    groups = [{"params": [params[k] for k in DECAY], "weight_decay": weight_decays[0]},
-              {"params": [params[k] for k in NO_DECAY], "weight_decay": weight_decays[1]}]
-    opt = NVLAMB(groups, lr=0.0, betas=(B1, B2), eps=EPS, max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb,
-                 fused=fused)
+    groups = [
+        {"params": [params[k] for k in DECAY], "weight_decay": weight_decays[0]},
+        {"params": [params[k] for k in NO_DECAY], "weight_decay": weight_decays[1]},
+    ]
+    opt = NVLAMB(
+        groups, lr=0.0, betas=(B1, B2), eps=EPS, max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb, fused=fused
+    )
     if start is not None:
         opt.load_state_dict(start[1])
     norms = []
@@ -205,8 +225,9 @@ def test_state_dict_round_trip_resumes_exactly(tmp_path, fused):
     saved = torch.load(path, weights_only=True)
     step_state = saved["optimizer"]["state"][0]["step"]
     assert isinstance(step_state, torch.Tensor) and float(step_state) == 15
-    resumed, _, _ = run_nvlamb(30, (0.01, 0.0), use_nvlamb=False, start=(saved["params"], saved["optimizer"]),
-                               first_step=16, fused=fused)
+    resumed, _, _ = run_nvlamb(
+        30, (0.01, 0.0), use_nvlamb=False, start=(saved["params"], saved["optimizer"]), first_step=16, fused=fused
+    )
     for k in full:
         assert torch.equal(resumed[k], full[k]), k
 
@@ -315,11 +336,20 @@ def test_param_groups_for_bert():
     decay = sorted(names[id(p)] for p in groups[0]["params"])
     no_decay = sorted(names[id(p)] for p in groups[1]["params"])
     assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
-    assert decay == ["embeddings.word_embeddings.weight", "encoder.layer.0.attention.query.weight",
-                     "encoder.layer.0.output.dense.weight"]
-    assert no_decay == ["cls.bias", "embeddings.LayerNorm.bias", "embeddings.LayerNorm.weight",
-                        "encoder.layer.0.attention.query.bias", "encoder.layer.0.output.LayerNorm.bias",
-                        "encoder.layer.0.output.LayerNorm.weight", "encoder.layer.0.output.dense.bias"]
+    assert decay == [
+        "embeddings.word_embeddings.weight",
+        "encoder.layer.0.attention.query.weight",
+        "encoder.layer.0.output.dense.weight",
+    ]
+    assert no_decay == [
+        "cls.bias",
+        "embeddings.LayerNorm.bias",
+        "embeddings.LayerNorm.weight",
+        "encoder.layer.0.attention.query.bias",
+        "encoder.layer.0.output.LayerNorm.bias",
+        "encoder.layer.0.output.LayerNorm.weight",
+        "encoder.layer.0.output.dense.bias",
+    ]
     # The tied weight appears once, and the groups load straight into the optimizers.
     all_params = groups[0]["params"] + groups[1]["params"]
     assert len({id(p) for p in all_params}) == len(all_params) == 10

@@ -8,6 +8,7 @@ fallback), attention never crossing sequences and positions restarting in each; 
 shards and resumes exactly, and so does a length-binned run. fp32, dropout off where outputs are compared, one
 intra-op thread (exact resume compares runs that must use the same thread count).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import args_for, make_shards, max_diff, read_log, shard_stream, weights
 
 import bert_padding
 import create_pretraining_data as cpd
 import run_pretraining as rp
 from bert_recipe.pretraining import data_stream, shard_format, trainer
-from helpers import args_for, make_shards, max_diff, read_log, shard_stream, weights
 from modeling import BertConfig, BertForPreTraining
 
 pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
@@ -64,10 +65,31 @@ def make_shard(corpus: Path, vocab: Path, output: Path, *extra: str) -> dict:
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        assert cpd.main(["--input_file", str(corpus), "--output_file", str(output), "--vocab_file", str(vocab),
-                         "--max_seq_length", str(SEQ), "--max_predictions_per_seq", str(PRED),
-                         "--dupe_factor", "1", "--random_seed", "3", "--num_workers", "1",
-                         "--no_progress", *extra]) == 0
+        assert (
+            cpd.main(
+                [
+                    "--input_file",
+                    str(corpus),
+                    "--output_file",
+                    str(output),
+                    "--vocab_file",
+                    str(vocab),
+                    "--max_seq_length",
+                    str(SEQ),
+                    "--max_predictions_per_seq",
+                    str(PRED),
+                    "--dupe_factor",
+                    "1",
+                    "--random_seed",
+                    "3",
+                    "--num_workers",
+                    "1",
+                    "--no_progress",
+                    *extra,
+                ]
+            )
+            == 0
+        )
     return json.loads(stdout.getvalue().strip().splitlines()[-1])
 
 
@@ -80,14 +102,28 @@ def wiki(tmp_path_factory, shared_data, uncased_vocab) -> dict:
     packed = make_shard(corpus, uncased_vocab, root / "packed" / "wiki.hdf5", "--pack_sequences", str(K))
     with h5py.File(root / "unpacked" / "wiki.hdf5") as f:
         arrays = {key: f[key][()] for key in shard_format.SHARD_KEYS}
-    return {"root": root, "unpacked": root / "unpacked", "packed": root / "packed", "arrays": arrays,
-            "summary_unpacked": unpacked, "summary_packed": packed}
+    return {
+        "root": root,
+        "unpacked": root / "unpacked",
+        "packed": root / "packed",
+        "arrays": arrays,
+        "summary_unpacked": unpacked,
+        "summary_packed": packed,
+    }
 
 
 def tiny_config(unpad: str = "auto", dropout: float = 0.0) -> BertConfig:
-    return BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=SEQ, hidden_dropout_prob=dropout,
-                      attention_probs_dropout_prob=dropout, unpad=unpad)
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        unpad=unpad,
+    )
 
 
 def unpack_rows(arrays: dict[str, np.ndarray]) -> list[tuple]:
@@ -100,9 +136,15 @@ def unpack_rows(arrays: dict[str, np.ndarray]) -> list[tuple]:
         positions, ids = arrays["masked_lm_positions"][r], arrays["masked_lm_ids"][r]
         for k, (a, b) in enumerate(zip(starts, ends)):
             inside = (positions >= max(a, 1)) & (positions < b)
-            out.append((tuple(arrays["input_ids"][r, a:b].tolist()), tuple(arrays["segment_ids"][r, a:b].tolist()),
-                        tuple((positions[inside] - a).tolist()), tuple(ids[inside].tolist()),
-                        int(arrays["next_sentence_labels"][r, k])))
+            out.append(
+                (
+                    tuple(arrays["input_ids"][r, a:b].tolist()),
+                    tuple(arrays["segment_ids"][r, a:b].tolist()),
+                    tuple((positions[inside] - a).tolist()),
+                    tuple(ids[inside].tolist()),
+                    int(arrays["next_sentence_labels"][r, k]),
+                )
+            )
     return out
 
 
@@ -113,8 +155,15 @@ def plain_rows(arrays: dict[str, np.ndarray]) -> list[tuple]:
         n = int(arrays["input_mask"][r].sum())
         positions, ids = arrays["masked_lm_positions"][r], arrays["masked_lm_ids"][r]
         used = positions > 0
-        out.append((tuple(arrays["input_ids"][r, :n].tolist()), tuple(arrays["segment_ids"][r, :n].tolist()),
-                    tuple(positions[used].tolist()), tuple(ids[used].tolist()), int(arrays["next_sentence_labels"][r])))
+        out.append(
+            (
+                tuple(arrays["input_ids"][r, :n].tolist()),
+                tuple(arrays["segment_ids"][r, :n].tolist()),
+                tuple(positions[used].tolist()),
+                tuple(ids[used].tolist()),
+                int(arrays["next_sentence_labels"][r]),
+            )
+        )
     return out
 
 
@@ -164,8 +213,9 @@ def test_first_fit_decreasing_keeps_every_sequence_once_within_the_limits(max_pe
         assert [start[i] for i in r] == np.concatenate([[0], np.cumsum(lengths[r])[:-1]]).tolist()
     if max_per_row > 1:
         assert len(got) < len(lengths)
-    print(f"\nK={max_per_row}: {len(lengths)} sequences -> {len(got)} rows, fill "
-          f"{lengths.sum() / (128 * len(got)):.2f}")
+    print(
+        f"\nK={max_per_row}: {len(lengths)} sequences -> {len(got)} rows, fill {lengths.sum() / (128 * len(got)):.2f}"
+    )
 
 
 def test_pack_sequences_keeps_every_instance_of_real_rows(wiki):
@@ -173,8 +223,14 @@ def test_pack_sequences_keeps_every_instance_of_real_rows(wiki):
     packed = shard_format.pack_sequences(arrays, K, ROW_PRED)
     assert sorted(unpack_rows(packed)) == sorted(plain_rows(arrays))
     assert len(packed["input_ids"]) < len(arrays["input_ids"])
-    for name in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                 "next_sentence_labels"):
+    for name in (
+        "input_ids",
+        "input_mask",
+        "segment_ids",
+        "masked_lm_positions",
+        "masked_lm_ids",
+        "next_sentence_labels",
+    ):
         assert packed[name].dtype == arrays[name].dtype, name
     assert packed["next_sentence_positions"].dtype == np.int32
     with pytest.raises(ValueError, match="masked positions"):
@@ -189,8 +245,15 @@ def test_packed_shard_holds_the_unpacked_shards_instances(wiki):
     with h5py.File(wiki["packed"] / "wiki.hdf5") as f:
         packed = {key: f[key][()] for key in f}
         attrs = dict(f.attrs)
-    dtypes = {"input_ids": np.int32, "input_mask": np.int8, "segment_ids": np.int8, "masked_lm_positions": np.int32,
-              "masked_lm_ids": np.int32, "next_sentence_labels": np.int8, "next_sentence_positions": np.int32}
+    dtypes = {
+        "input_ids": np.int32,
+        "input_mask": np.int8,
+        "segment_ids": np.int8,
+        "masked_lm_positions": np.int32,
+        "masked_lm_ids": np.int32,
+        "next_sentence_labels": np.int8,
+        "next_sentence_positions": np.int32,
+    }
     assert {k: v.dtype for k, v in packed.items()} == dtypes
     rows = len(packed["input_ids"])
     assert packed["input_ids"].shape == (rows, SEQ) and packed["masked_lm_positions"].shape == (rows, ROW_PRED)
@@ -238,8 +301,18 @@ def test_pack_sequences_flag_is_documented_and_checked(wiki, uncased_vocab, caps
     help_text = capsys.readouterr().out
     assert "--pack_sequences" in help_text and "next_sentence_positions" in help_text
     with pytest.raises(SystemExit, match="--pack_sequences 1 must be 0"):
-        cpd.main(["--input_file", str(wiki["root"] / "corpus.txt"), "--output_file", str(wiki["root"] / "x.hdf5"),
-                  "--vocab_file", str(uncased_vocab), "--pack_sequences", "1"])
+        cpd.main(
+            [
+                "--input_file",
+                str(wiki["root"] / "corpus.txt"),
+                "--output_file",
+                str(wiki["root"] / "x.hdf5"),
+                "--vocab_file",
+                str(uncased_vocab),
+                "--pack_sequences",
+                "1",
+            ]
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -256,9 +329,14 @@ def packed_batch(wiki) -> dict:
     packed = shard_format.pack_sequences(arrays, K, ROW_PRED)
     row, slot, start = shard_format.first_fit_decreasing(arrays["input_mask"].sum(1), SEQ, K)
     assert (np.bincount(row) == K).any() and (np.bincount(row) == 1).any()  # full rows and rows alone
-    return {"plain": data_stream.to_model_inputs(arrays, slice(None)),
-            "packed": data_stream.to_model_inputs(packed, slice(None)),
-            "row": row, "slot": slot, "start": start, "lengths": arrays["input_mask"].sum(1)}
+    return {
+        "plain": data_stream.to_model_inputs(arrays, slice(None)),
+        "packed": data_stream.to_model_inputs(packed, slice(None)),
+        "row": row,
+        "slot": slot,
+        "start": start,
+        "lengths": arrays["input_mask"].sum(1),
+    }
 
 
 def twin_models(unpad: str) -> BertForPreTraining:
@@ -300,8 +378,10 @@ def test_packed_losses_equal_the_same_sequences_unpacked(packed_batch, unpad):
     nsp_packed = b.seq_relationship_score[torch.from_numpy(row), torch.from_numpy(slot)]  # [n, 2]
     torch.testing.assert_close(nsp_packed, a.seq_relationship_score, atol=1e-5, rtol=0)
     assert b.seq_relationship_score.shape == (len(packed["input_ids"]), K, 2)
-    print(f"\nunpad={unpad}: {len(row)} sequences in {len(packed['input_ids'])} rows; |loss diff| "
-          f"{abs(a.loss.item() - b.loss.item()):.1e}, max |per-position MLM diff| {worst:.1e}")
+    print(
+        f"\nunpad={unpad}: {len(row)} sequences in {len(packed['input_ids'])} rows; |loss diff| "
+        f"{abs(a.loss.item() - b.loss.item()):.1e}, max |per-position MLM diff| {worst:.1e}"
+    )
 
 
 @pytest.mark.parametrize("unpad", ["always", "never"])
@@ -315,18 +395,23 @@ def test_no_attention_across_packed_sequences(packed_batch, unpad):
     end = int(packed["attention_mask"][r].sum())
     assert len(starts) == K and 0 < starts[1] < starts[2] < end
     changed = {k: v.clone() for k, v in packed.items()}
-    changed["input_ids"][r, starts[1] + 1: starts[2]] = torch.randint(1000, 2000, (starts[2] - starts[1] - 1,))
+    changed["input_ids"][r, starts[1] + 1 : starts[2]] = torch.randint(1000, 2000, (starts[2] - starts[1] - 1,))
 
     def encode(batch):
         with torch.no_grad():
-            return model.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                              padding_positions_read=False, sequence_starts=batch["next_sentence_positions"])
+            return model.bert(
+                batch["input_ids"],
+                batch["token_type_ids"],
+                batch["attention_mask"],
+                padding_positions_read=False,
+                sequence_starts=batch["next_sentence_positions"],
+            )
 
     before, after = encode(packed), encode(changed)
     neighbours = torch.zeros(packed["input_ids"].shape[1], dtype=torch.bool)
-    neighbours[:starts[1]] = neighbours[starts[2]:end] = True
+    neighbours[: starts[1]] = neighbours[starts[2] : end] = True
     still = (after.sequence_output[r, neighbours] - before.sequence_output[r, neighbours]).abs().max().item()
-    moved = (after.sequence_output[r, starts[1]:starts[2]] - before.sequence_output[r, starts[1]:starts[2]]).abs()
+    moved = (after.sequence_output[r, starts[1] : starts[2]] - before.sequence_output[r, starts[1] : starts[2]]).abs()
     assert still <= 1e-6, still
     assert moved.max().item() > 1e-2
     torch.testing.assert_close(after.pooled_output[r, [0, 2]], before.pooled_output[r, [0, 2]], atol=1e-6, rtol=0)
@@ -345,10 +430,15 @@ def test_positions_restart_in_every_packed_sequence(packed_batch, unpad):
     a, b = packed["next_sentence_positions"][r, K - 1].item(), int(packed["attention_mask"][r].sum())
     layout = bert_padding.packed_layout(packed["attention_mask"], packed["next_sentence_positions"])
     assert layout.position_ids[r, a:b].tolist() == list(range(b - a)) and layout.position_ids[r, b:].eq(0).all()
-    alone = {k: packed[k][r:r + 1, a:b] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    alone = {k: packed[k][r : r + 1, a:b] for k in ("input_ids", "token_type_ids", "attention_mask")}
     with torch.no_grad():
-        row_out = model.bert(packed["input_ids"], packed["token_type_ids"], packed["attention_mask"],
-                             padding_positions_read=False, sequence_starts=packed["next_sentence_positions"])
+        row_out = model.bert(
+            packed["input_ids"],
+            packed["token_type_ids"],
+            packed["attention_mask"],
+            padding_positions_read=False,
+            sequence_starts=packed["next_sentence_positions"],
+        )
         alone_out = model.bert(**alone, padding_positions_read=False)
     torch.testing.assert_close(row_out.sequence_output[r, a:b], alone_out.sequence_output[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(row_out.pooled_output[r, K - 1], alone_out.pooled_output[0], atol=1e-5, rtol=0)
@@ -367,8 +457,9 @@ def test_packed_layout_of_a_full_row_and_unused_slots():
     assert info.cu_seqlens.tolist() == [0, 2, 5, 6, 10] and info.max_seqlen == 4
     # What the host needs (the trainer's description and FLOP count) comes without the [B, 1, S, S] mask.
     bare = bert_padding.packed_layout(mask, starts, block_mask=False)
-    assert bare.block_mask is None and all(torch.equal(getattr(bare, f), getattr(layout, f))
-                                           for f in ("sequence_index", "position_ids", "lengths"))
+    assert bare.block_mask is None and all(
+        torch.equal(getattr(bare, f), getattr(layout, f)) for f in ("sequence_index", "position_ids", "lengths")
+    )
     host = bert_padding.host_unpad_info(mask, starts)
     assert host.key_mask is None and host.cu_seqlens.tolist() == [0, 2, 5, 6, 10] and host.max_seqlen == 4
     assert host.indices.tolist() == info.indices.tolist()
@@ -376,9 +467,14 @@ def test_packed_layout_of_a_full_row_and_unused_slots():
     model = BertForPreTraining(tiny_config("auto")).eval()
     ids = torch.randint(1000, 2000, (2, 6)) * mask
     labels = torch.tensor([[0, 1, 1], [1, -1, -1]])
-    batch = {"input_ids": ids, "attention_mask": mask, "masked_lm_positions": torch.tensor([[1, 3], [2, 0]]),
-             "masked_lm_ids": torch.tensor([[7, 8], [9, 0]]), "next_sentence_labels": labels,
-             "next_sentence_positions": starts}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "masked_lm_positions": torch.tensor([[1, 3], [2, 0]]),
+        "masked_lm_ids": torch.tensor([[7, 8], [9, 0]]),
+        "next_sentence_labels": labels,
+        "next_sentence_positions": starts,
+    }
     with torch.no_grad():
         auto = model(**batch)
         model.config.unpad = "never"
@@ -447,10 +543,31 @@ def config_file(folder: Path, dropout: float = 0.1) -> Path:
 def test_run_pretraining_learns_on_packed_shards(wiki, tmp_path):
     out = tmp_path / "out"
     config = config_file(tmp_path, dropout=0.0)
-    assert rp.main(args_for(wiki["packed"], config, out, "--max_steps", "40", "--log_freq", "10",
-                            "--learning_rate", "5e-2", "--warmup_proportion", "0.1",
-                            "--skip_checkpoint", "--eval_dir", str(wiki["packed"]), "--max_eval_samples", "32",
-                            seq=SEQ, pred=PRED)) == 0
+    assert (
+        rp.main(
+            args_for(
+                wiki["packed"],
+                config,
+                out,
+                "--max_steps",
+                "40",
+                "--log_freq",
+                "10",
+                "--learning_rate",
+                "5e-2",
+                "--warmup_proportion",
+                "0.1",
+                "--skip_checkpoint",
+                "--eval_dir",
+                str(wiki["packed"]),
+                "--max_eval_samples",
+                "32",
+                seq=SEQ,
+                pred=PRED,
+            )
+        )
+        == 0
+    )
     log = read_log(out / "log.json")
     mlm = [r["data"]["mlm_loss"] for r in log if isinstance(r["step"], int) and "mlm_loss" in r["data"]]
     nsp = [r["data"]["nsp_loss"] for r in log if isinstance(r["step"], int) and "nsp_loss" in r["data"]]
@@ -460,8 +577,10 @@ def test_run_pretraining_learns_on_packed_shards(wiki, tmp_path):
     assert evals and evals[-1]["eval_masked_positions"] > 32 * 20  # ~36 masked tokens a packed row
     final = next(r["data"] for r in log if r["step"] == "FINAL")
     rows, real = final["training_sequences_per_second"], final["training_real_sequences_per_second"]
-    print(f"throughput: {rows:.1f} rows/s, {real:.1f} sequences/s, {final['training_real_tokens_per_second']:.0f} "
-          "tokens/s")
+    print(
+        f"throughput: {rows:.1f} rows/s, {real:.1f} sequences/s, {final['training_real_tokens_per_second']:.0f} "
+        "tokens/s"
+    )
     assert real > 1.2 * rows and final["training_real_tokens_per_second"] > real  # rows hold 1.5-2 sequences
 
 
@@ -478,8 +597,7 @@ def test_packed_run_resumes_exactly(wiki, tmp_path):
     config = config_file(tmp_path)
     common = ["--max_steps", "6", "--gradient_accumulation_steps", "2", "--seed", "5"]
     reference, part = six_steps_and_the_first_three(wiki["packed"], config, tmp_path, common)
-    assert rp.main(args_for(wiki["packed"], config, part, *common, "--resume_from_checkpoint", seq=SEQ,
-                            pred=PRED)) == 0
+    assert rp.main(args_for(wiki["packed"], config, part, *common, "--resume_from_checkpoint", seq=SEQ, pred=PRED)) == 0
     diff = max_diff(weights(part / "ckpt_6.pt"), weights(reference / "ckpt_6.pt"))
     print(f"\npacked resume: max |w_resumed - w_uninterrupted| = {diff}")
     assert diff == 0.0
@@ -504,8 +622,11 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
     """--dynamic_masking on packed shards masks each row as a whole, in the packed row's slots: round(p L) of its L
     real tokens, never a [CLS] or [SEP] of any of its sequences, and a resumed stream draws the same masks."""
     masker = data_stream.Masker.from_vocab(str(uncased_vocab), 0.15, ROW_PRED)
-    (info,) = data_stream.inspect_shards(data_stream.list_shards(str(wiki["packed"]), "--input_dir"),
-                                              data_stream.ShardSpec(SEQ, PRED, True), "--input_dir")
+    (info,) = data_stream.inspect_shards(
+        data_stream.list_shards(str(wiki["packed"]), "--input_dir"),
+        data_stream.ShardSpec(SEQ, PRED, True),
+        "--input_dir",
+    )
     assert (info.packed, info.width) == (K, ROW_PRED)
     data = data_stream.PretrainingData([info], seed=3, micro_batch=8, masker=masker)
     batches = take(data, 3)
@@ -532,8 +653,9 @@ def test_dynamic_masking_of_packed_rows(wiki, uncased_vocab):
 # (f) Length binning
 
 
-def stream(folder: Path, micro: int, bins: int, rank: int = 0, world: int = 1, seed: int = 7, state=None,
-           workers: int = 0) -> data_stream.PretrainingData:
+def stream(
+    folder: Path, micro: int, bins: int, rank: int = 0, world: int = 1, seed: int = 7, state=None, workers: int = 0
+) -> data_stream.PretrainingData:
     return shard_stream(folder, micro, rank, world, state, seed=seed, num_workers=workers, length_bins=bins)
 
 
@@ -559,8 +681,10 @@ def test_length_bins_group_lengths_see_every_sample_once_and_resume_exactly(tmp_
         padding.append(1 - lengths.sum() / lengths.size / b["input_ids"].shape[1])
     unbinned = take(stream(folder, 8, 0), 15)
     padding_unbinned = [1 - b["attention_mask"].float().mean().item() for b in unbinned]
-    print(f"\nbinned: {spans} of 15 micro-batches mix bins; padding {np.mean(padding):.2f} (unbinned "
-          f"{np.mean(padding_unbinned):.2f})")
+    print(
+        f"\nbinned: {spans} of 15 micro-batches mix bins; padding {np.mean(padding):.2f} (unbinned "
+        f"{np.mean(padding_unbinned):.2f})"
+    )
     assert spans <= 3 * (bins - 1)  # only the bins' leftovers mix
     assert np.mean(padding) < 0.7 * np.mean(padding_unbinned)
     # Deterministic given the seed, another seed another order
@@ -590,10 +714,23 @@ def test_binned_run_resumes_exactly_and_refuses_another_binning(wiki, tmp_path):
     common = ["--max_steps", "6", "--seed", "5", "--length_bins", "4"]
     reference, part = six_steps_and_the_first_three(wiki["unpacked"], config, tmp_path, common)
     with pytest.raises(SystemExit, match="--length_bins 4 and a global micro-batch of 8, this run with 2"):
-        rp.main(args_for(wiki["unpacked"], config, part, "--max_steps", "6", "--length_bins", "2",
-                         "--resume_from_checkpoint", seq=SEQ, pred=PRED))
-    assert rp.main(args_for(wiki["unpacked"], config, part, *common, "--resume_from_checkpoint", seq=SEQ,
-                            pred=PRED)) == 0
+        rp.main(
+            args_for(
+                wiki["unpacked"],
+                config,
+                part,
+                "--max_steps",
+                "6",
+                "--length_bins",
+                "2",
+                "--resume_from_checkpoint",
+                seq=SEQ,
+                pred=PRED,
+            )
+        )
+    assert (
+        rp.main(args_for(wiki["unpacked"], config, part, *common, "--resume_from_checkpoint", seq=SEQ, pred=PRED)) == 0
+    )
     diff = max_diff(weights(part / "ckpt_6.pt"), weights(reference / "ckpt_6.pt"))
     print(f"\nbinned resume: max |w_resumed - w_uninterrupted| = {diff}")
     assert diff == 0.0

@@ -2,6 +2,7 @@
 gives the sparse head's loss and compiles into one graph; the unpadded encoder gives the padded encoder's outputs,
 losses and gradients on real WikiText-2 text with heavy padding, and both match transformers on the real MiniLM
 weights; unpad/pad round-trips; the kernel rule never picks a dropout-free kernel when dropout is configured."""
+
 from __future__ import annotations
 
 import logging
@@ -9,13 +10,13 @@ import logging
 import numpy as np
 import pytest
 import torch
+from helpers import SENTENCES, bert_config, padded_batch
 from transformers.models.bert import modeling_bert as hf
 
 import bert_padding
 import modeling
 from bert_recipe.io import checkpoint_io
 from bert_recipe.pretraining import data_stream
-from helpers import SENTENCES, bert_config, padded_batch
 from modeling import BertConfig, BertForPreTraining
 from tokenization import BertTokenizer
 
@@ -23,8 +24,15 @@ P = 8  # prediction slots per sequence (the shards' max_predictions_per_seq)
 
 
 def small_config(**overrides) -> BertConfig:
-    return bert_config(**{"vocab_size": 30522, "hidden_size": 64, "intermediate_size": 128,
-                          "max_position_embeddings": 128, **overrides})
+    return bert_config(
+        **{
+            "vocab_size": 30522,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "max_position_embeddings": 128,
+            **overrides,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +41,11 @@ def wiki_batch(shared_data, uncased_vocab) -> dict[str, torch.Tensor]:
     at 64 tokens): about half the positions are padding. Masked as in the shards: up to P positions per row
     (never [CLS] or the last [SEP]; short rows use fewer slots, the rest 0), the tokens there replaced by [MASK]."""
     tokenizer = BertTokenizer(uncased_vocab, do_lower_case=True)
-    lines = [line.strip() for line in (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
-             .splitlines() if len(line.split()) > 60 and not line.strip().startswith("=")]
+    lines = [
+        line.strip()
+        for line in (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").splitlines()
+        if len(line.split()) > 60 and not line.strip().startswith("=")
+    ]
     words = [3, 60, 8, 15, 5, 40]
     texts = [" ".join(line.split()[:n]) for line, n in zip(lines, words)]
     input_ids, token_type_ids, attention_mask = padded_batch(tokenizer, texts, max_len=64)
@@ -49,10 +60,15 @@ def wiki_batch(shared_data, uncased_vocab) -> dict[str, torch.Tensor]:
     masked = input_ids.clone()
     rows, slots = np.nonzero(positions)
     masked[rows, positions[rows, slots]] = tokenizer.vocab["[MASK]"]
-    return {"input_ids": masked, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
-            "masked_lm_labels": torch.from_numpy(data_stream.mlm_labels(positions, ids, masked.shape[1])),
-            "masked_lm_positions": torch.from_numpy(positions), "masked_lm_ids": torch.from_numpy(ids),
-            "next_sentence_labels": torch.tensor([0, 1, 1, 0, 1, 0])}
+    return {
+        "input_ids": masked,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask,
+        "masked_lm_labels": torch.from_numpy(data_stream.mlm_labels(positions, ids, masked.shape[1])),
+        "masked_lm_positions": torch.from_numpy(positions),
+        "masked_lm_ids": torch.from_numpy(ids),
+        "next_sentence_labels": torch.tensor([0, 1, 1, 0, 1, 0]),
+    }
 
 
 def sparse(batch):
@@ -93,8 +109,10 @@ def test_fixed_slot_head_gives_the_sparse_heads_loss_and_gradients(wiki_batch):
     torch.testing.assert_close(fixed_out.prediction_scores[used], sparse_out.prediction_scores, atol=1e-6, rtol=0)
     worst = max_grad_diff(sparse_grads, fixed_grads)
     assert worst <= 1e-6, worst
-    print(f"\nfixed-slot vs sparse head: |loss diff| {(sparse_out.loss - fixed_out.loss).abs().item():.1e}, "
-          f"max |grad diff| {worst:.1e}")
+    print(
+        f"\nfixed-slot vs sparse head: |loss diff| {(sparse_out.loss - fixed_out.loss).abs().item():.1e}, "
+        f"max |grad diff| {worst:.1e}"
+    )
     with pytest.raises(ValueError, match="masked_lm_ids"):
         model(wiki_batch["input_ids"], masked_lm_positions=wiki_batch["masked_lm_positions"])
 
@@ -103,16 +121,28 @@ def test_fixed_slot_pretraining_step_compiles_into_one_graph():
     """torch.compile(fullgraph=True) of forward + backward with the fixed-slot head (padded batch): no graph break,
     no host sync; loss and gradients as in eager mode. The one compile of this file (1-2 minutes on 2 cores)."""
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = BertForPreTraining(config).train()
     ids = torch.randint(5, 50, (2, 12))
     mask = torch.ones_like(ids)
     mask[1, 7:] = 0
-    batch = {"input_ids": ids * mask, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask,
-             "masked_lm_positions": torch.tensor([[2, 5, 9], [3, 0, 0]]),
-             "masked_lm_ids": torch.tensor([[7, 8, 9], [10, 0, 0]]), "next_sentence_labels": torch.tensor([0, 1])}
+    batch = {
+        "input_ids": ids * mask,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": mask,
+        "masked_lm_positions": torch.tensor([[2, 5, 9], [3, 0, 0]]),
+        "masked_lm_ids": torch.tensor([[7, 8, 9], [10, 0, 0]]),
+        "next_sentence_labels": torch.tensor([0, 1]),
+    }
     eager_out, eager_grads = loss_and_grads(model, batch)
     compiled = torch.compile(model, fullgraph=True)
     compiled_out, compiled_grads = loss_and_grads(compiled, batch)
@@ -160,8 +190,9 @@ def test_kernel_rule_never_drops_a_configured_dropout(device, dtype, monkeypatch
                 assert with_dropout.name == without.name == "padded_sdpa"
             else:
                 assert without.name == "varlen_attn"
-                assert with_dropout.name == ("flash_varlen" if torch_flash else "flash_attn" if flash
-                                             else "padded_sdpa")
+                assert with_dropout.name == (
+                    "flash_varlen" if torch_flash else "flash_attn" if flash else "padded_sdpa"
+                )
     bert_padding.choose_kernel.cache_clear()
 
 
@@ -177,10 +208,17 @@ def test_the_kernel_rule_carries_torchs_constant_mark_without_importing_dynamo()
 
     assert torch.compiler.assume_constant_result(probe) is probe
     assert vars(probe) and all(getattr(bert_padding.choose_kernel, k, None) == v for k, v in vars(probe).items())
-    code = ("import sys, modeling, run_pretraining, run_glue, run_squad, run_swag, inference, extract_features; "
-            "print('torch._dynamo' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=modeling.__file__.rsplit("/", 1)[0])
+    code = (
+        "import sys, modeling, run_pretraining, run_glue, run_squad, run_swag, inference, extract_features; "
+        "print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=modeling.__file__.rsplit("/", 1)[0],
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -221,11 +259,12 @@ def test_unpadding_described_on_the_host_gives_the_same_losses_and_gradients(wik
         batch = {k: v.clone() for k, v in batch.items()}
         n0, n2 = int(batch["attention_mask"][0].sum()), int(batch["attention_mask"][2].sum())
         for key in ("input_ids", "token_type_ids", "attention_mask"):
-            batch[key][0, n0:n0 + n2] = batch[key][2, :n2]
+            batch[key][0, n0 : n0 + n2] = batch[key][2, :n2]
         starts[0, 1] = n0
         batch["next_sentence_positions"] = starts
-        batch["next_sentence_labels"] = torch.stack([batch["next_sentence_labels"], torch.full_like(
-            batch["next_sentence_labels"], -1)], 1)
+        batch["next_sentence_labels"] = torch.stack(
+            [batch["next_sentence_labels"], torch.full_like(batch["next_sentence_labels"], -1)], 1
+        )
         batch["next_sentence_labels"][0, 1] = 1
     host = bert_padding.host_unpad_info(batch["attention_mask"], starts)
     assert host is not None and host.key_mask is None
@@ -248,18 +287,26 @@ def test_rounded_token_rows_change_no_loss_and_no_gradient(wiki_batch, layout):
     if layout == "packed":  # two sequences a row in row 0 (positions restart), as in the host-description test
         starts = torch.zeros(len(batch["input_ids"]), 2, dtype=torch.long)
         starts[0, 1] = 2
-        batch = {**batch, "next_sentence_positions": starts,
-                 "next_sentence_labels": torch.stack([batch["next_sentence_labels"],
-                                                      torch.full_like(batch["next_sentence_labels"], -1)], 1)}
-    info = rounded.bert.unpadded(batch["attention_mask"], False, None if starts is None else
-                                 bert_padding.packed_layout(batch["attention_mask"], starts))
+        batch = {
+            **batch,
+            "next_sentence_positions": starts,
+            "next_sentence_labels": torch.stack(
+                [batch["next_sentence_labels"], torch.full_like(batch["next_sentence_labels"], -1)], 1
+            ),
+        }
+    info = rounded.bert.unpadded(
+        batch["attention_mask"],
+        False,
+        None if starts is None else bert_padding.packed_layout(batch["attention_mask"], starts),
+    )
     T = int(batch["attention_mask"].sum())
     assert T % 16 and info.tokens == T and info.total_rows == -(-T // 16) * 16  # really rounded
     x = torch.randn(len(batch["input_ids"]), batch["input_ids"].shape[1], 3)
     flat = bert_padding.unpad(x, info)  # [rows, 3]
     assert flat.shape[0] == info.total_rows and torch.all(flat[T:] == 0)
-    torch.testing.assert_close(bert_padding.pad(flat, info)[batch["attention_mask"].bool()],
-                               x[batch["attention_mask"].bool()], rtol=0, atol=0)
+    torch.testing.assert_close(
+        bert_padding.pad(flat, info)[batch["attention_mask"].bool()], x[batch["attention_mask"].bool()], rtol=0, atol=0
+    )
     out_plain, grads_plain = loss_and_grads(plain.train(), batch)
     out_rounded, grads_rounded = loss_and_grads(rounded.train(), batch)
     torch.testing.assert_close(out_rounded.loss, out_plain.loss, atol=1e-6, rtol=0)
@@ -273,9 +320,13 @@ def packed_rows(batch):
     """The batch with row 0 holding two sequences (the second starting at position 2) and the NSP labels per slot."""
     starts = torch.zeros(len(batch["input_ids"]), 2, dtype=torch.long)
     starts[0, 1] = 2
-    return {**batch, "next_sentence_positions": starts,
-            "next_sentence_labels": torch.stack([batch["next_sentence_labels"],
-                                                 torch.full_like(batch["next_sentence_labels"], -1)], 1)}
+    return {
+        **batch,
+        "next_sentence_positions": starts,
+        "next_sentence_labels": torch.stack(
+            [batch["next_sentence_labels"], torch.full_like(batch["next_sentence_labels"], -1)], 1
+        ),
+    }
 
 
 @pytest.mark.parametrize("sizes", [1, 3])
@@ -301,7 +352,7 @@ def test_fixed_rows_change_no_loss_and_no_gradient(wiki_batch, layout, sizes):
     lengths = info.cu_seqlens.diff()
     assert info.cu_seqlens.shape == (B * K + 1,) and int(info.cu_seqlens[-1]) == T and torch.all(lengths >= 0)
     if starts is not None:  # the unused slots' empty sequences come last, after every real one
-        assert torch.all(lengths[:B + 1] > 0) and torch.all(lengths[B + 1:] == 0)
+        assert torch.all(lengths[: B + 1] > 0) and torch.all(lengths[B + 1 :] == 0)
     x = torch.randn(B, S, 3)
     flat = bert_padding.unpad(x, info)  # [R, 3]
     assert torch.all(flat[T:] == 0)
@@ -335,14 +386,14 @@ def test_fixed_rows_keep_a_kernels_garbage_out_of_every_weight(wiki_batch, monke
                 ctx.y = real_attend(ctx.qkv, info, dropout_p, preference)
             ctx.tokens = int(info.cu_seqlens[-1])
             y = ctx.y.detach().clone()
-            y[ctx.tokens:] = float("nan")
+            y[ctx.tokens :] = float("nan")
             return y
 
         @staticmethod
         def backward(ctx, grad):
             (dqkv,) = torch.autograd.grad(ctx.y, ctx.qkv, grad.nan_to_num())
             dqkv = dqkv.clone()
-            dqkv[ctx.tokens:] = float("nan")
+            dqkv[ctx.tokens :] = float("nan")
             return dqkv, None, None, None
 
     padded, fixed_model = twin_models(unpad_fixed_sizes=2)
@@ -369,7 +420,7 @@ def test_a_whole_model_graph_over_fixed_rows_compiles_once_per_size(wiki_batch):
     mask = batch["attention_mask"]
     B, S = mask.shape
     shorter = mask.clone()
-    shorter[1, int(mask[1].sum()) - 3:] = 0  # three tokens fewer, in the same half of B * S
+    shorter[1, int(mask[1].sum()) - 3 :] = 0  # three tokens fewer, in the same half of B * S
     longer = mask.clone()
     longer[0, :] = 1
     longer[4, :] = 1
@@ -425,8 +476,10 @@ def test_unpadded_encoder_gives_the_padded_losses_and_gradients_on_wikitext(wiki
         torch.testing.assert_close(getattr(out_u, field), getattr(out_p, field), atol=1e-5, rtol=0, msg=field)
     worst = max_grad_diff(grads_p, grads_u)
     assert worst <= 1e-5, worst
-    print(f"\n{head}: real tokens {real:.2f}, |loss diff| {(out_u.loss - out_p.loss).abs().item():.1e}, "
-          f"max |grad diff| {worst:.1e}")
+    print(
+        f"\n{head}: real tokens {real:.2f}, |loss diff| {(out_u.loss - out_p.loss).abs().item():.1e}, "
+        f"max |grad diff| {worst:.1e}"
+    )
 
 
 def test_unpadded_encoder_outputs_and_hidden_states_equal_the_padded_ones(wiki_batch):

@@ -1,6 +1,7 @@
 """--precision auto: chosen from the hardware (the CPU's own flags, injected here, or $BERT_CPU_BF16) for training,
 fp32 for commands that only read a model; the same flag in every entry script, the old --fp16/--amp/--bf16 switches
 as aliases, and the reason logged."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,10 +12,10 @@ import sys
 
 import pytest
 import torch
+from helpers import help_of
 
 import run_pretraining as rp
 from bert_recipe.training import precision_policy
-from helpers import help_of
 
 AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}  # an AMD EPYC / laptop CPU without native bf16
 WITH_AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512_bf16"}
@@ -23,16 +24,19 @@ WITH_AMX = AVX2_ONLY | {"avx512f", "amx_tile", "amx_bf16", "amx_int8"}
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\n"
-                       "processor\t: 1\nflags\t\t: fpu avx2 avx512_bf16\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\n"
+        "processor\t: 1\nflags\t\t: fpu avx2 avx512_bf16\n"
+    )
     assert precision_policy.cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
     assert precision_policy.cpu_flags(tmp_path / "absent") is None
     assert precision_policy.cpu_model(cpuinfo) == "AMD EPYC"
     assert precision_policy.cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine() or "unknown")
 
 
-@pytest.mark.parametrize("flags, expected", [(AVX2_ONLY, "fp32"), (WITH_AVX512_BF16, "bf16"), (WITH_AMX, "bf16"),
-                                             (set(), "fp32")])
+@pytest.mark.parametrize(
+    "flags, expected", [(AVX2_ONLY, "fp32"), (WITH_AVX512_BF16, "bf16"), (WITH_AMX, "bf16"), (set(), "fp32")]
+)
 def test_auto_on_cpu_follows_the_flags(flags, expected, monkeypatch):
     monkeypatch.delenv("BERT_CPU_BF16")
     choice = precision_policy.resolve("auto", torch.device("cpu"), flags=flags)
@@ -58,15 +62,20 @@ def test_explicit_bf16_on_a_cpu_without_it_runs_but_warns_in_one_line(monkeypatc
 
 def test_explicit_choices_are_kept():
     cpu = torch.device("cpu")
-    assert [precision_policy.resolve(p, cpu, flags=WITH_AMX).name for p in ("fp32", "fp16", "bf16")] == \
-        ["fp32", "fp16", "bf16"]
+    assert [precision_policy.resolve(p, cpu, flags=WITH_AMX).name for p in ("fp32", "fp16", "bf16")] == [
+        "fp32",
+        "fp16",
+        "bf16",
+    ]
     assert precision_policy.resolve("tf32", cpu, flags=AVX2_ONLY).name == "fp32"  # TF32 is a GPU format
     with pytest.raises(ValueError, match="precision must be one of"):
         precision_policy.resolve("fp8", cpu)
 
 
-@pytest.mark.parametrize("argv, expected", [([], "auto"), (["--precision", "tf32"], "tf32"), (["--fp16"], "fp16"),
-                                            (["--amp"], "fp16"), (["--bf16"], "bf16")])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [([], "auto"), (["--precision", "tf32"], "tf32"), (["--fp16"], "fp16"), (["--amp"], "fp16"), (["--bf16"], "bf16")],
+)
 def test_aliases_set_the_one_precision(argv, expected):
     import argparse
 
@@ -91,7 +100,6 @@ def test_pretraining_logs_the_choice_and_its_reason(tmp_path, monkeypatch, capsy
     import h5py
     import numpy as np
 
-
     monkeypatch.delenv("BERT_CPU_BF16")
     monkeypatch.setattr(precision_policy, "cpu_flags", lambda *a, **k: set(AVX2_ONLY))
     shards = tmp_path / "shards"
@@ -106,14 +114,49 @@ def test_pretraining_logs_the_choice_and_its_reason(tmp_path, monkeypatch, capsy
         f["masked_lm_ids"] = rng.integers(5, 60, (n, pred)).astype(np.int32)
         f["next_sentence_labels"] = rng.integers(0, 2, n).astype(np.int8)
     config = tmp_path / "bert_config.json"
-    config.write_text(json.dumps({"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1,
-                                  "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32,
-                                  "type_vocab_size": 2}))
+    config.write_text(
+        json.dumps(
+            {
+                "vocab_size": 64,
+                "hidden_size": 16,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 32,
+                "max_position_embeddings": 32,
+                "type_vocab_size": 2,
+            }
+        )
+    )
     log = tmp_path / "log.json"
-    assert rp.main(["--input_dir", str(shards), "--config_file", str(config), "--output_dir", str(tmp_path / "out"),
-                    "--do_train", "--max_seq_length", str(seq), "--max_predictions_per_seq", str(pred),
-                    "--train_batch_size", "4", "--max_steps", "2", "--num_workers", "0", "--skip_checkpoint",
-                    "--disable_progress_bar", "--no_cuda", "--json-summary", str(log)]) == 0
+    assert (
+        rp.main(
+            [
+                "--input_dir",
+                str(shards),
+                "--config_file",
+                str(config),
+                "--output_dir",
+                str(tmp_path / "out"),
+                "--do_train",
+                "--max_seq_length",
+                str(seq),
+                "--max_predictions_per_seq",
+                str(pred),
+                "--train_batch_size",
+                "4",
+                "--max_steps",
+                "2",
+                "--num_workers",
+                "0",
+                "--skip_checkpoint",
+                "--disable_progress_bar",
+                "--no_cuda",
+                "--json-summary",
+                str(log),
+            ]
+        )
+        == 0
+    )
     assert "precision fp32 (auto: the CPU has neither amx_bf16 nor avx512_bf16" in capsys.readouterr().out
     params = next(json.loads(line)["data"] for line in log.read_text().splitlines() if '"PARAMETER"' in line)
     assert params["precision"] == "fp32" and params["precision_requested"] == "auto"
@@ -124,8 +167,15 @@ def test_pretraining_logs_the_choice_and_its_reason(tmp_path, monkeypatch, capsy
 # $BERT_CPU_BF16: make auto decide as if the CPU had (1) or had not (0) native bf16, whatever its flags say
 
 
-@pytest.mark.parametrize("value, flags, expected", [("1", AVX2_ONLY, "bf16"), ("0", WITH_AMX, "fp32"),
-                                                    ("native", AVX2_ONLY, "bf16"), ("no", WITH_AVX512_BF16, "fp32")])
+@pytest.mark.parametrize(
+    "value, flags, expected",
+    [
+        ("1", AVX2_ONLY, "bf16"),
+        ("0", WITH_AMX, "fp32"),
+        ("native", AVX2_ONLY, "bf16"),
+        ("no", WITH_AVX512_BF16, "fp32"),
+    ],
+)
 def test_the_environment_variable_overrides_the_flags(monkeypatch, value, flags, expected):
     monkeypatch.setenv("BERT_CPU_BF16", value)
     choice = precision_policy.resolve("auto", "cpu", flags=flags)
@@ -148,8 +198,14 @@ def test_a_bad_variable_is_one_line_from_an_entry_script(monkeypatch, tmp_path):
     from helpers import args_for, make_shards, write_config
 
     monkeypatch.setenv("BERT_CPU_BF16", "maybe")
-    argv = args_for(make_shards(tmp_path / "data", n_shards=1), write_config(tmp_path / "config.json"),
-                    tmp_path / "out", "--max_steps", "1", "--no_cuda")
+    argv = args_for(
+        make_shards(tmp_path / "data", n_shards=1),
+        write_config(tmp_path / "config.json"),
+        tmp_path / "out",
+        "--max_steps",
+        "1",
+        "--no_cuda",
+    )
     with pytest.raises(SystemExit) as e:
         rp.main(argv)
     message = e.value.code
@@ -179,11 +235,17 @@ def test_fine_tuning_reads_or_trains_by_do_train(do_train, expected):
     assert precision_policy.purpose_of(argparse.Namespace(do_predict=True)) == precision_policy.READ
 
 
-@pytest.mark.parametrize("script, rule", [("extract_features.py", "only reads a model"),
-                                          ("inference.py", "only reads a model"),
-                                          ("run_glue.py", "without --do_train"), ("run_squad.py", "without --do_train"),
-                                          ("run_swag.py", "without --do_train"),
-                                          ("run_pretraining.py", "fastest precision the hardware runs natively")])
+@pytest.mark.parametrize(
+    "script, rule",
+    [
+        ("extract_features.py", "only reads a model"),
+        ("inference.py", "only reads a model"),
+        ("run_glue.py", "without --do_train"),
+        ("run_squad.py", "without --do_train"),
+        ("run_swag.py", "without --do_train"),
+        ("run_pretraining.py", "fastest precision the hardware runs natively"),
+    ],
+)
 def test_help_states_the_rule_for_auto(script, rule):
     assert rule in help_text(script)
 
@@ -194,9 +256,17 @@ def test_pretraining_trains_in_what_auto_decides_on_either_cpu(tmp_path, cpu_bf1
     from helpers import args_for, make_shards, read_log, write_config
 
     out = tmp_path / "out"
-    argv = args_for(make_shards(tmp_path / "data", n_shards=1, n=64, vocab=30), write_config(tmp_path / "c.json",
-                    dropout=0.0, vocab=30), out, "--max_steps", "30", "--log_freq", "1", "--skip_checkpoint",
-                    "--no_cuda")
+    argv = args_for(
+        make_shards(tmp_path / "data", n_shards=1, n=64, vocab=30),
+        write_config(tmp_path / "c.json", dropout=0.0, vocab=30),
+        out,
+        "--max_steps",
+        "30",
+        "--log_freq",
+        "1",
+        "--skip_checkpoint",
+        "--no_cuda",
+    )
     assert rp.main(argv) == 0
     records = read_log(out / "log.json")
     params = next(r["data"] for r in records if r["step"] == "PARAMETER")

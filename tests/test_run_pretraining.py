@@ -5,6 +5,7 @@ Everything runs on the CPU with one intra-op thread: the shared 2-core machine i
 resume compares runs that must use the same thread count. The data-parallel tests (2 real gloo processes) are in
 test_distributed_pretraining.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,6 +20,23 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    CLS,
+    MASK,
+    PRED,
+    SEP,
+    SEQ,
+    VOCAB,
+    args_for,
+    disk_full_for_large_writes,
+    make_shards,
+    max_diff,
+    read_log,
+    shard_stream,
+    subprocess_env,
+    weights,
+    write_config,
+)
 
 import create_pretraining_data as cpd
 import run_pretraining as rp
@@ -28,8 +46,6 @@ from bert_recipe.pretraining import data_stream, shard_format
 from bert_recipe.pretraining.trainer import list_checkpoints
 from bert_recipe.training import dist_env, parallelize, stop_signals, train_step
 from bert_recipe.training.dist_env import DistEnv
-from helpers import (CLS, MASK, PRED, SEP, SEQ, VOCAB, args_for, disk_full_for_large_writes, make_shards, max_diff,
-                     read_log, shard_stream, subprocess_env, weights, write_config)
 from modeling import BertConfig, BertForPreTraining
 from optimization import NVLAMB, BertAdam, param_groups_for_bert
 
@@ -41,15 +57,48 @@ pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
 # Flags
 
 
-ISSUE_FLAGS = ["--input_dir", "--config_file", "--vocab_file", "--output_dir", "--init_checkpoint", "--max_seq_length",
-               "--max_predictions_per_seq", "--train_batch_size", "--gradient_accumulation_steps", "--learning_rate",
-               "--warmup_proportion", "--max_steps", "--steps_this_run", "--seed", "--precision", "--fp16", "--amp",
-               "--bf16",
-               "--loss_scale", "--allreduce_post_accumulation", "--allreduce_post_accumulation_fp16", "--log_freq",
-               "--num_steps_per_checkpoint", "--skip_checkpoint", "--resume_from_checkpoint", "--resume_step",
-               "--phase2", "--phase1_end_step", "--do_train", "--json-summary", "--num_workers",
-               "--disable_progress_bar", "--checkpoint_activations", "--eval_dir", "--eval_steps",
-               "--num_steps_per_eval", "--dynamic_masking", "--compile", "--no_compile", "--compile_mode"]
+ISSUE_FLAGS = [
+    "--input_dir",
+    "--config_file",
+    "--vocab_file",
+    "--output_dir",
+    "--init_checkpoint",
+    "--max_seq_length",
+    "--max_predictions_per_seq",
+    "--train_batch_size",
+    "--gradient_accumulation_steps",
+    "--learning_rate",
+    "--warmup_proportion",
+    "--max_steps",
+    "--steps_this_run",
+    "--seed",
+    "--precision",
+    "--fp16",
+    "--amp",
+    "--bf16",
+    "--loss_scale",
+    "--allreduce_post_accumulation",
+    "--allreduce_post_accumulation_fp16",
+    "--log_freq",
+    "--num_steps_per_checkpoint",
+    "--skip_checkpoint",
+    "--resume_from_checkpoint",
+    "--resume_step",
+    "--phase2",
+    "--phase1_end_step",
+    "--do_train",
+    "--json-summary",
+    "--num_workers",
+    "--disable_progress_bar",
+    "--checkpoint_activations",
+    "--eval_dir",
+    "--eval_steps",
+    "--num_steps_per_eval",
+    "--dynamic_masking",
+    "--compile",
+    "--no_compile",
+    "--compile_mode",
+]
 
 
 def test_help_lists_every_flag(capsys):
@@ -70,14 +119,17 @@ def test_two_precisions_are_refused_in_one_line(tmp_path, data, config, capsys, 
     assert exc.value.code == 2 and "\n" not in err and "not allowed with argument" in err
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--train_batch_size", "8", "--gradient_accumulation_steps", "3"], "not divisible by --gradient_accumulation"),
-    (["--resume_step", "3"], "--resume_step needs --resume_from_checkpoint"),
-    (["--compile", "--no_compile"], "--compile and --no_compile contradict each other"),
-    (["--max_seq_length", "64"], "has sequences of length 32 but --max_seq_length is 64"),
-    (["--max_predictions_per_seq", "3"], "5 masked positions per sequence but --max_predictions_per_seq is 3"),
-    (["--debug_inject_inf_at_step", "2"], "for --precision fp16 runs only"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--train_batch_size", "8", "--gradient_accumulation_steps", "3"], "not divisible by --gradient_accumulation"),
+        (["--resume_step", "3"], "--resume_step needs --resume_from_checkpoint"),
+        (["--compile", "--no_compile"], "--compile and --no_compile contradict each other"),
+        (["--max_seq_length", "64"], "has sequences of length 32 but --max_seq_length is 64"),
+        (["--max_predictions_per_seq", "3"], "5 masked positions per sequence but --max_predictions_per_seq is 3"),
+        (["--debug_inject_inf_at_step", "2"], "for --precision fp16 runs only"),
+    ],
+)
 def test_bad_flags_give_one_line_errors(tmp_path, data, config, extra, message):
     with pytest.raises(SystemExit) as exc:
         rp.main(args_for(data, config, tmp_path / "out", *extra))
@@ -87,14 +139,33 @@ def test_bad_flags_give_one_line_errors(tmp_path, data, config, extra, message):
 
 def test_unknown_flag_and_missing_data_are_one_line(tmp_path, config, capsys):
     with pytest.raises(SystemExit) as exc:
-        rp.main(["--config_file", str(config), "--output_dir", str(tmp_path), "--do_train", "--input_dir",
-                 str(tmp_path), "--no_such_flag"])
+        rp.main(
+            [
+                "--config_file",
+                str(config),
+                "--output_dir",
+                str(tmp_path),
+                "--do_train",
+                "--input_dir",
+                str(tmp_path),
+                "--no_such_flag",
+            ]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "unrecognized arguments: --no_such_flag" in err and len(err.splitlines()) == 1
     with pytest.raises(SystemExit) as exc:
-        rp.main(["--config_file", str(config), "--output_dir", str(tmp_path / "o"), "--do_train", "--input_dir",
-                 str(tmp_path)])
+        rp.main(
+            [
+                "--config_file",
+                str(config),
+                "--output_dir",
+                str(tmp_path / "o"),
+                "--do_train",
+                "--input_dir",
+                str(tmp_path),
+            ]
+        )
     assert "holds no .hdf5 shards" in str(exc.value.code) and "\n" not in str(exc.value.code)
 
 
@@ -199,8 +270,11 @@ def test_the_stream_refuses_a_position_in_another_stream(tmp_path):
     assert state["files"] == ["shard_00.hdf5", "shard_01.hdf5", "shard_02.hdf5"] and state["sample_offset"] == 0
     fewer = make_shards(tmp_path / "e", n_shards=2, n=40)
     data = stream(fewer, 8)
-    with pytest.raises(data_stream.ResumeError, match=rf"--input_dir {fewer} does not hold the shards .*\(3 "
-                                                           r"then, 2 now\)"):
+    with pytest.raises(
+        data_stream.ResumeError,
+        match=rf"--input_dir {fewer} does not hold the shards .*\(3 "
+        r"then, 2 now\)",
+    ):
         data.load_state_dict({**state, "sample_offset": 16})
     assert data.position == data_stream.DataPosition()
     with pytest.raises(data_stream.ResumeError, match="groups of 2 .*this run in groups of 1"):
@@ -226,7 +300,7 @@ def test_group_rows_pad_narrower_masked_slots_with_unused_slots(tmp_path):
         for out, r in zip(got[key], rows):
             src = np.atleast_1d(a[key][r] if r < 40 else b[key][r - 40])
             out = np.atleast_1d(out)
-            assert np.array_equal(out[: len(src)], src) and not out[len(src):].any(), (key, r)
+            assert np.array_equal(out[: len(src)], src) and not out[len(src) :].any(), (key, r)
     assert got["masked_lm_positions"].shape == (5, 5)
 
 
@@ -240,8 +314,9 @@ def test_mixed_run_resumes_exactly_and_refuses_another_mix(tmp_path, data, confi
     assert rp.main(args_for(data, config, part, *common, "--resume_from_checkpoint")) == 0
     assert max_diff(weights(part / "ckpt_6.pt"), weights(reference / "ckpt_6.pt")) == 0.0
     assert torch.load(part / "ckpt_6.pt", weights_only=True)["data"]["mix_shards"] == 2
-    assert "--mix_shards 0 must be at least 1" in one_line_error(args_for(data, config, tmp_path / "x",
-                                                                          "--mix_shards", "0"))
+    assert "--mix_shards 0 must be at least 1" in one_line_error(
+        args_for(data, config, tmp_path / "x", "--mix_shards", "0")
+    )
 
 
 def test_an_abandoned_or_closed_stream_ends_its_workers(tmp_path):
@@ -295,15 +370,17 @@ def test_a_stop_signal_while_workers_start_does_not_kill_them(tmp_path, monkeypa
 
 def test_dynamic_masking_new_masks_each_epoch_same_on_resume(tmp_path):
     folder = make_shards(tmp_path / "d", n_shards=1, n=40, vocab=VOCAB, unmasked=True)
-    masker = data_stream.Masker(vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK,
-                                     masked_lm_prob=0.15, max_predictions=PRED)
+    masker = data_stream.Masker(
+        vocab_size=VOCAB, special_ids=(CLS, SEP, MASK, 0), mask_id=MASK, masked_lm_prob=0.15, max_predictions=PRED
+    )
     batches = take(stream(folder, 8, masker=masker), 10)  # 5 batches an epoch
     with h5py.File(folder / "shard_00.hdf5") as f:
         originals = {tuple(row) for row in f["input_ids"][()].tolist()}
     masks = [{}, {}]  # per epoch: original row -> its labels
     for k, b in enumerate(batches):
-        labels = torch.from_numpy(data_stream.mlm_labels(b["masked_lm_positions"].numpy(),
-                                                              b["masked_lm_ids"].numpy(), SEQ))
+        labels = torch.from_numpy(
+            data_stream.mlm_labels(b["masked_lm_positions"].numpy(), b["masked_lm_ids"].numpy(), SEQ)
+        )
         inputs = b["input_ids"]
         counts = (labels >= 0).sum(1)
         expected = np.minimum(PRED, np.maximum(1, np.rint(b["attention_mask"].sum(1).numpy() * 0.15)))
@@ -329,8 +406,14 @@ def test_unmasked_shards_need_dynamic_masking_and_train_with_it(tmp_path, config
         rp.main(args_for(folder, config, tmp_path / "a", "--max_steps", "2"))
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]) + "\n")
-    assert rp.main(args_for(folder, config, tmp_path / "b", "--max_steps", "2", "--dynamic_masking",
-                            "--vocab_file", str(vocab))) == 0
+    assert (
+        rp.main(
+            args_for(
+                folder, config, tmp_path / "b", "--max_steps", "2", "--dynamic_masking", "--vocab_file", str(vocab)
+            )
+        )
+        == 0
+    )
     final = [r for r in read_log(tmp_path / "b" / "log.json") if r["step"] == "FINAL"][0]["data"]
     assert np.isfinite(final["final_loss"]) and final["step"] == 2
 
@@ -356,18 +439,32 @@ def test_bad_shards_vocabularies_and_lengths_are_refused_before_training(tmp_pat
     small = tmp_path / "vocab.txt"  # 50 tokens against the config's 100
     small.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(45)]) + "\n")
     assert "has 50 tokens but the config's vocab_size is 100" in one_line_error(
-        args_for(good, config, tmp_path / "b", "--max_steps", "2", "--vocab_file", str(small)))
+        args_for(good, config, tmp_path / "b", "--max_steps", "2", "--vocab_file", str(small))
+    )
     long = make_shards(tmp_path / "long", n_shards=1, seq=128, pred=5)  # the tiny config has 64 positions
     assert "--max_seq_length 128 exceeds the config's max_position_embeddings 64" in one_line_error(
-        args_for(long, config, tmp_path / "c", "--max_steps", "2", seq=128))
+        args_for(long, config, tmp_path / "c", "--max_steps", "2", seq=128)
+    )
 
 
 def test_a_diverged_loss_is_caught_at_its_step_and_never_checkpointed(tmp_path, data, config):
     """--learning_rate 1e6 with --log_freq 10: the error names the step where the loss first went non-finite, long
     before the first log step, and no checkpoint on disk holds a non-finite tensor. Independently, the same run
     stopped one step earlier (--steps_this_run, same schedule) ends normally with a finite loss."""
-    common = ["--learning_rate", "1e6", "--log_freq", "10", "--num_steps_per_checkpoint", "1", "--max_steps", "30",
-              "--warmup_proportion", "0", "--seed", "3"]
+    common = [
+        "--learning_rate",
+        "1e6",
+        "--log_freq",
+        "10",
+        "--num_steps_per_checkpoint",
+        "1",
+        "--max_steps",
+        "30",
+        "--warmup_proportion",
+        "0",
+        "--seed",
+        "3",
+    ]
     text = one_line_error(args_for(data, config, tmp_path / "a", *common))
     assert "training diverged" in text
     step = int(text.split(" step ")[1].split(":")[0])
@@ -395,8 +492,9 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, dat
         real_save(obj, path)
 
     monkeypatch.setattr(atomic_io, "atomic_torch_save", save_until_full)
-    text = one_line_error(args_for(data, config, tmp_path / "out", "--max_steps", "5",
-                                   "--num_steps_per_checkpoint", "1"))
+    text = one_line_error(
+        args_for(data, config, tmp_path / "out", "--max_steps", "5", "--num_steps_per_checkpoint", "1")
+    )
     assert "ckpt_3.pt: No space left on device" in text and "intact" in text, text
     assert "RuntimeError" not in text and "enforce fail" not in text
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if "ckpt" in p.name) == ["ckpt_1.pt", "ckpt_2.pt"]
@@ -436,8 +534,14 @@ def test_optimizers_import_dynamo_only_when_a_run_compiles(monkeypatch):
     start). Ours call the methods themselves while Dynamo is not imported (nothing can be compiling): a fresh
     interpreter builds, steps, zeroes and reloads both optimizers without importing it; once it is imported,
     every call goes through torch's wrapper again (which then caches its disabled function)."""
-    done = subprocess.run([sys.executable, "-c", DYNAMO_PROBE], capture_output=True, text=True, cwd=REPO,
-                          env=subprocess_env(), timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", DYNAMO_PROBE],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=subprocess_env(),
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]
     import torch._dynamo  # noqa: F401  (a compiled run has imported it)
@@ -463,11 +567,17 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
 
     model, precision = parallelize.apply_parallelism_and_precision(model, DistEnv(), "fp16", init_loss_scale=1024)
     optimizer = NVLAMB(param_groups_for_bert(model, 0.01), lr=1e-2)
-    batch = data_stream.to_model_inputs({
-        "input_ids": np.full((2, 8), 7, np.int32), "input_mask": np.ones((2, 8), np.int8),
-        "segment_ids": np.zeros((2, 8), np.int8), "masked_lm_positions": np.array([[1, 3], [2, 0]], np.int32),
-        "masked_lm_ids": np.array([[9, 11], [12, 0]], np.int32), "next_sentence_labels": np.array([0, 1], np.int8)},
-        slice(0, 2))
+    batch = data_stream.to_model_inputs(
+        {
+            "input_ids": np.full((2, 8), 7, np.int32),
+            "input_mask": np.ones((2, 8), np.int8),
+            "segment_ids": np.zeros((2, 8), np.int8),
+            "masked_lm_positions": np.array([[1, 3], [2, 0]], np.int32),
+            "masked_lm_ids": np.array([[9, 11], [12, 0]], np.int32),
+            "next_sentence_labels": np.array([0, 1], np.int8),
+        },
+        slice(0, 2),
+    )
 
     def backward():
         with precision.autocast():
@@ -492,8 +602,19 @@ def test_overflow_step_is_skipped_scale_halves_weights_unchanged(config):
 def test_fp16_run_counts_only_taken_steps_and_resumes_exactly(tmp_path, data, config):
     # An initial scale of 2^20 (the default) overflows this tiny model's first steps by itself; start lower so
     # that the injected overflow is the only one.
-    common = ["--fp16", "--init_loss_scale", "1024", "--debug_inject_inf_at_step", "2", "--max_steps", "5",
-              "--log_freq", "1", "--gradient_accumulation_steps", "2"]
+    common = [
+        "--fp16",
+        "--init_loss_scale",
+        "1024",
+        "--debug_inject_inf_at_step",
+        "2",
+        "--max_steps",
+        "5",
+        "--log_freq",
+        "1",
+        "--gradient_accumulation_steps",
+        "2",
+    ]
     assert rp.main(args_for(data, config, tmp_path / "full", *common)) == 0
     log = [r for r in read_log(tmp_path / "full" / "log.json") if isinstance(r["step"], int)]
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5]
@@ -540,8 +661,23 @@ def test_checkpoints_contents_rotation_refusal_and_resume_step(tmp_path, data, c
     # --resume_step picks an older one; a missing one is a one-line error.
     with pytest.raises(SystemExit, match="--resume_step 5"):
         rp.main(args_for(data, config, out, "--max_steps", "9", "--resume_from_checkpoint", "--resume_step", "5"))
-    assert rp.main(args_for(data, config, out, "--max_steps", "9", "--resume_from_checkpoint", "--resume_step",
-                            "6", "--num_steps_per_checkpoint", "100")) == 0
+    assert (
+        rp.main(
+            args_for(
+                data,
+                config,
+                out,
+                "--max_steps",
+                "9",
+                "--resume_from_checkpoint",
+                "--resume_step",
+                "6",
+                "--num_steps_per_checkpoint",
+                "100",
+            )
+        )
+        == 0
+    )
     first = [r for r in read_log(out / "log.json") if r["step"] == "PARAMETER"][-1]
     assert first["data"]["start_step"] == 6
     # A corrupt newest checkpoint (not one of ours: ours are atomic) is passed over for the previous one.
@@ -559,13 +695,33 @@ def test_resumed_run_follows_its_own_schedule_and_hyperparameters(tmp_path, data
     out = tmp_path / "out"
     assert rp.main(args_for(data, config, out, "--max_steps", "4", "--log_freq", "1")) == 0
     capsys.readouterr()
-    assert rp.main(args_for(data, config, out, "--max_steps", "8", "--log_freq", "1", "--resume_from_checkpoint",
-                            "--learning_rate", "2e-2", "--weight_decay", "0.05")) == 0
+    assert (
+        rp.main(
+            args_for(
+                data,
+                config,
+                out,
+                "--max_steps",
+                "8",
+                "--log_freq",
+                "1",
+                "--resume_from_checkpoint",
+                "--learning_rate",
+                "2e-2",
+                "--weight_decay",
+                "0.05",
+            )
+        )
+        == 0
+    )
     said = capsys.readouterr()
     assert "resumed with this run's hyper-parameters, not ckpt_4.pt's" in said.out + said.err
     assert "total_steps 4 -> 8" in said.out + said.err and "weight_decay 0.01 -> 0.05" in said.out + said.err
-    rates = {r["step"]: r["data"]["learning_rate"] for r in read_log(out / "log.json")
-             if isinstance(r["step"], int) and "learning_rate" in r["data"]}
+    rates = {
+        r["step"]: r["data"]["learning_rate"]
+        for r in read_log(out / "log.json")
+        if isinstance(r["step"], int) and "learning_rate" in r["data"]
+    }
     # The default poly schedule written out for this run (base 2e-2, warm-up 0.2 of 8 steps, degree 0.5): logged
     # step N used the rate of 0-based step k = N - 1, past the warm-up: base * (1 - k / 8) ** 0.5.
     for n in (5, 6, 7, 8):
@@ -578,9 +734,25 @@ def test_resumed_run_follows_its_own_schedule_and_hyperparameters(tmp_path, data
 def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, data, config):
     out = tmp_path / "out"
     assert rp.main(args_for(data, config, out, "--max_steps", "3")) == 0
-    argv = ["--config_file", str(config), "--output_dir", str(out), "--eval_dir", str(data), "--resume_from_checkpoint",
-            "--max_seq_length", str(SEQ), "--max_predictions_per_seq", str(PRED), "--eval_batch_size", "7",
-            "--max_eval_samples", "100", "--json-summary", str(tmp_path / "eval.json")]
+    argv = [
+        "--config_file",
+        str(config),
+        "--output_dir",
+        str(out),
+        "--eval_dir",
+        str(data),
+        "--resume_from_checkpoint",
+        "--max_seq_length",
+        str(SEQ),
+        "--max_predictions_per_seq",
+        str(PRED),
+        "--eval_batch_size",
+        "7",
+        "--max_eval_samples",
+        "100",
+        "--json-summary",
+        str(tmp_path / "eval.json"),
+    ]
     assert rp.main(argv) == 0
     result = read_log(tmp_path / "eval.json")[-1]["data"]
     # Reference: the model's full [B, S, V] scores (no labels given), argmax at every labelled position.
@@ -593,9 +765,11 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
         take = min(40, 100 - total // PRED)
         labels = torch.from_numpy(nvidia_labels(rows["masked_lm_positions"][:take], rows["masked_lm_ids"][:take], SEQ))
         with torch.no_grad():
-            scores, _ = model(torch.from_numpy(rows["input_ids"][:take]).long(),
-                              torch.from_numpy(rows["segment_ids"][:take]).long(),
-                              torch.from_numpy(rows["input_mask"][:take]).long())
+            scores, _ = model(
+                torch.from_numpy(rows["input_ids"][:take]).long(),
+                torch.from_numpy(rows["segment_ids"][:take]).long(),
+                torch.from_numpy(rows["input_mask"][:take]).long(),
+            )
         picked = labels >= 0
         correct += int((scores.argmax(-1)[picked] == labels[picked]).sum())
         loss += float(torch.nn.functional.cross_entropy(scores[picked], labels[picked], reduction="sum"))
@@ -618,8 +792,9 @@ def test_evaluation_alone_matches_accuracy_computed_from_full_logits(tmp_path, d
         inputs = {"with": ids, "without": np.where((mask == 1) & (ids != CLS) & (ids != SEP), MASK, ids)}
         for name, input_ids in inputs.items():
             with torch.no_grad():
-                scores = model(torch.from_numpy(input_ids), torch.from_numpy(rows["segment_ids"]).long(),
-                               torch.from_numpy(mask))[0]  # [B, S, V]
+                scores = model(
+                    torch.from_numpy(input_ids), torch.from_numpy(rows["segment_ids"]).long(), torch.from_numpy(mask)
+                )[0]  # [B, S, V]
             hits[name] += int((scores.argmax(-1)[picked] == labels[picked]).sum())
         count += int(picked.sum())
     p = np.unique(np.concatenate(targets), return_counts=True)[1] / count
@@ -636,8 +811,14 @@ def test_init_checkpoint_accepts_a_hugging_face_folder(tmp_path, data, config):
     source = BertForPreTraining(BertConfig.from_json_file(config))
     save_hf_directory(source, tmp_path / "hf")
     out = tmp_path / "out"
-    assert rp.main(args_for(data, config, out, "--max_steps", "1", "--learning_rate", "0",
-                            "--init_checkpoint", str(tmp_path / "hf"))) == 0
+    assert (
+        rp.main(
+            args_for(
+                data, config, out, "--max_steps", "1", "--learning_rate", "0", "--init_checkpoint", str(tmp_path / "hf")
+            )
+        )
+        == 0
+    )
     trained = weights(out / "ckpt_1.pt")
     expected = {k: v for k, v in source.state_dict().items() if k in trained}
     assert max_diff(trained, expected) == 0.0  # learning rate 0: the starting weights, untouched
@@ -648,25 +829,36 @@ def test_phase1_to_phase2_handoff(tmp_path, data, config):
     data512 = make_shards(tmp_path / "p2", n_shards=2, seq=64, pred=10, seed=1)
     assert rp.main(args_for(data, config, out, "--max_steps", "4", "--num_steps_per_checkpoint", "1")) == 0
     phase1 = weights(out / "ckpt_4.pt")
-    p2 = ["--phase2", "--phase1_end_step", "4", "--resume_from_checkpoint", "--num_steps_per_checkpoint", "1",
-          "--gradient_accumulation_steps", "2"]
+    p2 = [
+        "--phase2",
+        "--phase1_end_step",
+        "4",
+        "--resume_from_checkpoint",
+        "--num_steps_per_checkpoint",
+        "1",
+        "--gradient_accumulation_steps",
+        "2",
+    ]
     # With learning rate 0 the phase-2 weights are exactly phase 1's: the hand-off loads ckpt_4.pt.
     lr0 = tmp_path / "lr0"
     lr0.mkdir()
     (lr0 / "ckpt_4.pt").write_bytes((out / "ckpt_4.pt").read_bytes())
-    assert rp.main(args_for(data512, config, lr0, *p2, "--max_steps", "1", "--learning_rate", "0", seq=64,
-                            pred=10)) == 0
+    assert (
+        rp.main(args_for(data512, config, lr0, *p2, "--max_steps", "1", "--learning_rate", "0", seq=64, pred=10)) == 0
+    )
     assert max_diff(weights(lr0 / "ckpt_5.pt"), phase1) == 0.0
     # A real phase 2: 2 steps, then resumed (from its own checkpoint, not phase 1's) to 5.
-    assert rp.main(args_for(data512, config, out, *p2, "--max_steps", "5", "--steps_this_run", "2", seq=64,
-                            pred=10)) == 0
+    assert (
+        rp.main(args_for(data512, config, out, *p2, "--max_steps", "5", "--steps_this_run", "2", seq=64, pred=10)) == 0
+    )
     ckpt = torch.load(out / "ckpt_6.pt", weights_only=True)
     assert ckpt["phase"] == 2 and ckpt["phase_step"] == 2 and ckpt["phase1_end_step"] == 4
     assert all(float(s["step"]) == 2 for s in ckpt["optimizer"]["state"].values())  # fresh optimizer state
     assert ckpt["scheduler"]["total_steps"] == 5 and ckpt["scheduler"]["last_epoch"] == 2
     with pytest.raises(SystemExit, match="already holds checkpoints"):
-        rp.main(args_for(data512, config, out, "--phase2", "--phase1_end_step", "4", "--max_steps", "5", seq=64,
-                         pred=10))
+        rp.main(
+            args_for(data512, config, out, "--phase2", "--phase1_end_step", "4", "--max_steps", "5", seq=64, pred=10)
+        )
     assert rp.main(args_for(data512, config, out, *p2, "--max_steps", "5", seq=64, pred=10)) == 0
     steps = sorted(list_checkpoints(out))
     assert steps[-3:] == [7, 8, 9] and 4 in steps  # phase 2 keeps its newest three, never phase 1's
@@ -678,8 +870,7 @@ def test_phase1_to_phase2_handoff(tmp_path, data, config):
     assert rp.main(args_for(data, config, out, "--max_steps", "4", "--resume_from_checkpoint")) == 0
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("ckpt_*.pt")} == before
     with pytest.raises(SystemExit, match="phase 2 starts from phase 1's checkpoint"):
-        rp.main(args_for(data512, config, tmp_path / "empty", "--phase2", "--phase1_end_step", "4", seq=64,
-                         pred=10))
+        rp.main(args_for(data512, config, tmp_path / "empty", "--phase2", "--phase1_end_step", "4", seq=64, pred=10))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -725,15 +916,29 @@ def test_killed_and_preempted_run_resumes_to_identical_weights(tmp_path, data, c
     out.mkdir()
     runner = tmp_path / "runner.py"
     runner.write_text(SLOW_WRITER.format(repo=str(REPO)))
-    cmd = [sys.executable, str(runner), *args_for(data, config, out, *common, "--num_steps_per_checkpoint", "1",
-                                                  "--resume_from_checkpoint", "--num_workers", "1")]
+    cmd = [
+        sys.executable,
+        str(runner),
+        *args_for(
+            data,
+            config,
+            out,
+            *common,
+            "--num_steps_per_checkpoint",
+            "1",
+            "--resume_from_checkpoint",
+            "--num_workers",
+            "1",
+        ),
+    ]
     rng = random.Random(time.time_ns())
     events = []
     for mode in ("kill-in-write", "kill-in-steps", "sigterm"):
         before = max(list_checkpoints(out), default=0)
         strike_after = before + rng.randint(1, 4)  # a random number of steps into this run
-        proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = time.time() + 150
         while proc.poll() is None:  # wait for progress, then for the moment to strike
             assert time.time() < deadline, "no progress"
@@ -797,21 +1002,78 @@ def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
 
     for split, chars in (("valid", 700_000), ("test", 60_000)):
         (tmp_path / f"{split}.txt").write_text(wikitext_documents(shared_data / "wikitext-2" / f"{split}.txt", chars))
-        assert cpd.main(["--input_file", str(tmp_path / f"{split}.txt"), "--output_file",
-                         str(tmp_path / split / "wiki.hdf5"), "--vocab_file", str(uncased_vocab), "--max_seq_length",
-                         "64", "--max_predictions_per_seq", "10", "--dupe_factor", "1", "--random_seed", "1",
-                         "--num_workers", "1", "--no_progress"]) == 0
+        assert (
+            cpd.main(
+                [
+                    "--input_file",
+                    str(tmp_path / f"{split}.txt"),
+                    "--output_file",
+                    str(tmp_path / split / "wiki.hdf5"),
+                    "--vocab_file",
+                    str(uncased_vocab),
+                    "--max_seq_length",
+                    "64",
+                    "--max_predictions_per_seq",
+                    "10",
+                    "--dupe_factor",
+                    "1",
+                    "--random_seed",
+                    "1",
+                    "--num_workers",
+                    "1",
+                    "--no_progress",
+                ]
+            )
+            == 0
+        )
     # Tuned to stay well under a minute of CPU: hidden 64, 2 layers, batch 16, 250 steps of LAMB at 2e-2, in the
     # precision --precision auto picks here (fp32 on a CPU without native bf16, bf16 on one with it).
     config = write_config(tmp_path / "bert_config.json", dropout=0.0, vocab=30522, hidden=64)
     out = tmp_path / "out"
-    assert rp.main(["--input_dir", str(tmp_path / "valid"), "--config_file", str(config), "--output_dir", str(out),
-                    "--vocab_file", str(uncased_vocab), "--do_train", "--max_seq_length", "64",
-                    "--max_predictions_per_seq", "10", "--train_batch_size", "16", "--learning_rate", "2e-2",
-                    "--warmup_proportion", "0.05", "--max_steps", "250", "--num_workers", "0", "--log_freq", "25",
-                    "--precision", "auto", "--eval_dir", str(tmp_path / "test"), "--eval_steps", "125",
-                    "--max_eval_samples", "512",
-                    "--skip_checkpoint", "--disable_progress_bar", "--json-summary", str(out / "log.json")]) == 0
+    assert (
+        rp.main(
+            [
+                "--input_dir",
+                str(tmp_path / "valid"),
+                "--config_file",
+                str(config),
+                "--output_dir",
+                str(out),
+                "--vocab_file",
+                str(uncased_vocab),
+                "--do_train",
+                "--max_seq_length",
+                "64",
+                "--max_predictions_per_seq",
+                "10",
+                "--train_batch_size",
+                "16",
+                "--learning_rate",
+                "2e-2",
+                "--warmup_proportion",
+                "0.05",
+                "--max_steps",
+                "250",
+                "--num_workers",
+                "0",
+                "--log_freq",
+                "25",
+                "--precision",
+                "auto",
+                "--eval_dir",
+                str(tmp_path / "test"),
+                "--eval_steps",
+                "125",
+                "--max_eval_samples",
+                "512",
+                "--skip_checkpoint",
+                "--disable_progress_bar",
+                "--json-summary",
+                str(out / "log.json"),
+            ]
+        )
+        == 0
+    )
     log = read_log(out / "log.json")
     train = [r["data"]["mlm_loss"] for r in log if isinstance(r["step"], int) and "mlm_loss" in r["data"]]
     evals = [r["data"] for r in log if "eval_mlm_accuracy" in r["data"]]
@@ -821,8 +1083,10 @@ def test_small_bert_learns_on_wikitext(tmp_path, shared_data, uncased_vocab):
     counts = np.bincount(labels[labels >= 0])
     baseline = counts.max() / counts.sum()
     accuracy = [e["eval_mlm_accuracy"] for e in evals]
-    print(f"train MLM loss {train[0]:.3f} -> {train[-1]:.3f}; held-out accuracy {accuracy} (unigram baseline "
-          f"{baseline:.3f} over {counts.sum()} positions), held-out loss {[e['eval_mlm_loss'] for e in evals]}")
+    print(
+        f"train MLM loss {train[0]:.3f} -> {train[-1]:.3f}; held-out accuracy {accuracy} (unigram baseline "
+        f"{baseline:.3f} over {counts.sum()} positions), held-out loss {[e['eval_mlm_loss'] for e in evals]}"
+    )
     assert len(evals) == 2 and evals[-1]["eval_masked_positions"] == counts.sum()
     assert train[-1] < train[0] - 3.0  # from ln(30522) = 10.3
     assert accuracy[-1] > accuracy[0] and evals[-1]["eval_mlm_loss"] < evals[0]["eval_mlm_loss"]
@@ -835,14 +1099,19 @@ def reference_adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
     """torch.optim.AdamW as BERT decays: weight matrices at 0.01, biases and LayerNorm not at all (by name)."""
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+    )
 
 
 def batches_of(data: Path):
     """The batches of 8 that run_pretraining.py (seed 42, one process) trains on, in its order."""
-    shards = data_stream.inspect_shards(sorted(data.glob("*.hdf5")), data_stream.ShardSpec(SEQ, PRED, False),
-                                             "--input_dir")
+    shards = data_stream.inspect_shards(
+        sorted(data.glob("*.hdf5")), data_stream.ShardSpec(SEQ, PRED, False), "--input_dir"
+    )
     return iter(data_stream.PretrainingData(shards, 42, 8))
 
 
@@ -856,9 +1125,30 @@ def test_adamw_option_equals_torch_adamw_step_for_step(tmp_path, config):
     data = make_shards(tmp_path / "data", n_shards=1, n=48)
     steps, lr, warmup = 6, 3e-3, 0.34
     out = tmp_path / "out"
-    assert rp.main(args_for(data, config, out, "--optimizer", "adamw", "--max_steps", str(steps), "--learning_rate",
-                            str(lr), "--warmup_proportion", str(warmup), "--precision", "fp32",
-                            "--num_steps_per_checkpoint", "1", "--keep_checkpoints", str(steps))) == 0
+    assert (
+        rp.main(
+            args_for(
+                data,
+                config,
+                out,
+                "--optimizer",
+                "adamw",
+                "--max_steps",
+                str(steps),
+                "--learning_rate",
+                str(lr),
+                "--warmup_proportion",
+                str(warmup),
+                "--precision",
+                "fp32",
+                "--num_steps_per_checkpoint",
+                "1",
+                "--keep_checkpoints",
+                str(steps),
+            )
+        )
+        == 0
+    )
 
     dist_env.set_seed(42)  # run_pretraining's --seed: the same initial weights
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
@@ -884,7 +1174,6 @@ def test_unigram_bias_init_starts_at_the_unigram_loss(tmp_path):
     hand-made shard), and an untrained model's masked-LM loss on that shard is then the cross-entropy of those
     frequencies (the embeddings' small random logits aside), where the zero bias starts near ln V."""
     import h5py
-
     from helpers import write_config
 
     shard = tmp_path / "data" / "a.hdf5"
@@ -904,8 +1193,26 @@ def test_unigram_bias_init_starts_at_the_unigram_loss(tmp_path):
     losses = {}
     for init in ("zero", "unigram"):
         out = tmp_path / init
-        assert rp.main(args_for(data, config, out, "--max_steps", "1", "--learning_rate", "1e-9", "--mlm_bias_init",
-                                init, "--precision", "fp32", "--log_freq", "1")) == 0
+        assert (
+            rp.main(
+                args_for(
+                    data,
+                    config,
+                    out,
+                    "--max_steps",
+                    "1",
+                    "--learning_rate",
+                    "1e-9",
+                    "--mlm_bias_init",
+                    init,
+                    "--precision",
+                    "fp32",
+                    "--log_freq",
+                    "1",
+                )
+            )
+            == 0
+        )
         losses[init] = read_log(out / "log.json")[1]["data"]["mlm_loss"]
         if init == "unigram":
             bias = weights(out / "ckpt_1.pt")["cls.predictions.bias"].numpy()
@@ -928,9 +1235,33 @@ def test_no_nsp_trains_on_the_masked_lm_loss_alone(tmp_path):
     data = make_shards(tmp_path / "data", n_shards=1, n=32)
     steps, lr = 3, 1e-3
     out = tmp_path / "out"
-    assert rp.main(args_for(data, config, out, "--no_nsp", "--optimizer", "adamw", "--max_steps", str(steps),
-                            "--learning_rate", str(lr), "--lr_schedule", "constant", "--warmup_proportion", "0",
-                            "--max_grad_norm", "0", "--precision", "fp32", "--log_freq", "1")) == 0
+    assert (
+        rp.main(
+            args_for(
+                data,
+                config,
+                out,
+                "--no_nsp",
+                "--optimizer",
+                "adamw",
+                "--max_steps",
+                str(steps),
+                "--learning_rate",
+                str(lr),
+                "--lr_schedule",
+                "constant",
+                "--warmup_proportion",
+                "0",
+                "--max_grad_norm",
+                "0",
+                "--precision",
+                "fp32",
+                "--log_freq",
+                "1",
+            )
+        )
+        == 0
+    )
     dist_env.set_seed(42)
     model = BertForPreTraining(BertConfig.from_json_file(config)).train()
     start = {n: p.detach().clone() for n, p in model.named_parameters()}

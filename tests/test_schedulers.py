@@ -1,4 +1,5 @@
 """LR schedules against their formulas written out here, and exact continuation after a state_dict round trip."""
+
 from __future__ import annotations
 
 import io
@@ -9,8 +10,13 @@ import torch
 from torch import nn
 
 from optimization import NVLAMB
-from schedulers import (ConstantWarmUpScheduler, CosineWarmUpScheduler, LinearWarmUpScheduler, PolyWarmUpScheduler,
-                        get_scheduler)
+from schedulers import (
+    ConstantWarmUpScheduler,
+    CosineWarmUpScheduler,
+    LinearWarmUpScheduler,
+    PolyWarmUpScheduler,
+    get_scheduler,
+)
 
 TOTAL, WARMUP = 100, 0.1  # 10 warm-up steps, decay over steps 10..99, LR 0 from step 100 on
 BASES = (0.5, 0.02)  # two groups with different base LRs
@@ -91,8 +97,9 @@ def test_full_warmup_then_zero():
     assert seen == pytest.approx([0.05 * k for k in range(10)] + [0.0, 0.0])
 
 
-@pytest.mark.parametrize("cls", [PolyWarmUpScheduler, LinearWarmUpScheduler, ConstantWarmUpScheduler,
-                                 CosineWarmUpScheduler])
+@pytest.mark.parametrize(
+    "cls", [PolyWarmUpScheduler, LinearWarmUpScheduler, ConstantWarmUpScheduler, CosineWarmUpScheduler]
+)
 @pytest.mark.parametrize("optimizer_first", [True, False])
 def test_state_dict_round_trip_continues_identically(cls, optimizer_first):
     opt = make_optimizer()

@@ -4,6 +4,7 @@ References are independent of the code under test: the input articles themselves
 once, whole), blingfire called directly for the sentence boundaries, the LPT bound written out (any two shards
 differ by at most the largest document), and byte-for-byte comparisons between runs.
 """
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,9 @@ def wikitext_articles(path: Path) -> list[str]:
 def corpus(shared_data, tmp_path_factory) -> tuple[Path, list[str]]:
     articles = wikitext_articles(shared_data / "wikitext-2" / "valid.txt")
     path = tmp_path_factory.mktemp("corpus") / "wikitext_one_article_per_line.txt"
-    path.write_text("".join(a + "\n\n" if i % 7 == 3 else a + "\n" for i, a in enumerate(articles)),
-                    encoding="utf-8")  # a few blank lines in the input must not matter
+    path.write_text(
+        "".join(a + "\n\n" if i % 7 == 3 else a + "\n" for i, a in enumerate(articles)), encoding="utf-8"
+    )  # a few blank lines in the input must not matter
     return path, articles
 
 
@@ -53,8 +55,9 @@ def read_shard_docs(path: Path) -> list[list[str]]:
 
 
 def run(corpus_path, out_dir, **overrides) -> dict:
-    cfg = ShardingConfig(**{"n_training_shards": 4, "n_test_shards": 2, "fraction_test_set": 0.2,
-                            "num_workers": 1, **overrides})
+    cfg = ShardingConfig(
+        **{"n_training_shards": 4, "n_test_shards": 2, "fraction_test_set": 0.2, "num_workers": 1, **overrides}
+    )
     return shard_corpus([corpus_path], out_dir / "wiki", cfg, progress=False)
 
 
@@ -84,8 +87,9 @@ def test_every_article_once_whole_and_segmented_like_blingfire(corpus, tmp_path)
 def test_shards_are_balanced_and_test_fraction_respected(corpus, tmp_path):
     path, _ = corpus
     manifest = run(path, tmp_path, n_training_shards=5, n_test_shards=3, fraction_test_set=0.25)
-    doc_sizes = [len(("\n".join(d) + "\n\n").encode()) for p in shard_paths(tmp_path, manifest)
-                 for d in read_shard_docs(p)]
+    doc_sizes = [
+        len(("\n".join(d) + "\n\n").encode()) for p in shard_paths(tmp_path, manifest) for d in read_shard_docs(p)
+    ]
     largest = max(doc_sizes)
     for split in ("training", "test"):
         sizes = [(tmp_path / s["file"]).stat().st_size for s in manifest[split]]
@@ -95,8 +99,9 @@ def test_shards_are_balanced_and_test_fraction_respected(corpus, tmp_path):
     test_bytes = sum(s["bytes"] for s in manifest["test"])
     assert 0.25 * total <= test_bytes <= 0.25 * total + largest
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == sorted([f"wiki_training_{i}.txt" for i in range(5)] + [f"wiki_test_{i}.txt" for i in range(3)]
-                           + ["wiki_manifest.json"])  # and no temporary folder left behind
+    assert names == sorted(
+        [f"wiki_training_{i}.txt" for i in range(5)] + [f"wiki_test_{i}.txt" for i in range(3)] + ["wiki_manifest.json"]
+    )  # and no temporary folder left behind
 
 
 def test_lpt_balance_on_random_sizes():
@@ -147,8 +152,12 @@ def test_assignment_errors_and_edge_cases(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("One. Two.\nThree.\n")
     with pytest.raises(InputError, match="fraction_test_set > 0"):
-        shard_corpus([src], tmp_path / "x", ShardingConfig(n_training_shards=1, n_test_shards=1,
-                                                           fraction_test_set=0.0), progress=False)
+        shard_corpus(
+            [src],
+            tmp_path / "x",
+            ShardingConfig(n_training_shards=1, n_test_shards=1, fraction_test_set=0.0),
+            progress=False,
+        )
 
 
 def test_pysbd_option(tmp_path):
@@ -157,29 +166,66 @@ def test_pysbd_option(tmp_path):
     cfg = ShardingConfig(n_training_shards=1, n_test_shards=0, segmenter="pysbd")
     shard_corpus([src], tmp_path / "p", cfg, progress=False)
     assert shard_name(tmp_path / "p", "training", 0).read_text() == (
-        "Dr. Smith arrived at 5 p.m.\nHe sat down.\n\nShort one.\n\n")
+        "Dr. Smith arrived at 5 p.m.\nHe sat down.\n\nShort one.\n\n"
+    )
 
 
 def test_cli_and_bertprep_sharding(corpus, tmp_path):
     path, articles = corpus
-    assert sharding.main(["--input_files", str(path), "--output_prefix", str(tmp_path / "cli" / "w"),
-                          "--n_training_shards", "3", "--n_test_shards", "1", "--num_workers", "2",
-                          "--no_progress"]) == 0
+    assert (
+        sharding.main(
+            [
+                "--input_files",
+                str(path),
+                "--output_prefix",
+                str(tmp_path / "cli" / "w"),
+                "--n_training_shards",
+                "3",
+                "--n_test_shards",
+                "1",
+                "--num_workers",
+                "2",
+                "--no_progress",
+            ]
+        )
+        == 0
+    )
     formatted = tmp_path / "formatted_one_article_per_line" / "custom_one_article_per_line.txt"
     formatted.parent.mkdir(parents=True)
     formatted.write_bytes(path.read_bytes())
-    bertPrep.main(["--action", "sharding", "--dataset", "custom", "--working_dir", str(tmp_path),
-                   "--n_training_shards", "3", "--n_test_shards", "1", "--fraction_test_set", "0.2",
-                   "--n_processes", "2", "--no_progress"])
+    bertPrep.main(
+        [
+            "--action",
+            "sharding",
+            "--dataset",
+            "custom",
+            "--working_dir",
+            str(tmp_path),
+            "--n_training_shards",
+            "3",
+            "--n_test_shards",
+            "1",
+            "--fraction_test_set",
+            "0.2",
+            "--n_processes",
+            "2",
+            "--no_progress",
+        ]
+    )
     shard_dir = tmp_path / "sharded_training_shards_3_test_shards_1_fraction_0.2" / "custom"
     assert [p.name for p in bertPrep.list_shards(shard_dir, "custom")] == [
-        "custom_training_0.txt", "custom_training_1.txt", "custom_training_2.txt", "custom_test_0.txt"]
+        "custom_training_0.txt",
+        "custom_training_1.txt",
+        "custom_training_2.txt",
+        "custom_test_0.txt",
+    ]
     # same flags, same seed: the bertPrep run and the direct CLI run wrote the same shards
     for name in ("training_0", "training_1", "training_2", "test_0"):
         assert (shard_dir / f"custom_{name}.txt").read_bytes() == (tmp_path / "cli" / f"w_{name}.txt").read_bytes()
     with pytest.raises(SystemExit, match="--n_processes"):
-        bertPrep.main(["--action", "sharding", "--dataset", "custom", "--working_dir", str(tmp_path),
-                       "--n_processes", "0"])
+        bertPrep.main(
+            ["--action", "sharding", "--dataset", "custom", "--working_dir", str(tmp_path), "--n_processes", "0"]
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -189,24 +235,54 @@ def test_cli_and_bertprep_sharding(corpus, tmp_path):
 def test_end_to_end_wiki_fixture_to_hdf5(shared_data, uncased_vocab, tmp_path):
     import h5py
 
-
     extracted = tmp_path / "extracted" / "AA"
     extracted.mkdir(parents=True)
     (extracted / "wiki_00").write_bytes((shared_data / "hf-test-fixtures" / "wiki_text" / "wiki_00").read_bytes())
-    common = ["--dataset", "wikicorpus_en", "--working_dir", str(tmp_path / "work"), "--n_processes", "2",
-              "--no_progress", "--n_training_shards", "1", "--n_test_shards", "1", "--fraction_test_set", "0.3"]
+    common = [
+        "--dataset",
+        "wikicorpus_en",
+        "--working_dir",
+        str(tmp_path / "work"),
+        "--n_processes",
+        "2",
+        "--no_progress",
+        "--n_training_shards",
+        "1",
+        "--n_test_shards",
+        "1",
+        "--fraction_test_set",
+        "0.3",
+    ]
     bertPrep.main(["--action", "text_formatting", "--wikiextractor_dir", str(tmp_path / "extracted"), *common])
     bertPrep.main(["--action", "sharding", *common])
-    hdf5 = ["--action", "create_hdf5_files", "--vocab_file", str(uncased_vocab), "--max_seq_length", "64",
-            "--max_predictions_per_seq", "10", "--dupe_factor", "1", *common]
+    hdf5 = [
+        "--action",
+        "create_hdf5_files",
+        "--vocab_file",
+        str(uncased_vocab),
+        "--max_seq_length",
+        "64",
+        "--max_predictions_per_seq",
+        "10",
+        "--dupe_factor",
+        "1",
+        *common,
+    ]
     bertPrep.main(hdf5)
-    out_dir = (tmp_path / "work" / "hdf5_lower_case_1_seq_len_64_max_pred_10_masked_lm_prob_0.15_random_seed_12345"
-               "_dupe_factor_1" / "wikicorpus_en")
+    out_dir = (
+        tmp_path / "work" / "hdf5_lower_case_1_seq_len_64_max_pred_10_masked_lm_prob_0.15_random_seed_12345"
+        "_dupe_factor_1" / "wikicorpus_en"
+    )
     files = sorted(str(p.relative_to(out_dir)) for p in out_dir.glob("*/*.hdf5"))
     assert files == ["test/wikicorpus_en_test_0.hdf5", "training/wikicorpus_en_training_0.hdf5"]
-    expected = {"input_ids": ("int32", 64), "input_mask": ("int8", 64), "segment_ids": ("int8", 64),
-                "masked_lm_positions": ("int32", 10), "masked_lm_ids": ("int32", 10),
-                "next_sentence_labels": ("int8", None)}
+    expected = {
+        "input_ids": ("int32", 64),
+        "input_mask": ("int8", 64),
+        "segment_ids": ("int8", 64),
+        "masked_lm_positions": ("int32", 10),
+        "masked_lm_ids": ("int32", 10),
+        "next_sentence_labels": ("int8", None),
+    }
     for name in files:
         with h5py.File(out_dir / name, "r") as f:
             assert set(f.keys()) == set(expected)
@@ -217,10 +293,27 @@ def test_end_to_end_wiki_fixture_to_hdf5(shared_data, uncased_vocab, tmp_path):
             assert (f["input_ids"][:, 0] == 101).all()  # [CLS] of the uncased vocabulary
     # The per-shard runs (seed random_seed + i) equal one create_pretraining_data.py call over the shard folder.
     shard_dir = tmp_path / "work" / "sharded_training_shards_1_test_shards_1_fraction_0.3" / "wikicorpus_en"
-    create_pretraining_data.main(["--input_file", str(shard_dir), "--output_dir", str(tmp_path / "direct"),
-                                  "--vocab_file", str(uncased_vocab), "--max_seq_length", "64",
-                                  "--max_predictions_per_seq", "10", "--dupe_factor", "1", "--random_seed", "12345",
-                                  "--num_workers", "1", "--no_progress"])
+    create_pretraining_data.main(
+        [
+            "--input_file",
+            str(shard_dir),
+            "--output_dir",
+            str(tmp_path / "direct"),
+            "--vocab_file",
+            str(uncased_vocab),
+            "--max_seq_length",
+            "64",
+            "--max_predictions_per_seq",
+            "10",
+            "--dupe_factor",
+            "1",
+            "--random_seed",
+            "12345",
+            "--num_workers",
+            "1",
+            "--no_progress",
+        ]
+    )
     for name in files:
         with h5py.File(out_dir / name, "r") as a, h5py.File(tmp_path / "direct" / Path(name).name, "r") as b:
             for key in expected:
@@ -244,22 +337,39 @@ def test_create_datasets_from_start_script(shared_data, uncased_vocab, tmp_path,
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "wiki.txt").write_bytes((shared_data / "hf-test-fixtures" / "wiki_text" / "wiki_00").read_bytes())
-    env = {**os.environ, "INPUT_DIR": str(mine), "VOCAB_FILE": str(uncased_vocab), "N_PROCESSES": "2",
-           "N_TRAINING_SHARDS": "1", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.3", "DUPE_FACTOR": "1",
-           "PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "INPUT_DIR": str(mine),
+        "VOCAB_FILE": str(uncased_vocab),
+        "N_PROCESSES": "2",
+        "N_TRAINING_SHARDS": "1",
+        "N_TEST_SHARDS": "1",
+        "FRACTION_TEST_SET": "0.3",
+        "DUPE_FACTOR": "1",
+        "PYTHON": sys.executable,
+    }
     work = tmp_path / "work"
-    proc = subprocess.run(["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "custom", str(work)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "custom", str(work)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for seq, pred in ((128, 20), (512, 80)):
-        folder = work / (f"hdf5_lower_case_1_seq_len_{seq}_max_pred_{pred}_masked_lm_prob_0.15_random_seed_12345"
-                         f"_dupe_factor_1") / "custom"
+        folder = (
+            work
+            / (f"hdf5_lower_case_1_seq_len_{seq}_max_pred_{pred}_masked_lm_prob_0.15_random_seed_12345_dupe_factor_1")
+            / "custom"
+        )
         names = sorted(str(p.relative_to(folder)) for p in folder.glob("*/*.hdf5"))
         assert names == ["test/custom_test_0.hdf5", "training/custom_training_0.hdf5"]
         with h5py.File(folder / names[1], "r") as f:
             assert f["input_ids"].shape[1] == seq and f["masked_lm_positions"].shape[1] == pred
-    bad = subprocess.run(["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "wikipedia"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        ["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "wikipedia"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "unknown dataset" in bad.stderr
 
 
@@ -274,17 +384,29 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
 
     import h5py
 
-
     extracted = tmp_path / "text" / "AA"
     extracted.mkdir(parents=True)
     for name in ("wiki_00.gz", "wiki_01.gz"):
         (extracted / name).write_bytes((shared_data / "wikipedia-en-slice" / "text" / "AA" / name).read_bytes())
-    env = {**os.environ, "WIKIEXTRACTOR_DIR": str(tmp_path / "text"), "VOCAB_FILE": str(uncased_vocab),
-           "N_PROCESSES": "2", "N_TRAINING_SHARDS": "2", "N_TEST_SHARDS": "1", "FRACTION_TEST_SET": "0.1",
-           "DUPE_FACTOR": "1", "PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "WIKIEXTRACTOR_DIR": str(tmp_path / "text"),
+        "VOCAB_FILE": str(uncased_vocab),
+        "N_PROCESSES": "2",
+        "N_TRAINING_SHARDS": "2",
+        "N_TEST_SHARDS": "1",
+        "FRACTION_TEST_SET": "0.1",
+        "DUPE_FACTOR": "1",
+        "PYTHON": sys.executable,
+    }
     work = tmp_path / "work"
-    proc = subprocess.run(["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "wiki_only", str(work)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", str(repo_root / "data" / "create_datasets_from_start.sh"), "wiki_only", str(work)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (work / "download").exists()  # nothing was downloaded
     # Whole articles: every test document is one formatted article, and none of them is in a training shard.
@@ -304,12 +426,13 @@ def test_wikipedia_slice_through_the_documented_command(shared_data, uncased_voc
     assert len(training) + len(held_out) == len(articles)
     hdf5 = work / "hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_1"
     train_dir, test_dir = hdf5 / "wikicorpus_en" / "training", hdf5 / "wikicorpus_en" / "test"
-    assert sorted(p.name for p in train_dir.iterdir()) == ["wikicorpus_en_training_0.hdf5",
-                                                           "wikicorpus_en_training_1.hdf5"]
+    assert sorted(p.name for p in train_dir.iterdir()) == [
+        "wikicorpus_en_training_0.hdf5",
+        "wikicorpus_en_training_1.hdf5",
+    ]
     assert sorted(p.name for p in test_dir.iterdir()) == ["wikicorpus_en_test_0.hdf5"]
     spec = data_stream.ShardSpec(128, 20, False)
-    shards = data_stream.inspect_shards(data_stream.list_shards(str(train_dir), "--input_dir"), spec,
-                                             "--input_dir")
+    shards = data_stream.inspect_shards(data_stream.list_shards(str(train_dir), "--input_dir"), spec, "--input_dir")
     batch = next(iter(data_stream.PretrainingData(shards, 1, 8)))
     assert batch["input_ids"].shape == (8, 128) and (batch["input_ids"][:, 0] == 101).all()
     with h5py.File(test_dir / "wikicorpus_en_test_0.hdf5", "r") as f:

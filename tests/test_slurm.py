@@ -15,6 +15,7 @@ on 127.0.0.1) runs `sbatch run.sub` without a container, 2 CPU tasks (gloo) per 
     requeued, and a job depending on them is cancelled.
 Without the packages (and no root to apt-get them: scripts/install_slurm.sh) the Slurm tests skip with the reason.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,13 +26,13 @@ import sys
 import time
 from pathlib import Path
 
+import documented_commands as docs
 import pytest
 import torch
-
-import documented_commands as docs
-import run_pretraining as rp
 from helpers import make_shards, max_diff, read_log, subprocess_env, weights, write_config
 from slurm_cluster import SlurmCluster, free_port, installed_or_skip
+
+import run_pretraining as rp
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS1, STEPS2 = 100, 3  # phase 1 long enough (2-4 s) to be struck twice mid-run, phase 2 a few steps
@@ -48,28 +49,46 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("inputs")
-    return {"p1": make_shards(root / "p1", n_shards=2, n=48, seq=SEQ1, pred=PRED1),
-            "p2": make_shards(root / "p2", n_shards=1, n=24, seq=SEQ2, pred=PRED2, seed=1),
-            # dropout off: ranks draw their own dropout masks, and the runs here are compared with one process
-            "config": write_config(root / "bert_config.json", dropout=0.0)}
+    return {
+        "p1": make_shards(root / "p1", n_shards=2, n=48, seq=SEQ1, pred=PRED1),
+        "p2": make_shards(root / "p2", n_shards=1, n=24, seq=SEQ2, pred=PRED2, seed=1),
+        # dropout off: ranks draw their own dropout masks, and the runs here are compared with one process
+        "config": write_config(root / "bert_config.json", dropout=0.0),
+    }
 
 
 def job_env(inputs: dict[str, Path], checkpoints: Path, phase: int = 1, **extra: str) -> dict[str, str]:
     """run.sub's environment for a tiny fp32 run: 2 tasks x batch 4 (2 micro-batches of 2), no container."""
     seq, pred, steps = (SEQ1, PRED1, STEPS1) if phase == 1 else (SEQ2, PRED2, STEPS2)
-    return {"PHASE": str(phase), "DATADIR_PHASE1": str(inputs["p1"]), "DATADIR_PHASE2": str(inputs["p2"]),
-            "CHECKPOINTDIR": str(checkpoints), "CONFIG": str(inputs["config"]), "PRECISION": "fp32",
-            "BATCHSIZE": "4", "GRADIENT_STEPS": "2", "STEPS": str(steps), "PHASE1_STEPS": str(STEPS1),
-            "LR": "1e-2", "WARMUP": "0.1", "SEED": "7", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
-            "MASTER_PORT": str(free_port()),  # run.sub's default follows the job id: another cluster may use it
-            "EXTRA_ARGS": f"--max_seq_length {seq} --max_predictions_per_seq {pred} --num_workers 0 --log_freq 1",
-            **extra}
+    return {
+        "PHASE": str(phase),
+        "DATADIR_PHASE1": str(inputs["p1"]),
+        "DATADIR_PHASE2": str(inputs["p2"]),
+        "CHECKPOINTDIR": str(checkpoints),
+        "CONFIG": str(inputs["config"]),
+        "PRECISION": "fp32",
+        "BATCHSIZE": "4",
+        "GRADIENT_STEPS": "2",
+        "STEPS": str(steps),
+        "PHASE1_STEPS": str(STEPS1),
+        "LR": "1e-2",
+        "WARMUP": "0.1",
+        "SEED": "7",
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_PORT": str(free_port()),  # run.sub's default follows the job id: another cluster may use it
+        "EXTRA_ARGS": f"--max_seq_length {seq} --max_predictions_per_seq {pred} --num_workers 0 --log_freq 1",
+        **extra,
+    }
 
 
 def submit(cluster: SlurmCluster, env: dict[str, str], output: Path, *sbatch_args: str, tasks: int = 2) -> str:
     """sbatch run.sub from the checkout: 2 CPU tasks (the header's --gpus-per-node=8 overridden)."""
-    return cluster.sbatch([f"--ntasks-per-node={tasks}", "--gpus-per-node=0", f"--output={output}", *sbatch_args,
-                           str(REPO / "run.sub")], env=env, cwd=REPO)
+    return cluster.sbatch(
+        [f"--ntasks-per-node={tasks}", "--gpus-per-node=0", f"--output={output}", *sbatch_args, str(REPO / "run.sub")],
+        env=env,
+        cwd=REPO,
+    )
 
 
 def steps_logged(log: Path) -> list[dict]:
@@ -80,8 +99,9 @@ def starts_logged(log: Path) -> int:
     return sum(r["step"] == "PARAMETER" for r in read_log(log)) if log.is_file() else 0
 
 
-def wait_until(condition, what: str, cluster: SlurmCluster, output: Path, job: str | None = None,
-               timeout: float = 120.0):
+def wait_until(
+    condition, what: str, cluster: SlurmCluster, output: Path, job: str | None = None, timeout: float = 120.0
+):
     """Poll `condition` every 50 ms; with `job`, fail at once if that job ends first (a signal that came too late)."""
     deadline = time.monotonic() + timeout
     polls = 0
@@ -108,21 +128,59 @@ def wait_until(condition, what: str, cluster: SlurmCluster, output: Path, job: s
 class TwoNodes:
     def __init__(self, inputs: dict[str, Path], results: Path):
         # Positional arguments: what run.sub gets from job_env (per-process batch 4 in 2 micro-batches, seed 7, ...).
-        args = ["4", "1e-2", "fp32", "1", "0.1", str(STEPS1), "200", "false", "false", "true", "2", "7", "two_nodes",
-                "true", "false", "4", "1e-2", "0.1", "1", "1", str(inputs["p1"]), str(inputs["p2"]), str(REPO),
-                "None", str(inputs["config"])]
-        env = {**subprocess_env(), "PHASES": "1", "PYTHON": sys.executable, "RESULTS_DIR": str(results),
-               "MAX_SEQ_LENGTH_PHASE1": str(SEQ1), "MAX_PRED_PHASE1": str(PRED1), "NNODES": "2",
-               "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two_nodes",
-               "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1"}
+        args = [
+            "4",
+            "1e-2",
+            "fp32",
+            "1",
+            "0.1",
+            str(STEPS1),
+            "200",
+            "false",
+            "false",
+            "true",
+            "2",
+            "7",
+            "two_nodes",
+            "true",
+            "false",
+            "4",
+            "1e-2",
+            "0.1",
+            "1",
+            "1",
+            str(inputs["p1"]),
+            str(inputs["p2"]),
+            str(REPO),
+            "None",
+            str(inputs["config"]),
+        ]
+        env = {
+            **subprocess_env(),
+            "PHASES": "1",
+            "PYTHON": sys.executable,
+            "RESULTS_DIR": str(results),
+            "MAX_SEQ_LENGTH_PHASE1": str(SEQ1),
+            "MAX_PRED_PHASE1": str(PRED1),
+            "NNODES": "2",
+            "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+            "RDZV_ID": "two_nodes",
+            "EXTRA_ARGS": "--num_workers 0 --disable_progress_bar --log_freq 1",
+        }
         self.results = results
         self.logs = [results / f"node{rank}.log" for rank in (0, 1)]
         self.nodes = []
         for rank, log in enumerate(self.logs):
             with open(log, "w") as out:
-                self.nodes.append(subprocess.Popen(["bash", str(REPO / "scripts" / "run_pretraining.sh"), *args],
-                                                   env={**env, "NODE_RANK": str(rank)}, stdout=out,
-                                                   stderr=subprocess.STDOUT, start_new_session=True))
+                self.nodes.append(
+                    subprocess.Popen(
+                        ["bash", str(REPO / "scripts" / "run_pretraining.sh"), *args],
+                        env={**env, "NODE_RANK": str(rank)},
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
 
     def checkpoints(self) -> Path:
         """Wait for both launchers; their checkpoint folder."""
@@ -130,10 +188,11 @@ class TwoNodes:
         for node in self.nodes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.wait(timeout=max(1.0, deadline - time.monotonic()))
-        assert [node.returncode for node in self.nodes] == [0, 0], \
-            "launchers' exit statuses (None: still running after 240 s): " \
-            f"{[node.returncode for node in self.nodes]}\n" + \
-            "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in self.logs)
+        assert [node.returncode for node in self.nodes] == [0, 0], (
+            "launchers' exit statuses (None: still running after 240 s): "
+            f"{[node.returncode for node in self.nodes]}\n"
+            + "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in self.logs)
+        )
         return self.results / "checkpoints"
 
     def stop(self) -> None:
@@ -171,8 +230,13 @@ def preempted(two_nodes_started, cluster, inputs, tmp_path_factory) -> dict:
     output = root / "phase1.out"
     # Phase 1 as README.md and run.sub's header show it for CPU nodes, on the one node here (-N 1).
     env = {k: v for k, v in job_env(inputs, checkpoints).items() if k not in ("PYTHON", "PRECISION")}
-    job1 = docs.submit(docs.distinct(docs.commands_for("preempted")), slurm_conf=cluster.conf, output=output,
-                       replace={"-N 2": "-N 1"}, env=env)
+    job1 = docs.submit(
+        docs.distinct(docs.commands_for("preempted")),
+        slurm_conf=cluster.conf,
+        output=output,
+        replace={"-N 2": "-N 1"},
+        env=env,
+    )
     job2 = submit(cluster, job_env(inputs, checkpoints, phase=2), root / "phase2.out", f"--dependency=afterok:{job1}")
     waiting = [cluster.job(job2)]
 
@@ -181,14 +245,22 @@ def preempted(two_nodes_started, cluster, inputs, tmp_path_factory) -> dict:
     wait_until(lambda: starts_logged(log) >= 2, "the restart after the time-limit signal", cluster, output, job1)
     waiting.append(cluster.job(job2))
     first_stop = [r for r in read_log(log) if r["step"] == "FINAL"][0]["data"]["step"]
-    wait_until(lambda: steps_logged(log)[-1]["step"] > first_stop, "a step after the first restart", cluster, output,
-               job1)
+    wait_until(
+        lambda: steps_logged(log)[-1]["step"] > first_stop, "a step after the first restart", cluster, output, job1
+    )
     cluster.run(["scontrol", "requeue", job1])
     info1 = cluster.wait(job1, {"COMPLETED"}, timeout=150)
     info2 = cluster.wait(job2, {"COMPLETED"}, timeout=150)
     print(output.read_text())
-    return {"root": root, "checkpoints": checkpoints, "job1": job1, "info1": info1, "info2": info2,
-            "waiting": waiting, "output": output.read_text()}
+    return {
+        "root": root,
+        "checkpoints": checkpoints,
+        "job1": job1,
+        "info1": info1,
+        "info2": info2,
+        "waiting": waiting,
+        "output": output.read_text(),
+    }
 
 
 def test_signalled_and_requeued_job_resumes_to_the_uninterrupted_weights(preempted, two_nodes):
@@ -221,8 +293,9 @@ def test_signalled_and_requeued_job_resumes_to_the_uninterrupted_weights(preempt
 
 
 def test_phase2_waits_for_phase1_through_its_requeues(preempted):
-    assert all(w["JobState"] == "PENDING" and w["Reason"] == "Dependency" for w in preempted["waiting"]), \
-        preempted["waiting"]
+    assert all(w["JobState"] == "PENDING" and w["Reason"] == "Dependency" for w in preempted["waiting"]), preempted[
+        "waiting"
+    ]
     assert preempted["info2"]["ExitCode"] == "0:0" and preempted["info2"]["Restarts"] == "0"
     ckpts = preempted["checkpoints"]
     log2 = read_log(ckpts / "results" / "phase2.json")
@@ -243,11 +316,41 @@ def test_two_nodes_match_one_process(inputs, two_nodes, tmp_path, one_thread):
     two = torch.load(two_nodes / f"ckpt_{STEPS1}.pt", weights_only=True)
     assert two["world_size"] == 2 and len(two["rng"]) == 2  # one process group across the two launchers
     reference = tmp_path / "one_process"  # the same global batch (8) in this process
-    assert rp.main(["--input_dir", str(inputs["p1"]), "--config_file", str(inputs["config"]), "--output_dir",
-                    str(reference), "--do_train", "--max_seq_length", str(SEQ1), "--max_predictions_per_seq",
-                    str(PRED1), "--train_batch_size", "8", "--gradient_accumulation_steps", "2", "--learning_rate",
-                    "1e-2", "--warmup_proportion", "0.1", "--max_steps", str(STEPS1), "--seed", "7",
-                    "--precision", "fp32", "--num_workers", "0", "--disable_progress_bar"]) == 0
+    assert (
+        rp.main(
+            [
+                "--input_dir",
+                str(inputs["p1"]),
+                "--config_file",
+                str(inputs["config"]),
+                "--output_dir",
+                str(reference),
+                "--do_train",
+                "--max_seq_length",
+                str(SEQ1),
+                "--max_predictions_per_seq",
+                str(PRED1),
+                "--train_batch_size",
+                "8",
+                "--gradient_accumulation_steps",
+                "2",
+                "--learning_rate",
+                "1e-2",
+                "--warmup_proportion",
+                "0.1",
+                "--max_steps",
+                str(STEPS1),
+                "--seed",
+                "7",
+                "--precision",
+                "fp32",
+                "--num_workers",
+                "0",
+                "--disable_progress_bar",
+            ]
+        )
+        == 0
+    )
     diff = max_diff(two["model"], weights(reference / f"ckpt_{STEPS1}.pt"))
     print(f"max |w_2nodes - w_1process| after {STEPS1} steps: {diff}")
     assert diff <= 1e-5
@@ -263,16 +366,20 @@ def test_failing_jobs_end_failed_in_one_line_and_are_not_requeued(cluster, input
     empty = tmp_path / "empty"
     empty.mkdir()
     job_missing = submit(cluster, job_env(inputs, tmp_path / "c1", DATADIR_PHASE1=str(missing)), tmp_path / "m.out")
-    dependent = submit(cluster, job_env(inputs, tmp_path / "c1", phase=2), tmp_path / "d.out",
-                       f"--dependency=afterok:{job_missing}")
-    job_empty = submit(cluster, job_env(inputs, tmp_path / "c2", DATADIR_PHASE1=str(empty)), tmp_path / "e.out",
-                       tasks=1)
+    dependent = submit(
+        cluster, job_env(inputs, tmp_path / "c1", phase=2), tmp_path / "d.out", f"--dependency=afterok:{job_missing}"
+    )
+    job_empty = submit(
+        cluster, job_env(inputs, tmp_path / "c2", DATADIR_PHASE1=str(empty)), tmp_path / "e.out", tasks=1
+    )
 
     info = cluster.wait(job_missing, {"FAILED"})
     assert info["ExitCode"] == "1:0" and info["Restarts"] == "0"
     lines = (tmp_path / "m.out").read_text().strip().splitlines()
-    assert lines == [f"run.sub: DATADIR_PHASE1 folder {missing} not found: point it at the phase 1 HDF5 shards "
-                     "(data/create_datasets_from_start.sh writes them)"]
+    assert lines == [
+        f"run.sub: DATADIR_PHASE1 folder {missing} not found: point it at the phase 1 HDF5 shards "
+        "(data/create_datasets_from_start.sh writes them)"
+    ]
     # kill_invalid_depend: phase 2 behind a failed phase 1 is cancelled instead of pending forever.
     info = cluster.wait(dependent, {"CANCELLED"})
     assert info["Reason"] == "DependencyNeverSatisfied" and not (tmp_path / "d.out").exists()

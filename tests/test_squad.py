@@ -7,6 +7,7 @@ References, all independent of finetuning/tasks/squad.py's own output:
 - the official evaluate-v1.1.py / evaluate-v2.0.py, run as subprocesses on imperfect predictions;
 - transformers' BertForQuestionAnswering loading the exported Hugging Face directory.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,28 +69,37 @@ def test_both_layouts_read_the_same_questions(shared_data):
     assert sum(e.is_impossible for e in flat) == 6
     for e in flat:
         if not e.is_impossible:  # the word span holds the annotated text
-            assert e.orig_answer_text in " ".join(e.doc_tokens[e.start_position:e.end_position + 1])
+            assert e.orig_answer_text in " ".join(e.doc_tokens[e.start_position : e.end_position + 1])
 
 
 @pytest.mark.parametrize("path", [SAMPLE, DEV_V2])
 @pytest.mark.parametrize("max_seq_length,doc_stride,max_query_length", [(384, 128, 64), (64, 16, 16), (40, 5, 12)])
-def test_oracle_logits_round_trip_gold_answers(shared_data, tokenizer, path, max_seq_length, doc_stride,
-                                               max_query_length):
+def test_oracle_logits_round_trip_gold_answers(
+    shared_data, tokenizer, path, max_seq_length, doc_stride, max_query_length
+):
     examples = squad.read_squad_examples(shared_data / path, is_training=True, version_2_with_negative=True)
-    features = squad.convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
-                                                  is_training=True)
+    features = squad.convert_examples_to_features(
+        examples, tokenizer, max_seq_length, doc_stride, max_query_length, is_training=True
+    )
     for f in features:
         assert len(f.input_ids) == len(f.input_mask) == len(f.segment_ids) == max_seq_length
         assert f.tokens[0] == "[CLS]" and f.tokens[-1] == "[SEP]"
-        assert f.input_ids[:len(f.tokens)] == tokenizer.convert_tokens_to_ids(f.tokens)
+        assert f.input_ids[: len(f.tokens)] == tokenizer.convert_tokens_to_ids(f.tokens)
         example = examples[f.example_index]
         if f.start_position:  # the window's answer tokens are exactly the answer's own WordPiece tokens
-            assert f.tokens[f.start_position:f.end_position + 1] == tokenizer.tokenize(example.orig_answer_text)
+            assert f.tokens[f.start_position : f.end_position + 1] == tokenizer.tokenize(example.orig_answer_text)
         else:
             assert f.end_position == 0
     predictions, nbest, null_odds = squad.get_predictions(
-        examples, features, oracle_results(features), n_best_size=20, max_answer_length=30, do_lower_case=True,
-        version_2_with_negative=True, null_score_diff_threshold=0.0)
+        examples,
+        features,
+        oracle_results(features),
+        n_best_size=20,
+        max_answer_length=30,
+        do_lower_case=True,
+        version_2_with_negative=True,
+        null_score_diff_threshold=0.0,
+    )
     for e in examples:
         assert predictions[e.qas_id] == ("" if e.is_impossible else e.orig_answer_text), e.qas_id
         assert (null_odds[e.qas_id] > 0) == e.is_impossible  # each example's own null score decides
@@ -113,13 +123,18 @@ def test_v1_dev_oracle_round_trip(shared_data, tokenizer, dev_v1):
     examples = squad.read_squad_examples(data, is_training=True, version_2_with_negative=False)
     assert len(examples) == sum(len(p["qas"]) for a in data["data"] for p in a["paragraphs"])
     features = squad.convert_examples_to_features(examples, tokenizer, 128, 32, 32, is_training=True)
-    predictions, nbest, null_odds = squad.get_predictions(examples, features, oracle_results(features), 20, 30, True,
-                                                          False, 0.0)
+    predictions, nbest, null_odds = squad.get_predictions(
+        examples, features, oracle_results(features), 20, 30, True, False, 0.0
+    )
     assert null_odds == {}
-    expressible = {examples[f.example_index].qas_id for f in features if f.start_position
-                   and f.tokens[f.start_position:f.end_position + 1]
-                   == tokenizer.tokenize(examples[f.example_index].orig_answer_text)
-                   and f.end_position - f.start_position < 30}
+    expressible = {
+        examples[f.example_index].qas_id
+        for f in features
+        if f.start_position
+        and f.tokens[f.start_position : f.end_position + 1]
+        == tokenizer.tokenize(examples[f.example_index].orig_answer_text)
+        and f.end_position - f.start_position < 30
+    }
     assert len(expressible) > 0.9 * len(examples)
     gold = {e.qas_id: [e.orig_answer_text] for e in examples if e.qas_id in expressible}
     assert squad.evaluate_v1(gold, predictions)["exact_match"] == 100.0
@@ -149,8 +164,10 @@ def brute_force_best_window(windows, position: int) -> int:
     return best
 
 
-@pytest.mark.parametrize("num_tokens,max_tokens,stride", [(1, 5, 2), (10, 4, 1), (37, 10, 3), (100, 30, 7),
-                                                          (64, 16, 16), (50, 20, 25), (0, 8, 4)])
+@pytest.mark.parametrize(
+    "num_tokens,max_tokens,stride",
+    [(1, 5, 2), (10, 4, 1), (37, 10, 3), (100, 30, 7), (64, 16, 16), (50, 20, 25), (0, 8, 4)],
+)
 def test_max_context_matches_brute_force(num_tokens, max_tokens, stride):
     windows = squad.doc_spans(num_tokens, max_tokens, stride)
     assert windows == brute_force_windows(num_tokens, max_tokens, stride)
@@ -171,7 +188,7 @@ def test_feature_max_context_flags_match_brute_force(shared_data, tokenizer):
         assert len(mine) == len(windows)
         for f, (start, length) in zip(mine, windows):
             offset = len(query) + 2
-            assert f.tokens[offset:offset + length] == doc_tokens[start:start + length]
+            assert f.tokens[offset : offset + length] == doc_tokens[start : start + length]
             for i in range(length):
                 expected = brute_force_best_window(windows, start + i) == f.doc_span_index
                 assert f.token_is_max_context[offset + i] == expected
@@ -191,8 +208,9 @@ def test_feature_cache_round_trip_and_invalidation(shared_data, tokenizer, tmp_p
     with np.load(cache_file, allow_pickle=False) as z:  # plain arrays only
         assert all(z[k].dtype != object for k in z.files)
     # Another stride is another cache file; a damaged file is rebuilt, not trusted.
-    _, how = squad.load_or_build_features(path, examples, tokenizer, dataclasses.replace(settings, doc_stride=8), True,
-                                          tmp_path)
+    _, how = squad.load_or_build_features(
+        path, examples, tokenizer, dataclasses.replace(settings, doc_stride=8), True, tmp_path
+    )
     assert how.startswith("built, cached in") and Path(how.split(" in ", 1)[1]) != cache_file
     cache_file.write_bytes(b"not a zip file")
     rebuilt, how = squad.load_or_build_features(*args)
@@ -253,8 +271,9 @@ def test_v1_evaluation_equals_official_script(shared_data, dev_v1, tmp_path, tok
     # Predictions from noisy logits through the whole post-processing.
     examples = squad.read_squad_examples(data_file, is_training=True, version_2_with_negative=False)
     features = squad.convert_examples_to_features(examples, tokenizer, 128, 48, 32, is_training=True)
-    predictions, _, _ = squad.get_predictions(examples, features, oracle_results(features, 3.0, 1.5), 20, 30, True,
-                                              False, 0.0)
+    predictions, _, _ = squad.get_predictions(
+        examples, features, oracle_results(features, 3.0, 1.5), 20, 30, True, False, 0.0
+    )
     (tmp_path / "pred.json").write_text(json.dumps(predictions), encoding="utf-8")
     ours = squad.evaluate_v1(gold, predictions)
     assert ours == run_official(script, data_file, tmp_path / "pred.json")
@@ -280,8 +299,9 @@ def test_v2_evaluation_equals_official_script(shared_data, tmp_path, tokenizer):
 
     examples = squad.read_squad_examples(data_file, is_training=True, version_2_with_negative=True)
     features = squad.convert_examples_to_features(examples, tokenizer, 96, 32, 32, is_training=True)
-    predictions, _, null_odds = squad.get_predictions(examples, features, oracle_results(features, 3.0, 2.0, seed=5),
-                                                      20, 30, True, True, 0.0)
+    predictions, _, null_odds = squad.get_predictions(
+        examples, features, oracle_results(features, 3.0, 2.0, seed=5), 20, 30, True, True, 0.0
+    )
     (tmp_path / "pred.json").write_text(json.dumps(predictions), encoding="utf-8")
     (tmp_path / "na.json").write_text(json.dumps(null_odds), encoding="utf-8")
     ours = squad.evaluate_v2(gold, predictions, null_odds)
@@ -303,8 +323,15 @@ def test_first_sentence_baseline_is_scored_like_any_prediction(dev_v1):
 # run_squad.py
 
 
-TINY_CONFIG = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-               "intermediate_size": 64, "max_position_embeddings": 128, "hidden_act": "gelu"}
+TINY_CONFIG = {
+    "vocab_size": 30522,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 128,
+    "hidden_act": "gelu",
+}
 
 
 @pytest.fixture(scope="module")
@@ -322,13 +349,46 @@ def test_run_squad_end_to_end(squad_subset, uncased_vocab, shared_data, tmp_path
     config_file = tmp_path / "bert_config.json"
     config_file.write_text(json.dumps(TINY_CONFIG))
     out = tmp_path / "out"
-    common = ["--vocab_file", str(uncased_vocab), "--do_lower_case", "--predict_file", str(squad_subset),
-              "--max_seq_length", "96", "--doc_stride", "32", "--max_query_length", "24", "--predict_batch_size", "16",
-              "--cache_dir", str(tmp_path / "cache"), "--disable_progress_bar"]
-    summary = run_squad.main(["--config_file", str(config_file), "--train_file", str(squad_subset), "--do_train",
-                              "--do_eval", "--max_steps", "2", "--train_batch_size", "8",
-                              "--gradient_accumulation_steps", "2", "--bf16", "--output_dir", str(out),
-                              "--eval_script", str(shared_data / "squad-eval-scripts" / "evaluate-v1.1.py"), *common])
+    common = [
+        "--vocab_file",
+        str(uncased_vocab),
+        "--do_lower_case",
+        "--predict_file",
+        str(squad_subset),
+        "--max_seq_length",
+        "96",
+        "--doc_stride",
+        "32",
+        "--max_query_length",
+        "24",
+        "--predict_batch_size",
+        "16",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--disable_progress_bar",
+    ]
+    summary = run_squad.main(
+        [
+            "--config_file",
+            str(config_file),
+            "--train_file",
+            str(squad_subset),
+            "--do_train",
+            "--do_eval",
+            "--max_steps",
+            "2",
+            "--train_batch_size",
+            "8",
+            "--gradient_accumulation_steps",
+            "2",
+            "--bf16",
+            "--output_dir",
+            str(out),
+            "--eval_script",
+            str(shared_data / "squad-eval-scripts" / "evaluate-v1.1.py"),
+            *common,
+        ]
+    )
     assert summary["global_step"] == 2 and np.isfinite(summary["final_loss"])
 
     gold = squad.read_gold_answers(squad_subset)
@@ -371,11 +431,31 @@ def test_run_squad_v2_writes_null_odds(shared_data, uncased_vocab, tmp_path):
 
     config_file = tmp_path / "bert_config.json"
     config_file.write_text(json.dumps(TINY_CONFIG))
-    run_squad.main(["--config_file", str(config_file), "--vocab_file", str(uncased_vocab), "--do_lower_case",
-                    "--predict_file", str(shared_data / DEV_V2), "--do_eval", "--version_2_with_negative",
-                    "--max_seq_length", "96", "--doc_stride", "32", "--max_query_length", "24", "--skip_cache",
-                    "--output_dir", str(tmp_path), "--disable_progress_bar",
-                    "--eval_script", str(shared_data / "squad-eval-scripts" / "evaluate-v2.0.py")])
+    run_squad.main(
+        [
+            "--config_file",
+            str(config_file),
+            "--vocab_file",
+            str(uncased_vocab),
+            "--do_lower_case",
+            "--predict_file",
+            str(shared_data / DEV_V2),
+            "--do_eval",
+            "--version_2_with_negative",
+            "--max_seq_length",
+            "96",
+            "--doc_stride",
+            "32",
+            "--max_query_length",
+            "24",
+            "--skip_cache",
+            "--output_dir",
+            str(tmp_path),
+            "--disable_progress_bar",
+            "--eval_script",
+            str(shared_data / "squad-eval-scripts" / "evaluate-v2.0.py"),
+        ]
+    )
     null_odds = json.loads((tmp_path / "null_odds.json").read_text())
     assert set(null_odds) == set(squad.read_gold_answers(shared_data / DEV_V2))
     results = json.loads((tmp_path / "eval_results.json").read_text())
@@ -402,19 +482,57 @@ def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, t
     after 3 steps agree."""
     import os
 
-
     config_file = tmp_path / "bert_config.json"
     config_file.write_text(json.dumps(dict(TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
-    common = ["--config_file", str(config_file), "--vocab_file", str(uncased_vocab), "--do_lower_case",
-              "--train_file", str(squad_subset), "--do_train", "--max_steps", "3", "--max_seq_length", "96",
-              "--doc_stride", "32", "--max_query_length", "24", "--cache_dir", str(tmp_path / "cache"),
-              "--disable_progress_bar", "--learning_rate", "1e-3", "--seed", "5",
-              "--precision", "fp32"]  # an fp32-tolerance comparison: never bf16, whatever auto would pick here
+    common = [
+        "--config_file",
+        str(config_file),
+        "--vocab_file",
+        str(uncased_vocab),
+        "--do_lower_case",
+        "--train_file",
+        str(squad_subset),
+        "--do_train",
+        "--max_steps",
+        "3",
+        "--max_seq_length",
+        "96",
+        "--doc_stride",
+        "32",
+        "--max_query_length",
+        "24",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--disable_progress_bar",
+        "--learning_rate",
+        "1e-3",
+        "--seed",
+        "5",
+        "--precision",
+        "fp32",
+    ]  # an fp32-tolerance comparison: never bf16, whatever auto would pick here
     run_squad.main(common + ["--train_batch_size", "8", "--output_dir", str(tmp_path / "one")])
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "run_squad.py", *common, "--train_batch_size", "4", "--output_dir", str(tmp_path / "two")],
-                          capture_output=True, text=True, cwd=repo_root, env=env, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "run_squad.py",
+            *common,
+            "--train_batch_size",
+            "4",
+            "--output_dir",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo_root,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)["model"]
     two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)["model"]
@@ -425,12 +543,15 @@ def test_torchrun_two_processes_match_one_process(squad_subset, uncased_vocab, t
         torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4, msg=key)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--do_predict"], "--predict_file"),
-    (["--do_train"], "--train_file"),
-    (["--do_predict", "--predict_file", "/nonexistent/dev.json"], "/nonexistent/dev.json not found"),
-    ([], "nothing to do"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--do_predict"], "--predict_file"),
+        (["--do_train"], "--train_file"),
+        (["--do_predict", "--predict_file", "/nonexistent/dev.json"], "/nonexistent/dev.json not found"),
+        ([], "nothing to do"),
+    ],
+)
 def test_run_squad_bad_arguments(argv, message, uncased_vocab, tmp_path):
 
     base = ["--output_dir", str(tmp_path), "--config_file", str(uncased_vocab)]
@@ -446,9 +567,24 @@ def test_run_squad_malformed_json_fails_in_one_line(uncased_vocab, tmp_path):
     config_file.write_text(json.dumps(TINY_CONFIG))
 
     with pytest.raises(SystemExit) as exc:  # main's one-line error: what the process prints on stderr, exit 1
-        run_squad.main(["--config_file", str(config_file), "--vocab_file", str(uncased_vocab), "--do_predict",
-                        "--predict_file", str(bad), "--max_seq_length", "96", "--max_query_length", "24",
-                        "--output_dir", str(tmp_path / "out"), "--disable_progress_bar"])
+        run_squad.main(
+            [
+                "--config_file",
+                str(config_file),
+                "--vocab_file",
+                str(uncased_vocab),
+                "--do_predict",
+                "--predict_file",
+                str(bad),
+                "--max_seq_length",
+                "96",
+                "--max_query_length",
+                "24",
+                "--output_dir",
+                str(tmp_path / "out"),
+                "--disable_progress_bar",
+            ]
+        )
     message = str(exc.value.code)
     assert message.startswith("run_squad.py: error: ") and "\n" not in message
     assert str(bad) in message and "not valid JSON" in message
@@ -461,25 +597,58 @@ def test_run_squad_malformed_json_fails_in_one_line(uncased_vocab, tmp_path):
 def test_presets_produce_commands_run_squad_accepts(repo_root):
     import shlex
 
-
-    script = ("source scripts/configs/squad_config.sh && for p in $(squad_presets); do "
-              "echo \"$p\"; DRY_RUN=1 bash scripts/run_squad.sh $($p) || exit 1; done")
+    script = (
+        "source scripts/configs/squad_config.sh && for p in $(squad_presets); do "
+        'echo "$p"; DRY_RUN=1 bash scripts/run_squad.sh $($p) || exit 1; done'
+    )
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=repo_root, check=True)
     lines = done.stdout.strip().splitlines()
     presets, commands = lines[0::2], lines[1::2]
-    assert {"dgx1_8gpu_fp16", "dgx2_16gpu_fp16", "dgxa100_8gpu_tf32", "dgxh100_8gpu_bf16", "cpu_1gpu_bf16"} <= set(presets)
+    assert {"dgx1_8gpu_fp16", "dgx2_16gpu_fp16", "dgxa100_8gpu_tf32", "dgxh100_8gpu_bf16", "cpu_1gpu_bf16"} <= set(
+        presets
+    )
     parser = run_squad.build_parser()
     for preset, command in zip(presets, commands):
         argv = shlex.split(command)
         script_at = next(i for i, a in enumerate(argv) if a.endswith("run_squad.py"))
-        args = parser.parse_args(argv[script_at + 1:])  # argparse exits on any flag it does not know
+        args = parser.parse_args(argv[script_at + 1 :])  # argparse exits on any flag it does not know
         assert args.do_train and args.do_eval and args.num_train_epochs == 2.0, preset
         assert ("--nproc_per_node=8" in command) == ("_8gpu" in preset), preset
     # One preset through the launcher's own defaults: NVIDIA's 13 positional arguments, in order.
-    done = subprocess.run(["bash", "scripts/run_squad.sh", "ckpt.pt", "1.5", "12", "4e-5", "bf16", "1", "7", "/sq",
-                           "/v.txt", "/out", "prediction", "/c.json", "10"], capture_output=True, text=True,
-                          cwd=repo_root, env={"DRY_RUN": "1", "PATH": "/usr/bin:/bin"}, check=True)
+    done = subprocess.run(
+        [
+            "bash",
+            "scripts/run_squad.sh",
+            "ckpt.pt",
+            "1.5",
+            "12",
+            "4e-5",
+            "bf16",
+            "1",
+            "7",
+            "/sq",
+            "/v.txt",
+            "/out",
+            "prediction",
+            "/c.json",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo_root,
+        env={"DRY_RUN": "1", "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
     args = parser.parse_args(shlex.split(done.stdout)[2:])
-    assert (args.init_checkpoint, args.predict_batch_size, args.seed, args.predict_file, args.vocab_file,
-            args.output_dir, args.config_file, args.precision, args.do_train, args.do_eval) == \
-        ("ckpt.pt", 12, 7, "/sq/dev-v1.1.json", "/v.txt", "/out", "/c.json", "bf16", False, False)
+    assert (
+        args.init_checkpoint,
+        args.predict_batch_size,
+        args.seed,
+        args.predict_file,
+        args.vocab_file,
+        args.output_dir,
+        args.config_file,
+        args.precision,
+        args.do_train,
+        args.do_eval,
+    ) == ("ckpt.pt", 12, 7, "/sq/dev-v1.1.json", "/v.txt", "/out", "/c.json", "bf16", False, False)

@@ -1,6 +1,7 @@
 """bench/stability.py, the multi-seed fine-tuning runner: its statistics against numbers written out here, and a
 tiny real run (2 seeds, MRPC, MiniLM) whose summary agrees with each run's own results.json, and which a second call
 reuses instead of running again."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,28 @@ def test_aggregate_is_mean_sample_std_min_max():
 def test_two_seeds_of_mrpc_run_and_aggregate(tmp_path, shared_data, minilm_dir, monkeypatch):
     # Sequences of 32 tokens: MiniLM's steps and evaluation were half of each seed's time at 64; the two seeds' F1
     # still differ (0.53 and 0 here), so the reuse check below can still tell them apart.
-    common = ["--task", "mrpc", "--init_checkpoint", str(minilm_dir), "--data_dir", str(shared_data / "glue-mrpc"),
-              "--max_steps", "2", "--batch_size", "8", "--max_train_examples", "32", "--max_eval_examples", "32",
-              "--max_seq_length", "32", "--threads", "1", "--out", str(tmp_path)]
+    common = [
+        "--task",
+        "mrpc",
+        "--init_checkpoint",
+        str(minilm_dir),
+        "--data_dir",
+        str(shared_data / "glue-mrpc"),
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "8",
+        "--max_train_examples",
+        "32",
+        "--max_eval_examples",
+        "32",
+        "--max_seq_length",
+        "32",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     summary = stability.main([*common, "--seeds", "3,4"])
     # Independently: each seed's F1 from its own results.json
     scores = [json.loads((tmp_path / f"seed_{s}" / "results.json").read_text())["eval"]["dev"]["f1"] for s in (3, 4)]
@@ -68,8 +88,22 @@ def test_a_failed_seed_stops_the_seeds_running_beside_it(tmp_path, monkeypatch):
     monkeypatch.setattr(stability.subprocess, "Popen", popen)
     t0 = time.time()
     with pytest.raises(stability.SeedFailed, match=r"seed 1 failed \(exit 3\): see .*seed_1\.log"):
-        stability._main(["--task", "mrpc", "--seeds", "2,1", "--parallel", "2", "--init_checkpoint",
-                         str(tmp_path), "--data_dir", str(tmp_path), "--out", str(tmp_path / "out")])
+        stability._main(
+            [
+                "--task",
+                "mrpc",
+                "--seeds",
+                "2,1",
+                "--parallel",
+                "2",
+                "--init_checkpoint",
+                str(tmp_path),
+                "--data_dir",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     assert started[2].poll() is not None and time.time() - t0 < 30
 
 
@@ -83,34 +117,58 @@ def test_gpu_finetune_call_runs_every_group_on_a_cpu(tmp_path, shared_data, unca
 
     import torch
 
-
     ft = tmp_path / "ft"
     for task in ("sst2", "mrpc"):
         (ft / f"glue-{task}").mkdir(parents=True)
         for split in ("train", "dev"):
             lines = (shared_data / f"glue-{task}" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:41]
             (ft / f"glue-{task}" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     for name, seed in (("pre", 1), ("rand", 2)):
         torch.manual_seed(seed)
         torch.save({"model": BertForPreTraining(config).state_dict(), "config": config.to_dict()}, ft / f"{name}.pt")
     for name, p in (("drop01", 0.1), ("drop0", 0.0)):
-        (ft / f"{name}.json").write_text(json.dumps({**config.to_dict(), "hidden_dropout_prob": p,
-                                                      "attention_probs_dropout_prob": p}))
+        (ft / f"{name}.json").write_text(
+            json.dumps({**config.to_dict(), "hidden_dropout_prob": p, "attention_probs_dropout_prob": p})
+        )
     (ft / "vocab.txt").write_bytes(uncased_vocab.read_bytes())
     out = tmp_path / "out"
     out.mkdir()
-    env = {"OUT": str(out), "FT": str(ft), "SEEDS": "1", "DEADLINE": "400", "PY": sys.executable,
-           "WORK": str(tmp_path / "work"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    env = {
+        "OUT": str(out),
+        "FT": str(ft),
+        "SEEDS": "1",
+        "DEADLINE": "400",
+        "PY": sys.executable,
+        "WORK": str(tmp_path / "work"),
+        "PATH": "/usr/bin:/bin",
+        "OMP_NUM_THREADS": "1",
+    }
     repo = study_utils.REPO
-    done = subprocess.run(["bash", str(repo / "bench" / "gpu_finetune_call.sh")], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", str(repo / "bench" / "gpu_finetune_call.sh")],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     log = (out / "call.log").read_text()
-    groups = ["sst2_pre_d01", "sst2_rand_d01", "sst2_pre_d0", "sst2_rand_d0", "sst2_pre_d01_1e-4",
-              "sst2_rand_d01_1e-4", "mrpc_pre_d01_1e-4", "mrpc_rand_d01_1e-4", "mrpc_pre_d01_2e-4",
-              "mrpc_rand_d01_2e-4"]
+    groups = [
+        "sst2_pre_d01",
+        "sst2_rand_d01",
+        "sst2_pre_d0",
+        "sst2_rand_d0",
+        "sst2_pre_d01_1e-4",
+        "sst2_rand_d01_1e-4",
+        "mrpc_pre_d01_1e-4",
+        "mrpc_rand_d01_1e-4",
+        "mrpc_pre_d01_2e-4",
+        "mrpc_rand_d01_2e-4",
+    ]
     assert all(f"end {g} (exit 0)" in log for g in groups) and "call done" in log
     with tarfile.open(out / "ft.tar.xz") as tar:
         for group in groups:

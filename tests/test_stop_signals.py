@@ -4,6 +4,7 @@ write the preemption checkpoint (the log goes through `tee` and there is a DataL
 end the launcher with status 75 and one line saying how to resume, never start phase 2, and leave no process of
 the run alive. A phase cut short by --steps_this_run does not start phase 2 either.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import PRED, SEQ, make_shards, read_log, write_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,13 +33,46 @@ def launch(tmp_path: Path, setup, phase1_steps: int, extra: str = "") -> tuple[s
     results = tmp_path / "results"
     # batch lr precision gpus warmup steps save resume logfile accumulate accum seed job allreduce allreduce16
     # batch2 lr2 warmup2 steps2 accum2 data1 data2 codedir init config
-    args = ["8", "1e-2", "fp32", "1", "0.1", str(phase1_steps), "1000", "false", "true", "false", "1", "1", "t",
-            "false", "false", "8", "1e-2", "0.1", "3", "1", str(shards), str(shards), str(REPO), "None", str(config)]
-    env = {**os.environ, "RESULTS_DIR": str(results), "CHECKPOINTS_DIR": str(tmp_path / "ckpt"),
-           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "MAX_SEQ_LENGTH_PHASE1": str(SEQ), "MAX_SEQ_LENGTH_PHASE2": str(SEQ),
-           "MAX_PRED_PHASE1": str(PRED), "MAX_PRED_PHASE2": str(PRED),
-           "EXTRA_ARGS": f"--num_workers 1 --log_freq 1 {extra}"}
+    args = [
+        "8",
+        "1e-2",
+        "fp32",
+        "1",
+        "0.1",
+        str(phase1_steps),
+        "1000",
+        "false",
+        "true",
+        "false",
+        "1",
+        "1",
+        "t",
+        "false",
+        "false",
+        "8",
+        "1e-2",
+        "0.1",
+        "3",
+        "1",
+        str(shards),
+        str(shards),
+        str(REPO),
+        "None",
+        str(config),
+    ]
+    env = {
+        **os.environ,
+        "RESULTS_DIR": str(results),
+        "CHECKPOINTS_DIR": str(tmp_path / "ckpt"),
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "MAX_SEQ_LENGTH_PHASE1": str(SEQ),
+        "MAX_SEQ_LENGTH_PHASE2": str(SEQ),
+        "MAX_PRED_PHASE1": str(PRED),
+        "MAX_PRED_PHASE2": str(PRED),
+        "EXTRA_ARGS": f"--num_workers 1 --log_freq 1 {extra}",
+    }
     out, err = (open(tmp_path / name, "w") for name in ("stdout", "stderr"))
     proc = subprocess.Popen(["bash", str(RUN_SH), *args], env=env, stdout=out, stderr=err, start_new_session=True)
     return proc, results, tmp_path / "ckpt"
@@ -99,8 +132,10 @@ def test_sigterm_checkpoints_stops_the_launcher_and_leaves_nothing_behind(tmp_pa
     assert final["stopped_by_signal"] == "SIGTERM" and 3 <= step < 100_000
     assert (ckpt / f"ckpt_{step}.pt").is_file()  # the preemption checkpoint
     last = stderr.strip().splitlines()[-1]
-    assert last == (f"run_pretraining.sh: phase 1 stopped at step {step} by SIGTERM: run the same command with "
-                    "argument 8 (resume_training) set to true to resume")
+    assert last == (
+        f"run_pretraining.sh: phase 1 stopped at step {step} by SIGTERM: run the same command with "
+        "argument 8 (resume_training) set to true to resume"
+    )
     assert not (results / "t.phase2.json").exists()  # phase 2 never started
     assert not list(results.glob("*phase2*.log"))
     tee_log = next(results.glob("*phase1*.log")).read_text()  # `tee` outlived the signal and kept the last lines
@@ -114,8 +149,13 @@ def test_sigterm_checkpoints_stops_the_launcher_and_leaves_nothing_behind(tmp_pa
 def test_a_phase_cut_short_does_not_start_phase_2(tmp_path, setup):
     proc, results, ckpt = launch(tmp_path, setup, phase1_steps=10, extra="--steps_this_run 2")
     assert proc.wait(timeout=90) == EXIT_STOPPED
-    assert (tmp_path / "stderr").read_text().strip().splitlines()[-1].startswith(
-        "run_pretraining.sh: phase 1 ended at step 2 of 10: the next phase needs it complete")
+    assert (
+        (tmp_path / "stderr")
+        .read_text()
+        .strip()
+        .splitlines()[-1]
+        .startswith("run_pretraining.sh: phase 1 ended at step 2 of 10: the next phase needs it complete")
+    )
     assert not (results / "t.phase2.json").exists() and (ckpt / "ckpt_2.pt").is_file()
 
 

@@ -5,6 +5,7 @@ bench.stability JSONs with known scores are given to the scripts, which then onl
 training). The real pipelines run once each at the tiniest size (a few pre-training steps of a 1-layer model on
 a slice of WikiText-2, 2 seeds x 1 fine-tuning step on 16 MRPC examples), and a second call reuses every output.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,21 +19,36 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import no_training
 
-from bench import (pretrain_study, pretrain_sweep, pretrain_sweep as ps, pretrain_vs_transformers,
-                   pretrain_vs_transformers as vs, results_page, scaling_study, stability, study_utils)
+from bench import (
+    pretrain_study,
+    pretrain_sweep,
+    pretrain_vs_transformers,
+    results_page,
+    scaling_study,
+    stability,
+    study_utils,
+)
+from bench import pretrain_sweep as ps
+from bench import pretrain_vs_transformers as vs
 from bert_recipe.io.checkpoint_io import from_pretrained
 from bert_recipe.pretraining.validation import SpecialIds
 from bert_recipe.training.dist_env import set_seed
-from helpers import no_training
 from modeling import BertConfig, BertForPreTraining, BertForSequenceClassification
 
 # MRPC dev: 408 pairs, 279 of them paraphrases, so predicting "paraphrase" everywhere scores F1 2*279/(279+408);
 # SST-2 dev: 872 sentences, 444 positive, so always "positive" scores accuracy 444/872.
 MRPC_MAJORITY_F1 = 558 / 687
 SST2_MAJORITY_ACC = 444 / 872
-TINY_CONFIG = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-               "intermediate_size": 64, "max_position_embeddings": 512}
+TINY_CONFIG = {
+    "vocab_size": 30522,
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 512,
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -45,8 +61,13 @@ def log_lines(path, params: dict, losses: dict, evals: dict, final: dict | None)
         if step in losses:
             records.append({"type": "LOG", "step": step, "data": {"mlm_loss": losses[step], "average_loss": 0.0}})
         if step in evals:
-            records.append({"type": "LOG", "step": step, "data": {"eval_mlm_accuracy": evals[step][0],
-                                                                   "eval_mlm_loss": evals[step][1]}})
+            records.append(
+                {
+                    "type": "LOG",
+                    "step": step,
+                    "data": {"eval_mlm_accuracy": evals[step][0], "eval_mlm_loss": evals[step][1]},
+                }
+            )
     if final is not None:
         records.append({"type": "LOG", "step": "FINAL", "data": final})
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -76,36 +97,98 @@ def fake_pretrain_run(pretrain_out, finished: bool = True, name: str = "run_2601
     run = pretrain_out / name
     (run / "checkpoints").mkdir(parents=True)
     heldout_shard(pretrain_out / "hdf5_heldout128" / "heldout.hdf5")
-    base = {"train_batch_size": 32, "world_size": 1, "learning_rate": 0.01, "max_seq_length": 128,
-            "eval_dir": str(pretrain_out / "hdf5_heldout128"), "max_eval_samples": 4, "config_file": "tiny.json",
-            "parameters": 12345, "seed": 42, "precision": "fp32", "optimizer": "nvlamb"}
-    log_lines(run / "job.phase1.json", {**base, "max_steps": 20}, {10: 9.0, 20: 7.5},
-              {10: (0.10, 8.0), 20: (0.25, 7.0)},
-              {"phase_step": 20, "step": 20, "stopped_by_signal": None, "final_loss": 7.9, "e2e_train_time": 40.0,
-               "training_sequences_per_second": 16.0})
-    log_lines(run / "job.phase2.json", {**base, "max_steps": 2, "train_batch_size": 8, "max_seq_length": 512},
-              {21: 7.2, 22: 7.0}, {},
-              {"phase_step": 2, "step": 22, "stopped_by_signal": None, "final_loss": 7.1, "e2e_train_time": 5.0,
-               "training_sequences_per_second": 3.2} if finished else None)
+    base = {
+        "train_batch_size": 32,
+        "world_size": 1,
+        "learning_rate": 0.01,
+        "max_seq_length": 128,
+        "eval_dir": str(pretrain_out / "hdf5_heldout128"),
+        "max_eval_samples": 4,
+        "config_file": "tiny.json",
+        "parameters": 12345,
+        "seed": 42,
+        "precision": "fp32",
+        "optimizer": "nvlamb",
+    }
+    log_lines(
+        run / "job.phase1.json",
+        {**base, "max_steps": 20},
+        {10: 9.0, 20: 7.5},
+        {10: (0.10, 8.0), 20: (0.25, 7.0)},
+        {
+            "phase_step": 20,
+            "step": 20,
+            "stopped_by_signal": None,
+            "final_loss": 7.9,
+            "e2e_train_time": 40.0,
+            "training_sequences_per_second": 16.0,
+        },
+    )
+    log_lines(
+        run / "job.phase2.json",
+        {**base, "max_steps": 2, "train_batch_size": 8, "max_seq_length": 512},
+        {21: 7.2, 22: 7.0},
+        {},
+        {
+            "phase_step": 2,
+            "step": 22,
+            "stopped_by_signal": None,
+            "final_loss": 7.1,
+            "e2e_train_time": 5.0,
+            "training_sequences_per_second": 3.2,
+        }
+        if finished
+        else None,
+    )
     fake_ckpt(run / "checkpoints" / "ckpt_20.pt", TINY_CONFIG, 20)
     if finished:
         fake_ckpt(run / "checkpoints" / "ckpt_22.pt", TINY_CONFIG, 22)
     return run
 
 
-def fake_stability(path, task: str, scores: list[float], seeds: list[int] | None = None, lr: float = 2e-4,
-                   epochs: float = 3.0, max_train: int | None = None, init: str = "fake"):
+def fake_stability(
+    path,
+    task: str,
+    scores: list[float],
+    seeds: list[int] | None = None,
+    lr: float = 2e-4,
+    epochs: float = 3.0,
+    max_train: int | None = None,
+    init: str = "fake",
+):
     seeds = seeds or list(range(1, len(scores) + 1))
     runs = []
     for seed, score in zip(seeds, scores):
-        cmd = ["python", "run_glue.py", "--task_name", task, "--output_dir", str(path.parent / f"seed_{seed}"),
-               "--seed", str(seed), "--num_train_epochs", str(epochs), "--train_batch_size", "32",
-               "--learning_rate", str(lr), "--max_seq_length", "128"]
+        cmd = [
+            "python",
+            "run_glue.py",
+            "--task_name",
+            task,
+            "--output_dir",
+            str(path.parent / f"seed_{seed}"),
+            "--seed",
+            str(seed),
+            "--num_train_epochs",
+            str(epochs),
+            "--train_batch_size",
+            "32",
+            "--learning_rate",
+            str(lr),
+            "--max_seq_length",
+            "128",
+        ]
         if max_train is not None:
             cmd += ["--max_train_examples", str(max_train)]
         runs.append({"seed": seed, "score": score, "seconds": 10.0, "command": cmd})
-    summary = {"date": "2026-01-01", "task": task, "metric": "f1" if task == "mrpc" else "acc",
-               "init_checkpoint": str(init), "runs": runs, "aggregate": {}, "wall_seconds": 10.0 * len(scores)}
+    summary = {
+        "date": "2026-01-01",
+        "task": task,
+        "metric": "f1" if task == "mrpc" else "acc",
+        "init_checkpoint": str(init),
+        "runs": runs,
+        "aggregate": {},
+        "wall_seconds": 10.0 * len(scores),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary))
     return path
@@ -113,9 +196,14 @@ def fake_stability(path, task: str, scores: list[float], seeds: list[int] | None
 
 # Scores: MRPC pre-trained 0.84 ± 0.02 vs random at the majority F1 on every seed (beats: 0.0278 > 0.02);
 # SST-2 pre-trained 0.72 ± 0.02 vs random 0.70 ± 0.04 (does not beat: 0.02 < 0.04).
-SCORES = {("pretrained", "mrpc"): [0.84, 0.86, 0.82], ("random", "mrpc"): [MRPC_MAJORITY_F1] * 3,
-          ("minilm", "mrpc"): [0.88, 0.90, 0.89], ("pretrained", "sst-2"): [0.70, 0.74, 0.72],
-          ("random", "sst-2"): [0.70, 0.74, 0.66], ("minilm", "sst-2"): [0.86, 0.88, 0.87]}
+SCORES = {
+    ("pretrained", "mrpc"): [0.84, 0.86, 0.82],
+    ("random", "mrpc"): [MRPC_MAJORITY_F1] * 3,
+    ("minilm", "mrpc"): [0.88, 0.90, 0.89],
+    ("pretrained", "sst-2"): [0.70, 0.74, 0.72],
+    ("random", "sst-2"): [0.70, 0.74, 0.66],
+    ("minilm", "sst-2"): [0.86, 0.88, 0.87],
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -124,9 +212,17 @@ SCORES = {("pretrained", "mrpc"): [0.84, 0.86, 0.82], ("random", "mrpc"): [MRPC_
 
 def test_scripts_have_help_and_do_nothing_on_import():
     for module in ("bench.pretrain_study", "bench.scaling_study", "bench.results_page"):
-        out = subprocess.run([sys.executable, "-c", f"import sys, {module}; "
-                              "print(sorted(m for m in ('torch', 'matplotlib', 'h5py') if m in sys.modules))"],
-                             capture_output=True, text=True, cwd=study_utils.REPO, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sys, {module}; print(sorted(m for m in ('torch', 'matplotlib', 'h5py') if m in sys.modules))",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=study_utils.REPO,
+            check=True,
+        )
         assert out.stdout.strip() == "[]", f"{module} imports {out.stdout} at import time"
     for main in (pretrain_study.main, scaling_study.main, results_page.main):
         with pytest.raises(SystemExit) as e:
@@ -140,14 +236,16 @@ def test_studies_refuse_to_start_without_matplotlib(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
     missing = tmp_path / "missing"
-    calls = {"pretrain_study": (pretrain_study, ["--out", str(tmp_path / "a"), "--pretrain_run", str(missing)]),
-             "scaling_study": (scaling_study, ["--out", str(tmp_path / "b"), "--shards", str(missing)]),
-             "pretrain_sweep": (pretrain_sweep, ["--out", str(tmp_path / "c"), "--runs", "adamw:32:1e-3",
-                                                 "--data", str(missing)]),
-             "pretrain_vs_transformers": (pretrain_vs_transformers, ["--out", str(tmp_path / "d"),
-                                                                     "--data", str(missing)]),
-             "results_page": (results_page, ["--out", str(tmp_path / "e" / "RESULTS.md"),
-                                             "--plots", str(tmp_path / "e")])}
+    calls = {
+        "pretrain_study": (pretrain_study, ["--out", str(tmp_path / "a"), "--pretrain_run", str(missing)]),
+        "scaling_study": (scaling_study, ["--out", str(tmp_path / "b"), "--shards", str(missing)]),
+        "pretrain_sweep": (
+            pretrain_sweep,
+            ["--out", str(tmp_path / "c"), "--runs", "adamw:32:1e-3", "--data", str(missing)],
+        ),
+        "pretrain_vs_transformers": (pretrain_vs_transformers, ["--out", str(tmp_path / "d"), "--data", str(missing)]),
+        "results_page": (results_page, ["--out", str(tmp_path / "e" / "RESULTS.md"), "--plots", str(tmp_path / "e")]),
+    }
     for name, (module, argv) in calls.items():
         with pytest.raises(SystemExit) as exc:
             module.main(argv)
@@ -161,14 +259,26 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     pretrain_out = tmp_path / "pretrain_mini"
     fake_pretrain_run(pretrain_out)
     flags = []
-    inits = {"pretrained": pretrain_out / "run_260101_000000" / "checkpoints" / "ckpt_22.pt",
-             "random": tmp_path / "study" / "random_init" / "ckpt_0.pt", "minilm": "minilm"}
+    inits = {
+        "pretrained": pretrain_out / "run_260101_000000" / "checkpoints" / "ckpt_22.pt",
+        "random": tmp_path / "study" / "random_init" / "ckpt_0.pt",
+        "minilm": "minilm",
+    }
     for (model, task), scores in SCORES.items():
-        path = fake_stability(tmp_path / "given" / f"{model}_{task}" / f"stability_{task}.json", task, scores,
-                              epochs=1.0 if task == "sst-2" else 3.0, max_train=10000 if task == "sst-2" else None,
-                              lr=1e-4 if model == "minilm" else 2e-4, init=inits[model])
-        flags += ["--minilm_mrpc_json" if task == "mrpc" else "--minilm_sst2_json", str(path)] if model == "minilm" \
+        path = fake_stability(
+            tmp_path / "given" / f"{model}_{task}" / f"stability_{task}.json",
+            task,
+            scores,
+            epochs=1.0 if task == "sst-2" else 3.0,
+            max_train=10000 if task == "sst-2" else None,
+            lr=1e-4 if model == "minilm" else 2e-4,
+            init=inits[model],
+        )
+        flags += (
+            ["--minilm_mrpc_json" if task == "mrpc" else "--minilm_sst2_json", str(path)]
+            if model == "minilm"
             else ["--stability_json", f"{model}:{task}={path}"]
+        )
     argv = ["--out", str(tmp_path / "study"), "--pretrain_out", str(pretrain_out), "--seeds", "1,2,3", *flags]
     # this run's log names no vocabulary (runs from before run_cpu_demo.sh passed its own): --vocab is asked for
     with pytest.raises(SystemExit, match="names no vocabulary that exists .None.: give --vocab"):
@@ -178,8 +288,11 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     pre = report["pretraining"]
     assert report["pretraining_reused"] is True
     mini = study_utils.REPO / "configs" / "bert-mini.json"
-    assert report["pretraining_warnings"] == ["phase 1 steps 20 (flag: 1500)", "phase 2 steps 2 (flag: 30)",
-                                              f"config tiny.json (flag: {mini})"]
+    assert report["pretraining_warnings"] == [
+        "phase 1 steps 20 (flag: 1500)",
+        "phase 2 steps 2 (flag: 30)",
+        f"config tiny.json (flag: {mini})",
+    ]
     assert pre["checkpoint"] == str(pretrain_out / "run_260101_000000" / "checkpoints" / "ckpt_22.pt")
     assert pre["heldout"]["accuracy"] == 0.25 and pre["heldout"]["step"] == 20
     assert pre["heldout"]["baseline"] == pytest.approx(4 / 6)
@@ -211,8 +324,9 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     saved = torch.load(random_dir / "ckpt_0.pt", weights_only=True)["model"]
     assert all(torch.equal(saved[k], expected[k]) for k in saved)
     model = from_pretrained(BertForSequenceClassification, random_dir / "ckpt_0.pt", log=None, num_labels=2)
-    assert torch.equal(model.bert.encoder.layer[0].output.dense.weight,
-                       expected["bert.encoder.layer.0.output.dense.weight"])
+    assert torch.equal(
+        model.bert.encoder.layer[0].output.dense.weight, expected["bert.encoder.layer.0.output.dense.weight"]
+    )
     # Files
     study = tmp_path / "study"
     assert json.loads((study / "pretrain_study.json").read_text())["verdicts"] == json.loads(json.dumps(v))
@@ -236,7 +350,8 @@ def test_reused_run_config_is_compared_by_content_not_by_name(tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**TINY_CONFIG, "hidden_size": 64, "vocab_size": 8000}))
     assert pretrain_study.config_differences(str(other), flag) == [
-        f"config {other}: hidden_size 64 (flag bert-mini.json: 32)"]
+        f"config {other}: hidden_size 64 (flag bert-mini.json: 32)"
+    ]
     assert pretrain_study.config_differences(str(tmp_path / "gone" / "bert-mini.json"), flag) == []
     assert pretrain_study.config_differences("tiny.json", flag) == [f"config tiny.json (flag: {flag})"]
 
@@ -244,8 +359,20 @@ def test_reused_run_config_is_compared_by_content_not_by_name(tmp_path):
 def test_given_json_with_other_settings_is_used_with_warnings(tmp_path, shared_data, monkeypatch):
     no_training(monkeypatch)
     given = fake_stability(tmp_path / "m" / "stability_mrpc.json", "mrpc", [0.9, 0.8], seeds=[1, 2], lr=3e-5)
-    report = pretrain_study.main(["--out", str(tmp_path / "study"), "--models", "minilm", "--tasks", "mrpc",
-                                  "--seeds", "1,2,3", "--minilm_mrpc_json", str(given)])
+    report = pretrain_study.main(
+        [
+            "--out",
+            str(tmp_path / "study"),
+            "--models",
+            "minilm",
+            "--tasks",
+            "mrpc",
+            "--seeds",
+            "1,2,3",
+            "--minilm_mrpc_json",
+            str(given),
+        ]
+    )
     warnings = report["finetuning"]["sources"]["minilm_mrpc"]["warnings"]
     assert warnings == ["seeds [1, 2] instead of [1, 2, 3]", "--learning_rate 3e-05 instead of 0.0001"]
     assert report["finetuning"]["results"]["mrpc"]["minilm"]["mean"] == pytest.approx(0.85)
@@ -255,8 +382,11 @@ def test_given_json_with_other_settings_is_used_with_warnings(tmp_path, shared_d
 def test_unfinished_pretraining_is_refused(tmp_path, shared_data, monkeypatch):  # the default --vocab is shared
     no_training(monkeypatch)
     fake_pretrain_run(tmp_path / "pre", finished=False)
-    with pytest.raises(SystemExit, match=r"run_260101_000000, is not finished \(phase 1 finished, phase 2 at step "
-                                         r"22 of 2, no FINAL record yet\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"run_260101_000000, is not finished \(phase 1 finished, phase 2 at step "
+        r"22 of 2, no FINAL record yet\)",
+    ):
         pretrain_study.main(["--out", str(tmp_path / "study"), "--pretrain_out", str(tmp_path / "pre")])
 
 
@@ -267,9 +397,12 @@ def test_unfinished_pretraining_is_refused(tmp_path, shared_data, monkeypatch): 
 def tiny_corpus(path):
     """The first 8 articles of WikiText-2 valid (7 to train on, 1 held out): ~200 sequences of 128 tokens."""
     text = (study_utils.DATA / "wikitext-2" / "valid.txt").read_text()
-    starts = [i for i, line in enumerate(text.splitlines(keepends=True)) if line.startswith(" = ")
-              and not line.startswith(" = = ")]
-    path.write_text("".join(text.splitlines(keepends=True)[:starts[8]]))
+    starts = [
+        i
+        for i, line in enumerate(text.splitlines(keepends=True))
+        if line.startswith(" = ") and not line.startswith(" = = ")
+    ]
+    path.write_text("".join(text.splitlines(keepends=True)[: starts[8]]))
     return path
 
 
@@ -280,11 +413,44 @@ def tiny_study(tmp_path_factory, shared_data):
     root = tmp_path_factory.mktemp("tiny_study")
     (root / "tiny.json").write_text(json.dumps(TINY_CONFIG))
     minilm = fake_stability(root / "minilm" / "stability_mrpc.json", "mrpc", [0.75], init="minilm")
-    argv = ["--out", str(root / "study"), "--config", str(root / "tiny.json"), "--corpus",
-            str(tiny_corpus(root / "corpus.txt")), "--phase1_steps", "3", "--phase2_steps", "1", "--dupe_factor", "1",
-            "--batch", "4", "--optimizer", "adamw", "--lr", "1e-3", "--vocab_size", "1000", "--tasks", "mrpc", "--seeds", "1",
-            "--max_train_examples", "16", "--max_eval_examples", "16", "--max_steps", "1", "--max_seq_length", "32",
-            "--small_batch", "8", "--minilm_mrpc_json", str(minilm)]
+    argv = [
+        "--out",
+        str(root / "study"),
+        "--config",
+        str(root / "tiny.json"),
+        "--corpus",
+        str(tiny_corpus(root / "corpus.txt")),
+        "--phase1_steps",
+        "3",
+        "--phase2_steps",
+        "1",
+        "--dupe_factor",
+        "1",
+        "--batch",
+        "4",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "1e-3",
+        "--vocab_size",
+        "1000",
+        "--tasks",
+        "mrpc",
+        "--seeds",
+        "1",
+        "--max_train_examples",
+        "16",
+        "--max_eval_examples",
+        "16",
+        "--max_steps",
+        "1",
+        "--max_seq_length",
+        "32",
+        "--small_batch",
+        "8",
+        "--minilm_mrpc_json",
+        str(minilm),
+    ]
     return root, argv, pretrain_study.main(argv)
 
 
@@ -343,9 +509,15 @@ def test_pretrain_study_fine_tunes_with_the_dropout_asked_for(tiny_study, tmp_pa
     commands, results files and stability JSONs; tiny_study runs them as child processes)."""
     root, argv, first = tiny_study
     argv = [a.replace(str(root / "study"), str(tmp_path / "study")) for a in argv]
-    argv += ["--pretrain_run", str(next(p for p in (root / "study" / "pretrain").glob("run_*") if p.is_dir())),
-             "--vocab", str(root / "study" / "pretrain" / "vocab.txt"), "--finetune_dropout", "0.25",
-             "--glue_in_process"]
+    argv += [
+        "--pretrain_run",
+        str(next(p for p in (root / "study" / "pretrain").glob("run_*") if p.is_dir())),
+        "--vocab",
+        str(root / "study" / "pretrain" / "vocab.txt"),
+        "--finetune_dropout",
+        "0.25",
+        "--glue_in_process",
+    ]
     report = pretrain_study.main(argv)
     config = tmp_path / "study" / "finetune_config_dropout0.25.json"
     written = json.loads(config.read_text())
@@ -368,17 +540,35 @@ def test_pretrain_study_fine_tunes_with_the_dropout_asked_for(tiny_study, tmp_pa
 
 
 def test_scaling_runs_are_the_same_but_for_processes_and_lr(tmp_path):
-    ns = type("Args", (), {"processes": 4, "lr": 1e-2, "batch": 32, "runs": ["A", "B", "C"], "precision": "auto",
-                           "warmup": 0.05, "steps": 300, "seed": 42, "config": tmp_path / "c.json"})()
+    ns = type(
+        "Args",
+        (),
+        {
+            "processes": 4,
+            "lr": 1e-2,
+            "batch": 32,
+            "runs": ["A", "B", "C"],
+            "precision": "auto",
+            "warmup": 0.05,
+            "steps": 300,
+            "seed": 42,
+            "config": tmp_path / "c.json",
+        },
+    )()
     specs = scaling_study.run_specs(ns)
-    assert [(s["processes"], s["lr"], s["global_batch"]) for s in specs.values()] == [(1, 1e-2, 32), (4, 1e-2, 128),
-                                                                                      (4, 2e-2, 128)]
+    assert [(s["processes"], s["lr"], s["global_batch"]) for s in specs.values()] == [
+        (1, 1e-2, 32),
+        (4, 1e-2, 128),
+        (4, 2e-2, 128),
+    ]
     commands = {k: scaling_study.launcher_command(ns, s, tmp_path) for k, s in specs.items()}
     positional = {k: c[2:] for k, c in commands.items()}
     assert all(len(p) == 25 for p in positional.values())
-    assert [(p[0], p[1], p[3], p[5]) for p in positional.values()] == [("32", "0.01", "1", "300"),
-                                                                        ("32", "0.01", "4", "300"),
-                                                                        ("32", "0.02", "4", "300")]
+    assert [(p[0], p[1], p[3], p[5]) for p in positional.values()] == [
+        ("32", "0.01", "1", "300"),
+        ("32", "0.01", "4", "300"),
+        ("32", "0.02", "4", "300"),
+    ]
     differing = {i for i in range(25) if len({p[i] for p in positional.values()}) > 1}
     assert differing == {1, 3}  # learning rate and process count: nothing else
 
@@ -396,15 +586,37 @@ def fake_scaling(out, config, shards):
         run = out / f"run_{label}"
         (run / "checkpoints").mkdir(parents=True)
         (run / "checkpoints" / "ckpt_20.pt").write_bytes(b"")
-        log_lines(run / "scaling.phase1.json",
-                  {"train_batch_size": 32, "world_size": procs, "max_steps": 20, "seed": 42, "warmup_proportion": 0.05,
-                   "learning_rate": lr, "config_file": str(config)},
-                  {10: 8.0, 20: 7.0 - procs / 10}, {20: (acc, 6.0)},
-                  {"phase_step": 20, "step": 20, "stopped_by_signal": None, "final_loss": 7.5,
-                   "e2e_train_time": 10.0 * procs, "training_sequences_per_second": 64.0})
+        log_lines(
+            run / "scaling.phase1.json",
+            {
+                "train_batch_size": 32,
+                "world_size": procs,
+                "max_steps": 20,
+                "seed": 42,
+                "warmup_proportion": 0.05,
+                "learning_rate": lr,
+                "config_file": str(config),
+            },
+            {10: 8.0, 20: 7.0 - procs / 10},
+            {20: (acc, 6.0)},
+            {
+                "phase_step": 20,
+                "step": 20,
+                "stopped_by_signal": None,
+                "final_loss": 7.5,
+                "e2e_train_time": 10.0 * procs,
+                "training_sequences_per_second": 64.0,
+            },
+        )
         (run / "wall.json").write_text(json.dumps({"wall_seconds": 11.0 * procs}))
-        fake_stability(out / f"glue_{label}" / "stability_sst-2.json", "sst-2", scores[label], epochs=1.0,
-                       max_train=10000, init=run / "checkpoints" / "ckpt_20.pt")
+        fake_stability(
+            out / f"glue_{label}" / "stability_sst-2.json",
+            "sst-2",
+            scores[label],
+            epochs=1.0,
+            max_train=10000,
+            init=run / "checkpoints" / "ckpt_20.pt",
+        )
 
 
 def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypatch):
@@ -412,8 +624,20 @@ def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypat
     config = tmp_path / "small.json"
     config.write_text(json.dumps(TINY_CONFIG))
     fake_scaling(tmp_path / "out", config, tmp_path / "shards")
-    report = scaling_study.main(["--out", str(tmp_path / "out"), "--shards", str(tmp_path / "shards"), "--config",
-                                 str(config), "--steps", "20", "--max_eval_samples", "4"])
+    report = scaling_study.main(
+        [
+            "--out",
+            str(tmp_path / "out"),
+            "--shards",
+            str(tmp_path / "shards"),
+            "--config",
+            str(config),
+            "--steps",
+            "20",
+            "--max_eval_samples",
+            "4",
+        ]
+    )
     runs = report["runs"]
     assert all(r["reused"] for r in runs.values())
     assert [runs[k]["heldout_accuracy"] for k in "ABC"] == [0.20, 0.22, 0.24]
@@ -429,13 +653,29 @@ def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypat
     assert (b["within_0.1_point"], b["within_seed_spread"]) == (False, True)
     assert c["difference"] == pytest.approx(0.03) and (c["within_0.1_point"], c["within_seed_spread"]) == (False, False)
     md = (tmp_path / "out" / "scaling_study.md").read_text()
-    assert ("| B (4 processes, same learning rate) | 4 x 32 = 128 | 0.01 | 2560 (2.00) | 6.600 | 0.2200 | "
-            "0.8150 ± 0.0100 | 44 |") in md
+    assert (
+        "| B (4 processes, same learning rate) | 4 x 32 = 128 | 0.01 | 2560 (2.00) | 6.600 | 0.2200 | "
+        "0.8150 ± 0.0100 | 44 |"
+    ) in md
     assert (tmp_path / "out" / "scaling_loss.png").is_file()
     # a run folder with other settings is never silently reused or replaced
     with pytest.raises(SystemExit, match="not reusable .*learning_rate 0.01 instead of 0.03"):
-        scaling_study.main(["--out", str(tmp_path / "out"), "--shards", str(tmp_path / "shards"), "--config",
-                            str(config), "--steps", "20", "--lr", "0.03", "--runs", "A"])
+        scaling_study.main(
+            [
+                "--out",
+                str(tmp_path / "out"),
+                "--shards",
+                str(tmp_path / "shards"),
+                "--config",
+                str(config),
+                "--steps",
+                "20",
+                "--lr",
+                "0.03",
+                "--runs",
+                "A",
+            ]
+        )
 
 
 def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
@@ -449,18 +689,50 @@ def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
     def fake_seeds(args):
         run = args.init_checkpoint.parent.parent.name
         assert args.init_checkpoint.is_file() and args.init_checkpoint.name == "ckpt_2.pt"
-        return [{"seed": s, "score": scores[run][i], "seconds": 0.0,
-                 "command": stability.glue_command(args, s, args.out / f"seed_{s}")} for i, s in enumerate(args.seeds)]
+        return [
+            {
+                "seed": s,
+                "score": scores[run][i],
+                "seconds": 0.0,
+                "command": stability.glue_command(args, s, args.out / f"seed_{s}"),
+            }
+            for i, s in enumerate(args.seeds)
+        ]
 
     monkeypatch.setattr(stability, "run_seeds", fake_seeds)
-    argv = ["--out", str(root / "scaling"), "--corpus", str(root / "corpus.txt"), "--dupe_factor", "1", "--config",
-            str(root / "tiny.json"), "--batch", "4", "--steps", "2", "--processes", "2", "--runs", "A,C",
-            "--eval_steps", "1", "--max_eval_samples", "8", "--log_freq", "1", "--glue_task", "mrpc",
-            "--glue_seeds", "1,2"]
+    argv = [
+        "--out",
+        str(root / "scaling"),
+        "--corpus",
+        str(root / "corpus.txt"),
+        "--dupe_factor",
+        "1",
+        "--config",
+        str(root / "tiny.json"),
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--processes",
+        "2",
+        "--runs",
+        "A,C",
+        "--eval_steps",
+        "1",
+        "--max_eval_samples",
+        "8",
+        "--log_freq",
+        "1",
+        "--glue_task",
+        "mrpc",
+        "--glue_seeds",
+        "1,2",
+    ]
     report = scaling_study.main(argv)
     a, c = report["runs"]["A"], report["runs"]["C"]
-    params = {k: study_utils.phase_summary(root / "scaling" / f"run_{k}" / "scaling.phase1.json")["params"]
-              for k in "AC"}
+    params = {
+        k: study_utils.phase_summary(root / "scaling" / f"run_{k}" / "scaling.phase1.json")["params"] for k in "AC"
+    }
     assert (params["A"]["world_size"], params["C"]["world_size"]) == (1, 2)
     assert params["C"]["learning_rate"] == pytest.approx(1e-2 * math.sqrt(2)) and params["A"]["learning_rate"] == 1e-2
     assert a["heldout_accuracy"] is not None and len(a["losses"]) == 2 and [e[0] for e in c["evals"]] == [1, 2]
@@ -489,19 +761,37 @@ def test_results_page_renders_linear_probes(tmp_path):
     majority class, the layer and the command, in the file's order."""
     reports = []
     for layer, acc in ((0, 0.664), (-1, 0.633)):
-        report = {"date": "2026-11-27 12:00", "command": ["python", "-m", "bench.linear_probe", "--checkpoint",
-                                                          "pretrained=p.pt", "--layer", str(layer)],
-                  "task": "sst-2", "layer": layer, "train_examples": 20000, "dev_examples": 872, "majority": 0.5092,
-                  "results": {"pretrained": {"cls": {"dev_accuracy": acc, "C": 0.1},
-                                             "mean": {"dev_accuracy": 0.6445, "C": 0.01}}},
-                  "wall_seconds": 12.5}
+        report = {
+            "date": "2026-11-27 12:00",
+            "command": ["python", "-m", "bench.linear_probe", "--checkpoint", "pretrained=p.pt", "--layer", str(layer)],
+            "task": "sst-2",
+            "layer": layer,
+            "train_examples": 20000,
+            "dev_examples": 872,
+            "majority": 0.5092,
+            "results": {
+                "pretrained": {"cls": {"dev_accuracy": acc, "C": 0.1}, "mean": {"dev_accuracy": 0.6445, "C": 0.01}}
+            },
+            "wall_seconds": 12.5,
+        }
         reports.append(tmp_path / f"probe{layer}.json")
         reports[-1].write_text(json.dumps(report))
-    text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(tmp_path / "RESULTS.md"),
-                              "--linear_probe", str(reports[0]), "--linear_probe", str(reports[1])])
+    text = results_page.main(
+        [
+            "--studies",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "RESULTS.md"),
+            "--linear_probe",
+            str(reports[0]),
+            "--linear_probe",
+            str(reports[1]),
+        ]
+    )
     section = text.split("## Frozen-feature linear probes (bench.linear_probe)")[1]
     assert section.index("| pretrained | 0.6640 | 0.6445 | 0.1, 0.01 |") < section.index(
-        "| pretrained | 0.6330 | 0.6445 | 0.1, 0.01 |")
+        "| pretrained | 0.6330 | 0.6445 | 0.1, 0.01 |"
+    )
     assert section.count("| majority class | 0.5092 | 0.5092 | |") == 2
     assert "SST-2, layer 0, 20000 training and 872 dev sentences" in section and "SST-2, layer -1," in section
     assert "`python -m bench.linear_probe --checkpoint pretrained=p.pt --layer 0`" in section
@@ -510,21 +800,47 @@ def test_results_page_renders_linear_probes(tmp_path):
 def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
     no_training(monkeypatch)
     studies = tmp_path / "studies"
-    fake_stability(studies / "minilm_mrpc" / "stability_mrpc.json", "mrpc", [0.88, 0.90, 0.89], seeds=[1, 2, 3],
-                   lr=1e-4)
+    fake_stability(
+        studies / "minilm_mrpc" / "stability_mrpc.json", "mrpc", [0.88, 0.90, 0.89], seeds=[1, 2, 3], lr=1e-4
+    )
     fake_pretrain_run(tmp_path / "pretrain_mini")
     flags = []
     for (model, task), scores in SCORES.items():
         if task == "mrpc":
             path = fake_stability(tmp_path / "given" / model / "stability_mrpc.json", task, scores)
             flags += ["--stability_json", f"{model}:mrpc={path}"]
-    pretrain_study.main(["--out", str(studies / "pretrain"), "--pretrain_out", str(tmp_path / "pretrain_mini"),
-                         "--tasks", "mrpc", "--seeds", "1,2,3", "--vocab", str(study_utils.VOCAB), *flags])
+    pretrain_study.main(
+        [
+            "--out",
+            str(studies / "pretrain"),
+            "--pretrain_out",
+            str(tmp_path / "pretrain_mini"),
+            "--tasks",
+            "mrpc",
+            "--seeds",
+            "1,2,3",
+            "--vocab",
+            str(study_utils.VOCAB),
+            *flags,
+        ]
+    )
     config = tmp_path / "small.json"
     config.write_text(json.dumps(TINY_CONFIG))
     fake_scaling(studies / "scaling", config, tmp_path / "shards")
-    scaling_study.main(["--out", str(studies / "scaling"), "--shards", str(tmp_path / "shards"), "--config",
-                        str(config), "--steps", "20", "--max_eval_samples", "4"])
+    scaling_study.main(
+        [
+            "--out",
+            str(studies / "scaling"),
+            "--shards",
+            str(tmp_path / "shards"),
+            "--config",
+            str(config),
+            "--steps",
+            "20",
+            "--max_eval_samples",
+            "4",
+        ]
+    )
     page = tmp_path / "bench" / "RESULTS.md"
     text = results_page.main(["--studies", str(studies), "--out", str(page)])
     # NVIDIA's format: each seed, then mean and std, in percent
@@ -539,8 +855,9 @@ def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
         assert (page.parent / "results" / png).read_bytes()[:4] == b"\x89PNG" and f"](results/{png})" in text
     # Two pre-training studies (two budgets): a section each, with plots of their own.
     study = studies / "pretrain" / "pretrain_study.json"
-    both = results_page.main(["--studies", str(studies), "--out", str(page), "--pretrain", str(study),
-                              "--pretrain", str(study)])
+    both = results_page.main(
+        ["--studies", str(studies), "--out", str(page), "--pretrain", str(study), "--pretrain", str(study)]
+    )
     assert both.count("## Pre-train, then fine-tune") == 2 and both.count(f"From `{study}`") == 2
     for png in ("pretrain_loss.png", "pretrain2_loss.png", "pretrain2_seeds.png"):
         assert (page.parent / "results" / png).read_bytes()[:4] == b"\x89PNG" and f"](results/{png})" in both
@@ -574,30 +891,39 @@ def probe_shards(root):
             f["masked_lm_positions"], f["masked_lm_ids"] = np.array(positions, np.int32), np.array(ids, np.int32)
             f["next_sentence_labels"] = np.zeros(n, np.int8)
 
-    shard(root / "train" / "t.hdf5", [[CLS, a, MASK, a, b, SEP], [CLS, a, c, d, SEP, 0]],
-          [[1] * 6, [1, 1, 1, 1, 1, 0]], [[2, 0, 0], [0, 0, 0]], [[b, 0, 0], [0, 0, 0]])
-    shard(root / "heldout" / "h.hdf5", [[CLS, MASK, c, MASK, b, SEP], [CLS, a, MASK, SEP, 0, 0],
-                                        [CLS, a, MASK, d, SEP, 0], [CLS, d, a, SEP, 0, 0]],
-          [[1] * 6, [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]],
-          [[1, 3, 0], [2, 0, 0], [2, 0, 0], [1, 0, 0]], [[a, d, 0], [b, 0, 0], [c, 0, 0], [b, 0, 0]])
+    shard(
+        root / "train" / "t.hdf5",
+        [[CLS, a, MASK, a, b, SEP], [CLS, a, c, d, SEP, 0]],
+        [[1] * 6, [1, 1, 1, 1, 1, 0]],
+        [[2, 0, 0], [0, 0, 0]],
+        [[b, 0, 0], [0, 0, 0]],
+    )
+    shard(
+        root / "heldout" / "h.hdf5",
+        [[CLS, MASK, c, MASK, b, SEP], [CLS, a, MASK, SEP, 0, 0], [CLS, a, MASK, d, SEP, 0], [CLS, d, a, SEP, 0, 0]],
+        [[1] * 6, [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]],
+        [[1, 3, 0], [2, 0, 0], [2, 0, 0], [1, 0, 0]],
+        [[a, d, 0], [b, 0, 0], [c, 0, 0], [b, 0, 0]],
+    )
     return root / "train", root / "heldout"
 
 
 def test_count_models_score_the_heldout_mask_slots_as_written_out(tmp_path):
 
     train, heldout = probe_shards(tmp_path)
-    got = pretrain_study.count_model_accuracies(study_utils.read_shards(train), study_utils.read_shards(heldout),
-                                                SpecialIds(CLS, SEP, MASK))
-    assert got == {"unigram": pytest.approx(1 / 4), "bigram": pytest.approx(3 / 4), "previous_next": 1.0,
-                   "slots": 4}
+    got = pretrain_study.count_model_accuracies(
+        study_utils.read_shards(train), study_utils.read_shards(heldout), SpecialIds(CLS, SEP, MASK)
+    )
+    assert got == {"unigram": pytest.approx(1 / 4), "bigram": pytest.approx(3 / 4), "previous_next": 1.0, "slots": 4}
 
 
 def test_context_probe_runs_a_checkpoint(tmp_path, uncased_vocab):
     train, heldout = probe_shards(tmp_path)
     fake_ckpt(tmp_path / "ckpt_1.pt", TINY_CONFIG, 1)
     (tmp_path / "tiny.json").write_text(json.dumps(TINY_CONFIG))
-    got = pretrain_study.context_probe(tmp_path / "ckpt_1.pt", tmp_path / "tiny.json", uncased_vocab, str(train),
-                                       str(heldout), 0)
+    got = pretrain_study.context_probe(
+        tmp_path / "ckpt_1.pt", tmp_path / "tiny.json", uncased_vocab, str(train), str(heldout), 0
+    )
     assert got["previous_next"] == 1.0 and got["slots"] == 4
     quarters = (0.0, 0.25, 0.5, 0.75, 1.0)
     assert got["model"] in quarters and got["model_without_context"] in quarters
@@ -606,11 +932,28 @@ def test_context_probe_runs_a_checkpoint(tmp_path, uncased_vocab):
 
 def test_reused_run_is_compared_by_its_global_batch(tmp_path):
     """A run of 2 processes x 16 matches --batch 16 --processes 2, not --batch 16 alone."""
-    params = {"max_steps": 20, "train_batch_size": 16, "world_size": 2, "learning_rate": 0.003,
-              "config_file": "bert-mini.json", "optimizer": "nvlamb"}
+    params = {
+        "max_steps": 20,
+        "train_batch_size": 16,
+        "world_size": 2,
+        "learning_rate": 0.003,
+        "config_file": "bert-mini.json",
+        "optimizer": "nvlamb",
+    }
     state = {"phase1": {"params": params}, "phase2": {"params": {"max_steps": 2}}}
-    args = type("Args", (), {"phase1_steps": 20, "phase2_steps": 2, "batch": 16, "processes": 2, "lr": "3e-3",
-                             "optimizer": "nvlamb", "config": Path("configs/bert-mini.json")})
+    args = type(
+        "Args",
+        (),
+        {
+            "phase1_steps": 20,
+            "phase2_steps": 2,
+            "batch": 16,
+            "processes": 2,
+            "lr": "3e-3",
+            "optimizer": "nvlamb",
+            "config": Path("configs/bert-mini.json"),
+        },
+    )
     assert pretrain_study.reuse_differences(state, args) == []
     args.processes = 1
     assert pretrain_study.reuse_differences(state, args) == ["phase 1 global batch 32 (flag: 16)"]
@@ -636,10 +979,14 @@ def tiny_bertprep_layout(root: Path) -> tuple[Path, Path, Path]:
 
 def test_sweep_best_rate_and_scaling_exponent_as_written_out():
 
-    runs = [{"optimizer": "adamw", "batch": 64, "learning_rate": lr, "heldout_loss": loss, "finished": True}
-            for lr, loss in ((1e-3, 6.5), (2e-3, 6.1), (4e-3, 6.3))]
-    runs += [{"optimizer": "adamw", "batch": 256, "learning_rate": lr, "heldout_loss": loss, "finished": True}
-             for lr, loss in ((2e-3, 6.2), (4e-3, 5.9), (8e-3, float("nan")))]
+    runs = [
+        {"optimizer": "adamw", "batch": 64, "learning_rate": lr, "heldout_loss": loss, "finished": True}
+        for lr, loss in ((1e-3, 6.5), (2e-3, 6.1), (4e-3, 6.3))
+    ]
+    runs += [
+        {"optimizer": "adamw", "batch": 256, "learning_rate": lr, "heldout_loss": loss, "finished": True}
+        for lr, loss in ((2e-3, 6.2), (4e-3, 5.9), (8e-3, float("nan")))
+    ]
     best = ps.best_by_batch(runs)
     assert {b: r["learning_rate"] for b, r in best["adamw"].items()} == {64: 2e-3, 256: 4e-3}
     # lr doubles when the batch grows 4x: lr ~ batch^(ln 2 / ln 4) = batch^0.5
@@ -652,12 +999,37 @@ def test_sweep_best_rate_and_scaling_exponent_as_written_out():
 def test_sweep_runs_for_real_and_reuses_finished_runs(tmp_path, capsys):
 
     data, vocab, config = tiny_bertprep_layout(tmp_path)
-    argv = ["--data", str(data), "--out", str(tmp_path / "sweep"), "--config", str(config), "--vocab", str(vocab),
-            "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--sequences", "64", "--evals", "2",
-            "--max_eval_samples", "16", "--precision", "fp32", "--runs", "adamw:8:1e-3,1e-2", "nvlamb:16:1e-2"]
+    argv = [
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "sweep"),
+        "--config",
+        str(config),
+        "--vocab",
+        str(vocab),
+        "--max_seq_length",
+        "32",
+        "--max_predictions_per_seq",
+        "5",
+        "--sequences",
+        "64",
+        "--evals",
+        "2",
+        "--max_eval_samples",
+        "16",
+        "--precision",
+        "fp32",
+        "--runs",
+        "adamw:8:1e-3,1e-2",
+        "nvlamb:16:1e-2",
+    ]
     report = ps.main(argv)
     assert [(r["optimizer"], r["batch"], r["steps"]) for r in report["runs"]] == [
-        ("adamw", 8, 8), ("adamw", 8, 8), ("nvlamb", 16, 4)]
+        ("adamw", 8, 8),
+        ("adamw", 8, 8),
+        ("nvlamb", 16, 4),
+    ]
     assert all(r["finished"] and len(r["evals"]) == 2 for r in report["runs"])
     for r in report["runs"]:
         assert r["below_entropy"] == pytest.approx(r["unigram_entropy"] - r["heldout_loss"])
@@ -670,8 +1042,9 @@ def test_sweep_runs_for_real_and_reuses_finished_runs(tmp_path, capsys):
     assert [r["heldout_loss"] for r in again["runs"]] == [r["heldout_loss"] for r in report["runs"]]
     # On the results page: the sweep's table and its plot, drawn again from the JSON.
     page = tmp_path / "bench" / "RESULTS.md"
-    text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(page), "--sweep",
-                              str(tmp_path / "sweep" / "sweep.json")])
+    text = results_page.main(
+        ["--studies", str(tmp_path / "none"), "--out", str(page), "--sweep", str(tmp_path / "sweep" / "sweep.json")]
+    )
     assert "## Pre-training sweep" in text and "| adamw | 8 | 0.001 | 8 |" in text and "](results/sweep.png)" in text
     assert (page.parent / "results" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -679,10 +1052,34 @@ def test_sweep_runs_for_real_and_reuses_finished_runs(tmp_path, capsys):
 def test_ours_and_transformers_start_equal_and_are_compared_step_by_step(tmp_path):
 
     data, vocab, config = tiny_bertprep_layout(tmp_path)
-    report = vs.main(["--data", str(data), "--out", str(tmp_path / "vs"), "--config", str(config), "--vocab",
-                      str(vocab), "--max_seq_length", "32", "--max_predictions_per_seq", "5", "--steps", "4",
-                      "--batch", "8", "--lr", "1e-3", "--eval_every", "2", "--max_eval_samples", "16",
-                      "--precision", "fp32"])
+    report = vs.main(
+        [
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "vs"),
+            "--config",
+            str(config),
+            "--vocab",
+            str(vocab),
+            "--max_seq_length",
+            "32",
+            "--max_predictions_per_seq",
+            "5",
+            "--steps",
+            "4",
+            "--batch",
+            "8",
+            "--lr",
+            "1e-3",
+            "--eval_every",
+            "2",
+            "--max_eval_samples",
+            "16",
+            "--precision",
+            "fp32",
+        ]
+    )
     assert [r["step"] for r in report["rows"]] == [0, 2, 4]
     # Step 0: the same weights, evaluated by two implementations (ours: validation.Validator on modeling.py;
     # theirs: transformers' BertForPreTraining and the evaluation written in the bench script).
@@ -691,6 +1088,14 @@ def test_ours_and_transformers_start_equal_and_are_compared_step_by_step(tmp_pat
     assert report["holds"] == all(r["difference"] <= vs.TOLERANCE for r in report["rows"])
     assert "| 0 |" in (tmp_path / "vs" / "vs_transformers.md").read_text()
     page = tmp_path / "bench" / "RESULTS.md"
-    text = results_page.main(["--studies", str(tmp_path / "none"), "--out", str(page), "--vs_transformers",
-                              str(tmp_path / "vs" / "vs_transformers.json")])
+    text = results_page.main(
+        [
+            "--studies",
+            str(tmp_path / "none"),
+            "--out",
+            str(page),
+            "--vs_transformers",
+            str(tmp_path / "vs" / "vs_transformers.json"),
+        ]
+    )
     assert "## Ours against transformers" in text and "| 0 |" in text and "](results/vs_transformers.png)" in text

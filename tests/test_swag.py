@@ -2,6 +2,7 @@
 written here in SWAG's layout, the choice encoding against transformers' tokenizer, a real fine-tune from the MiniLM
 weights on a multiple-choice task built from WikiText-2 (the true next sentence among four), its outputs and its
 Hugging Face export, and the launcher presets against run_swag.py's own flags."""
+
 from __future__ import annotations
 
 import csv
@@ -20,8 +21,13 @@ import torch
 
 import run_swag
 from bert_recipe.finetuning import recipe
-from bert_recipe.finetuning.tasks.swag import (SwagDataError, SwagExample, encode_examples, get_examples,
-                                               read_swag_examples)
+from bert_recipe.finetuning.tasks.swag import (
+    SwagDataError,
+    SwagExample,
+    encode_examples,
+    get_examples,
+    read_swag_examples,
+)
 from bert_recipe.io.checkpoint_io import from_pretrained, load_checkpoint_state
 from modeling import BertForMultipleChoice
 from tokenization import BertTokenizer
@@ -39,8 +45,8 @@ pytestmark = pytest.mark.usefixtures("one_thread_on_a_busy_cpu")
 def test_multiple_choice_matches_transformers(minilm_dir):
     """Same parameter names as transformers.BertForMultipleChoice (state dicts load both ways, strictly), and the
     same logits and loss on real choices of different lengths (padding inside the batch)."""
-    from transformers import BertConfig as HFConfig, BertForMultipleChoice as HFMultipleChoice
-
+    from transformers import BertConfig as HFConfig
+    from transformers import BertForMultipleChoice as HFMultipleChoice
 
     torch.manual_seed(0)
     ours = from_pretrained(BertForMultipleChoice, minilm_dir, log=None).eval()
@@ -52,25 +58,41 @@ def test_multiple_choice_matches_transformers(minilm_dir):
     for key, value in ours.state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
 
-    example = SwagExample("val-0", "A man is sitting on a roof.", "He",
-                          ("is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
-                           "is holding a rubik's cube.", "starts pulling up roofing on a roof."), 3)
-    other = SwagExample("val-1", "A woman stands in a kitchen holding a bowl of batter and a long wooden spoon.",
-                        "She", ("stirs.", "puts the bowl in the oven and closes the door behind it.",
-                                "throws it.", "sings."), 0)
+    example = SwagExample(
+        "val-0",
+        "A man is sitting on a roof.",
+        "He",
+        (
+            "is using wrap to wrap a pair of skis.",
+            "is ripping level tiles off.",
+            "is holding a rubik's cube.",
+            "starts pulling up roofing on a roof.",
+        ),
+        3,
+    )
+    other = SwagExample(
+        "val-1",
+        "A woman stands in a kitchen holding a bowl of batter and a long wooden spoon.",
+        "She",
+        ("stirs.", "puts the bowl in the oven and closes the door behind it.", "throws it.", "sings."),
+        0,
+    )
     encoded = encode_examples([example, other], BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True), 64)
     batch = run_swag.collate([recipe.EncodedDataset(encoded)[i] for i in range(2)])
     assert batch["input_ids"].shape[:2] == (2, 4) and (batch["attention_mask"] == 0).any()  # padded choices
     with torch.no_grad():
         loss, logits = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["labels"])
-        ref = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                 attention_mask=batch["attention_mask"], labels=batch["labels"])
+        ref = hf(
+            input_ids=batch["input_ids"],
+            token_type_ids=batch["token_type_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=batch["labels"],
+        )
     print(f"max abs logit diff vs transformers.BertForMultipleChoice: {(logits - ref.logits).abs().max():.2e}")
     assert logits.shape == (2, 4)
     torch.testing.assert_close(logits, ref.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss, ref.loss, atol=1e-5, rtol=1e-5)
-    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(ref.logits, batch["labels"]).item(),
-                                        abs=1e-5)
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(ref.logits, batch["labels"]).item(), abs=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,19 +108,33 @@ def test_swag_csv_parses_exactly(tmp_path):
         'instruments. A drum line","Members of the procession walk down the street holding small horn brass '
         'instruments.",A drum line,gold,passes by walking down the street playing their instruments.,'
         'has heard approaching them.,"arrives and they\'re outside dancing and asleep.",'
-        'turns the lead singer watches the performance.,0',
+        "turns the lead singer watches the performance.,0",
         '7,lsmdc3001_21_JUMP_STREET-422,17,"Someone, ""the boss"", waits. She","Someone, ""the boss"", waits.",She,'
         'gen,"smiles, then\nleaves.",nods.,runs off.,sits down on a café chair.,3',
     ]
     (tmp_path / "val.csv").write_bytes(("\r\n".join(rows) + "\r\n").encode("utf-8"))
     examples = get_examples(tmp_path, "val")
     assert examples == [
-        SwagExample("val-0", "Members of the procession walk down the street holding small horn brass instruments.",
-                    "A drum line", ("passes by walking down the street playing their instruments.",
-                                    "has heard approaching them.", "arrives and they're outside dancing and asleep.",
-                                    "turns the lead singer watches the performance."), 0),
-        SwagExample("val-7", 'Someone, "the boss", waits.', "She",
-                    ("smiles, then\nleaves.", "nods.", "runs off.", "sits down on a café chair."), 3)]
+        SwagExample(
+            "val-0",
+            "Members of the procession walk down the street holding small horn brass instruments.",
+            "A drum line",
+            (
+                "passes by walking down the street playing their instruments.",
+                "has heard approaching them.",
+                "arrives and they're outside dancing and asleep.",
+                "turns the lead singer watches the performance.",
+            ),
+            0,
+        ),
+        SwagExample(
+            "val-7",
+            'Someone, "the boss", waits.',
+            "She",
+            ("smiles, then\nleaves.", "nods.", "runs off.", "sits down on a café chair."),
+            3,
+        ),
+    ]
 
     test_header = HEADER.rsplit(",", 1)[0]
     (tmp_path / "test.csv").write_text(test_header + "\n" + rows[1].rsplit(",", 1)[0] + "\n", encoding="utf-8")
@@ -123,12 +159,19 @@ def test_choice_encoding_matches_transformers(minilm_dir):
     (the longer part is cut first) and the length is the budget."""
     from transformers import AutoTokenizer
 
-
     hf = AutoTokenizer.from_pretrained(str(minilm_dir))
-    example = SwagExample("val-0", "The chef slices the onions thinly, then heats the pan.", "She",
-                          ("adds oil and waits.", "", "sings about Zoë's café.",
-                           "pours the whole bowl of batter, eggs, flour and milk into the pan and stirs it slowly."),
-                          0)
+    example = SwagExample(
+        "val-0",
+        "The chef slices the onions thinly, then heats the pan.",
+        "She",
+        (
+            "adds oil and waits.",
+            "",
+            "sings about Zoë's café.",
+            "pours the whole bowl of batter, eggs, flour and milk into the pan and stirs it slowly.",
+        ),
+        0,
+    )
     ours = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
     encoded = encode_examples([example], ours, 128)
     for j, (ids, types) in enumerate(encoded.example(0)):
@@ -139,8 +182,8 @@ def test_choice_encoding_matches_transformers(minilm_dir):
     full_b = hf(f"{example.start_ending} {example.endings[3]}", add_special_tokens=False)["input_ids"]
     full_a = hf(example.context, add_special_tokens=False)["input_ids"]
     n_a = int(types.tolist().count(0)) - 2
-    assert len(ids) == 24 and ids[1:1 + n_a].tolist() == full_a[:n_a]
-    assert ids[2 + n_a:-1].tolist() == full_b[:len(ids) - n_a - 3] and abs(n_a - (len(ids) - n_a - 3)) <= 1
+    assert len(ids) == 24 and ids[1 : 1 + n_a].tolist() == full_a[:n_a]
+    assert ids[2 + n_a : -1].tolist() == full_b[: len(ids) - n_a - 3] and abs(n_a - (len(ids) - n_a - 3)) <= 1
     assert short.truncated >= 1 and encoded.truncated == 0
 
 
@@ -161,8 +204,11 @@ def _wikitext_pairs(path: Path) -> list[list[tuple[str, str]]]:
         elif line and not line.startswith("=") and articles:
             words = [w for w in line.split() if w != "<unk>"]
             sentences = [s for s in _SENTENCE_END.split(" ".join(words).replace(" @-@ ", "-")) if s.strip()]
-            articles[-1] += [(a, b) for a, b in zip(sentences, sentences[1:])
-                             if 5 <= len(a.split()) <= 14 and 5 <= len(b.split()) <= 14]
+            articles[-1] += [
+                (a, b)
+                for a, b in zip(sentences, sentences[1:])
+                if 5 <= len(a.split()) <= 14 and 5 <= len(b.split()) <= 14
+            ]
     return [a for a in articles if a]
 
 
@@ -193,19 +239,45 @@ def swag_run(tmp_path_factory, shared_data, minilm_dir) -> tuple[Path, Path, dic
     data, out = tmp_path_factory.mktemp("swag_data"), tmp_path_factory.mktemp("swag_out")
     _write_next_sentence_csv(data / "train.csv", shared_data / "wikitext-2" / "valid.txt", WIKI_TRAIN, seed=1)
     _write_next_sentence_csv(data / "val.csv", shared_data / "wikitext-2" / "test.txt", WIKI_EVAL, seed=2)
-    results = run_swag.main(["--data_dir", str(data), "--init_checkpoint", str(minilm_dir), "--do_lower_case",
-                             "--output_dir", str(out), "--do_train", "--do_eval", "--do_predict",
-                             "--max_seq_length", "64", "--train_batch_size", "8", "--learning_rate", "2e-4",
-                             "--num_train_epochs", "1", "--precision", "fp32", "--seed", "1",
-                             "--disable_progress_bar", "--log_freq", "4"])
+    results = run_swag.main(
+        [
+            "--data_dir",
+            str(data),
+            "--init_checkpoint",
+            str(minilm_dir),
+            "--do_lower_case",
+            "--output_dir",
+            str(out),
+            "--do_train",
+            "--do_eval",
+            "--do_predict",
+            "--max_seq_length",
+            "64",
+            "--train_batch_size",
+            "8",
+            "--learning_rate",
+            "2e-4",
+            "--num_train_epochs",
+            "1",
+            "--precision",
+            "fp32",
+            "--seed",
+            "1",
+            "--disable_progress_bar",
+            "--log_freq",
+            "4",
+        ]
+    )
     return data, out, results
 
 
 def test_learns_next_sentence_from_wikitext(swag_run):
     data, out, results = swag_run
     accuracy = results["eval"]["val"]["acc"]
-    print(f"WikiText-2 next sentence among 4: accuracy {accuracy:.4f} on {WIKI_EVAL} held-out examples "
-          f"(chance 0.25), loss {results['eval']['val']['loss']:.4f} (ln 4 = {math.log(4):.4f})")
+    print(
+        f"WikiText-2 next sentence among 4: accuracy {accuracy:.4f} on {WIKI_EVAL} held-out examples "
+        f"(chance 0.25), loss {results['eval']['val']['loss']:.4f} (ln 4 = {math.log(4):.4f})"
+    )
     assert results["train"]["steps"] == WIKI_TRAIN // 8 and results["train"]["examples"] == WIKI_TRAIN
     assert accuracy >= 0.40, accuracy  # chance + 15 points: > 4 standard deviations of chance on 160 examples
     assert results["eval"]["val"]["loss"] < math.log(4)
@@ -228,7 +300,6 @@ def test_saved_model_reloads_and_matches_transformers(swag_run, minilm_dir):
     reproduces the run's accuracy."""
     from transformers import BertForMultipleChoice as HFMultipleChoice
 
-
     data, out, results = swag_run
     saved = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
     assert saved["task"] == "swag" and saved["num_choices"] == 4
@@ -240,13 +311,30 @@ def test_saved_model_reloads_and_matches_transformers(swag_run, minilm_dir):
     batch = run_swag.collate([recipe.EncodedDataset(encoded)[i] for i in range(len(examples))])
     with torch.no_grad():
         (logits,) = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        ref = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                 attention_mask=batch["attention_mask"]).logits
+        ref = hf(
+            input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+        ).logits
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
 
-    again = run_swag.main(["--data_dir", str(data), "--init_checkpoint", str(out / "model.pt"), "--do_lower_case",
-                           "--output_dir", str(out / "again"), "--do_eval", "--max_seq_length", "64",
-                           "--max_eval_examples", "40", "--precision", "fp32", "--disable_progress_bar"])
+    again = run_swag.main(
+        [
+            "--data_dir",
+            str(data),
+            "--init_checkpoint",
+            str(out / "model.pt"),
+            "--do_lower_case",
+            "--output_dir",
+            str(out / "again"),
+            "--do_eval",
+            "--max_seq_length",
+            "64",
+            "--max_eval_examples",
+            "40",
+            "--precision",
+            "fp32",
+            "--disable_progress_bar",
+        ]
+    )
     predictions = json.loads((out / "predictions.json").read_text())
     gold = np.array([e.label for e in get_examples(data, "val")[:40]])
     first = np.array([p["label"] for p in list(predictions.values())[:40]])
@@ -260,11 +348,32 @@ def test_run_swag_errors(tmp_path, minilm_dir):
     with pytest.raises(SystemExit, match=r"SWAG file .*val.csv not found; is --data_dir"):
         run_swag.main(["--data_dir", str(tmp_path), *base, "--do_eval"])
     with pytest.raises(SystemExit, match="--init_checkpoint .* not found"):
-        run_swag.main(["--data_dir", str(tmp_path), "--init_checkpoint", str(tmp_path / "none.pt"),
-                       "--output_dir", str(tmp_path), "--do_eval"])
-    with pytest.raises(SystemExit, match="--train_batch_size 6 must be a positive multiple of --gradient_accumulation_steps 4"):
-        run_swag.main(["--data_dir", str(tmp_path), *base, "--do_train", "--train_batch_size", "6",
-                       "--gradient_accumulation_steps", "4"])
+        run_swag.main(
+            [
+                "--data_dir",
+                str(tmp_path),
+                "--init_checkpoint",
+                str(tmp_path / "none.pt"),
+                "--output_dir",
+                str(tmp_path),
+                "--do_eval",
+            ]
+        )
+    with pytest.raises(
+        SystemExit, match="--train_batch_size 6 must be a positive multiple of --gradient_accumulation_steps 4"
+    ):
+        run_swag.main(
+            [
+                "--data_dir",
+                str(tmp_path),
+                *base,
+                "--do_train",
+                "--train_batch_size",
+                "6",
+                "--gradient_accumulation_steps",
+                "4",
+            ]
+        )
     with pytest.raises(SystemExit) as e:
         run_swag.main(["--help"])
     assert e.value.code == 0
@@ -277,21 +386,32 @@ def test_run_swag_errors(tmp_path, minilm_dir):
 def _dry_run(repo_root: Path, preset: str | None, *positional: str, env: dict | None = None) -> list[str]:
     script = "source scripts/configs/swag_config.sh && "
     args = f"$({preset})" if preset else " ".join(shlex.quote(a) for a in positional)
-    out = subprocess.run(["bash", "-c", script + f"bash scripts/run_swag.sh {args}"], cwd=repo_root,
-                         env={**os.environ, "DRY_RUN": "1", **(env or {})}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", "-c", script + f"bash scripts/run_swag.sh {args}"],
+        cwd=repo_root,
+        env={**os.environ, "DRY_RUN": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return shlex.split(out.stdout.strip())
 
 
 def test_launcher_presets_use_known_flags(repo_root, minilm_dir):
     parser = run_swag.build_parser()
     known = {s for action in parser._actions for s in action.option_strings}
-    listed = subprocess.run(["bash", "-c", "source scripts/configs/swag_config.sh && swag_presets"], cwd=repo_root,
-                            capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["bash", "-c", "source scripts/configs/swag_config.sh && swag_presets"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert {"cpu_1gpu_auto", "dgxa100-80g_8gpu_bf16", "dgx2-32g_16gpu_fp16"} <= set(listed)
     for preset in ("cpu_1gpu_auto", "dgxa100-80g_8gpu_bf16", "dgx1-32g_1gpu_fp32", "dgx2-32g_16gpu_fp16"):
         cmd = _dry_run(repo_root, preset)
         script = next(i for i, a in enumerate(cmd) if a.endswith("run_swag.py"))
-        flags = cmd[script + 1:]
+        flags = cmd[script + 1 :]
         assert {f.split("=")[0] for f in flags if f.startswith("--")} <= known, preset
         args = parser.parse_args(flags)
         assert args.do_train and args.do_eval and args.precision == preset.rsplit("_", 1)[1]
@@ -300,14 +420,42 @@ def test_launcher_presets_use_known_flags(repo_root, minilm_dir):
         assert (f"--nproc_per_node={n}" in cmd) == (n > 1)
         if preset.startswith("cpu"):
             assert args.init_checkpoint == str(minilm_dir) and args.vocab_file is None and args.config_file is None
-    cmd = _dry_run(repo_root, None, "ckpt.pt", "swag", "vocab.txt", "cfg.json", "out", "8", "4", "2", "3e-5", "0.2",
-                   "2", "-1", "bf16", "7", "eval prediction")
-    args = parser.parse_args(cmd[cmd.index(next(a for a in cmd if a.endswith("run_swag.py"))) + 1:])
+    cmd = _dry_run(
+        repo_root,
+        None,
+        "ckpt.pt",
+        "swag",
+        "vocab.txt",
+        "cfg.json",
+        "out",
+        "8",
+        "4",
+        "2",
+        "3e-5",
+        "0.2",
+        "2",
+        "-1",
+        "bf16",
+        "7",
+        "eval prediction",
+    )
+    args = parser.parse_args(cmd[cmd.index(next(a for a in cmd if a.endswith("run_swag.py"))) + 1 :])
     assert "--nproc_per_node=8" not in cmd and args.do_eval and args.do_predict and not args.do_train
     assert (args.init_checkpoint, args.data_dir, args.vocab_file, args.config_file, args.output_dir) == (
-        "ckpt.pt", "swag", "vocab.txt", "cfg.json", "out")
+        "ckpt.pt",
+        "swag",
+        "vocab.txt",
+        "cfg.json",
+        "out",
+    )
     assert args.eval_batch_size == 4 and args.seed == 7 and args.precision == "bf16"
-    bad = subprocess.run(["bash", "scripts/run_swag.sh", "", "", "", "", "", "2", "3", "2"], cwd=repo_root,
-                         env={**os.environ, "DRY_RUN": "1"}, capture_output=True, text=True)
-    assert bad.returncode != 0 and bad.stderr.strip() == ("run_swag.sh: argument 7 (batch_size 3) must be divisible "
-                                                          "by argument 8 (gradient_accumulation_steps 2)")
+    bad = subprocess.run(
+        ["bash", "scripts/run_swag.sh", "", "", "", "", "", "2", "3", "2"],
+        cwd=repo_root,
+        env={**os.environ, "DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and bad.stderr.strip() == (
+        "run_swag.sh: argument 7 (batch_size 3) must be divisible by argument 8 (gradient_accumulation_steps 2)"
+    )

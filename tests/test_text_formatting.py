@@ -4,6 +4,7 @@ WikiExtractor fixture ../shared/data/hf-test-fixtures/wiki_text/wiki_00; plain-t
 The expected prose is written out by hand from the wikitext below (what a reader of the rendered article sees,
 minus lists, tables, captions, references and headings), not captured from the code.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -50,23 +51,34 @@ The [[Albert Prize|prize]] is named after him.
 __NOTOC__
 """
 
-ALBERT_PROSE = ("Albert Testperson (born 1900) was a scientist known for relativity. He won two Nobel Prizes. "
-                "He lived in Bern \u2013 and worked at ETH. See the archive for letters. "
-                "Later he wrote about and water, H2O. He died in 1980. "
-                "The prize is named after him.")
+ALBERT_PROSE = (
+    "Albert Testperson (born 1900) was a scientist known for relativity. He won two Nobel Prizes. "
+    "He lived in Bern \u2013 and worked at ETH. See the archive for letters. "
+    "Later he wrote about and water, H2O. He died in 1980. "
+    "The prize is named after him."
+)
 
 PAGES = [  # (ns, title, redirect, wikitext)
     (0, "Albert Testperson", False, ALBERT),
     (0, "A. Testperson", True, "#REDIRECT [[Albert Testperson]]"),
     (0, "Testperson", False, "#redirect [[Albert Testperson]] {{R from surname}}"),  # no <redirect/> element
-    (0, "Mercury", False, "'''Mercury''' may refer to:\n* [[Mercury (planet)]]\n* [[Mercury (element)]]\n"
-                          "{{disambiguation}}"),
+    (
+        0,
+        "Mercury",
+        False,
+        "'''Mercury''' may refer to:\n* [[Mercury (planet)]]\n* [[Mercury (element)]]\n{{disambiguation}}",
+    ),
     (0, "Smith", False, "'''Smith''' is a surname.\n* [[John Smith]]\n{{hndis|Smith}}"),
     (4, "Wikipedia:About", False, "Wikipedia is an encyclopedia project with prose that must not appear."),
     (14, "Category:Physicists", False, "Physicists of every kind are listed here."),
     (0, "Only templates", False, "{{Infobox thing|name=x}}\n{{Navbox|list=y}}"),
-    (0, "Bern", False, "'''Bern''' is the ''de facto'' capital of [[Switzerland]].<ref>Ref.</ref>\n\n"
-                       "It lies on the [[Aare]] river.{{citation needed|date=May 2020}}"),
+    (
+        0,
+        "Bern",
+        False,
+        "'''Bern''' is the ''de facto'' capital of [[Switzerland]].<ref>Ref.</ref>\n\n"
+        "It lies on the [[Aare]] river.{{citation needed|date=May 2020}}",
+    ),
 ]
 BERN_PROSE = "Bern is the de facto capital of Switzerland. It lies on the Aare river."
 
@@ -87,14 +99,17 @@ def _xml_escape(text: str) -> str:
 
 def write_dump(path: Path, pages=PAGES) -> Path:
     """A pages-articles dump in the real export schema, bz2-compressed."""
-    parts = [f'<mediawiki xmlns="{NS}" version="0.10" xml:lang="en">\n<siteinfo><sitename>Wikipedia</sitename>'
-             f'<namespaces><namespace key="0" case="first-letter" /></namespaces></siteinfo>\n']
+    parts = [
+        f'<mediawiki xmlns="{NS}" version="0.10" xml:lang="en">\n<siteinfo><sitename>Wikipedia</sitename>'
+        f'<namespaces><namespace key="0" case="first-letter" /></namespaces></siteinfo>\n'
+    ]
     for i, (ns, title, redirect, text) in enumerate(pages):
         parts.append(
             f"<page>\n<title>{_xml_escape(title)}</title>\n<ns>{ns}</ns>\n<id>{i + 1}</id>\n"
-            + (f'<redirect title="Albert Testperson" />\n' if redirect else "")
+            + ('<redirect title="Albert Testperson" />\n' if redirect else "")
             + f"<revision><id>{100 + i}</id><model>wikitext</model><format>text/x-wiki</format>"
-              f'<text bytes="{len(text)}" xml:space="preserve">{_xml_escape(text)}</text></revision>\n</page>\n')
+            f'<text bytes="{len(text)}" xml:space="preserve">{_xml_escape(text)}</text></revision>\n</page>\n'
+        )
     parts.append("</mediawiki>\n")
     path.write_bytes(bz2.compress("".join(parts).encode("utf-8")))
     return path
@@ -149,8 +164,19 @@ def test_bertprep_text_formatting_wikicorpus(tmp_path):
     download = tmp_path / "download" / "wikicorpus_en"
     download.mkdir(parents=True)
     write_dump(download / "enwiki-20240101-pages-articles.xml.bz2")
-    bertPrep.main(["--action", "text_formatting", "--dataset", "wikicorpus_en", "--working_dir", str(tmp_path),
-                   "--n_processes", "1", "--no_progress"])
+    bertPrep.main(
+        [
+            "--action",
+            "text_formatting",
+            "--dataset",
+            "wikicorpus_en",
+            "--working_dir",
+            str(tmp_path),
+            "--n_processes",
+            "1",
+            "--no_progress",
+        ]
+    )
     out = tmp_path / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line"
     assert corpus_text(out).splitlines() == [ALBERT_PROSE, BERN_PROSE]
     assert (tmp_path / "bertPrep_log.jsonl").read_text().count('"text_formatting"') >= 1
@@ -191,16 +217,38 @@ def test_bertprep_formats_wikiextractor_dir_and_custom_dir(shared_data, tmp_path
     extracted = tmp_path / "extracted" / "AA"
     extracted.mkdir(parents=True)
     (extracted / "wiki_00").write_bytes(fixture.read_bytes())
-    bertPrep.main(["--action", "text_formatting", "--dataset", "wikicorpus_en", "--working_dir", str(tmp_path),
-                   "--wikiextractor_dir", str(tmp_path / "extracted"), "--no_progress"])
+    bertPrep.main(
+        [
+            "--action",
+            "text_formatting",
+            "--dataset",
+            "wikicorpus_en",
+            "--working_dir",
+            str(tmp_path),
+            "--wikiextractor_dir",
+            str(tmp_path / "extracted"),
+            "--no_progress",
+        ]
+    )
     out = tmp_path / "formatted_one_article_per_line" / "wikicorpus_en_one_article_per_line"
     assert corpus_text(out).splitlines() == reference
     # The same file, renamed .txt, in a bring-your-own folder is recognised as WikiExtractor output.
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "wiki.txt").write_bytes(fixture.read_bytes())
-    bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--input_dir", str(mine),
-                   "--working_dir", str(tmp_path), "--no_progress"])
+    bertPrep.main(
+        [
+            "--action",
+            "text_formatting",
+            "--dataset",
+            "custom",
+            "--input_dir",
+            str(mine),
+            "--working_dir",
+            str(tmp_path),
+            "--no_progress",
+        ]
+    )
     out = tmp_path / "formatted_one_article_per_line" / "custom_one_article_per_line"
     assert corpus_text(out).splitlines() == reference
 
@@ -214,22 +262,43 @@ def text_folder(tmp_path) -> Path:
     folder = tmp_path / "books"
     (folder / "sub").mkdir(parents=True)
     (folder / "a.txt").write_text("\ufeffChapter one.\n  It was   dark.\n\nThe end of part one.\n", encoding="utf-8")
-    (folder / "sub" / "b.txt").write_text("Book two, line one.\u2028Still line one.\n\n\nSecond block.\n",
-                                          encoding="utf-8")
+    (folder / "sub" / "b.txt").write_text(
+        "Book two, line one.\u2028Still line one.\n\n\nSecond block.\n", encoding="utf-8"
+    )
     (folder / "notes.md").write_text("not a .txt file\n")
     (folder / ".hidden").mkdir()
     (folder / ".hidden" / "c.txt").write_text("hidden\n")
     return folder
 
 
-@pytest.mark.parametrize("doc_boundary, expected", [
-    ("file", ["Chapter one. It was dark. The end of part one.",
-              "Book two, line one. Still line one. Second block."]),
-    ("blank_line", ["Chapter one. It was dark.", "The end of part one.",
-                    "Book two, line one. Still line one.", "Second block."]),
-    ("line", ["Chapter one.", "It was dark.", "The end of part one.",
-              "Book two, line one. Still line one.", "Second block."]),
-])
+@pytest.mark.parametrize(
+    "doc_boundary, expected",
+    [
+        (
+            "file",
+            ["Chapter one. It was dark. The end of part one.", "Book two, line one. Still line one. Second block."],
+        ),
+        (
+            "blank_line",
+            [
+                "Chapter one. It was dark.",
+                "The end of part one.",
+                "Book two, line one. Still line one.",
+                "Second block.",
+            ],
+        ),
+        (
+            "line",
+            [
+                "Chapter one.",
+                "It was dark.",
+                "The end of part one.",
+                "Book two, line one. Still line one.",
+                "Second block.",
+            ],
+        ),
+    ],
+)
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_text_folder_doc_boundaries(text_folder, tmp_path, doc_boundary, expected, num_workers):
     out = tmp_path / "out.txt"
@@ -241,15 +310,36 @@ def test_text_folder_doc_boundaries(text_folder, tmp_path, doc_boundary, expecte
 
 
 def test_bertprep_books_and_cli_errors(text_folder, tmp_path):
-    bertPrep.main(["--action", "text_formatting", "--dataset", "bookscorpus", "--books_dir", str(text_folder),
-                   "--working_dir", str(tmp_path), "--no_progress"])
+    bertPrep.main(
+        [
+            "--action",
+            "text_formatting",
+            "--dataset",
+            "bookscorpus",
+            "--books_dir",
+            str(text_folder),
+            "--working_dir",
+            str(tmp_path),
+            "--no_progress",
+        ]
+    )
     out = tmp_path / "formatted_one_article_per_line" / "bookscorpus_one_book_per_line"
     assert len(corpus_text(out).splitlines()) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SystemExit, match="no input files"):
-        bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--input_dir", str(empty),
-                       "--working_dir", str(tmp_path)])
+        bertPrep.main(
+            [
+                "--action",
+                "text_formatting",
+                "--dataset",
+                "custom",
+                "--input_dir",
+                str(empty),
+                "--working_dir",
+                str(tmp_path),
+            ]
+        )
     with pytest.raises(SystemExit, match="--input_dir is required"):
         bertPrep.main(["--action", "text_formatting", "--dataset", "custom", "--working_dir", str(tmp_path)])
     with pytest.raises(SystemExit, match="does not exist"):
@@ -257,6 +347,20 @@ def test_bertprep_books_and_cli_errors(text_folder, tmp_path):
 
 
 def test_text_formatting_cli(text_folder, tmp_path):
-    assert tf.main(["--input", str(text_folder), "--output", str(tmp_path / "o.txt"), "--doc_boundary", "line",
-                    "--num_workers", "1", "--no_progress"]) == 0
+    assert (
+        tf.main(
+            [
+                "--input",
+                str(text_folder),
+                "--output",
+                str(tmp_path / "o.txt"),
+                "--doc_boundary",
+                "line",
+                "--num_workers",
+                "1",
+                "--no_progress",
+            ]
+        )
+        == 0
+    )
     assert len((tmp_path / "o.txt").read_text(encoding="utf-8").splitlines()) == 5

@@ -1,5 +1,6 @@
 """WordPiece: hand-written tiny-vocabulary cases in the style of Google's tests, then identical tokens and ids to
 Hugging Face's tokenizers on all of WikiText-2 and on hard strings, with the real cased and uncased vocabularies."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,11 +8,33 @@ from transformers import BertTokenizer as HFBertTokenizer
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
 import tokenization
-from tokenization import (BasicTokenizer, BertTokenizer, FullTokenizer, WordpieceTokenizer, casing_warning, load_vocab,
-                          vocab_is_uncased)
+from tokenization import (
+    BasicTokenizer,
+    BertTokenizer,
+    FullTokenizer,
+    WordpieceTokenizer,
+    casing_warning,
+    load_vocab,
+    vocab_is_uncased,
+)
 
-TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "want", "##want", "##ed", "wa", "un", "runn", "##ing",
-              ",", "low", "lowest"]
+TINY_VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "want",
+    "##want",
+    "##ed",
+    "wa",
+    "un",
+    "runn",
+    "##ing",
+    ",",
+    "low",
+    "lowest",
+]
 
 
 @pytest.fixture
@@ -24,7 +47,7 @@ def tiny_vocab_file(tmp_path):
 @pytest.mark.parametrize("use_fast", [False, True])
 def test_full_tokenizer_on_tiny_vocab(tiny_vocab_file, use_fast):
     tokenizer = FullTokenizer(tiny_vocab_file, do_lower_case=True, use_fast=use_fast)
-    tokens = tokenizer.tokenize("UNwant\u00E9d,running")
+    tokens = tokenizer.tokenize("UNwant\u00e9d,running")
     assert tokens == ["un", "##want", "##ed", ",", "runn", "##ing"]
     assert tokenizer.convert_tokens_to_ids(tokens) == [9, 6, 7, 12, 10, 11]
     assert tokenizer.convert_ids_to_tokens([9, 6, 7]) == ["un", "##want", "##ed"]
@@ -45,21 +68,29 @@ def test_wordpiece_greedy_longest_match_and_unknown():
 def test_basic_tokenizer_rules():
     lower = BasicTokenizer(do_lower_case=True)
     assert lower.tokenize(" \tHeLLo!how  \n Are yoU?  ") == ["hello", "!", "how", "are", "you", "?"]
-    assert lower.tokenize("H\u00E9llo") == ["hello"]  # NFD accent stripping
-    assert lower.tokenize("ah\u535A\u63A8zz") == ["ah", "\u535A", "\u63A8", "zz"]  # CJK split per character
+    assert lower.tokenize("H\u00e9llo") == ["hello"]  # NFD accent stripping
+    assert lower.tokenize("ah\u535a\u63a8zz") == ["ah", "\u535a", "\u63a8", "zz"]  # CJK split per character
     cased = BasicTokenizer(do_lower_case=False)
     assert cased.tokenize(" \tHeLLo!how  \n Are yoU?  ") == ["HeLLo", "!", "how", "Are", "yoU", "?"]
-    assert cased.tokenize("H\u00E9llo") == ["H\u00E9llo"]  # cased keeps accents
+    assert cased.tokenize("H\u00e9llo") == ["H\u00e9llo"]  # cased keeps accents
     assert lower.tokenize("a\x00b\ufffdc\x07d") == ["abcd"]  # NUL, U+FFFD, control characters dropped
     assert lower.tokenize("$5^`") == ["$", "5", "^", "`"]  # ASCII symbols count as punctuation
 
 
 def test_character_classes():
-    assert tokenization._is_whitespace(" ") and tokenization._is_whitespace("\t") and tokenization._is_whitespace("\u00A0")
+    assert (
+        tokenization._is_whitespace(" ") and tokenization._is_whitespace("\t") and tokenization._is_whitespace("\u00a0")
+    )
     assert not tokenization._is_whitespace("A") and not tokenization._is_whitespace("-")
-    assert tokenization._is_control("\u0005") and not tokenization._is_control("\t") and not tokenization._is_control("\r")
+    assert (
+        tokenization._is_control("\u0005") and not tokenization._is_control("\t") and not tokenization._is_control("\r")
+    )
     assert tokenization._is_punctuation("-") and tokenization._is_punctuation("$") and tokenization._is_punctuation("`")
-    assert tokenization._is_punctuation(".") and not tokenization._is_punctuation("A") and not tokenization._is_punctuation(" ")
+    assert (
+        tokenization._is_punctuation(".")
+        and not tokenization._is_punctuation("A")
+        and not tokenization._is_punctuation(" ")
+    )
 
 
 HARD_STRINGS = [
@@ -85,7 +116,9 @@ def _wikitext_lines(shared_data) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("vocab_name,lower", [("bert-base-uncased-vocab.txt", True), ("bert-base-cased-vocab.txt", False)])
+@pytest.mark.parametrize(
+    "vocab_name,lower", [("bert-base-uncased-vocab.txt", True), ("bert-base-cased-vocab.txt", False)]
+)
 def test_identical_to_transformers_on_wikitext_and_hard_strings(shared_data, vocab_name, lower):
     vocab_file = shared_data / "bert-vocab" / vocab_name
     ours_fast = BertTokenizer(vocab_file, do_lower_case=lower)
@@ -111,7 +144,9 @@ def test_identical_to_transformers_on_wikitext_and_hard_strings(shared_data, voc
         assert ours_fast.tokenize("ΟΔΟΣ") == legacy.tokenize("ΟΔΟΣ") == ["ο", "##δ", "##ος"]
 
 
-@pytest.mark.parametrize("vocab_name,lower", [("bert-base-uncased-vocab.txt", True), ("bert-base-cased-vocab.txt", False)])
+@pytest.mark.parametrize(
+    "vocab_name,lower", [("bert-base-uncased-vocab.txt", True), ("bert-base-cased-vocab.txt", False)]
+)
 def test_fast_path_agrees_on_every_code_point_it_takes(shared_data, vocab_name, lower):
     """Each code point routed to Rust gives the Python path's tokens, alone and inside words."""
     vocab_file = shared_data / "bert-vocab" / vocab_name

@@ -2,6 +2,7 @@
 finetuning.fit): gradients are the same with activation checkpointing and under torch.compile as
 in plain eager mode; micro-batch accumulation equals one big batch; the checkpoint manager keeps the newest N, never
 deletes the file it just wrote, and falls back past a damaged newest file; the fine-tuning loop learns and logs."""
+
 from __future__ import annotations
 
 import json
@@ -9,30 +10,44 @@ import math
 
 import pytest
 import torch
+from helpers import SEQ, VOCAB
 
 from bert_recipe.finetuning import recipe
 from bert_recipe.io import checkpoint_io
 from bert_recipe.training import dist_env, meter, parallelize, train_step
-from helpers import SEQ, VOCAB
 from modeling import BertConfig, BertForPreTraining
 
 
 def tiny_model(dropout: float = 0.0) -> BertForPreTraining:
     torch.manual_seed(0)
-    return BertForPreTraining(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-                                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+    return BertForPreTraining(
+        BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+        )
+    )
 
 
 def batch_of(n: int, seed: int = 1) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, VOCAB, (n, SEQ), generator=g)
     mask = torch.ones_like(ids)
-    mask[n // 2:, SEQ // 2:] = 0  # half the rows padded
+    mask[n // 2 :, SEQ // 2 :] = 0  # half the rows padded
     labels = torch.full_like(ids, -1)
-    labels[:, 3:SEQ // 2:4] = ids[:, 3:SEQ // 2:4]
-    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask,
-            "masked_lm_labels": labels, "next_sentence_labels": torch.randint(0, 2, (n,), generator=g)}
+    labels[:, 3 : SEQ // 2 : 4] = ids[:, 3 : SEQ // 2 : 4]
+    return {
+        "input_ids": ids,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": mask,
+        "masked_lm_labels": labels,
+        "next_sentence_labels": torch.randint(0, 2, (n,), generator=g),
+    }
 
 
 def loss_fn(model, batch):
@@ -63,8 +78,9 @@ def test_activation_checkpointing_gives_the_same_gradients(fp32):
     """With dropout on: the recomputed forward must draw the same dropout masks (RNG state preserved)."""
     plain = tiny_model(dropout=0.1).train()
     checkpointed = tiny_model(dropout=0.1).train()
-    checkpointed, _ = parallelize.apply_parallelism_and_precision(checkpointed, dist_env.DistEnv(), "fp32",
-                                                              checkpoint_activations=True)
+    checkpointed, _ = parallelize.apply_parallelism_and_precision(
+        checkpointed, dist_env.DistEnv(), "fp32", checkpoint_activations=True
+    )
     assert checkpointed.bert.encoder.checkpoint_activations
     batch = batch_of(8)
     torch.manual_seed(5)
@@ -93,8 +109,9 @@ def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch, scope, unpad
     eager.config.unpad = unpad
     bare = tiny_model().train()
     bare.config.unpad = unpad
-    compiled, _ = parallelize.apply_parallelism_and_precision(bare, dist_env.DistEnv(), "fp32", compile=True,
-                                                          compile_scope=scope)
+    compiled, _ = parallelize.apply_parallelism_and_precision(
+        bare, dist_env.DistEnv(), "fp32", compile=True, compile_scope=scope
+    )
     assert parallelize.compiled(compiled) == scope and parallelize.compiled(eager) is None
     assert hasattr(compiled, "_orig_mod") == (scope == "model")
     assert list(dict(compiled.named_parameters())) == [n for n, _ in eager.named_parameters()] or scope == "model"
@@ -114,18 +131,22 @@ def test_compile_is_on_by_default_only_on_gpus_and_takes_its_mode(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
     parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=None)
     assert calls == []
-    parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
-                                             compile_mode="reduce-overhead", compile_scope="model")
-    parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
-                                             compile_scope="model")
+    parallelize.apply_parallelism_and_precision(
+        tiny_model(), dist_env.DistEnv(), "fp32", compile=True, compile_mode="reduce-overhead", compile_scope="model"
+    )
+    parallelize.apply_parallelism_and_precision(
+        tiny_model(), dist_env.DistEnv(), "fp32", compile=True, compile_scope="model"
+    )
     assert calls == [{"mode": "reduce-overhead"}, {}]
     calls.clear()
-    parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
-                                             compile_mode="reduce-overhead")
+    parallelize.apply_parallelism_and_precision(
+        tiny_model(), dist_env.DistEnv(), "fp32", compile=True, compile_mode="reduce-overhead"
+    )
     assert calls == [{"mode": "reduce-overhead"}] * 4  # embeddings, 2 layers, the masked-LM head
     with pytest.raises(ValueError, match="compile_scope"):
-        parallelize.apply_parallelism_and_precision(tiny_model(), dist_env.DistEnv(), "fp32", compile=True,
-                                                 compile_scope="heads")
+        parallelize.apply_parallelism_and_precision(
+            tiny_model(), dist_env.DistEnv(), "fp32", compile=True, compile_scope="heads"
+        )
 
 
 def test_accumulating_two_halves_equals_one_batch(fp32):
@@ -184,7 +205,7 @@ def test_fit_learns_and_logs_on_the_device(tmp_path):
     torch.manual_seed(0)
     x = torch.randn(64, 4)
     y = (x[:, 0] > 0).long()
-    batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]  # 8 micro-batches
+    batches = [{"input_ids": x[i : i + 8], "labels": y[i : i + 8]} for i in range(0, 64, 8)]  # 8 micro-batches
     model = Linear()
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.5)
     total = recipe.count_optimizer_steps(len(batches), accumulation=3, epochs=2, max_steps=-1)
@@ -209,7 +230,7 @@ def test_fit_stops_at_a_non_finite_loss(tmp_path, every_step):
     x = torch.randn(40, 4)
     x[16] = float("nan")  # micro-batch 3 of 8 rows
     y = (x[:, 0] > 0).long()
-    batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 40, 8)]
+    batches = [{"input_ids": x[i : i + 8], "labels": y[i : i + 8]} for i in range(0, 40, 8)]
     model = torch.nn.Linear(4, 2)
     env, precision, optimizer, scheduler, logger = fit_parts(model, tmp_path, lr=0.1)
 
@@ -232,11 +253,12 @@ def overflowing_fit_parts(tmp_path, loss_scale: float, init_loss_scale: float):
     torch.manual_seed(0)
     x = torch.randn(64, 4) * 100
     y = (x[:, 0] > 0).long()
-    batches = [{"input_ids": x[i:i + 8], "labels": y[i:i + 8]} for i in range(0, 64, 8)]
+    batches = [{"input_ids": x[i : i + 8], "labels": y[i : i + 8]} for i in range(0, 64, 8)]
     model = torch.nn.Linear(4, 2)
     env = dist_env.DistEnv()
-    _, precision = parallelize.apply_parallelism_and_precision(model, env, "fp16", loss_scale=loss_scale,
-                                                            init_loss_scale=init_loss_scale)
+    _, precision = parallelize.apply_parallelism_and_precision(
+        model, env, "fp16", loss_scale=loss_scale, init_loss_scale=init_loss_scale
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     logger = meter.RunLogger(tmp_path / "log.json", None, enabled=True, progress=False)
@@ -247,7 +269,7 @@ def test_fit_counts_the_optimizer_steps_taken(tmp_path):
     """fp16 with a dynamic loss scale of 2^24: the first steps overflow and are skipped (the scale halves each
     time, the schedule does not move), so --max_steps counts updates: fit takes exactly total_steps of them, and
     consumes one accumulation group more for each skip."""
-    model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 0.0, 2.0 ** 24)
+    model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 0.0, 2.0**24)
     consumed = []
 
     def epoch_batches(epoch):
@@ -259,7 +281,7 @@ def test_fit_counts_the_optimizer_steps_taken(tmp_path):
     rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)
     result = recipe.fit(rule, epoch_batches, env, logger, total_steps=6, accumulation=2, log_freq=3)
     logger.close()
-    skipped = round(math.log2(2.0 ** 24 / precision.loss_scale))  # a dynamic scale halves once per skip
+    skipped = round(math.log2(2.0**24 / precision.loss_scale))  # a dynamic scale halves once per skip
     assert skipped >= 1 and result.steps == rule.taken == 6 and scheduler.last_epoch == 6
     assert len(consumed) == 2 * (6 + skipped)
     assert [json.loads(line)["step"] for line in (tmp_path / "log.json").read_text().splitlines()] == [3, 6]
@@ -268,7 +290,7 @@ def test_fit_counts_the_optimizer_steps_taken(tmp_path):
 def test_fit_stops_after_too_many_overflows_in_a_row(tmp_path):
     """A static loss scale of 1e38 overflows at every step: after StepRule.MAX_CONSECUTIVE_OVERFLOWS skipped steps
     the next one ends the run with one line, the weights untouched."""
-    model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 1e38, 2.0 ** 16)
+    model, batches, env, precision, optimizer, scheduler, logger = overflowing_fit_parts(tmp_path, 1e38, 2.0**16)
     before = [p.detach().clone() for p in model.parameters()]
     watch = recipe.fine_tuning_watch(env.device)
     rule = train_step.StepRule(model, cross_entropy, optimizer, scheduler, precision, watch)

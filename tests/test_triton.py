@@ -8,6 +8,7 @@ performance command measures, and that stop_server.sh leaves no process behind.
 
 The module skips only when no tritonserver binary can be found (nvidia-pytriton is in requirements-test.txt).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import documented_commands as docs
 import numpy as np
 import pytest
 import torch
 
-import documented_commands as docs
 from bert_recipe.finetuning.predict import Runtime, answer_questions
 from bert_recipe.finetuning.tasks import items
 from bert_recipe.finetuning.tasks.squad import QASettings
@@ -65,13 +66,51 @@ def deployment(tmp_path_factory, minilm_dir):
         model.qa_outputs.weight.normal_(0, 0.2)
     save_hf_directory(model, tmp / "hf", vocab_file=minilm_dir / "vocab.txt")
     export = load_script("export_model")
-    assert export.main(["--checkpoint", str(tmp / "hf"), "--output_dir", str(tmp / "export"), "--format", "onnx",
-                        "--input_dtype", "int32", "--max_seq_length", str(MAX_SEQ), "--no_verify"]) == 0
+    assert (
+        export.main(
+            [
+                "--checkpoint",
+                str(tmp / "hf"),
+                "--output_dir",
+                str(tmp / "export"),
+                "--format",
+                "onnx",
+                "--input_dtype",
+                "int32",
+                "--max_seq_length",
+                str(MAX_SEQ),
+                "--no_verify",
+            ]
+        )
+        == 0
+    )
     repository = load_script("model_repository")
-    assert repository.main(["--export_dir", str(tmp / "export"), "--repository", str(tmp / "repo"),
-                            "--backend", "python", "--max_batch_size", str(MAX_BATCH), "--intra_op_num_threads", "2",
-                            "--text_model", "--doc_stride", "64", "--max_context_chars", str(MAX_CONTEXT_CHARS),
-                            "--max_question_chars", str(MAX_QUESTION_CHARS), "--max_windows", str(MAX_WINDOWS)]) == 0
+    assert (
+        repository.main(
+            [
+                "--export_dir",
+                str(tmp / "export"),
+                "--repository",
+                str(tmp / "repo"),
+                "--backend",
+                "python",
+                "--max_batch_size",
+                str(MAX_BATCH),
+                "--intra_op_num_threads",
+                "2",
+                "--text_model",
+                "--doc_stride",
+                "64",
+                "--max_context_chars",
+                str(MAX_CONTEXT_CHARS),
+                "--max_question_chars",
+                str(MAX_QUESTION_CHARS),
+                "--max_windows",
+                str(MAX_WINDOWS),
+            ]
+        )
+        == 0
+    )
     return model, tmp / "export", tmp / "repo"
 
 
@@ -85,8 +124,11 @@ def server(deployment, tmp_path_factory):
         pytest.skip(f"no Triton server binary: {e}")
     state = tmp_path_factory.mktemp("server_state")
     # README.md's command, from the checkout in a fresh login shell (tests/README.md, "Every documented command").
-    proc = docs.run(docs.only_command_for("server"), timeout=240,
-                    replace={"results/triton_repo_cpu": str(deployment[2]), "results/triton_server": str(state)})
+    proc = docs.run(
+        docs.only_command_for("server"),
+        timeout=240,
+        replace={"results/triton_repo_cpu": str(deployment[2]), "results/triton_server": str(state)},
+    )
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     info["state_dir"] = str(state)
     yield info
@@ -115,8 +157,10 @@ def clients(server):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    return [("http", httpclient, httpclient.InferenceServerClient(server["http_url"])),
-            ("grpc", grpcclient, grpcclient.InferenceServerClient(server["grpc_url"]))]
+    return [
+        ("http", httpclient, httpclient.InferenceServerClient(server["http_url"])),
+        ("grpc", grpcclient, grpcclient.InferenceServerClient(server["grpc_url"])),
+    ]
 
 
 def make_inputs(module, arrays, dtypes=("INT32",) * 3, names=INPUT_NAMES):
@@ -144,8 +188,9 @@ def assert_answers_equal(got: list[dict], expected: list[dict]) -> None:
         assert g["answer"] == e["answer"], g["id"]
         assert g["probability"] == pytest.approx(e["probability"], abs=1e-4)
         assert [x["text"] for x in g["nbest"]] == [x["text"] for x in e["nbest"]]
-        np.testing.assert_allclose([x["start_logit"] for x in g["nbest"]], [x["start_logit"] for x in e["nbest"]],
-                                   atol=1e-4)
+        np.testing.assert_allclose(
+            [x["start_logit"] for x in g["nbest"]], [x["start_logit"] for x in e["nbest"]], atol=1e-4
+        )
 
 
 @pytest.fixture(scope="module")
@@ -153,17 +198,28 @@ def reference_answers(deployment, qa_items, minilm_dir):
     """inference.py's answers with the PyTorch model: the independent reference."""
 
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
-    return answer_questions(deployment[0], tokenizer, qa_items, QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
-                            Runtime(batch_size=4, device="cpu"))
+    return answer_questions(
+        deployment[0],
+        tokenizer,
+        qa_items,
+        QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
+        Runtime(batch_size=4, device="cpu"),
+    )
 
 
 def test_the_readmes_export_and_repository_commands(deployment, tmp_path):
     """README.md's export of a fine-tuned QA model (ONNX and TorchScript, checked against PyTorch) and its model
     repository for the CPU server (the Python backend, the text model beside the tensor model)."""
     hf = deployment[1].parent / "hf"
-    docs.run(docs.commands_for("test_the_readmes_export_and_repository_commands"), timeout=300,
-             replace={"results/SQuAD/hf_model": str(hf), "results/triton_export": str(tmp_path / "export"),
-                      "results/triton_repo_cpu": str(tmp_path / "repo")})
+    docs.run(
+        docs.commands_for("test_the_readmes_export_and_repository_commands"),
+        timeout=300,
+        replace={
+            "results/SQuAD/hf_model": str(hf),
+            "results/triton_export": str(tmp_path / "export"),
+            "results/triton_repo_cpu": str(tmp_path / "repo"),
+        },
+    )
     assert (tmp_path / "export" / "model.onnx").is_file()
     for model in ("bert_qa", "bert_qa_text"):
         assert (tmp_path / "repo" / model / "config.pbtxt").is_file(), model
@@ -177,8 +233,21 @@ def test_repository_configs_parse_for_both_backends(deployment, tmp_path):
     from tritonclient.grpc import model_config_pb2
 
     repository = load_script("model_repository")
-    assert repository.main(["--export_dir", str(deployment[1]), "--repository", str(tmp_path / "gpu"),
-                            "--max_batch_size", "64", "--tensorrt_fp16", "--link"]) == 0
+    assert (
+        repository.main(
+            [
+                "--export_dir",
+                str(deployment[1]),
+                "--repository",
+                str(tmp_path / "gpu"),
+                "--max_batch_size",
+                "64",
+                "--tensorrt_fp16",
+                "--link",
+            ]
+        )
+        == 0
+    )
     gpu = text_format.Parse((tmp_path / "gpu" / "bert_qa" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert gpu.platform == "onnxruntime_onnx" and gpu.max_batch_size == 64
     assert gpu.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
@@ -195,30 +264,69 @@ def test_repository_configs_parse_for_both_backends(deployment, tmp_path):
     assert cpu.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert cpu.parameters["max_seq_length"].string_value == str(MAX_SEQ)
     assert {k: cpu.parameters[k].string_value for k in ("cpu_mem_arena", "arena_shrinkage", "malloc_trim")} == {
-        "cpu_mem_arena": "true", "arena_shrinkage": "true", "malloc_trim": "true"}
+        "cpu_mem_arena": "true",
+        "arena_shrinkage": "true",
+        "malloc_trim": "true",
+    }
     assert not cpu.HasField("dynamic_batching")  # python backend: no batcher by default (its thread spins on CPU)
-    assert repository.main(["--export_dir", str(deployment[1]), "--repository", str(tmp_path / "cpu_batched"),
-                            "--backend", "python", "--dynamic_batching", "--max_batch_size", "8", "--link"]) == 0
-    batched = text_format.Parse((tmp_path / "cpu_batched" / "bert_qa" / "config.pbtxt").read_text(),
-                                model_config_pb2.ModelConfig())
+    assert (
+        repository.main(
+            [
+                "--export_dir",
+                str(deployment[1]),
+                "--repository",
+                str(tmp_path / "cpu_batched"),
+                "--backend",
+                "python",
+                "--dynamic_batching",
+                "--max_batch_size",
+                "8",
+                "--link",
+            ]
+        )
+        == 0
+    )
+    batched = text_format.Parse(
+        (tmp_path / "cpu_batched" / "bert_qa" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
     assert list(batched.dynamic_batching.preferred_batch_size) == [4, 8]
-    text = text_format.Parse((deployment[2] / "bert_qa_text" / "config.pbtxt").read_text(),
-                             model_config_pb2.ModelConfig())
+    text = text_format.Parse(
+        (deployment[2] / "bert_qa_text" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
     assert {k: v.string_value for k, v in text.parameters.items()} == {
-        "max_context_chars": str(MAX_CONTEXT_CHARS), "max_question_chars": str(MAX_QUESTION_CHARS),
-        "max_windows": str(MAX_WINDOWS)}
+        "max_context_chars": str(MAX_CONTEXT_CHARS),
+        "max_question_chars": str(MAX_QUESTION_CHARS),
+        "max_windows": str(MAX_WINDOWS),
+    }
     paths = json.loads((deployment[2] / "bert_qa" / "1" / "sys_path.json").read_text())
     assert str(REPO_ROOT) in paths and any(Path(p, "onnxruntime").is_dir() for p in paths)
 
 
-def test_answers_over_http_and_grpc_equal_inference(server, deployment, qa_items, reference_answers, capsys,
-                                                    tmp_path):
+def test_answers_over_http_and_grpc_equal_inference(server, deployment, qa_items, reference_answers, capsys, tmp_path):
     """client.py (CLI over HTTP, function over gRPC) returns inference.py's answers for the same questions."""
     client = load_script("client")
     (tmp_path / "items.json").write_text(json.dumps(qa_items))
-    assert client.main(["--url", server["http_url"], "--protocol", "http", "--export_dir", str(deployment[1]),
-                        "--input_file", str(tmp_path / "items.json"), "--batch_size", "3", "--doc_stride", "64",
-                        "--output", str(tmp_path / "answers.json")]) == 0
+    assert (
+        client.main(
+            [
+                "--url",
+                server["http_url"],
+                "--protocol",
+                "http",
+                "--export_dir",
+                str(deployment[1]),
+                "--input_file",
+                str(tmp_path / "items.json"),
+                "--batch_size",
+                "3",
+                "--doc_stride",
+                "64",
+                "--output",
+                str(tmp_path / "answers.json"),
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads((tmp_path / "answers.json").read_text())
     assert_answers_equal(printed, reference_answers)
@@ -227,8 +335,9 @@ def test_answers_over_http_and_grpc_equal_inference(server, deployment, qa_items
     connection = client.TritonQA(server["grpc_url"], "grpc", "bert_qa")
     try:
         tokenizer = BertTokenizer(deployment[1] / "vocab.txt", do_lower_case=True)
-        got = client.answer_with_triton(connection, tokenizer, qa_items,
-                                        QASettings(max_seq_length=MAX_SEQ, doc_stride=64), batch_size=MAX_BATCH)
+        got = client.answer_with_triton(
+            connection, tokenizer, qa_items, QASettings(max_seq_length=MAX_SEQ, doc_stride=64), batch_size=MAX_BATCH
+        )
     finally:
         connection.close()
     assert_answers_equal(got, reference_answers)
@@ -238,8 +347,10 @@ def test_server_side_text_model_equals_inference(server, qa_items, reference_ans
     """Raw strings to bert_qa_text (tokenization, BLS calls to bert_qa, post-processing in the server)."""
     client = load_script("client")
     (tmp_path / "q.json").write_text(json.dumps(qa_items))
-    done = docs.run(docs.only_command_for("test_server_side_text_model_equals_inference"),
-                    replace={"127.0.0.1:39813": server["grpc_url"], "q.json": str(tmp_path / "q.json")})
+    done = docs.run(
+        docs.only_command_for("test_server_side_text_model_equals_inference"),
+        replace={"127.0.0.1:39813": server["grpc_url"], "q.json": str(tmp_path / "q.json")},
+    )
     assert_answers_equal(json.loads(done.stdout), reference_answers)
 
     connection = client.TritonQA(server["http_url"], "http", "bert_qa_text", expected_inputs=("question", "context"))
@@ -267,8 +378,11 @@ def test_malformed_requests_fail_and_the_server_keeps_serving(server, deployment
         "over-long sequence": ((long_row, 0 * long_row, long_row), ("INT32",) * 3, INPUT_NAMES),
         "empty batch": (tuple(a[:0] for a in good), ("INT32",) * 3, INPUT_NAMES),
         "empty sequence": (tuple(a[:, :0] for a in good), ("INT32",) * 3, INPUT_NAMES),
-        "batch over max_batch_size": (tuple(np.repeat(a[:1], MAX_BATCH + 1, 0) for a in good), ("INT32",) * 3,
-                                      INPUT_NAMES),
+        "batch over max_batch_size": (
+            tuple(np.repeat(a[:1], MAX_BATCH + 1, 0) for a in good),
+            ("INT32",) * 3,
+            INPUT_NAMES,
+        ),
         "ids outside the vocabulary": ((ids + 40000, types, mask), ("INT32",) * 3, INPUT_NAMES),
         "token type 2": ((ids, types + 1, mask), ("INT32",) * 3, INPUT_NAMES),
         "missing input": ((ids, types), ("INT32",) * 2, INPUT_NAMES[:2]),
@@ -339,25 +453,36 @@ def malformed_text_requests(qa_items) -> dict[str, tuple[list, list, str]]:
     """what -> (questions, contexts, what the error must say) for the text model, all refused with a 400."""
     q, c = qa_items[0]["question"].encode(), qa_items[0]["context"].encode()
     two_windows = qa_items[0]
-    too_long = (" ".join([qa_items[0]["context"]] * 3))[:MAX_CONTEXT_CHARS + 1].encode()
+    too_long = (" ".join([qa_items[0]["context"]] * 3))[: MAX_CONTEXT_CHARS + 1].encode()
     return {
         "empty question": ([b""], [c], "row 0: the question is empty"),
         "blank context": ([q, q], [c, b" \n\t "], "row 1: the context is empty"),
-        "context over max_context_chars": ([q], [too_long], f"row 0: the context has {MAX_CONTEXT_CHARS + 1:,} "
-                                           f"characters, over the limit max_context_chars={MAX_CONTEXT_CHARS:,}; "
-                                           "send less per request, or have the server's operator raise "
-                                           "max_context_chars (parameter max_context_chars in "
-                                           "bert_qa_text/config.pbtxt, model_repository.py --max_context_chars, "
-                                           "or $BERT_TRITON_MAX_CONTEXT_CHARS at server start; 0 = no limit)"),
-        "question over max_question_chars": ([b"why " * 100], [c], "row 0: the question has 400 characters, over the "
-                                             f"limit max_question_chars={MAX_QUESTION_CHARS}"),
-        "more windows than max_windows": ([two_windows["question"].encode()] * 7,
-                                          [two_windows["context"].encode()] * 7,
-                                          f"this request (7 rows, max_seq_length {MAX_SEQ}, doc_stride 64) needs 14 "
-                                          f"windows, over the limit max_windows={MAX_WINDOWS}; send less"),
-        "context not UTF-8": ([q, q], [c, "Renée".encode("latin-1")],
-                              "input 'context' row 1 is not UTF-8 (byte 0xe9 at offset 3: invalid continuation "
-                              "byte)"),
+        "context over max_context_chars": (
+            [q],
+            [too_long],
+            f"row 0: the context has {MAX_CONTEXT_CHARS + 1:,} "
+            f"characters, over the limit max_context_chars={MAX_CONTEXT_CHARS:,}; "
+            "send less per request, or have the server's operator raise "
+            "max_context_chars (parameter max_context_chars in "
+            "bert_qa_text/config.pbtxt, model_repository.py --max_context_chars, "
+            "or $BERT_TRITON_MAX_CONTEXT_CHARS at server start; 0 = no limit)",
+        ),
+        "question over max_question_chars": (
+            [b"why " * 100],
+            [c],
+            f"row 0: the question has 400 characters, over the limit max_question_chars={MAX_QUESTION_CHARS}",
+        ),
+        "more windows than max_windows": (
+            [two_windows["question"].encode()] * 7,
+            [two_windows["context"].encode()] * 7,
+            f"this request (7 rows, max_seq_length {MAX_SEQ}, doc_stride 64) needs 14 "
+            f"windows, over the limit max_windows={MAX_WINDOWS}; send less",
+        ),
+        "context not UTF-8": (
+            [q, q],
+            [c, "Renée".encode("latin-1")],
+            "input 'context' row 1 is not UTF-8 (byte 0xe9 at offset 3: invalid continuation byte)",
+        ),
         "question not UTF-8": ([b"\xff\xfe who?"], [c], "input 'question' row 0 is not UTF-8 (byte 0xff at offset 0"),
     }
 
@@ -368,8 +493,10 @@ def test_text_model_refuses_empty_over_limit_and_non_utf8_requests(server, qa_it
     from tritonclient.utils import InferenceServerException
 
     log = Path(server["log"]).read_text(errors="replace")
-    assert (f"bert_qa_text limits: max_context_chars={MAX_CONTEXT_CHARS} (config.pbtxt), max_question_chars="
-            f"{MAX_QUESTION_CHARS} (config.pbtxt), max_windows={MAX_WINDOWS} (config.pbtxt)") in log
+    assert (
+        f"bert_qa_text limits: max_context_chars={MAX_CONTEXT_CHARS} (config.pbtxt), max_question_chars="
+        f"{MAX_QUESTION_CHARS} (config.pbtxt), max_windows={MAX_WINDOWS} (config.pbtxt)"
+    ) in log
     good = qa_items[-1]  # "tiny": one short window
     for protocol, module, connection in clients(server):
         for what, (questions, contexts, message) in malformed_text_requests(qa_items).items():
@@ -377,8 +504,9 @@ def test_text_model_refuses_empty_over_limit_and_non_utf8_requests(server, qa_it
                 connection.infer("bert_qa_text", text_inputs(module, questions, contexts))
             assert error_status(e.value) == BAD_REQUEST[protocol], (protocol, what, e.value)
             assert message in e.value.message() and "\n" not in e.value.message(), (protocol, what, e.value)
-            result = connection.infer("bert_qa_text", text_inputs(module, [good["question"].encode()],
-                                                                  [good["context"].encode()]))
+            result = connection.infer(
+                "bert_qa_text", text_inputs(module, [good["question"].encode()], [good["context"].encode()])
+            )
             assert result.as_numpy("answer")[0][0].decode() == reference_answers[-1]["answer"], (protocol, what)
         connection.close()
 
@@ -390,7 +518,7 @@ def send_max_size_batch(server, model, repeats: int = 3) -> None:
     rng = np.random.default_rng(1)
     ids = rng.integers(1000, 30000, (MAX_BATCH, MAX_SEQ)).astype(np.int32)
     types = np.zeros_like(ids)
-    types[:, MAX_SEQ // 2:] = 1
+    types[:, MAX_SEQ // 2 :] = 1
     mask = np.ones_like(ids)
     with torch.no_grad():
         expected = model(*(torch.from_numpy(a).long() for a in (ids, types, mask)))[0].numpy()
@@ -423,8 +551,10 @@ def test_tensor_model_memory_stays_bounded_after_a_max_size_batch(server, deploy
     send_max_size_batch(server, deployment[0])
     after = memory_mib(pid)
     growth = after["rss"] - before["rss"]
-    print(f"bert_qa stub RSS: {before['rss']:.0f} MiB before, {after['rss']:.0f} MiB after 3 x "
-          f"[{MAX_BATCH}, {MAX_SEQ}] (growth {growth:.0f} MiB, peak {after['peak']:.0f} MiB)")
+    print(
+        f"bert_qa stub RSS: {before['rss']:.0f} MiB before, {after['rss']:.0f} MiB after 3 x "
+        f"[{MAX_BATCH}, {MAX_SEQ}] (growth {growth:.0f} MiB, peak {after['peak']:.0f} MiB)"
+    )
     assert growth < TENSOR_STUB_GROWTH_MIB, (before, after)
 
 
@@ -442,10 +572,15 @@ def soak_items(qa_items, deployment, minilm_dir) -> tuple[list[dict], list[dict]
     items = []
     for item in qa_items:
         end = item["context"].find(". ", 150)
-        items.append({**item, "context": item["context"][:end + 1] if end > 0 else item["context"]})
+        items.append({**item, "context": item["context"][: end + 1] if end > 0 else item["context"]})
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
-    answers = answer_questions(deployment[0], tokenizer, items, QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
-                               Runtime(batch_size=8, device="cpu"))
+    answers = answer_questions(
+        deployment[0],
+        tokenizer,
+        items,
+        QASettings(max_seq_length=MAX_SEQ, doc_stride=64),
+        Runtime(batch_size=8, device="cpu"),
+    )
     return items, answers
 
 
@@ -454,11 +589,24 @@ def soak_plan(n_items: int, seed: int) -> list[tuple[str, object]]:
     requests of 1-3 rows (indices of soak_items), and a malformed request (of a kind chosen in turn) every fourth
     one."""
     rng = np.random.default_rng(seed)
-    tensor_bad = ["wrong dtype", "shapes differ", "over-long sequence", "batch over max_batch_size",
-                  "ids outside the vocabulary", "empty sequence"]
-    text_bad = ["empty question", "blank context", "context over max_context_chars",
-                "question over max_question_chars", "more windows than max_windows", "context not UTF-8",
-                "question not UTF-8", "text as INT32"]
+    tensor_bad = [
+        "wrong dtype",
+        "shapes differ",
+        "over-long sequence",
+        "batch over max_batch_size",
+        "ids outside the vocabulary",
+        "empty sequence",
+    ]
+    text_bad = [
+        "empty question",
+        "blank context",
+        "context over max_context_chars",
+        "question over max_question_chars",
+        "more windows than max_windows",
+        "context not UTF-8",
+        "question not UTF-8",
+        "text as INT32",
+    ]
     bad = [("tensor_bad", k) for k in tensor_bad] + [("text_bad", k) for k in text_bad]
     plan = []
     for i in range(SOAK_REQUESTS):
@@ -491,8 +639,10 @@ def malformed_tensor_request(what: str) -> tuple[tuple, tuple]:
         "wrong dtype": (tuple(a.astype(np.int64) for a in (ids, types, mask)), ("INT64",) * 3),
         "shapes differ": ((ids, types[:, :10], mask), ("INT32",) * 3),
         "over-long sequence": ((long_row, 0 * long_row, long_row), ("INT32",) * 3),
-        "batch over max_batch_size": (tuple(np.repeat(a[:1], MAX_BATCH + 1, 0) for a in (ids, types, mask)),
-                                      ("INT32",) * 3),
+        "batch over max_batch_size": (
+            tuple(np.repeat(a[:1], MAX_BATCH + 1, 0) for a in (ids, types, mask)),
+            ("INT32",) * 3,
+        ),
         "ids outside the vocabulary": ((ids + 40000, types, mask), ("INT32",) * 3),
         "empty sequence": (tuple(a[:, :0] for a in (ids, types, mask)), ("INT32",) * 3),
     }[what]
@@ -540,13 +690,18 @@ def test_soak_mixed_clients_with_malformed_requests(server, deployment, qa_items
                         failures.append((index, n, kind, f"logits differ for {SOAK_SHAPES[spec]}"))
                 elif kind == "text":
                     rows = [items[r] for r in spec]
-                    result = connection.infer("bert_qa_text", text_inputs(
-                        module, [r["question"].encode() for r in rows], [r["context"].encode() for r in rows]))
+                    result = connection.infer(
+                        "bert_qa_text",
+                        text_inputs(
+                            module, [r["question"].encode() for r in rows], [r["context"].encode() for r in rows]
+                        ),
+                    )
                     answers = [a[0].decode() for a in result.as_numpy("answer")]
                     probabilities = result.as_numpy("probability")[:, 0]
                     want = [reference_answers[r] for r in spec]
                     if answers != [w["answer"] for w in want] or not np.allclose(
-                            probabilities, [w["probability"] for w in want], atol=1e-4):
+                        probabilities, [w["probability"] for w in want], atol=1e-4
+                    ):
                         failures.append((index, n, kind, f"answers {answers} != {[w['answer'] for w in want]}"))
                 elif kind == "tensor_bad":
                     arrays, dtypes = malformed_tensor_request(spec)
@@ -564,8 +719,9 @@ def test_soak_mixed_clients_with_malformed_requests(server, deployment, qa_items
                 if kind in ("tensor", "text"):
                     failures.append((index, n, kind, f"failed: {e}"))
                 elif error_status(e) != BAD_REQUEST[protocol]:
-                    failures.append((index, n, spec, f"refused with {error_status(e)}, not "
-                                                     f"{BAD_REQUEST[protocol]}: {e}"))
+                    failures.append(
+                        (index, n, spec, f"refused with {error_status(e)}, not {BAD_REQUEST[protocol]}: {e}")
+                    )
             except Exception as e:  # noqa: BLE001  (a client-side surprise is a failure of the soak too)
                 failures.append((index, n, kind, f"{type(e).__name__}: {e}"))
             records.append((kind, time.perf_counter() - started))
@@ -591,18 +747,36 @@ def test_soak_mixed_clients_with_malformed_requests(server, deployment, qa_items
     memory_after = {name: memory_mib(pid) for name, pid in pids.items()}
     good = [s for kind, s in records if kind in ("tensor", "text")]
     report = {
-        "clients": SOAK_THREADS, "requests_per_client": SOAK_REQUESTS, "requests": len(records),
-        "well_formed": len(good), "malformed": len(records) - len(good), "failures": len(failures),
-        "wall_s": round(wall, 1), "server_cpu_s": cpu,
-        "latency_ms": {kind: {"p50": round(float(np.percentile(lat, 50)) * 1e3, 1),
-                              "p99": round(float(np.percentile(lat, 99)) * 1e3, 1), "n": len(lat)}
-                       for kind in ("tensor", "text", "tensor_bad", "text_bad")
-                       for lat in [[s for k, s in records if k == kind]] if lat},
-        "latency_ms_well_formed": {"p50": round(float(np.percentile(good, 50)) * 1e3, 1),
-                                   "p99": round(float(np.percentile(good, 99)) * 1e3, 1)},
-        "memory_mib": {name: {"rss_before": round(memory_before[name]["rss"]),
-                              "rss_after": round(memory_after[name]["rss"]),
-                              "peak": round(memory_after[name]["peak"])} for name in pids},
+        "clients": SOAK_THREADS,
+        "requests_per_client": SOAK_REQUESTS,
+        "requests": len(records),
+        "well_formed": len(good),
+        "malformed": len(records) - len(good),
+        "failures": len(failures),
+        "wall_s": round(wall, 1),
+        "server_cpu_s": cpu,
+        "latency_ms": {
+            kind: {
+                "p50": round(float(np.percentile(lat, 50)) * 1e3, 1),
+                "p99": round(float(np.percentile(lat, 99)) * 1e3, 1),
+                "n": len(lat),
+            }
+            for kind in ("tensor", "text", "tensor_bad", "text_bad")
+            for lat in [[s for k, s in records if k == kind]]
+            if lat
+        },
+        "latency_ms_well_formed": {
+            "p50": round(float(np.percentile(good, 50)) * 1e3, 1),
+            "p99": round(float(np.percentile(good, 99)) * 1e3, 1),
+        },
+        "memory_mib": {
+            name: {
+                "rss_before": round(memory_before[name]["rss"]),
+                "rss_after": round(memory_after[name]["rss"]),
+                "peak": round(memory_after[name]["peak"]),
+            }
+            for name in pids
+        },
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     (tmp_path / "soak.json").write_text(json.dumps(report, indent=2))
@@ -617,9 +791,35 @@ def test_soak_mixed_clients_with_malformed_requests(server, deployment, qa_items
 def test_perf_measures_latency_and_throughput(server, tmp_path):
     perf = load_script("perf")
     out = tmp_path / "perf.json"
-    assert perf.main(["--url", server["grpc_url"], "--protocol", "grpc", "--model_name", "bert_qa",
-                      "--batch_sizes", "1", "4", "--concurrency", "1", "2", "--seq_length", "32", "--seconds", "1",
-                      "--warmup", "1", "--min_requests", "2", "--output", str(out)]) == 0
+    assert (
+        perf.main(
+            [
+                "--url",
+                server["grpc_url"],
+                "--protocol",
+                "grpc",
+                "--model_name",
+                "bert_qa",
+                "--batch_sizes",
+                "1",
+                "4",
+                "--concurrency",
+                "1",
+                "2",
+                "--seq_length",
+                "32",
+                "--seconds",
+                "1",
+                "--warmup",
+                "1",
+                "--min_requests",
+                "2",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["input_dtype"] == "INT32"
     rows = report["results"]
@@ -638,8 +838,11 @@ def test_stop_leaves_no_process(server):
     assert group_members(server["pid"]), "the server should be running before the stop"
     stubs = [p for p in group_members(server["pid"]) if p != server["pid"]]
     assert stubs, "the Python-backend stubs run in the server's process group"
-    proc = docs.run(docs.only_command_for("test_stop_leaves_no_process"), timeout=60,
-                    replace={"results/triton_server": server["state_dir"]})
+    proc = docs.run(
+        docs.only_command_for("test_stop_leaves_no_process"),
+        timeout=60,
+        replace={"results/triton_server": server["state_dir"]},
+    )
     assert json.loads(proc.stdout)["stopped"] == server["pid"]
     assert group_members(server["pid"]) == []
     assert not Path(server["state_dir"], "server.json").exists()
@@ -653,10 +856,10 @@ def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
     import importlib.util
     import types
 
-
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    spec = importlib.util.spec_from_file_location("qa_text_model_under_test",
-                                                  REPO_ROOT / "triton" / "backend" / "qa_text_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "qa_text_model_under_test", REPO_ROOT / "triton" / "backend" / "qa_text_model.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     for name in module.LIMITS:
@@ -666,12 +869,20 @@ def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
     config = {"parameters": {"max_context_chars": {"string_value": "500"}, "max_windows": {"string_value": "0"}}}
     monkeypatch.setenv("BERT_TRITON_MAX_WINDOWS", "7")
     values, sources = module._limits(config)
-    assert values == {"max_context_chars": 500, "max_question_chars": items.SERVER_LIMITS.max_question_chars,
-                      "max_windows": 7}
-    assert sources == {"max_context_chars": "config.pbtxt", "max_question_chars": "default",
-                       "max_windows": "$BERT_TRITON_MAX_WINDOWS"}
-    for bad, message in (("lots", "max_windows 'lots' (from $BERT_TRITON_MAX_WINDOWS) is not an integer"),
-                         ("-1", "max_windows -1 (from $BERT_TRITON_MAX_WINDOWS) must be >= 0")):
+    assert values == {
+        "max_context_chars": 500,
+        "max_question_chars": items.SERVER_LIMITS.max_question_chars,
+        "max_windows": 7,
+    }
+    assert sources == {
+        "max_context_chars": "config.pbtxt",
+        "max_question_chars": "default",
+        "max_windows": "$BERT_TRITON_MAX_WINDOWS",
+    }
+    for bad, message in (
+        ("lots", "max_windows 'lots' (from $BERT_TRITON_MAX_WINDOWS) is not an integer"),
+        ("-1", "max_windows -1 (from $BERT_TRITON_MAX_WINDOWS) must be >= 0"),
+    ):
         monkeypatch.setenv("BERT_TRITON_MAX_WINDOWS", bad)
         with pytest.raises(ValueError, match=re.escape(message)):
             module._limits(config)
@@ -680,13 +891,24 @@ def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
 def test_launcher_refuses_bad_requests(tmp_path):
     """Clear one-line errors and a non-zero exit: a missing repository, a model it does not hold, no server."""
     env = script_env()
-    missing = subprocess.run(["bash", str(SCRIPTS / "launch_server.sh"), str(tmp_path / "nope")], capture_output=True,
-                             text=True, timeout=60, env=env)
+    missing = subprocess.run(
+        ["bash", str(SCRIPTS / "launch_server.sh"), str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert missing.returncode != 0 and "is not a folder" in missing.stderr
     (tmp_path / "repo").mkdir()
-    no_model = subprocess.run(["bash", str(SCRIPTS / "launch_server.sh"), str(tmp_path / "repo"), "bert_qa"],
-                              capture_output=True, text=True, timeout=60, env=env)
+    no_model = subprocess.run(
+        ["bash", str(SCRIPTS / "launch_server.sh"), str(tmp_path / "repo"), "bert_qa"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert no_model.returncode != 0 and "no config.pbtxt" in no_model.stderr
-    stop = subprocess.run(["bash", str(SCRIPTS / "stop_server.sh"), str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, env=env)
+    stop = subprocess.run(
+        ["bash", str(SCRIPTS / "stop_server.sh"), str(tmp_path)], capture_output=True, text=True, timeout=60, env=env
+    )
     assert stop.returncode != 0 and "no server.json" in stop.stderr

@@ -19,6 +19,7 @@ Targets 21, 22, 23, 11, 24 are all different: unigram entropy ln 5; always guess
 three [MASK]ed slots (21, 23, 24: a tie, any one) is right at 1 of 3.
 Loss: a right guess costs ln(e^10 + 31) - 10, a wrong one ln(e^10 + 31); two right, three wrong.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,11 +33,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import subprocess_env
+from slurm_cluster import free_port
 
 from bert_recipe.pretraining.validation import SpecialIds, Validator, span_mask, strip_context, unigram_entropy
 from bert_recipe.training import dist_env
-from helpers import subprocess_env
-from slurm_cluster import free_port
 
 PAD, CLS, SEP, MASK, V = 0, 2, 3, 4, 32
 VOCAB = {"[PAD]": PAD, "[CLS]": CLS, "[SEP]": SEP, "[MASK]": MASK, "<": 10, "un": 11, "##k": 12, ">": 13}
@@ -44,8 +45,9 @@ VOCAB = {"[PAD]": PAD, "[CLS]": CLS, "[SEP]": SEP, "[MASK]": MASK, "<": 10, "un"
 
 def hand_made_shard() -> dict[str, np.ndarray]:
     return {
-        "input_ids": np.array([[CLS, 20, MASK, 22, MASK, SEP, PAD, PAD],
-                               [CLS, 10, MASK, 12, 13, MASK, SEP, PAD]], dtype=np.int32),
+        "input_ids": np.array(
+            [[CLS, 20, MASK, 22, MASK, SEP, PAD, PAD], [CLS, 10, MASK, 12, 13, MASK, SEP, PAD]], dtype=np.int32
+        ),
         "input_mask": np.array([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]], dtype=np.int8),
         "segment_ids": np.zeros((2, 8), dtype=np.int8),
         "masked_lm_positions": np.array([[2, 3, 4], [2, 5, 0]], dtype=np.int32),
@@ -66,8 +68,13 @@ class LeftNeighbourPlusOne(torch.nn.Module):
 
 
 def test_the_numbers_written_out_by_hand():
-    validator = Validator(hand_made_shard(), SpecialIds.from_vocab(VOCAB), batch_size=1,
-                          autocast=contextlib.nullcontext, env=dist_env.DistEnv())
+    validator = Validator(
+        hand_made_shard(),
+        SpecialIds.from_vocab(VOCAB),
+        batch_size=1,
+        autocast=contextlib.nullcontext,
+        env=dist_env.DistEnv(),
+    )
     result = validator(LeftNeighbourPlusOne())
     right, wrong = math.log(math.exp(10) + 31) - 10, math.log(math.exp(10) + 31)
     assert result["eval_masked_positions"] == 5 and result["eval_mask_slots"] == 3
@@ -98,7 +105,9 @@ def test_helpers_on_written_out_rows():
     assert covered[0].tolist() == [False] + [True] * 8 + [False] and not covered[1].any()  # row 1: no whole span
     mask = (ids > 0).astype(np.int8)
     assert strip_context(ids, mask, SpecialIds(CLS, SEP, MASK)).tolist() == [
-        [2, 4, 4, 4, 4, 4, 4, 4, 4, 3], [2, 4, 4, 4, 4, 4, 3, 0, 0, 0]]
+        [2, 4, 4, 4, 4, 4, 4, 4, 4, 3],
+        [2, 4, 4, 4, 4, 4, 3, 0, 0, 0],
+    ]
     # -(1/2 ln 1/2 + 2 * 1/4 ln 1/4) = 1.5 ln 2
     assert unigram_entropy(np.array([7, 7, 8, 9])) == pytest.approx(1.5 * math.log(2))
 
@@ -133,9 +142,22 @@ def test_two_ranks_holding_a_row_each_give_the_one_process_numbers(tmp_path):
     one process with both rows reports (written out above)."""
     port = free_port()  # below the ephemeral range, as every MASTER_PORT of the suite (slurm_cluster.free_port)
     script = RANK_WORKER.format(tests=str(Path(__file__).parent))
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**subprocess_env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port)}) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **subprocess_env(),
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     for out, _ in outs:

@@ -14,6 +14,7 @@ logits into answers exactly as inference.py does (the same finetuning/tasks/squa
 Output: a JSON list with one {"id", "question", "answer", "probability", "nbest"} per question (inference.py's
 format), to stdout and to --output when given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from bert_recipe.finetuning.tasks.items import read_items
+
 # answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
 from bert_recipe.finetuning.tasks.squad import QASettings, examples_from_qa_pairs
 from bert_recipe.io.atomic_io import atomic_write_json
@@ -57,8 +59,11 @@ def client_module(protocol: str):
 
 def input_datatypes(client, model_name: str, protocol: str) -> dict[str, str]:
     """{input name: Triton datatype (INT64, INT32, BYTES)} from the server's metadata of the model."""
-    meta = client.get_model_metadata(model_name) if protocol == "http" else \
-        client.get_model_metadata(model_name, as_json=True)
+    meta = (
+        client.get_model_metadata(model_name)
+        if protocol == "http"
+        else client.get_model_metadata(model_name, as_json=True)
+    )
     return {i["name"]: i["datatype"] for i in meta["inputs"]}
 
 
@@ -67,16 +72,18 @@ def input_datatypes(client, model_name: str, protocol: str) -> dict[str, str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     add_server_arguments(p, timeout=120.0)
     p.add_argument("--export_dir", default=None, help="export_model.py output: vocab.txt and export.json")
     p.add_argument("--vocab_file", default=None)
     p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--question", default=None)
     p.add_argument("--context", default=None)
-    p.add_argument("--input_file", default=None,
-                   help="JSON list / JSON lines of {id?, question, context}, or a SQuAD file")
+    p.add_argument(
+        "--input_file", default=None, help="JSON list / JSON lines of {id?, question, context}, or a SQuAD file"
+    )
     p.add_argument("--batch_size", type=int, default=8, help="windows per request (<= the model's max_batch_size)")
     p.add_argument("--max_seq_length", type=int, default=None, help="default: export.json's, else 384")
     QASettings.add_arguments(p)
@@ -116,20 +123,33 @@ class TritonQA:
     """A connection to the tensor model: `logits(features)` sends the windows in batches and returns
     {unique_id: (start_logits [S], end_logits [S])}."""
 
-    def __init__(self, url: str, protocol: str, model_name: str, timeout: float = 120.0,
-                 expected_inputs: Sequence[str] = INPUT_NAMES):
+    def __init__(
+        self,
+        url: str,
+        protocol: str,
+        model_name: str,
+        timeout: float = 120.0,
+        expected_inputs: Sequence[str] = INPUT_NAMES,
+    ):
         module = client_module(protocol)
         kwargs = {"network_timeout": timeout, "connection_timeout": timeout} if protocol == "http" else {}
         self.client = module.InferenceServerClient(url, **kwargs)
         self.module, self.protocol, self.model_name, self.timeout = module, protocol, model_name, timeout
         dtypes = input_datatypes(self.client, model_name, protocol)
         if set(dtypes) != set(expected_inputs):
-            raise InputError(f"model {model_name} takes {sorted(dtypes)}, not {list(expected_inputs)}: is "
-                             "--model_name (or --text_model) right?")
+            raise InputError(
+                f"model {model_name} takes {sorted(dtypes)}, not {list(expected_inputs)}: is "
+                "--model_name (or --text_model) right?"
+            )
         self.dtype = dtypes[expected_inputs[0]]
 
-    def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str] = INPUT_NAMES, dtypes=None,
-              outputs: Sequence[str] = ("start_logits", "end_logits")) -> list[np.ndarray]:
+    def infer(
+        self,
+        arrays: Sequence[np.ndarray],
+        names: Sequence[str] = INPUT_NAMES,
+        dtypes=None,
+        outputs: Sequence[str] = ("start_logits", "end_logits"),
+    ) -> list[np.ndarray]:
         """One request; raises tritonclient's InferenceServerException on a server-side error."""
         inputs = []
         for k, (name, array) in enumerate(zip(names, arrays)):
@@ -157,14 +177,20 @@ def feature_batches(features: Sequence, batch_size: int, dtype) -> Iterator[tupl
     """(windows, [input_ids, token_type_ids, attention_mask] each [b, L]) per batch, cut after the longest window
     of the batch (L), as predict.answer_questions batches them: no padding beyond it is computed or sent."""
     for start in range(0, len(features), batch_size):
-        chunk = features[start:start + batch_size]
+        chunk = features[start : start + batch_size]
         longest = max(sum(f.input_mask) for f in chunk)
-        yield chunk, [np.array([getattr(f, k)[:longest] for f in chunk], dtype=dtype)
-                      for k in ("input_ids", "segment_ids", "input_mask")]
+        yield (
+            chunk,
+            [
+                np.array([getattr(f, k)[:longest] for f in chunk], dtype=dtype)
+                for k in ("input_ids", "segment_ids", "input_mask")
+            ],
+        )
 
 
-def answer_with_triton(connection: TritonQA, tokenizer, items: Sequence[dict], settings: QASettings = QASettings(),
-                       batch_size: int = 8) -> list[dict[str, Any]]:
+def answer_with_triton(
+    connection: TritonQA, tokenizer, items: Sequence[dict], settings: QASettings = QASettings(), batch_size: int = 8
+) -> list[dict[str, Any]]:
     """predict.answer_questions with the model on the server: the same windows, batches and post-processing
     (`settings`: the windows and answers, as inference.py's), `batch_size` windows per request."""
 
@@ -177,15 +203,22 @@ def answer_with_text_model(connection: TritonQA, items: Sequence[dict], batch_si
     """Send raw strings to the server-side `<model>_text` model; the server tokenizes and post-processes."""
     out = []
     for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
+        chunk = items[start : start + batch_size]
         questions = np.array([[item["question"].encode("utf-8")] for item in chunk], dtype=object)
         contexts = np.array([[item["context"].encode("utf-8")] for item in chunk], dtype=object)
-        answers, probabilities, nbest = connection.infer([questions, contexts], ("question", "context"),
-                                                         ("BYTES", "BYTES"), ("answer", "probability", "nbest_json"))
+        answers, probabilities, nbest = connection.infer(
+            [questions, contexts], ("question", "context"), ("BYTES", "BYTES"), ("answer", "probability", "nbest_json")
+        )
         for i, item in enumerate(chunk):
-            out.append({"id": str(item.get("id", start + i)), "question": item["question"],
-                        "answer": answers[i][0].decode("utf-8"), "probability": float(probabilities[i][0]),
-                        "nbest": json.loads(nbest[i][0].decode("utf-8"))})
+            out.append(
+                {
+                    "id": str(item.get("id", start + i)),
+                    "question": item["question"],
+                    "answer": answers[i][0].decode("utf-8"),
+                    "probability": float(probabilities[i][0]),
+                    "nbest": json.loads(nbest[i][0].decode("utf-8")),
+                }
+            )
     return out
 
 
@@ -205,16 +238,26 @@ def _main(argv) -> int:
     connection = None
     try:
         if args.text_model:
-            connection = TritonQA(args.url, args.protocol, f"{args.model_name}_text", args.timeout,
-                                  expected_inputs=("question", "context"))
+            connection = TritonQA(
+                args.url,
+                args.protocol,
+                f"{args.model_name}_text",
+                args.timeout,
+                expected_inputs=("question", "context"),
+            )
             answers = answer_with_text_model(connection, items, args.batch_size)
         else:
             from tokenization import BertTokenizer
 
             vocab, lower, max_seq_length = tokenizer_settings(args)
             connection = TritonQA(args.url, args.protocol, args.model_name, args.timeout)
-            answers = answer_with_triton(connection, BertTokenizer(vocab, do_lower_case=lower), items,
-                                         QASettings.from_args(args, max_seq_length=max_seq_length), args.batch_size)
+            answers = answer_with_triton(
+                connection,
+                BertTokenizer(vocab, do_lower_case=lower),
+                items,
+                QASettings.from_args(args, max_seq_length=max_seq_length),
+                args.batch_size,
+            )
     except InferenceServerException as e:
         raise InputError(f"--url {args.url} ({args.protocol}): server error: {str(e).splitlines()[0]}") from None
     except ValueError as e:  # a bad item in --input_file

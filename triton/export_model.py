@@ -20,6 +20,7 @@ The output directory receives model.onnx, model.pt (TorchScript), vocab.txt when
 run right after export). The parity check feeds a padded batch of random ids through PyTorch, ONNX Runtime and
 TorchScript and fails the export if any output differs by more than --tolerance.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,27 +64,49 @@ class ExportWrapper(nn.Module):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="export_model.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True,
-                   help="Hugging Face directory, ckpt_<step>.pt, NVIDIA .pt, or a state-dict file")
+    p = argparse.ArgumentParser(
+        prog="export_model.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--checkpoint", required=True, help="Hugging Face directory, ckpt_<step>.pt, NVIDIA .pt, or a state-dict file"
+    )
     p.add_argument("--task", choices=("qa", "classification"), default="qa")
-    p.add_argument("--num_labels", type=int, default=None,
-                   help="classification only; default: read from the checkpoint's classifier weight")
+    p.add_argument(
+        "--num_labels",
+        type=int,
+        default=None,
+        help="classification only; default: read from the checkpoint's classifier weight",
+    )
     p.add_argument("--config_file", default=None, help="bert_config.json when none is inside/beside the checkpoint")
-    p.add_argument("--vocab_file", default=None, help="copied into the export for the client; default: vocab.txt "
-                   "beside the checkpoint, if any")
-    p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,
-                   help="recorded in export.json for the client's tokenizer")
+    p.add_argument(
+        "--vocab_file",
+        default=None,
+        help="copied into the export for the client; default: vocab.txt beside the checkpoint, if any",
+    )
+    p.add_argument(
+        "--do_lower_case",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="recorded in export.json for the client's tokenizer",
+    )
     p.add_argument("--output_dir", required=True)
     p.add_argument("--format", nargs="+", choices=("onnx", "torchscript"), default=["onnx", "torchscript"])
     p.add_argument("--input_dtype", choices=tuple(INPUT_DTYPES), default="int64")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (>= 17: LayerNormalization is one op)")
-    p.add_argument("--max_seq_length", type=int, default=384,
-                   help="longest sequence the server accepts (recorded; the graph itself is dynamic)")
-    p.add_argument("--allow_fresh_head", action="store_true",
-                   help="export even if the task head is not in the checkpoint (initialised randomly with --seed); "
-                        "only for tests and benchmarks")
+    p.add_argument(
+        "--max_seq_length",
+        type=int,
+        default=384,
+        help="longest sequence the server accepts (recorded; the graph itself is dynamic)",
+    )
+    p.add_argument(
+        "--allow_fresh_head",
+        action="store_true",
+        help="export even if the task head is not in the checkpoint (initialised randomly with --seed); "
+        "only for tests and benchmarks",
+    )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest |export - PyTorch| the parity check allows")
     p.add_argument("--no_verify", action="store_true", help="skip the parity check after export")
@@ -126,28 +149,34 @@ def load_model(args: argparse.Namespace) -> nn.Module:
     head_keys = ("qa_outputs.",) if args.task == "qa" else ("classifier.", "bert.pooler.")
     head_missing = report.fresh_head(*head_keys)
     if head_missing and not args.allow_fresh_head:
-        raise InputError(f"--checkpoint {args.checkpoint} has no {args.task} head (initialised fresh: "
-                         f"{', '.join(head_missing)}); export a fine-tuned checkpoint, or pass --allow_fresh_head "
-                         "for a test model")
+        raise InputError(
+            f"--checkpoint {args.checkpoint} has no {args.task} head (initialised fresh: "
+            f"{', '.join(head_missing)}); export a fine-tuned checkpoint, or pass --allow_fresh_head "
+            "for a test model"
+        )
     for line in report.lines():
         print(f"from_pretrained({cls.__name__}, {args.checkpoint}): {line}", file=sys.stderr)
     return model.float().eval()
 
 
-def example_inputs(batch: int, seq_len: int, vocab_size: int, dtype: torch.dtype, seed: int = 0,
-                   lengths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def example_inputs(
+    batch: int, seq_len: int, vocab_size: int, dtype: torch.dtype, seed: int = 0, lengths: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A padded batch: random ids after [CLS]-like position 0, segment B in the second half of each row, padding
     (id 0, mask 0) after each row's length. Default lengths go from seq_len down, so rows really differ."""
     g = torch.Generator().manual_seed(seed)
     if lengths is None:
         lengths = [max(2, seq_len - i * max(1, seq_len // (batch + 1))) for i in range(batch)]
-    input_ids = torch.randint(1000, vocab_size, (batch, seq_len), generator=g) if vocab_size > 1000 else \
-        torch.randint(1, vocab_size, (batch, seq_len), generator=g)
+    input_ids = (
+        torch.randint(1000, vocab_size, (batch, seq_len), generator=g)
+        if vocab_size > 1000
+        else torch.randint(1, vocab_size, (batch, seq_len), generator=g)
+    )
     token_type_ids = torch.zeros(batch, seq_len, dtype=torch.long)
     attention_mask = torch.zeros(batch, seq_len, dtype=torch.long)
     for row, n in enumerate(lengths):
         attention_mask[row, :n] = 1
-        token_type_ids[row, n // 2:n] = 1
+        token_type_ids[row, n // 2 : n] = 1
         input_ids[row, n:] = 0
     return input_ids.to(dtype), token_type_ids.to(dtype), attention_mask.to(dtype)
 
@@ -168,8 +197,17 @@ def export_onnx(wrapper: ExportWrapper, inputs: tuple[torch.Tensor, ...], path: 
         dynamic_axes[name] = {0: "batch", 1: "sequence"} if wrapper.task == "qa" else {0: "batch"}
     with warnings.catch_warnings(), atomic_open(path, "wb") as f:
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice and tracer warnings
-        torch.onnx.export(wrapper, inputs, f, input_names=list(INPUT_NAMES), output_names=list(output_names),
-                          dynamic_axes=dynamic_axes, opset_version=opset, do_constant_folding=True, dynamo=False)
+        torch.onnx.export(
+            wrapper,
+            inputs,
+            f,
+            input_names=list(INPUT_NAMES),
+            output_names=list(output_names),
+            dynamic_axes=dynamic_axes,
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
 
 
 def export_torchscript(wrapper: ExportWrapper, inputs: tuple[torch.Tensor, ...], path: Path) -> None:
@@ -208,8 +246,9 @@ def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
-def verify(wrapper: ExportWrapper, files: dict[str, Path], dtype: torch.dtype, vocab_size: int,
-           seq_len: int) -> dict[str, float]:
+def verify(
+    wrapper: ExportWrapper, files: dict[str, Path], dtype: torch.dtype, vocab_size: int, seq_len: int
+) -> dict[str, float]:
     """Max |export - PyTorch| per format on a padded batch of another shape than the one traced (3 x seq_len)."""
     inputs = example_inputs(3, seq_len, vocab_size, dtype, seed=1)
     with torch.no_grad():
@@ -246,8 +285,10 @@ def _main(argv) -> int:
     if args.num_labels is not None and args.num_labels < 1:
         raise InputError(f"--num_labels must be at least 1, got {args.num_labels}")
     if not Path(args.checkpoint).exists():
-        raise InputError(f"--checkpoint {args.checkpoint} not found: give a fine-tuned checkpoint (.pt, .bin, "
-                         ".safetensors or a Hugging Face folder)")
+        raise InputError(
+            f"--checkpoint {args.checkpoint} not found: give a fine-tuned checkpoint (.pt, .bin, "
+            ".safetensors or a Hugging Face folder)"
+        )
     if args.config_file is not None and not Path(args.config_file).is_file():
         raise InputError(f"--config_file {args.config_file} not found")
     vocab = find_vocab(args)  # before the export, not after it
@@ -255,8 +296,10 @@ def _main(argv) -> int:
     model = load_model(args)
     config = model.config
     if not 1 <= args.max_seq_length <= config.max_position_embeddings:
-        raise InputError(f"--max_seq_length {args.max_seq_length} must be in [1, {config.max_position_embeddings}] "
-                         f"(the model's max_position_embeddings)")
+        raise InputError(
+            f"--max_seq_length {args.max_seq_length} must be in [1, {config.max_position_embeddings}] "
+            f"(the model's max_position_embeddings)"
+        )
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = INPUT_DTYPES[args.input_dtype]

@@ -26,6 +26,7 @@ Layout written:
     <repository>/<model_name>_text/config.pbtxt     (--text_model)
     <repository>/<model_name>_text/1/model.py, sys_path.json, vocab.txt, settings.json, qa_client.py
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,39 +48,78 @@ TRITON_DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--export_dir", required=True, help="output_dir of export_model.py (export.json, model.onnx)")
     p.add_argument("--repository", required=True, help="model repository folder to write (created if absent)")
     p.add_argument("--model_name", default=None, help="default: bert_qa or bert_classifier by task")
     p.add_argument("--backend", choices=("onnxruntime", "python"), default="onnxruntime")
     p.add_argument("--max_batch_size", type=int, default=32)
-    p.add_argument("--preferred_batch_sizes", type=int, nargs="*", default=None,
-                   help="dynamic batcher's preferred sizes; default: powers of two up to max_batch_size from 4")
-    p.add_argument("--max_queue_delay_us", type=int, default=2000,
-                   help="how long the dynamic batcher may hold a request to form a bigger batch")
+    p.add_argument(
+        "--preferred_batch_sizes",
+        type=int,
+        nargs="*",
+        default=None,
+        help="dynamic batcher's preferred sizes; default: powers of two up to max_batch_size from 4",
+    )
+    p.add_argument(
+        "--max_queue_delay_us",
+        type=int,
+        default=2000,
+        help="how long the dynamic batcher may hold a request to form a bigger batch",
+    )
     batching = p.add_mutually_exclusive_group()
-    batching.add_argument("--dynamic_batching", action="store_true",
-                          help="give the tensor model Triton's dynamic batcher (default for --backend onnxruntime)")
-    batching.add_argument("--no_dynamic_batching", action="store_true",
-                          help="no dynamic batcher (default for --backend python: on this CPU, Triton 2.51's batcher "
-                               "thread spins while requests wait for the busy instance; see README.md)")
+    batching.add_argument(
+        "--dynamic_batching",
+        action="store_true",
+        help="give the tensor model Triton's dynamic batcher (default for --backend onnxruntime)",
+    )
+    batching.add_argument(
+        "--no_dynamic_batching",
+        action="store_true",
+        help="no dynamic batcher (default for --backend python: on this CPU, Triton 2.51's batcher "
+        "thread spins while requests wait for the busy instance; see README.md)",
+    )
     p.add_argument("--instance_count", type=int, default=1)
-    p.add_argument("--instance_kind", choices=("cpu", "gpu"), default=None,
-                   help="default: gpu for onnxruntime (NGC container), cpu for python")
-    p.add_argument("--intra_op_num_threads", type=int, default=0,
-                   help="python backend: ONNX Runtime threads per instance (0 = all cores)")
-    p.add_argument("--no_arena_shrinkage", action="store_true",
-                   help="python backend: let ONNX Runtime's CPU arena keep what the largest batch ever served grew "
-                        "it to (by default it shrinks back after every run)")
-    p.add_argument("--no_malloc_trim", action="store_true",
-                   help="python backend: do not hand glibc's free pages back to the system after each batch")
-    p.add_argument("--no_cpu_mem_arena", action="store_true",
-                   help="python backend: run ONNX Runtime without its CPU arena (big batches were 1.4-2.2x slower)")
-    p.add_argument("--tensorrt_fp16", action="store_true",
-                   help="onnxruntime backend on GPU: run through ONNX Runtime's TensorRT accelerator in FP16")
-    p.add_argument("--text_model", action="store_true",
-                   help="also write <model_name>_text: raw question/context strings in, answers out (qa only)")
+    p.add_argument(
+        "--instance_kind",
+        choices=("cpu", "gpu"),
+        default=None,
+        help="default: gpu for onnxruntime (NGC container), cpu for python",
+    )
+    p.add_argument(
+        "--intra_op_num_threads",
+        type=int,
+        default=0,
+        help="python backend: ONNX Runtime threads per instance (0 = all cores)",
+    )
+    p.add_argument(
+        "--no_arena_shrinkage",
+        action="store_true",
+        help="python backend: let ONNX Runtime's CPU arena keep what the largest batch ever served grew "
+        "it to (by default it shrinks back after every run)",
+    )
+    p.add_argument(
+        "--no_malloc_trim",
+        action="store_true",
+        help="python backend: do not hand glibc's free pages back to the system after each batch",
+    )
+    p.add_argument(
+        "--no_cpu_mem_arena",
+        action="store_true",
+        help="python backend: run ONNX Runtime without its CPU arena (big batches were 1.4-2.2x slower)",
+    )
+    p.add_argument(
+        "--tensorrt_fp16",
+        action="store_true",
+        help="onnxruntime backend on GPU: run through ONNX Runtime's TensorRT accelerator in FP16",
+    )
+    p.add_argument(
+        "--text_model",
+        action="store_true",
+        help="also write <model_name>_text: raw question/context strings in, answers out (qa only)",
+    )
     QASettings.add_arguments(p, prefix="text model: ")
     SERVER_LIMITS.add_arguments(p, prefix="text model (a 400; 0: no limit): ")
     p.add_argument("--link", action="store_true", help="symlink model.onnx instead of copying it")
@@ -119,8 +159,10 @@ def _dynamic_batching(args: argparse.Namespace) -> str:
     sizes = args.preferred_batch_sizes
     if sizes is None:
         sizes = [b for b in (4, 8, 16, 32, 64, 128, 256) if b <= args.max_batch_size] or [args.max_batch_size]
-    return (f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, sizes))} ]\n"
-            f"  max_queue_delay_microseconds: {args.max_queue_delay_us}\n}}\n")
+    return (
+        f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, sizes))} ]\n"
+        f"  max_queue_delay_microseconds: {args.max_queue_delay_us}\n}}\n"
+    )
 
 
 def model_config(info: dict, args: argparse.Namespace, name: str) -> str:
@@ -136,28 +178,50 @@ def model_config(info: dict, args: argparse.Namespace, name: str) -> str:
     text = "\n".join(lines) + "\n" + _dynamic_batching(args)
     text += f"instance_group [ {{ count: {args.instance_count} kind: KIND_{kind.upper()} }} ]\n"
     if args.backend == "onnxruntime" and args.tensorrt_fp16:
-        text += ('optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
-                 'parameters { key: "precision_mode" value: "FP16" } } ] } }\n')
+        text += (
+            'optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
+            'parameters { key: "precision_mode" value: "FP16" } } ] } }\n'
+        )
     # Read by the Python backend to refuse bad requests early; harmless for the native backend.
-    text += _parameters({"max_seq_length": info["max_seq_length"], "vocab_size": info["vocab_size"],
-                         "type_vocab_size": info["type_vocab_size"],
-                         "intra_op_num_threads": args.intra_op_num_threads,
-                         "cpu_mem_arena": str(not args.no_cpu_mem_arena).lower(),
-                         "arena_shrinkage": str(not args.no_arena_shrinkage).lower(),
-                         "malloc_trim": str(not args.no_malloc_trim).lower()})
+    text += _parameters(
+        {
+            "max_seq_length": info["max_seq_length"],
+            "vocab_size": info["vocab_size"],
+            "type_vocab_size": info["type_vocab_size"],
+            "intra_op_num_threads": args.intra_op_num_threads,
+            "cpu_mem_arena": str(not args.no_cpu_mem_arena).lower(),
+            "arena_shrinkage": str(not args.no_arena_shrinkage).lower(),
+            "malloc_trim": str(not args.no_malloc_trim).lower(),
+        }
+    )
     return text
 
 
 def text_model_config(name: str, args: argparse.Namespace) -> str:
     """Strings in, strings out: question and context [1] per request row; answer, probability, nbest (JSON)."""
     kind = args.instance_kind if args.instance_kind == "gpu" else "cpu"
-    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: {args.max_batch_size}\n'
-            "input [\n" + _tensor("question", "TYPE_STRING", [1]) + ",\n" + _tensor("context", "TYPE_STRING", [1])
-            + "\n]\noutput [\n" + _tensor("answer", "TYPE_STRING", [1]) + ",\n"
-            + _tensor("probability", "TYPE_FP32", [1]) + ",\n" + _tensor("nbest_json", "TYPE_STRING", [1])
-            + "\n]\n" + f"instance_group [ {{ count: 1 kind: KIND_{kind.upper()} }} ]\n"
-            + _parameters({"max_context_chars": args.max_context_chars,
-                           "max_question_chars": args.max_question_chars, "max_windows": args.max_windows}))
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {args.max_batch_size}\n'
+        "input [\n"
+        + _tensor("question", "TYPE_STRING", [1])
+        + ",\n"
+        + _tensor("context", "TYPE_STRING", [1])
+        + "\n]\noutput [\n"
+        + _tensor("answer", "TYPE_STRING", [1])
+        + ",\n"
+        + _tensor("probability", "TYPE_FP32", [1])
+        + ",\n"
+        + _tensor("nbest_json", "TYPE_STRING", [1])
+        + "\n]\n"
+        + f"instance_group [ {{ count: 1 kind: KIND_{kind.upper()} }} ]\n"
+        + _parameters(
+            {
+                "max_context_chars": args.max_context_chars,
+                "max_question_chars": args.max_question_chars,
+                "max_windows": args.max_windows,
+            }
+        )
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -205,8 +269,10 @@ def _main(argv) -> int:
         if getattr(args, name) < 0:
             raise InputError(f"--{name} {getattr(args, name)} must be >= 0 (0: no limit)")
     if args.text_model and info["task"] != "qa":
-        raise InputError("--text_model serves question answering only; the export is a classification model: "
-                         "export a question-answering model")
+        raise InputError(
+            "--text_model serves question answering only; the export is a classification model: "
+            "export a question-answering model"
+        )
     if args.text_model and not info.get("vocab_file"):
         raise InputError(f"--text_model needs a vocabulary: re-export with --vocab_file ({export_dir} has none)")
     name = args.model_name or ("bert_qa" if info["task"] == "qa" else "bert_classifier")
@@ -229,13 +295,22 @@ def _main(argv) -> int:
         write_python_model(text_version, HERE / "backend" / "qa_text_model.py")
         copy_file(export_dir / info["vocab_file"], text_version / "vocab.txt")
         copy_file(HERE / "client.py", text_version / "qa_client.py")
-        atomic_write_json(text_version / "settings.json", {
-            "tensor_model": name, "input_dtype": info["input_dtype"], "do_lower_case": info["do_lower_case"],
-            "max_seq_length": info["max_seq_length"], "doc_stride": args.doc_stride,
-            "max_query_length": args.max_query_length, "n_best_size": args.n_best_size,
-            "max_answer_length": args.max_answer_length, "batch_size": args.max_batch_size,
-            "version_2_with_negative": args.version_2_with_negative,
-            "null_score_diff_threshold": args.null_score_diff_threshold})
+        atomic_write_json(
+            text_version / "settings.json",
+            {
+                "tensor_model": name,
+                "input_dtype": info["input_dtype"],
+                "do_lower_case": info["do_lower_case"],
+                "max_seq_length": info["max_seq_length"],
+                "doc_stride": args.doc_stride,
+                "max_query_length": args.max_query_length,
+                "n_best_size": args.n_best_size,
+                "max_answer_length": args.max_answer_length,
+                "batch_size": args.max_batch_size,
+                "version_2_with_negative": args.version_2_with_negative,
+                "null_score_diff_threshold": args.null_score_diff_threshold,
+            },
+        )
         atomic_write_text(repository / text_name / "config.pbtxt", text_model_config(text_name, args))
         written.append(text_name)
     print(json.dumps({"repository": str(repository), "models": written, "backend": args.backend}))

@@ -12,6 +12,7 @@ answer received), throughput in sequences/s (sequences answered / wall time of t
 Inputs are synthetic (ids drawn uniformly from the vocabulary, no padding, second half segment B), the dtype taken
 from the server's model metadata. Writes JSON (--output), a table on stdout, and a plot (--plot, PNG).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,20 @@ INPUT_NAMES = client_script.INPUT_NAMES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     client_script.add_server_arguments(p, timeout=300.0)
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--seq_length", type=int, default=384)
     p.add_argument("--seconds", type=float, default=10.0, help="measurement window per configuration")
-    p.add_argument("--min_requests", type=int, default=5,
-                   help="per configuration: keep measuring past --seconds until this many requests answered")
+    p.add_argument(
+        "--min_requests",
+        type=int,
+        default=5,
+        help="per configuration: keep measuring past --seconds until this many requests answered",
+    )
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests per thread before each window")
     p.add_argument("--vocab_size", type=int, default=30522, help="ids are drawn below this")
     p.add_argument("--output", default="results/triton_perf.json")
@@ -65,9 +71,12 @@ def input_dtype(module, url: str, model: str, protocol: str) -> str:
 def make_inputs(module, batch: int, seq_len: int, dtype: str, vocab_size: int, seed: int) -> list:
     rng = np.random.default_rng(seed)
     np_dtype = np.int64 if dtype == "INT64" else np.int32
-    arrays = [rng.integers(1000 if vocab_size > 1000 else 1, vocab_size, (batch, seq_len)).astype(np_dtype),
-              np.zeros((batch, seq_len), np_dtype), np.ones((batch, seq_len), np_dtype)]
-    arrays[1][:, seq_len // 2:] = 1
+    arrays = [
+        rng.integers(1000 if vocab_size > 1000 else 1, vocab_size, (batch, seq_len)).astype(np_dtype),
+        np.zeros((batch, seq_len), np_dtype),
+        np.ones((batch, seq_len), np_dtype),
+    ]
+    arrays[1][:, seq_len // 2 :] = 1
     inputs = []
     for name, array in zip(INPUT_NAMES, arrays):
         tensor = module.InferInput(name, list(array.shape), dtype)
@@ -132,9 +141,15 @@ def measure(module, args: argparse.Namespace, batch: int, concurrency: int, dtyp
         t.join(timeout=args.timeout)
     wall = time.perf_counter() - start  # includes the last in-flight requests, which are counted too
     flat = np.array([x for per_thread in latencies for x in per_thread]) * 1e3
-    result = {"batch_size": batch, "concurrency": concurrency, "seq_length": args.seq_length,
-              "requests": int(flat.size), "errors": int(sum(errors)), "wall_s": round(wall, 3),
-              "throughput_seq_per_s": round(flat.size * batch / wall, 3)}
+    result = {
+        "batch_size": batch,
+        "concurrency": concurrency,
+        "seq_length": args.seq_length,
+        "requests": int(flat.size),
+        "errors": int(sum(errors)),
+        "wall_s": round(wall, 3),
+        "throughput_seq_per_s": round(flat.size * batch / wall, 3),
+    }
     if flat.size:
         result.update({f"latency_p{q}_ms": round(float(np.percentile(flat, q)), 3) for q in (50, 90, 99)})
         result["latency_mean_ms"] = round(float(flat.mean()), 3)
@@ -147,9 +162,11 @@ def table(rows: list[dict]) -> str:
     head = "| batch | concurrency | p50 ms | p90 ms | p99 ms | seq/s | requests | errors |"
     lines = [head, "|" + "---|" * 8]
     for r in rows:
-        lines.append(f"| {r['batch_size']} | {r['concurrency']} | {r.get('latency_p50_ms', '-')} | "
-                     f"{r.get('latency_p90_ms', '-')} | {r.get('latency_p99_ms', '-')} | "
-                     f"{r['throughput_seq_per_s']} | {r['requests']} | {r['errors']} |")
+        lines.append(
+            f"| {r['batch_size']} | {r['concurrency']} | {r.get('latency_p50_ms', '-')} | "
+            f"{r.get('latency_p90_ms', '-')} | {r.get('latency_p99_ms', '-')} | "
+            f"{r['throughput_seq_per_s']} | {r['requests']} | {r['errors']} |"
+        )
     return "\n".join(lines)
 
 
@@ -195,15 +212,23 @@ def _main(argv) -> int:
     except InputError:
         raise
     except Exception as e:  # the client's own errors (connection refused, an unknown model)
-        raise InputError(f"--url {args.url} ({args.protocol}): cannot read model {args.model_name!r}: "
-                         f"{str(e).splitlines()[0]}") from None
+        raise InputError(
+            f"--url {args.url} ({args.protocol}): cannot read model {args.model_name!r}: {str(e).splitlines()[0]}"
+        ) from None
     rows = []
     for batch in args.batch_sizes:
         for concurrency in args.concurrency:
             rows.append(measure(module, args, batch, concurrency, dtype))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    report = {"url": args.url, "protocol": args.protocol, "model": args.model_name, "input_dtype": dtype,
-              "seq_length": args.seq_length, "seconds_per_config": args.seconds, "results": rows}
+    report = {
+        "url": args.url,
+        "protocol": args.protocol,
+        "model": args.model_name,
+        "input_dtype": dtype,
+        "seq_length": args.seq_length,
+        "seconds_per_config": args.seconds,
+        "results": rows,
+    }
     atomic_write_json(args.output, report)
     print(table(rows))
     if not args.no_plot:

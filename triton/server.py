@@ -15,6 +15,7 @@ ships the server, the Python backend and one backend stub per Python version in 
 <state_dir>/backends/python with the stub for this interpreter's version, and puts the wheel's bundled libraries on
 LD_LIBRARY_PATH (see ../shared/notes/triton-server-on-cpu.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,10 +85,16 @@ def find_installation(explicit: str | None = None) -> Installation:
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         stub = package / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub"
         if binary.is_file():
-            return Installation(binary, package / "tritonserver" / "backends", package.parent / "nvidia_pytriton.libs",
-                                stub if stub.is_file() else None)
-    raise ServerError("no tritonserver binary found: pip install nvidia-pytriton==0.7.0 (requirements-test.txt), "
-                      "run inside an NGC Triton container, or pass --tritonserver / set $TRITONSERVER")
+            return Installation(
+                binary,
+                package / "tritonserver" / "backends",
+                package.parent / "nvidia_pytriton.libs",
+                stub if stub.is_file() else None,
+            )
+    raise ServerError(
+        "no tritonserver binary found: pip install nvidia-pytriton==0.7.0 (requirements-test.txt), "
+        "run inside an NGC Triton container, or pass --tritonserver / set $TRITONSERVER"
+    )
 
 
 def prepare_backends(install: Installation, state_dir: Path) -> Path | None:
@@ -133,8 +140,15 @@ def log_tail(path: str | Path, lines: int = 30) -> str:
     return ""
 
 
-def start(repository: str | Path, models: list[str], state_dir: str | Path, timeout: float = 180.0,
-          tritonserver: str | None = None, extra_args: list[str] | None = None, log_verbose: int = 0) -> ServerInfo:
+def start(
+    repository: str | Path,
+    models: list[str],
+    state_dir: str | Path,
+    timeout: float = 180.0,
+    tritonserver: str | None = None,
+    extra_args: list[str] | None = None,
+    log_verbose: int = 0,
+) -> ServerInfo:
     """Start tritonserver on free loopback ports and wait until it and `models` are ready."""
     repository = Path(repository).resolve()
     if not repository.is_dir():
@@ -153,20 +167,36 @@ def start(repository: str | Path, models: list[str], state_dir: str | Path, time
     for _ in range(3):  # a port taken between free_ports() and the server's bind: try new ports
         http, grpc, metrics = free_ports(3)
         log = state_dir / "server.log"
-        cmd = [str(install.binary), f"--model-repository={repository}", f"--http-port={http}",
-               f"--grpc-port={grpc}", f"--metrics-port={metrics}", "--http-address=127.0.0.1",
-               "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", f"--log-verbose={log_verbose}",
-               "--exit-on-error=true", "--strict-readiness=true"]
+        cmd = [
+            str(install.binary),
+            f"--model-repository={repository}",
+            f"--http-port={http}",
+            f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--metrics-address=127.0.0.1",
+            f"--log-verbose={log_verbose}",
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+        ]
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
         cmd += list(extra_args or [])
         with open(log, "wb") as log_file:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         info = ServerInfo(proc.pid, http, grpc, metrics, str(repository), list(models), str(log))
         deadline = time.monotonic() + timeout
-        urls = [f"http://{info.http_url}/v2/health/ready"] + [f"http://{info.http_url}/v2/models/{m}/ready"
-                                                              for m in models]
+        urls = [f"http://{info.http_url}/v2/health/ready"] + [
+            f"http://{info.http_url}/v2/models/{m}/ready" for m in models
+        ]
         while time.monotonic() < deadline and proc.poll() is None:
             if all(_ready(u) for u in urls):
                 atomic_write_json(state_dir / "server.json", asdict(info))
@@ -188,8 +218,9 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return any(pid_alive(int(p.name)) for p in Path("/proc").iterdir()
-               if p.name.isdigit() and _pgid_of(int(p.name)) == pgid)
+    return any(
+        pid_alive(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid_of(int(p.name)) == pgid
+    )
 
 
 def _pgid_of(pid: int) -> int | None:
@@ -252,8 +283,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.command == "start":
-            info = start(args.repository, args.models, args.state_dir, args.timeout, args.tritonserver,
-                         log_verbose=args.log_verbose)
+            info = start(
+                args.repository,
+                args.models,
+                args.state_dir,
+                args.timeout,
+                args.tritonserver,
+                log_verbose=args.log_verbose,
+            )
             print(json.dumps({**asdict(info), "http_url": info.http_url, "grpc_url": info.grpc_url}), flush=True)
         else:
             print(json.dumps(stop(args.state_dir, args.timeout)), flush=True)

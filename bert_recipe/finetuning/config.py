@@ -13,6 +13,7 @@ its configuration (GlueConfig, SquadConfig, SwagConfig) re-declares the sections
 `FinetuneConfig.rules` holds the checks of the shared flags, the script's `positive` flags among them, then the
 script's own (`task_rules`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -89,7 +90,9 @@ class FinetuneTraining:
     """micro-batches per optimizer step"""
     seed: int = 42
     """random seed (the new head, dropout, shuffling)"""
-    precision: str = flag("auto", help=precision_policy.HELP_FINETUNING)  # the rule for auto is precision_policy.py's text
+    precision: str = flag(
+        "auto", help=precision_policy.HELP_FINETUNING
+    )  # the rule for auto is precision_policy.py's text
     loss_scale: float = 0.0
     """fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale"""
 
@@ -137,23 +140,37 @@ class FinetuneConfig(Config):
         r, t, rt = self.run, self.training, self.runtime
         flags, output_dir = self.flags(), self.data.output_dir
         return [
-            (not (r.do_train or r.do_eval or r.do_predict),
-             "nothing to do: pass at least one of --do_train, --do_eval, --do_predict"),
+            (
+                not (r.do_train or r.do_eval or r.do_predict),
+                "nothing to do: pass at least one of --do_train, --do_eval, --do_predict",
+            ),
             *[(flags[name] < 1, f"--{name} must be positive, got {flags[name]}") for name in self.positive],
-            (t.gradient_accumulation_steps < 1 or t.train_batch_size % max(t.gradient_accumulation_steps, 1) != 0,
-             f"--train_batch_size {t.train_batch_size} must be a positive multiple of --gradient_accumulation_steps "
-             f"{t.gradient_accumulation_steps}"),
+            (
+                t.gradient_accumulation_steps < 1 or t.train_batch_size % max(t.gradient_accumulation_steps, 1) != 0,
+                f"--train_batch_size {t.train_batch_size} must be a positive multiple of --gradient_accumulation_steps "
+                f"{t.gradient_accumulation_steps}",
+            ),
             (t.train_batch_size < 1, f"--train_batch_size must be positive, got {t.train_batch_size}"),
-            (not 0.0 <= t.warmup_proportion <= 1.0,
-             f"--warmup_proportion must be in [0, 1], got {t.warmup_proportion}"),
-            (r.do_train and t.max_steps <= 0 and t.num_train_epochs <= 0,
-             "--num_train_epochs must be positive (or give --max_steps)"),
-            (t.loss_scale < 0 or rt.log_freq < 1 or rt.num_workers < 0,
-             "--loss_scale and --num_workers must not be negative, --log_freq must be positive"),
-            (bool(output_dir) and Path(output_dir).exists() and not Path(output_dir).is_dir(),
-             f"--output_dir {output_dir} is a file: name a folder for the results"),
-            (bool(rt.json_summary) and Path(rt.json_summary).is_dir(),
-             f"--json-summary {rt.json_summary} is a folder: name the log file"),
+            (
+                not 0.0 <= t.warmup_proportion <= 1.0,
+                f"--warmup_proportion must be in [0, 1], got {t.warmup_proportion}",
+            ),
+            (
+                r.do_train and t.max_steps <= 0 and t.num_train_epochs <= 0,
+                "--num_train_epochs must be positive (or give --max_steps)",
+            ),
+            (
+                t.loss_scale < 0 or rt.log_freq < 1 or rt.num_workers < 0,
+                "--loss_scale and --num_workers must not be negative, --log_freq must be positive",
+            ),
+            (
+                bool(output_dir) and Path(output_dir).exists() and not Path(output_dir).is_dir(),
+                f"--output_dir {output_dir} is a file: name a folder for the results",
+            ),
+            (
+                bool(rt.json_summary) and Path(rt.json_summary).is_dir(),
+                f"--json-summary {rt.json_summary} is a folder: name the log file",
+            ),
             *self.task_rules(),
         ]
 
@@ -304,17 +321,28 @@ class SquadConfig(FinetuneConfig):
     def task_rules(self) -> list[tuple[bool, str]]:
         """The files each mode needs, found, and windows with room for a document token."""
         d, m, r, w = self.data, self.model, self.run, self.windows
-        files = {"train_file": d.train_file, "predict_file": d.predict_file, "eval_script": r.eval_script,
-                 "config_file": m.config_file, "vocab_file": m.vocab_file}
+        files = {
+            "train_file": d.train_file,
+            "predict_file": d.predict_file,
+            "eval_script": r.eval_script,
+            "config_file": m.config_file,
+            "vocab_file": m.vocab_file,
+        }
         return [
             (r.do_train and not d.train_file, "--do_train needs --train_file (a SQuAD json such as train-v1.1.json)"),
-            ((r.do_predict or r.do_eval) and not d.predict_file,
-             "--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)"),
-            *[(value is not None and not Path(value).is_file(), f"--{name} {value} not found")
-              for name, value in files.items()],
-            (m.max_seq_length < w.max_query_length + 4,
-             f"--max_seq_length {m.max_seq_length} must be at least --max_query_length {w.max_query_length} + 4 "
-             "([CLS], two [SEP] and one document token)"),
+            (
+                (r.do_predict or r.do_eval) and not d.predict_file,
+                "--do_predict/--do_eval need --predict_file (a SQuAD json such as dev-v1.1.json)",
+            ),
+            *[
+                (value is not None and not Path(value).is_file(), f"--{name} {value} not found")
+                for name, value in files.items()
+            ],
+            (
+                m.max_seq_length < w.max_query_length + 4,
+                f"--max_seq_length {m.max_seq_length} must be at least --max_query_length {w.max_query_length} + 4 "
+                "([CLS], two [SEP] and one document token)",
+            ),
         ]
 
 
@@ -377,5 +405,6 @@ class SwagConfig(FinetuneConfig):
 
     def task_rules(self) -> list[tuple[bool, str]]:
         """Room for [CLS] and two [SEP]."""
-        return [(self.model.max_seq_length < 3,
-                 f"--max_seq_length must be at least 3, got {self.model.max_seq_length}")]
+        return [
+            (self.model.max_seq_length < 3, f"--max_seq_length must be at least 3, got {self.model.max_seq_length}")
+        ]

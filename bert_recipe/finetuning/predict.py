@@ -10,6 +10,7 @@ bottom:
    (`encode_pairs`: [CLS] A [SEP] B [SEP]), which return JSON-ready lists.
 Library code: bad input raises (ValueError, cli.InputError); a script's main() turns it into one line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,9 @@ def check_init_checkpoint(args) -> None:
     if ckpt is None and args.config_file is None:
         raise cli.InputError("give --init_checkpoint, or --config_file to start from random weights")
     if ckpt is not None and not ckpt.exists():
-        raise cli.InputError(f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging "
-                             "Face directory")
+        raise cli.InputError(
+            f"--init_checkpoint {ckpt} not found: give a ckpt_<step>.pt, a model.pt or a Hugging Face directory"
+        )
 
 
 def resolve_model_files(args) -> str:
@@ -58,8 +60,11 @@ def resolve_model_files(args) -> str:
     vocab_file = args.vocab_file
     if vocab_file is None:
         folder = None if ckpt is None else ckpt if ckpt.is_dir() else ckpt.parent
-        found = [] if folder is None else [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt")
-                                           if p.is_file()]
+        found = (
+            []
+            if folder is None
+            else [p for p in (folder / "vocab.txt", folder / "hf_model" / "vocab.txt") if p.is_file()]
+        )
         if not found:
             raise cli.InputError(f"no vocab.txt in or beside {ckpt or '--init_checkpoint'}: pass --vocab_file")
         vocab_file = str(found[0])
@@ -75,12 +80,16 @@ def check_model_fits(config, vocab_size: int, vocab_file: str, max_seq_length: i
     than the model's vocab_size (its ids would index past the embedding table, an IndexError mid-run), or a
     --max_seq_length beyond its max_position_embeddings (the same, for positions)."""
     if vocab_size > config.vocab_size:
-        raise cli.InputError(f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
-                               f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
-                               "--config_file)")
+        raise cli.InputError(
+            f"--vocab_file {vocab_file} has {vocab_size} tokens but the model only "
+            f"{config.vocab_size}: pass the vocabulary the model was trained with (or the right "
+            "--config_file)"
+        )
     if max_seq_length > config.max_position_embeddings:
-        raise cli.InputError(f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
-                               f"{config.max_position_embeddings}: pass at most that")
+        raise cli.InputError(
+            f"--max_seq_length {max_seq_length} exceeds the model's max_position_embeddings "
+            f"{config.max_position_embeddings}: pass at most that"
+        )
 
 
 def checkpoint_labels(path: str | Path) -> tuple[int | None, list[str] | None]:
@@ -108,8 +117,9 @@ def checkpoint_labels(path: str | Path) -> tuple[int | None, list[str] | None]:
 INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")  # what the model reads; the rest of a batch: labels
 
 
-def pad_sequences(sequences: Sequence[tuple[np.ndarray, np.ndarray]], shape: tuple[int, ...]
-                  ) -> dict[str, torch.Tensor]:
+def pad_sequences(
+    sequences: Sequence[tuple[np.ndarray, np.ndarray]], shape: tuple[int, ...]
+) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids and attention_mask, int64 [*shape, S], from unpadded (input_ids [L],
     token_type_ids [L]) sequences: each is zero-padded ([PAD] is id 0) to S, the longest of the batch, so that a
     batch of short sentences costs what short sentences cost. `shape`: (B,), or (B, C) for C choices an example
@@ -128,13 +138,17 @@ def pad_sequences(sequences: Sequence[tuple[np.ndarray, np.ndarray]], shape: tup
 def length_sorted_batches(lengths, batch_size: int) -> list[list[int]]:
     """Prediction batches of examples with similar lengths (longest first), so padding costs next to nothing."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
 
 
 @torch.inference_mode()
-def forward_batches(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
-                    head_outputs: Callable[[Any], torch.Tensor], precision: str, device: torch.device
-                    ) -> Iterator[tuple[np.ndarray, float]]:
+def forward_batches(
+    model: torch.nn.Module,
+    batches: Iterable[dict[str, torch.Tensor]],
+    head_outputs: Callable[[Any], torch.Tensor],
+    precision: str,
+    device: torch.device,
+) -> Iterator[tuple[np.ndarray, float]]:
     """The forward pass of every prediction (`predict`, inference.py): per batch of the batch vocabulary, (the
     head's outputs [B, ...] as float32 on the host, the forward's wall time in ms). Only the model's inputs are
     passed (no labels), so the model returns its head's outputs, which `head_outputs` picks from its output."""
@@ -164,8 +178,9 @@ class Runtime:
     progress: bool = False
 
 
-def add_runtime_arguments(parser: argparse.ArgumentParser, batch_size: int, batch_help: str,
-                          progress_help: str) -> None:
+def add_runtime_arguments(
+    parser: argparse.ArgumentParser, batch_size: int, batch_help: str, progress_help: str
+) -> None:
     """The "runtime" flags of the commands that only read a model (this script, extract_features.py): what a
     Runtime is made of, plus --no_cuda and --debug. Precision defaults to fp32 there (precision_policy.READ): the same
     command gives the same outputs on every machine."""
@@ -177,14 +192,19 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, batch_size: int, batc
     cli.add_debug_argument(g)
 
 
-def _predict(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], head: Callable[[Any], torch.Tensor],
-             runtime: Runtime, unit: str) -> list[np.ndarray]:
+def _predict(
+    model,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    head: Callable[[Any], torch.Tensor],
+    runtime: Runtime,
+    unit: str,
+) -> list[np.ndarray]:
     """The head's output for every unpadded (input_ids [L], token_type_ids [L]) sequence, in input order:
     consecutive batches of runtime.batch_size, each padded to its longest (pad_sequences), through the
     fine-tuning recipe's forward pass (forward_batches)."""
     device = next(model.parameters()).device if runtime.device is None else torch.device(runtime.device)
     size = runtime.batch_size
-    chunks = (sequences[lo:lo + size] for lo in range(0, len(sequences), size))
+    chunks = (sequences[lo : lo + size] for lo in range(0, len(sequences), size))
     batches = (pad_sequences(chunk, (len(chunk),)) for chunk in chunks)
     outputs: list[np.ndarray] = []
     with _progress_bar(len(sequences), size, runtime.progress, unit) as bar:
@@ -196,18 +216,30 @@ def _predict(model, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], he
 
 def _progress_bar(total: int, batch_size: int, enabled: bool, unit: str):
     """A tqdm bar on stderr for more than four batches of work, else one that shows nothing."""
-    return tqdm(total=total, unit=unit, desc="inference.py", file=sys.stderr, mininterval=1.0,
-                disable=not enabled or total <= 4 * batch_size)
+    return tqdm(
+        total=total,
+        unit=unit,
+        desc="inference.py",
+        file=sys.stderr,
+        mininterval=1.0,
+        disable=not enabled or total <= 4 * batch_size,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
 # 4. The two tasks, as functions
 
 
-def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]],
-                     settings: squad.QASettings = squad.QASettings(), runtime: Runtime = Runtime(), *,
-                     max_windows: int = 0, how_to_raise: str = "raise max_windows (0: no limit)"
-                     ) -> list[dict[str, Any]]:
+def answer_questions(
+    model,
+    tokenizer: BertTokenizer,
+    items: Sequence[Mapping[str, Any]],
+    settings: squad.QASettings = squad.QASettings(),
+    runtime: Runtime = Runtime(),
+    *,
+    max_windows: int = 0,
+    how_to_raise: str = "raise max_windows (0: no limit)",
+) -> list[dict[str, Any]]:
     """Answer [{"id"?, "question", "context"}, ...] with a BertForQuestionAnswering (or any module with the same
     forward(input_ids, token_type_ids, attention_mask) -> (start [B,S], end [B,S])), cutting each context into
     windows and reading the answers back as `settings` say.
@@ -224,12 +256,22 @@ def answer_questions(model, tokenizer: BertTokenizer, items: Sequence[Mapping[st
     if max_windows:
         windows = np.bincount([f.example_index for f in features], minlength=len(examples))
         worst = int(windows.argmax())
-        check_windows(int(windows[worst]), max_windows, f"item {worst} (id {examples[worst].qas_id!r}, context of "
-                      f"{len(items[worst]['context']):,} characters at max_seq_length {settings.max_seq_length}, "
-                      f"doc_stride {settings.doc_stride})", how_to_raise)
+        check_windows(
+            int(windows[worst]),
+            max_windows,
+            f"item {worst} (id {examples[worst].qas_id!r}, context of "
+            f"{len(items[worst]['context']):,} characters at max_seq_length {settings.max_seq_length}, "
+            f"doc_stride {settings.doc_stride})",
+            how_to_raise,
+        )
     lengths = [sum(f.input_mask) for f in features]  # a window's real tokens; features are padded to S
-    logits = _predict(model, [(f.input_ids[:n], f.segment_ids[:n]) for f, n in zip(features, lengths)],
-                      _start_and_end, runtime, "windows")
+    logits = _predict(
+        model,
+        [(f.input_ids[:n], f.segment_ids[:n]) for f, n in zip(features, lengths)],
+        _start_and_end,
+        runtime,
+        "windows",
+    )
     results = {f.unique_id: squad.RawResult(f.unique_id, out[0], out[1]) for f, out in zip(features, logits)}
     return settings.answers(examples, features, results, tokenizer.do_lower_case)
 
@@ -239,8 +281,9 @@ def _start_and_end(output) -> torch.Tensor:
     return torch.stack([output[0], output[1]], dim=1)
 
 
-def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], max_seq_length: int
-                 ) -> list[tuple[list[int], list[int]]]:
+def encode_pairs(
+    tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], max_seq_length: int
+) -> list[tuple[list[int], list[int]]]:
     """[CLS] A [SEP] (B [SEP]) ids and token types per item, pairs cut longest-first to max_seq_length."""
     cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
     ids_a = tokenizer.encode_batch([item["text_a"] for item in items])
@@ -250,7 +293,7 @@ def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], m
     for i, a in enumerate(ids_a):
         b = ids_b.get(i)
         if b is None:
-            a = a[:max_seq_length - 2]
+            a = a[: max_seq_length - 2]
             encoded.append(([cls_id, *a, sep_id], [0] * (len(a) + 2)))
             continue
         truncate_seq_pair(a, b, max_seq_length - 3)
@@ -258,8 +301,15 @@ def encode_pairs(tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], m
     return encoded
 
 
-def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]], runtime: Runtime = Runtime(), *,
-             max_seq_length: int = 128, labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def classify(
+    model,
+    tokenizer: BertTokenizer,
+    items: Sequence[Mapping[str, Any]],
+    runtime: Runtime = Runtime(),
+    *,
+    max_seq_length: int = 128,
+    labels: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
     """Classify [{"id"?, "text_a", "text_b"?}, ...] with a BertForSequenceClassification, each item cut to
     max_seq_length tokens.
 
@@ -274,8 +324,10 @@ def classify(model, tokenizer: BertTokenizer, items: Sequence[Mapping[str, Any]]
     if num_labels > 1 and len(labels) != num_labels:
         raise ValueError(f"{len(labels)} label names for a model with {num_labels} outputs")
     logits = _predict(model, encode_pairs(tokenizer, items, max_seq_length), _class_logits, runtime, "items")
-    return [_classification_record(item, i, torch.from_numpy(row), labels)
-            for i, (item, row) in enumerate(zip(items, logits))]
+    return [
+        _classification_record(item, i, torch.from_numpy(row), labels)
+        for i, (item, row) in enumerate(zip(items, logits))
+    ]
 
 
 def _class_logits(output) -> torch.Tensor:
@@ -290,6 +342,7 @@ def _classification_record(item: Mapping, index: int, logits: torch.Tensor, labe
         return record
     probs = torch.softmax(logits, dim=-1).tolist()
     best = int(np.argmax(probs))
-    record.update(label=labels[best], probability=probs[best],
-                  probabilities={name: p for name, p in zip(labels, probs)})
+    record.update(
+        label=labels[best], probability=probs[best], probabilities={name: p for name, p in zip(labels, probs)}
+    )
     return record

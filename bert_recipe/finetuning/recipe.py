@@ -18,6 +18,7 @@ share):
 Messages go to stderr (rank 0 only); stdout carries one thing, the run's FINAL record as JSON, so that a caller can
 read it. Library code here raises cli.InputError for bad input; the script's main() turns it into one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,25 +110,29 @@ class Task:
         --do_train; {set name: its EvalSet} to evaluate or predict)."""
         raise NotImplementedError
 
-    def encode(self, examples: list, tokenizer, env: dist_env.DistEnv, log: Callable[[str], None],
-               training: bool) -> torch.utils.data.Dataset:
+    def encode(
+        self, examples: list, tokenizer, env: dist_env.DistEnv, log: Callable[[str], None], training: bool
+    ) -> torch.utils.data.Dataset:
         raise NotImplementedError
 
     def collate(self, items: list) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def epoch_batches(self, dataset, micro_batch: int, env: dist_env.DistEnv
-                      ) -> tuple[Callable[[int], Iterable[dict]], int]:
+    def epoch_batches(
+        self, dataset, micro_batch: int, env: dist_env.DistEnv
+    ) -> tuple[Callable[[int], Iterable[dict]], int]:
         """(epoch -> this process's training micro-batches of that epoch, micro-batches per epoch)."""
-        return shuffled_epochs(dataset, micro_batch, self.collate, self.cfg.training.seed, env,
-                               self.cfg.runtime.num_workers)
+        return shuffled_epochs(
+            dataset, micro_batch, self.collate, self.cfg.training.seed, env, self.cfg.runtime.num_workers
+        )
 
     def head_outputs(self, output) -> torch.Tensor:
         """What prediction keeps of the model's output, [B, ...]: the logits."""
         return output.logits
 
-    def score(self, name: str, eval_set: EvalSet, dataset, outputs: list[np.ndarray], log: Callable[[str], None]
-              ) -> tuple[dict | None, dict[str, dict]]:
+    def score(
+        self, name: str, eval_set: EvalSet, dataset, outputs: list[np.ndarray], log: Callable[[str], None]
+    ) -> tuple[dict | None, dict[str, dict]]:
         """(metrics of the set `name`, or None; {prediction file name: {id: prediction}}) from `outputs`, the
         head's output for each example of `dataset` (`eval_set`'s examples encoded), in order."""
         raise NotImplementedError
@@ -161,14 +166,29 @@ class Task:
 # 3. Training
 
 
-def shuffled_epochs(dataset: torch.utils.data.Dataset, micro_batch: int, collate_fn, seed: int,
-                    env: dist_env.DistEnv, num_workers: int = 0) -> tuple[Callable[[int], Iterable[dict]], int]:
+def shuffled_epochs(
+    dataset: torch.utils.data.Dataset,
+    micro_batch: int,
+    collate_fn,
+    seed: int,
+    env: dist_env.DistEnv,
+    num_workers: int = 0,
+) -> tuple[Callable[[int], Iterable[dict]], int]:
     """A fine-tuning dataset as epochs of shuffled micro-batches (each process its own share, as DistributedSampler
     cuts it): returns (epoch -> that epoch's batches, micro-batches per epoch)."""
-    sampler = (torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=seed) if env.distributed
-               else torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate_fn,
-                                         num_workers=num_workers, pin_memory=env.device.type == "cuda")
+    sampler = (
+        torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=seed)
+        if env.distributed
+        else torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=micro_batch,
+        sampler=sampler,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=env.device.type == "cuda",
+    )
 
     def epoch_batches(epoch: int) -> Iterable[dict]:
         if env.distributed:
@@ -186,8 +206,9 @@ def count_optimizer_steps(batches_per_epoch: int, accumulation: int, epochs: flo
     return max(1, math.ceil(epochs * math.ceil(batches_per_epoch / accumulation)))
 
 
-def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, logger: RunLogger,
-          precision_name: str) -> FitResult:
+def train(
+    model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, logger: RunLogger, precision_name: str
+) -> FitResult:
     """Fine-tune `model` (bare: parallelism and precision `precision_name`, resolved, are applied here) on
     `dataset` with the shared flags: the task's micro-batches, BertAdam (AdamW without bias correction, as BERT)
     over the no-decay groups, the linear warm-up schedule, fit."""
@@ -196,16 +217,36 @@ def train(model: torch.nn.Module, task: Task, dataset, env: dist_env.DistEnv, lo
     micro_batch = t.train_batch_size // t.gradient_accumulation_steps
     epoch_batches, per_epoch = task.epoch_batches(dataset, micro_batch, env)
     total_steps = count_optimizer_steps(per_epoch, t.gradient_accumulation_steps, t.num_train_epochs, t.max_steps)
-    ddp_model, precision = parallelize.apply_parallelism_and_precision(model, env, precision_name,
-                                                                    loss_scale=t.loss_scale)
-    optimizer = BertAdam(param_groups_for_bert(model, t.weight_decay), lr=t.learning_rate,
-                         weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm if t.max_grad_norm > 0 else None)
+    ddp_model, precision = parallelize.apply_parallelism_and_precision(
+        model, env, precision_name, loss_scale=t.loss_scale
+    )
+    optimizer = BertAdam(
+        param_groups_for_bert(model, t.weight_decay),
+        lr=t.learning_rate,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm if t.max_grad_norm > 0 else None,
+    )
     scheduler = LinearWarmUpScheduler(optimizer, warmup=t.warmup_proportion, total_steps=total_steps)
-    logger.log("PARAMETER", {"train_examples": len(dataset), "optimizer_steps": total_steps,
-                             "micro_batch": micro_batch, "world_size": env.world_size, "precision": precision.name})
+    logger.log(
+        "PARAMETER",
+        {
+            "train_examples": len(dataset),
+            "optimizer_steps": total_steps,
+            "micro_batch": micro_batch,
+            "world_size": env.world_size,
+            "precision": precision.name,
+        },
+    )
     rule = train_step.StepRule(ddp_model, loss, optimizer, scheduler, precision, fine_tuning_watch(env.device))
-    return fit(rule, epoch_batches, env, logger, total_steps=total_steps,
-                        accumulation=t.gradient_accumulation_steps, log_freq=task.cfg.runtime.log_freq)
+    return fit(
+        rule,
+        epoch_batches,
+        env,
+        logger,
+        total_steps=total_steps,
+        accumulation=t.gradient_accumulation_steps,
+        log_freq=task.cfg.runtime.log_freq,
+    )
 
 
 @dataclass
@@ -219,13 +260,21 @@ class FitResult:
 def fine_tuning_watch(device: torch.device) -> train_step.DivergenceWatch:
     """Fine-tuning with a non-finite loss ends with this line, before its NaN weights are evaluated or saved as a
     result."""
-    return train_step.DivergenceWatch(device, "fine-tuning step", "lower --learning_rate, or try --precision fp32",
-                           "nothing was evaluated or saved")
+    return train_step.DivergenceWatch(
+        device, "fine-tuning step", "lower --learning_rate, or try --precision fp32", "nothing was evaluated or saved"
+    )
 
 
-def fit(rule: train_step.StepRule, epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
-        env: dist_env.DistEnv, logger: RunLogger, *, total_steps: int, accumulation: int,
-        log_freq: int) -> FitResult:
+def fit(
+    rule: train_step.StepRule,
+    epoch_batches: Callable[[int], Iterable[dict[str, torch.Tensor]]],
+    env: dist_env.DistEnv,
+    logger: RunLogger,
+    *,
+    total_steps: int,
+    accumulation: int,
+    log_freq: int,
+) -> FitResult:
     """Train `rule.model` (the DDP-wrapped one when distributed) until `total_steps` optimizer steps are taken.
 
     epoch_batches(epoch) yields this process's micro-batches of one epoch (CPU tensors); groups of `accumulation`
@@ -250,9 +299,16 @@ def fit(rule: train_step.StepRule, epoch_batches: Callable[[int], Iterable[dict[
             if step % log_freq == 0 or step == total_steps:
                 watch.check()  # on a GPU, read at log steps only: no host sync per step
                 last_loss = meter.mean_losses()[0]
-                logger.log(step, {"loss": last_loss, "learning_rate": rule.lr, "epoch": epoch,
-                                  "loss_scale": rule.precision.loss_scale,
-                                  "sequences_per_second": meter.run_sequences / max(meter.elapsed(), 1e-9)})
+                logger.log(
+                    step,
+                    {
+                        "loss": last_loss,
+                        "learning_rate": rule.lr,
+                        "epoch": epoch,
+                        "loss_scale": rule.precision.loss_scale,
+                        "sequences_per_second": meter.run_sequences / max(meter.elapsed(), 1e-9),
+                    },
+                )
                 bar.set_postfix(loss=f"{last_loss:.4f}")
             if step >= total_steps:
                 break
@@ -273,20 +329,23 @@ class Predictions:
 
 
 @torch.inference_mode()
-def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: dist_env.DistEnv,
-            desc: str) -> Predictions:
+def predict(
+    model: torch.nn.Module, task: Task, dataset, batch_size: int, precision: str, env: dist_env.DistEnv, desc: str
+) -> Predictions:
     """The one prediction loop: the task head's output for every example of `dataset`, from batches of similar
     lengths, each padded to its longest, put back in the dataset's order."""
     from tqdm import tqdm
 
     batches = length_sorted_batches(dataset.lengths, batch_size)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=task.collate,
-                                         num_workers=task.cfg.runtime.num_workers)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=batches, collate_fn=task.collate, num_workers=task.cfg.runtime.num_workers
+    )
     outputs: list = [None] * len(dataset)
     batch_ms = []
     start = time.perf_counter()
-    bar = tqdm(loader, desc=desc, unit="batch", mininterval=1,
-               disable=task.cfg.runtime.disable_progress_bar or not env.is_main)
+    bar = tqdm(
+        loader, desc=desc, unit="batch", mininterval=1, disable=task.cfg.runtime.disable_progress_bar or not env.is_main
+    )
     for index, (out, ms) in zip(batches, forward_batches(model, bar, task.head_outputs, precision, env.device)):
         batch_ms.append(ms)
         for row, i in enumerate(index):
@@ -294,20 +353,35 @@ def predict(model: torch.nn.Module, task: Task, dataset, batch_size: int, precis
     return Predictions(outputs, batch_ms, time.perf_counter() - start)
 
 
-def latency_summary(batch_ms: list[float], count: int, seconds: float, batch_size: int,
-                    unit: str = "sequences") -> dict[str, float]:
+def latency_summary(
+    batch_ms: list[float], count: int, seconds: float, batch_size: int, unit: str = "sequences"
+) -> dict[str, float]:
     """Per-batch latency percentiles and throughput of a prediction pass (forward time only); `count` examples
     of `unit`."""
     ms = np.asarray(batch_ms)
-    return {"batch_size": batch_size, "batches": len(ms), unit: count,
-            "latency_ms_p50": float(np.percentile(ms, 50)), "latency_ms_p90": float(np.percentile(ms, 90)),
-            "latency_ms_p99": float(np.percentile(ms, 99)), "latency_ms_mean": float(ms.mean()),
-            f"{unit}_per_second": count / (ms.sum() / 1000), "wall_seconds": seconds}
+    return {
+        "batch_size": batch_size,
+        "batches": len(ms),
+        unit: count,
+        "latency_ms_p50": float(np.percentile(ms, 50)),
+        "latency_ms_p90": float(np.percentile(ms, 90)),
+        "latency_ms_p99": float(np.percentile(ms, 99)),
+        "latency_ms_mean": float(ms.mean()),
+        f"{unit}_per_second": count / (ms.sum() / 1000),
+        "wall_seconds": seconds,
+    }
 
 
-def predict_and_score(task: Task, model: torch.nn.Module, tokenizer, eval_sets: dict[str, EvalSet],
-                      env: dist_env.DistEnv, logger: RunLogger, log: Callable[[str], None],
-                      precision: str) -> tuple[dict, dict[str, dict]]:
+def predict_and_score(
+    task: Task,
+    model: torch.nn.Module,
+    tokenizer,
+    eval_sets: dict[str, EvalSet],
+    env: dist_env.DistEnv,
+    logger: RunLogger,
+    log: Callable[[str], None],
+    precision: str,
+) -> tuple[dict, dict[str, dict]]:
     """Predict every set in `precision` (resolved), score it, write the prediction files (--do_predict); returns
     ({"eval", "inference"}, {prediction file name: {id: prediction}})."""
     cfg = task.cfg
@@ -328,8 +402,10 @@ def predict_and_score(task: Task, model: torch.nn.Module, tokenizer, eval_sets: 
             out.setdefault("eval", {})[name] = metrics
             logger.log(("eval", name), metrics)
     out["inference"] = latency_summary(all_ms, count, seconds, batch_size, task.unit)
-    log(f"inference: p50 {out['inference']['latency_ms_p50']:.1f} ms/batch, "
-        f"{out['inference'][f'{task.unit}_per_second']:.1f} {task.unit}/s")
+    log(
+        f"inference: p50 {out['inference']['latency_ms_p50']:.1f} ms/batch, "
+        f"{out['inference'][f'{task.unit}_per_second']:.1f} {task.unit}/s"
+    )
     if cfg.run.do_predict:
         for file, entries in files.items():
             atomic_io.atomic_write_json(Path(cfg.data.output_dir) / file, entries)
@@ -348,24 +424,25 @@ def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
     if m.init_checkpoint is None:
         log("no --init_checkpoint: starting from random weights")
         return task.model_class(BertConfig.from_json_file(m.config_file), **task.model_kwargs())
-    model, report = load_pretrained(task.model_class, m.init_checkpoint, config=m.config_file,
-                                    **task.model_kwargs())
+    model, report = load_pretrained(task.model_class, m.init_checkpoint, config=m.config_file, **task.model_kwargs())
     for line in report.lines():
         log(f"from_pretrained({task.model_class.__name__}, {m.init_checkpoint}): {line}")
     if not task.cfg.run.do_train and report.fresh_head(task.head):
-        log(f"warning: {m.init_checkpoint} has no {task.head_description}, so evaluation and predictions come "
-            "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)")
+        log(
+            f"warning: {m.init_checkpoint} has no {task.head_description}, so evaluation and predictions come "
+            "from a random head; pass a fine-tuned model.pt or hf_model/ (or add --do_train)"
+        )
     return model
 
 
-def save_model(model: torch.nn.Module, task: Task, output_dir: Path, fields: dict[str, Any],
-               vocab_file: str) -> None:
+def save_model(model: torch.nn.Module, task: Task, output_dir: Path, fields: dict[str, Any], vocab_file: str) -> None:
     """model.pt ({"model": tensors under Hugging Face names, "config", and the task's `fields`}; loads with
     torch.load(weights_only=True) and checkpoint_io.from_pretrained) and hf_model/, the same model as a
     transformers directory (config.json, model.safetensors, `vocab_file` as vocab.txt)."""
 
-    atomic_io.atomic_torch_save({"model": export_state_dict(model), "config": model.config.to_dict(),
-                             **fields}, output_dir / "model.pt")
+    atomic_io.atomic_torch_save(
+        {"model": export_state_dict(model), "config": model.config.to_dict(), **fields}, output_dir / "model.pt"
+    )
     hf_dir = output_dir / "hf_model"
     save_hf_directory(model, hf_dir, vocab_file)
     extra = task.hf_config_fields()
@@ -374,8 +451,11 @@ def save_model(model: torch.nn.Module, task: Task, output_dir: Path, fields: dic
         atomic_io.atomic_write_json(hf_dir / "config.json", {**config, **extra})
 
 
-def main(task_class: type[Task], parse_args: Callable[[Sequence[str] | None], FinetuneConfig],
-         argv: Sequence[str] | None = None) -> dict:
+def main(
+    task_class: type[Task],
+    parse_args: Callable[[Sequence[str] | None], FinetuneConfig],
+    argv: Sequence[str] | None = None,
+) -> dict:
     """A fine-tuning script's main(argv): its flags parsed, its task run; returns the results (also results.json).
     Bad input, a checkpoint that does not fit or cannot be read safely, a malformed data file or a full disk end
     the run with one line on stderr and exit status 1 (--debug: the traceback)."""
@@ -397,16 +477,20 @@ def run(task: Task) -> tuple[dict, dict]:
     # 2. Where the run computes (torchrun's or Slurm's environment, else one process) and in what precision:
     #    auto decides from that device, and from whether the run trains or only reads the model.
     env = dist_env.init_distributed(no_cuda=rt.no_cuda)
-    choice = precision_policy.setup(t.precision, env.device, task.prog, precision_policy.purpose_of(r),
-                                    show=env.is_main)
+    choice = precision_policy.setup(
+        t.precision, env.device, task.prog, precision_policy.purpose_of(r), show=env.is_main
+    )
     output_dir = Path(cfg.data.output_dir)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-    logger = RunLogger(rt.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main,
-                                progress=not rt.disable_progress_bar)
+    logger = RunLogger(
+        rt.json_summary or output_dir / "dllogger.json", None, enabled=env.is_main, progress=not rt.disable_progress_bar
+    )
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if env.is_main else (lambda msg: None)
-    logger.log("PARAMETER", {**cfg.flags(), "vocab_file": vocab_file, "precision": choice.name,
-                             "precision_reason": choice.reason})
+    logger.log(
+        "PARAMETER",
+        {**cfg.flags(), "vocab_file": vocab_file, "precision": choice.name, "precision_reason": choice.reason},
+    )
 
     # 3. Read every input first: a missing or malformed dev file must fail before minutes of training, not after.
     train_examples, eval_sets = task.read()
@@ -420,24 +504,37 @@ def run(task: Task) -> tuple[dict, dict]:
     model = load_model(task, log)
     check_model_fits(model.config, len(tokenizer), vocab_file, m.max_seq_length)
     if model.config.vocab_size != len(tokenizer):
-        log(f"warning: the model's vocab_size {model.config.vocab_size} differs from {vocab_file} "
-            f"({len(tokenizer)} tokens)")
+        log(
+            f"warning: the model's vocab_size {model.config.vocab_size} differs from {vocab_file} "
+            f"({len(tokenizer)} tokens)"
+        )
     model.to(env.device)
     dist_env.set_seed(t.seed + env.rank)  # dropout differs per process; the weights above are the same everywhere
-    results: dict = {"task": task.name, "init_checkpoint": m.init_checkpoint, "precision": choice.name,
-                     "precision_reason": choice.reason,
-                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(env.device),
-                     "world_size": env.world_size, "max_seq_length": m.max_seq_length}
+    results: dict = {
+        "task": task.name,
+        "init_checkpoint": m.init_checkpoint,
+        "precision": choice.name,
+        "precision_reason": choice.reason,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device": str(env.device),
+        "world_size": env.world_size,
+        "max_seq_length": m.max_seq_length,
+    }
 
     # 5. Fit, and save on rank 0 (every process holds the same weights after the last all-reduce).
     if r.do_train:
         dataset = task.encode(train_examples, tokenizer, env, log, training=True)
         fit = train(model, task, dataset, env, logger, choice.name)
         rate = fit.sequences / max(fit.seconds, 1e-9)
-        results["train"] = {"examples": len(dataset), "steps": fit.steps, "final_loss": fit.loss,
-                            "seconds": fit.seconds, f"{task.unit}_per_second": rate,
-                            "train_batch_size": t.train_batch_size * env.world_size,
-                            "epochs": t.num_train_epochs if t.max_steps <= 0 else None}
+        results["train"] = {
+            "examples": len(dataset),
+            "steps": fit.steps,
+            "final_loss": fit.loss,
+            "seconds": fit.seconds,
+            f"{task.unit}_per_second": rate,
+            "train_batch_size": t.train_batch_size * env.world_size,
+            "epochs": t.num_train_epochs if t.max_steps <= 0 else None,
+        }
         log(f"trained {fit.steps} steps in {fit.seconds:.1f} s ({rate:.1f} {task.unit}/s), final loss {fit.loss:.4f}")
         if env.is_main and not r.skip_checkpoint:
             save_model(model, task, output_dir, task.saved_fields(fit.steps, dataset), vocab_file)

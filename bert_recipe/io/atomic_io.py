@@ -2,6 +2,7 @@
 rename) for text, JSON and torch.save, and the JSON-lines log with dllogger's keys. torch is imported inside the
 functions that need it, so the data scripts that only write files start fast.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -20,6 +20,7 @@ Layouts, by their key names for one encoder weight:
                                  LayerNorm .weight/.bias (older checkpoints .gamma/.beta), vocabulary rows 30528
     saved from inside DDP / torch.compile: the same behind `module.` / `_orig_mod.`
 """
+
 from __future__ import annotations
 
 import json
@@ -43,19 +44,19 @@ from modeling import BertConfig, BertForSequenceClassification, BertModel
 
 # (pattern, replacement) applied in order to every key of a checkpoint. Each line names the layout it serves.
 CHECKPOINT_RENAMES: list[tuple[str, str]] = [
-    (r"^module\.", ""),                                 # DistributedDataParallel wrapper
-    (r"^_orig_mod\.", ""),                              # torch.compile wrapper
-    (r"\.gamma$", ".weight"),                           # LayerNorm in old TF-converted / NVIDIA checkpoints
+    (r"^module\.", ""),  # DistributedDataParallel wrapper
+    (r"^_orig_mod\.", ""),  # torch.compile wrapper
+    (r"\.gamma$", ".weight"),  # LayerNorm in old TF-converted / NVIDIA checkpoints
     (r"\.beta$", ".bias"),
-    (r"\.dense_act\.", ".dense."),                      # NVIDIA's fused bias+GELU layers
-    (r"^(embeddings|encoder|pooler)\.", r"bert.\1."),   # Hugging Face BertModel checkpoints have no `bert.` prefix
+    (r"\.dense_act\.", ".dense."),  # NVIDIA's fused bias+GELU layers
+    (r"^(embeddings|encoder|pooler)\.", r"bert.\1."),  # Hugging Face BertModel checkpoints have no `bert.` prefix
 ]
 
 # Keys some checkpoints carry that hold nothing this model needs: buffers and copies of tied weights.
 REDUNDANT_KEYS = re.compile(
-    r"^bert\.embeddings\.position_ids$"                  # a buffer in older transformers checkpoints
-    r"|^cls\.predictions\.decoder\.weight$"              # tied to bert.embeddings.word_embeddings.weight
-    r"|^cls\.predictions\.decoder\.bias$"                # tied to cls.predictions.bias in transformers
+    r"^bert\.embeddings\.position_ids$"  # a buffer in older transformers checkpoints
+    r"|^cls\.predictions\.decoder\.weight$"  # tied to bert.embeddings.word_embeddings.weight
+    r"|^cls\.predictions\.decoder\.bias$"  # tied to cls.predictions.bias in transformers
 )
 
 # Heads: a class may start them fresh (the weights are not in a checkpoint of another task), and a checkpoint's
@@ -88,25 +89,32 @@ def load_pt(path: str | os.PathLike) -> Any:
         text = str(e)
         if isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in text:
             found = re.search(r"GLOBAL ([\w.]+)", text)  # the pickled class or function that was refused
-            todo = ("pass its .safetensors file instead, or convert it to a plain state dict of tensors with a tool "
-                    "you trust")
+            todo = (
+                "pass its .safetensors file instead, or convert it to a plain state dict of tensors with a tool "
+                "you trust"
+            )
             if found:
-                raise CheckpointError(f"checkpoint {path} was refused: it holds a pickled {found.group(1)} beyond "
-                                      f"tensors and plain containers, and loading that could run code; {todo}"
-                                      ) from None
-            raise CheckpointError(f"checkpoint {path} was refused: it holds pickled data beyond tensors and plain "
-                                  f"containers, or it is damaged; {todo}, or copy it again") from None
+                raise CheckpointError(
+                    f"checkpoint {path} was refused: it holds a pickled {found.group(1)} beyond "
+                    f"tensors and plain containers, and loading that could run code; {todo}"
+                ) from None
+            raise CheckpointError(
+                f"checkpoint {path} was refused: it holds pickled data beyond tensors and plain "
+                f"containers, or it is damaged; {todo}, or copy it again"
+            ) from None
         if isinstance(e, OSError) and e.errno is not None:  # permissions, an I/O error: say what to check
             from bert_recipe.io.cli import describe_error
 
-            raise CheckpointError(f"checkpoint {path} cannot be read: {describe_error(OSError(e.errno, e.strerror))}"
-                                  ) from None
+            raise CheckpointError(
+                f"checkpoint {path} cannot be read: {describe_error(OSError(e.errno, e.strerror))}"
+            ) from None
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         first = lines[0].split(". ")[0] if lines else type(e).__name__  # torch's first sentence: the reason
         if "weights_only" in first:  # never pass on advice about loading it unsafely
             first = type(e).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be read ({first}): is it a complete checkpoint? Copy it "
-                              "again, or pass another") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({first}): is it a complete checkpoint? Copy it again, or pass another"
+        ) from None
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return obj
@@ -192,8 +200,7 @@ class LoadReport:
         return out
 
 
-def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint"
-                          ) -> LoadReport:
+def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> LoadReport:
     """Load a checkpoint's tensors into `model` after renaming; raise CheckpointError on anything that does
     not fit. Returns the LoadReport (heads initialised fresh, heads of the checkpoint left out)."""
     prefix = "bert." if isinstance(model, BertModel) else ""  # a bare BertModel's keys have no `bert.` prefix
@@ -209,18 +216,24 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], sour
     left_out = [k for k in unexpected if k.startswith(HEAD_PREFIXES)]
     missing = [k for k in missing if k not in fresh]
     unexpected = [k for k in unexpected if k not in left_out]
-    wrong_shape = [f"{k} {tuple(source_state[k].shape)} vs {tuple(target[k].shape)}"
-                   for k in target if k in source_state and source_state[k].shape != target[k].shape]
+    wrong_shape = [
+        f"{k} {tuple(source_state[k].shape)} vs {tuple(target[k].shape)}"
+        for k in target
+        if k in source_state and source_state[k].shape != target[k].shape
+    ]
     problems = []
     for what, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape)):
         if keys:  # a few keys tell the story; a checkpoint of another size would list every tensor
             shown = keys if len(keys) <= 6 else keys[:6] + [f"... {len(keys) - 6} more"]
             problems.append(f"{what} {shown}")
     if problems:
-        raise CheckpointError(f"{source} does not fit {type(model).__name__}: " + "; ".join(problems) +
-                              " (a checkpoint of another model size or config? check --config_file)")
+        raise CheckpointError(
+            f"{source} does not fit {type(model).__name__}: "
+            + "; ".join(problems)
+            + " (a checkpoint of another model size or config? check --config_file)"
+        )
 
-    to_load = {k[len(prefix):]: source_state[k] for k in target if k in source_state}
+    to_load = {k[len(prefix) :]: source_state[k] for k in target if k in source_state}
     own = model.state_dict()
     with torch.no_grad():
         for key, value in to_load.items():
@@ -228,8 +241,13 @@ def load_checkpoint_state(model: nn.Module, state: dict[str, torch.Tensor], sour
     return LoadReport(type(model).__name__, tuple(fresh), tuple(left_out))
 
 
-def from_pretrained(cls: type[nn.Module], path: str | os.PathLike, config: BertConfig | str | os.PathLike | None = None,
-                    log: Callable[[str], None] | None = print, **model_kwargs) -> nn.Module:
+def from_pretrained(
+    cls: type[nn.Module],
+    path: str | os.PathLike,
+    config: BertConfig | str | os.PathLike | None = None,
+    log: Callable[[str], None] | None = print,
+    **model_kwargs,
+) -> nn.Module:
     """load_pretrained's model alone, its report's lines sent to `log`."""
     model, report = load_pretrained(cls, path, config, **model_kwargs)
     for line in report.lines():
@@ -238,9 +256,9 @@ def from_pretrained(cls: type[nn.Module], path: str | os.PathLike, config: BertC
     return model
 
 
-def load_pretrained(cls: type[nn.Module], path: str | os.PathLike,
-                    config: BertConfig | str | os.PathLike | None = None, **model_kwargs
-                    ) -> tuple[nn.Module, LoadReport]:
+def load_pretrained(
+    cls: type[nn.Module], path: str | os.PathLike, config: BertConfig | str | os.PathLike | None = None, **model_kwargs
+) -> tuple[nn.Module, LoadReport]:
     """Build `cls` (a modeling.py class) and load a checkpoint into it:
     `from_pretrained(BertForQuestionAnswering, "results/SQuAD/hf_model")`.
 
@@ -290,8 +308,13 @@ def hf_config(config: BertConfig, architecture: str) -> dict[str, Any]:
     """A config.json that transformers' BertConfig reads (true vocabulary size, no padding key)."""
     d = config.to_dict()
     d.pop("pad_vocab_size_multiple", None)
-    d.update(model_type="bert", architectures=[architecture], pad_token_id=0,
-             position_embedding_type="absolute", tie_word_embeddings=True)
+    d.update(
+        model_type="bert",
+        architectures=[architecture],
+        pad_token_id=0,
+        position_embedding_type="absolute",
+        tie_word_embeddings=True,
+    )
     if d["hidden_act"] in ("bias_gelu",):
         d["hidden_act"] = "gelu"
     if d["hidden_act"] in ("gelu_tanh", "gelu_pytorch_tanh"):
@@ -299,10 +322,11 @@ def hf_config(config: BertConfig, architecture: str) -> dict[str, Any]:
     return d
 
 
-def save_hf_directory(model: nn.Module, out_dir: str | os.PathLike, vocab_file: str | os.PathLike | None = None) -> None:
+def save_hf_directory(
+    model: nn.Module, out_dir: str | os.PathLike, vocab_file: str | os.PathLike | None = None
+) -> None:
     """Write config.json, model.safetensors (and vocab.txt) that transformers' from_pretrained loads."""
     from safetensors.torch import save_file
-
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -310,7 +334,7 @@ def save_hf_directory(model: nn.Module, out_dir: str | os.PathLike, vocab_file: 
     architecture = type(model).__name__
     config = hf_config(model.config, architecture)
     if isinstance(model, BertModel):  # transformers' BertModel has no `bert.` prefix
-        state = {k[len("bert."):]: v for k, v in state.items()}
+        state = {k[len("bert.") :]: v for k, v in state.items()}
     if isinstance(model, BertForSequenceClassification):
         config["num_labels"] = model.num_labels
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
@@ -334,7 +358,7 @@ def nvidia_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     if "cls.predictions.bias" in out:  # NVIDIA's checkpoints carry the tied decoder weight explicitly
         out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
     if isinstance(model, BertModel):  # NVIDIA's BertModel, like Hugging Face's, has no `bert.` prefix
-        out = {k[len("bert."):]: v for k, v in out.items()}
+        out = {k[len("bert.") :]: v for k, v in out.items()}
     return out
 
 
@@ -350,8 +374,13 @@ class CheckpointManager:
 
     NAME = re.compile(r"^ckpt_(\d+)\.pt$")
 
-    def __init__(self, folder: str | Path, keep: int = 3, owns: Callable[[int], bool] = lambda step: True,
-                 log: Callable[[str], None] = lambda msg: None):
+    def __init__(
+        self,
+        folder: str | Path,
+        keep: int = 3,
+        owns: Callable[[int], bool] = lambda step: True,
+        log: Callable[[str], None] = lambda msg: None,
+    ):
         self.folder, self.keep, self.owns, self.log = Path(folder), keep, owns, log
 
     def all(self) -> dict[int, Path]:
@@ -388,7 +417,7 @@ class CheckpointManager:
         path = self.folder / f"ckpt_{step}.pt"
         atomic_io.atomic_torch_save(payload, path)
         others = [p for s, p in self.mine().items() if s != step]
-        for old in others[:max(len(others) - (self.keep - 1), 0)]:
+        for old in others[: max(len(others) - (self.keep - 1), 0)]:
             old.unlink(missing_ok=True)
         self.log(f"saved {path}")
         return path

@@ -5,6 +5,7 @@ Library code raises InputError (or a subclass, or OSError / ValueError) with a m
 only an entry script's main() turns it into the line, through `script_errors`. Also here: the console that may die
 under a launcher (`survive_broken_pipes`) and the early check of an output path (`check_output_path`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,9 @@ _OS_ERROR_ADVICE = {
 
 def add_debug_argument(parser: argparse.ArgumentParser) -> None:
     """--debug: an error shows Python's full traceback instead of the one-line message (see script_errors)."""
-    parser.add_argument("--debug", action="store_true",
-                        help="on an error, show the full Python traceback instead of a one-line message")
+    parser.add_argument(
+        "--debug", action="store_true", help="on an error, show the full Python traceback instead of a one-line message"
+    )
 
 
 def describe_error(e: BaseException) -> str:
@@ -83,7 +85,7 @@ def _one_line_exit(prog: str, message: str) -> str:
     text = " ".join(line.strip() for line in message.splitlines() if line.strip())
     for prefix in (f"{prog}:", "error:"):
         if text.startswith(prefix):
-            text = text[len(prefix):].lstrip()
+            text = text[len(prefix) :].lstrip()
     return f"{prog}: error: {text}"
 
 
@@ -100,26 +102,29 @@ def check_output_path(path: str | os.PathLike, flag: str, folder: bool = False) 
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(f"{flag} {path}: cannot create the folder {target} ({e.strerror}): name a path in a "
-                         "folder you can write") from None
+        raise InputError(
+            f"{flag} {path}: cannot create the folder {target} ({e.strerror}): name a path in a folder you can write"
+        ) from None
     try:
         with tempfile.TemporaryFile(dir=target):
             pass
     except OSError as e:
-        raise InputError(f"{flag} {path}: cannot write in {target} ({e.strerror}): check its permissions, or "
-                         "write elsewhere") from None
+        raise InputError(
+            f"{flag} {path}: cannot write in {target} ({e.strerror}): check its permissions, or write elsewhere"
+        ) from None
 
 
 def debug_requested(argv: Sequence[str] | None = None) -> bool:
     """Whether --debug is on the command line (`argv`, or sys.argv[1:] when None); read before argparse runs, so
     that errors raised while the arguments are checked follow it too."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return "--debug" in args[:args.index("--")] if "--" in args else "--debug" in args
+    return "--debug" in args[: args.index("--")] if "--" in args else "--debug" in args
 
 
 @contextlib.contextmanager
-def script_errors(prog: str, argv: Sequence[str] | None = None,
-                  expected: tuple[type[BaseException], ...] = EXPECTED_ERRORS) -> Iterator[None]:
+def script_errors(
+    prog: str, argv: Sequence[str] | None = None, expected: tuple[type[BaseException], ...] = EXPECTED_ERRORS
+) -> Iterator[None]:
     """Wrap an entry script's main(): expected errors become SystemExit('<prog>: error: <what>') (one line on
     stderr, exit status 1), unless --debug is in `argv` (default sys.argv[1:]), which lets them propagate with
     their traceback. `prog` is the script's file name as the user typed it (e.g. "run_glue.py")."""

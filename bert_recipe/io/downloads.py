@@ -13,6 +13,7 @@ backoff, a bounded number of times in a row.
 `s3://bucket/key` URLs work the same way through boto3 (optional: `pip install boto3`); set AWS_ENDPOINT_URL for a
 non-AWS endpoint.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -201,14 +202,23 @@ class Retry:
     """download()'s patience: `max_retries` consecutive failed attempts (connection errors, HTTP 5xx) tolerated,
     an attempt that made progress resetting the count; backoff * 2**k seconds between them (at most
     `max_backoff`); `timeout` seconds for the server to answer or send more."""
+
     max_retries: int = 8
     backoff: float = 1.0
     max_backoff: float = 60.0
     timeout: float = 60.0
 
 
-def download(url: str, dest: str | os.PathLike, *, checksum: str | None = None, expected_size: int | None = None,
-             retry: Retry = Retry(), progress: bool = True, session=None) -> Path:
+def download(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    checksum: str | None = None,
+    expected_size: int | None = None,
+    retry: Retry = Retry(),
+    progress: bool = True,
+    session=None,
+) -> Path:
     """Download `url` to `dest`, resuming `<dest>.part`, verifying size and checksum, renaming only when complete.
 
     checksum: 'md5:<hex>' / 'sha1:<hex>' / 'sha256:<hex>' (or a bare hex digest). A complete body that fails it is
@@ -231,6 +241,7 @@ def download(url: str, dest: str | os.PathLike, *, checksum: str | None = None, 
         opener = _open_http
         if session is None:
             import requests
+
             session = requests.Session()
     elif scheme == "s3":
         opener = _open_s3
@@ -250,8 +261,10 @@ def download(url: str, dest: str | os.PathLike, *, checksum: str | None = None, 
             grew = part.exists() and part.stat().st_size > offset
             failures = 0 if grew else failures + 1
             if failures > retry.max_retries:
-                raise DownloadError(f"giving up on {url} after {retry.max_retries} retries: {e} "
-                                    f"(the partial file {part} is kept; run again to resume)") from e
+                raise DownloadError(
+                    f"giving up on {url} after {retry.max_retries} retries: {e} "
+                    f"(the partial file {part} is kept; run again to resume)"
+                ) from e
             time.sleep(min(retry.max_backoff, retry.backoff * 2 ** max(failures - 1, 0)))
     _verify_and_publish(part, dest, url, total, expected_size, want)
     return dest
@@ -266,9 +279,19 @@ def _fetch_into(opener, url: str, part: Path, offset: int, timeout: float, sessi
         if body.start not in (0, offset):
             raise _Restart(f"server answered from byte {body.start}, asked for {offset}")
         mode = "ab" if body.start == offset and offset else "wb"  # 'wb' truncates: the server ignored Range
-        with open(part, mode) as f, tqdm(total=body.total, initial=body.start, unit="B", unit_scale=True,
-                                         unit_divisor=1024, desc=part.name[:-5][:40], disable=not progress,
-                                         leave=False) as bar:
+        with (
+            open(part, mode) as f,
+            tqdm(
+                total=body.total,
+                initial=body.start,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=part.name[:-5][:40],
+                disable=not progress,
+                leave=False,
+            ) as bar,
+        ):
             for chunk in body.chunks:
                 f.write(chunk)
                 bar.update(len(chunk))
@@ -280,21 +303,25 @@ def _fetch_into(opener, url: str, part: Path, offset: int, timeout: float, sessi
     return body.total
 
 
-def _verify_and_publish(part: Path, dest: Path, url: str, total: int | None, expected_size: int | None,
-                        want: tuple[str, str] | None) -> None:
+def _verify_and_publish(
+    part: Path, dest: Path, url: str, total: int | None, expected_size: int | None, want: tuple[str, str] | None
+) -> None:
 
     size = part.stat().st_size
     for label, expected in (("server's", total), ("expected", expected_size)):
         if expected is not None and size != expected:
             part.unlink()
-            raise DownloadError(f"{url}: got {size} bytes, the {label} size is {expected}; the partial file was "
-                                f"deleted, run again")
+            raise DownloadError(
+                f"{url}: got {size} bytes, the {label} size is {expected}; the partial file was deleted, run again"
+            )
     if want is not None:
         got = file_digest(part, want[0])
         if got != want[1]:
             part.unlink()
-            raise DownloadError(f"{url}: {want[0]} checksum mismatch (expected {want[1]}, got {got}): the body is "
-                                f"corrupted; the partial file was deleted, run again")
+            raise DownloadError(
+                f"{url}: {want[0]} checksum mismatch (expected {want[1]}, got {got}): the body is "
+                f"corrupted; the partial file was deleted, run again"
+            )
     durable_replace(part, dest)
 
 
@@ -331,8 +358,14 @@ def is_url(path_or_url: str | os.PathLike) -> bool:
     return urlparse(str(path_or_url)).scheme in ("http", "https", "s3")
 
 
-def cached_path(path_or_url: str | os.PathLike, cache_dir: str | os.PathLike | None = None, *,
-                checksum: str | None = None, progress: bool = True, **download_kwargs) -> Path:
+def cached_path(
+    path_or_url: str | os.PathLike,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    checksum: str | None = None,
+    progress: bool = True,
+    **download_kwargs,
+) -> Path:
     """A local path for a local file or a URL (http, https, s3); URLs are downloaded once into `cache_dir`.
 
     The cache name is sha256(url)[:16] + the URL's basename, so two URLs never collide and the file keeps its
@@ -355,6 +388,7 @@ def cached_path(path_or_url: str | os.PathLike, cache_dir: str | os.PathLike | N
             if not dest.exists():
                 download(url, dest, checksum=checksum, progress=progress, **download_kwargs)
                 from bert_recipe.io.atomic_io import atomic_write_json
+
                 atomic_write_json(dest.with_name(dest.name + ".json"), {"url": url, "checksum": checksum})
             elif checksum:
                 download(url, dest, checksum=checksum, progress=progress, **download_kwargs)  # verifies, or refetches

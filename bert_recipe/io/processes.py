@@ -1,4 +1,5 @@
 """Whether a process is alive: the launchers' children, Dask workers and the Triton server are watched by pid."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """The scripts of triton/ as modules: the folder cannot be imported as `triton` (its __init__.py hands that name over
 to OpenAI's Triton compiler, which PyTorch probes for), so the tests, the benchmarks and perf.py load them by path."""
+
 from __future__ import annotations
 
 import importlib.util

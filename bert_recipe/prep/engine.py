@@ -18,6 +18,7 @@ that never answers and workers started outside the checkout are each one line (c
 Workers started by hand or by srun import the project when they run from the checkout with
 PYTHONPATH=<checkout> (data/prep.sub sets it), or from an environment where it is installed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,8 +80,9 @@ class ProcessEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
 
-    def map(self, fn: Callable, jobs: Sequence, desc: str = "tasks", threads: bool = False
-            ) -> Iterator[tuple[int, Any]]:
+    def map(
+        self, fn: Callable, jobs: Sequence, desc: str = "tasks", threads: bool = False
+    ) -> Iterator[tuple[int, Any]]:
         from tqdm.auto import tqdm
 
         jobs = list(jobs)
@@ -133,27 +135,37 @@ class DaskEngine:
         try:
             from distributed import Client, LocalCluster
         except ImportError:
-            raise InputError("--engine dask needs the dask[distributed] package: pip install -r requirements.txt") \
-                from None
+            raise InputError(
+                "--engine dask needs the dask[distributed] package: pip install -r requirements.txt"
+            ) from None
         cfg = self.config
         if cfg.scheduler_file is None:
-            self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
-                                        dashboard_address=":0", silence_logs=logging.ERROR)
+            self.cluster = LocalCluster(
+                n_workers=cfg.n_workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=":0",
+                silence_logs=logging.ERROR,
+            )
             return Client(self.cluster)
         path = Path(cfg.scheduler_file)
         deadline = time.monotonic() + cfg.connect_timeout
         while not path.is_file():  # Client(scheduler_file=...) would wait for it forever
             if time.monotonic() > deadline:
-                raise InputError(f"--dask_scheduler_file {path} does not exist (waited {cfg.connect_timeout:.0f} s): "
-                                 "start the scheduler first (dask scheduler --scheduler-file FILE), or leave the flag "
-                                 "out for a local cluster")
+                raise InputError(
+                    f"--dask_scheduler_file {path} does not exist (waited {cfg.connect_timeout:.0f} s): "
+                    "start the scheduler first (dask scheduler --scheduler-file FILE), or leave the flag "
+                    "out for a local cluster"
+                )
             time.sleep(0.2)
         try:
             return Client(scheduler_file=str(path), timeout=cfg.connect_timeout)
         except (OSError, TimeoutError, ValueError) as e:
-            raise InputError(f"--dask_scheduler_file {path}: the scheduler it names does not answer within "
-                             f"{cfg.connect_timeout:.0f} s ({type(e).__name__}: {str(e).splitlines()[0][:160]}): is it "
-                             "still running?") from None
+            raise InputError(
+                f"--dask_scheduler_file {path}: the scheduler it names does not answer within "
+                f"{cfg.connect_timeout:.0f} s ({type(e).__name__}: {str(e).splitlines()[0][:160]}): is it "
+                "still running?"
+            ) from None
 
     def _check_workers(self) -> int:
         """Wait for a worker, then check that one imports the package (and the scheduler unpickles its tasks)."""
@@ -161,8 +173,10 @@ class DaskEngine:
         try:
             client.wait_for_workers(1, timeout=timeout)
         except (TimeoutError, OSError):
-            raise InputError(f"no Dask worker joined the scheduler within {timeout:.0f} s: start workers with "
-                             "`dask worker --scheduler-file FILE` from the checkout") from None
+            raise InputError(
+                f"no Dask worker joined the scheduler within {timeout:.0f} s: start workers with "
+                "`dask worker --scheduler-file FILE` from the checkout"
+            ) from None
         self._probe(__name__)
         return len(client.scheduler_info().get("workers", {}))
 
@@ -176,33 +190,40 @@ class DaskEngine:
             self.client.submit(exec, f"import {module}", pure=False).result(timeout=self.config.connect_timeout)
         except Exception as e:  # noqa: BLE001  (a ModuleNotFoundError on a worker, or the scheduler's own)
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise InputError(f"the Dask workers cannot run the pipeline's tasks ({type(e).__name__}: {first}): start "
-                             f"the scheduler and workers with PYTHONPATH={Path(__file__).resolve().parents[2]} "
-                             "(the checkout), or install the project in their environment") from None
+            raise InputError(
+                f"the Dask workers cannot run the pipeline's tasks ({type(e).__name__}: {first}): start "
+                f"the scheduler and workers with PYTHONPATH={Path(__file__).resolve().parents[2]} "
+                "(the checkout), or install the project in their environment"
+            ) from None
         self._probed.add(module)
 
     @property
     def dashboard_link(self) -> str:
         return self.client.dashboard_link
 
-    def map(self, fn: Callable, jobs: Sequence, desc: str = "tasks", threads: bool = False
-            ) -> Iterator[tuple[int, Any]]:
+    def map(
+        self, fn: Callable, jobs: Sequence, desc: str = "tasks", threads: bool = False
+    ) -> Iterator[tuple[int, Any]]:
         from distributed import as_completed
         from tqdm.auto import tqdm
 
         jobs = list(jobs)
         self._probe(fn.__module__)
         # pure=False: every job runs (Dask would merge equal keys); one key per job, named after the stage.
-        futures = self.client.map(_call, [fn] * len(jobs), jobs, pure=False, key=[f"{desc}-{i}-{time.time_ns()}"
-                                                                                  for i in range(len(jobs))])
+        futures = self.client.map(
+            _call, [fn] * len(jobs), jobs, pure=False, key=[f"{desc}-{i}-{time.time_ns()}" for i in range(len(jobs))]
+        )
         index = {f.key: i for i, f in enumerate(futures)}
         bar = tqdm(total=len(jobs), desc=desc, disable=not self.config.progress)
         try:
             for future in as_completed(futures):
                 if future.status == "error":
                     error = future.exception()
-                    raise error if isinstance(error, InputError) else TaskError(
-                        f"{describe_job(jobs[index[future.key]])}: {type(error).__name__}: {error}")
+                    raise (
+                        error
+                        if isinstance(error, InputError)
+                        else TaskError(f"{describe_job(jobs[index[future.key]])}: {type(error).__name__}: {error}")
+                    )
                 result = future.result()
                 future.release()
                 yield index[future.key], result
@@ -212,8 +233,12 @@ class DaskEngine:
             self.client.cancel([f for f in futures if not f.done()])
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "workers": self.workers, "dashboard": self.dashboard_link,
-                "scheduler": self.client.scheduler.address}
+        return {
+            "engine": self.name,
+            "workers": self.workers,
+            "dashboard": self.dashboard_link,
+            "scheduler": self.client.scheduler.address,
+        }
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -239,8 +264,10 @@ def open_engine(config: EngineConfig, log_fn: Callable[[str], None] = print) -> 
     engine = DaskEngine(config) if config.name == "dask" else ProcessEngine(config)
     try:
         if engine.name == "dask":
-            log_fn(f"dask: {engine.workers} worker(s) at {engine.client.scheduler.address}; dashboard "
-                   f"{engine.dashboard_link}")
+            log_fn(
+                f"dask: {engine.workers} worker(s) at {engine.client.scheduler.address}; dashboard "
+                f"{engine.dashboard_link}"
+            )
         yield engine
     finally:
         engine.close()

@@ -13,6 +13,7 @@ not yet listed is computed again, to the same bytes). An output is reused on a r
 manifest was made with the same settings, lists it, and the file's sha256 still matches; otherwise it is computed
 again. A manifest of other settings is set aside (its outputs are recomputed), never mixed with the new ones.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,13 +84,16 @@ class Manifest:
             self.save()
 
     def save(self, **summary: Any) -> None:
-        atomic_write_json(self.path, {"settings": self.settings, **summary,
-                                      "outputs": dict(sorted(self.outputs.items()))})
+        atomic_write_json(
+            self.path, {"settings": self.settings, **summary, "outputs": dict(sorted(self.outputs.items()))}
+        )
         self._saved_at = time.monotonic()
 
     def report(self, stage: str, log: Callable[[str], None] = print) -> dict[str, int]:
         counts = {"reused": self.reused, "computed": self.computed}
         if self.reused:
-            log(f"{stage}: reused {self.reused} of {self.reused + self.computed} outputs from {self.path} (same "
-                f"settings, sha256 checked), computed {self.computed}")
+            log(
+                f"{stage}: reused {self.reused} of {self.reused + self.computed} outputs from {self.path} (same "
+                f"settings, sha256 checked), computed {self.computed}"
+            )
         return counts

@@ -8,6 +8,7 @@ pysbd is a pure-Python rule-based splitter (Golden Rules), kept as an option.
     split = get_segmenter("blingfire")
     split("Dr. Smith arrived. He sat down.")  # -> ['Dr. Smith arrived.', 'He sat down.']
 """
+
 from __future__ import annotations
 
 from typing import Callable

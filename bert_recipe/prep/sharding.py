@@ -16,6 +16,7 @@ document keeps its corpus position whatever the byte ranges, so any --num_worker
         --n_training_shards 256 --n_test_shards 256 --fraction_test_set 0.2 --num_workers 16
     # -> out/wikicorpus_en_training_0.txt ... out/wikicorpus_en_test_255.txt, out/wikicorpus_en_manifest.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,11 @@ _SEGMENTER_CACHE: dict = {}
 
 def plan_chunks(files: list[Path], chunk_bytes: int) -> list[tuple[str, int, int]]:
     """(path, start, end) byte ranges covering every file; a line belongs to the range its first byte is in."""
-    return [(str(f), start, min(start + chunk_bytes, f.stat().st_size))
-            for f in files for start in range(0, f.stat().st_size, chunk_bytes)]
+    return [
+        (str(f), start, min(start + chunk_bytes, f.stat().st_size))
+        for f in files
+        for start in range(0, f.stat().st_size, chunk_bytes)
+    ]
 
 
 def range_lines(f, start: int, end: int) -> Iterator[bytes]:
@@ -117,8 +121,7 @@ def assign_shards(sizes: np.ndarray, cfg: ShardingConfig) -> np.ndarray:
     n_docs = len(sizes)
     n_shards = cfg.n_training_shards + cfg.n_test_shards
     if n_docs < n_shards:
-        raise InputError(f"only {n_docs} documents for {n_shards} shards: lower --n_training_shards / "
-                         "--n_test_shards")
+        raise InputError(f"only {n_docs} documents for {n_shards} shards: lower --n_training_shards / --n_test_shards")
     perm = np.random.default_rng(cfg.seed).permutation(n_docs)
     n_test = 0
     if cfg.n_test_shards:
@@ -163,8 +166,14 @@ def shard_name(prefix: str | os.PathLike, split: str, index: int) -> Path:
     return Path(f"{prefix}_{split}_{index}.txt")
 
 
-def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.PathLike, cfg: ShardingConfig,
-                 progress: bool = True, logger=None, engine=None) -> dict:
+def shard_corpus(
+    input_files: list[str | os.PathLike],
+    output_prefix: str | os.PathLike,
+    cfg: ShardingConfig,
+    progress: bool = True,
+    logger=None,
+    engine=None,
+) -> dict:
     """Run the three passes on `engine` (bert_recipe.prep.engine; None: `cfg.num_workers` processes here); returns the manifest
     (also written to `<output_prefix>_manifest.json`: the settings, and every shard's documents, bytes and sha256).
 
@@ -186,13 +195,22 @@ def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.P
     output_prefix = Path(output_prefix)
     output_prefix.parent.mkdir(parents=True, exist_ok=True)
     start_time = time.time()
-    settings = {"inputs": [[str(f), f.stat().st_size] for f in files], "n_training_shards": cfg.n_training_shards,
-                "n_test_shards": cfg.n_test_shards, "fraction_test_set": cfg.fraction_test_set,
-                "segmenter": cfg.segmenter, "seed": cfg.seed}
+    settings = {
+        "inputs": [[str(f), f.stat().st_size] for f in files],
+        "n_training_shards": cfg.n_training_shards,
+        "n_test_shards": cfg.n_test_shards,
+        "fraction_test_set": cfg.fraction_test_set,
+        "segmenter": cfg.segmenter,
+        "seed": cfg.seed,
+    }
     manifest = Manifest.open(f"{output_prefix}_manifest.json", settings)
     n_shards = cfg.n_training_shards + cfg.n_test_shards
-    names = [shard_name(output_prefix, *(("training", i) if i < cfg.n_training_shards
-                                         else ("test", i - cfg.n_training_shards))) for i in range(n_shards)]
+    names = [
+        shard_name(
+            output_prefix, *(("training", i) if i < cfg.n_training_shards else ("test", i - cfg.n_training_shards))
+        )
+        for i in range(n_shards)
+    ]
     missing = [i for i, path in enumerate(names) if not manifest.reusable(path.name)]
     seg_dir = output_prefix.parent / f".{output_prefix.name}_segmented"
     if missing:
@@ -202,7 +220,7 @@ def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.P
         bounds = np.searchsorted(shard_of[order], np.arange(n_shards + 1))
         write_jobs = []
         for shard in missing:
-            docs = order[bounds[shard]:bounds[shard + 1]]
+            docs = order[bounds[shard] : bounds[shard + 1]]
             write_jobs.append((str(names[shard]), seg_paths, chunk_of[docs], offset_of[docs], sizes[docs]))
         try:
             for _, (path, n_docs, n_bytes, digest) in engine.map(_write_shard, write_jobs, desc="writing shards"):
@@ -214,23 +232,44 @@ def shard_corpus(input_files: list[str | os.PathLike], output_prefix: str | os.P
         documents = sum(manifest.outputs[p.name]["rows"] for p in names)
         total_bytes = sum(manifest.outputs[p.name]["bytes"] for p in names)
     shutil.rmtree(seg_dir, ignore_errors=True)  # every shard is whole: the segmented ranges are no longer needed
-    listing = [{"file": p.name, "documents": manifest.outputs[p.name]["rows"],
-                "bytes": manifest.outputs[p.name]["bytes"], "sha256": manifest.outputs[p.name]["sha256"]}
-               for p in names]
-    summary = {"inputs": [str(f) for f in files], "config": asdict(cfg), "documents": documents,
-               "bytes": total_bytes, "elapsed_s": round(time.time() - start_time, 1),
-               "reused_shards": n_shards - len(missing),
-               "training": listing[:cfg.n_training_shards], "test": listing[cfg.n_training_shards:]}
+    listing = [
+        {
+            "file": p.name,
+            "documents": manifest.outputs[p.name]["rows"],
+            "bytes": manifest.outputs[p.name]["bytes"],
+            "sha256": manifest.outputs[p.name]["sha256"],
+        }
+        for p in names
+    ]
+    summary = {
+        "inputs": [str(f) for f in files],
+        "config": asdict(cfg),
+        "documents": documents,
+        "bytes": total_bytes,
+        "elapsed_s": round(time.time() - start_time, 1),
+        "reused_shards": n_shards - len(missing),
+        "training": listing[: cfg.n_training_shards],
+        "test": listing[cfg.n_training_shards :],
+    }
     manifest.save(**summary)
     manifest.report("sharding")
     if logger is not None:
-        logger.log("sharding", {"stage": "done", "documents": documents, "bytes": total_bytes,
-                                "reused_shards": n_shards - len(missing), "elapsed_s": summary["elapsed_s"]})
+        logger.log(
+            "sharding",
+            {
+                "stage": "done",
+                "documents": documents,
+                "bytes": total_bytes,
+                "reused_shards": n_shards - len(missing),
+                "elapsed_s": summary["elapsed_s"],
+            },
+        )
     return {"settings": settings, **summary}
 
 
-def _segment(files: list[Path], cfg: ShardingConfig, seg_dir: Path, settings: dict, engine, logger, start_time
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+def _segment(
+    files: list[Path], cfg: ShardingConfig, seg_dir: Path, settings: dict, engine, logger, start_time
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """Pass 1 on the engine, reusing the ranges a crashed run segmented already. Returns every document's size,
     segmented file (index) and byte offset there, and the segmented files."""
 
@@ -239,8 +278,9 @@ def _segment(files: list[Path], cfg: ShardingConfig, seg_dir: Path, settings: di
     ledger = Manifest.open(seg_dir / "segmented.json", {**settings, "chunk_bytes": cfg.chunk_bytes})
     seg_paths = [str(seg_dir / f"{i:08d}.txt") for i in range(len(chunks))]
     jobs = [(*chunk, seg, cfg.segmenter) for chunk, seg in zip(chunks, seg_paths)]
-    todo = [i for i, seg in enumerate(seg_paths)
-            if not (ledger.reusable(Path(seg).name) and Path(seg + ".npy").is_file())]
+    todo = [
+        i for i, seg in enumerate(seg_paths) if not (ledger.reusable(Path(seg).name) and Path(seg + ".npy").is_file())
+    ]
     try:
         for k, (n_docs, digest) in engine.map(_segment_chunk, [jobs[i] for i in todo], desc="segmenting"):
             ledger.record(Path(seg_paths[todo[k]]).name, n_docs, digest)
@@ -253,8 +293,15 @@ def _segment(files: list[Path], cfg: ShardingConfig, seg_dir: Path, settings: di
     chunk_of = np.repeat(np.arange(len(chunks), dtype=np.int32), [len(s) for s in sizes_per_chunk])
     offset_of = np.concatenate([np.cumsum(s) - s for s in sizes_per_chunk]) if sizes_per_chunk else sizes
     if logger is not None:
-        logger.log("sharding", {"stage": "segmented", "documents": len(sizes), "bytes": int(sizes.sum()),
-                                "elapsed_s": round(time.time() - start_time, 1)})
+        logger.log(
+            "sharding",
+            {
+                "stage": "segmented",
+                "documents": len(sizes),
+                "bytes": int(sizes.sum()),
+                "elapsed_s": round(time.time() - start_time, 1),
+            },
+        )
     return sizes, chunk_of, offset_of, seg_paths
 
 
@@ -273,8 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segmenter", choices=SEGMENTERS, default=d.segmenter)
     p.add_argument("--random_seed", type=int, default=d.seed)
     p.add_argument("--num_workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--chunk_mb", type=float, default=d.chunk_bytes / (1 << 20),
-                   help="segmentation work unit in MiB (the shards do not depend on it)")
+    p.add_argument(
+        "--chunk_mb",
+        type=float,
+        default=d.chunk_bytes / (1 << 20),
+        help="segmentation work unit in MiB (the shards do not depend on it)",
+    )
     p.add_argument("--no_progress", action="store_true")
     return p
 
@@ -283,13 +334,20 @@ def main(argv=None) -> int:
     """0 when the shards are written; bad input: one line on stderr, exit status 1."""
     with script_errors("sharding.py", argv):
         args = build_parser().parse_args(argv)
-        cfg = ShardingConfig(n_training_shards=args.n_training_shards, n_test_shards=args.n_test_shards,
-                             fraction_test_set=args.fraction_test_set, segmenter=args.segmenter,
-                             seed=args.random_seed, num_workers=args.num_workers,
-                             chunk_bytes=int(args.chunk_mb * (1 << 20)))
+        cfg = ShardingConfig(
+            n_training_shards=args.n_training_shards,
+            n_test_shards=args.n_test_shards,
+            fraction_test_set=args.fraction_test_set,
+            segmenter=args.segmenter,
+            seed=args.random_seed,
+            num_workers=args.num_workers,
+            chunk_bytes=int(args.chunk_mb * (1 << 20)),
+        )
         manifest = shard_corpus(args.input_files, args.output_prefix, cfg, progress=not args.no_progress)
-    print(f"wrote {len(manifest['training'])} training + {len(manifest['test'])} test shards of "
-          f"{manifest['documents']} documents to {Path(args.output_prefix).parent}")
+    print(
+        f"wrote {len(manifest['training'])} training + {len(manifest['test'])} test shards of "
+        f"{manifest['documents']} documents to {Path(args.output_prefix).parent}"
+    )
     return 0
 
 

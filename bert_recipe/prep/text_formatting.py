@@ -17,6 +17,7 @@ command) and how a rerun reuses them.
     python -m bert_recipe.prep.text_formatting --input enwiki-20240101-pages-articles.xml.bz2 --output wiki_one_article_per_line.txt
     python -m bert_recipe.prep.text_formatting --input my_corpus_dir/ --output mine.txt --doc_boundary blank_line
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,37 @@ from bert_recipe.prep.manifest import Manifest, sha256_file
 # Link namespaces whose links are not prose (an image with its caption, a category tag).
 DROP_LINK_NAMESPACES = {"file", "image", "media", "category"}
 # Tags whose content is not prose. Wikitables come out of mwparserfromhell as Tag("table"); list items as li/dt/dd.
-DROP_TAGS = {"ref", "references", "table", "gallery", "math", "chem", "ce", "score", "timeline", "syntaxhighlight",
-             "source", "pre", "imagemap", "mapframe", "maplink", "graph", "templatedata", "templatestyles", "hiero",
-             "categorytree", "inputbox", "includeonly", "noinclude", "ul", "ol", "dl", "style", "script", "caption"}
+DROP_TAGS = {
+    "ref",
+    "references",
+    "table",
+    "gallery",
+    "math",
+    "chem",
+    "ce",
+    "score",
+    "timeline",
+    "syntaxhighlight",
+    "source",
+    "pre",
+    "imagemap",
+    "mapframe",
+    "maplink",
+    "graph",
+    "templatedata",
+    "templatestyles",
+    "hiero",
+    "categorytree",
+    "inputbox",
+    "includeonly",
+    "noinclude",
+    "ul",
+    "ol",
+    "dl",
+    "style",
+    "script",
+    "caption",
+}
 LIST_TAGS = {"li", "dt", "dd"}
 _LIST_MARK = "\x00"  # rendered where a list item starts; lines that carry it are dropped
 _INTERLANGUAGE = re.compile(r"[a-z]{2,3}(-[a-z]+)*")
@@ -205,9 +234,16 @@ def _ordered_parallel(fn, batches: Iterator, num_workers: int) -> Iterator:
             yield pending.popleft().get()
 
 
-def format_wiki_dump(dump: str | os.PathLike, output: str | os.PathLike, num_workers: int = 1,
-                     progress: bool = True, logger=None, engine=None, piece_bytes: int = 64 << 20,
-                     join: bool = True) -> Counter:
+def format_wiki_dump(
+    dump: str | os.PathLike,
+    output: str | os.PathLike,
+    num_workers: int = 1,
+    progress: bool = True,
+    logger=None,
+    engine=None,
+    piece_bytes: int = 64 << 20,
+    join: bool = True,
+) -> Counter:
     """A pages-articles dump -> `output`, one article per line, in the dump's page order. Returns counts per page
     kind (article, redirect, disambiguation, ...).
 
@@ -222,15 +258,17 @@ def format_wiki_dump(dump: str | os.PathLike, output: str | os.PathLike, num_wor
     pieces = dump_pieces(dump, piece_bytes)
     if pieces is None:
         if engine is not None and engine.name == "dask":
-            print(f"text_formatting: {dump} is a single bz2 stream: read here by one process, its pages parsed by "
-                  f"{num_workers} local processes (the multistream dump and its index spread over the cluster)")
+            print(
+                f"text_formatting: {dump} is a single bz2 stream: read here by one process, its pages parsed by "
+                f"{num_workers} local processes (the multistream dump and its index spread over the cluster)"
+            )
         if join:
             return _format_single_stream(dump, output, num_workers, progress, logger)
         return _single_stream_part(dump, Path(output), num_workers, progress, logger)
-    settings = {"kind": "wiki_dump",
-                "size": sum(Path(name).stat().st_size for name in sorted({q[0] for q in pieces}))}
-    return format_pieces(_format_dump_piece, pieces, output, settings, local_engine(engine, num_workers, progress),
-                         "dump pieces", join)
+    settings = {"kind": "wiki_dump", "size": sum(Path(name).stat().st_size for name in sorted({q[0] for q in pieces}))}
+    return format_pieces(
+        _format_dump_piece, pieces, output, settings, local_engine(engine, num_workers, progress), "dump pieces", join
+    )
 
 
 def multistream_index(dump: Path) -> Path | None:
@@ -289,13 +327,14 @@ def iter_piece_pages(path: str, start: int, end: int) -> Iterator[tuple[int, str
         decompressor = bz2.BZ2Decompressor()
         text += decompressor.decompress(raw)
         if not decompressor.eof:
-            raise OSError(f"a bz2 stream is cut off at byte {end} (the file is truncated or the index is of "
-                          "another dump)")
+            raise OSError(
+                f"a bz2 stream is cut off at byte {end} (the file is truncated or the index is of another dump)"
+            )
         raw = decompressor.unused_data
     first, last = text.find(b"<page>"), text.rfind(b"</page>")
     if first < 0:
         return
-    document = io.BytesIO(b"<pages>" + bytes(text[first:last + len(b"</page>")]) + b"</pages>")
+    document = io.BytesIO(b"<pages>" + bytes(text[first : last + len(b"</page>")]) + b"</pages>")
     yield from _pages_of(document)
 
 
@@ -343,8 +382,9 @@ def _single_stream_part(dump: Path, folder: Path, num_workers: int, progress: bo
     if folder.is_file():  # an older run's single file under the folder's name
         folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
-    ledger = Manifest.open(folder / "manifest.json", {"kind": "wiki_dump_single",
-                                                      "dump": [str(dump), dump.stat().st_size]})
+    ledger = Manifest.open(
+        folder / "manifest.json", {"kind": "wiki_dump_single", "dump": [str(dump), dump.stat().st_size]}
+    )
     if ledger.reusable("00000000.txt"):
         ledger.report("text_formatting")
         return Counter(ledger.outputs["00000000.txt"]["counts"])
@@ -362,11 +402,13 @@ def _format_single_stream(dump: Path, output, num_workers: int, progress: bool, 
     order."""
     from tqdm.auto import tqdm
 
-
     counts: Counter = Counter()
     start = time.time()
-    with tqdm(total=dump.stat().st_size, unit="B", unit_scale=True, desc="wiki dump", disable=not progress) as bar, \
-            atomic_open(output, "w", encoding="utf-8") as out:
+    with (
+        tqdm(total=dump.stat().st_size, unit="B", unit_scale=True, desc="wiki dump", disable=not progress) as bar,
+        atomic_open(output, "w", encoding="utf-8") as out,
+    ):
+
         def on_progress(pos):
             bar.update(pos - bar.n)
 
@@ -386,8 +428,9 @@ def _format_single_stream(dump: Path, output, num_workers: int, progress: bool, 
 # Pieces -> part files (-> one file): every source's tasks
 
 
-def format_pieces(task: Callable, pieces: list[tuple], output: str | os.PathLike, settings: dict, engine,
-                  desc: str, join: bool = True) -> Counter:
+def format_pieces(
+    task: Callable, pieces: list[tuple], output: str | os.PathLike, settings: dict, engine, desc: str, join: bool = True
+) -> Counter:
     """Run task((*piece, part_file)) for every piece on `engine` (bert_recipe.prep.engine), each writing
     its part file atomically and returning (counts, sha256). Counts are summed ("largest_document_chars": the
     largest).
@@ -446,8 +489,7 @@ def _join_parts(parts: list[Path], output: Path, final, total: Counter) -> None:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     digest.update(block)
                     out.write(block)
-    final.record(output.name, total.get("documents", total.get("article", 0)), digest.hexdigest(),
-                 counts=dict(total))
+    final.record(output.name, total.get("documents", total.get("article", 0)), digest.hexdigest(), counts=dict(total))
     final.save()
 
 
@@ -548,15 +590,19 @@ def list_text_files(inputs: Iterable[str | os.PathLike], pattern: str = "*.txt")
         if item.is_file():
             files.append(item)
         elif item.is_dir():
-            files.extend(sorted(p for p in item.rglob(pattern) if p.is_file()
-                                and not any(part.startswith(".") for part in p.relative_to(item).parts)))
+            files.extend(
+                sorted(
+                    p
+                    for p in item.rglob(pattern)
+                    if p.is_file() and not any(part.startswith(".") for part in p.relative_to(item).parts)
+                )
+            )
         else:
             raise InputError(f"input {item} does not exist: name a text file or a folder of them")
     return files
 
 
-def check_text_file(path: str | os.PathLike, probe: int = 1 << 16, what: str = "input",
-                    expected: str = "") -> None:
+def check_text_file(path: str | os.PathLike, probe: int = 1 << 16, what: str = "input", expected: str = "") -> None:
     """Refuse (one line) a file that cannot be read, or is not text: NUL bytes in its first 64 KiB, or more than 1%
     of them not UTF-8 (an archive, an image, an HDF5 shard, a document in another encoding). Stray bad bytes in a
     real dump pass: they are replaced, as the readers do. `what` names the file in the message (a flag, or
@@ -566,19 +612,30 @@ def check_text_file(path: str | os.PathLike, probe: int = 1 << 16, what: str = "
         with opener(path, "rb") as f:
             head = f.read(probe)
     except OSError as e:
-        raise InputError(f"{what} {path} cannot be read ({e.strerror or e}): check its permissions, or that a "
-                         "compressed file is complete") from None
+        raise InputError(
+            f"{what} {path} cannot be read ({e.strerror or e}): check its permissions, or that a "
+            "compressed file is complete"
+        ) from None
     if b"\0" in head:
         raise InputError(f"{what} {path} is not text (it holds NUL bytes): give UTF-8 text{expected or ' files'}")
     bad = head.decode("utf-8", errors="replace").count("\ufffd")
     if bad > len(head) // 100:
-        raise InputError(f"{what} {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
-                         f"convert it to UTF-8{expected}")
+        raise InputError(
+            f"{what} {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
+            f"convert it to UTF-8{expected}"
+        )
 
 
-def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary: str = "file",
-                      num_workers: int = 1, progress: bool = True, engine=None, piece_bytes: int = 16 << 20,
-                      join: bool = True) -> Counter:
+def format_text_files(
+    files: list[Path],
+    output: str | os.PathLike,
+    doc_boundary: str = "file",
+    num_workers: int = 1,
+    progress: bool = True,
+    engine=None,
+    piece_bytes: int = 16 << 20,
+    join: bool = True,
+) -> Counter:
     """Text files (or WikiExtractor files) -> `output`, one document per line, in file order: each run of files of
     about `piece_bytes` a task on `engine` (None: `num_workers` processes here) writing its own part
     (format_pieces)."""
@@ -586,11 +643,17 @@ def format_text_files(files: list[Path], output: str | os.PathLike, doc_boundary
         raise InputError("no input files found (check the folder and --input_pattern)")
     for path in files:  # before the work: a binary file would become documents of replacement characters
         check_text_file(path)
-    settings = {"kind": "text", "doc_boundary": doc_boundary,
-                "inputs": [[str(f), f.stat().st_size] for f in files]}
+    settings = {"kind": "text", "doc_boundary": doc_boundary, "inputs": [[str(f), f.stat().st_size] for f in files]}
     runs = file_runs(files, piece_bytes)
-    counts = format_pieces(_format_text_files, [(run, doc_boundary) for run in runs], output, settings,
-                           local_engine(engine, num_workers, progress), "text files", join)
+    counts = format_pieces(
+        _format_text_files,
+        [(run, doc_boundary) for run in runs],
+        output,
+        settings,
+        local_engine(engine, num_workers, progress),
+        "text files",
+        join,
+    )
     counts["files"] = len(files)
     return counts
 
@@ -610,16 +673,21 @@ def parquet_row_groups(files: list[Path], text_column: str) -> list[tuple[str, i
         try:
             meta = pq.ParquetFile(path)
         except (OSError, pa.ArrowException) as e:
-            raise InputError(f"{path} is not a Parquet file ({str(e).splitlines()[0][:160]}): give a folder of "
-                             ".parquet files, or --input_format text") from None
+            raise InputError(
+                f"{path} is not a Parquet file ({str(e).splitlines()[0][:160]}): give a folder of "
+                ".parquet files, or --input_format text"
+            ) from None
         schema = meta.schema_arrow
         if text_column not in schema.names:
-            raise InputError(f"{path} has no column {text_column!r} (it has {', '.join(schema.names[:8])}): name "
-                             "the text column with --text_column (TEXT_COLUMN=)")
+            raise InputError(
+                f"{path} has no column {text_column!r} (it has {', '.join(schema.names[:8])}): name "
+                "the text column with --text_column (TEXT_COLUMN=)"
+            )
         kind = schema.field(text_column).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            raise InputError(f"{path}: column {text_column!r} holds {kind}, not text: name the text column with "
-                             "--text_column")
+            raise InputError(
+                f"{path}: column {text_column!r} holds {kind}, not text: name the text column with --text_column"
+            )
         pieces.extend((str(path), group, text_column) for group in range(meta.num_row_groups))
     return pieces
 
@@ -628,7 +696,6 @@ def _format_parquet_row_group(job: tuple[str, int, str, str]) -> tuple[dict, str
     """Task: one row group -> a part file, a document per row: its text's non-empty lines joined by spaces (the
     paragraphs of a document, as for plain text); null or blank rows are skipped. Returns (counts, sha256)."""
     import pyarrow.parquet as pq
-
 
     path, group, column, part = job
     texts = pq.ParquetFile(path).read_row_group(group, columns=[column]).column(0).to_pylist()
@@ -643,17 +710,30 @@ def _format_parquet_row_group(job: tuple[str, int, str, str]) -> tuple[dict, str
     return {"documents": docs, "largest_document_chars": largest, "rows": len(texts)}, sha256_file(part)
 
 
-def format_parquet_files(files: list[Path], output: str | os.PathLike, text_column: str = "text",
-                         num_workers: int = 1, progress: bool = True, engine=None, join: bool = True) -> Counter:
+def format_parquet_files(
+    files: list[Path],
+    output: str | os.PathLike,
+    text_column: str = "text",
+    num_workers: int = 1,
+    progress: bool = True,
+    engine=None,
+    join: bool = True,
+) -> Counter:
     """Parquet files -> `output`, one document per row, in file and row order: each row group a task (read alone,
     its text column only)."""
     if not files:
         raise InputError("no .parquet files found (check the folder and --input_pattern)")
     pieces = parquet_row_groups(files, text_column)
-    settings = {"kind": "parquet", "text_column": text_column,
-                "inputs": [[str(f), f.stat().st_size] for f in files]}
-    counts = format_pieces(_format_parquet_row_group, pieces, output, settings,
-                           local_engine(engine, num_workers, progress), "parquet row groups", join)
+    settings = {"kind": "parquet", "text_column": text_column, "inputs": [[str(f), f.stat().st_size] for f in files]}
+    counts = format_pieces(
+        _format_parquet_row_group,
+        pieces,
+        output,
+        settings,
+        local_engine(engine, num_workers, progress),
+        "parquet row groups",
+        join,
+    )
     counts["files"] = len(files)
     return counts
 
@@ -664,15 +744,30 @@ def format_parquet_files(files: list[Path], output: str | os.PathLike, text_colu
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", required=True,
-                   help="a pages-articles .xml.bz2 dump, or text/WikiExtractor files and folders")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="a pages-articles .xml.bz2 dump, or text/WikiExtractor files and folders",
+    )
     p.add_argument("--output", required=True, help="the one-document-per-line output file")
-    p.add_argument("--doc_boundary", choices=("file", "blank_line", "line"), default="file",
-                   help="for plain text: a document per file, per blank-line-separated block, or per line")
-    p.add_argument("--input_pattern", default=None,
-                   help="file pattern inside input folders (default *.txt; *.parquet with --input_format parquet)")
-    p.add_argument("--input_format", choices=("text", "parquet"), default="text",
-                   help="parquet: files with a text column (--text_column), a document per row")
+    p.add_argument(
+        "--doc_boundary",
+        choices=("file", "blank_line", "line"),
+        default="file",
+        help="for plain text: a document per file, per blank-line-separated block, or per line",
+    )
+    p.add_argument(
+        "--input_pattern",
+        default=None,
+        help="file pattern inside input folders (default *.txt; *.parquet with --input_format parquet)",
+    )
+    p.add_argument(
+        "--input_format",
+        choices=("text", "parquet"),
+        default="text",
+        help="parquet: files with a text column (--text_column), a document per row",
+    )
     p.add_argument("--text_column", default="text", help="the text column of Parquet input")
     p.add_argument("--num_workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no_progress", action="store_true", help="no progress bar")

@@ -43,6 +43,7 @@ Determinism: the learner breaks ties between equally frequent pairs by token id,
 over the raw text) and handed to the trainer as its first, fixed ids; the same text and flags then give a byte-
 identical vocab.txt. That pass also lets an impossible --vocab_size be refused before the learning pass.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,11 +94,19 @@ def list_input_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
     files: list[Path] = []
     for item in map(Path, inputs):
         if item.is_dir():
-            found = sorted({p for pattern in FOLDER_PATTERNS for p in item.rglob(pattern)
-                            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(item).parts)})
+            found = sorted(
+                {
+                    p
+                    for pattern in FOLDER_PATTERNS
+                    for p in item.rglob(pattern)
+                    if p.is_file() and not any(part.startswith(".") for part in p.relative_to(item).parts)
+                }
+            )
             if not found:
-                raise _input_error(f"--input {item} is a folder without text files (*.txt, *.gz, wiki_*): name the "
-                                   "files, or a folder that holds them")
+                raise _input_error(
+                    f"--input {item} is a folder without text files (*.txt, *.gz, wiki_*): name the "
+                    "files, or a folder that holds them"
+                )
             files.extend(found)
         elif item.is_file():
             files.append(item)
@@ -126,16 +135,18 @@ def check_text(path: Path, probe: int = 1 << 16) -> None:
         with raw:
             head = stream.read(probe)
     except OSError as e:  # permissions, a folder, gzip.BadGzipFile (a damaged header)
-        raise _input_error(f"--input {path} cannot be read ({getattr(e, 'strerror', None) or e}): check the file and "
-                           "its permissions") from None
+        raise _input_error(
+            f"--input {path} cannot be read ({getattr(e, 'strerror', None) or e}): check the file and its permissions"
+        ) from None
     except EOFError:  # the gzip stream ends before its end marker: a download or copy that stopped early
         raise _input_error(f"--input {path} is a truncated gzip file: check the file") from None
     if b"\0" in head:
         raise _input_error(f"--input {path} is not text (it holds NUL bytes): give UTF-8 text files")
     bad = head.decode("utf-8", errors="replace").count("\ufffd")
     if bad > len(head) // 100:
-        raise _input_error(f"--input {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): "
-                           "convert it to UTF-8")
+        raise _input_error(
+            f"--input {path} is not UTF-8 text ({bad} undecodable bytes in its first {len(head)}): convert it to UTF-8"
+        )
 
 
 def _is_markup(line: str) -> bool:
@@ -143,8 +154,9 @@ def _is_markup(line: str) -> bool:
     return line == "</doc>" or (line.startswith("<doc ") and line.endswith(">"))
 
 
-def iter_chunks(files: Sequence[Path], chunk_chars: int = CHUNK_CHARS,
-                on_bytes: Callable[[int], None] | None = None) -> Iterator[str]:
+def iter_chunks(
+    files: Sequence[Path], chunk_chars: int = CHUNK_CHARS, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[str]:
     """The corpus's text lines (stripped; blank and WikiExtractor markup lines dropped) joined by "\\n" into chunks
     of about `chunk_chars` characters; a chunk never spans two files. `on_bytes(n)` is told the (compressed) bytes
     read, for a progress bar. Undecodable bytes become U+FFFD, which the tokenizer drops anyway."""
@@ -226,11 +238,18 @@ class _CharTables:
         def dropped(c: str) -> bool:  # BasicTokenizer._clean_text drops these
             return c in ("\0", "\ufffd") or _is_control(c)
 
-        predicates = (dropped, lambda c: not dropped(c) and (_is_whitespace(c) or c.isspace()),
-                      lambda c: _is_chinese_char(ord(c)), lambda c: unicodedata.category(c) == "Mn", _is_punctuation)
+        predicates = (
+            dropped,
+            lambda c: not dropped(c) and (_is_whitespace(c) or c.isspace()),
+            lambda c: _is_chinese_char(ord(c)),
+            lambda c: unicodedata.category(c) == "Mn",
+            _is_punctuation,
+        )
         classes = tuple(old | {c for c in new if keep(c)} for old, keep in zip(self.classes, predicates))
-        patterns = tuple(p if len(c) == len(old) else _one_of(c, t)
-                         for p, c, old, t in zip(self.patterns, classes, self.classes, _TEMPLATES))
+        patterns = tuple(
+            p if len(c) == len(old) else _one_of(c, t)
+            for p, c, old, t in zip(self.patterns, classes, self.classes, _TEMPLATES)
+        )
         punctuation = {**self.punctuation, **{ord(c): f" {c} " for c in classes[4] - self.classes[4]}}
         return _CharTables(self.known | new, classes, patterns, punctuation)
 
@@ -298,7 +317,6 @@ def continues_words(char: str) -> bool:
     CJK ideographs, which are always words of their own (so "##" + them would never be looked up)."""
     from tokenization import _is_chinese_char, _is_punctuation  # loaded when first needed, as in _CharTables
 
-
     return not (_is_punctuation(char) or _is_chinese_char(ord(char)))
 
 
@@ -324,7 +342,8 @@ def plan_layout(vocab_size: int, required: int, unused_slots: int | None) -> int
         raise _input_error(
             f"--vocab_size {vocab_size} is too small for this corpus: [PAD] and the 4 specials{slots} + its "
             f"{required} alphabet entries (every character, and '##' + those that continue words) need "
-            f"{floor + unused_slots}: raise --vocab_size" + (" or lower --unused_slots" if unused_slots else ""))
+            f"{floor + unused_slots}: raise --vocab_size" + (" or lower --unused_slots" if unused_slots else "")
+        )
     return unused_slots
 
 
@@ -344,6 +363,7 @@ def google_layout(learned: Sequence[str], unused_slots: int) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class VocabSettings:
     """The vocabulary asked for: the flags --vocab_size, --do_lower_case / --cased, --unused_slots, --limit_alphabet."""
+
     vocab_size: int  # lines of vocab.txt
     do_lower_case: bool = True
     unused_slots: int | None = None  # None: 99 when there is room for them (Google's ids 100-103), else 0
@@ -372,11 +392,20 @@ class VocabResult:
         return config_vocab_size(len(self.tokens))
 
     def summary(self) -> dict:
-        return {"vocab_size": len(self.tokens), "config_vocab_size": self.config_vocab_size,
-                "do_lower_case": self.do_lower_case, "special_ids": self.special_ids,
-                "unused_slots": self.unused_slots, "alphabet": self.alphabet,
-                "alphabet_entries": self.alphabet_entries, "learned": self.learned, "files": self.files,
-                "words": self.words, "long_words": self.long_words, "seconds": self.seconds}
+        return {
+            "vocab_size": len(self.tokens),
+            "config_vocab_size": self.config_vocab_size,
+            "do_lower_case": self.do_lower_case,
+            "special_ids": self.special_ids,
+            "unused_slots": self.unused_slots,
+            "alphabet": self.alphabet,
+            "alphabet_entries": self.alphabet_entries,
+            "learned": self.learned,
+            "files": self.files,
+            "words": self.words,
+            "long_words": self.long_words,
+            "seconds": self.seconds,
+        }
 
 
 def check_sizes(settings: VocabSettings) -> None:
@@ -387,8 +416,9 @@ def check_sizes(settings: VocabSettings) -> None:
     if unused_slots is not None and unused_slots < 0:
         raise _input_error(f"--unused_slots {unused_slots} must be 0 or more")
     if limit_alphabet is not None and limit_alphabet < 1:
-        raise _input_error(f"--limit_alphabet {limit_alphabet} must be at least 1 (leave it out to keep every "
-                           "character)")
+        raise _input_error(
+            f"--limit_alphabet {limit_alphabet} must be at least 1 (leave it out to keep every character)"
+        )
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -494,6 +524,7 @@ def _chunked(lines: Iterator[str], chunk_chars: int = CHUNK_CHARS) -> Iterator[s
 @dataclasses.dataclass
 class Counted:
     """What the counting pass found: the characters' counts, the pre-split part files in corpus order, the words."""
+
     counts: dict[str, int]
     parts: list[Path]
     words: int
@@ -501,24 +532,39 @@ class Counted:
     chunks: int
 
 
-def count_pieces(files: Sequence[Path], do_lower_case: bool, exact: bool, work_dir: Path, engine=None,
-                 progress: bool = False, log: Callable[[str], None] = lambda message: None) -> Counted:
+def count_pieces(
+    files: Sequence[Path],
+    do_lower_case: bool,
+    exact: bool,
+    work_dir: Path,
+    engine=None,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda message: None,
+) -> Counted:
     """The counting pass on `engine` (None: one process here), part files in `work_dir` (reused on a rerun: its
     parts.json lists each with its sha256 and the settings)."""
 
     engine = engine or ProcessEngine(EngineConfig("processes", 1, progress=progress))
     work_dir.mkdir(parents=True, exist_ok=True)
     pieces = plan_pieces(files)
-    ledger = Manifest.open(work_dir / "parts.json", {"do_lower_case": do_lower_case, "exact": exact,
-                                                      "pieces": [list(p) for p in pieces],
-                                                      "sizes": [os.path.getsize(p) for p in files]})
+    ledger = Manifest.open(
+        work_dir / "parts.json",
+        {
+            "do_lower_case": do_lower_case,
+            "exact": exact,
+            "pieces": [list(p) for p in pieces],
+            "sizes": [os.path.getsize(p) for p in files],
+        },
+    )
     jobs = [(*piece, do_lower_case, exact, str(work_dir / f"{i:08d}.txt")) for i, piece in enumerate(pieces)]
     todo = [i for i, job in enumerate(jobs) if not ledger.reusable(Path(job[-1]).name)]
     try:
-        for k, (counts, words, long_words, chunks, digest) in engine.map(_presplit_piece, [jobs[i] for i in todo],
-                                                                           desc="counting"):
-            ledger.record(Path(jobs[todo[k]][-1]).name, chunks, digest, counts=counts, words=words,
-                          long_words=long_words)
+        for k, (counts, words, long_words, chunks, digest) in engine.map(
+            _presplit_piece, [jobs[i] for i in todo], desc="counting"
+        ):
+            ledger.record(
+                Path(jobs[todo[k]][-1]).name, chunks, digest, counts=counts, words=words, long_words=long_words
+            )
     finally:
         ledger.save()
     ledger.report("create_vocab (counting)", log)
@@ -532,27 +578,41 @@ def count_pieces(files: Sequence[Path], do_lower_case: bool, exact: bool, work_d
     return Counted(dict(total), [Path(job[-1]) for job in jobs], words, long_words, chunks)
 
 
-def read_alphabet(counted: Counted, splitter: PreSplitter, files: Sequence[Path], limit_alphabet: int | None = None,
-                  log: Callable[[str], None] = lambda message: None) -> list[str]:
+def read_alphabet(
+    counted: Counted,
+    splitter: PreSplitter,
+    files: Sequence[Path],
+    limit_alphabet: int | None = None,
+    log: Callable[[str], None] = lambda message: None,
+) -> list[str]:
     """The characters of the corpus's words, sorted by code point; `limit_alphabet`: only that many, the most
     frequent (ties by code point)."""
     counts = splitter.alphabet(counted.counts)
     if not counts:
         names = ", ".join(str(p) for p in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-        raise _input_error(f"--input {names}: no text to learn from (only blank lines, markup or control "
-                           "characters): give text files, one sentence or paragraph a line")
+        raise _input_error(
+            f"--input {names}: no text to learn from (only blank lines, markup or control "
+            "characters): give text files, one sentence or paragraph a line"
+        )
     alphabet = sorted(counts)
     if limit_alphabet is not None and len(alphabet) > limit_alphabet:
         kept = set(sorted(alphabet, key=lambda c: (-counts[c], c))[:limit_alphabet])
-        log(f"--limit_alphabet {limit_alphabet}: {len(alphabet) - limit_alphabet} of {len(alphabet)} characters "
+        log(
+            f"--limit_alphabet {limit_alphabet}: {len(alphabet) - limit_alphabet} of {len(alphabet)} characters "
             f"left out (each seen {max(counts[c] for c in alphabet if c not in kept)} times or fewer); words that "
-            "hold one become [UNK]")
+            "hold one become [UNK]"
+        )
         alphabet = sorted(kept)
     return alphabet
 
 
-def learn_pieces(counted: Counted, pinned: list[str], merges: int, progress: bool = False,
-                 log: Callable[[str], None] = lambda message: None) -> list[str]:
+def learn_pieces(
+    counted: Counted,
+    pinned: list[str],
+    merges: int,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda message: None,
+) -> list[str]:
     """The pre-split words of the part files -> the `tokenizers` WordPiece trainer, which counts them (in Rust, on
     every core) and learns up to `merges` pieces beyond the `pinned` alphabet entries. Returns the pieces in the
     order learned."""
@@ -579,19 +639,30 @@ def learn_pieces(counted: Counted, pinned: list[str], merges: int, progress: boo
     # are broken by id, so this makes its output the same on every run. limit_alphabet=0: it adds no character of
     # its own (one left out by --limit_alphabet is skipped inside the words it occurs in). min_frequency 0: a small
     # corpus still fills the requested size when it can.
-    trainer = trainers.WordPieceTrainer(vocab_size=len(pinned) + merges, min_frequency=0, show_progress=False,
-                                        special_tokens=pinned, limit_alphabet=0, continuing_subword_prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=len(pinned) + merges,
+        min_frequency=0,
+        show_progress=False,
+        special_tokens=pinned,
+        limit_alphabet=0,
+        continuing_subword_prefix="##",
+    )
     tokenizer.train_from_iterator(feed(), trainer=trainer, length=counted.chunks or None)
     trained = tokenizer.get_vocab(with_added_tokens=True)
     by_id = sorted(trained, key=trained.__getitem__)
-    if by_id[:len(pinned)] != pinned:  # a change in tokenizers: a bug of ours to fix, not the user's
+    if by_id[: len(pinned)] != pinned:  # a change in tokenizers: a bug of ours to fix, not the user's
         raise AssertionError("the tokenizers trainer did not keep the alphabet at its first ids")
-    return by_id[len(pinned):]
+    return by_id[len(pinned) :]
 
 
-def learn_vocab(files: Sequence[Path], settings: VocabSettings, progress: bool = False,
-                log: Callable[[str], None] = lambda message: None, engine=None,
-                work_dir: Path | None = None) -> VocabResult:
+def learn_vocab(
+    files: Sequence[Path],
+    settings: VocabSettings,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda message: None,
+    engine=None,
+    work_dir: Path | None = None,
+) -> VocabResult:
     """Learn a WordPiece vocabulary of exactly `settings.vocab_size` entries (Google's layout, see the module
     docstring) from `files` (checked text: list_input_files). `settings.limit_alphabet`: keep only that many
     characters, the most frequent (default: every one). The counting pass runs on `engine` (bert_recipe.prep.engine; None:
@@ -614,26 +685,40 @@ def learn_vocab(files: Sequence[Path], settings: VocabSettings, progress: bool =
         merges = vocab_size - 1 - len(SPECIALS) - unused - len(pinned)
         alphabet_s = time.time() - start
         if unused < GOOGLE_UNUSED_BEFORE_UNK:
-            log(f"--vocab_size {vocab_size} with {unused} [unused] slots: [UNK] [CLS] [SEP] [MASK] are ids 1-4, right "
-                "after [PAD] (Google's layout, ids 100-103, needs 99 slots)")
-        log(f"{len(files)} file(s), {sum(os.path.getsize(p) for p in files) / 2**20:.1f} MiB; alphabet of "
+            log(
+                f"--vocab_size {vocab_size} with {unused} [unused] slots: [UNK] [CLS] [SEP] [MASK] are ids 1-4, right "
+                "after [PAD] (Google's layout, ids 100-103, needs 99 slots)"
+            )
+        log(
+            f"{len(files)} file(s), {sum(os.path.getsize(p) for p in files) / 2**20:.1f} MiB; alphabet of "
             f"{len(alphabet)} characters ({len(pinned)} entries with their '##' continuations); learning {merges} "
-            "pieces")
+            "pieces"
+        )
         start = time.time()
         pieces = learn_pieces(counted, pinned, merges, progress, log) if merges else []
     words, long_words = (counted.words, counted.long_words) if merges else (0, 0)
     if len(pieces) < merges:
-        raise _input_error(f"--vocab_size {vocab_size} is too large for this corpus: after {len(pieces)} pieces no "
-                           f"pair of pieces is left to merge ({words} words): give more text, or --vocab_size "
-                           f"{vocab_size - (merges - len(pieces))} or less")
+        raise _input_error(
+            f"--vocab_size {vocab_size} is too large for this corpus: after {len(pieces)} pieces no "
+            f"pair of pieces is left to merge ({words} words): give more text, or --vocab_size "
+            f"{vocab_size - (merges - len(pieces))} or less"
+        )
     tokens = google_layout([*pinned, *pieces[:merges]], unused)
     assert len(tokens) == vocab_size and len(set(tokens)) == vocab_size, "layout arithmetic"  # our own invariant
     if long_words:
         log(f"{long_words} word(s) over {MAX_WORD_CHARS} characters not learned from (our tokenizer makes them [UNK])")
-    return VocabResult(tokens=tokens, do_lower_case=do_lower_case, unused_slots=unused, alphabet=len(alphabet),
-                       alphabet_entries=len(pinned), learned=merges, files=len(files), words=words,
-                       long_words=long_words,
-                       seconds={"alphabet": round(alphabet_s, 2), "learn": round(time.time() - start, 2)})
+    return VocabResult(
+        tokens=tokens,
+        do_lower_case=do_lower_case,
+        unused_slots=unused,
+        alphabet=len(alphabet),
+        alphabet_entries=len(pinned),
+        learned=merges,
+        files=len(files),
+        words=words,
+        long_words=long_words,
+        seconds={"alphabet": round(alphabet_s, 2), "learn": round(time.time() - start, 2)},
+    )
 
 
 def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
@@ -642,9 +727,15 @@ def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
     atomic_write_text(path, "".join(f"{t}\n" for t in tokens))
 
 
-def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.PathLike, settings: VocabSettings,
-                 progress: bool = False, log: Callable[[str], None] = lambda message: None,
-                 output_flag: str = "--output_file", engine=None) -> VocabResult:
+def create_vocab(
+    inputs: Sequence[str | os.PathLike],
+    output_file: str | os.PathLike,
+    settings: VocabSettings,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda message: None,
+    output_flag: str = "--output_file",
+    engine=None,
+) -> VocabResult:
     """Check the flags, the output and the inputs, learn, write `output_file`. The library entry (bertPrep's
     create_vocab action, which names its output flag `output_flag`); InputError for anything the user can fix,
     before the learning pass wherever it can be known there."""
@@ -658,10 +749,15 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
     write_vocab(output_file, result.tokens)
     shutil.rmtree(work_dir, ignore_errors=True)
     padded, vocab_size = result.config_vocab_size, settings.vocab_size
-    log(f"wrote {output_file}: {vocab_size} entries, [UNK] [CLS] [SEP] [MASK] at ids "
+    log(
+        f"wrote {output_file}: {vocab_size} entries, [UNK] [CLS] [SEP] [MASK] at ids "
         f"{result.special_ids['[UNK]']}-{result.special_ids['[MASK]']}; a model config for it: vocab_size {padded} "
-        + ("(a multiple of 8 already)" if padded == vocab_size else
-           f"(padded to a multiple of 8, as NVIDIA pads 30522 to 30528; {vocab_size} works too)"))
+        + (
+            "(a multiple of 8 already)"
+            if padded == vocab_size
+            else f"(padded to a multiple of 8, as NVIDIA pads 30522 to 30528; {vocab_size} works too)"
+        )
+    )
     return result
 
 
@@ -671,26 +767,54 @@ def create_vocab(inputs: Sequence[str | os.PathLike], output_file: str | os.Path
 
 def build_parser() -> argparse.ArgumentParser:
 
-    p = argparse.ArgumentParser(prog="create_vocab.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", action="append", required=True, metavar="FILE_OR_FOLDER",
-                   help="text to learn from, repeatable: files (.txt, .gz, WikiExtractor output) or folders of them")
+    p = argparse.ArgumentParser(
+        prog="create_vocab.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="FILE_OR_FOLDER",
+        help="text to learn from, repeatable: files (.txt, .gz, WikiExtractor output) or folders of them",
+    )
     p.add_argument("--output_file", required=True, help="the vocab.txt to write")
-    p.add_argument("--vocab_size", type=int, required=True,
-                   help="lines of vocab.txt, specials and [unused] slots included (8000-16000 for a small model, "
-                        "30522 as bert-base-uncased)")
+    p.add_argument(
+        "--vocab_size",
+        type=int,
+        required=True,
+        help="lines of vocab.txt, specials and [unused] slots included (8000-16000 for a small model, "
+        "30522 as bert-base-uncased)",
+    )
     case = p.add_mutually_exclusive_group()
-    case.add_argument("--do_lower_case", dest="do_lower_case", action="store_true", default=True,
-                      help="lower-case and strip accents (an uncased vocabulary; the default)")
-    case.add_argument("--cased", dest="do_lower_case", action="store_false",
-                      help="keep case and accents (a cased vocabulary: use --no-do_lower_case downstream)")
-    p.add_argument("--unused_slots", type=int, default=None,
-                   help="[unused] entries to reserve (default: 99, which puts [UNK] [CLS] [SEP] [MASK] at Google's ids "
-                        "100-103, or 0 when --vocab_size has no room for them; 994 gives bert-base's exact layout)")
-    p.add_argument("--limit_alphabet", type=int, default=None, metavar="N",
-                   help="keep only the N most frequent characters (default: every character of the text, so no word "
-                        "made of them becomes [UNK]; bert-base-uncased has about 1,000). A word holding a character "
-                        "left out becomes [UNK]; left-out characters are skipped while learning")
+    case.add_argument(
+        "--do_lower_case",
+        dest="do_lower_case",
+        action="store_true",
+        default=True,
+        help="lower-case and strip accents (an uncased vocabulary; the default)",
+    )
+    case.add_argument(
+        "--cased",
+        dest="do_lower_case",
+        action="store_false",
+        help="keep case and accents (a cased vocabulary: use --no-do_lower_case downstream)",
+    )
+    p.add_argument(
+        "--unused_slots",
+        type=int,
+        default=None,
+        help="[unused] entries to reserve (default: 99, which puts [UNK] [CLS] [SEP] [MASK] at Google's ids "
+        "100-103, or 0 when --vocab_size has no room for them; 994 gives bert-base's exact layout)",
+    )
+    p.add_argument(
+        "--limit_alphabet",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep only the N most frequent characters (default: every character of the text, so no word "
+        "made of them becomes [UNK]; bert-base-uncased has about 1,000). A word holding a character "
+        "left out becomes [UNK]; left-out characters are skipped while learning",
+    )
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
     add_debug_argument(p)
     return p
@@ -702,8 +826,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with script_errors("create_vocab.py", argv):
         args = build_parser().parse_args(argv)
         settings = VocabSettings(args.vocab_size, args.do_lower_case, args.unused_slots, args.limit_alphabet)
-        result = create_vocab(args.input, args.output_file, settings, progress=not args.no_progress,
-                              log=lambda m: print(f"create_vocab.py: {m}", flush=True))
+        result = create_vocab(
+            args.input,
+            args.output_file,
+            settings,
+            progress=not args.no_progress,
+            log=lambda m: print(f"create_vocab.py: {m}", flush=True),
+        )
         print(json.dumps({"output": str(args.output_file), **result.summary()}), flush=True)
     return 0
-

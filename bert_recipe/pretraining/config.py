@@ -9,6 +9,7 @@ them), and the docstring under the field is its --help text (torchtitan's style;
 `PretrainConfig.flags()` is the flat {flag: value} dict that the PARAMETER log line and every checkpoint's "args"
 record.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -126,7 +127,7 @@ class PrecisionConfig:
     scaling. The old --fp16/--amp/--bf16 switches are aliases"""
     loss_scale: float = 0.0
     """fp16 loss scale: 0 = dynamic (starts at --init_loss_scale, halves on overflow), > 0 = this static scale"""
-    init_loss_scale: float = 2.0 ** 20
+    init_loss_scale: float = 2.0**20
     """initial dynamic fp16 loss scale"""
     fp8: bool = False
     """the encoder layers' matrix products in float8 (fp8.py: torchao's float8 training, one scale per tensor each
@@ -271,11 +272,15 @@ class PretrainConfig(Config):
         c, e, lg = self.checkpoint, self.evaluation, self.logging
         return [
             (t.train_batch_size < 1, f"--train_batch_size {t.train_batch_size} must be at least 1"),
-            (t.gradient_accumulation_steps < 1,
-             f"--gradient_accumulation_steps {t.gradient_accumulation_steps} must be at least 1"),
-            (t.train_batch_size % max(t.gradient_accumulation_steps, 1) != 0,
-             f"--train_batch_size {t.train_batch_size} is not divisible by --gradient_accumulation_steps "
-             f"{t.gradient_accumulation_steps}"),
+            (
+                t.gradient_accumulation_steps < 1,
+                f"--gradient_accumulation_steps {t.gradient_accumulation_steps} must be at least 1",
+            ),
+            (
+                t.train_batch_size % max(t.gradient_accumulation_steps, 1) != 0,
+                f"--train_batch_size {t.train_batch_size} is not divisible by --gradient_accumulation_steps "
+                f"{t.gradient_accumulation_steps}",
+            ),
             (t.max_steps < 1, f"--max_steps {t.max_steps} must be at least 1"),
             (t.steps_this_run == 0 or t.steps_this_run < -1, "--steps_this_run must be positive (or -1: all)"),
             (not 0.0 <= o.warmup_proportion <= 1.0, f"--warmup_proportion {o.warmup_proportion} must be in [0, 1]"),
@@ -284,34 +289,52 @@ class PretrainConfig(Config):
             (t.seed < 0, f"--seed {t.seed} must be a non-negative integer"),
             (lg.log_freq < 1, f"--log_freq {lg.log_freq} must be at least 1"),
             (lg.profile_steps < 0, f"--profile_steps {lg.profile_steps} must not be negative"),
-            (lg.profile_steps > 0 and lg.throughput_warmup_steps < 1,
-             "--profile_steps profiles the steps after the warm-up: give --throughput_warmup_steps 1 or more (the "
-             "first step compiles and allocates)"),
+            (
+                lg.profile_steps > 0 and lg.throughput_warmup_steps < 1,
+                "--profile_steps profiles the steps after the warm-up: give --throughput_warmup_steps 1 or more (the "
+                "first step compiles and allocates)",
+            ),
             (c.num_steps_per_checkpoint < 1, f"--num_steps_per_checkpoint {c.num_steps_per_checkpoint} must be >= 1"),
             (c.keep_checkpoints < 1, f"--keep_checkpoints {c.keep_checkpoints} must be at least 1"),
             (d.num_workers < 0, f"--num_workers {d.num_workers} must not be negative"),
-            (e.eval_steps < 0 or e.eval_batch_size < 0 or e.max_eval_samples < 0,
-             "--eval_steps, --eval_batch_size and --max_eval_samples must not be negative"),
-            (self.parallelism.compile and self.parallelism.no_compile,
-             "--compile and --no_compile contradict each other: pass one"),
-            (o.use_nvlamb and o.optimizer != "nvlamb", "--use_nvlamb is a switch of --optimizer nvlamb: drop it "
-                                                       "with --optimizer adamw"),
+            (
+                e.eval_steps < 0 or e.eval_batch_size < 0 or e.max_eval_samples < 0,
+                "--eval_steps, --eval_batch_size and --max_eval_samples must not be negative",
+            ),
+            (
+                self.parallelism.compile and self.parallelism.no_compile,
+                "--compile and --no_compile contradict each other: pass one",
+            ),
+            (
+                o.use_nvlamb and o.optimizer != "nvlamb",
+                "--use_nvlamb is a switch of --optimizer nvlamb: drop it with --optimizer adamw",
+            ),
             (c.resume_step != -1 and not c.resume_from_checkpoint, "--resume_step needs --resume_from_checkpoint"),
             (c.phase2 and c.phase1_end_step < 0, f"--phase1_end_step {c.phase1_end_step} must not be negative"),
-            (self.debug.debug_inject_inf_at_step > 0 and p.precision != "fp16",
-             "--debug_inject_inf_at_step is for --precision fp16 runs only"),
-            (d.dynamic_masking and not d.vocab_file, "--dynamic_masking needs --vocab_file (the [MASK] id and the "
-                                                     "vocabulary size)"),
+            (
+                self.debug.debug_inject_inf_at_step > 0 and p.precision != "fp16",
+                "--debug_inject_inf_at_step is for --precision fp16 runs only",
+            ),
+            (
+                d.dynamic_masking and not d.vocab_file,
+                "--dynamic_masking needs --vocab_file (the [MASK] id and the vocabulary size)",
+            ),
             (not 0.0 < d.masked_lm_prob <= 1.0, f"--masked_lm_prob {d.masked_lm_prob} must be in (0, 1]"),
             (d.mix_shards < 1, f"--mix_shards {d.mix_shards} must be at least 1 (1: one shard at a time)"),
-            (not 0 <= d.length_bins <= d.max_seq_length,
-             f"--length_bins {d.length_bins} must be in [0, max_seq_length={d.max_seq_length}] (0: off)"),
+            (
+                not 0 <= d.length_bins <= d.max_seq_length,
+                f"--length_bins {d.length_bins} must be in [0, max_seq_length={d.max_seq_length}] (0: off)",
+            ),
             (not t.do_train and not e.eval_dir, "nothing to do: pass --do_train (and/or --eval_dir to evaluate)"),
             (t.do_train and not d.input_dir, "--do_train needs --input_dir (a folder of .hdf5 shards)"),
-            (Path(c.output_dir).exists() and not Path(c.output_dir).is_dir(),
-             f"--output_dir {c.output_dir} is a file: name a folder for the checkpoints"),
+            (
+                Path(c.output_dir).exists() and not Path(c.output_dir).is_dir(),
+                f"--output_dir {c.output_dir} is a file: name a folder for the checkpoints",
+            ),
             (Path(lg.json_summary).is_dir(), f"--json-summary {lg.json_summary} is a folder: name the log file"),
-            (m.init_checkpoint is not None and not Path(m.init_checkpoint).exists(),
-             f"--init_checkpoint {m.init_checkpoint} not found: give a ckpt_<step>.pt, an NVIDIA .pt or a Hugging "
-             "Face folder"),
+            (
+                m.init_checkpoint is not None and not Path(m.init_checkpoint).exists(),
+                f"--init_checkpoint {m.init_checkpoint} not found: give a ckpt_<step>.pt, an NVIDIA .pt or a Hugging "
+                "Face folder",
+            ),
         ]

@@ -27,6 +27,7 @@ order depends on the global micro-batch (micro-batch x processes), which a check
 Read top to bottom: shard checks -> orders -> masks -> micro-batches -> the stream -> the held-out set.
 Errors are DataError (one line, naming the flag and the file); run_pretraining.py's main prints them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from bert_recipe.io.cli import InputError
+
 # the shard layout, and reading it back, are the format module's alone
 from bert_recipe.pretraining.shard_format import PACKED_KEY, SHARD_KEYS, dynamic_mask, read_samples, shard_keys
 from bert_recipe.training.dist_env import DistEnv
@@ -55,8 +57,6 @@ class DataError(InputError):
 
 class ResumeError(InputError):
     """A checkpoint that does not fit this run (another phase, optimizer or data) or an output folder in use."""
-
-
 
 
 @dataclass
@@ -97,9 +97,11 @@ def list_shards(folder: str, flag: str) -> list[Path]:
     held_out = [p.name for p in shards if "_test_" in p.name]
     if held_out and len(held_out) < len(shards) and any("_training_" in p.name for p in shards):
         # data/bertPrep.py's names (NVIDIA's layout once kept both in one folder): never train on held-out text
-        raise DataError(f"{flag} {folder} holds training shards and held-out ones ({held_out[0]}, ...): move the "
-                        "*_test_*.hdf5 shards to a folder of their own (data/bertPrep.py writes training/ and "
-                        "test/) and pass that one as --eval_dir")
+        raise DataError(
+            f"{flag} {folder} holds training shards and held-out ones ({held_out[0]}, ...): move the "
+            "*_test_*.hdf5 shards to a folder of their own (data/bertPrep.py writes training/ and "
+            "test/) and pass that one as --eval_dir"
+        )
     return shards
 
 
@@ -113,46 +115,63 @@ def inspect_shards(paths: list[Path], spec: ShardSpec, flag: str) -> list[ShardI
             with h5py.File(path, "r") as f:
                 missing = [k for k in SHARD_KEYS if k not in f]
                 if missing:
-                    raise DataError(f"{flag}: shard {path} lacks {missing}: not a pre-training shard in NVIDIA's "
-                                    "layout (write it with create_pretraining_data.py)")
+                    raise DataError(
+                        f"{flag}: shard {path} lacks {missing}: not a pre-training shard in NVIDIA's "
+                        "layout (write it with create_pretraining_data.py)"
+                    )
                 check_shard_shapes(f, path, flag)
                 n, seq = f["input_ids"].shape
                 width = f["masked_lm_positions"].shape[1]
                 unmasked = f.attrs.get("masking", "static") == "dynamic"
                 packed = f[PACKED_KEY].shape[1] if PACKED_KEY in f else 0
                 if f["next_sentence_labels"].shape != ((n, packed) if packed else (n,)):
-                    raise DataError(f"{flag}: shard {path} has next_sentence_labels of shape "
-                                    f"{f['next_sentence_labels'].shape}, expected {(n, packed) if packed else (n,)}"
-                                    f"{' (packed: one label per slot)' if packed else ''}")
+                    raise DataError(
+                        f"{flag}: shard {path} has next_sentence_labels of shape "
+                        f"{f['next_sentence_labels'].shape}, expected {(n, packed) if packed else (n,)}"
+                        f"{' (packed: one label per slot)' if packed else ''}"
+                    )
                 not_integer = [k for k in SHARD_KEYS if f[k].dtype.kind not in "iub"]
                 if not_integer:
-                    raise DataError(f"{flag}: shard {path} holds {not_integer} as "
-                                    f"{[str(f[k].dtype) for k in not_integer]}: token ids, masks and labels must be "
-                                    "integers (write it with create_pretraining_data.py)")
+                    raise DataError(
+                        f"{flag}: shard {path} holds {not_integer} as "
+                        f"{[str(f[k].dtype) for k in not_integer]}: token ids, masks and labels must be "
+                        "integers (write it with create_pretraining_data.py)"
+                    )
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM):
-                raise DataError(f"{flag}: shard {path} cannot be read (permission denied): check its permissions") \
-                    from None
-            raise DataError(f"{flag}: shard {path} cannot be read as HDF5 ({e}): write it again with "
-                            "create_pretraining_data.py, or move it out of the folder") from None
+                raise DataError(
+                    f"{flag}: shard {path} cannot be read (permission denied): check its permissions"
+                ) from None
+            raise DataError(
+                f"{flag}: shard {path} cannot be read as HDF5 ({e}): write it again with "
+                "create_pretraining_data.py, or move it out of the folder"
+            ) from None
         if seq != spec.max_seq_length:
-            raise DataError(f"{flag}: shard {path} has sequences of length {seq} but --max_seq_length is "
-                            f"{spec.max_seq_length}: pass the shards' length, or shards of this length")
+            raise DataError(
+                f"{flag}: shard {path} has sequences of length {seq} but --max_seq_length is "
+                f"{spec.max_seq_length}: pass the shards' length, or shards of this length"
+            )
         # A packed row's slots serve up to K sequences: max_predictions_per_seq scales with K.
         if width > spec.max_predictions_per_seq * max(packed, 1):
-            raise DataError(f"{flag}: shard {path} has {width} masked positions per "
-                            f"{f'row of up to {packed} sequences' if packed else 'sequence'} but "
-                            f"--max_predictions_per_seq is {spec.max_predictions_per_seq}: pass at least "
-                            f"{-(-width // max(packed, 1))}")
+            raise DataError(
+                f"{flag}: shard {path} has {width} masked positions per "
+                f"{f'row of up to {packed} sequences' if packed else 'sequence'} but "
+                f"--max_predictions_per_seq is {spec.max_predictions_per_seq}: pass at least "
+                f"{-(-width // max(packed, 1))}"
+            )
         if unmasked and not spec.dynamic_masking:
-            raise DataError(f"{flag}: shard {path} was written without masks (--no_static_masking): pass "
-                            "--dynamic_masking")
+            raise DataError(
+                f"{flag}: shard {path} was written without masks (--no_static_masking): pass --dynamic_masking"
+            )
         infos.append(ShardInfo(path, int(n), bool(unmasked), int(packed), int(width)))
-    kinds = sorted({f"{i.packed} sequences and {i.width} masked slots a row" if i.packed else "unpacked"
-                    for i in infos})
+    kinds = sorted(
+        {f"{i.packed} sequences and {i.width} masked slots a row" if i.packed else "unpacked" for i in infos}
+    )
     if len(kinds) > 1:  # one NSP layout and one batch shape for the whole run
-        raise DataError(f"{flag}: the shards are not packed alike ({'; '.join(kinds)}): write them with one "
-                        "create_pretraining_data.py --pack_sequences setting")
+        raise DataError(
+            f"{flag}: the shards are not packed alike ({'; '.join(kinds)}): write them with one "
+            "create_pretraining_data.py --pack_sequences setting"
+        )
     return infos
 
 
@@ -165,20 +184,26 @@ def check_shard_shapes(f, path: Path, flag: str) -> None:
     keys = shard_keys(f)
     shapes = {k: tuple(f[k].shape) for k in keys}
     ndim = {k: 1 if k == "next_sentence_labels" and not packed else 2 for k in keys}
-    consistent = (all(len(shapes[k]) == ndim[k] for k in keys)
-                  and len({shapes[k][0] for k in keys}) == 1
-                  and len({shapes[k][1] for k in ("input_ids", "input_mask", "segment_ids")}) == 1
-                  and shapes["masked_lm_positions"][1] == shapes["masked_lm_ids"][1]
-                  and (not packed or shapes["next_sentence_labels"][1] == shapes["next_sentence_positions"][1]))
+    consistent = (
+        all(len(shapes[k]) == ndim[k] for k in keys)
+        and len({shapes[k][0] for k in keys}) == 1
+        and len({shapes[k][1] for k in ("input_ids", "input_mask", "segment_ids")}) == 1
+        and shapes["masked_lm_positions"][1] == shapes["masked_lm_ids"][1]
+        and (not packed or shapes["next_sentence_labels"][1] == shapes["next_sentence_positions"][1])
+    )
     if not consistent:
         found = ", ".join(f"{k} {list(shapes[k])}" for k in keys)
-        raise DataError(f"{flag}: shard {path} has arrays of mismatched shapes ({found}); expected input_ids, "
-                        "input_mask, segment_ids [N, S], masked_lm_positions, masked_lm_ids [N, P] and "
-                        "next_sentence_labels [N] (packed: next_sentence_labels, next_sentence_positions [N, K]): "
-                        "write it again with create_pretraining_data.py")
+        raise DataError(
+            f"{flag}: shard {path} has arrays of mismatched shapes ({found}); expected input_ids, "
+            "input_mask, segment_ids [N, S], masked_lm_positions, masked_lm_ids [N, P] and "
+            "next_sentence_labels [N] (packed: next_sentence_labels, next_sentence_positions [N, K]): "
+            "write it again with create_pretraining_data.py"
+        )
     if shapes["input_ids"][0] == 0:
-        raise DataError(f"{flag}: shard {path} holds no samples (0 rows): remove it, or write it again with "
-                        "create_pretraining_data.py")
+        raise DataError(
+            f"{flag}: shard {path} holds no samples (0 rows): remove it, or write it again with "
+            "create_pretraining_data.py"
+        )
 
 
 def epoch_shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:
@@ -232,12 +257,25 @@ class Masker:
 
     def __call__(self, input_ids: np.ndarray, input_mask: np.ndarray, seed: list[int]):
 
-        return dynamic_mask(input_ids, input_mask, self.vocab_size, self.special_ids, np.random.default_rng(seed),
-                            self.masked_lm_prob, self.max_predictions, self.mask_id)
+        return dynamic_mask(
+            input_ids,
+            input_mask,
+            self.vocab_size,
+            self.special_ids,
+            np.random.default_rng(seed),
+            self.masked_lm_prob,
+            self.max_predictions,
+            self.mask_id,
+        )
 
 
-def to_model_inputs(arrays: dict[str, np.ndarray], rows: slice, masker: Masker | None = None,
-                    mask_seed: list[int] | None = None, width: int | None = None) -> dict[str, torch.Tensor]:
+def to_model_inputs(
+    arrays: dict[str, np.ndarray],
+    rows: slice,
+    masker: Masker | None = None,
+    mask_seed: list[int] | None = None,
+    width: int | None = None,
+) -> dict[str, torch.Tensor]:
     """One micro-batch as BertForPreTraining's keyword arguments for its fixed-slot head: input_ids,
     token_type_ids, attention_mask [B,S], masked_lm_positions and masked_lm_ids [B,P] (0: an unused slot) and
     next_sentence_labels [B], all int64. Static shapes: the step needs no host sync to find the labelled tokens.
@@ -283,8 +321,9 @@ def read_group_rows(paths: list[Path], sizes: list[int], rows: np.ndarray) -> di
     out = {}
     for key in parts[0]:
         width = max(part[key].shape[1:] for part in parts)
-        padded = [np.pad(part[key], [(0, 0)] + [(0, w - v) for w, v in zip(width, part[key].shape[1:])])
-                  for part in parts]
+        padded = [
+            np.pad(part[key], [(0, 0)] + [(0, w - v) for w, v in zip(width, part[key].shape[1:])]) for part in parts
+        ]
         merged = np.empty((len(rows), *width), dtype=np.result_type(*padded))
         for k, part in enumerate(padded):
             merged[which == k] = part  # each shard's rows back in the requested order
@@ -308,8 +347,9 @@ def bin_width(length: np.ndarray | int, bins: int, seq_len: int) -> np.ndarray:
     return -(-(b + 1) * seq_len // bins)
 
 
-def binned_order(order: np.ndarray, lengths: np.ndarray, bins: int, seq_len: int, global_batch: int,
-                 rng: np.random.Generator) -> np.ndarray:
+def binned_order(
+    order: np.ndarray, lengths: np.ndarray, bins: int, seq_len: int, global_batch: int, rng: np.random.Generator
+) -> np.ndarray:
     """The shard permutation `order` regrouped into global micro-batches of similar lengths (see the module
     docstring): full micro-batches of one bin, then the bins' leftovers in bin order, the micro-batches shuffled
     by `rng`; the final remainder (< global_batch, dropped by the stream as any shard remainder) stays last.
@@ -320,7 +360,7 @@ def binned_order(order: np.ndarray, lengths: np.ndarray, bins: int, seq_len: int
     ends = np.cumsum(counts)
     full, leftover = [], []
     for b in range(bins):
-        members = grouped[ends[b] - counts[b]: ends[b]]
+        members = grouped[ends[b] - counts[b] : ends[b]]
         cut = len(members) // global_batch * global_batch
         full.append(members[:cut])
         leftover.append(members[cut:])
@@ -337,8 +377,15 @@ class ShardBatches(torch.utils.data.Dataset):
     rank's slices of consecutive global micro-batches. `offsets[k]` is the global sample offset of item k within
     the shard's permutation (it seeds dynamic masking); `widths[k]` (length binning) the columns item k keeps."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], micro_batch: int, offsets: np.ndarray,
-                 mask_key: list[int], masker: Masker | None, widths: np.ndarray | None = None):
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        micro_batch: int,
+        offsets: np.ndarray,
+        mask_key: list[int],
+        masker: Masker | None,
+        widths: np.ndarray | None = None,
+    ):
         self.arrays, self.micro_batch, self.offsets = arrays, micro_batch, offsets
         self.mask_key, self.masker, self.widths = mask_key, masker, widths
 
@@ -358,8 +405,18 @@ class PretrainingData:
     just after the global micro-batch it belongs to, which is what a checkpoint stores.
     """
 
-    def __init__(self, shards: list[ShardInfo], seed: int, micro_batch: int, env: DistEnv | None = None, *,
-                 masker: Masker | None = None, num_workers: int = 0, length_bins: int = 0, mix_shards: int = 1):
+    def __init__(
+        self,
+        shards: list[ShardInfo],
+        seed: int,
+        micro_batch: int,
+        env: DistEnv | None = None,
+        *,
+        masker: Masker | None = None,
+        num_workers: int = 0,
+        length_bins: int = 0,
+        mix_shards: int = 1,
+    ):
         env = env or DistEnv()  # one process on the CPU
         self.shards, self.seed, self.micro_batch = shards, seed, micro_batch
         self.mix_shards = max(1, min(mix_shards, len(shards)))
@@ -370,9 +427,11 @@ class PretrainingData:
         self.position = DataPosition()  # load_state_dict moves it to a checkpoint's
         self.length_bins = length_bins
         if max(s.num_samples for s in shards) * self.mix_shards < self.global_batch:
-            raise DataError(f"every shard holds fewer samples than one global micro-batch ({self.global_batch} = "
-                            f"micro-batch {micro_batch} x {self.world_size} processes): use a smaller batch, bigger "
-                            "shards or a larger --mix_shards")
+            raise DataError(
+                f"every shard holds fewer samples than one global micro-batch ({self.global_batch} = "
+                f"micro-batch {micro_batch} x {self.world_size} processes): use a smaller batch, bigger "
+                "shards or a larger --mix_shards"
+            )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
         self._stream: weakref.ref | None = None
 
@@ -383,31 +442,40 @@ class PretrainingData:
         they shape the order, --length_bins with the global micro-batch and --mix_shards. Plain values only (a
         checkpoint loads with weights_only=True)."""
         pos = self.position
-        return {"epoch": pos.epoch, "shard_index": pos.shard_index, "sample_offset": pos.sample_offset,
-                "shard_order": [self.shards[i].path.name for i in self.shard_order(pos.epoch)],
-                "files": [s.path.name for s in self.shards],
-                # binned orders depend on the global micro-batch: recorded so a resume can check it
-                **({"length_bins": self.length_bins, "global_micro_batch": self.global_batch}
-                   if self.length_bins else {}),
-                **({"mix_shards": self.mix_shards} if self.mix_shards > 1 else {})}
+        return {
+            "epoch": pos.epoch,
+            "shard_index": pos.shard_index,
+            "sample_offset": pos.sample_offset,
+            "shard_order": [self.shards[i].path.name for i in self.shard_order(pos.epoch)],
+            "files": [s.path.name for s in self.shards],
+            # binned orders depend on the global micro-batch: recorded so a resume can check it
+            **({"length_bins": self.length_bins, "global_micro_batch": self.global_batch} if self.length_bins else {}),
+            **({"mix_shards": self.mix_shards} if self.mix_shards > 1 else {}),
+        }
 
     def check_state(self, state: dict) -> None:
         """ResumeError unless `state` (a state_dict()) is a position in this stream: the same shard files, shard
         groups and (with --length_bins) binned order."""
         files = [s.path.name for s in self.shards]
         if state["files"] != files:
-            raise ResumeError(f"--input_dir {self.shards[0].path.parent} does not hold the shards the checkpoint was "
-                              f"trained on ({len(state['files'])} then, {len(files)} now): resume with the same data")
+            raise ResumeError(
+                f"--input_dir {self.shards[0].path.parent} does not hold the shards the checkpoint was "
+                f"trained on ({len(state['files'])} then, {len(files)} now): resume with the same data"
+            )
         if state.get("mix_shards", 1) != self.mix_shards:
-            raise ResumeError(f"the checkpoint read its shards in groups of {state.get('mix_shards', 1)} "
-                              f"(--mix_shards), this run in groups of {self.mix_shards}: its data position means "
-                              "another place in the stream, so resume with the same --mix_shards")
+            raise ResumeError(
+                f"the checkpoint read its shards in groups of {state.get('mix_shards', 1)} "
+                f"(--mix_shards), this run in groups of {self.mix_shards}: its data position means "
+                "another place in the stream, so resume with the same --mix_shards"
+            )
         bins, global_batch = self.length_bins, self.global_batch
         then = (state.get("length_bins", 0), state.get("global_micro_batch", global_batch))
         if then != (bins, global_batch if bins else then[1]):
-            raise ResumeError(f"the checkpoint ordered its samples with --length_bins {then[0]} and a global "
-                              f"micro-batch of {then[1]}, this run with {bins} and {global_batch}: binned "
-                              "orders differ, so resume with the same --length_bins, batch and processes")
+            raise ResumeError(
+                f"the checkpoint ordered its samples with --length_bins {then[0]} and a global "
+                f"micro-batch of {then[1]}, this run with {bins} and {global_batch}: binned "
+                "orders differ, so resume with the same --length_bins, batch and processes"
+            )
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (checked first: ResumeError). Call it before iterating."""
@@ -421,15 +489,16 @@ class PretrainingData:
 
     def group(self, epoch: int, index: int) -> list[int]:
         """The shards (indices in sorted order) of the `index`-th group of epoch `epoch`."""
-        return [int(i) for i in self.shard_order(epoch)[index * self.mix_shards: (index + 1) * self.mix_shards]]
+        return [int(i) for i in self.shard_order(epoch)[index * self.mix_shards : (index + 1) * self.mix_shards]]
 
     def _usable(self, pos: DataPosition) -> DataPosition:
         """The first position at or after `pos` with a whole global micro-batch left in its group."""
         while True:
             if pos.shard_index * self.mix_shards >= len(self.shards):
                 pos = DataPosition(pos.epoch + 1, 0, 0)
-            if pos.sample_offset + self.global_batch <= sum(self.shards[i].num_samples
-                                                            for i in self.group(pos.epoch, pos.shard_index)):
+            if pos.sample_offset + self.global_batch <= sum(
+                self.shards[i].num_samples for i in self.group(pos.epoch, pos.shard_index)
+            ):
                 return pos
             pos = DataPosition(pos.epoch, pos.shard_index + 1, 0)
 
@@ -443,10 +512,16 @@ class PretrainingData:
         if self.length_bins:
             lengths, seq_len = zip(*(real_lengths(s.path) for s in group))  # [N_k], S
             lengths, seq_len = np.concatenate(lengths), seq_len[0]
-            order = binned_order(order, lengths, self.length_bins, seq_len, self.global_batch,
-                                 np.random.default_rng([self.seed, pos.epoch, shard_id, 3]))
+            order = binned_order(
+                order,
+                lengths,
+                self.length_bins,
+                seq_len,
+                self.global_batch,
+                np.random.default_rng([self.seed, pos.epoch, shard_id, 3]),
+            )
         n_batches = (num_samples - pos.sample_offset) // self.global_batch
-        global_blocks = order[pos.sample_offset: pos.sample_offset + n_batches * self.global_batch]
+        global_blocks = order[pos.sample_offset : pos.sample_offset + n_batches * self.global_batch]
         global_blocks = global_blocks.reshape(n_batches, self.global_batch)  # [K, G]
         if self.length_bins:  # one width per global micro-batch: every rank's slice gets the same shape
             widths = bin_width(lengths[global_blocks].max(1), self.length_bins, seq_len)  # [K]
@@ -473,14 +548,21 @@ class PretrainingData:
             # An explicit generator keeps the DataLoader off the global torch RNG (dropout's), so that a resumed
             # run draws the same dropout masks as an uninterrupted one.
             loader = torch.utils.data.DataLoader(
-                batches, batch_size=None, shuffle=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
-                generator=torch.Generator().manual_seed(self.seed), worker_init_fn=_ignore_stop_signals)
+                batches,
+                batch_size=None,
+                shuffle=False,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                generator=torch.Generator().manual_seed(self.seed),
+                worker_init_fn=_ignore_stop_signals,
+            )
             with _stop_signals_blocked():  # the workers start here: see _ignore_stop_signals
                 stream = iter(loader)
             try:
                 for k, batch in enumerate(stream):
-                    self.position = DataPosition(pos.epoch, pos.shard_index,
-                                                 int(batches.offsets[k]) + self.global_batch)
+                    self.position = DataPosition(
+                        pos.epoch, pos.shard_index, int(batches.offsets[k]) + self.global_batch
+                    )
                     yield batch
             finally:  # also on close(): the workers ignore SIGTERM, so they must be told to go, now
                 getattr(stream, "_shutdown_workers", lambda: None)()
@@ -523,10 +605,10 @@ def _stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def load_eval_set(folder: str, spec: ShardSpec, max_samples: int, rank: int, world_size: int,
-                  ) -> dict[str, np.ndarray]:
+def load_eval_set(folder: str, spec: ShardSpec, max_samples: int, rank: int, world_size: int) -> dict[str, np.ndarray]:
     """The held-out samples (all --eval_dir shards in sorted order, the first `max_samples`, 0: all); rank r keeps
     samples r, r + W, ..."""
-    arrays = read_samples([info.path for info in inspect_shards(list_shards(folder, "--eval_dir"), spec,
-                                                                "--eval_dir")], max_samples)
+    arrays = read_samples(
+        [info.path for info in inspect_shards(list_shards(folder, "--eval_dir"), spec, "--eval_dir")], max_samples
+    )
     return {key: array[rank::world_size] for key, array in arrays.items()}

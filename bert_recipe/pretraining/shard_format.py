@@ -29,6 +29,7 @@ to even; numpy's rint is the same on the same float), drawn uniformly from the r
 masking: "##" pieces join the preceding candidate's word, and words are taken in random order while they fit);
 each is replaced by [MASK] 80%, kept 10%, a uniform random vocabulary id 10%; positions ascending.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,14 @@ import numpy as np
 # --------------------------------------------------------------------------------------------------------------
 # The layout
 
-LAYOUT = (("input_ids", "i4"), ("input_mask", "i1"), ("segment_ids", "i1"), ("masked_lm_positions", "i4"),
-          ("masked_lm_ids", "i4"), ("next_sentence_labels", "i1"))  # (array, dtype) of every shard, in file order
+LAYOUT = (
+    ("input_ids", "i4"),
+    ("input_mask", "i1"),
+    ("segment_ids", "i1"),
+    ("masked_lm_positions", "i4"),
+    ("masked_lm_ids", "i4"),
+    ("next_sentence_labels", "i1"),
+)  # (array, dtype) of every shard, in file order
 PACKED_KEY = "next_sentence_positions"  # [N, K] int32, in packed shards only
 PACKED_LAYOUT = LAYOUT + ((PACKED_KEY, "i4"),)
 SHARD_KEYS = tuple(name for name, _ in LAYOUT)
@@ -52,8 +59,7 @@ def shard_keys(f) -> tuple[str, ...]:
     return SHARD_KEYS + ((PACKED_KEY,) if PACKED_KEY in f else ())
 
 
-def read_samples(paths: Iterable, max_samples: int = 0, keys: tuple[str, ...] | None = None
-                 ) -> dict[str, np.ndarray]:
+def read_samples(paths: Iterable, max_samples: int = 0, keys: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """The first `max_samples` samples (0: all) of the shards `paths` read in that order, as one array per key
     (`keys`; None: each shard's own, shard_keys). The held-out set of an evaluation is read this way."""
     import h5py
@@ -109,8 +115,14 @@ def choose_positions(cand: np.ndarray, counts: np.ndarray, max_predictions: int,
     return positions, valid
 
 
-def choose_whole_words(ids: np.ndarray, cand: np.ndarray, counts: np.ndarray, max_predictions: int,
-                       is_subword: np.ndarray, rng: np.random.Generator):
+def choose_whole_words(
+    ids: np.ndarray,
+    cand: np.ndarray,
+    counts: np.ndarray,
+    max_predictions: int,
+    is_subword: np.ndarray,
+    rng: np.random.Generator,
+):
     """Google's whole-word selection: "##" pieces join the previous candidate's word; shuffled words are taken
     while they fit in the row's count (a word that would overflow is skipped). Same outputs as choose_positions.
     """
@@ -124,8 +136,9 @@ def choose_whole_words(ids: np.ndarray, cand: np.ndarray, counts: np.ndarray, ma
     return positions, valid
 
 
-def _whole_words_of_row(ids: np.ndarray, cand: np.ndarray, count: int, is_subword: np.ndarray,
-                        rng: np.random.Generator) -> np.ndarray:
+def _whole_words_of_row(
+    ids: np.ndarray, cand: np.ndarray, count: int, is_subword: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
     cpos = np.flatnonzero(cand)
     starts = ~is_subword[ids[cpos]]
     if len(starts):
@@ -143,8 +156,9 @@ def _whole_words_of_row(ids: np.ndarray, cand: np.ndarray, count: int, is_subwor
     return np.sort(cpos[np.isin(word, taken)])
 
 
-def mask_chosen(ids: np.ndarray, positions: np.ndarray, valid: np.ndarray, vocab_size: int, mask_id: int,
-                rng: np.random.Generator):
+def mask_chosen(
+    ids: np.ndarray, positions: np.ndarray, valid: np.ndarray, vocab_size: int, mask_id: int, rng: np.random.Generator
+):
     """80% [MASK], 10% unchanged, 10% a uniform random id in [0, vocab_size). Returns (masked ids, labels [n,P])."""
     labels = np.where(valid, np.take_along_axis(ids, positions, 1), 0)
     u = rng.random(positions.shape)
@@ -156,8 +170,16 @@ def mask_chosen(ids: np.ndarray, positions: np.ndarray, valid: np.ndarray, vocab
     return out, labels
 
 
-def dynamic_mask(input_ids, input_mask, vocab_size: int, special_ids: Iterable[int], rng,
-                 masked_lm_prob: float = 0.15, max_predictions_per_seq: int = 20, mask_token_id: int = 103):
+def dynamic_mask(
+    input_ids,
+    input_mask,
+    vocab_size: int,
+    special_ids: Iterable[int],
+    rng,
+    masked_lm_prob: float = 0.15,
+    max_predictions_per_seq: int = 20,
+    mask_token_id: int = 103,
+):
     """Draw masked-LM predictions for unmasked rows (shards written with --no_static_masking), e.g. per epoch.
 
     The rule is the static one: num_to_predict = min(P, max(1, round(L * masked_lm_prob))) with L = input_mask.sum()
@@ -180,8 +202,11 @@ def dynamic_mask(input_ids, input_mask, vocab_size: int, special_ids: Iterable[i
     as_torch = type(input_ids).__module__.split(".")[0] == "torch"
     device = input_ids.device if as_torch else None
     ids = input_ids.detach().cpu().numpy() if as_torch else np.asarray(input_ids)
-    mask = input_mask.detach().cpu().numpy() if type(input_mask).__module__.split(".")[0] == "torch" \
+    mask = (
+        input_mask.detach().cpu().numpy()
+        if type(input_mask).__module__.split(".")[0] == "torch"
         else np.asarray(input_mask)
+    )
     if ids.ndim != 2 or mask.shape != ids.shape:
         raise ValueError(f"input_ids and input_mask must both be [N, S]; got {ids.shape} and {mask.shape}")
     if not isinstance(rng, np.random.Generator):
@@ -195,8 +220,11 @@ def dynamic_mask(input_ids, input_mask, vocab_size: int, special_ids: Iterable[i
     if as_torch:
         import torch
 
-        return (torch.from_numpy(masked).to(device), torch.from_numpy(positions).to(device),
-                torch.from_numpy(labels).to(device))
+        return (
+            torch.from_numpy(masked).to(device),
+            torch.from_numpy(positions).to(device),
+            torch.from_numpy(labels).to(device),
+        )
     return masked, positions, labels
 
 
@@ -205,8 +233,9 @@ def dynamic_mask(input_ids, input_mask, vocab_size: int, special_ids: Iterable[i
 # max_seq_length. Offline, when the shard is written, not in the loader: see pretraining/shard_writer.py.
 
 
-def packed_predictions(max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float,
-                       max_sequences_per_row: int) -> int:
+def packed_predictions(
+    max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float, max_sequences_per_row: int
+) -> int:
     """The masked-LM slots of a packed row: enough for any K sequences of together at most S tokens.
 
     A sequence of L tokens gets min(P, max(1, round(L p))) <= L p + 1 predictions, so K of them with sum L <= S get
@@ -215,8 +244,9 @@ def packed_predictions(max_seq_length: int, max_predictions_per_seq: int, masked
     return int(min(max_sequences_per_row * max_predictions_per_seq, bound))
 
 
-def first_fit_decreasing(lengths: np.ndarray, capacity: int, max_per_row: int
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def first_fit_decreasing(
+    lengths: np.ndarray, capacity: int, max_per_row: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pack sequences of `lengths` [n] into rows of `capacity` tokens, at most `max_per_row` sequences a row:
     longest first (ties in input order), each into the first row, in opening order, with room for it and fewer
     than max_per_row sequences, else into a new row.
@@ -263,8 +293,7 @@ def pack_sequences(arrays: dict[str, np.ndarray], max_per_row: int, max_predicti
     row, slot, start = first_fit_decreasing(lengths, seq, max_per_row)
     rows = int(row.max()) + 1 if n else 0
 
-    out = {name: np.zeros((rows, seq), dtype=arrays[name].dtype) for name in ("input_ids", "input_mask",
-                                                                            "segment_ids")}
+    out = {name: np.zeros((rows, seq), dtype=arrays[name].dtype) for name in ("input_ids", "input_mask", "segment_ids")}
     src_seq, src_col = np.nonzero(mask)  # every real token
     dst_row, dst_col = row[src_seq], start[src_seq] + src_col  # its place in the packed row
     for name in out:
@@ -285,8 +314,10 @@ def pack_sequences(arrays: dict[str, np.ndarray], max_per_row: int, max_predicti
     target_row, target_pos = target_row[order], target_pos[order]
     rank = np.arange(len(order)) - np.searchsorted(target_row, target_row)  # [M]: the slot within its row
     if len(rank) and rank.max() >= max_predictions:
-        raise ValueError(f"pack_sequences: a packed row holds {rank.max() + 1} masked positions, more than "
-                         f"max_predictions {max_predictions}")
+        raise ValueError(
+            f"pack_sequences: a packed row holds {rank.max() + 1} masked positions, more than "
+            f"max_predictions {max_predictions}"
+        )
     out["masked_lm_positions"] = np.zeros((rows, max_predictions), dtype=positions.dtype)
     out["masked_lm_ids"] = np.zeros((rows, max_predictions), dtype=masked_ids.dtype)
     out["masked_lm_positions"][target_row, rank] = target_pos

@@ -43,6 +43,7 @@ process-split independence are unchanged), and the packing work is done once per
 Errors: CorpusError (a cli.InputError) for a corpus that cannot make instances; OSError for a full disk, naming
 the file. Nothing here exits: create_pretraining_data.py's main() turns them into one line.
 """
+
 from __future__ import annotations
 
 import collections
@@ -64,9 +65,17 @@ import numpy as np
 
 from bert_recipe.io.atomic_io import atomic_open, atomic_path
 from bert_recipe.io.cli import InputError
-from bert_recipe.pretraining.shard_format import (LAYOUT, PACKED_KEY, PACKED_LAYOUT, choose_positions,
-                                                  choose_whole_words, mask_chosen, masked_count, pack_sequences,
-                                                  packed_predictions)
+from bert_recipe.pretraining.shard_format import (
+    LAYOUT,
+    PACKED_KEY,
+    PACKED_LAYOUT,
+    choose_positions,
+    choose_whole_words,
+    mask_chosen,
+    masked_count,
+    pack_sequences,
+    packed_predictions,
+)
 from tokenization import BertTokenizer
 
 # Work-unit sizes. They shape the random streams, so they are constants: changing one changes the output arrays.
@@ -245,8 +254,11 @@ class Corpus:
         (name,) = [f for f in os.listdir(folder) if f.startswith("tokens.")]
         dtype = np.dtype(name.split(".")[1])
         count = int(sent_start[-1])
-        tokens = np.memmap(os.path.join(folder, name), dtype=dtype, mode="r", shape=(count,)).view(np.ndarray) \
-            if count else np.zeros(0, dtype)
+        tokens = (
+            np.memmap(os.path.join(folder, name), dtype=dtype, mode="r", shape=(count,)).view(np.ndarray)
+            if count
+            else np.zeros(0, dtype)
+        )
         return cls(tokens, sent_start, doc_start)
 
 
@@ -326,7 +338,7 @@ def _document_pairs(corpus: Corpus, doc: int, cfg: InstanceConfig, u: _Uniforms,
     """Google's chunking of one document into (A, B) token ranges; appends (a_lo, a_hi, b_lo, b_hi, random_next)."""
     sent_start, doc_start = corpus.sent_start, corpus.doc_start
     s0, s1 = int(doc_start[doc]), int(doc_start[doc + 1])
-    starts = sent_start[s0: s1 + 1].tolist()  # token offsets of this document's sentences, and its end
+    starts = sent_start[s0 : s1 + 1].tolist()  # token offsets of this document's sentences, and its end
     n, n_docs = s1 - s0, corpus.num_documents
     max_num_tokens = cfg.max_seq_length - 3
     target = max_num_tokens
@@ -358,7 +370,7 @@ def _random_next(corpus: Corpus, doc: int, n_docs: int, target_b: int, u: _Unifo
     first = u.randint(r0, r1 - 1)
     b_lo = int(corpus.sent_start[first])
     # Sentences from `first` on, up to the first whose end reaches b_lo + target_b, or to the document's end.
-    ends = corpus.sent_start[first + 1: r1 + 1]
+    ends = corpus.sent_start[first + 1 : r1 + 1]
     k = int(ends.searchsorted(b_lo + target_b))
     return b_lo, int(ends[min(k, len(ends) - 1)])
 
@@ -376,12 +388,20 @@ def _truncate(spans: np.ndarray, max_num_tokens: int, rng: np.random.Generator) 
     cut_a = np.where(la > lb, first, 0) + rest // 2
     cut_b = np.where(la > lb, 0, first) + rest - rest // 2
     front_a, front_b = rng.binomial(cut_a, 0.5), rng.binomial(cut_b, 0.5)
-    return np.stack([spans[:, 0] + front_a, spans[:, 1] - (cut_a - front_a),
-                     spans[:, 2] + front_b, spans[:, 3] - (cut_b - front_b)], axis=1)
+    return np.stack(
+        [
+            spans[:, 0] + front_a,
+            spans[:, 1] - (cut_a - front_a),
+            spans[:, 2] + front_b,
+            spans[:, 3] - (cut_b - front_b),
+        ],
+        axis=1,
+    )
 
 
-def make_unit_instances(corpus: Corpus, unit: tuple[int, int, np.ndarray], cfg: InstanceConfig,
-                        is_subword: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def make_unit_instances(
+    corpus: Corpus, unit: tuple[int, int, np.ndarray], cfg: InstanceConfig, is_subword: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """All instances of one unit, compactly: input_ids [n,S] (masked unless cfg.static_masking is off), len_a [n],
     len_b [n], masked_lm_positions [n,P], masked_lm_ids [n,P], next_sentence_labels [n]."""
     pass_index, block_index, docs = unit
@@ -420,9 +440,14 @@ def make_unit_instances(corpus: Corpus, unit: tuple[int, int, np.ndarray], cfg: 
         positions = labels = np.zeros((len(ids), p), dtype=np.int64)
     token_dtype = corpus.tokens.dtype
     pos_dtype = np.int16 if seq < 1 << 15 else np.int32
-    return {"input_ids": ids.astype(token_dtype), "len_a": la.astype(np.int32), "len_b": lb.astype(np.int32),
-            "masked_lm_positions": positions.astype(pos_dtype), "masked_lm_ids": labels.astype(token_dtype),
-            "next_sentence_labels": pairs_arr[:, 4].astype(np.int8)}
+    return {
+        "input_ids": ids.astype(token_dtype),
+        "len_a": la.astype(np.int32),
+        "len_b": lb.astype(np.int32),
+        "masked_lm_positions": positions.astype(pos_dtype),
+        "masked_lm_ids": labels.astype(token_dtype),
+        "next_sentence_labels": pairs_arr[:, 4].astype(np.int8),
+    }
 
 
 # Worker-side state for stage 2: the memory-mapped corpus of the current shard.
@@ -472,7 +497,7 @@ class InstanceSpill:
         records = records[order]
         for b in range(self.buckets):
             if bounds[b] < bounds[b + 1]:
-                self.files[b].write(records[bounds[b]: bounds[b + 1]].tobytes())
+                self.files[b].write(records[bounds[b] : bounds[b + 1]].tobytes())
         self.n += n
 
     def close(self) -> None:
@@ -487,11 +512,11 @@ class InstanceSpill:
             os.remove(self._path(b))
             records = np.empty(len(carry) + len(stored), self.dtype)
             records[: len(carry)] = carry
-            np.take(stored, self.rng.permutation(len(stored)), out=records[len(carry):])
+            np.take(stored, self.rng.permutation(len(stored)), out=records[len(carry) :])
             del stored, carry
             full = len(records) // rows * rows
             for lo in range(0, full, rows):  # copies: a block in flight must not pin the whole bucket
-                yield {name: records[name][lo: lo + rows].copy() for name in self.dtype.names}
+                yield {name: records[name][lo : lo + rows].copy() for name in self.dtype.names}
             carry = records[full:].copy()
             del records
         if len(carry):
@@ -517,12 +542,14 @@ def _nvidia_rows(rows: dict[str, np.ndarray], seq: int) -> dict[str, np.ndarray]
     col = np.arange(seq)[None, :]
     la, lb = rows["len_a"][:, None], rows["len_b"][:, None]
     end = la + lb + 3
-    return {"input_ids": rows["input_ids"].astype(np.int32),
-            "input_mask": (col < end).astype(np.int8),
-            "segment_ids": ((col >= la + 2) & (col < end)).astype(np.int8),
-            "masked_lm_positions": rows["masked_lm_positions"].astype(np.int32),
-            "masked_lm_ids": rows["masked_lm_ids"].astype(np.int32),
-            "next_sentence_labels": rows["next_sentence_labels"].astype(np.int8)}
+    return {
+        "input_ids": rows["input_ids"].astype(np.int32),
+        "input_mask": (col < end).astype(np.int8),
+        "segment_ids": ((col >= la + 2) & (col < end)).astype(np.int8),
+        "masked_lm_positions": rows["masked_lm_positions"].astype(np.int32),
+        "masked_lm_ids": rows["masked_lm_ids"].astype(np.int32),
+        "next_sentence_labels": rows["next_sentence_labels"].astype(np.int8),
+    }
 
 
 def _compress_chunk(array: np.ndarray, rows: int, level: int) -> bytes:
@@ -562,8 +589,9 @@ def _packed_blocks(spill: InstanceSpill, cfg: InstanceConfig, width: int, rows: 
         yield carry
 
 
-def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, attrs: dict[str, Any],
-               writing: ShardWriting = ShardWriting()) -> int:
+def write_hdf5(
+    path: Path, spill: InstanceSpill, cfg: InstanceConfig, attrs: dict[str, Any], writing: ShardWriting = ShardWriting()
+) -> int:
     """Write the spilled instances, shuffled, in NVIDIA's layout, atomically (see shard_file). Returns N (rows
     written: packed rows with --pack_sequences).
 
@@ -579,8 +607,14 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, attrs: dic
         rows = min(n, rows)  # HDF5: a fixed-size dataset's chunks hold no more than its N rows
     else:
         p = packed_predictions(seq, p, cfg.masked_lm_prob, k)
-    shapes = {"input_ids": (seq,), "input_mask": (seq,), "segment_ids": (seq,), "masked_lm_positions": (p,),
-              "masked_lm_ids": (p,), "next_sentence_labels": (k,) if k else ()}
+    shapes = {
+        "input_ids": (seq,),
+        "input_mask": (seq,),
+        "segment_ids": (seq,),
+        "masked_lm_positions": (p,),
+        "masked_lm_ids": (p,),
+        "next_sentence_labels": (k,) if k else (),
+    }
     layout_dtypes = LAYOUT
     if k:
         shapes[PACKED_KEY] = (k,)
@@ -601,15 +635,29 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, attrs: dic
     with shard_file(path, raw_bytes) as f, ThreadPoolExecutor(threads) as executor:
         out = {}
         for name, dtype in layout_dtypes:
-            layout = {"chunks": (rows,) + shapes[name], "compression": compression,
-                      "compression_opts": gzip_level, "shuffle": True} if compression else {}
+            layout = (
+                {
+                    "chunks": (rows,) + shapes[name],
+                    "compression": compression,
+                    "compression_opts": gzip_level,
+                    "shuffle": True,
+                }
+                if compression
+                else {}
+            )
             if k:  # packed: the row count is known at the end; grow as blocks arrive
                 layout.update(chunks=(rows,) + shapes[name], maxshape=(None,) + shapes[name])
             out[name] = f.create_dataset(name, (0 if k else n,) + shapes[name], dtype=dtype, **layout)
         f.attrs.update(attrs)
         if k:
-            f.attrs.update({"packing": "first_fit_decreasing", "max_sequences_per_row": k,
-                            "packed_sequences": n, "max_predictions_per_row": p})
+            f.attrs.update(
+                {
+                    "packing": "first_fit_decreasing",
+                    "max_sequences_per_row": k,
+                    "packed_sequences": n,
+                    "max_predictions_per_row": p,
+                }
+            )
         source = _packed_blocks(spill, cfg, p, rows) if k else spill.blocks(rows)
         starts = itertools.count(0, rows)
         written = 0
@@ -620,7 +668,7 @@ def write_hdf5(path: Path, spill: InstanceSpill, cfg: InstanceConfig, attrs: dic
                 if compression:
                     out[name].id.write_direct_chunk((lo,) + (0,) * len(shapes[name]), value)
                 else:
-                    out[name][lo: lo + count] = value
+                    out[name][lo : lo + count] = value
             written = lo + count
     return written
 
@@ -645,7 +693,6 @@ def shard_file(path: Path, raw_bytes: int):
     """
     import h5py
 
-
     if raw_bytes <= IN_MEMORY_MAX_BYTES:
         with h5py.File(f"{path.name}.in-memory", "w", driver="core", backing_store=False) as f:
             yield f
@@ -663,8 +710,10 @@ def check_free_space(path: Path, size: int) -> None:
     """An OSError naming `path` unless its folder has `size` bytes free (plus DISK_MARGIN)."""
     free = shutil.disk_usage(path.parent).free
     if free < size + DISK_MARGIN:
-        raise OSError(f"{path}: the file needs {_mib(size + DISK_MARGIN)} but {path.parent} has {_mib(free)} free: "
-                      "free some space or write elsewhere, then run again")
+        raise OSError(
+            f"{path}: the file needs {_mib(size + DISK_MARGIN)} but {path.parent} has {_mib(free)} free: "
+            "free some space or write elsewhere, then run again"
+        )
 
 
 def write_file_image(path: Path, image: bytes) -> None:
@@ -678,7 +727,7 @@ def write_file_image(path: Path, image: bytes) -> None:
     with atomic_open(path, "wb") as f:
         view = memoryview(image)
         for lo in range(0, len(view), 1 << 24):  # 16 MiB at a time: no second copy of the image
-            f.write(view[lo: lo + (1 << 24)])
+            f.write(view[lo : lo + (1 << 24)])
 
 
 def _mib(n: int) -> str:
@@ -711,8 +760,16 @@ def _progress(iterable, enabled: bool, **kwargs):
     return tqdm(iterable, **kwargs)
 
 
-def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, progress: bool, desc: str,
-                   is_subword: np.ndarray | None, writing: ShardWriting = ShardWriting()) -> dict:
+def process_corpus(
+    files: list[str],
+    output: Path,
+    cfg: InstanceConfig,
+    pool,
+    progress: bool,
+    desc: str,
+    is_subword: np.ndarray | None,
+    writing: ShardWriting = ShardWriting(),
+) -> dict:
     """Tokenize `files` as one corpus, make its instances, write `output`. Returns a summary dict.
 
     The token ids and the finished instances go to a work folder beside the output (removed at the end), so
@@ -728,37 +785,57 @@ def process_corpus(files: list[str], output: Path, cfg: InstanceConfig, pool, pr
             tasks.extend(byte_chunks(path))
         builder = CorpusBuilder(folder, cfg.vocab_size)
         pieces = pool.imap(_tokenize_chunk, tasks)
-        for k, piece in enumerate(_progress(pieces, progress, total=len(tasks), desc=f"{desc} tokenize",
-                                            unit="chunk")):
+        for k, piece in enumerate(_progress(pieces, progress, total=len(tasks), desc=f"{desc} tokenize", unit="chunk")):
             builder.add(piece, starts_file=k in file_starts)
         corpus = builder.finish()
         tokenized = time.time()
         if corpus.num_documents == 0:
             raise CorpusError(f"no text in {', '.join(files)}: the input must be one sentence per line")
         if len(corpus.sent_start) < 3:  # one sentence: segment B could only repeat segment A
-            raise CorpusError(f"{', '.join(files)} holds a single sentence: next-sentence pairs need at least two "
-                              "(one sentence per line, a blank line between documents)")
+            raise CorpusError(
+                f"{', '.join(files)} holds a single sentence: next-sentence pairs need at least two "
+                "(one sentence per line, a blank line between documents)"
+            )
         if corpus.num_documents == 1:
-            print(f"warning: {', '.join(files)} holds a single document, so every 'random next' segment B comes "
-                  "from that same document; separate documents with a blank line", file=sys.stderr, flush=True)
+            print(
+                f"warning: {', '.join(files)} holds a single document, so every 'random next' segment B comes "
+                "from that same document; separate documents with a blank line",
+                file=sys.stderr,
+                flush=True,
+            )
         units = make_units(corpus, cfg)
-        spill = InstanceSpill(folder, _spill_buckets(cfg, len(corpus.tokens), corpus.tokens.dtype.itemsize),
-                              np.random.default_rng(np.random.SeedSequence(cfg.random_seed,
-                                                                           spawn_key=(_KEY_INSTANCE_SHUFFLE,))))
+        spill = InstanceSpill(
+            folder,
+            _spill_buckets(cfg, len(corpus.tokens), corpus.tokens.dtype.itemsize),
+            np.random.default_rng(np.random.SeedSequence(cfg.random_seed, spawn_key=(_KEY_INSTANCE_SHUFFLE,))),
+        )
         results = pool.imap(_unit_task, [(folder, unit, cfg, is_subword) for unit in units])
         for result in _progress(results, progress, total=len(units), desc=f"{desc} instances", unit="unit"):
             spill.add(result)
         spill.close()
         made = time.time()
-        attrs = {"masking": "static" if cfg.static_masking else "dynamic", "max_seq_length": cfg.max_seq_length,
-                 "max_predictions_per_seq": cfg.max_predictions_per_seq, "masked_lm_prob": cfg.masked_lm_prob,
-                 "short_seq_prob": cfg.short_seq_prob, "dupe_factor": cfg.dupe_factor,
-                 "random_seed": cfg.random_seed, "do_whole_word_mask": cfg.do_whole_word_mask}
+        attrs = {
+            "masking": "static" if cfg.static_masking else "dynamic",
+            "max_seq_length": cfg.max_seq_length,
+            "max_predictions_per_seq": cfg.max_predictions_per_seq,
+            "masked_lm_prob": cfg.masked_lm_prob,
+            "short_seq_prob": cfg.short_seq_prob,
+            "dupe_factor": cfg.dupe_factor,
+            "random_seed": cfg.random_seed,
+            "do_whole_word_mask": cfg.do_whole_word_mask,
+        }
         n = write_hdf5(output, spill, cfg, attrs, writing)
-        summary = {"output": str(output), "instances": spill.n, "documents": corpus.num_documents,
-                   "sentences": len(corpus.sent_start) - 1, "tokens": len(corpus.tokens),
-                   "tokenize_s": round(tokenized - start, 3), "instances_s": round(made - tokenized, 3),
-                   "write_s": round(time.time() - made, 3), "seconds": round(time.time() - start, 3)}
+        summary = {
+            "output": str(output),
+            "instances": spill.n,
+            "documents": corpus.num_documents,
+            "sentences": len(corpus.sent_start) - 1,
+            "tokens": len(corpus.tokens),
+            "tokenize_s": round(tokenized - start, 3),
+            "instances_s": round(made - tokenized, 3),
+            "write_s": round(time.time() - made, 3),
+            "seconds": round(time.time() - start, 3),
+        }
         if cfg.pack_sequences:
             summary["packed_rows"] = n
     except OSError as e:

@@ -39,6 +39,7 @@ every --eval_steps and at the end; `fit` returns the FINAL line's numbers.
 Errors are typed (ResumeError, DivergedError: cli.InputError; CheckpointWriteError: OSError); the entry script's
 main() turns them into its one line.
 """
+
 from __future__ import annotations
 
 import functools
@@ -136,14 +137,18 @@ def find_resume_checkpoint(cfg: PretrainConfig, log) -> dict[str, Any] | None:
     found = manager.mine()
     if c.resume_step != -1:
         if c.resume_step not in found:
-            raise ResumeError(f"--resume_step {c.resume_step}: {c.output_dir}/ckpt_{c.resume_step}.pt is not "
-                              f"a checkpoint of this phase (found steps {list(found) or 'none'})")
+            raise ResumeError(
+                f"--resume_step {c.resume_step}: {c.output_dir}/ckpt_{c.resume_step}.pt is not "
+                f"a checkpoint of this phase (found steps {list(found) or 'none'})"
+            )
         return manager.read(found[c.resume_step])
     ckpt = manager.newest_readable({"model", "optimizer", "data", "step"})
     if ckpt is None and found:  # never a silent fresh start over a run's damaged checkpoints
-        raise ResumeError(f"--resume_from_checkpoint: none of this phase's checkpoints in {c.output_dir} can be "
-                          f"read ({', '.join(p.name for p in found.values())}): restore a good one, or move them "
-                          "away to start afresh")
+        raise ResumeError(
+            f"--resume_from_checkpoint: none of this phase's checkpoints in {c.output_dir} can be "
+            f"read ({', '.join(p.name for p in found.values())}): restore a good one, or move them "
+            "away to start afresh"
+        )
     return ckpt
 
 
@@ -152,8 +157,10 @@ def refuse_used_output_dir(cfg: PretrainConfig) -> None:
     found = checkpoint_manager(cfg).mine()
     if found and not cfg.checkpoint.resume_from_checkpoint:
         names = ", ".join(p.name for p in list(found.values())[-3:])
-        raise ResumeError(f"--output_dir {cfg.checkpoint.output_dir} already holds checkpoints ({names}): pass "
-                          "--resume_from_checkpoint to continue that run, or choose an empty folder")
+        raise ResumeError(
+            f"--output_dir {cfg.checkpoint.output_dir} already holds checkpoints ({names}): pass "
+            "--resume_from_checkpoint to continue that run, or choose an empty folder"
+        )
 
 
 def gather_objects(obj: Any, env: dist_env.DistEnv) -> list[Any]:
@@ -211,25 +218,48 @@ class Trainer:
     `hooks` run after the backward pass of every optimizer step, before the step is taken: the place to inspect or
     break gradients from outside the loop (run_pretraining.py installs --debug_inject_inf_at_step there)."""
 
-    def __init__(self, cfg: PretrainConfig, env: dist_env.DistEnv, parts: TrainingParts, data: PretrainingData, *,
-                 logger: RunLogger, stop: StopRequest, validator=None, log: Callable[[str], None] = lambda msg: None):
+    def __init__(
+        self,
+        cfg: PretrainConfig,
+        env: dist_env.DistEnv,
+        parts: TrainingParts,
+        data: PretrainingData,
+        *,
+        logger: RunLogger,
+        stop: StopRequest,
+        validator=None,
+        log: Callable[[str], None] = lambda msg: None,
+    ):
         self.cfg, self.env, self.log = cfg, env, log
         self.model, self.raw_model = parts.model, parts.raw_model
         self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
         # fp16 overflows are the GradScaler's (their steps are skipped); other non-finite losses stop the run.
-        self.rule = StepRule(parts.model, functools.partial(pretraining_losses, nsp=not cfg.model.no_nsp),
-                             parts.optimizer, parts.scheduler, parts.precision, pretraining_watch(env.device),
-                             # Gradients are all-reduced after every micro-batch, or with
-                             # --allreduce_post_accumulation only after the last one (DDP's no_sync on the others).
-                             sync_every_micro_batch=not cfg.parallelism.allreduce_post_accumulation)
+        self.rule = StepRule(
+            parts.model,
+            functools.partial(pretraining_losses, nsp=not cfg.model.no_nsp),
+            parts.optimizer,
+            parts.scheduler,
+            parts.precision,
+            pretraining_watch(env.device),
+            # Gradients are all-reduced after every micro-batch, or with
+            # --allreduce_post_accumulation only after the last one (DDP's no_sync on the others).
+            sync_every_micro_batch=not cfg.parallelism.allreduce_post_accumulation,
+        )
         self.data, self._batches = data, None  # the stream starts at the first step, from the resumed position
         self.logger, self.stop, self.validator = logger, stop, validator
         self.state = TrainState(cfg.checkpoint.phase, step_offset=cfg.checkpoint.step_offset)
         # Profiled steps (--profile_steps) come right after the warm-up and are not timed either.
-        self.meter = Meter(env, cfg.logging.throughput_warmup_steps + cfg.logging.profile_steps,
-                           peak_flops(env.device, parts.precision.name), num_losses=3)
-        self.profiler = StepProfiler(cfg.logging.profile_steps, env.device) \
-            if cfg.logging.profile_steps > 0 and env.rank == 0 else None
+        self.meter = Meter(
+            env,
+            cfg.logging.throughput_warmup_steps + cfg.logging.profile_steps,
+            peak_flops(env.device, parts.precision.name),
+            num_losses=3,
+        )
+        self.profiler = (
+            StepProfiler(cfg.logging.profile_steps, env.device)
+            if cfg.logging.profile_steps > 0 and env.rank == 0
+            else None
+        )
         self.host = HostMemory()
         self.checkpoints = checkpoint_manager(cfg, log)
         self.hooks: list[Hook] = []
@@ -240,8 +270,11 @@ class Trainer:
         unpad, fixed = self.model_config.unpad, self.model_config.unpad_fixed_sizes
         self.host_unpad = unpad == "always" or (unpad == "auto" and (compiled(parts.model) != "model" or fixed > 0))
         # CUDA graphs (--compile_mode reduce-overhead) replay into the same memory: each micro-batch is a new replay.
-        self.cuda_graphs = cfg.parallelism.compile_mode == "reduce-overhead" and env.device.type == "cuda" \
+        self.cuda_graphs = (
+            cfg.parallelism.compile_mode == "reduce-overhead"
+            and env.device.type == "cuda"
             and compiled(parts.model) is not None
+        )
         self.last_loss: float | None = None
 
     # --- the loop
@@ -313,8 +346,12 @@ class Trainer:
                     torch.compiler.cudagraph_mark_step_begin()
                 yield self.to_device(batch)
 
-        taken, losses = self.rule(micro_batches(), accum, self.state.global_step + 1,
-                                  before_update=lambda: [hook(self) for hook in self.hooks])
+        taken, losses = self.rule(
+            micro_batches(),
+            accum,
+            self.state.global_step + 1,
+            before_update=lambda: [hook(self) for hook in self.hooks],
+        )
         self.meter.add_attempt(losses)
         if not taken:
             self.state.skipped_steps += 1
@@ -330,8 +367,9 @@ class Trainer:
         moved = to_device(batch, self.env.device)
         if self.host_unpad:
             config = self.model_config
-            info = host_unpad_info(batch["attention_mask"], batch.get(PACKED_KEY), config.unpad_fixed_sizes,
-                                   config.unpad_token_multiple)
+            info = host_unpad_info(
+                batch["attention_mask"], batch.get(PACKED_KEY), config.unpad_fixed_sizes, config.unpad_token_multiple
+            )
             if info is not None:
                 moved["unpadded"] = info.to(self.env.device, non_blocking=True)
         return moved
@@ -348,11 +386,18 @@ class Trainer:
         self.check_diverged()
         average, mlm_loss, nsp_loss = self.meter.mean_losses()
         if not math.isfinite(average):  # an fp16 run whose every step overflowed since the last log
-            raise DivergedError(f"the loss is {average} at step {self.state.global_step}: training diverged (lower "
-                                f"--learning_rate)")
-        record = {"average_loss": average, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "learning_rate": self.rule.lr,
-                  "skipped_steps": self.state.skipped_steps, "loss_scale": self.precision.loss_scale,
-                  "phase": self.state.phase}
+            raise DivergedError(
+                f"the loss is {average} at step {self.state.global_step}: training diverged (lower --learning_rate)"
+            )
+        record = {
+            "average_loss": average,
+            "mlm_loss": mlm_loss,
+            "nsp_loss": nsp_loss,
+            "learning_rate": self.rule.lr,
+            "skipped_steps": self.state.skipped_steps,
+            "loss_scale": self.precision.loss_scale,
+            "phase": self.state.phase,
+        }
         if self.meter.mfu() is not None:
             record["mfu"] = self.meter.mfu()
         self.logger.log(self.state.global_step, record)
@@ -370,12 +415,18 @@ class Trainer:
         mfu = self.meter.mfu()
         extra = {"mfu": mfu} if mfu is not None else {}
         if self.env.device.type == "cuda":
-            extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.env.device) / 2 ** 30
+            extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.env.device) / 2**30
         extra["peak_host_memory_gib"] = self.host.peak_gib()
-        return {"final_loss": self.last_loss, "training_sequences_per_second": self.meter.sequences_per_second(),
-                **self.meter.real_rates(), **extra, "step": self.state.global_step, "phase_step": self.state.step,
-                "skipped_steps": self.state.skipped_steps,
-                "stopped_by_signal": (self.stop.signal_name or "a signal on another rank") if stopped else None}
+        return {
+            "final_loss": self.last_loss,
+            "training_sequences_per_second": self.meter.sequences_per_second(),
+            **self.meter.real_rates(),
+            **extra,
+            "step": self.state.global_step,
+            "phase_step": self.state.step,
+            "skipped_steps": self.state.skipped_steps,
+            "stopped_by_signal": (self.stop.signal_name or "a signal on another rank") if stopped else None,
+        }
 
     def check_diverged(self) -> None:
         self.rule.watch.check()
@@ -388,15 +439,19 @@ class Trainer:
         --keep_checkpoints; every rank returns when the file is complete."""
         self.check_diverged()
         if not weights_finite(self.raw_model):
-            raise DivergedError(f"the weights are not finite after step {self.state.global_step}: training diverged "
-                                "(lower --learning_rate); no checkpoint was written from them")
+            raise DivergedError(
+                f"the weights are not finite after step {self.state.global_step}: training diverged "
+                "(lower --learning_rate); no checkpoint was written from them"
+            )
         payload = self.state_dict()
         try:
             if payload is not None:
                 self.checkpoints.save(self.state.global_step, payload)
         except OSError as e:  # a full disk: one line (atomic_io.atomic_torch_save raises the OSError, not torch's)
-            raise CheckpointWriteError(f"cannot write the checkpoint of step {self.state.global_step}: "
-                                       f"{cli.describe_error(e)}; the checkpoints written before are intact") from e
+            raise CheckpointWriteError(
+                f"cannot write the checkpoint of step {self.state.global_step}: "
+                f"{cli.describe_error(e)}; the checkpoints written before are intact"
+            ) from e
         finally:  # every rank leaves once the file is complete: a rank that exits first (after a stop signal) could
             dist_env.barrier(self.env)  # make the launcher (srun, torchrun) kill rank 0 in the middle of the write
 
@@ -410,8 +465,9 @@ class Trainer:
         state = self.state
         return {
             # The full trained tensors (the padded vocabulary rows too, for an exact resume), Hugging Face names.
-            "model": {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()
-                      if not REDUNDANT_KEYS.match(k)},
+            "model": {
+                k: v.detach().cpu() for k, v in self.raw_model.state_dict().items() if not REDUNDANT_KEYS.match(k)
+            },
             "config": self.raw_model.config.to_dict(),
             "optimizer": self.optimizer.state_dict(),
             "optimizer_class": type(self.optimizer).__name__,
@@ -438,19 +494,25 @@ class Trainer:
         # The checkpoint gives the optimizer's state (moments, step counts) and the schedule's step; the
         # hyper-parameters stay this command's: a run resumed with a larger --max_steps or another --learning_rate /
         # --weight_decay follows what it was told, and the log says what changed.
-        changed = {**load_state_keeping_hyperparameters(self.optimizer, ckpt["optimizer"]),
-                   **self.scheduler.changes(ckpt["scheduler"])}
+        changed = {
+            **load_state_keeping_hyperparameters(self.optimizer, ckpt["optimizer"]),
+            **self.scheduler.changes(ckpt["scheduler"]),
+        }
         self.scheduler.load_state_dict(ckpt["scheduler"])
         if changed:
-            self.log(f"resumed with this run's hyper-parameters, not ckpt_{ckpt['step']}.pt's: "
-                     + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in sorted(changed.items())))
+            self.log(
+                f"resumed with this run's hyper-parameters, not ckpt_{ckpt['step']}.pt's: "
+                + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in sorted(changed.items()))
+            )
         if self.precision.scaler.is_enabled() and ckpt["grad_scaler"] is not None:
             self.precision.scaler.load_state_dict(ckpt["grad_scaler"])
         self.state = TrainState(ckpt["phase"], ckpt["phase_step"], ckpt["phase1_end_step"], ckpt["skipped_steps"])
         self.data.load_state_dict(ckpt["data"])
         pos = self.data.position
-        self.log(f"resumed from ckpt_{ckpt['step']}.pt: phase {self.state.phase} step {self.state.step}, data epoch "
-                 f"{pos.epoch} shard {pos.shard_index} offset {pos.sample_offset}")
+        self.log(
+            f"resumed from ckpt_{ckpt['step']}.pt: phase {self.state.phase} step {self.state.step}, data epoch "
+            f"{pos.epoch} shard {pos.shard_index} offset {pos.sample_offset}"
+        )
         self.restore_rng(ckpt)
 
     def check_fits(self, ckpt: dict[str, Any]) -> None:
@@ -458,11 +520,15 @@ class Trainer:
         run's stream: everything is checked before anything is loaded."""
         phase = self.cfg.checkpoint.phase
         if ckpt["phase"] != phase:
-            raise ResumeError(f"the checkpoint of step {ckpt['step']} is from phase {ckpt['phase']}, but this run is "
-                              f"phase {phase} (--phase2 / --phase1_end_step)")
+            raise ResumeError(
+                f"the checkpoint of step {ckpt['step']} is from phase {ckpt['phase']}, but this run is "
+                f"phase {phase} (--phase2 / --phase1_end_step)"
+            )
         if ckpt.get("optimizer_class") != type(self.optimizer).__name__:
-            raise ResumeError(f"the checkpoint's optimizer is {ckpt.get('optimizer_class')}, this run's "
-                              f"{type(self.optimizer).__name__}: resume with the same set-up")
+            raise ResumeError(
+                f"the checkpoint's optimizer is {ckpt.get('optimizer_class')}, this run's "
+                f"{type(self.optimizer).__name__}: resume with the same set-up"
+            )
         self.data.check_state(ckpt["data"])  # the same shards, groups and order (the stream says)
 
     def restore_rng(self, ckpt: dict[str, Any]) -> None:
@@ -471,8 +537,10 @@ class Trainer:
         if len(ckpt["rng"]) == self.env.world_size:
             dist_env.set_rng_state(ckpt["rng"][self.env.rank])
             return
-        self.log(f"the checkpoint was written by {len(ckpt['rng'])} processes, this run has {self.env.world_size}: "
-                 "dropout RNG re-seeded")
+        self.log(
+            f"the checkpoint was written by {len(ckpt['rng'])} processes, this run has {self.env.world_size}: "
+            "dropout RNG re-seeded"
+        )
         dist_env.set_seed(self.cfg.training.seed + self.env.rank + 1_000_003 * ckpt["phase_step"])
 
 
@@ -481,4 +549,3 @@ def validate_and_describe(validator, raw_model: torch.nn.Module, log: Callable[[
     result = validator(raw_model)
     log(describe(result))
     return result
-

@@ -28,6 +28,7 @@ each other) are left out of the [MASK] accuracies when the vocabulary is known, 
 language, not the placeholder. The special ids come from --vocab_file, or else from the shards themselves (the
 token at position 0 is [CLS], the one at most prediction slots is [MASK], the last real one [SEP]).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,10 +83,10 @@ def span_mask(ids: np.ndarray, pattern: tuple[int, ...]) -> np.ndarray:
     n = len(pattern)
     hits = np.ones((ids.shape[0], ids.shape[1] - n + 1), dtype=bool)
     for i, token in enumerate(pattern):  # starts where the i-th id of the pattern follows
-        hits &= ids[:, i:ids.shape[1] - n + 1 + i] == token
+        hits &= ids[:, i : ids.shape[1] - n + 1 + i] == token
     covered = np.zeros(ids.shape, dtype=bool)
     for i in range(n):
-        covered[:, i:ids.shape[1] - n + 1 + i] |= hits
+        covered[:, i : ids.shape[1] - n + 1 + i] |= hits
     return covered
 
 
@@ -117,13 +118,14 @@ class Validator:
 
     def __init__(self, eval_set: dict[str, np.ndarray], special: SpecialIds, batch_size: int, autocast, env):
         if not (eval_set["masked_lm_positions"] > 0).any():
-            raise ValueError("the held-out shards have no masked positions: write them with static masks "
-                             "(create_pretraining_data.py without --no_static_masking)")
+            raise ValueError(
+                "the held-out shards have no masked positions: write them with static masks "
+                "(create_pretraining_data.py without --no_static_masking)"
+            )
         self.arrays, self.batch_size, self.autocast, self.env = eval_set, batch_size, autocast, env
         self.special = special
         self.slots = mask_slots(eval_set, special)  # [N, P]
-        self.stripped = {**eval_set, "input_ids": strip_context(eval_set["input_ids"], eval_set["input_mask"],
-                                                                special)}
+        self.stripped = {**eval_set, "input_ids": strip_context(eval_set["input_ids"], eval_set["input_mask"], special)}
         # Both context-free references are of the whole held-out set: every rank's counts added up once.
         targets = eval_set["masked_lm_ids"][eval_set["masked_lm_positions"] > 0]  # every prediction slot's
         self.entropy = entropy_of_counts(self._counts(targets))
@@ -143,8 +145,9 @@ class Validator:
     @torch.no_grad()
     def _scores(self, model, arrays: dict[str, np.ndarray], start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores [B, P, V] of one batch's prediction slots, and their targets [B, P]."""
-        batch = {k: v.to(self.env.device) for k, v in
-                 to_model_inputs(arrays, slice(start, start + self.batch_size)).items()}
+        batch = {
+            k: v.to(self.env.device) for k, v in to_model_inputs(arrays, slice(start, start + self.batch_size)).items()
+        }
         with self.autocast():
             scores = model(**batch).prediction_scores.float()  # [B, P, V]: every prediction slot
         return scores, batch["masked_lm_ids"]
@@ -164,26 +167,41 @@ class Validator:
             guess = scores.argmax(-1)  # [B, P]
             bare = self._scores(model, self.stripped, start)[0].argmax(-1)  # [B, P] without the context
             loss = torch.nn.functional.cross_entropy(scores[used], labels[used], reduction="sum")
-            sums += torch.stack([(guess == labels)[used].sum(), used.sum(), loss,
-                                 (guess == labels)[slots].sum(), (bare == labels)[slots].sum(),
-                                 slots.sum()]).double()
+            sums += torch.stack(
+                [
+                    (guess == labels)[used].sum(),
+                    used.sum(),
+                    loss,
+                    (guess == labels)[slots].sum(),
+                    (bare == labels)[slots].sum(),
+                    slots.sum(),
+                ]
+            ).double()
         if self.env.distributed:
             torch.distributed.all_reduce(sums)
         model.train(was_training)
         correct, count, loss, with_context, without_context, mask_count = sums.tolist()
         with_context, without_context = with_context / max(mask_count, 1), without_context / max(mask_count, 1)
-        return {"eval_mlm_accuracy": correct / max(count, 1), "eval_mlm_loss": loss / max(count, 1),
-                "eval_masked_positions": int(count), "eval_unigram_entropy": self.entropy,
-                "eval_mask_accuracy": with_context, "eval_mask_accuracy_without_context": without_context,
-                "eval_context_gain": with_context - without_context,
-                "eval_mask_accuracy_most_frequent": self.most_frequent, "eval_mask_slots": int(mask_count)}
+        return {
+            "eval_mlm_accuracy": correct / max(count, 1),
+            "eval_mlm_loss": loss / max(count, 1),
+            "eval_masked_positions": int(count),
+            "eval_unigram_entropy": self.entropy,
+            "eval_mask_accuracy": with_context,
+            "eval_mask_accuracy_without_context": without_context,
+            "eval_context_gain": with_context - without_context,
+            "eval_mask_accuracy_most_frequent": self.most_frequent,
+            "eval_mask_slots": int(mask_count),
+        }
 
 
 def describe(result: dict[str, float]) -> str:
     """One line a person reads: loss against the unigram entropy, and the context gain in points."""
     below = result["eval_unigram_entropy"] - result["eval_mlm_loss"]
-    return (f"held-out masked-LM loss {result['eval_mlm_loss']:.3f} nats, unigram entropy of its targets "
-            f"{result['eval_unigram_entropy']:.3f} ({below:.3f} nats below it); context gain "
-            f"{100 * result['eval_context_gain']:+.1f} points ([MASK]ed slots: {result['eval_mask_accuracy']:.3f} "
-            f"with the context, {result['eval_mask_accuracy_without_context']:.3f} without, "
-            f"{result['eval_mask_accuracy_most_frequent']:.3f} always guessing the commonest word)")
+    return (
+        f"held-out masked-LM loss {result['eval_mlm_loss']:.3f} nats, unigram entropy of its targets "
+        f"{result['eval_unigram_entropy']:.3f} ({below:.3f} nats below it); context gain "
+        f"{100 * result['eval_context_gain']:+.1f} points ([MASK]ed slots: {result['eval_mask_accuracy']:.3f} "
+        f"with the context, {result['eval_mask_accuracy_without_context']:.3f} without, "
+        f"{result['eval_mask_accuracy_most_frequent']:.3f} always guessing the commonest word)"
+    )

@@ -3,6 +3,7 @@ barrier, end_process_group, exit_script: how an entry script's process ends), an
 process keeps (set_seed, rng_state, set_rng_state: what a resumed run restores). torch is imported inside the
 functions that need it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -149,8 +150,13 @@ def rng_state() -> dict[str, Any]:
     state = {
         "python": random.getstate(),
         # numpy's state holds an ndarray, which weights_only=True refuses: store the keys as a tensor.
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -163,8 +169,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
     random.setstate(_as_python_state(state["python"]))
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

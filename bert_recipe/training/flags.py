@@ -17,6 +17,7 @@ message) pairs, the first refused one raised as cli.InputError, which only a scr
 A configuration is never changed after parsing: what a script derives from it is a new object
 (dataclasses.replace) or a value of its own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,14 +35,14 @@ from bert_recipe.training import precision_policy
 C = TypeVar("C", bound="Config")
 
 
-def flag(default: Any, *aliases: str, name: str | None = None, required: bool = False,
-         help: str | None = None) -> Any:
+def flag(default: Any, *aliases: str, name: str | None = None, required: bool = False, help: str | None = None) -> Any:
     """A field whose flag needs more than its name: other spellings (`aliases`), a flag name other than
     --<field> (`name`: --json-summary), a flag the command line must give (`required`), or a --help text made in
     code (`help`: one built from a list kept elsewhere, or the shared text of precision_policy.py) instead of the
     docstring."""
-    return dataclasses.field(default=default, metadata={"aliases": aliases, "flag": name, "required": required,
-                                                        "help": help})
+    return dataclasses.field(
+        default=default, metadata={"aliases": aliases, "flag": name, "required": required, "help": help}
+    )
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -58,8 +59,12 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
@@ -78,8 +83,9 @@ class Config:
         sections = {}
         for section in dataclasses.fields(cls):
             kind = section.default_factory
-            sections[section.name] = kind(**{f.name: flags[f.name] for f in dataclasses.fields(kind)
-                                             if f.name in flags})
+            sections[section.name] = kind(
+                **{f.name: flags[f.name] for f in dataclasses.fields(kind) if f.name in flags}
+            )
         return cls(**sections)
 
     def flags(self) -> dict[str, Any]:
@@ -119,8 +125,9 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser(cls: type[Config], prog: str, doc: str) -> argparse.ArgumentParser:
     """The parser of configuration `cls`: a group per section (titled by the docstring under the section's field),
     a flag per field, added in `cls.flag_order()`; the description is the first paragraph of `doc`."""
-    parser = OneLineParser(prog=prog, description=doc.split("\n\n")[0],
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(
+        prog=prog, description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     titles = field_docs(cls)
     groups, fields, hints, docs = {}, {}, {}, {}
     for section in dataclasses.fields(cls):
@@ -155,8 +162,15 @@ def add_flag(group, f: dataclasses.Field, kind: Any, doc: str) -> None:
         choices, kind = typing.get_args(kind), str
     if isinstance(kind, types.UnionType):  # "str | None"
         kind = next(t for t in typing.get_args(kind) if t is not type(None))
-    group.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help, choices=choices,
-                       required=f.metadata.get("required", False))
+    group.add_argument(
+        *names,
+        dest=f.name,
+        type=kind,
+        default=f.default,
+        help=help,
+        choices=choices,
+        required=f.metadata.get("required", False),
+    )
 
 
 def parse(cls: type[C], prog: str, doc: str, argv: Sequence[str] | None = None) -> C:

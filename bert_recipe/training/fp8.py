@@ -20,6 +20,7 @@ Where: CUDA GPUs with fp8 tensor cores (compute capability 8.9 and newer: Ada, H
 float8 products (slowly): allowed, so that the tests run the same code. Matrix sizes must be multiples of 16 (every
 BERT size is); a layer whose are not stays in --precision.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,8 +46,10 @@ def check(device: torch.device) -> None:
         raise FP8Unavailable(f"--fp8 runs on CUDA GPUs (and, emulated, on CPUs), not on {device.type}")
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     if capability is not None and capability < (8, 9):
-        raise FP8Unavailable(f"--fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
-                             f"{torch.cuda.get_device_name(device)} has {'.'.join(map(str, capability))}: drop --fp8")
+        raise FP8Unavailable(
+            f"--fp8 needs fp8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
+            f"{torch.cuda.get_device_name(device)} has {'.'.join(map(str, capability))}: drop --fp8"
+        )
 
 
 TOKEN_MULTIPLE = 16  # torch._scaled_mm: every dimension of a float8 product, the tokens of a weight gradient's too
@@ -58,8 +61,10 @@ def check_tokens(x: torch.Tensor) -> None:
     deep inside compilation. The unpadded layout rounds it (BertConfig.unpad_token_multiple, which convert sets)."""
     tokens = x.numel() // x.shape[-1]
     if tokens % TOKEN_MULTIPLE:
-        raise ValueError(f"float8 matrix products need a token count divisible by {TOKEN_MULTIPLE}, got {tokens}: "
-                         "pad the unpadded layout (BertConfig.unpad_token_multiple, which fp8.convert sets)")
+        raise ValueError(
+            f"float8 matrix products need a token count divisible by {TOKEN_MULTIPLE}, got {tokens}: "
+            "pad the unpadded layout (BertConfig.unpad_token_multiple, which fp8.convert sets)"
+        )
 
 
 def _fits(module: nn.Module) -> bool:
@@ -74,9 +79,9 @@ def convert(model: nn.Module) -> int:
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
-
-    for config in {id(m.config): m.config for m in model.modules() if isinstance(getattr(m, "config", None), BertConfig)
-                   }.values():  # the unpadded layout's token count: a multiple of 16, as the products need
+    for config in {
+        id(m.config): m.config for m in model.modules() if isinstance(getattr(m, "config", None), BertConfig)
+    }.values():  # the unpadded layout's token count: a multiple of 16, as the products need
         config.unpad_token_multiple = math.lcm(config.unpad_token_multiple, TOKEN_MULTIPLE)
     converted = 0
     for layer in (m for m in model.modules() if isinstance(m, BertLayer)):
@@ -88,16 +93,20 @@ def convert(model: nn.Module) -> int:
         if all(isinstance(m, Float8Linear) for m in (attention.query, attention.key, attention.value)):
             # The three projections are one product over their concatenated weights (modeling.py): its float8
             # version, with the query layer's scaling settings.
-            attention.project_qkv = functools.partial(_float8_linear, mm_config=attention.query.linear_mm_config,
-                                                      config=attention.query.config)
+            attention.project_qkv = functools.partial(
+                _float8_linear, mm_config=attention.query.linear_mm_config, config=attention.query.config
+            )
             converted += 1
-        converted += sum(isinstance(m, Float8Linear)
-                         for m in (layer.attention.output.dense, layer.intermediate.dense, layer.output.dense))
+        converted += sum(
+            isinstance(m, Float8Linear)
+            for m in (layer.attention.output.dense, layer.intermediate.dense, layer.output.dense)
+        )
     return converted
 
 
-def _float8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, mm_config,
-                   config) -> torch.Tensor:
+def _float8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, mm_config, config
+) -> torch.Tensor:
     """F.linear(x, weight, bias) with the product in float8: torchao's Float8Linear.forward for a weight that is not a
     module's own (the concatenated query/key/value weight, whose gradient flows back to the three layers)."""
     from torchao.float8.float8_linear import matmul_with_hp_or_float8_args

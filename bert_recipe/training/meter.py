@@ -2,6 +2,7 @@
 micro-batch) and measures throughput and MFU against `PEAK_FLOPS`; `HostMemory` watches and trims the host's
 memory; `RunLogger` writes dllogger-keyed JSON lines, TensorBoard scalars and the tqdm bar (rank 0).
 """
+
 from __future__ import annotations
 
 import time
@@ -61,7 +62,7 @@ class HostMemory:
         import resource
         import sys
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 class Meter:
@@ -69,8 +70,9 @@ class Meter:
     throughput (sequences and model FLOPs) over the steps after the first `warmup_steps` of this run (start-up,
     compilation and cache warm-up are left out)."""
 
-    def __init__(self, env: dist_env.DistEnv, warmup_steps: int = 0, peak_flops: float | None = None,
-                 num_losses: int = 1):
+    def __init__(
+        self, env: dist_env.DistEnv, warmup_steps: int = 0, peak_flops: float | None = None, num_losses: int = 1
+    ):
         self.env, self.warmup_steps, self.peak = env, warmup_steps, peak_flops
         self.losses = torch.zeros(num_losses, dtype=torch.float64, device=env.device)
         self.attempts = 0  # optimizer steps attempted since the last flush (skipped ones included)
@@ -142,8 +144,10 @@ class Meter:
         self._sync()
         seconds = max(time.perf_counter() - (self.run_start if whole else self.start), 1e-9)
         sequences, tokens = counts.tolist()
-        return {"training_real_sequences_per_second": sequences / seconds,
-                "training_real_tokens_per_second": tokens / seconds}
+        return {
+            "training_real_sequences_per_second": sequences / seconds,
+            "training_real_tokens_per_second": tokens / seconds,
+        }
 
     def sequences_per_second(self) -> float:
         """Sequences trained (all ranks) per second after the warm-up; a run no longer than the warm-up is
@@ -158,8 +162,7 @@ class RunLogger:
     """dllogger-style JSON lines (atomic_io.JsonLogger), TensorBoard scalars when the tensorboard package is installed
     (optional), and the tqdm progress bar; rank 0 only (`enabled`)."""
 
-    def __init__(self, json_path: str | Path, tensorboard_dir: str | Path | None, enabled: bool,
-                 progress: bool = True):
+    def __init__(self, json_path: str | Path, tensorboard_dir: str | Path | None, enabled: bool, progress: bool = True):
         self.enabled, self.show_progress = enabled, progress and enabled
         self.json = atomic_io.JsonLogger(json_path, enabled=enabled)
         self.tensorboard = None
@@ -183,8 +186,15 @@ class RunLogger:
         """A tqdm bar (a disabled one off rank 0 or with the progress bar turned off)."""
         from tqdm import tqdm
 
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, mininterval=1,
-                    disable=not self.show_progress)
+        return tqdm(
+            total=total,
+            initial=initial,
+            desc=desc,
+            unit=unit,
+            dynamic_ncols=True,
+            mininterval=1,
+            disable=not self.show_progress,
+        )
 
     def close(self) -> None:
         self.json.close()

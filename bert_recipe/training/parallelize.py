@@ -5,6 +5,7 @@ checkpointing, regional or whole-model torch.compile, device, DDP and its comm h
 (precision_policy.py's `Precision`: autocast, and a GradScaler for fp16); `compiled(model)` says how it was compiled.
 Pre-training (run_pretraining.py) and fine-tuning (finetuning/recipe.py) both call it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,12 +27,20 @@ def _no_forward_buffer_sync() -> dict[str, bool]:
     return {"broadcast_buffers": False}
 
 
-def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEnv, precision: str = "auto", *,
-                                    loss_scale: float = 0.0, init_loss_scale: float = 2.0 ** 16,
-                                    checkpoint_activations: bool = False, allreduce_fp16: bool = False,
-                                    compile: bool | None = False, compile_mode: str = "default",
-                                    compile_scope: str = "layers", fp8: bool = False,
-                                    ) -> tuple[torch.nn.Module, Precision]:
+def apply_parallelism_and_precision(
+    model: torch.nn.Module,
+    env: dist_env.DistEnv,
+    precision: str = "auto",
+    *,
+    loss_scale: float = 0.0,
+    init_loss_scale: float = 2.0**16,
+    checkpoint_activations: bool = False,
+    allreduce_fp16: bool = False,
+    compile: bool | None = False,
+    compile_mode: str = "default",
+    compile_scope: str = "layers",
+    fp8: bool = False,
+) -> tuple[torch.nn.Module, Precision]:
     """Turn a bare model into the module the loop trains, and decide how its maths runs. The order matters; each
     step says why it comes where it does. Returns (the model to call, Precision); keep the bare model for saving.
 
@@ -82,15 +91,20 @@ def apply_parallelism_and_precision(model: torch.nn.Module, env: dist_env.DistEn
     # 5. DDP: broadcasts rank 0's weights now, and averages gradients over ranks in buckets during backward.
     #    Gradients are views into the buckets (no copy); no buffers need broadcasting in BERT at each forward.
     if env.distributed:
-        model = DDP(model, device_ids=[env.local_rank] if cuda else None, gradient_as_bucket_view=True,
-                    **_no_forward_buffer_sync())
+        model = DDP(
+            model,
+            device_ids=[env.local_rank] if cuda else None,
+            gradient_as_bucket_view=True,
+            **_no_forward_buffer_sync(),
+        )
         # 6. The comm hook compresses each bucket to 16 bits for the all-reduce (and back): half the traffic.
         #    bf16 (fp32's range) when training in bf16 on GPUs; PyTorch's bf16 hook needs NCCL, so gloo uses fp16.
         if allreduce_fp16:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            hook = default_hooks.bf16_compress_hook if choice.name == "bf16" and cuda \
-                else default_hooks.fp16_compress_hook
+            hook = (
+                default_hooks.bf16_compress_hook if choice.name == "bf16" and cuda else default_hooks.fp16_compress_hook
+            )
             model.register_comm_hook(None, hook)
     # 7. Whole-model compilation (compile_scope "model") goes around DDP, so that its DDPOptimizer splits the graph
     #    at bucket boundaries and the all-reduces still overlap the backward pass. Unpad "auto" then keeps the

@@ -19,6 +19,7 @@ The rule for `auto` depends on what the command does:
          and sentence-transformers do unless asked). bf16 and fp16 run only when named.
 An explicit choice is always kept, with a one-line warning when the hardware only emulates it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,10 @@ def env_cpu_bf16() -> bool | None:
         return True
     if value in ("0", "false", "no", "emulated"):
         return False
-    raise ValueError(f"{ENV_CPU_BF16}={os.environ[ENV_CPU_BF16]!r} is not understood: set it to 1 (decide as if "
-                     "the CPU computed bf16 natively) or 0 (as if it did not), or unset it to read the CPU's flags")
+    raise ValueError(
+        f"{ENV_CPU_BF16}={os.environ[ENV_CPU_BF16]!r} is not understood: set it to 1 (decide as if "
+        "the CPU computed bf16 natively) or 0 (as if it did not), or unset it to read the CPU's flags"
+    )
 
 
 def cpu_native_bf16(flags: set[str] | None = None) -> tuple[bool, str]:
@@ -92,8 +95,10 @@ def cpu_native_bf16(flags: set[str] | None = None) -> tuple[bool, str]:
     """
     forced = env_cpu_bf16()
     if forced is not None:
-        return forced, (f"{ENV_CPU_BF16}={os.environ[ENV_CPU_BF16]} says the CPU "
-                        + ("computes bf16 natively" if forced else "has no native bf16 (bf16 would be emulated)"))
+        return forced, (
+            f"{ENV_CPU_BF16}={os.environ[ENV_CPU_BF16]} says the CPU "
+            + ("computes bf16 natively" if forced else "has no native bf16 (bf16 would be emulated)")
+        )
     if flags is None:
         flags = cpu_flags()
     if flags is not None:
@@ -124,8 +129,9 @@ class PrecisionChoice:
     warning: str | None = None  # one line, when the user asked for something this hardware only emulates
 
 
-def resolve(requested: str, device: torch.device | str, purpose: str = TRAIN,
-            flags: set[str] | None = None) -> PrecisionChoice:
+def resolve(
+    requested: str, device: torch.device | str, purpose: str = TRAIN, flags: set[str] | None = None
+) -> PrecisionChoice:
     """Turn `--precision` (auto, fp32, tf32, fp16, bf16) into the precision that runs on `device`.
 
     purpose TRAIN, auto: bf16 on GPUs that have it (Ampere and newer), fp16 with loss scaling on older GPUs; on
@@ -141,8 +147,11 @@ def resolve(requested: str, device: torch.device | str, purpose: str = TRAIN,
         raise ValueError(f"purpose must be {TRAIN!r} or {READ!r}, got {purpose!r}")
     device = torch.device(device)
     if requested == "auto" and purpose == READ:
-        return PrecisionChoice("fp32", "auto: fp32 because this command only reads a model, so its outputs are the "
-                                       "same on every machine (name bf16 or fp16 to trade that for speed)")
+        return PrecisionChoice(
+            "fp32",
+            "auto: fp32 because this command only reads a model, so its outputs are the "
+            "same on every machine (name bf16 or fp16 to trade that for speed)",
+        )
     if device.type == "cuda":
         bf16_ok = torch.cuda.get_device_capability(device)[0] >= 8  # Ampere+ (is_bf16_supported() counts emulation)
         gpu = torch.cuda.get_device_name(device)
@@ -163,8 +172,10 @@ def resolve(requested: str, device: torch.device | str, purpose: str = TRAIN,
         return PrecisionChoice("bf16" if native else "fp32", f"auto: {why}")
     warning = None
     if requested == "bf16" and not native:
-        warning = (f"--precision bf16 on this CPU: {why}, about an order of magnitude slower than fp32 "
-                   "(--precision auto picks fp32 here)")
+        warning = (
+            f"--precision bf16 on this CPU: {why}, about an order of magnitude slower than fp32 "
+            "(--precision auto picks fp32 here)"
+        )
     elif requested == "fp16":
         warning = "--precision fp16 on a CPU: float16 is emulated on most CPUs and slower than fp32"
     return PrecisionChoice(requested, f"asked for {requested}", warning)
@@ -174,19 +185,25 @@ def resolve(requested: str, device: torch.device | str, purpose: str = TRAIN,
 # 3. The front door: the flag, and resolving it once per run
 
 HELP = {
-    TRAIN: ("auto (the default): the fastest precision the hardware runs natively: bf16 on GPUs that have it, else "
-            "fp16 with loss scaling; on CPUs bf16 only where it is native (AMX or AVX512-BF16 in the CPU flags, "
-            f"or ${ENV_CPU_BF16}=1), else fp32. fp32 turns TF32 off on GPUs, tf32 turns it on. The choice and its "
-            "reason are printed and logged"),
-    READ: ("auto (the default): fp32 with TF32 off, because this command only reads a model: the same outputs on "
-           "every machine. bf16 or fp16 run only when named. The choice and its reason are printed and logged"),
+    TRAIN: (
+        "auto (the default): the fastest precision the hardware runs natively: bf16 on GPUs that have it, else "
+        "fp16 with loss scaling; on CPUs bf16 only where it is native (AMX or AVX512-BF16 in the CPU flags, "
+        f"or ${ENV_CPU_BF16}=1), else fp32. fp32 turns TF32 off on GPUs, tf32 turns it on. The choice and its "
+        "reason are printed and logged"
+    ),
+    READ: (
+        "auto (the default): fp32 with TF32 off, because this command only reads a model: the same outputs on "
+        "every machine. bf16 or fp16 run only when named. The choice and its reason are printed and logged"
+    ),
 }
-HELP_FINETUNING = ("auto (the default): with --do_train the fastest precision the hardware runs natively (bf16 on "
-                   "GPUs that have it, else fp16 with loss scaling; on CPUs bf16 only where it is native: AMX or "
-                   f"AVX512-BF16 in the CPU flags, or ${ENV_CPU_BF16}=1; else fp32); without --do_train "
-                   "(evaluation or prediction only) fp32 with TF32 off, so the same command gives the same "
-                   "outputs on every machine. fp32 turns TF32 off on GPUs, tf32 turns it on. The choice and its "
-                   "reason are printed and logged")
+HELP_FINETUNING = (
+    "auto (the default): with --do_train the fastest precision the hardware runs natively (bf16 on "
+    "GPUs that have it, else fp16 with loss scaling; on CPUs bf16 only where it is native: AMX or "
+    f"AVX512-BF16 in the CPU flags, or ${ENV_CPU_BF16}=1; else fp32); without --do_train "
+    "(evaluation or prediction only) fp32 with TF32 off, so the same command gives the same "
+    "outputs on every machine. fp32 turns TF32 off on GPUs, tf32 turns it on. The choice and its "
+    "reason are printed and logged"
+)
 
 
 def add_arguments(group, help_prefix: str = "", help_text: str = HELP[TRAIN]) -> None:
@@ -194,12 +211,26 @@ def add_arguments(group, help_prefix: str = "", help_text: str = HELP[TRAIN]) ->
     aliases (all set `precision`; argparse refuses two of them in one command line). `help_text` states the rule
     for auto that the command follows (HELP[TRAIN], HELP[READ] or HELP_FINETUNING)."""
     one = group.add_mutually_exclusive_group()
-    one.add_argument("--precision", choices=CHOICES, default="auto",
-                     help=f"{help_prefix}. {help_text}" if help_prefix else help_text)
-    one.add_argument("--fp16", "--amp", dest="precision", action="store_const", const="fp16",
-                     default=argparse.SUPPRESS, help="alias of --precision fp16")
-    one.add_argument("--bf16", dest="precision", action="store_const", const="bf16", default=argparse.SUPPRESS,
-                     help="alias of --precision bf16")
+    one.add_argument(
+        "--precision", choices=CHOICES, default="auto", help=f"{help_prefix}. {help_text}" if help_prefix else help_text
+    )
+    one.add_argument(
+        "--fp16",
+        "--amp",
+        dest="precision",
+        action="store_const",
+        const="fp16",
+        default=argparse.SUPPRESS,
+        help="alias of --precision fp16",
+    )
+    one.add_argument(
+        "--bf16",
+        dest="precision",
+        action="store_const",
+        const="bf16",
+        default=argparse.SUPPRESS,
+        help="alias of --precision bf16",
+    )
 
 
 def purpose_of(args) -> str:
@@ -225,8 +256,9 @@ def report(choice: PrecisionChoice, prog: str, show: bool = True) -> None:
         print(f"{prog}: warning: {choice.warning}", file=sys.stderr, flush=True)
 
 
-def setup(requested: str, device: torch.device, prog: str | None, purpose: str = TRAIN,
-          show: bool = True) -> PrecisionChoice:
+def setup(
+    requested: str, device: torch.device, prog: str | None, purpose: str = TRAIN, show: bool = True
+) -> PrecisionChoice:
     """The one front door: resolve `--precision` on `device` for `purpose`, turn TF32 on for GPU matmuls unless
     the choice is fp32, and report the choice once (prog None: the caller logs it itself)."""
     choice = resolve(requested, device, purpose)
@@ -272,8 +304,9 @@ class Precision:
     warning: str | None = None  # one line when the hardware only emulates the precision asked for
 
     @classmethod
-    def for_training(cls, choice: PrecisionChoice, device: torch.device, loss_scale: float = 0.0,
-                     init_loss_scale: float = 2.0 ** 16) -> Precision:
+    def for_training(
+        cls, choice: PrecisionChoice, device: torch.device, loss_scale: float = 0.0, init_loss_scale: float = 2.0**16
+    ) -> Precision:
         """Loss scaling for fp16 only (its range is narrow; bf16 has fp32's): static when loss_scale > 0, else
         dynamic from init_loss_scale."""
         import torch

@@ -11,6 +11,7 @@ waiting happened and where the host's own time went. On a CPU it ranks the opera
 run_pretraining.py --profile_steps N profiles the N steps after the throughput warm-up (they are not timed) and
 writes <output_dir>/profile.json.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -72,15 +73,16 @@ def overlap(disjoint: list[tuple[float, float]], start: float, end: float) -> fl
     """How much of [start, end) the disjoint, time-ordered intervals cover."""
     i = bisect.bisect_right(disjoint, (start, float("inf"))) - 1  # the last interval starting at or before start
     total = 0.0
-    for s, e in disjoint[max(i, 0):]:
+    for s, e in disjoint[max(i, 0) :]:
         if s >= end:
             break
         total += max(0.0, min(e, end) - max(s, start))
     return total
 
 
-def idle_by_host(idle: list[tuple[float, float]],
-                 host: list[tuple[str, float, float]]) -> tuple[dict[str, float], float]:
+def idle_by_host(
+    idle: list[tuple[float, float]], host: list[tuple[str, float, float]]
+) -> tuple[dict[str, float], float]:
     """Where the host was while the GPU waited: for each name of the host's outermost ranges (name, start, end; on
     any thread, so one moment can count under two names), how much of the idle intervals it overlapped; and the idle
     time that no range covered (the host in Python between recorded operators)."""
@@ -97,8 +99,9 @@ class StepProfiler:
     def __init__(self, steps: int, device: torch.device, top: int = 25):
         self.steps, self.device, self.top = steps, device, top
         if device.type == "cuda":
-            self.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                              torch.profiler.ProfilerActivity.CUDA])
+            self.profile = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            )
         else:
             # The autograd profiler that torch.profiler.profile wraps, which records the same operators: the wrapper
             # also asks whether torch._inductor is loaded (hasattr, which imports it: 1.5 s on a CPU) for the CUDA
@@ -125,9 +128,13 @@ class StepProfiler:
         """Kernels by device time; the share of the window during which the GPU ran anything."""
         # Device events, less the user annotations that kineto lays over them (a range like "Optimizer.step"
         # spans kernels already counted).
-        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
-                   and not getattr(e, "is_user_annotation", False)
-                   and not e.name.startswith(("Optimizer.", "ProfilerStep"))]
+        kernels = [
+            e
+            for e in events
+            if e.device_type == torch.autograd.DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False)
+            and not e.name.startswith(("Optimizer.", "ProfilerStep"))
+        ]
         if not kernels:
             return {"steps": self.steps, "device": "cuda", "kernels": [], "note": "no kernel events recorded"}
         window_start = min(e.time_range.start for e in events)
@@ -149,15 +156,22 @@ class StepProfiler:
         steps = max(self.steps, 1)
         per_step = 1e3 * steps  # microseconds over the window -> milliseconds a step
         return {
-            "steps": self.steps, "device": "cuda",
-            "window_ms": window_us / 1e3, "kernel_ms": kernel_us / 1e3, "busy_ms": busy_us / 1e3,
+            "steps": self.steps,
+            "device": "cuda",
+            "window_ms": window_us / 1e3,
+            "kernel_ms": kernel_us / 1e3,
+            "busy_ms": busy_us / 1e3,
             "busy_share": busy_us / window_us if window_us > 0 else None,
             "idle_ms_per_step": (window_us - busy_us) / per_step,
-            "kernels_per_step": len(kernels) / steps, "idle_gaps_per_step": len(idle) / steps,
-            "parts": {k: {"ms": v / 1e3, "share": v / kernel_us}
-                      for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
-            "kernels": [{"name": name[:200], "category": category(name), "ms": t / 1e3, "share": t / kernel_us,
-                         "calls": n} for name, (t, n) in ranked[:self.top]],
+            "kernels_per_step": len(kernels) / steps,
+            "idle_gaps_per_step": len(idle) / steps,
+            "parts": {
+                k: {"ms": v / 1e3, "share": v / kernel_us} for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+            },
+            "kernels": [
+                {"name": name[:200], "category": category(name), "ms": t / 1e3, "share": t / kernel_us, "calls": n}
+                for name, (t, n) in ranked[: self.top]
+            ],
             **self.host_while_idle(events, idle, per_step),
         }
 
@@ -188,6 +202,17 @@ class StepProfiler:
         """Operators by their own CPU time (a CPU run has no kernels)."""
         rows = sorted(self.profile.key_averages(), key=lambda a: -a.self_cpu_time_total)
         total = sum(a.self_cpu_time_total for a in rows) or 1.0
-        return {"steps": self.steps, "device": self.device.type, "self_cpu_ms": total / 1e3,
-                "operators": [{"name": a.key, "ms": a.self_cpu_time_total / 1e3,
-                               "share": a.self_cpu_time_total / total, "calls": a.count} for a in rows[:self.top]]}
+        return {
+            "steps": self.steps,
+            "device": self.device.type,
+            "self_cpu_ms": total / 1e3,
+            "operators": [
+                {
+                    "name": a.key,
+                    "ms": a.self_cpu_time_total / 1e3,
+                    "share": a.self_cpu_time_total / total,
+                    "calls": a.count,
+                }
+                for a in rows[: self.top]
+            ],
+        }

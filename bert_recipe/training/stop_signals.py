@@ -2,6 +2,7 @@
 finish the optimizer step, write a checkpoint, and the entry script exits EXIT_STOPPED; every rank stops after the
 same step (`StopRequest.agreed`).
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -5,6 +5,7 @@ Read top to bottom: `grad_sync` (DDP's no_sync during accumulation), `forward_ba
 `DivergenceWatch` that stops a run whose loss is no longer finite (DivergedError: one line instead of NaN weights),
 and `StepRule`, the step both loops take, built from them (accumulate, watch the loss, step or skip, schedule).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,14 @@ def grad_sync(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextM
 LossFn = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
 
-def forward_backward(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss_fn: LossFn,
-                     precision: Precision, accum: int, sync: bool) -> torch.Tensor:
+def forward_backward(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    loss_fn: LossFn,
+    precision: Precision,
+    accum: int,
+    sync: bool,
+) -> torch.Tensor:
     """Forward and backward of one micro-batch; gradients accumulate in .grad (all-reduced unless not `sync`).
 
     loss_fn(model, batch) returns the loss to minimise, or a 1-D tensor whose element 0 is that loss and whose
@@ -78,8 +85,7 @@ class DivergenceWatch:
 
     def record(self, loss: torch.Tensor, step: int) -> None:
         bad = ~torch.isfinite(loss)
-        self.first_bad = torch.where((self.first_bad < 0) & bad, torch.full_like(self.first_bad, step),
-                                     self.first_bad)
+        self.first_bad = torch.where((self.first_bad < 0) & bad, torch.full_like(self.first_bad, step), self.first_bad)
 
     def first(self) -> int | None:
         """The step (one host sync), or None while every loss was finite."""
@@ -91,8 +97,10 @@ class DivergenceWatch:
         diverged (<advice>); <consequence>" (one host sync)."""
         bad = self.first()
         if bad is not None:
-            raise DivergedError(f"the loss became non-finite at {self.where} {bad}: training diverged "
-                                f"({self.advice}); {self.consequence}")
+            raise DivergedError(
+                f"the loss became non-finite at {self.where} {bad}: training diverged "
+                f"({self.advice}); {self.consequence}"
+            )
 
 
 def weights_finite(model: torch.nn.Module) -> bool:
@@ -114,16 +122,30 @@ class StepRule:
 
     MAX_CONSECUTIVE_OVERFLOWS = 50
 
-    def __init__(self, model: torch.nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, scheduler,
-                 precision: Precision, watch: DivergenceWatch, *, sync_every_micro_batch: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        precision: Precision,
+        watch: DivergenceWatch,
+        *,
+        sync_every_micro_batch: bool = False,
+    ):
         self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
         self.precision, self.watch, self.sync_every_micro_batch = precision, watch, sync_every_micro_batch
         self.taken = 0  # optimizer steps taken through this rule
         self.consecutive_skips = 0
         self.lr = optimizer.param_groups[0]["lr"]  # the rate the last step used
 
-    def __call__(self, micro_batches: Iterable[dict[str, Any]], accum: int, number: int,
-                 before_update: Callable[[], None] = lambda: None) -> tuple[bool, torch.Tensor]:
+    def __call__(
+        self,
+        micro_batches: Iterable[dict[str, Any]],
+        accum: int,
+        number: int,
+        before_update: Callable[[], None] = lambda: None,
+    ) -> tuple[bool, torch.Tensor]:
         """One optimizer step over `accum` micro-batches (on the device, read lazily: the next one may still be
         loading while this one runs); `number` names the step in a divergence error. Returns (taken, the group's
         mean losses [L], float64 on the device)."""
@@ -143,8 +165,10 @@ class StepRule:
         if not taken:
             self.consecutive_skips += 1
             if self.consecutive_skips > self.MAX_CONSECUTIVE_OVERFLOWS:
-                raise DivergedError(f"{self.MAX_CONSECUTIVE_OVERFLOWS} fp16 overflows in a row at step {number}: the "
-                                    "loss diverged (lower --learning_rate, or use --precision bf16)")
+                raise DivergedError(
+                    f"{self.MAX_CONSECUTIVE_OVERFLOWS} fp16 overflows in a row at step {number}: the "
+                    "loss diverged (lower --learning_rate, or use --precision bf16)"
+                )
             return False, losses
         self.consecutive_skips = 0
         self.scheduler.step()

@@ -12,6 +12,7 @@ vocabulary, mask of 0/1), and a bad request gets its own error while the other r
 With dynamic batching Triton hands over several requests at once; requests of the same sequence length are
 concatenated and run as one batch (exact: no padding is added, so the results do not depend on the batching).
 """
+
 import json
 import os
 import sys
@@ -102,8 +103,10 @@ class TritonPythonModel:
         """A one-line reason why this request cannot be served, or None."""
         shapes = {tuple(a.shape) for a in arrays}
         if len(shapes) != 1 or len(arrays[0].shape) != 2:
-            return f"input_ids, token_type_ids and attention_mask must share one [batch, sequence] shape, got " \
-                   f"{[list(a.shape) for a in arrays]}"
+            return (
+                f"input_ids, token_type_ids and attention_mask must share one [batch, sequence] shape, got "
+                f"{[list(a.shape) for a in arrays]}"
+            )
         batch, seq_len = arrays[0].shape
         if batch < 1 or seq_len < 1:
             return f"empty input: shape [{batch}, {seq_len}]"
@@ -145,8 +148,10 @@ class TritonPythonModel:
         start = 0
         for i, arrays in members:
             stop = start + arrays[0].shape[0]
-            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(out[start:stop], dtype=np.float32))
-                       for name, out in zip(self.output_names, outputs)]
+            tensors = [
+                pb_utils.Tensor(name, np.ascontiguousarray(out[start:stop], dtype=np.float32))
+                for name, out in zip(self.output_names, outputs)
+            ]
             responses[i] = pb_utils.InferenceResponse(output_tensors=tensors)
             start = stop
 

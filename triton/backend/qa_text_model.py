@@ -19,6 +19,7 @@ $BERT_TRITON_MAX_QUESTION_CHARS / $BERT_TRITON_MAX_WINDOWS at server start, else
 parameters (model_repository.py --max_context_chars / --max_question_chars / --max_windows), else the defaults in
 finetuning/tasks/items.py; 0 turns a limit off.
 """
+
 import dataclasses
 import importlib.util
 import json
@@ -69,8 +70,10 @@ def _strings(request, name: str) -> list[str]:
     """The rows of a BYTES input as text; ValueError naming the input, the row and the byte that is not UTF-8."""
 
     array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # [B, 1] object (bytes)
-    return [decode_utf8(v, f"input '{name}' row {row}") if isinstance(v, bytes) else str(v)
-            for row, v in enumerate(array.reshape(-1))]
+    return [
+        decode_utf8(v, f"input '{name}' row {row}") if isinstance(v, bytes) else str(v)
+        for row, v in enumerate(array.reshape(-1))
+    ]
 
 
 def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
@@ -104,12 +107,15 @@ class TritonPythonModel:
         self.settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
         self.limits, sources = _limits(json.loads(args["model_config"]))
         name = json.loads(args["model_config"]).get("name", "this model")
-        self.how_to_raise = (f"send less per request, or have the server's operator raise {{name}} (parameter "
-                             f"{{name}} in {name}/config.pbtxt, model_repository.py --{{name}}, or "
-                             f"$BERT_TRITON_{{NAME}} at server start; 0 = no limit)")
+        self.how_to_raise = (
+            f"send less per request, or have the server's operator raise {{name}} (parameter "
+            f"{{name}} in {name}/config.pbtxt, model_repository.py --{{name}}, or "
+            f"$BERT_TRITON_{{NAME}} at server start; 0 = no limit)"
+        )
         if hasattr(pb_utils, "Logger"):  # the server log says which limits hold and where they came from
-            pb_utils.Logger.log_info(f"{name} limits: " + ", ".join(f"{k}={v} ({sources[k]})"
-                                                                    for k, v in self.limits.items()))
+            pb_utils.Logger.log_info(
+                f"{name} limits: " + ", ".join(f"{k}={v} ({sources[k]})" for k, v in self.limits.items())
+            )
         self.tokenizer = BertTokenizer(folder / "vocab.txt", do_lower_case=self.settings["do_lower_case"])
         self.np_dtype = np.int32 if self.settings["input_dtype"] == "int32" else np.int64
         # triton/client.py, copied beside this file: the batching and answer records of the client and of
@@ -135,40 +141,68 @@ class TritonPythonModel:
         s = self.settings
         questions, contexts = _strings(request, "question"), _strings(request, "context")
         if len(questions) != len(contexts) or not questions:
-            raise ValueError(f"question and context need the same number of rows (>= 1), got "
-                             f"{len(questions)} and {len(contexts)}")
+            raise ValueError(
+                f"question and context need the same number of rows (>= 1), got {len(questions)} and {len(contexts)}"
+            )
         for row, (question, context) in enumerate(zip(questions, contexts)):
-            check_qa_text(question, context, f"row {row}", self.limits["max_question_chars"],
-                          self.limits["max_context_chars"], self.how_to_raise)
+            check_qa_text(
+                question,
+                context,
+                f"row {row}",
+                self.limits["max_question_chars"],
+                self.limits["max_context_chars"],
+                self.how_to_raise,
+            )
         items = [{"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(zip(questions, contexts))]
         examples = examples_from_qa_pairs(items)
-        features = convert_examples_to_features(examples, self.tokenizer, s["max_seq_length"], s["doc_stride"],
-                                                s["max_query_length"], is_training=False)
-        check_windows(len(features), self.limits["max_windows"],
-                      f"this request ({len(items)} row{'s' if len(items) > 1 else ''}, max_seq_length "
-                      f"{s['max_seq_length']}, doc_stride {s['doc_stride']})", self.how_to_raise)
+        features = convert_examples_to_features(
+            examples, self.tokenizer, s["max_seq_length"], s["doc_stride"], s["max_query_length"], is_training=False
+        )
+        check_windows(
+            len(features),
+            self.limits["max_windows"],
+            f"this request ({len(items)} row{'s' if len(items) > 1 else ''}, max_seq_length "
+            f"{s['max_seq_length']}, doc_stride {s['doc_stride']})",
+            self.how_to_raise,
+        )
         results = {}
         for chunk, arrays in self.client.feature_batches(features, s["batch_size"], self.np_dtype):
             start_logits, end_logits = self._logits(arrays)
             results.update((f.unique_id, (start_logits[i], end_logits[i])) for i, f in enumerate(chunk))
-        records = answers_from_logits(examples, features, results, s["n_best_size"], s["max_answer_length"],
-                                      self.tokenizer.do_lower_case, s["version_2_with_negative"],
-                                      s["null_score_diff_threshold"])
+        records = answers_from_logits(
+            examples,
+            features,
+            results,
+            s["n_best_size"],
+            s["max_answer_length"],
+            self.tokenizer.do_lower_case,
+            s["version_2_with_negative"],
+            s["null_score_diff_threshold"],
+        )
         answers = np.array([[r["answer"].encode("utf-8")] for r in records], dtype=np.object_)
         probabilities = np.array([[r["probability"]] for r in records], dtype=np.float32)
-        nbest_json = np.array([[json.dumps(r["nbest"], ensure_ascii=False).encode("utf-8")] for r in records],
-                              dtype=np.object_)
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("answer", answers), pb_utils.Tensor("probability", probabilities),
-            pb_utils.Tensor("nbest_json", nbest_json)])
+        nbest_json = np.array(
+            [[json.dumps(r["nbest"], ensure_ascii=False).encode("utf-8")] for r in records], dtype=np.object_
+        )
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("answer", answers),
+                pb_utils.Tensor("probability", probabilities),
+                pb_utils.Tensor("nbest_json", nbest_json),
+            ]
+        )
 
     def _logits(self, arrays: list) -> tuple[np.ndarray, np.ndarray]:
         """One BLS request to the tensor model: input_ids, token_type_ids, attention_mask [b, L] -> logits."""
         request = pb_utils.InferenceRequest(
-            model_name=self.settings["tensor_model"], requested_output_names=["start_logits", "end_logits"],
-            inputs=[pb_utils.Tensor(name, array) for name, array in zip(INPUT_NAMES, arrays)])
+            model_name=self.settings["tensor_model"],
+            requested_output_names=["start_logits", "end_logits"],
+            inputs=[pb_utils.Tensor(name, array) for name, array in zip(INPUT_NAMES, arrays)],
+        )
         response = request.exec()
         if response.has_error():
             raise RuntimeError(f"{self.settings['tensor_model']}: {response.error().message()}")
-        return (pb_utils.get_output_tensor_by_name(response, "start_logits").as_numpy(),
-                pb_utils.get_output_tensor_by_name(response, "end_logits").as_numpy())
+        return (
+            pb_utils.get_output_tensor_by_name(response, "start_logits").as_numpy(),
+            pb_utils.get_output_tensor_by_name(response, "end_logits").as_numpy(),
+        )

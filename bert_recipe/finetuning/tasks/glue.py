@@ -15,6 +15,7 @@ which together are GLUE's CoLA dev set of 1,043 rows).
 Every example gets a guid `<split>-<id>`, the id being the file's own index/id column where it has one (so test
 predictions map back to GLUE's submission index), else the row number.
 """
+
 from __future__ import annotations
 
 import csv
@@ -89,59 +90,86 @@ _COLA_COLUMNS = ("source", "label", "original_notation", "sentence")
 
 TASKS: dict[str, GlueTaskSpec] = {
     "cola": GlueTaskSpec(
-        "cola", ("0", "1"), "mcc",
+        "cola",
+        ("0", "1"),
+        "mcc",
         FileLayout("sentence", None, "label", names=_COLA_COLUMNS),
         FileLayout("sentence", None, None, guid="index"),
         train=(("train.tsv",), ("in_domain_train.tsv",)),
         dev={"dev": (("dev.tsv",), ("in_domain_dev.tsv", "out_of_domain_dev.tsv"))},
     ),
     "sst-2": GlueTaskSpec(
-        "sst-2", ("0", "1"), "acc",
+        "sst-2",
+        ("0", "1"),
+        "acc",
         FileLayout("sentence", None, "label"),
         FileLayout("sentence", None, None, guid="index"),
     ),
     "mrpc": GlueTaskSpec(
-        "mrpc", ("0", "1"), "acc_f1",
+        "mrpc",
+        ("0", "1"),
+        "acc_f1",
         FileLayout("#1 String", "#2 String", "Quality"),
         FileLayout("#1 String", "#2 String", None, guid="index"),
     ),
     "sts-b": GlueTaskSpec(
-        "sts-b", None, "pearson_spearman",
+        "sts-b",
+        None,
+        "pearson_spearman",
         FileLayout("sentence1", "sentence2", "score", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
     ),
     "qqp": GlueTaskSpec(
-        "qqp", ("0", "1"), "acc_f1",
+        "qqp",
+        ("0", "1"),
+        "acc_f1",
         FileLayout("question1", "question2", "is_duplicate", guid="id"),
         FileLayout("question1", "question2", None, guid="id"),
         skip_short_rows=True,
     ),
     "mnli": GlueTaskSpec(
-        "mnli", ("contradiction", "entailment", "neutral"), "acc",
+        "mnli",
+        ("contradiction", "entailment", "neutral"),
+        "acc",
         FileLayout("sentence1", "sentence2", "gold_label", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
         dev={"dev_matched": (("dev_matched.tsv",),), "dev_mismatched": (("dev_mismatched.tsv",),)},
         test={"test_matched": (("test_matched.tsv",),), "test_mismatched": (("test_mismatched.tsv",),)},
     ),
     "qnli": GlueTaskSpec(
-        "qnli", ("entailment", "not_entailment"), "acc",
+        "qnli",
+        ("entailment", "not_entailment"),
+        "acc",
         FileLayout("question", "sentence", "label", guid="index"),
         FileLayout("question", "sentence", None, guid="index"),
     ),
     "rte": GlueTaskSpec(
-        "rte", ("entailment", "not_entailment"), "acc",
+        "rte",
+        ("entailment", "not_entailment"),
+        "acc",
         FileLayout("sentence1", "sentence2", "label", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
     ),
     "wnli": GlueTaskSpec(
-        "wnli", ("0", "1"), "acc",
+        "wnli",
+        ("0", "1"),
+        "acc",
         FileLayout("sentence1", "sentence2", "label", guid="index"),
         FileLayout("sentence1", "sentence2", None, guid="index"),
     ),
 }
 
-DISPLAY_NAMES = {"cola": "CoLA", "sst-2": "SST-2", "mrpc": "MRPC", "sts-b": "STS-B", "qqp": "QQP", "mnli": "MNLI",
-                 "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+DISPLAY_NAMES = {
+    "cola": "CoLA",
+    "sst-2": "SST-2",
+    "mrpc": "MRPC",
+    "sts-b": "STS-B",
+    "qqp": "QQP",
+    "mnli": "MNLI",
+    "qnli": "QNLI",
+    "rte": "RTE",
+    "wnli": "WNLI",
+}
 
 # Other spellings people use for --task_name (GLUE folder names, Hugging Face's names, the original's mnli-mm).
 ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "mnli-mm": "mnli", "mnli_mismatched": "mnli", "mnli-m": "mnli"}
@@ -170,8 +198,7 @@ def _resolve(data_dir: Path, task: GlueTaskSpec, split: str, alternatives: Seque
         if all(p.is_file() for p in paths):
             return paths
     tried = " or ".join("+".join(str(data_dir / f) for f in files) for files in alternatives)
-    hint = ("is --data_dir the task's folder from GLUE's download_glue_data.py (e.g. glue_data/"
-            f"{task.display_name})?")
+    hint = f"is --data_dir the task's folder from GLUE's download_glue_data.py (e.g. glue_data/{task.display_name})?"
     if not data_dir.is_dir():
         raise GlueDataError(f"--data_dir {data_dir} is not a directory; {hint}")
     raise GlueDataError(f"{task.display_name} {split} set not found: no {tried}; {hint}")
@@ -186,8 +213,9 @@ def read_tsv(path: Path) -> list[list[str]]:
             csv.field_size_limit(2**31 - 1)
             return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     except UnicodeDecodeError as e:
-        raise GlueDataError(f"{path} is not UTF-8 text (byte {e.start}): give the GLUE tsv files as "
-                            "download_glue_data.py writes them") from None
+        raise GlueDataError(
+            f"{path} is not UTF-8 text (byte {e.start}): give the GLUE tsv files as download_glue_data.py writes them"
+        ) from None
 
 
 def _column_indices(path: Path, header: Sequence[str], layout: FileLayout) -> dict[str, int]:
@@ -198,8 +226,10 @@ def _column_indices(path: Path, header: Sequence[str], layout: FileLayout) -> di
         if column is None:
             continue
         if column not in header:
-            raise GlueDataError(f"{path}: no column {column!r} in the header {header}; is it a GLUE file of this "
-                                "task (or a test file given as train/dev)?")
+            raise GlueDataError(
+                f"{path}: no column {column!r} in the header {header}; is it a GLUE file of this "
+                "task (or a test file given as train/dev)?"
+            )
         out[role] = header.index(column)
     return out
 
@@ -226,17 +256,23 @@ def read_examples(paths: Sequence[Path], task: GlueTaskSpec, split: str, layout:
                 if task.skip_short_rows:
                     skipped += 1
                     continue
-                raise GlueDataError(f"{path}:{line}: {len(row)} tab-separated fields, expected at least {width}; "
-                                    "is the file truncated or not a GLUE tsv?")
+                raise GlueDataError(
+                    f"{path}:{line}: {len(row)} tab-separated fields, expected at least {width}; "
+                    "is the file truncated or not a GLUE tsv?"
+                )
             examples.append(_make_example(path, line, row, cols, task, split, len(examples)))
     if skipped:
-        print(f"{task.display_name} {split}: skipped {skipped} rows with missing fields "
-              f"(known in the public {task.display_name} files)", file=sys.stderr)
+        print(
+            f"{task.display_name} {split}: skipped {skipped} rows with missing fields "
+            f"(known in the public {task.display_name} files)",
+            file=sys.stderr,
+        )
     return examples
 
 
-def _make_example(path: Path, line: int, row: list[str], cols: dict[str, int], task: GlueTaskSpec, split: str,
-                  ordinal: int) -> InputExample:
+def _make_example(
+    path: Path, line: int, row: list[str], cols: dict[str, int], task: GlueTaskSpec, split: str, ordinal: int
+) -> InputExample:
     label = row[cols["label"]].strip() if "label" in cols else None
     if label is not None:
         _check_label(path, line, label, task)
@@ -254,8 +290,7 @@ def _check_label(path: Path, line: int, label: str, task: GlueTaskSpec) -> None:
         if not math.isfinite(value):
             raise GlueDataError(f"{path}:{line}: score {label!r} is not a number")
     elif label not in task.labels:
-        raise GlueDataError(f"{path}:{line}: label {label!r} is not one of {list(task.labels)} for "
-                            f"{task.display_name}")
+        raise GlueDataError(f"{path}:{line}: label {label!r} is not one of {list(task.labels)} for {task.display_name}")
 
 
 def get_train_examples(data_dir: str | Path, task: GlueTaskSpec) -> list[InputExample]:
@@ -265,14 +300,18 @@ def get_train_examples(data_dir: str | Path, task: GlueTaskSpec) -> list[InputEx
 
 def get_dev_examples(data_dir: str | Path, task: GlueTaskSpec) -> dict[str, list[InputExample]]:
     """{eval set name: examples}: one set ("dev"), or MNLI's two ("dev_matched", "dev_mismatched")."""
-    return {name: read_examples(_resolve(Path(data_dir), task, name, alts), task, name, task.layout)
-            for name, alts in task.dev.items()}
+    return {
+        name: read_examples(_resolve(Path(data_dir), task, name, alts), task, name, task.layout)
+        for name, alts in task.dev.items()
+    }
 
 
 def get_test_examples(data_dir: str | Path, task: GlueTaskSpec) -> dict[str, list[InputExample]]:
     """{test set name: unlabeled examples}, guids carrying GLUE's submission index."""
-    return {name: read_examples(_resolve(Path(data_dir), task, name, alts), task, name, task.test_layout)
-            for name, alts in task.test.items()}
+    return {
+        name: read_examples(_resolve(Path(data_dir), task, name, alts), task, name, task.test_layout)
+        for name, alts in task.test.items()
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -313,9 +352,9 @@ class EncodedExamples:
 
     def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids [L], token_type_ids [L]) of example i."""
-        ids = self.ids[self.offsets[i]:self.offsets[i + 1]]
+        ids = self.ids[self.offsets[i] : self.offsets[i + 1]]
         types = np.zeros_like(ids)
-        types[self.len_a[i]:] = 1
+        types[self.len_a[i] :] = 1
         return ids, types
 
 
@@ -329,8 +368,9 @@ def label_ids(examples: Sequence[InputExample], task: GlueTaskSpec) -> np.ndarra
     return np.array([index[e.label] for e in examples], dtype=np.int64)
 
 
-def encode_examples(examples: Sequence[InputExample], tokenizer, max_seq_length: int,
-                    task: GlueTaskSpec) -> EncodedExamples:
+def encode_examples(
+    examples: Sequence[InputExample], tokenizer, max_seq_length: int, task: GlueTaskSpec
+) -> EncodedExamples:
     """WordPiece every text in one bulk call, truncate each pair with truncate_seq_pair, add [CLS]/[SEP]."""
     if max_seq_length < 3:
         raise ValueError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {max_seq_length}")
@@ -389,7 +429,7 @@ def matthews_corrcoef(labels: np.ndarray, preds: np.ndarray) -> float:
     matrix C, (c s - t.p) / sqrt((s^2 - p.p)(s^2 - t.t)) with t, p the true and predicted counts per class, c the
     correct ones and s all; 0 where a factor of the denominator is 0 (one class only)."""
     classes, codes = np.unique(np.concatenate([labels, preds]), return_inverse=True)
-    true, pred = codes[:len(labels)], codes[len(labels):]
+    true, pred = codes[: len(labels)], codes[len(labels) :]
     confusion = np.zeros((len(classes), len(classes)))
     np.add.at(confusion, (true, pred), 1)
     t, p = confusion.sum(axis=1), confusion.sum(axis=0)

@@ -9,6 +9,7 @@ object, a SQuAD paragraph without its "qas" list or "context", a question withou
 with no items. Which fields an item needs is checked by the task (tasks.squad.examples_from_qa_pairs,
 predict.classify). No torch here: the Triton client imports this.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,10 @@ def read_items(path: str | os.PathLike) -> list[dict]:
         text = data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is not JSON
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"input file {path} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line "
-                         f"{line}): {e.reason}; save it as UTF-8") from None
+        raise ValueError(
+            f"input file {path} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line "
+            f"{line}): {e.reason}; save it as UTF-8"
+        ) from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
@@ -59,8 +62,9 @@ def _json_lines(text: str, path) -> list:
         try:
             items.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise ValueError(f"input file {path} line {n} is not JSON ({e.msg}); expected a JSON list or one JSON "
-                             "object per line") from None
+            raise ValueError(
+                f"input file {path} line {n} is not JSON ({e.msg}); expected a JSON list or one JSON object per line"
+            ) from None
     return items
 
 
@@ -71,8 +75,11 @@ def _squad_items(file: Path) -> list[dict]:
     for i, article in enumerate(squad_articles(file)):
         for j, paragraph in enumerate(article["paragraphs"]):
             where = f"input file {file}: data[{i}].paragraphs[{j}]"
-            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("qas"), list) \
-                    or not isinstance(paragraph.get("context"), str):
+            if (
+                not isinstance(paragraph, dict)
+                or not isinstance(paragraph.get("qas"), list)
+                or not isinstance(paragraph.get("context"), str)
+            ):
                 raise ValueError(f"{where} needs a 'context' string and a 'qas' list")
             for k, qa in enumerate(paragraph["qas"]):
                 if not isinstance(qa, dict) or "id" not in qa or "question" not in qa:
@@ -138,8 +145,11 @@ def text_utf8_error(text: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raw = text.encode("utf-8", "surrogateescape") if all(
-            0xDC80 <= ord(c) <= 0xDCFF for c in text[e.start:e.end]) else None
+        raw = (
+            text.encode("utf-8", "surrogateescape")
+            if all(0xDC80 <= ord(c) <= 0xDCFF for c in text[e.start : e.end])
+            else None
+        )
         if raw is not None:
             return utf8_error(raw)
         return f"lone surrogate U+{ord(text[e.start]):04X} at character {e.start}"
@@ -159,12 +169,15 @@ def check_text(text, label: str, limit: int, limit_name: str, how_to_raise: str)
     if not text.strip():
         raise ValueError(f"{label} is empty: nothing to answer or classify")
     if limit and len(text) > limit:
-        raise ValueError(f"{label} has {len(text):,} characters, over the limit {limit_name}={limit:,}; "
-                         f"{_how(how_to_raise, limit_name)}")
+        raise ValueError(
+            f"{label} has {len(text):,} characters, over the limit {limit_name}={limit:,}; "
+            f"{_how(how_to_raise, limit_name)}"
+        )
 
 
-def check_qa_text(question, context, where: str, max_question_chars: int, max_context_chars: int,
-                  how_to_raise: str) -> None:
+def check_qa_text(
+    question, context, where: str, max_question_chars: int, max_context_chars: int, how_to_raise: str
+) -> None:
     """check_text for a question and its context; `where` names the item ("item 3 of --input_file q.json")."""
     check_text(question, f"{where}: the question", max_question_chars, "max_question_chars", how_to_raise)
     check_text(context, f"{where}: the context", max_context_chars, "max_context_chars", how_to_raise)
@@ -173,8 +186,10 @@ def check_qa_text(question, context, where: str, max_question_chars: int, max_co
 def check_windows(count: int, limit: int, where: str, how_to_raise: str) -> None:
     """ValueError when `count` windows exceed `limit` (0: no limit)."""
     if limit and count > limit:
-        raise ValueError(f"{where} needs {count:,} windows, over the limit max_windows={limit:,}; "
-                         f"{_how(how_to_raise, 'max_windows')}")
+        raise ValueError(
+            f"{where} needs {count:,} windows, over the limit max_windows={limit:,}; "
+            f"{_how(how_to_raise, 'max_windows')}"
+        )
 
 
 def _how(how_to_raise: str, name: str) -> str:

@@ -22,6 +22,7 @@ and 1 after it. The triton/ client imports `examples_from_qa_pairs`, `convert_ex
 `get_predictions` and `QASettings` (the window and answer settings that inference.py takes too) from here, so their
 names and signatures are part of the project's interface.
 """
+
 from __future__ import annotations
 
 import collections
@@ -134,19 +135,25 @@ def squad_articles(path_or_json: str | os.PathLike | Mapping) -> list[dict]:
     paragraphs: list[dict] = []
     for i, row in enumerate(data):
         if not isinstance(row, dict) or not all(k in row for k in ("id", "question", "context")):
-            raise SquadFormatError(f"{name}: data[{i}] has neither 'paragraphs' nor id/question/context keys; is this "
-                                   "a SQuAD file?")
+            raise SquadFormatError(
+                f"{name}: data[{i}] has neither 'paragraphs' nor id/question/context keys; is this a SQuAD file?"
+            )
         answers = row.get("answers") or {"text": [], "answer_start": []}
-        qa = {"id": str(row["id"]), "question": row["question"], "is_impossible": not answers["text"],
-              "answers": [{"text": t, "answer_start": s} for t, s in zip(answers["text"], answers["answer_start"])]}
+        qa = {
+            "id": str(row["id"]),
+            "question": row["question"],
+            "is_impossible": not answers["text"],
+            "answers": [{"text": t, "answer_start": s} for t, s in zip(answers["text"], answers["answer_start"])],
+        }
         if not paragraphs or paragraphs[-1]["context"] != row["context"]:
             paragraphs.append({"context": row["context"], "qas": []})
         paragraphs[-1]["qas"].append(qa)
     return [{"title": "", "paragraphs": paragraphs}]
 
 
-def read_squad_examples(path_or_json: str | os.PathLike | Mapping, is_training: bool,
-                        version_2_with_negative: bool) -> list[SquadExample]:
+def read_squad_examples(
+    path_or_json: str | os.PathLike | Mapping, is_training: bool, version_2_with_negative: bool
+) -> list[SquadExample]:
     """Read a SQuAD file (a path, or the parsed JSON) into examples, in file order.
 
     Training examples get the word span of their first answer; an answer whose text is not found at its offset in
@@ -171,8 +178,9 @@ def read_squad_examples(path_or_json: str | os.PathLike | Mapping, is_training: 
     return examples
 
 
-def _make_example(qa: dict, words: list[str], char_to_word: list[int], is_training: bool, version_2: bool,
-                  name: str) -> SquadExample | None:
+def _make_example(
+    qa: dict, words: list[str], char_to_word: list[int], is_training: bool, version_2: bool, name: str
+) -> SquadExample | None:
     try:
         qas_id, question = str(qa["id"]), qa["question"]
     except KeyError as e:
@@ -184,14 +192,15 @@ def _make_example(qa: dict, words: list[str], char_to_word: list[int], is_traini
     if not is_training or is_impossible:
         return example
     if not answers:
-        raise SquadFormatError(f"{name}: training question {qas_id} has no answer; for SQuAD 2.0 data pass "
-                               "--version_2_with_negative")
+        raise SquadFormatError(
+            f"{name}: training question {qas_id} has no answer; for SQuAD 2.0 data pass --version_2_with_negative"
+        )
     text, offset = answers[0]["text"], int(answers[0]["answer_start"])
     if not text or offset < 0 or offset + len(text) > len(char_to_word):
         return None
     start, end = char_to_word[offset], char_to_word[offset + len(text) - 1]
     # The annotated text must be what the offset points at (modulo whitespace), else the offset is wrong.
-    actual = " ".join(words[max(start, 0):end + 1])
+    actual = " ".join(words[max(start, 0) : end + 1])
     if " ".join(text.split()) not in actual:
         return None
     example.orig_answer_text, example.start_position, example.end_position = text, start, end
@@ -204,8 +213,11 @@ def examples_from_qa_pairs(items: Sequence[Mapping[str, Any]]) -> list[SquadExam
     examples: list[SquadExample] = []
     split_cache: dict[str, list[str]] = {}
     for i, item in enumerate(items):
-        if not isinstance(item, Mapping) or not isinstance(item.get("question"), str) \
-                or not isinstance(item.get("context"), str):
+        if (
+            not isinstance(item, Mapping)
+            or not isinstance(item.get("question"), str)
+            or not isinstance(item.get("context"), str)
+        ):
             raise ValueError(f"item {i} needs string 'question' and 'context' fields, got {item!r:.200}")
         context = item["context"]
         if context not in split_cache:
@@ -287,7 +299,7 @@ def _improve_answer_span(doc: _Document, start: int, end: int, answer_tokens: li
     n = len(answer_tokens)
     for new_start in range(start, end + 1):
         for new_end in range(end, new_start - 1, -1):
-            if new_end - new_start + 1 == n and doc.tokens[new_start:new_end + 1] == answer_tokens:
+            if new_end - new_start + 1 == n and doc.tokens[new_start : new_end + 1] == answer_tokens:
                 return new_start, new_end
     return start, end
 
@@ -321,15 +333,21 @@ def max_context_windows(spans: Sequence[tuple[int, int]], num_tokens: int) -> np
     for index, (start, length) in enumerate(spans):
         offset = np.arange(length)
         score = np.minimum(offset, length - 1 - offset) + 0.01 * length
-        better = score > best_score[start:start + length]  # strictly: the earlier window keeps a tie
-        best_score[start:start + length][better] = score[better]
-        best[start:start + length][better] = index
+        better = score > best_score[start : start + length]  # strictly: the earlier window keeps a tie
+        best_score[start : start + length][better] = score[better]
+        best[start : start + length][better] = index
     return best
 
 
-def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer, max_seq_length: int, doc_stride: int,
-                                 max_query_length: int, is_training: bool,
-                                 progress: Callable[[Iterable], Iterable] | None = None) -> list[InputFeatures]:
+def convert_examples_to_features(
+    examples: Sequence[SquadExample],
+    tokenizer,
+    max_seq_length: int,
+    doc_stride: int,
+    max_query_length: int,
+    is_training: bool,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> list[InputFeatures]:
     """Turn examples into windows (features), in example order, unique ids counting up from FIRST_UNIQUE_ID.
 
     `tokenizer` is a tokenization.BertTokenizer (tokenize_batch, convert_tokens_to_ids, vocab). Training features
@@ -337,14 +355,16 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer, ma
     example loop (e.g. tqdm).
     """
     if max_seq_length < max_query_length + 4:
-        raise ValueError(f"max_seq_length ({max_seq_length}) must exceed max_query_length ({max_query_length}) + 3 "
-                         "([CLS] and two [SEP]) by at least one document token")
+        raise ValueError(
+            f"max_seq_length ({max_seq_length}) must exceed max_query_length ({max_query_length}) + 3 "
+            "([CLS] and two [SEP]) by at least one document token"
+        )
     cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
     questions = tokenizer.tokenize_batch([e.question_text for e in examples])
     documents: dict[int, _Document] = {}  # id(doc_tokens) -> its WordPiece; examples keep the lists alive meanwhile
     features: list[InputFeatures] = []
     indexed = enumerate(examples)
-    for example_index, example in (progress(indexed) if progress else indexed):
+    for example_index, example in progress(indexed) if progress else indexed:
         doc = documents.get(id(example.doc_tokens))
         if doc is None:
             doc = documents[id(example.doc_tokens)] = _wordpiece_document(example.doc_tokens, tokenizer)
@@ -353,8 +373,12 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer, ma
         max_doc_tokens = max_seq_length - len(query) - 3
         spans = doc_spans(len(doc.tokens), max_doc_tokens, doc_stride)
         best_window = max_context_windows(spans, len(doc.tokens))
-        frame = _Frame(["[CLS]"] + query + ["[SEP]"], [cls_id] + tokenizer.convert_tokens_to_ids(query) + [sep_id],
-                       sep_id, max_seq_length)
+        frame = _Frame(
+            ["[CLS]"] + query + ["[SEP]"],
+            [cls_id] + tokenizer.convert_tokens_to_ids(query) + [sep_id],
+            sep_id,
+            max_seq_length,
+        )
         for span_index, (start, length) in enumerate(spans):
             feature = _make_feature(doc, start, length, span_index, best_window, frame, answer)
             feature.unique_id = FIRST_UNIQUE_ID + len(features)
@@ -386,23 +410,41 @@ class _Frame:
     max_seq_length: int
 
 
-def _make_feature(doc: _Document, start: int, length: int, span_index: int, best_window: np.ndarray, frame: _Frame,
-                  answer: tuple[int, int] | None) -> InputFeatures:
+def _make_feature(
+    doc: _Document,
+    start: int,
+    length: int,
+    span_index: int,
+    best_window: np.ndarray,
+    frame: _Frame,
+    answer: tuple[int, int] | None,
+) -> InputFeatures:
     """One window: [CLS] query [SEP] doc[start:start+length] [SEP], padded to max_seq_length."""
     offset = len(frame.tokens)  # feature position of the window's first document token
-    tokens = frame.tokens + doc.tokens[start:start + length] + ["[SEP]"]
-    input_ids = frame.ids + doc.ids[start:start + length] + [frame.sep_id]
+    tokens = frame.tokens + doc.tokens[start : start + length] + ["[SEP]"]
+    input_ids = frame.ids + doc.ids[start : start + length] + [frame.sep_id]
     segment_ids = [0] * offset + [1] * (length + 1)
     input_mask = [1] * len(input_ids)
     padding = [0] * (frame.max_seq_length - len(input_ids))
-    window_best = best_window[start:start + length] == span_index
+    window_best = best_window[start : start + length] == span_index
     token_to_orig_map = {offset + i: doc.tok_to_orig[start + i] for i in range(length)}
     token_is_max_context = {offset + i: bool(window_best[i]) for i in range(length)}
     start_position = end_position = 0
     if answer is not None and start <= answer[0] and answer[1] < start + length:
         start_position, end_position = answer[0] - start + offset, answer[1] - start + offset
-    return InputFeatures(0, 0, span_index, tokens, token_to_orig_map, token_is_max_context, input_ids + padding,
-                         input_mask + padding, segment_ids + padding, start_position, end_position)
+    return InputFeatures(
+        0,
+        0,
+        span_index,
+        tokens,
+        token_to_orig_map,
+        token_is_max_context,
+        input_ids + padding,
+        input_mask + padding,
+        segment_ids + padding,
+        start_position,
+        end_position,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -417,14 +459,31 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def feature_cache_path(cache_dir: str | os.PathLike, input_file: str | os.PathLike, tokenizer, max_seq_length: int,
-                       doc_stride: int, max_query_length: int, is_training: bool, version_2_with_negative: bool) -> Path:
+def feature_cache_path(
+    cache_dir: str | os.PathLike,
+    input_file: str | os.PathLike,
+    tokenizer,
+    max_seq_length: int,
+    doc_stride: int,
+    max_query_length: int,
+    is_training: bool,
+    version_2_with_negative: bool,
+) -> Path:
     """The cache file for these features: its name holds a hash of everything the features depend on."""
-    key = json.dumps({
-        "format": FEATURE_FORMAT_VERSION, "input": file_sha256(input_file), "vocab": file_sha256(tokenizer.vocab_file),
-        "do_lower_case": tokenizer.do_lower_case, "max_seq_length": max_seq_length, "doc_stride": doc_stride,
-        "max_query_length": max_query_length, "is_training": is_training, "v2": version_2_with_negative,
-    }, sort_keys=True)
+    key = json.dumps(
+        {
+            "format": FEATURE_FORMAT_VERSION,
+            "input": file_sha256(input_file),
+            "vocab": file_sha256(tokenizer.vocab_file),
+            "do_lower_case": tokenizer.do_lower_case,
+            "max_seq_length": max_seq_length,
+            "doc_stride": doc_stride,
+            "max_query_length": max_query_length,
+            "is_training": is_training,
+            "v2": version_2_with_negative,
+        },
+        sort_keys=True,
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(input_file).stem)
     return Path(cache_dir) / f"{stem}.{'train' if is_training else 'predict'}.{max_seq_length}.{digest}.npz"
@@ -470,29 +529,55 @@ def load_features(path: str | os.PathLike, tokenizer) -> list[InputFeatures]:
         lo, hi = int(a["map_offsets"][i]), int(a["map_offsets"][i + 1])
         offset = int(a["doc_offset"][i])
         positions = range(offset, offset + hi - lo)
-        features.append(InputFeatures(
-            unique_id=int(a["unique_id"][i]), example_index=int(a["example_index"][i]),
-            doc_span_index=int(a["doc_span_index"][i]), tokens=tokenizer.convert_ids_to_tokens(ids[:n]),
-            token_to_orig_map=dict(zip(positions, a["orig_index"][lo:hi].tolist())),
-            token_is_max_context=dict(zip(positions, a["is_max_context"][lo:hi].tolist())),
-            input_ids=ids, input_mask=[1] * n + [0] * (len(ids) - n), segment_ids=a["segment_ids"][i].tolist(),
-            start_position=int(a["start_position"][i]), end_position=int(a["end_position"][i]),
-            is_impossible=bool(a["is_impossible"][i])))
+        features.append(
+            InputFeatures(
+                unique_id=int(a["unique_id"][i]),
+                example_index=int(a["example_index"][i]),
+                doc_span_index=int(a["doc_span_index"][i]),
+                tokens=tokenizer.convert_ids_to_tokens(ids[:n]),
+                token_to_orig_map=dict(zip(positions, a["orig_index"][lo:hi].tolist())),
+                token_is_max_context=dict(zip(positions, a["is_max_context"][lo:hi].tolist())),
+                input_ids=ids,
+                input_mask=[1] * n + [0] * (len(ids) - n),
+                segment_ids=a["segment_ids"][i].tolist(),
+                start_position=int(a["start_position"][i]),
+                end_position=int(a["end_position"][i]),
+                is_impossible=bool(a["is_impossible"][i]),
+            )
+        )
     return features
 
 
-def load_or_build_features(input_file: str | os.PathLike, examples: Sequence[SquadExample], tokenizer,
-                           settings: QASettings, is_training: bool, cache_dir: str | os.PathLike | None,
-                           write_cache: bool = True, progress=None) -> tuple[list[InputFeatures], str]:
+def load_or_build_features(
+    input_file: str | os.PathLike,
+    examples: Sequence[SquadExample],
+    tokenizer,
+    settings: QASettings,
+    is_training: bool,
+    cache_dir: str | os.PathLike | None,
+    write_cache: bool = True,
+    progress=None,
+) -> tuple[list[InputFeatures], str]:
     """Features from the cache when it has them, else built (and cached when `write_cache`) with the window
     settings of `settings`. `cache_dir` None means no cache at all. Returns (features, how: "cache <path>" /
     "built" / "built, cached in <path>")."""
-    max_seq_length, doc_stride, max_query_length = (settings.max_seq_length, settings.doc_stride,
-                                                    settings.max_query_length)
+    max_seq_length, doc_stride, max_query_length = (
+        settings.max_seq_length,
+        settings.doc_stride,
+        settings.max_query_length,
+    )
     path = None
     if cache_dir is not None:
-        path = feature_cache_path(cache_dir, input_file, tokenizer, max_seq_length, doc_stride, max_query_length,
-                                  is_training, settings.version_2_with_negative)
+        path = feature_cache_path(
+            cache_dir,
+            input_file,
+            tokenizer,
+            max_seq_length,
+            doc_stride,
+            max_query_length,
+            is_training,
+            settings.version_2_with_negative,
+        )
         if path.is_file():
             try:
                 features = load_features(path, tokenizer)
@@ -501,8 +586,9 @@ def load_or_build_features(input_file: str | os.PathLike, examples: Sequence[Squ
                 logger.warning("feature cache %s does not match the examples; rebuilding it", path)
             except (OSError, ValueError, KeyError) as e:  # a truncated or foreign file: rebuild rather than fail
                 logger.warning("feature cache %s unreadable (%s); rebuilding it", path, e)
-    features = convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
-                                            is_training, progress=progress)
+    features = convert_examples_to_features(
+        examples, tokenizer, max_seq_length, doc_stride, max_query_length, is_training, progress=progress
+    )
     if path is not None and write_cache:
         try:
             save_features(path, features)
@@ -540,8 +626,9 @@ def _softmax(scores: Sequence[float]) -> list[float]:
     return [e / total for e in exps]
 
 
-def _window_candidates(feature: InputFeatures, start_logits: np.ndarray, end_logits: np.ndarray, n_best_size: int,
-                       max_answer_length: int) -> list[tuple[float, int, int, float, float]]:
+def _window_candidates(
+    feature: InputFeatures, start_logits: np.ndarray, end_logits: np.ndarray, n_best_size: int, max_answer_length: int
+) -> list[tuple[float, int, int, float, float]]:
     """Valid (score, start, end, start_logit, end_logit) spans of one window.
 
     Valid: start and end inside the window's document tokens, the start in its max-context window, end >= start,
@@ -560,8 +647,10 @@ def _window_candidates(feature: InputFeatures, start_logits: np.ndarray, end_log
     s, e = np.meshgrid(starts, ends, indexing="ij")  # [n, n] every pair
     ok = (e >= s) & (e - s + 1 <= max_answer_length)
     s, e = s[ok], e[ok]
-    return [(float(start_logits[a] + end_logits[b]), int(a), int(b), float(start_logits[a]), float(end_logits[b]))
-            for a, b in zip(s, e)]
+    return [
+        (float(start_logits[a] + end_logits[b]), int(a), int(b), float(start_logits[a]), float(end_logits[b]))
+        for a, b in zip(s, e)
+    ]
 
 
 def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool, normalized: str | None = None) -> str:
@@ -590,7 +679,7 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool, normaliz
     norm_to_k = {position: k for k, position in enumerate(norm_index)}
     if begin not in norm_to_k or last not in norm_to_k:
         return orig_text
-    return orig_text[orig_index[norm_to_k[begin]]:orig_index[norm_to_k[last]] + 1]
+    return orig_text[orig_index[norm_to_k[begin]] : orig_index[norm_to_k[last]] + 1]
 
 
 class _NormalizedWords:
@@ -617,17 +706,23 @@ class _NormalizedWords:
 
 
 def _span_text(example: SquadExample, feature: InputFeatures, start: int, end: int, words: _NormalizedWords) -> str:
-    tok_text = " ".join(feature.tokens[start:end + 1]).replace(" ##", "").replace("##", "")
+    tok_text = " ".join(feature.tokens[start : end + 1]).replace(" ##", "").replace("##", "")
     tok_text = " ".join(tok_text.split())
     first, last = feature.token_to_orig_map[start], feature.token_to_orig_map[end]
-    orig_text = " ".join(example.doc_tokens[first:last + 1])
+    orig_text = " ".join(example.doc_tokens[first : last + 1])
     return get_final_text(tok_text, orig_text, words.basic.do_lower_case, normalized=words.span(first, last))
 
 
-def get_predictions(examples: Sequence[SquadExample], features: Sequence[InputFeatures], all_results,
-                    n_best_size: int = 20, max_answer_length: int = 30, do_lower_case: bool = True,
-                    version_2_with_negative: bool = False, null_score_diff_threshold: float = 0.0
-                    ) -> tuple[dict[str, str], dict[str, list[dict]], dict[str, float]]:
+def get_predictions(
+    examples: Sequence[SquadExample],
+    features: Sequence[InputFeatures],
+    all_results,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    do_lower_case: bool = True,
+    version_2_with_negative: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> tuple[dict[str, str], dict[str, list[dict]], dict[str, float]]:
     """Answers from the model's logits.
 
     all_results: unique_id -> RawResult / (start_logits, end_logits) / {"start_logits", "end_logits"}, each [n]
@@ -654,8 +749,14 @@ def get_predictions(examples: Sequence[SquadExample], features: Sequence[InputFe
         if words is None:
             words = normalized[id(example.doc_tokens)] = _NormalizedWords(example.doc_tokens, do_lower_case)
         nbest, null_score, best_span = _example_nbest(
-            example, features_of[example_index], all_results, n_best_size, max_answer_length, words,
-            version_2_with_negative)
+            example,
+            features_of[example_index],
+            all_results,
+            n_best_size,
+            max_answer_length,
+            words,
+            version_2_with_negative,
+        )
         nbest_json[example.qas_id] = nbest
         if not version_2_with_negative:
             predictions[example.qas_id] = nbest[0]["text"] if nbest else ""
@@ -663,28 +764,47 @@ def get_predictions(examples: Sequence[SquadExample], features: Sequence[InputFe
         # No span at all (an empty context): the null answer by a wide margin, kept finite for JSON.
         score_diff = null_score - best_span[0] if best_span is not None else 1e4
         null_odds[example.qas_id] = score_diff
-        predictions[example.qas_id] = "" if best_span is None or score_diff > null_score_diff_threshold \
-            else best_span[1]
+        predictions[example.qas_id] = (
+            "" if best_span is None or score_diff > null_score_diff_threshold else best_span[1]
+        )
     return predictions, nbest_json, null_odds
 
 
-def answers_from_logits(examples: Sequence, features: Sequence, results: dict, n_best_size: int = 20,
-                        max_answer_length: int = 30, do_lower_case: bool = True,
-                        version_2_with_negative: bool = False,
-                        null_score_diff_threshold: float = 0.0) -> list[dict[str, Any]]:
+def answers_from_logits(
+    examples: Sequence,
+    features: Sequence,
+    results: dict,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    do_lower_case: bool = True,
+    version_2_with_negative: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> list[dict[str, Any]]:
     """The answer records of predict.answer_questions and triton/client.py from the windows' logits:
     get_predictions, then per question {"id", "question", "answer", "probability" (of the answer's n-best
     entry), "nbest"} and, for SQuAD 2.0 models, "null_score_diff"."""
-    predictions, nbest, null_odds = get_predictions(examples, features, results, n_best_size, max_answer_length,
-                                                    do_lower_case, version_2_with_negative,
-                                                    null_score_diff_threshold)
+    predictions, nbest, null_odds = get_predictions(
+        examples,
+        features,
+        results,
+        n_best_size,
+        max_answer_length,
+        do_lower_case,
+        version_2_with_negative,
+        null_score_diff_threshold,
+    )
     out = []
     for example in examples:
         answer = predictions[example.qas_id]
         entries = nbest[example.qas_id]
         probability = next((e["probability"] for e in entries if e["text"] == answer), 0.0)
-        record = {"id": example.qas_id, "question": example.question_text, "answer": answer,
-                  "probability": probability, "nbest": entries}
+        record = {
+            "id": example.qas_id,
+            "question": example.question_text,
+            "answer": answer,
+            "probability": probability,
+            "nbest": entries,
+        }
         if version_2_with_negative:
             record["null_score_diff"] = null_odds[example.qas_id]
         out.append(record)
@@ -708,8 +828,9 @@ class QASettings:
 
     def features(self, examples: Sequence[SquadExample], tokenizer) -> list[InputFeatures]:
         """The windows of `examples` to predict (convert_examples_to_features without answers)."""
-        return convert_examples_to_features(examples, tokenizer, self.max_seq_length, self.doc_stride,
-                                            self.max_query_length, is_training=False)
+        return convert_examples_to_features(
+            examples, tokenizer, self.max_seq_length, self.doc_stride, self.max_query_length, is_training=False
+        )
 
     # The answers: the n_best_size best spans of at most max_answer_length tokens; for a SQuAD 2.0 model, "" when
     # null score - best span score exceeds null_score_diff_threshold.
@@ -722,11 +843,20 @@ class QASettings:
     null_score_diff_threshold: float = 0.0
     """v2.0: answer "" when null score - best span score exceeds this"""
 
-    def answers(self, examples: Sequence[SquadExample], features: Sequence[InputFeatures], results: dict,
-                do_lower_case: bool) -> list[dict[str, Any]]:
+    def answers(
+        self, examples: Sequence[SquadExample], features: Sequence[InputFeatures], results: dict, do_lower_case: bool
+    ) -> list[dict[str, Any]]:
         """answers_from_logits with these settings; `do_lower_case` is the tokenizer's."""
-        return answers_from_logits(examples, features, results, self.n_best_size, self.max_answer_length,
-                                   do_lower_case, self.version_2_with_negative, self.null_score_diff_threshold)
+        return answers_from_logits(
+            examples,
+            features,
+            results,
+            self.n_best_size,
+            self.max_answer_length,
+            do_lower_case,
+            self.version_2_with_negative,
+            self.null_score_diff_threshold,
+        )
 
     @classmethod
     def add_arguments(cls, parser, prefix: str = "") -> None:
@@ -750,9 +880,15 @@ class QASettings:
         return cls(**{**{f.name: flags[f.name] for f in dataclasses.fields(cls)}, **overrides})
 
 
-def _example_nbest(example: SquadExample, features: list[InputFeatures], all_results, n_best_size: int,
-                   max_answer_length: int, words: _NormalizedWords, version_2: bool
-                   ) -> tuple[list[dict], float, tuple[float, str] | None]:
+def _example_nbest(
+    example: SquadExample,
+    features: list[InputFeatures],
+    all_results,
+    n_best_size: int,
+    max_answer_length: int,
+    words: _NormalizedWords,
+    version_2: bool,
+) -> tuple[list[dict], float, tuple[float, str] | None]:
     """(n-best entries, null score, (score, text) of the best non-null span or None) of one example."""
     candidates = []  # (score, window order, start, end, start_logit, end_logit)
     null = (math.inf, 0.0, 0.0)  # (score, start_logit, end_logit) of the smallest [CLS] score
@@ -760,8 +896,9 @@ def _example_nbest(example: SquadExample, features: list[InputFeatures], all_res
         start_logits, end_logits = _logits_of(all_results, feature.unique_id)
         if version_2 and start_logits[0] + end_logits[0] < null[0]:
             null = (float(start_logits[0] + end_logits[0]), float(start_logits[0]), float(end_logits[0]))
-        for score, s, e, sl, el in _window_candidates(feature, start_logits, end_logits, n_best_size,
-                                                     max_answer_length):
+        for score, s, e, sl, el in _window_candidates(
+            feature, start_logits, end_logits, n_best_size, max_answer_length
+        ):
             candidates.append((score, order, s, e, sl, el))
     best_span = None
     if candidates:
@@ -784,8 +921,10 @@ def _example_nbest(example: SquadExample, features: list[InputFeatures], all_res
     if version_2 and "" not in seen:
         entries.append({"text": "", "start_logit": null[1], "end_logit": null[2]})
     probabilities = _softmax([x["start_logit"] + x["end_logit"] for x in entries])
-    nbest = [{"text": x["text"], "probability": p, "start_logit": x["start_logit"], "end_logit": x["end_logit"]}
-             for x, p in zip(entries, probabilities)]
+    nbest = [
+        {"text": x["text"], "probability": p, "start_logit": x["start_logit"], "end_logit": x["end_logit"]}
+        for x, p in zip(entries, probabilities)
+    ]
     return nbest, null[0], best_span
 
 
@@ -837,8 +976,12 @@ def evaluate_v1(gold_answers: Mapping[str, Sequence[str]], predictions: Mapping[
     return {"exact_match": 100.0 * exact / total, "f1": 100.0 * f1 / total}
 
 
-def evaluate_v2(gold_answers: Mapping[str, Sequence[str]], predictions: Mapping[str, str],
-                na_probs: Mapping[str, float] | None = None, na_prob_thresh: float = 1.0) -> dict[str, float]:
+def evaluate_v2(
+    gold_answers: Mapping[str, Sequence[str]],
+    predictions: Mapping[str, str],
+    na_probs: Mapping[str, float] | None = None,
+    na_prob_thresh: float = 1.0,
+) -> dict[str, float]:
     """evaluate-v2.0.py: exact/f1/total, HasAns_* and NoAns_* breakdowns; with na_probs (the null_odds) also
     best_exact/best_f1 and their thresholds. A question whose na_prob exceeds na_prob_thresh counts as answered
     with "" (the script's --na-prob-thresh, default 1.0). Questions without a prediction are left out."""
@@ -871,8 +1014,11 @@ def _apply_na_threshold(scores, na_probs, has_answer, thresh):
 
 def _mean_scores(exact, f1, qids) -> dict[str, float]:
     total = len(qids)
-    return {"exact": 100.0 * sum(exact[q] for q in qids) / total, "f1": 100.0 * sum(f1[q] for q in qids) / total,
-            "total": total}
+    return {
+        "exact": 100.0 * sum(exact[q] for q in qids) / total,
+        "f1": 100.0 * sum(f1[q] for q in qids) / total,
+        "total": total,
+    }
 
 
 def _best_threshold(predictions, scores, na_probs, has_answer) -> tuple[float, float]:
@@ -892,8 +1038,12 @@ def _best_threshold(predictions, scores, na_probs, has_answer) -> tuple[float, f
     return 100.0 * best / len(scores), best_thresh
 
 
-def score_predictions(gold_answers: Mapping[str, Sequence[str]], predictions: Mapping[str, str],
-                      version_2_with_negative: bool, null_odds: Mapping[str, float] | None = None) -> dict[str, float]:
+def score_predictions(
+    gold_answers: Mapping[str, Sequence[str]],
+    predictions: Mapping[str, str],
+    version_2_with_negative: bool,
+    null_odds: Mapping[str, float] | None = None,
+) -> dict[str, float]:
     """The official scores of `predictions`: evaluate_v2 (with null_odds as the no-answer probabilities) for SQuAD
     2.0, else evaluate_v1."""
     if version_2_with_negative:
@@ -909,7 +1059,7 @@ def first_sentence_baseline(path_or_json: str | os.PathLike | Mapping) -> dict[s
         for paragraph in article["paragraphs"]:
             context = paragraph.get("context", "")
             match = re.search(r"[.!?](\s|$)", context)
-            first = context[:match.start() + 1] if match else context
+            first = context[: match.start() + 1] if match else context
             for qa in paragraph.get("qas", []):
                 predictions[str(qa["id"])] = first.strip()
     return predictions

@@ -13,6 +13,7 @@ Each choice j of an example becomes one sequence: [CLS] sent1 [SEP] sent2 ending
 [CLS] sent1 [SEP] and 1 for the rest; a pair longer than max_seq_length loses tokens from the end of its longer
 part (GLUE's truncate_seq_pair), as in Google's and NVIDIA's run_swag.
 """
+
 from __future__ import annotations
 
 import csv
@@ -46,8 +47,7 @@ class SwagDataError(InputError):
     """A missing or malformed SWAG file; the one-line message names the file and what to do."""
 
 
-def read_swag_examples(path: str | Path, split: str | None = None, require_labels: bool = True
-                       ) -> list[SwagExample]:
+def read_swag_examples(path: str | Path, split: str | None = None, require_labels: bool = True) -> list[SwagExample]:
     """Every row of a SWAG csv file. `require_labels`: a file without a label column (test.csv) is an error."""
     path = Path(path)
     split = split or path.stem
@@ -64,8 +64,9 @@ def read_swag_examples(path: str | Path, split: str | None = None, require_label
     endings = sorted((int(m.group(1)), i) for i, h in enumerate(header) if (m := _ENDING.match(h)))
     missing = [name for name in ("sent1", "sent2") if name not in header]
     if missing or len(endings) < 2 or [n for n, _ in endings] != list(range(len(endings))):
-        raise SwagDataError(f"{path}: the header {header} needs sent1, sent2 and ending0, ending1, ... columns; "
-                            "is it a SWAG csv file?")
+        raise SwagDataError(
+            f"{path}: the header {header} needs sent1, sent2 and ending0, ending1, ... columns; is it a SWAG csv file?"
+        )
     if require_labels and "label" not in header:
         raise SwagDataError(f"{path}: no label column (a test file?); training and evaluation need labelled rows")
     col = {name: header.index(name) for name in ("sent1", "sent2")}
@@ -85,9 +86,15 @@ def read_swag_examples(path: str | Path, split: str | None = None, require_label
                 raise SwagDataError(f"{path}:{line}: label {value!r} is not an ending index 0..{len(endings) - 1}")
             label = int(value)
         row_id = row[index_col].strip() if index_col is not None and row[index_col].strip() else str(len(examples))
-        examples.append(SwagExample(guid=f"{split}-{row_id}", context=row[col["sent1"]],
-                                    start_ending=row[col["sent2"]], endings=tuple(row[i] for _, i in endings),
-                                    label=label))
+        examples.append(
+            SwagExample(
+                guid=f"{split}-{row_id}",
+                context=row[col["sent1"]],
+                start_ending=row[col["sent2"]],
+                endings=tuple(row[i] for _, i in endings),
+                label=label,
+            )
+        )
     return examples
 
 
@@ -145,8 +152,7 @@ def encode_examples(examples: Sequence[SwagExample], tokenizer, max_seq_length: 
             pieces.append(np.asarray([cls_id, *a, sep_id, *b, sep_id], dtype=np.int32))
     offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(p) for p in pieces])
-    sequences = EncodedExamples(np.concatenate(pieces), offsets, np.asarray(len_a, dtype=np.int32), None,
-                                truncated)
+    sequences = EncodedExamples(np.concatenate(pieces), offsets, np.asarray(len_a, dtype=np.int32), None, truncated)
     labels = None
     if all(e.label is not None for e in examples):
         labels = np.array([e.label for e in examples], dtype=np.int64)
