@@ -14,8 +14,12 @@ I intermediate size, V vocabulary size (padded), M number of masked (predicted) 
 P prediction slots per sequence (fixed-slot head; per row for packed rows), T real (non-padding) tokens of the
 batch, K sequences a row (sequence packing).
 
-The speed path lives beside it in bert_padding.py (pure PyTorch, the only module of ours imported here):
-unpadding, sequence packing's layout, the variable-length attention call and the fixed-slot masked-LM gather.
+The speed path lives beside it, pure PyTorch, in the only two modules of ours imported here: bert_padding.py
+(unpadding, sequence packing's layout, the fixed-slot masked-LM gather) and bert_attention.py (the attention
+kernels and the rule that picks one). How a model runs, as opposed to what it is, is not in BertConfig (which a
+checkpoint saves): unpadding and the variable-length kernel are attributes a run sets (`set_execution`), and speed
+paths no GPU has yet shown to win are applied from outside (bert_recipe/training/: fp8.py, bit_dropout.py,
+cuda_graphs.py).
 """
 
 from __future__ import annotations
@@ -31,23 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bert_padding import (
-    KERNELS,
-    MAX_FIXED_SIZES,
-    BitMaskDropout,
-    Packed,
-    Unpadded,
-    fixed_rows,
-    gather_indexes,
-    has_padding,
-    packed_layout,
-    pad,
-    round_rows,
-    sequence_slots,
-    unpad,
-    unpad_info,
-    varlen_attention,
-)
+from bert_attention import KERNELS, sdpa, varlen_attention
+from bert_padding import Packed, Unpadded, gather_indexes, has_padding, packed_layout, pad, unpad, unpad_info
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration
@@ -84,26 +73,7 @@ class BertConfig:
     """LayerNorm epsilon (1e-12 in the original, not PyTorch's 1e-5)."""
     pad_vocab_size_multiple: int = 1
     """Pad the embedding and output rows to a multiple of this (8 for tensor cores); exports keep vocab_size."""
-    unpad: str = "auto"
-    """Run the encoder on the real tokens only ([T, H]) when a batch has padding: auto (where no output at a padding
-    position is read: pre-training with labels; never inside a torch.compile'd graph or a trace), always, never."""
-    varlen_kernel: str = "auto"
-    """The attention kernel of the unpadded path: auto (bert_padding.choose_kernel's rule), varlen_attn,
-    flash_varlen, flash_attn, cudnn_varlen (only by name) or padded_sdpa; a named kernel that cannot run on the device
-    gives way to the rule."""
-    unpad_token_multiple: int = 1
-    """The unpadded path's token count rounded up to a multiple of this with zero rows (bert_padding.round_rows): 16
-    for float8 matrix products (training/fp8.py sets it)."""
-    unpad_fixed_sizes: int = 0
-    """0: the unpadded path's layers see exactly the T real tokens (a new shape at each micro-batch). n > 0: T
-    rounded up to one of n fixed sizes (bert_padding.fixed_rows, multiples of B*S/n), the offsets to a fixed length:
-    every shape static, so a compiled step is replayed (CUDA graphs: --compile_mode reduce-overhead) and, with a
-    whole-model graph, the unpadding itself is compiled in. 1 is MLPerf's fixed buffer (best on packed rows)."""
-    dropout_mask_bits: int = 8
-    """Bits an element of the encoder's hidden-dropout masks keeps for the backward: 8 (torch's dropout, a byte) or 1
-    (bert_padding.BitMaskDropout: an eighth of the mask's memory traffic; a different draw, the same distribution)."""
 
-    _UNPAD = ("auto", "always", "never")
     _ACTIVATIONS = ("gelu", "bias_gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
     def __post_init__(self):
@@ -139,26 +109,11 @@ class BertConfig:
                 f"{source}: hidden_size ({self.hidden_size}) must be divisible by "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
-        if not isinstance(self.unpad_token_multiple, int) or self.unpad_token_multiple < 1:
-            raise ValueError(
-                f"{source}: unpad_token_multiple must be a positive integer, got {self.unpad_token_multiple!r}"
-            )
-        if not isinstance(self.dropout_mask_bits, int) or self.dropout_mask_bits not in (1, 8):
-            raise ValueError(f"{source}: dropout_mask_bits must be 1 or 8, got {self.dropout_mask_bits!r}")
-        if not isinstance(self.unpad_fixed_sizes, int) or not 0 <= self.unpad_fixed_sizes <= MAX_FIXED_SIZES:
-            raise ValueError(
-                f"{source}: unpad_fixed_sizes must be an integer from 0 to {MAX_FIXED_SIZES} (each size "
-                f"is a compiled graph), got {self.unpad_fixed_sizes!r}"
-            )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{source}: {name} must be in [0, 1), got {getattr(self, name)!r}")
         if self.hidden_act not in self._ACTIVATIONS:
             raise ValueError(f"{source}: hidden_act {self.hidden_act!r} is not one of {self._ACTIVATIONS}")
-        if self.unpad not in self._UNPAD:
-            raise ValueError(f"{source}: unpad {self.unpad!r} is not one of {self._UNPAD}")
-        if self.varlen_kernel not in ("auto",) + KERNELS:
-            raise ValueError(f"{source}: varlen_kernel {self.varlen_kernel!r} is not one of {('auto',) + KERNELS}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config") -> "BertConfig":
@@ -197,12 +152,6 @@ class BertConfig:
         d = dataclasses.asdict(self)
         if d["pad_vocab_size_multiple"] == 1:  # keep Google's key set unless padding is asked for
             del d["pad_vocab_size_multiple"]
-        for key in ("unpad", "varlen_kernel"):  # likewise: speed settings, written only when not the default
-            if d[key] == "auto":
-                del d[key]
-        for key in ("unpad_token_multiple", "unpad_fixed_sizes", "dropout_mask_bits"):
-            if d[key] == getattr(BertConfig, key):
-                del d[key]
         return d
 
     def to_json_file(self, path: str | os.PathLike) -> None:
@@ -221,12 +170,6 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return F.silu  # silu / swish
 
 
-def _hidden_dropout(config: BertConfig) -> nn.Module:
-    """The encoder's hidden dropout: torch's, or with its mask in bits (config.dropout_mask_bits 1)."""
-    p = config.hidden_dropout_prob
-    return BitMaskDropout(p) if config.dropout_mask_bits == 1 else nn.Dropout(p)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The encoder
 
@@ -242,7 +185,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = _hidden_dropout(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor | None = None
@@ -263,7 +206,11 @@ class BertSelfAttention(nn.Module):
 
     Padded: x [B, S, H] with attn_mask [B, 1, 1, S] (packed rows: the block-diagonal [B, 1, S, S]; or None).
     Unpadded: x [T, H] (the real tokens) with an Unpadded description in place of the mask;
-    bert_padding.varlen_attention picks the kernel (see there)."""
+    bert_attention.varlen_attention picks the kernel (see there), by its rule or as `varlen_kernel` names one."""
+
+    varlen_kernel: str = "auto"
+    """The unpadded path's attention kernel: auto (bert_attention.choose_kernel's rule) or a name from
+    bert_attention.KERNELS (a run's --varlen_kernel, through set_execution)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -273,18 +220,16 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
-        self.varlen_kernel = config.varlen_kernel
-        self.project_qkv = F.linear  # fp8.convert puts the float8 product here (no weights of its own)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None) -> torch.Tensor:
         # One GEMM for q, k and v instead of three: the weights are concatenated on the fly (3 H x H, small next
         # to the B*S x H activations), which keeps the checkpoint layout of three separate Linear layers.
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
-        qkv = self.project_qkv(x, weight, bias)  # [B, S, 3H] (unpadded: [T, 3H])
+        qkv = F.linear(x, weight, bias)  # [B, S, 3H] (unpadded: [T, 3H])
         dropout_p = self.dropout_p if self.training else 0.0
         if isinstance(attn_mask, Unpadded):
-            T, H = x.shape  # T: the real tokens (round_rows: and its zero rows)
+            T, H = x.shape  # T: the real tokens (a static layout's extra rows too)
             qkv = qkv.view(T, 3, self.num_heads, self.head_size)  # [T, 3, N, D]: split the 3H columns
             y = varlen_attention(qkv, attn_mask, dropout_p, self.varlen_kernel)  # [T, N, D]
             return y.reshape(T, H)  # [T, H]: the heads side by side again
@@ -292,7 +237,7 @@ class BertSelfAttention(nn.Module):
         # Split the 3H columns into (q/k/v, head, head dim); SDPA wants the heads before the positions.
         qkv = qkv.view(B, S, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)  # [3, B, N, S, D]
         q, k, v = qkv.unbind(0)  # each [B, N, S, D]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # [B, N, S, D]
+        y = sdpa(q, k, v, attn_mask, dropout_p)  # [B, N, S, D]
         return y.transpose(1, 2).reshape(B, S, H)  # [B, S, H]: the heads side by side again
 
 
@@ -303,7 +248,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = _hidden_dropout(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
@@ -338,7 +283,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = _hidden_dropout(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
@@ -351,9 +296,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    """Attention then feed-forward. Every op but attention is row-wise, so it runs on [T, H] unpadded."""
-
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Unpadded | None) -> torch.Tensor:
+        """Attention then feed-forward. Every op but attention is row-wise, so it runs on [T, H] unpadded."""
         x = self.attention(x, attn_mask)
         return self.output(self.intermediate(x), x)  # [B, S, H] (unpadded: [T, H])
 
@@ -414,11 +358,12 @@ class BertModel(nn.Module):
     output_hidden_states=True a BertModelOutputWithHiddenStates, whose third field holds the L + 1 tensors
     [B,S,H] of transformers' `hidden_states`: the embeddings' output, then each layer's.
 
-    Unpadding (config.unpad): on a batch with padding the encoder can run on the real tokens only, [T, H], with
-    attention over each sequence's own tokens (bert_padding.py); the outputs are padded back to [B, S, H] with
-    zeros at the padding positions, where the padded path has values no correct consumer reads (transformers'
-    too). Callers that do read them (question answering's softmax over every position) pass
-    padding_positions_read=True, the default, and "auto" then keeps the padded path for them.
+    Unpadding (`unpad`, an attribute a run sets: set_execution): on a batch with padding the encoder can run on
+    the real tokens only, [T, H], with attention over each sequence's own tokens (bert_padding.py,
+    bert_attention.py); the outputs are padded back to [B, S, H] with zeros at the padding positions, where the
+    padded path has values no correct consumer reads (transformers' too). Callers that do read them (question
+    answering's softmax over every position) pass padding_positions_read=True, the default, and "auto" then keeps
+    the padded path for them.
 
     Sequence packing: with sequence_starts [B, K] (where each of up to K sequences of a row starts; see
     bert_padding.packed_layout) every sequence attends only to itself, its positions restart at 0 and
@@ -435,6 +380,11 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.apply(lambda m: _init_weights(m, config.initializer_range))
 
+    unpad: str = "auto"
+    """Run the encoder on the real tokens only ([T, H]) when a batch has padding: auto (where no output at a padding
+    position is read: pre-training with labels; never inside a torch.compile'd graph or a trace, unless the host
+    hands a static-shape layout), always, never. How the model runs, not what it is: set by set_execution."""
+
     def unpadded(
         self,
         attention_mask: torch.Tensor | None,
@@ -445,8 +395,9 @@ class BertModel(nn.Module):
         """Where this batch's real tokens are, when the encoder is to run on them alone; None for the padded path.
         host: the same description made on the host before the batch moved (bert_padding.host_unpad_info), used
         instead of computing it here (which syncs the device); it is None when the batch has no padding. A host
-        description already in fixed_rows' layout has no data-dependent shape, so it is taken inside a graph too."""
-        mode = self.config.unpad
+        description in a static-shape layout (cuda_graphs.fixed_rows) has no data-dependent shape, so it is taken
+        inside a graph too."""
+        mode = self.unpad
         if mode == "never" or (mode == "auto" and padding_positions_read):
             return None
         graph = torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
@@ -454,17 +405,12 @@ class BertModel(nn.Module):
             return None  # data-dependent shapes: a graph break under compile, a frozen shape in a trace
         if host is not None:
             key_mask = packed.block_mask if packed is not None else attention_mask[:, None, None, :].bool()
-            info = host._replace(key_mask=key_mask)  # [B, 1, S, S] / [B, 1, 1, S], as unpad_info makes it
-        elif packed is not None:  # the sequences' boundaries are needed even in a row without padding
-            info = unpad_info(attention_mask, packed)
-        elif has_padding(attention_mask):
-            info = unpad_info(attention_mask)
-        else:
-            return None  # no padding: the plain path
-        if self.config.unpad_fixed_sizes:
-            slots = sequence_slots(attention_mask, packed)  # B, or B * K
-            return fixed_rows(info, self.config.unpad_fixed_sizes, self.config.unpad_token_multiple, slots)
-        return round_rows(info, self.config.unpad_token_multiple)
+            return host._replace(key_mask=key_mask)  # [B, 1, S, S] / [B, 1, 1, S], as unpad_info makes it
+        if packed is not None:  # the sequences' boundaries are needed even in a row without padding
+            return unpad_info(attention_mask, packed)
+        if has_padding(attention_mask):
+            return unpad_info(attention_mask)
+        return None  # no padding: the plain path
 
     def forward(
         self,
@@ -839,3 +785,29 @@ def flops_per_sequence(config: BertConfig, seq_len: int, masked_positions: int, 
     encoder = L * seq_len * per_token_layer
     head = masked_positions * 2 * (H * H + H * config.padded_vocab_size) + 2 * 2 * H * H  # MLM + pooler/NSP
     return (encoder + head) * (3 if training else 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# How a model runs (not what it is: no BertConfig field, so a checkpoint never saves it)
+
+UNPAD_MODES = ("auto", "always", "never")
+
+RETIRED_CONFIG_KEYS = ("unpad", "varlen_kernel", "unpad_token_multiple", "unpad_fixed_sizes", "dropout_mask_bits")
+"""Execution settings that configs and checkpoints of earlier versions carried beside the architecture: from_dict
+ignores them (such a checkpoint loads as any other); a run takes them as flags (--unpad, --varlen_kernel)."""
+
+
+def set_execution(model: nn.Module, unpad: str | None = None, varlen_kernel: str | None = None) -> nn.Module:
+    """Set how every BertModel in `model` unpads (`unpad`: one of UNPAD_MODES) and which kernel its unpadded
+    attention uses (`varlen_kernel`: "auto" or a name from bert_attention.KERNELS); None leaves a setting as it is.
+    Returns the model. A bad name is a one-line ValueError."""
+    if unpad is not None and unpad not in UNPAD_MODES:
+        raise ValueError(f"unpad {unpad!r} is not one of {UNPAD_MODES}")
+    if varlen_kernel is not None and varlen_kernel not in ("auto",) + KERNELS:
+        raise ValueError(f"varlen_kernel {varlen_kernel!r} is not one of {('auto',) + KERNELS}")
+    for module in model.modules():
+        if unpad is not None and isinstance(module, BertModel):
+            module.unpad = unpad
+        if varlen_kernel is not None and isinstance(module, BertSelfAttention):
+            module.varlen_kernel = varlen_kernel
+    return model

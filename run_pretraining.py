@@ -50,6 +50,7 @@ checkpoint; 1 with one line "run_pretraining.py: error: ..." for bad input or a 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -77,7 +78,7 @@ from bert_recipe.training.meter import RunLogger
 from bert_recipe.training.parallelize import apply_parallelism_and_precision, compiled
 from bert_recipe.training.precision_policy import Precision
 from bert_recipe.training.stop_signals import EXIT_STOPPED, StopRequest
-from modeling import BertConfig, BertForPreTraining, count_parameters
+from modeling import RETIRED_CONFIG_KEYS, BertConfig, BertForPreTraining, count_parameters, set_execution
 from optimization import make_optimizer, param_groups_for_bert
 from schedulers import get_scheduler
 
@@ -128,8 +129,14 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
             f"{config.max_position_embeddings} ({m.config_file}): use shorter shards or a config with "
             "more positions"
         )
+    retired = sorted(set(RETIRED_CONFIG_KEYS) & set(json.loads(Path(m.config_file).read_text(encoding="utf-8"))))
+    if retired:
+        log(
+            f"--config_file {m.config_file}: {', '.join(retired)} ignored (how a model runs is not its config: use "
+            "the flags --unpad, --varlen_kernel, --static_token_granule, --bit_dropout_masks)"
+        )
     dist_env.set_seed(cfg.training.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    model = BertForPreTraining(config)
+    model = set_execution(BertForPreTraining(config), unpad=m.unpad, varlen_kernel=m.varlen_kernel)
     start = None
     if resume is None and cfg.checkpoint.phase2:
         start = m.init_checkpoint or Path(cfg.checkpoint.output_dir) / f"ckpt_{cfg.checkpoint.phase1_end_step}.pt"
@@ -318,13 +325,16 @@ def _main(argv: list[str] | None) -> int:
             allreduce_fp16=par.allreduce_post_accumulation_fp16,
             compile=par.compile_choice,
             compile_mode=par.compile_mode,
+            compile_backend=par.compile_backend,
             compile_scope=par.compile_scope,
             fp8=cfg.precision.fp8,
+            bit_dropout=par.bit_dropout_masks,
         )
         scope = compiled(model)
         log(
             f"precision {precision.name} ({precision.reason}); "
-            f"{'float8 matrix products in the encoder layers (torchao); ' if cfg.precision.fp8 else ''}"
+            f"{'float8 feed-forward products in the encoder layers (torchao); ' if cfg.precision.fp8 else ''}"
+            f"{'1-bit hidden-dropout masks; ' if par.bit_dropout_masks else ''}"
             f"{f'torch.compile of the {scope}, mode ' + par.compile_mode if scope else 'eager mode'}"
             f"{'' if par.compile or par.no_compile else ' (the default on a ' + env.device.type.upper() + ')'}"
         )

@@ -27,10 +27,10 @@ parallel op whenever the OS deschedules one of them: measured here, a mini step 
 (bimodal, NVLAMB alone 0.05 or 1.05 s) and a steady 1.8 s with one. One thread measures the models' work; on an
 idle machine pass --threads 0 for torch's default.
 
-"ours" is modeling.py with config.unpad = "never" (every op on the padded [B, S, H] batch); "ours+unpad" is the same
-model and weights with config.unpad = "always", measured in the same alternation (--no_unpad leaves it out): the
+"ours" is modeling.py with unpad "never" (modeling.set_execution) (every op on the padded [B, S, H] batch); "ours+unpad" is the same
+model and weights with unpad "always", measured in the same alternation (--no_unpad leaves it out): the
 encoder's embeddings, Linear layers, LayerNorm, GELU and dropout run on the real tokens only, [T, H] with T = real
-tokens, and attention goes through bert_padding.varlen_attention (on CPU: padded around one SDPA call). Its step-0
+tokens, and attention goes through bert_attention.varlen_attention (on CPU: padded around one SDPA call). Its step-0
 loss equals ours to rounding. run_pretraining.py gets the unpadded path by default (unpad "auto").
 
 "ours+packed" (--no_packed leaves it out) is the same model and weights again, unpadded, on packed rows: the first
@@ -189,12 +189,11 @@ def build_pair(config_path: Path, seed: int):
 
 
 def clone_ours(model, unpad: str):
-    """A deep copy with its own parameters (the MLM decoder re-tied to the copy's word embeddings) and its own
-    config, whose unpad setting is `unpad`."""
+    """A deep copy with its own parameters (the MLM decoder re-tied to the copy's word embeddings), whose unpad
+    setting is `unpad`."""
     twin = copy.deepcopy(model)
     twin.cls.predictions.decoder.weight = twin.bert.embeddings.word_embeddings.weight
-    twin.config.unpad = unpad  # the config object is shared by the model and its BertModel
-    return twin
+    return modeling.set_execution(twin, unpad=unpad)
 
 
 def hf_loss(model, batch: Batch) -> torch.Tensor:
@@ -296,7 +295,7 @@ def real_tokens_in(batch) -> int:
 LOSS_FNS = {
     "hf": hf_loss,
     "ours": our_loss,
-    "ours_unpad": our_loss,  # ours_unpad: the model's config.unpad
+    "ours_unpad": our_loss,  # ours_unpad: the model's unpad setting
     "ours_packed": packed_loss,
 }
 
@@ -361,7 +360,7 @@ def case_models(case: Case, packed: tuple[list[PackedBatch], Batch] | None) -> t
     """The models of one case with the same weights (hf, ours padded, and as asked ours+unpad and ours+packed),
     and transformers' attention implementation."""
     hf, ours, attn = build_pair(case.config_path, case.seed)
-    ours.config.unpad = "never"  # the padded row
+    modeling.set_execution(ours, unpad="never")  # the padded row
     models = {"hf": hf, "ours": ours}
     if case.unpad:
         models["ours_unpad"] = clone_ours(ours, "always")
@@ -502,7 +501,7 @@ def profile_case(config_path: Path, batches: list[Batch], seed: int, row_limit: 
     from torch.profiler import ProfilerActivity, profile
 
     hf, ours, _ = build_pair(config_path, seed)
-    ours.config.unpad = "never"  # the padded model, as in the "ours" rows
+    modeling.set_execution(ours, unpad="never")  # the padded model, as in the "ours" rows
     out = {}
     for key, model in (("hf", hf), ("ours", ours)):
         optimizer = make_optimizer(model)
@@ -587,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no_proto",
         dest="no_unpad",
         action="store_true",
-        help="leave out the ours+unpad row (modeling.py with config.unpad = always)",
+        help="leave out the ours+unpad row (modeling.py with unpad always)",
     )
     p.add_argument(
         "--no_packed", action="store_true", help="leave out the ours+packed row (unpadded modeling.py on packed rows)"

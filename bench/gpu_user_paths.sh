@@ -7,7 +7,7 @@
 #   OUT=<folder> bash bench/gpu_user_paths.sh .gpu_speed     # gpu_pretraining.sh runs it first (USER_PATHS=1)
 #
 # The inputs are `python -m bench.gpu_speed prepare`'s: tasks/ (real MRPC pairs, SQuAD questions, SWAG's layout,
-# lines), config_never_smoke.json and vocab.txt. Each command runs in its own process, at most USER_PATH_S (120)
+# lines), config_base_smoke.json and vocab.txt. Each command runs in its own process, at most USER_PATH_S (120)
 # seconds; user_paths.txt gets "<name> pass|fail: <its last line> (<s> s)". Environment: PRECISION (bf16; the
 # CPU rehearsal fp32), PYTHON (python3).
 set -u
@@ -15,7 +15,7 @@ D=${1:?give the folder of python -m bench.gpu_speed prepare}
 OUT=${OUT:?set OUT to the folder whose files come back}
 PYTHON=${PYTHON:-python3}
 PRECISION=${PRECISION:-bf16}
-[[ -d "$D/tasks" && -f "$D/config_never_smoke.json" ]] \
+[[ -d "$D/tasks" && -f "$D/config_base_smoke.json" ]] \
   || { echo "gpu_user_paths.sh: error: $D has no tasks/: make it with python -m bench.gpu_speed prepare" >&2; exit 1; }
 D=$(cd "$D" && pwd)
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 T=$D/tasks
-model=(--init_checkpoint "$work/pre/ckpt_1.pt" --config_file "$D/config_never_smoke.json" --vocab_file "$D/vocab.txt"
+model=(--init_checkpoint "$work/pre/ckpt_1.pt" --config_file "$D/config_base_smoke.json" --vocab_file "$D/vocab.txt"
        --do_lower_case)
 fine_tune=(--max_steps 2 --train_batch_size 8 --precision "$PRECISION")
 
@@ -37,7 +37,7 @@ check() {  # name command...: one line in user_paths.txt
 }
 
 check run_pretraining "$PYTHON" run_pretraining.py --do_train --input_dir "$D/p1_plain" \
-  --config_file "$D/config_never_smoke.json" --vocab_file "$D/vocab.txt" --output_dir "$work/pre" \
+  --config_file "$D/config_base_smoke.json" --vocab_file "$D/vocab.txt" --output_dir "$work/pre" \
   --max_seq_length 128 --max_predictions_per_seq 20 --train_batch_size 8 --max_steps 1 --precision "$PRECISION" \
   --num_workers 0 --disable_progress_bar
 check run_glue "$PYTHON" run_glue.py --task_name mrpc --data_dir "$T/MRPC" "${model[@]}" --output_dir "$work/glue" \

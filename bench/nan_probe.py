@@ -33,6 +33,7 @@ import run_glue
 from bert_recipe.io.atomic_io import atomic_torch_save, atomic_write_json
 from bert_recipe.io.cli import script_errors
 from bert_recipe.training import train_step
+from modeling import set_execution
 
 REPLAYS = ("as_run", "fp32", "unpad_never", "unpad_always", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
 
@@ -59,14 +60,14 @@ def replay(name: str, model, batch, loss_fn, precision) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     inner = bare(model)
-    config = inner.bert.config if hasattr(inner, "bert") else None
-    saved_unpad = getattr(config, "unpad", None)
+    bert = getattr(inner, "bert", None)
+    saved_unpad = getattr(bert, "unpad", None)
     context = contextlib.nullcontext()
     autocast = precision.autocast()
     if name == "fp32":
         autocast = contextlib.nullcontext()
-    elif name.startswith("unpad_") and config is not None:
-        config.unpad = name.removeprefix("unpad_")
+    elif name.startswith("unpad_") and bert is not None:
+        set_execution(inner, unpad=name.removeprefix("unpad_"))
     elif name.startswith("sdpa_"):
         backend = {
             "math": SDPBackend.MATH,
@@ -90,8 +91,8 @@ def replay(name: str, model, batch, loss_fn, precision) -> dict:
     except RuntimeError as e:  # a backend that cannot run this batch (no kernel for the shape, dtype or device)
         result = {"error": str(e).splitlines()[0][:300]}
     finally:
-        if config is not None:
-            config.unpad = saved_unpad
+        if bert is not None:
+            set_execution(inner, unpad=saved_unpad)
         inner.zero_grad(set_to_none=True)
     return result
 

@@ -1,13 +1,15 @@
-"""fp8.py: the encoder's matrix products in float8 (torchao), checked on the CPU, where torch emulates them.
+"""fp8.py: the encoder's feed-forward products in float8 (torchao), checked on the CPU, where torch emulates them.
 
-The products are the written-out float8 product (each operand scaled by 448 / its absolute maximum, rounded to
-e4m3, multiplied, unscaled), for the fused query/key/value projection (our own route through torchao's matmul) and
-for a converted Linear layer; the state dict keeps its names, so an fp8 run's checkpoint loads into the plain model;
-a run's first loss is the fp32 run's within float8's error; where torchao is missing, --fp8 is one line.
+The forward products are the written-out float8 product (each operand scaled by 448 / its absolute maximum, rounded
+to e4m3, multiplied, unscaled), the input's gradient the written-out e5m2-by-e4m3 product, and the weight's gradient
+the plain product (no float8 rounding, any token count); attention's products stay plain; the state dict keeps its
+names, so an fp8 run's checkpoint loads into the plain model, and its config holds the architecture only; a run's
+first loss is the fp32 run's within float8's error; where torchao is missing, --fp8 is one line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -18,40 +20,56 @@ from helpers import args_for, bert_config, make_shards, read_log, write_config
 import run_pretraining as rp
 from bert_recipe.io.checkpoint_io import load_checkpoint_state
 from bert_recipe.training import fp8
-from modeling import BertConfig, BertForPreTraining
+from modeling import BertConfig, BertForPreTraining, set_execution
 
 E4M3_MAX = 448.0  # the largest float8 e4m3fn value
+E5M2_MAX = 57344.0  # the largest float8 e5m2 value: gradients
 
 
-def float8(t: torch.Tensor) -> torch.Tensor:
-    """t as float8 e4m3 with one scale for the whole tensor, back in fp32: what the product multiplies."""
-    scale = E4M3_MAX / t.abs().max().clamp(min=1e-12)
-    return (t * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() / scale
+def float8(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """t as float8 with one scale for the whole tensor, back in fp32: what the product multiplies."""
+    top = E4M3_MAX if dtype == torch.float8_e4m3fn else E5M2_MAX
+    scale = top / t.abs().max().clamp(min=1e-12)
+    return (t * scale).clamp(-top, top).to(dtype).float() / scale
 
 
 def converted_model() -> BertForPreTraining:
     torch.manual_seed(0)
     model = BertForPreTraining(bert_config(hidden_size=64, intermediate_size=128, num_attention_heads=4))
-    assert fp8.convert(model) == 4 * model.config.num_hidden_layers  # qkv, attention output, both FFN layers
+    assert fp8.convert(model) == 2 * model.config.num_hidden_layers  # the two feed-forward products a layer
     return model
 
 
-def test_the_products_are_float8_products():
+def test_the_feed_forward_products_are_float8_products_and_attention_stays_plain():
     model = converted_model()
     layer = model.bert.encoder.layer[0]
-    x = torch.randn(48, 64) * 3.0  # [T, H]: T a multiple of 16, as the float8 products need
-    attention = layer.attention.self
-    weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])  # [3H, H]
-    bias = torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
+    x = torch.randn(48, 64) * 3.0  # [T, H]
+    h = torch.randn(48, 128) * 2.0  # [T, I]
     with torch.no_grad():
-        qkv = attention.project_qkv(x, weight, bias)  # [T, 3H]
-        ffn = layer.intermediate.dense(x)  # [T, I]
-    torch.testing.assert_close(qkv, float8(x) @ float8(weight).T + bias, rtol=1e-5, atol=1e-5)
+        fc1 = layer.intermediate.dense(x)  # [T, I]
+        fc2 = layer.output.dense(h)  # [T, H]
+        query = layer.attention.self.query(x)
+    for out, inp, dense in ((fc1, x, layer.intermediate.dense), (fc2, h, layer.output.dense)):
+        torch.testing.assert_close(out, float8(inp) @ float8(dense.weight).T + dense.bias, rtol=1e-5, atol=1e-5)
+        assert (out - (inp @ dense.weight.T + dense.bias)).abs().max() > 1e-3  # the 3-bit mantissa shows
+    attention = layer.attention.self
+    assert type(attention.query) is type(attention.key) is type(layer.attention.output.dense) is torch.nn.Linear
+    torch.testing.assert_close(query, x @ attention.query.weight.T + attention.query.bias, rtol=0, atol=0)
+
+
+def test_the_weight_gradient_is_a_plain_product_of_any_token_count():
+    """The weight's gradient is gy^T x without float8 rounding, over 37 tokens (not a multiple of 16: its inner
+    dimension); the input's gradient is e5m2(gy) e4m3(W), the written-out float8 product."""
+    dense = converted_model().bert.encoder.layer[0].intermediate.dense
+    x = (torch.randn(37, 64) * 3.0).requires_grad_()  # [T, H], T = 37
+    gy = torch.randn(37, 128)  # [T, I]
+    dense(x).backward(gy)
+    torch.testing.assert_close(dense.weight.grad, gy.T @ x.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dense.bias.grad, gy.sum(0), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(
-        ffn, float8(x) @ float8(layer.intermediate.dense.weight).T + layer.intermediate.dense.bias, rtol=1e-5, atol=1e-5
+        x.grad, float8(gy, torch.float8_e5m2) @ float8(dense.weight.detach()), rtol=1e-5, atol=1e-5
     )
-    exact = x @ weight.T + bias  # and it is not the fp32 product: the rounding to 3 mantissa bits shows
-    assert (qkv - exact).abs().max() > 1e-3
+    assert (x.grad - gy @ dense.weight.detach()).abs().max() > 1e-3  # the input's gradient is a float8 product
 
 
 def test_the_state_dict_keeps_its_names_and_the_gradients_reach_every_weight():
@@ -109,6 +127,9 @@ def test_an_fp8_run_starts_where_the_fp32_run_does_and_its_checkpoint_loads_into
         losses[name] = [r["data"]["average_loss"] for r in read_log(out / "log.json") if isinstance(r["step"], int)]
     assert abs(losses["fp8"][0] - losses["fp32"][0]) < 0.02 * losses["fp32"][0], losses  # the same first batch
     assert losses["fp8"] != losses["fp32"]  # and not the same arithmetic
+    for name in losses:  # the saved config is the architecture: BertConfig's fields, nothing of how it ran
+        saved = torch.load(tmp_path / name / "ckpt_3.pt", map_location="cpu", weights_only=True)["config"]
+        assert set(saved) <= {f.name for f in dataclasses.fields(BertConfig)}, saved
     state = torch.load(tmp_path / "fp8" / "ckpt_3.pt", map_location="cpu", weights_only=True)["model"]
     plain = BertForPreTraining(BertConfig.from_json_file(config))
     load_checkpoint_state(plain, state)  # raises on any missing or unexpected tensor
@@ -145,19 +166,10 @@ def test_check_refuses_where_float8_cannot_run(monkeypatch):
     fp8.check(torch.device("cuda"))  # Hopper
 
 
-def test_a_token_count_not_divisible_by_16_is_refused_and_the_unpadded_layout_is_rounded():
-    """torch._scaled_mm needs the token count (the inner dimension of the weight gradient) divisible by 16: on an
-    H200 the unpadded layout's 23,332 tokens failed deep inside compilation. A product is refused before it runs,
-    naming the rule, and convert() makes the model round its unpadded layout to 16 rows, so a batch of 37 real
-    tokens trains."""
+def test_an_unpadded_batch_of_any_token_count_trains():
+    """The unpadded layout's 37 real tokens go through the float8 products as they are (no rounding of the layout:
+    the token count is the inner dimension of no float8 product)."""
     model = converted_model()
-    assert model.config.unpad_token_multiple == 16
-    with pytest.raises(ValueError, match="divisible by 16, got 40"):
-        model.bert.encoder.layer[0].intermediate.dense(torch.randn(40, 64))
-    attention = model.bert.encoder.layer[0].attention.self
-    weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
-    with pytest.raises(ValueError, match="divisible by 16, got 40"):
-        attention.project_qkv(torch.randn(40, 64), weight, None)
     lengths = [5, 24, 8]  # 37 real tokens
     mask = torch.tensor([[1] * n + [0] * (24 - n) for n in lengths])
     ids = torch.randint(5, model.config.vocab_size, (3, 24)) * mask
@@ -168,9 +180,9 @@ def test_a_token_count_not_divisible_by_16_is_refused_and_the_unpadded_layout_is
         masked_lm_ids=torch.randint(5, 100, (3, 2)),
         next_sentence_labels=torch.tensor([0, 1, 0]),
     )
-    model.config.unpad = "always"
-    model(**batch).loss.backward()  # 48 rows: 37 real, 11 zero
+    set_execution(model, unpad="always")
+    rows = []
+    model.bert.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, a, out: rows.append(a[0].shape[0]))
+    model(**batch).loss.backward()
+    assert rows == [37]
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
-    model.config.unpad_token_multiple = 1  # the layout unrounded: the products refuse it
-    with pytest.raises(ValueError, match="divisible by 16, got 37"):
-        model(**batch)

@@ -1,15 +1,18 @@
-"""Issue 43's device call, rehearsed at tiny size on the CPU, and the profiler it reads.
+"""The GPU speed call, rehearsed at tiny size on the CPU, and the profiler it reads.
 
-bench/gpu_pretraining.sh over shards from `bench.gpu_speed prepare`: every path (padded, unpadded, packed, SDPA
-around padding, transformers) finishes and is summarised with its profile and its ratio to transformers; the
-rates follow from the layouts. `gpu_speed hf` gives transformers the shards' labels. profiling.py: the GPU's busy
+bench/gpu_pretraining.sh over shards from `bench.gpu_speed prepare`: its default call (the same stages and rows, in
+the same order, small and compiled with aot_eager) times every row it lists, graph rows included, with gradients
+accumulated over two micro-batches; every path finishes and is summarised with its profile and its ratio to
+transformers, and the rates follow from the layouts. `gpu_speed hf` gives transformers the shards' labels; the
+dropout probe measures a kernel's rate and tells a rounded one; the microbenchmarks run. profiling.py: the GPU's busy
 time is the union of the kernels' intervals (against a brute-force count), real H200 kernel names fall into the
-right parts of a step, and run_pretraining.py --profile_steps writes a profile whose summarising is not counted as
-training time. The check of the flash_varlen kernel runs on a GPU only; its logic is rehearsed here on padded SDPA.
+right parts of a step, graph and kernel launches are counted, and run_pretraining.py --profile_steps writes a profile
+whose summarising is not counted as training time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -32,9 +35,20 @@ from modeling import BertConfig
 REPO = Path(__file__).resolve().parents[1]
 ROWS = (
     "p1_padded_eager p1_unpadded_eager p1_packed_eager p1_hf_eager p2_padded_eager p2_sdpa_eager p2_hf_eager "
-    "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager p1_autotune_eager "
+    "p2_unpadded_eager_m4 p2_hf_eager_m4 p1_fp8_eager p1_fixed_eager p1_graph_eager "
     "p1_bits_eager p1_nodrop_eager p2_padded_eager_m3"
 )  # m3: no micro-batch of 3 divides 4
+SMALL = {  # the call's sizes on the CPU: a step of two micro-batches, a granule of 16 tokens
+    "BATCH1": "8",
+    "ACC1": "2",
+    "BATCH2": "4",
+    "ACC2": "2",
+    "GRANULE": "16",
+    "PRECISION": "fp32",
+    "WORKERS": "1",
+    "OMP_NUM_THREADS": "1",
+    "LOG_FREQ": "1",
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,43 +85,64 @@ def speed_data(tmp_path_factory, shared_data, uncased_vocab) -> Path:
 
 
 def test_prepare_writes_both_phases_plain_and_packed_and_every_config(speed_data):
+    """The shards of both phases, plain and packed, and the configs: BERT-large's architecture (no execution
+    setting: the rows give those as flags), and the same with attention dropout 0; two-layer copies for the smoke."""
     report = json.loads((speed_data / "prepare.json").read_text())
     for phase in (1, 2):
         assert 0 < report["rows"][f"p{phase}_packed"] < report["rows"][f"p{phase}_plain"]  # rows hold >1 sequence
     configs = {name: json.loads((speed_data / f"config_{name}.json").read_text()) for name in gpu_speed.CONFIGS}
-    assert configs["never"]["unpad"] == "never" and configs["always"]["unpad"] == "always"
-    assert "unpad" not in configs["auto"] and configs["sdpa"]["varlen_kernel"] == "padded_sdpa"
-    assert configs["cudnn"]["varlen_kernel"] == "cudnn_varlen" and configs["cudnn"]["unpad"] == "always"
-    assert configs["fixed"]["unpad_fixed_sizes"] == 4 and configs["buffer"]["unpad_fixed_sizes"] == 1
-    assert configs["bits"]["dropout_mask_bits"] == 1 and configs["nodrop"]["attention_probs_dropout_prob"] == 0
-    for name in ("sdpa", "cudnn", "fixed", "buffer", "bits", "nodrop"):
-        speed = ("unpad", "varlen_kernel", "unpad_fixed_sizes", "dropout_mask_bits", "attention_probs_dropout_prob")
-        assert {k: v for k, v in configs[name].items() if k not in speed} == {
-            k: v for k, v in configs["auto"].items() if k not in speed
-        }
+    assert set(configs["base"]) <= {f.name for f in dataclasses.fields(BertConfig)}
+    assert configs["nodrop"] == {**configs["base"], "attention_probs_dropout_prob": 0.0}
+    smoke = json.loads((speed_data / "config_base_smoke.json").read_text())
+    assert smoke == {**configs["base"], "num_hidden_layers": min(2, configs["base"]["num_hidden_layers"])}
+
+
+def test_the_default_call_times_every_row_it_lists(speed_data, tmp_path):
+    """The call as it will run on the GPU (its default ROWS, probe, smoke and deadline), small and compiled with
+    aot_eager on the CPU: the probe writes dropout.json, every path's smoke accumulates two micro-batches over three
+    steps and passes, and every listed row is timed within the 9-minute deadline, in order. The graph rows replay
+    (stable gradients, evaluation and summary under their rules) and train the same model as the packed rows."""
+    out = tmp_path / "out"
+    env = {**os.environ, **SMALL, "OUT": str(out), "PYTHON": sys.executable, "COMPILE_BACKEND": "aot_eager"}
+    env.update(WARMUP="1", PROFILE="1", TIMED="2")
+    started = time.monotonic()
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert time.monotonic() - started < 540, done.stdout[-2000:]
+    listed = json.loads((out / "call.json").read_text())["settings"]["rows"].split()
+    assert listed == [
+        "p1_graph_compile",
+        "p2_graph_compile",
+        "p1_packed_compile",
+        "p2_packed_compile",
+        "p2_nodrop_compile",
+    ]
+    smoke = [line.split()[:2] for line in (out / "smoke.txt").read_text().splitlines()]
+    assert smoke == [[key, "pass"] for key in ("p1_graph_compile", "p1_packed_compile", "p1_nodrop_compile")], smoke
+    rows = json.loads((out / "summary.json").read_text())
+    assert [r["run"] for r in rows] == listed and all(r["finished"] for r in rows), done.stdout[-3000:]
+    assert "skip" not in done.stdout
+    by_name = {r["run"]: r for r in rows}
+    for phase in (1, 2):  # the same model and batches; dropout draws over the static layout's extra rows too, so
+        # its masks differ from the packed row's after the first (tests/test_padding.py: no number changes without)
+        graph, packed = by_name[f"p{phase}_graph_compile"], by_name[f"p{phase}_packed_compile"]
+        assert math.isclose(graph["final_loss"], packed["final_loss"], rel_tol=1e-3), (graph, packed)
+        assert graph["cudagraph_skips"] == 0 and packed.get("cudagraph_skips") is None
+    probe = json.loads((out / "dropout.json").read_text())
+    assert probe["paths"]["sdpa_as_the_recipe_runs"]["exact"] and "cudnn" in probe
+    assert "cudnn" in (out / "gpu.txt").read_text()
 
 
 def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "OUT": str(out),
-        "PYTHON": sys.executable,
-        "ROWS": ROWS,
-        "BATCH1": "8",
-        "ACC1": "2",
-        "BATCH2": "4",
-        "ACC2": "2",
-        "WARMUP": "1",
-        "PROFILE": "1",
-        "TIMED": "2",
-        "PRECISION": "fp32",
-        "WORKERS": "1",
-        "OMP_NUM_THREADS": "1",
-        "LOG_FREQ": "1",
-        "SMOKE": "0",
-        "USER_PATHS": "0",
-    }  # the smoke and the user paths: the tests below
+    env = {**os.environ, **SMALL, "OUT": str(out), "PYTHON": sys.executable, "ROWS": ROWS}
+    env.update(WARMUP="1", PROFILE="1", TIMED="2", SMOKE="0", PROBE="0")  # the smoke and the probe: the test above
     done = subprocess.run(
         ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)],
         env=env,
@@ -136,7 +171,7 @@ def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     }  # BATCH2 4 in ACC2 2, or in 1 of 4
     for name, r in rows.items():
         seq = 128 if r["phase"] == 1 else 512
-        if r["layout"] in ("packed", "graph"):  # a packed row is one to three sequences
+        if r["layout"] in ("packed", "graph", "nodrop"):  # a packed row is one to three sequences
             assert r["rows_per_s"] < r["sequences_per_s"] <= 3.05 * r["rows_per_s"]
         else:
             assert math.isclose(r["sequences_per_s"], r["rows_per_s"], rel_tol=0.05)  # two clock readings
@@ -184,7 +219,6 @@ def test_the_smoke_runs_each_path_once_first_and_a_failed_path_is_not_timed(spee
         "USER_PATHS": "0",
         "WORKERS": "1",
         "OMP_NUM_THREADS": "1",
-        "CHECK": "0",
         "PYTHONPATH": str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     done = subprocess.run(
@@ -246,6 +280,38 @@ def test_call_script_refuses_a_folder_that_prepare_did_not_make(tmp_path):
     assert done.stderr.strip().count("\n") == 0 and "python -m bench.gpu_speed prepare" in done.stderr
 
 
+def test_the_dropout_probe_measures_a_kernels_rate_and_tells_a_rounded_one(tmp_path):
+    """dropout_rate on outputs written out for a kernel that drops 1/16 and scales for 1/16 (cuDNN's rounding of 0.1)
+    and for one that drops 0.1 exactly: the measured rates are those; the probe on this CPU's kernels finds torch's
+    and the recipe's padded SDPA exact at 0.1 and reports the kernels it has not as errors, in one JSON."""
+    S = 64
+    for p in (0.0625, 0.1, 0.125):
+        keep = torch.rand(8, 16, S, S, generator=torch.Generator().manual_seed(0)) >= p
+        out = keep * (1 / S) / (1 - p)
+        rate, scale_rate = gpu_speed.dropout_rate(out, S)
+        assert abs(rate - p) < 0.003 and abs(scale_rate - p) < 1e-6
+    report = gpu_speed.main(["dropout_probe", "--out", str(tmp_path), "--cpu", "--heads", "4"])
+    assert json.loads((tmp_path / "dropout.json").read_text()) == report
+    paths = report["paths"]
+    assert paths["sdpa_as_torch_routes"]["exact"] and paths["sdpa_as_the_recipe_runs"]["exact"]
+    assert paths["sdpa_math"]["exact"] and "error" in paths["sdpa_cudnn_attention"]  # no cuDNN on a CPU
+
+
+@pytest.mark.parametrize("bench", ["ffn", "layer"])
+def test_the_microbenchmarks_run_and_report_both_sides(bench, tmp_path):
+    """bench/gpu_micro.py, small on the CPU with aot_eager: both variants timed, the kernels (here operators) each
+    ran listed for ffn, and the JSON written."""
+    from bench import gpu_micro
+
+    args = ["--out", str(tmp_path), "--tokens", "256", "--hidden", "64", "--steps", "2", "--cpu"]
+    result = gpu_micro.main([bench, *args, "--backend", "aot_eager"])
+    assert json.loads((tmp_path / f"gpu_micro_{bench}.json").read_text()) == result
+    sides = ("default", "max-autotune-no-cudagraphs") if bench == "ffn" else ("torch_dropout", "bit_masks")
+    assert all(result[side]["ms"] > 0 for side in sides)
+    if bench == "ffn":
+        assert all("aten::addmm" in result[side]["kernels"] for side in sides)
+
+
 def test_transformers_gets_the_shards_labels(tmp_path):
     """hf_labels: the original token at each used slot's position (a slot at position 0 is unused), -100 everywhere
     else, against a slot-by-slot reference written here."""
@@ -259,33 +325,6 @@ def test_transformers_gets_the_shards_labels(tmp_path):
             if position > 0:
                 expected[row, position] = token
     np.testing.assert_array_equal(labels, expected)
-
-
-def test_flash_check_logic_rehearsed_on_padded_sdpa(tmp_path):
-    """The device call's kernel check, with padded SDPA standing in for flash_varlen: the comparisons it makes
-    (fp32 reference, dropout applied, seeded, unbiased, compiled = eager) pass for a kernel known to be right. On 2
-    heads instead of the device's 16: the same sequences and checks, an eighth of the dropout masks to draw, which
-    on a CPU was most of the test (16 heads: 20 s of CPU, 2 heads: 10 s, the same errors to two digits)."""
-    report = gpu_speed.main(
-        [
-            "check_flash",
-            "--out",
-            str(tmp_path),
-            "--kernel",
-            "padded_sdpa",
-            "--device",
-            "cpu",
-            "--draws",
-            "12",
-            "--backend",
-            "aot_eager",
-            "--heads",
-            "2",
-        ]
-    )
-    assert report["passed"] and json.loads((tmp_path / "check_padded_sdpa.json").read_text())["passed"]
-    checks = report["checks"]
-    assert checks["forward_rel_error"] < 1e-2 and checks["dropout_draws_differ"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -355,6 +394,10 @@ def test_a_gpu_profile_says_what_the_host_did_while_the_gpu_waited():
     assert summary["idle_by_host"] == pytest.approx({loader.name: 0.015, region.name: 0.010})
     assert summary["idle_uncovered_ms_per_step"] == pytest.approx(0.0)
     assert summary["host_ops"] == pytest.approx({loader.name: 0.015, region.name: 0.017, "aten::mm": 0.003})
+    assert summary["graph_launches_per_step"] == 0 and summary["kernel_launches_per_step"] == 0
+    launches = [event(10 + i, name, 1, 2) for i, name in enumerate(["cudaGraphLaunch", "cudaLaunchKernel"] * 2)]
+    counted = profiling.launches_per_step([*launches, *kernels], steps=2)
+    assert counted == {"graph_launches_per_step": 1.0, "kernel_launches_per_step": 1.0}
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ import bert_padding
 import create_pretraining_data as cpd
 import run_pretraining as rp
 from bert_recipe.pretraining import data_stream, shard_format, trainer
-from modeling import BertConfig, BertForPreTraining
+from modeling import BertConfig, BertForPreTraining, set_execution
 
 pytestmark = pytest.mark.usefixtures("one_thread_for_the_module")
 
@@ -112,7 +112,7 @@ def wiki(tmp_path_factory, shared_data, uncased_vocab) -> dict:
     }
 
 
-def tiny_config(unpad: str = "auto", dropout: float = 0.0) -> BertConfig:
+def tiny_config(dropout: float = 0.0) -> BertConfig:
     return BertConfig(
         vocab_size=30522,
         hidden_size=32,
@@ -122,7 +122,6 @@ def tiny_config(unpad: str = "auto", dropout: float = 0.0) -> BertConfig:
         max_position_embeddings=SEQ,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
-        unpad=unpad,
     )
 
 
@@ -341,7 +340,7 @@ def packed_batch(wiki) -> dict:
 
 def twin_models(unpad: str) -> BertForPreTraining:
     torch.manual_seed(0)
-    return BertForPreTraining(tiny_config(unpad)).eval()
+    return set_execution(BertForPreTraining(tiny_config()), unpad=unpad).eval()
 
 
 def per_position_losses(out, batch, where) -> dict[tuple[int, int], float]:
@@ -464,7 +463,7 @@ def test_packed_layout_of_a_full_row_and_unused_slots():
     assert host.key_mask is None and host.cu_seqlens.tolist() == [0, 2, 5, 6, 10] and host.max_seqlen == 4
     assert host.indices.tolist() == info.indices.tolist()
     torch.manual_seed(0)
-    model = BertForPreTraining(tiny_config("auto")).eval()
+    model = BertForPreTraining(tiny_config()).eval()
     ids = torch.randint(1000, 2000, (2, 6)) * mask
     labels = torch.tensor([[0, 1, 1], [1, -1, -1]])
     batch = {
@@ -477,7 +476,7 @@ def test_packed_layout_of_a_full_row_and_unused_slots():
     }
     with torch.no_grad():
         auto = model(**batch)
-        model.config.unpad = "never"
+        set_execution(model, unpad="never")
         padded = model(**batch)
     torch.testing.assert_close(auto.loss, padded.loss, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="next_sentence_labels of the shape"):
@@ -508,7 +507,7 @@ def test_packed_training_step_traces_into_one_graph(packed_batch):
     AOT autograd without inductor's code generation: what is checked is the trace, not inductor's kernels (those
     are checked once, in tests/test_padding.py), and it takes seconds instead of minutes on 2 cores."""
     torch.manual_seed(0)
-    model = BertForPreTraining(tiny_config("auto")).train()  # dropout 0: the same numbers in both modes
+    model = BertForPreTraining(tiny_config()).train()  # dropout 0: the same numbers in both modes
     packed = packed_batch["packed"]
     rows = (packed["next_sentence_labels"] >= 0).sum(1).argsort(descending=True, stable=True)[[0, 1, -2, -1]]
     batch = {k: v[rows] for k, v in packed.items()}  # two rows of K sequences, two long ones alone

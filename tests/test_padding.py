@@ -1,11 +1,10 @@
 """The speed path (bert_padding.py and its use in modeling.py) against the plain one: the fixed-slot masked-LM head
 gives the sparse head's loss and compiles into one graph; the unpadded encoder gives the padded encoder's outputs,
 losses and gradients on real WikiText-2 text with heavy padding, and both match transformers on the real MiniLM
-weights; unpad/pad round-trips; the kernel rule never picks a dropout-free kernel when dropout is configured."""
+weights; unpad/pad round-trips; how a model runs is not saved with its config. The attention kernels and their rule
+are tests/test_attention.py's; the static-shape layout for CUDA graphs tests/test_cuda_graphs.py's."""
 
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import pytest
@@ -13,11 +12,13 @@ import torch
 from helpers import SENTENCES, bert_config, padded_batch
 from transformers.models.bert import modeling_bert as hf
 
+import bert_attention
 import bert_padding
 import modeling
 from bert_recipe.io import checkpoint_io
 from bert_recipe.pretraining import data_stream
-from modeling import BertConfig, BertForPreTraining
+from bert_recipe.training import cuda_graphs
+from modeling import BertConfig, BertForPreTraining, set_execution
 from tokenization import BertTokenizer
 
 P = 8  # prediction slots per sequence (the shards' max_predictions_per_seq)
@@ -98,7 +99,7 @@ def max_grad_diff(a, b) -> float:
 def test_fixed_slot_head_gives_the_sparse_heads_loss_and_gradients(wiki_batch):
     assert (wiki_batch["masked_lm_positions"] == 0).any()  # some slots unused
     torch.manual_seed(0)
-    model = BertForPreTraining(small_config(unpad="never")).train()
+    model = set_execution(BertForPreTraining(small_config()), unpad="never").train()
     sparse_out, sparse_grads = loss_and_grads(model, sparse(wiki_batch))
     fixed_out, fixed_grads = loss_and_grads(model, fixed(wiki_batch))
     for field in ("loss", "mlm_loss", "nsp_loss"):
@@ -171,81 +172,6 @@ def test_unpad_pad_round_trip_and_offsets():
         bert_padding.unpad_info(torch.ones(2, 3, 4))
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_rule_never_drops_a_configured_dropout(device, dtype, monkeypatch):
-    """The rule, for every combination of what is importable: varlen_attn (no dropout argument) only at dropout 0;
-    with dropout, torch's own FlashAttention varlen entry (flash_varlen, which applies it) where the GPU has it,
-    else flash_attn's, else SDPA around padding; fp32 and CPUs always pad around SDPA."""
-    for torch_flash in (False, True):
-        for flash in (False, True):
-            monkeypatch.setattr(bert_padding, "_importable", lambda m, flash=flash: m != "flash_attn" or flash)
-            monkeypatch.setattr(bert_padding, "_torch_flash_available", lambda tf=torch_flash: tf)
-            bert_padding.choose_kernel.cache_clear()
-            with_dropout = bert_padding.choose_kernel(device, dtype, 0.1)
-            without = bert_padding.choose_kernel(device, dtype, 0.0)
-            assert with_dropout.name != "varlen_attn"  # torch's varlen_attn has no dropout argument
-            assert with_dropout.reason and "\n" not in with_dropout.reason
-            if device == "cpu" or dtype == torch.float32:
-                assert with_dropout.name == without.name == "padded_sdpa"
-            else:
-                assert without.name == "varlen_attn"
-                assert with_dropout.name == (
-                    "flash_varlen" if torch_flash else "flash_attn" if flash else "padded_sdpa"
-                )
-    bert_padding.choose_kernel.cache_clear()
-
-
-def test_the_kernel_rule_carries_torchs_constant_mark_without_importing_dynamo():
-    """choose_kernel is marked as torch.compiler.assume_constant_result marks a function (the reference: torch's
-    decorator applied to a probe sets these attributes and nothing else), and the scripts start without importing
-    torch._dynamo, which that decorator would import (1.6 s at every start on 2 cores)."""
-    import subprocess
-    import sys
-
-    def probe():
-        return None
-
-    assert torch.compiler.assume_constant_result(probe) is probe
-    assert vars(probe) and all(getattr(bert_padding.choose_kernel, k, None) == v for k, v in vars(probe).items())
-    code = (
-        "import sys, modeling, run_pretraining, run_glue, run_squad, run_swag, inference, extract_features; "
-        "print('torch._dynamo' in sys.modules)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=modeling.__file__.rsplit("/", 1)[0],
-    )
-    assert out.stdout.strip() == "False"
-
-
-def test_a_named_kernel_is_used_where_it_can_run_and_gives_way_where_it_cannot(monkeypatch):
-    """BertConfig.varlen_kernel: a kernel named there is taken when this device, dtype and dropout allow it;
-    otherwise the rule's choice runs and the reason names what was asked for (a config written on a GPU still
-    loads and runs on a CPU). Names outside the list are refused by the config."""
-    monkeypatch.setattr(bert_padding, "_torch_flash_available", lambda: True)
-    bert_padding.choose_kernel.cache_clear()
-    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1, "padded_sdpa").name == "padded_sdpa"
-    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.0, "flash_varlen").name == "flash_varlen"
-    gave_way = bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1, "varlen_attn")  # it has no dropout
-    assert gave_way.name == "flash_varlen" and "varlen_attn" in gave_way.reason
-    on_cpu = bert_padding.choose_kernel("cpu", torch.float32, 0.1, "flash_varlen")
-    assert on_cpu.name == "padded_sdpa" and "flash_varlen" in on_cpu.reason
-    monkeypatch.setattr(bert_padding, "_cudnn_attention_available", lambda: True)
-    bert_padding.choose_kernel.cache_clear()
-    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1, "cudnn_varlen").name == "cudnn_varlen"
-    assert bert_padding.choose_kernel("cuda", torch.bfloat16, 0.1).name == "flash_varlen"  # never by the rule
-    assert bert_padding.choose_kernel("cuda", torch.float32, 0.1, "cudnn_varlen").name == "padded_sdpa"
-    bert_padding.choose_kernel.cache_clear()
-    with pytest.raises(ValueError, match="varlen_kernel"):
-        BertConfig(varlen_kernel="triton")
-    assert "varlen_kernel" not in BertConfig().to_dict()
-    assert BertConfig(varlen_kernel="padded_sdpa").to_dict()["varlen_kernel"] == "padded_sdpa"
-
-
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_unpadding_described_on_the_host_gives_the_same_losses_and_gradients(wiki_batch, layout):
     """The training loop describes a micro-batch's real tokens on the host (bert_padding.host_unpad_info: no device
@@ -275,47 +201,6 @@ def test_unpadding_described_on_the_host_gives_the_same_losses_and_gradients(wik
     assert max_grad_diff(grads_host, grads_device) == 0.0
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_rounded_token_rows_change_no_loss_and_no_gradient(wiki_batch, layout):
-    """unpad_token_multiple 16 (what float8 needs): the real tokens, then zero rows up to a multiple of 16, which no
-    sequence of cu_seqlens holds. The losses and gradients are the unrounded run's: the extra rows reach neither
-    attention nor the outputs, forward or backward."""
-    _, plain = twin_models()
-    _, rounded = twin_models(unpad_token_multiple=16)
-    batch = fixed(wiki_batch)
-    starts = None
-    if layout == "packed":  # two sequences a row in row 0 (positions restart), as in the host-description test
-        starts = torch.zeros(len(batch["input_ids"]), 2, dtype=torch.long)
-        starts[0, 1] = 2
-        batch = {
-            **batch,
-            "next_sentence_positions": starts,
-            "next_sentence_labels": torch.stack(
-                [batch["next_sentence_labels"], torch.full_like(batch["next_sentence_labels"], -1)], 1
-            ),
-        }
-    info = rounded.bert.unpadded(
-        batch["attention_mask"],
-        False,
-        None if starts is None else bert_padding.packed_layout(batch["attention_mask"], starts),
-    )
-    T = int(batch["attention_mask"].sum())
-    assert T % 16 and info.tokens == T and info.total_rows == -(-T // 16) * 16  # really rounded
-    x = torch.randn(len(batch["input_ids"]), batch["input_ids"].shape[1], 3)
-    flat = bert_padding.unpad(x, info)  # [rows, 3]
-    assert flat.shape[0] == info.total_rows and torch.all(flat[T:] == 0)
-    torch.testing.assert_close(
-        bert_padding.pad(flat, info)[batch["attention_mask"].bool()], x[batch["attention_mask"].bool()], rtol=0, atol=0
-    )
-    out_plain, grads_plain = loss_and_grads(plain.train(), batch)
-    out_rounded, grads_rounded = loss_and_grads(rounded.train(), batch)
-    torch.testing.assert_close(out_rounded.loss, out_plain.loss, atol=1e-6, rtol=0)
-    assert max_grad_diff(grads_rounded, grads_plain) <= 1e-6
-    with pytest.raises(ValueError, match="unpad_token_multiple"):
-        BertConfig(unpad_token_multiple=0)
-    assert "unpad_token_multiple" not in BertConfig().to_dict()
-
-
 def packed_rows(batch):
     """The batch with row 0 holding two sequences (the second starting at position 2) and the NSP labels per slot."""
     starts = torch.zeros(len(batch["input_ids"]), 2, dtype=torch.long)
@@ -329,25 +214,32 @@ def packed_rows(batch):
     }
 
 
-@pytest.mark.parametrize("sizes", [1, 3])
+def host_layout(batch, granule: int, sizes: int = cuda_graphs.MAX_SIZES):
+    """What the trainer hands the model under --static_token_granule: the host's description in fixed_rows' layout."""
+    starts = batch.get("next_sentence_positions")
+    info = bert_padding.host_unpad_info(batch["attention_mask"], starts)
+    return cuda_graphs.fixed_rows(info, granule, cuda_graphs.sequence_slots(batch["attention_mask"], starts), sizes)
+
+
+@pytest.mark.parametrize("granule", [16, 97])
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_fixed_rows_change_no_loss_and_no_gradient(wiki_batch, layout, sizes):
-    """unpad_fixed_sizes (the static-shape layout for CUDA graphs): T rounded up to one of `sizes` multiples of
-    ceil(B*S / sizes), the offsets padded to B (or B*K) + 1 by repeating the last, max_seqlen S. The losses and
-    gradients are the padded encoder's, whether the model makes the layout or the loop makes it on the host."""
-    padded, fixed_model = twin_models(unpad_fixed_sizes=sizes)
+def test_fixed_rows_change_no_loss_and_no_gradient(wiki_batch, layout, granule):
+    """cuda_graphs.fixed_rows (the static-shape layout for CUDA graphs, made on the host outside the model): T rounded
+    up to a multiple of the granule (at least the 8th size below the largest), the offsets padded to B (or B*K) + 1 by repeating the last, max_seqlen S. The
+    losses and gradients are the padded encoder's."""
+    padded, unpadded = twin_models()
     batch = fixed(wiki_batch)
-    starts = None
     if layout == "packed":
         batch = packed_rows(batch)
-        starts = batch["next_sentence_positions"]
+    starts = batch.get("next_sentence_positions")
     mask = batch["attention_mask"]
     B, S = mask.shape
     T = int(mask.sum())
-    step = -(-B * S // sizes)
-    info = fixed_model.bert.unpadded(mask, False, None if starts is None else bert_padding.packed_layout(mask, starts))
-    assert info.fixed and info.total_rows == -(-T // step) * step and info.total_rows > T  # really padded
-    assert info.indices.shape == (info.total_rows,) and int(info.real.sum()) == T and info.max_seqlen == S
+    info = host_layout(batch, granule)
+    top = -(-B * S // granule) * granule  # B * S rounded up: the largest size; at most 8 sizes below it
+    R = max(-(-T // granule) * granule, top - 7 * granule)
+    assert info.fixed and info.tokens == R > T and info.key_mask is None  # really padded
+    assert int(info.real.sum()) == T and info.max_seqlen == S
     K = 1 if starts is None else 2
     lengths = info.cu_seqlens.diff()
     assert info.cu_seqlens.shape == (B * K + 1,) and int(info.cu_seqlens[-1]) == T and torch.all(lengths >= 0)
@@ -358,25 +250,33 @@ def test_fixed_rows_change_no_loss_and_no_gradient(wiki_batch, layout, sizes):
     assert torch.all(flat[T:] == 0)
     torch.testing.assert_close(bert_padding.pad(flat, info), x * mask[:, :, None], rtol=0, atol=0)
     out_padded, grads_padded = loss_and_grads(padded.train(), batch)
-    out_fixed, grads_fixed = loss_and_grads(fixed_model.train(), batch)
-    host = bert_padding.host_unpad_info(mask, starts, sizes)
-    assert host.fixed and host.total_rows == info.total_rows and host.key_mask is None
-    out_host, grads_host = loss_and_grads(fixed_model.train(), {**batch, "unpadded": host})
-    for out, grads in ((out_fixed, grads_fixed), (out_host, grads_host)):
-        torch.testing.assert_close(out.loss, out_padded.loss, atol=1e-5, rtol=0)
-        assert max_grad_diff(grads, grads_padded) <= 1e-5
-    rounded = bert_padding.fixed_rows(bert_padding.unpad_info(mask), sizes, 16)  # float8's multiple
-    assert rounded.total_rows % 16 == 0 and rounded.total_rows >= T
-    with pytest.raises(ValueError, match="unpad_fixed_sizes"):
-        BertConfig(unpad_fixed_sizes=9)
-    assert "unpad_fixed_sizes" not in BertConfig().to_dict()
+    out_fixed, grads_fixed = loss_and_grads(unpadded.train(), {**batch, "unpadded": info})
+    torch.testing.assert_close(out_fixed.loss, out_padded.loss, atol=1e-5, rtol=0)
+    assert max_grad_diff(grads_fixed, grads_padded) <= 1e-5
+
+
+def test_fixed_rows_give_at_most_the_sizes_asked_for_whatever_the_token_count():
+    """Every T from 1 to B * S lands on one of at most `sizes` row counts, each a multiple of the granule and at
+    least T: the written-out rule, checked over every count."""
+    B, S, granule = 4, 64, 16
+    for sizes in (1, 3, 8):
+        seen = set()
+        for T in range(1, B * S + 1):
+            mask = (torch.arange(B * S) < T).reshape(B, S).long()
+            info = cuda_graphs.fixed_rows(bert_padding.unpad_info(mask), granule, sizes=sizes)
+            assert info.tokens % granule == 0 and info.tokens >= T
+            assert info.tokens == max(-(-T // granule) * granule, B * S - (sizes - 1) * granule)
+            seen.add(info.tokens)
+        assert len(seen) == min(sizes, B * S // granule), (sizes, sorted(seen))
+    with pytest.raises(ValueError, match="granule"):
+        cuda_graphs.fixed_rows(bert_padding.unpad_info(mask), 0)
 
 
 def test_fixed_rows_keep_a_kernels_garbage_out_of_every_weight(wiki_batch, monkeypatch):
     """A varlen kernel writes only the rows of cu_seqlens' sequences: the rest of its output, and of the gradient
     it returns, is whatever the memory held. Such a kernel (NaN in every other row, forward and backward) leaves the
     fixed layout's losses and gradients those of the padded encoder."""
-    real_attend = bert_padding._attend
+    real_attend = bert_attention._attend
 
     class Sloppy(torch.autograd.Function):
         @staticmethod
@@ -396,11 +296,11 @@ def test_fixed_rows_keep_a_kernels_garbage_out_of_every_weight(wiki_batch, monke
             dqkv[ctx.tokens :] = float("nan")
             return dqkv, None, None, None
 
-    padded, fixed_model = twin_models(unpad_fixed_sizes=2)
+    padded, unpadded = twin_models()
     batch = fixed(wiki_batch)
     out_padded, grads_padded = loss_and_grads(padded.train(), batch)
-    monkeypatch.setattr(bert_padding, "_attend", lambda qkv, info, p, pref: Sloppy.apply(qkv, info, p, pref))
-    out_fixed, grads_fixed = loss_and_grads(fixed_model.train(), batch)
+    monkeypatch.setattr(bert_attention, "_attend", lambda qkv, info, p, pref: Sloppy.apply(qkv, info, p, pref))
+    out_fixed, grads_fixed = loss_and_grads(unpadded.train(), {**batch, "unpadded": host_layout(batch, 64)})
     torch.testing.assert_close(out_fixed.loss, out_padded.loss, atol=1e-5, rtol=0)
     assert max_grad_diff(grads_fixed, grads_padded) <= 1e-5
 
@@ -413,21 +313,22 @@ def test_a_whole_model_graph_over_fixed_rows_compiles_once_per_size(wiki_batch):
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = BertForPreTraining(small_config(unpad_fixed_sizes=2))  # unpad auto: in a graph only on fixed rows
+    model = BertForPreTraining(small_config())  # unpad auto: in a graph only on a host's static layout
     counter = CompileCounter()
     step = torch.compile(model.train(), backend=counter, fullgraph=True)
     batch = fixed(wiki_batch)
     mask = batch["attention_mask"]
     B, S = mask.shape
+    granule = B * S // 2  # two sizes: half the positions, and all of them
     shorter = mask.clone()
     shorter[1, int(mask[1].sum()) - 3 :] = 0  # three tokens fewer, in the same half of B * S
     longer = mask.clone()
     longer[0, :] = 1
     longer[4, :] = 1
     T = [int(m.sum()) for m in (mask, shorter, longer)]
-    assert T[0] <= B * S // 2 and T[1] <= B * S // 2 < T[2]
+    assert T[0] <= granule and T[1] <= granule < T[2]
     for i, m in enumerate((mask, shorter, longer)):
-        host = bert_padding.host_unpad_info(m, None, 2)
+        host = host_layout({**batch, "attention_mask": m}, granule)
         out_graph, grads_graph = loss_and_grads(step, {**batch, "attention_mask": m, "unpadded": host})
         out_eager, grads_eager = loss_and_grads(model, {**batch, "attention_mask": m, "unpadded": host})
         torch.testing.assert_close(out_graph.loss, out_eager.loss, atol=1e-6, rtol=0)
@@ -435,20 +336,21 @@ def test_a_whole_model_graph_over_fixed_rows_compiles_once_per_size(wiki_batch):
     torch._dynamo.reset()
 
 
-def test_the_kernel_in_use_is_said_in_one_line(caplog):
-    bert_padding._announce.cache_clear()
-    model = BertForPreTraining(small_config(vocab_size=50, unpad="always")).eval()
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    with caplog.at_level(logging.INFO, logger="bert_padding"):
-        model(torch.randint(5, 50, (2, 4)) * mask, attention_mask=mask)
-    lines = [r.getMessage() for r in caplog.records if r.name == "bert_padding"]
-    assert len(lines) == 1 and lines[0].startswith("variable-length attention: padded_sdpa (cpu:"), lines
-
-
-def test_unpad_setting_is_validated_and_kept_out_of_googles_keys():
-    with pytest.raises(ValueError, match="unpad"):
-        BertConfig(unpad="sometimes")
-    assert "unpad" not in BertConfig().to_dict() and BertConfig(unpad="never").to_dict()["unpad"] == "never"
+def test_how_a_model_runs_is_no_config_field_and_old_configs_still_load():
+    """unpad and the varlen kernel are set on the model (set_execution, a one-line error for a bad name), never
+    saved with its config; a config or checkpoint of an earlier version that carries them still loads."""
+    model = BertForPreTraining(small_config())
+    assert model.bert.unpad == "auto"
+    set_execution(model, unpad="never", varlen_kernel="padded_sdpa")
+    assert model.bert.unpad == "never"
+    assert {m.varlen_kernel for m in model.modules() if isinstance(m, modeling.BertSelfAttention)} == {"padded_sdpa"}
+    for bad in ({"unpad": "sometimes"}, {"varlen_kernel": "cudnn_varlen"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            set_execution(model, **bad)
+    saved = model.config.to_dict()
+    assert not set(modeling.RETIRED_CONFIG_KEYS) & set(saved)
+    old = {**saved, "unpad": "never", "varlen_kernel": "cudnn_varlen", "unpad_fixed_sizes": 4, "dropout_mask_bits": 1}
+    assert BertConfig.from_dict(old) == model.config
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -458,8 +360,8 @@ def test_unpad_setting_is_validated_and_kept_out_of_googles_keys():
 def twin_models(**overrides):
     """Two BertForPreTraining with the same weights, one always unpadding, one never."""
     torch.manual_seed(0)
-    padded = BertForPreTraining(small_config(unpad="never", **overrides))
-    unpadded = BertForPreTraining(small_config(unpad="always", **overrides))
+    padded = set_execution(BertForPreTraining(small_config(**overrides)), unpad="never")
+    unpadded = set_execution(BertForPreTraining(small_config(**overrides)), unpad="always")
     unpadded.load_state_dict(padded.state_dict())
     return padded, unpadded
 
@@ -500,7 +402,7 @@ def test_auto_unpads_only_where_padding_positions_are_not_read(wiki_batch, monke
     calls = []
     real_unpad_info = bert_padding.unpad_info
     monkeypatch.setattr(modeling, "unpad_info", lambda mask: calls.append(1) or real_unpad_info(mask))
-    model = BertForPreTraining(small_config()).eval()  # unpad="auto"
+    model = BertForPreTraining(small_config()).eval()  # unpad "auto"
     with torch.no_grad():
         model(**sparse(wiki_batch))  # labels: only labelled positions and [CLS] are read
         assert len(calls) == 1
@@ -515,7 +417,7 @@ def test_auto_unpads_only_where_padding_positions_are_not_read(wiki_batch, monke
 @pytest.mark.parametrize("unpad", ["never", "always"])
 def test_both_paths_match_transformers_on_minilm(minilm_dir, unpad):
     ours = checkpoint_io.from_pretrained(modeling.BertModel, minilm_dir, log=None).eval()
-    ours.config.unpad = unpad
+    set_execution(ours, unpad=unpad)
     theirs = hf.BertModel.from_pretrained(str(minilm_dir)).eval()
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt")
     input_ids, token_type_ids, attention_mask = padded_batch(tokenizer, SENTENCES, pair=True)
@@ -528,30 +430,3 @@ def test_both_paths_match_transformers_on_minilm(minilm_dir, unpad):
     torch.testing.assert_close(sequence_output[real], reference.last_hidden_state[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(pooled_output, reference.pooler_output, atol=1e-5, rtol=0)
     print(f"\nMiniLM unpad={unpad}: max |ours - transformers| {diff:.1e}")
-
-
-def test_the_output_gradient_reaches_a_kernel_laid_out_as_its_output():
-    """cuDNN's attention backward reads the output gradient with the output's strides. Downstream, a reshape of a
-    [T, N, D] output laid out head-major (as a kernel may write it) hands back a row-major gradient; through
-    GradLaidOutLike the producer receives it with its output's strides, and the same values."""
-    seen = {}
-
-    class Producer(torch.autograd.Function):  # stands in for the kernel: an output laid out [N, T, D] in memory
-        @staticmethod
-        def forward(ctx, x):
-            return x.transpose(0, 1).contiguous().transpose(0, 1)  # [T, N, D] values, strides of [N, T, D]
-
-        @staticmethod
-        def backward(ctx, grad):
-            seen["stride"] = grad.stride()
-            return grad
-
-    x = torch.randn(5, 2, 3, requires_grad=True)  # [T, N, D]
-    weight = torch.randn(5, 6)
-    for guard in (False, True):
-        out = Producer.apply(x)
-        y = bert_padding.GradLaidOutLike.apply(out) if guard else out
-        x.grad = None
-        (y.reshape(5, 6) * weight).sum().backward()  # the gradient arrives row-major [T, N * D]
-        assert (seen["stride"] == out.stride()) == guard, (seen["stride"], out.stride())
-        torch.testing.assert_close(x.grad, weight.view(5, 2, 3), rtol=0, atol=0)

@@ -15,7 +15,7 @@ from helpers import SEQ, VOCAB
 from bert_recipe.finetuning import recipe
 from bert_recipe.io import checkpoint_io
 from bert_recipe.training import dist_env, meter, parallelize, train_step
-from modeling import BertConfig, BertForPreTraining
+from modeling import BertConfig, BertForPreTraining, set_execution
 
 
 def tiny_model(dropout: float = 0.0) -> BertForPreTraining:
@@ -105,10 +105,8 @@ def test_compiled_model_gives_the_same_gradients(fp32, monkeypatch, scope, unpad
     monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend="aot_eager", **kw))
     torch._dynamo.reset()
     counters.clear()
-    eager = tiny_model().train()
-    eager.config.unpad = unpad
-    bare = tiny_model().train()
-    bare.config.unpad = unpad
+    eager = set_execution(tiny_model().train(), unpad=unpad)
+    bare = set_execution(tiny_model().train(), unpad=unpad)
     compiled, _ = parallelize.apply_parallelism_and_precision(
         bare, dist_env.DistEnv(), "fp32", compile=True, compile_scope=scope
     )

@@ -71,6 +71,14 @@ class ModelConfig:
     no_nsp: bool = False
     """train on the masked-LM loss alone (RoBERTa's choice); the next-sentence loss is still computed and logged,
     its head gets zero gradients (measured in bench/STUDIES.md)"""
+    unpad: Literal["auto", "always", "never"] = "auto"
+    """run the encoder on the real tokens only when a micro-batch has padding: auto (yes, except inside a
+    whole-model graph, --compile_scope model), always, never (every position of the padded rows through every
+    layer). Measured fastest on an H200 in both phases (README, speed on one GPU)"""
+    varlen_kernel: Literal["auto", "varlen_attn", "flash_varlen", "flash_attn", "padded_sdpa"] = "auto"
+    """the unpadded path's attention kernel: auto (bert_attention.choose_kernel's rule: FlashAttention-2's varlen
+    kernel on a GPU), or one by name; a named kernel that cannot run here gives way to the rule, and the log says
+    why"""
 
 
 @dataclass(frozen=True)
@@ -154,10 +162,20 @@ class ParallelismConfig:
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile's mode: reduce-overhead adds CUDA graphs (static shapes: the fixed-slot head and the padded
     path under compile give them)"""
+    compile_backend: str = "inductor"
+    """torch.compile's backend: inductor, or one that traces the same graphs without generating code (aot_eager,
+    eager: for debugging a compile, and for the tests' rehearsal of the GPU call)"""
     compile_scope: Literal["layers", "model"] = "layers"
     """what torch.compile takes: each encoder layer (and the embeddings and the masked-LM head) on its own, so one
     graph serves all layers and the unpadded path compiles too; or the whole model in one graph (the padded path
     only)"""
+    static_token_granule: int = 0
+    """experimental, not yet measured on a GPU (bench/STUDIES.md): the unpadded layout's rows rounded up to a multiple
+    of N tokens (at most 8 sizes; cuda_graphs.fixed_rows), so a compiled step sees static shapes and
+    --compile_mode reduce-overhead replays it as CUDA graphs (0: off)"""
+    bit_dropout_masks: bool = False
+    """experimental, not yet measured on a GPU (bench/STUDIES.md): keep the encoder's hidden-dropout masks for the
+    backward in 1 bit an element instead of a byte (bit_dropout.py: less memory, a different draw)"""
     no_cuda: bool = False
     """train on the CPU even when a GPU is present"""
     local_rank: int = flag(-1, "--local-rank")
@@ -304,6 +322,14 @@ class PretrainConfig(Config):
             (
                 self.parallelism.compile and self.parallelism.no_compile,
                 "--compile and --no_compile contradict each other: pass one",
+            ),
+            (
+                self.parallelism.static_token_granule < 0,
+                f"--static_token_granule {self.parallelism.static_token_granule} must not be negative (0: off)",
+            ),
+            (
+                self.parallelism.static_token_granule > 0 and m.unpad == "never",
+                "--static_token_granule rounds the unpadded layout: it needs --unpad auto or always",
             ),
             (
                 o.use_nvlamb and o.optimizer != "nvlamb",

@@ -42,6 +42,7 @@ main() turns them into its one line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from bert_recipe.pretraining.data_stream import PretrainingData, ResumeError
 from bert_recipe.pretraining.shard_format import PACKED_KEY
 from bert_recipe.pretraining.validation import describe
 from bert_recipe.training import dist_env
+from bert_recipe.training.cuda_graphs import fixed_rows, graph_report, sequence_slots, without_graphs
 from bert_recipe.training.meter import HostMemory, Meter, RunLogger, peak_flops
 from bert_recipe.training.parallelize import compiled
 from bert_recipe.training.precision_policy import Precision
@@ -233,6 +235,11 @@ class Trainer:
         self.cfg, self.env, self.log = cfg, env, log
         self.model, self.raw_model = parts.model, parts.raw_model
         self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
+        # Steps replayed as CUDA graphs (--compile_mode reduce-overhead, compiled) need stable gradient buffers and
+        # evaluation without graphs (cuda_graphs.py); on a CPU the mode compiles without graphs, and the same rules
+        # hold (the suite tests them there).
+        self.graph_steps = cfg.parallelism.compile_mode == "reduce-overhead" and compiled(parts.model) is not None
+        self.cuda_graphs = self.graph_steps and env.device.type == "cuda"
         # fp16 overflows are the GradScaler's (their steps are skipped); other non-finite losses stop the run.
         self.rule = StepRule(
             parts.model,
@@ -244,6 +251,7 @@ class Trainer:
             # Gradients are all-reduced after every micro-batch, or with
             # --allreduce_post_accumulation only after the last one (DDP's no_sync on the others).
             sync_every_micro_batch=not cfg.parallelism.allreduce_post_accumulation,
+            stable_grads=self.graph_steps,
         )
         self.data, self._batches = data, None  # the stream starts at the first step, from the resumed position
         self.logger, self.stop, self.validator = logger, stop, validator
@@ -263,18 +271,12 @@ class Trainer:
         self.host = HostMemory()
         self.checkpoints = checkpoint_manager(cfg, log)
         self.hooks: list[Hook] = []
-        # The model unpads a batch when its config says always, or auto outside a whole-model graph (which keeps the
-        # padded path unless the layout is fixed_rows' static one; regional compilation leaves the choice in eager
-        # code).
-        self.model_config = parts.raw_model.config
-        unpad, fixed = self.model_config.unpad, self.model_config.unpad_fixed_sizes
-        self.host_unpad = unpad == "always" or (unpad == "auto" and (compiled(parts.model) != "model" or fixed > 0))
-        # CUDA graphs (--compile_mode reduce-overhead) replay into the same memory: each micro-batch is a new replay.
-        self.cuda_graphs = (
-            cfg.parallelism.compile_mode == "reduce-overhead"
-            and env.device.type == "cuda"
-            and compiled(parts.model) is not None
-        )
+        # The model unpads a batch when told always, or auto outside a whole-model graph (which keeps the padded path
+        # unless the host hands it a static layout: --static_token_granule); regional compilation leaves the choice
+        # in eager code. Where it will unpad, the host describes the layout (host_unpad_info): no device sync.
+        self.granule = cfg.parallelism.static_token_granule
+        unpad = parts.raw_model.bert.unpad
+        self.host_unpad = unpad == "always" or (unpad == "auto" and (compiled(parts.model) != "model" or self.granule))
         self.last_loss: float | None = None
 
     # --- the loop
@@ -366,10 +368,10 @@ class Trainer:
         where they are (bert_padding.host_unpad_info) made here on the host, so the device never waits for it."""
         moved = to_device(batch, self.env.device)
         if self.host_unpad:
-            config = self.model_config
-            info = host_unpad_info(
-                batch["attention_mask"], batch.get(PACKED_KEY), config.unpad_fixed_sizes, config.unpad_token_multiple
-            )
+            starts = batch.get(PACKED_KEY)
+            info = host_unpad_info(batch["attention_mask"], starts)
+            if info is not None and self.granule:
+                info = fixed_rows(info, self.granule, sequence_slots(batch["attention_mask"], starts))
             if info is not None:
                 moved["unpadded"] = info.to(self.env.device, non_blocking=True)
         return moved
@@ -406,7 +408,8 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """The validator's held-out numbers for the current weights: one line for a person, one JSON record."""
-        result = validate_and_describe(self.validator, self.raw_model, self.log)
+        with without_graphs() if self.graph_steps else contextlib.nullcontext():
+            result = validate_and_describe(self.validator, self.raw_model, self.log)
         self.logger.log(self.state.global_step, result)
         return result
 
@@ -417,6 +420,8 @@ class Trainer:
         if self.env.device.type == "cuda":
             extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.env.device) / 2**30
         extra["peak_host_memory_gib"] = self.host.peak_gib()
+        if self.graph_steps:
+            extra.update(graph_report())
         return {
             "final_loss": self.last_loss,
             "training_sequences_per_second": self.meter.sequences_per_second(),

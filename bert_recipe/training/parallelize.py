@@ -38,8 +38,10 @@ def apply_parallelism_and_precision(
     allreduce_fp16: bool = False,
     compile: bool | None = False,
     compile_mode: str = "default",
+    compile_backend: str = "inductor",
     compile_scope: str = "layers",
     fp8: bool = False,
+    bit_dropout: bool = False,
 ) -> tuple[torch.nn.Module, Precision]:
     """Turn a bare model into the module the loop trains, and decide how its maths runs. The order matters; each
     step says why it comes where it does. Returns (the model to call, Precision); keep the bare model for saving.
@@ -47,9 +49,11 @@ def apply_parallelism_and_precision(
     precision: --precision (auto picks from the hardware, see precision_policy.resolve); loss_scale > 0: a static
     fp16 loss scale, else dynamic from init_loss_scale; allreduce_fp16: all-reduce gradients in 16 bits;
     compile: True/False, or None for "on a GPU only"; compile_mode: torch.compile's mode ("reduce-overhead": CUDA
-    graphs); compile_scope: "layers" compiles each region of modeling.COMPILE_REGIONS in place (regional
-    compilation), "model" wraps the whole model (it then has `_orig_mod`). `compiled(model)` tells either.
-    fp8: the encoder layers' matrix products in float8 (fp8.py; fp8.FP8Unavailable where it cannot run).
+    graphs); compile_backend: torch.compile's backend (inductor, or a debugging one: aot_eager); compile_scope:
+    "layers" compiles each region of modeling.COMPILE_REGIONS in place (regional compilation), "model" wraps the
+    whole model (it then has `_orig_mod`). `compiled(model)` tells either.
+    fp8: the encoder layers' feed-forward products in float8 (fp8.py; fp8.FP8Unavailable where it cannot run).
+    bit_dropout: the encoder's hidden-dropout masks kept in 1 bit an element (bit_dropout.py).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -59,6 +63,8 @@ def apply_parallelism_and_precision(
     if compile is None:  # on GPUs, where it was measured faster; not on CPUs, where compiling costs minutes
         compile = cuda
     kwargs = {} if compile_mode == "default" else {"mode": compile_mode}
+    if compile_backend != "inductor":
+        kwargs["backend"] = compile_backend
     # 0. Which precision runs: auto follows the hardware (bf16 only where it is native; precision_policy.resolve).
     choice = resolve(precision, env.device)
     # 1. TF32: fp32 matmuls (the tf32 run, and what autocast leaves in fp32) on tensor cores, on GPUs that have
@@ -74,6 +80,11 @@ def apply_parallelism_and_precision(
 
         float8.check(env.device)
         float8.convert(model)
+    # 2c. 1-bit dropout masks swap modules too (nn.Dropout for BitMaskDropout): likewise before compilation.
+    if bit_dropout:
+        from bert_recipe.training import bit_dropout as bits
+
+        bits.convert(model)
     # 3. Regional compilation: each encoder layer (and the embeddings and the masked-LM head) is compiled in place,
     #    before DDP sees the module. The 24 layers of BERT-large share one graph, so compiling costs one layer's
     #    time instead of the whole model's (on this 2-core CPU: 44 s against 134 s for BERT-large), and the

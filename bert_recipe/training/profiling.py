@@ -164,6 +164,7 @@ class StepProfiler:
             "busy_share": busy_us / window_us if window_us > 0 else None,
             "idle_ms_per_step": (window_us - busy_us) / per_step,
             "kernels_per_step": len(kernels) / steps,
+            **launches_per_step(events, steps),
             "idle_gaps_per_step": len(idle) / steps,
             "parts": {
                 k: {"ms": v / 1e3, "share": v / kernel_us} for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
@@ -216,3 +217,18 @@ class StepProfiler:
                 for a in rows[: self.top]
             ],
         }
+
+
+GRAPH_LAUNCH = "cudaGraphLaunch"
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def launches_per_step(events, steps: int) -> dict[str, float]:
+    """How the host started the GPU's work, a step: `graph_launches` (cudaGraphLaunch: a replayed CUDA graph) and
+    `kernel_launches` (one kernel each). Steps replayed as graphs show graph launches and few kernel launches."""
+    names = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    steps = max(steps, 1)
+    return {
+        "graph_launches_per_step": sum(n == GRAPH_LAUNCH for n in names) / steps,
+        "kernel_launches_per_step": sum(n in KERNEL_LAUNCHES for n in names) / steps,
+    }

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from bert_recipe.io import cli
+from bert_recipe.training.cuda_graphs import allocate_grads
 from bert_recipe.training.precision_policy import Precision
 
 
@@ -118,6 +119,10 @@ class StepRule:
     with the optimizer, so `taken` (what --max_steps counts in every script) is the schedule's step count; a
     skipped step's micro-batches are consumed all the same (as NVIDIA's loop). More than MAX_CONSECUTIVE_OVERFLOWS
     skipped steps in a row mean the loss diverged: DivergedError.
+
+    `stable_grads` (steps replayed as CUDA graphs, cuda_graphs.py): every parameter has a zero `.grad` before the
+    first micro-batch, and the gradients are zeroed in place after each step instead of freed, so that no `.grad`
+    is ever a graph's output that the next replay overwrites. The sums are the same numbers: 0 + g = g exactly.
     """
 
     MAX_CONSECUTIVE_OVERFLOWS = 50
@@ -132,9 +137,11 @@ class StepRule:
         watch: DivergenceWatch,
         *,
         sync_every_micro_batch: bool = False,
+        stable_grads: bool = False,
     ):
         self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
         self.precision, self.watch, self.sync_every_micro_batch = precision, watch, sync_every_micro_batch
+        self.stable_grads = stable_grads
         self.taken = 0  # optimizer steps taken through this rule
         self.consecutive_skips = 0
         self.lr = optimizer.param_groups[0]["lr"]  # the rate the last step used
@@ -150,6 +157,8 @@ class StepRule:
         loading while this one runs); `number` names the step in a divergence error. Returns (taken, the group's
         mean losses [L], float64 on the device)."""
         losses = None
+        if self.stable_grads:
+            allocate_grads(self.model)  # once: afterwards every .grad exists and is zeroed in place
         for i, batch in enumerate(micro_batches):
             sync = i == accum - 1 or self.sync_every_micro_batch
             micro = forward_backward(self.model, batch, self.loss_fn, self.precision, accum, sync)
@@ -161,7 +170,7 @@ class StepRule:
         before_update()
         self.lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
         taken = optimizer_step(self.optimizer, self.precision)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.stable_grads)
         if not taken:
             self.consecutive_skips += 1
             if self.consecutive_skips > self.MAX_CONSECUTIVE_OVERFLOWS:
