@@ -37,10 +37,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from bert_recipe.finetuning import predict
-from bert_recipe.finetuning.recipe import check_model_fits, resolve_model_files
 from bert_recipe.io import atomic_io, cli
 from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
+from bert_recipe.prediction import predict
 from bert_recipe.training import precision_policy
 from modeling import BertModel
 from tokenization import BertTokenizer, vocab_is_uncased
@@ -333,7 +332,7 @@ def _main(argv: list[str] | None) -> dict:
         if getattr(args, name) < 1:
             raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
     fmt = output_format(args)
-    vocab_file = resolve_model_files(args)
+    vocab_file = predict.resolve_model_files(args)
     cli.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
     items = read_lines(args.input_file)
     if not items:
@@ -351,7 +350,7 @@ def _main(argv: list[str] | None) -> dict:
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         raise cli.InputError(f"--init_checkpoint {args.init_checkpoint}: {cli.describe_error(e)}") from e
     config = model.config
-    check_model_fits(config, len(tokenizer.vocab), vocab_file, args.max_seq_length)
+    predict.check_model_fits(config, len(tokenizer.vocab), vocab_file, args.max_seq_length)
     if args.max_seq_length < 3:
         raise cli.InputError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
     layers = parse_layers(args.layers, config.num_hidden_layers)

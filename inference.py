@@ -22,7 +22,7 @@ windows (0 turns a limit off); an --output_file that is a folder or cannot be wr
 bar on stderr (--disable_progress_bar hides it).
 
 This file is the command: its flags, the checks of its inputs, the model it loads. What it runs is
-bert_recipe/finetuning/predict.py's `answer_questions` and `classify` (Python callers use them directly), whose
+bert_recipe/prediction/predict.py's `answer_questions` and `classify` (Python callers use them directly), whose
 batches are consecutive, so windows and sentences reach the model in input order; the one-line errors are every
 script's (cli.script_errors).
 """
@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 
-from bert_recipe.finetuning import predict
-from bert_recipe.finetuning.tasks import squad
-from bert_recipe.finetuning.tasks.items import CLI_LIMITS, check_text, read_items
 from bert_recipe.io import atomic_io, cli
 from bert_recipe.io.checkpoint_io import load_pretrained
+from bert_recipe.prediction import predict
+from bert_recipe.prediction.items import CLI_LIMITS, check_text, read_items
+from bert_recipe.tasks import squad_answers
 from bert_recipe.training import precision_policy
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 from tokenization import BertTokenizer, vocab_is_uncased
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="tokens per window (default 384 qa, 128 classify, at most the model's positions)",
     )
-    squad.QASettings.add_arguments(g)
+    squad_answers.QASettings.add_arguments(g)
     g = p.add_argument_group("classification")
     g.add_argument(
         "--labels",
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             model,
             tokenizer,
             items,
-            squad.QASettings.from_args(args, max_seq_length=max_seq_length),
+            squad_answers.QASettings.from_args(args, max_seq_length=max_seq_length),
             runtime,
             max_windows=args.max_windows,
             how_to_raise=LIMIT_HINT,

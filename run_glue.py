@@ -48,9 +48,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import GlueConfig
-from bert_recipe.finetuning.tasks.glue import (
+from bert_recipe.io import cli
+from bert_recipe.prediction import predict
+from bert_recipe.tasks.glue import (
     compute_metrics,
     encode_examples,
     get_dev_examples,
@@ -58,7 +60,6 @@ from bert_recipe.finetuning.tasks.glue import (
     get_test_examples,
     get_train_examples,
 )
-from bert_recipe.io import cli
 from bert_recipe.training import dist_env, flags
 from modeling import BertForSequenceClassification
 

@@ -5,7 +5,7 @@
     torchrun --nproc_per_node=8 run_swag.py ...        (DistributedDataParallel, one process per GPU)
 
 --data_dir holds SWAG's train.csv and val.csv (and test.csv for `--do_predict --predict_split test`) as released
-in github.com/rowanz/swagaf (finetuning/tasks/swag.py reads them). --init_checkpoint takes what run_glue.py takes: a
+in github.com/rowanz/swagaf (tasks/swag.py reads them). --init_checkpoint takes what run_glue.py takes: a
 ckpt_<step>.pt, an NVIDIA checkpoint, a Hugging Face directory (then --config_file and --vocab_file default to
 the ones inside it), or the model.pt / hf_model/ this script wrote.
 
@@ -35,10 +35,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import SwagConfig
-from bert_recipe.finetuning.tasks.swag import accuracy, encode_examples, get_examples
 from bert_recipe.io import cli
+from bert_recipe.prediction import predict
+from bert_recipe.tasks.swag import accuracy, encode_examples, get_examples
 from bert_recipe.training import dist_env, flags
 from modeling import BertForMultipleChoice
 

@@ -46,9 +46,9 @@ from pathlib import Path
 
 from bench import pretrain_study
 from bench import study_utils as su
-from bert_recipe.finetuning.tasks.glue import get_task, get_train_examples
 from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.tasks.glue import get_task, get_train_examples
 
 REPO = su.REPO
 ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")

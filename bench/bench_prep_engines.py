@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 
 from bench import study_utils as su
-from bench.dask_processes import DaskProcesses
 from bert_recipe.prep.manifest import sha256_file
+from tests.dask_processes import DaskProcesses
 
 REPO, SHARED = su.REPO, su.DATA
 SLICE_WORDS = 32_469_939  # wc -w of the slice, <doc> lines removed (its PROVENANCE.txt)
@@ -66,7 +66,7 @@ TASK_PREFIX = {
 
 
 class DaskCluster(DaskProcesses):
-    """bench.dask_processes' scheduler and workers, with a client of the bench's own: the task stream, the
+    """tests/dask_processes.py's scheduler and workers, with a client of the bench's own: the task stream, the
     workers' peak memory, the scheduler's cost per task."""
 
     def __init__(self, folder: Path, workers: int):

@@ -37,11 +37,11 @@ import transformers
 from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
 from bench import study_utils as su
-from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, read_squad_examples
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.io.triton_scripts import load_triton_script
+from bert_recipe.tasks.squad import convert_examples_to_features, read_squad_examples
 from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
 

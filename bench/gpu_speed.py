@@ -48,7 +48,7 @@ import numpy as np
 
 from bench import study_utils as su
 from bench.study_utils import fmt
-from bert_recipe.io.atomic_io import JsonLogger
+from bert_recipe.io.atomic_io import JsonLogger, read_json_lines
 from create_pretraining_data import main as create_pretraining_data
 from scripts.text_to_documents import main as text_to_documents
 
@@ -425,7 +425,7 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     listing = folder / "rows.txt"
     for line in listing.read_text().splitlines() if listing.is_file() else []:
         name, phase, layout, mode, wall, status, micro = line.split()
-        records = su.read_log(folder / "logs" / f"{name}.json")  # a line cut by a killed row is skipped
+        records = read_json_lines(folder / "logs" / f"{name}.json")  # a line cut by a killed row is skipped
         final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
         profile = next((r["data"] for r in records if r.get("step") == "PROFILE"), None)
         profile_file = folder / "logs" / f"{name}.profile.json"

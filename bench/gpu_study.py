@@ -80,7 +80,7 @@ def last_record(log: Path, step=None, key: str | None = None) -> dict:
     return next(
         (
             r.get("data", {})
-            for r in reversed(su.read_log(log))
+            for r in reversed(atomic_io.read_json_lines(log))
             if (step is None or r.get("step") == step) and (key is None or key in r.get("data", {}))
         ),
         {},

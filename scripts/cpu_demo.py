@@ -16,12 +16,12 @@ import json
 import sys
 from pathlib import Path
 
-from bench import study_utils as su
-from bert_recipe.io.atomic_io import atomic_write_json
+from bert_recipe.io.atomic_io import atomic_write_json, read_json_lines
 from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.prep.vocab import config_vocab_size
-from bert_recipe.pretraining.shard_format import unigram_log_prior
-from tokenization import vocab_fits_config
+from bert_recipe.pretraining.shard_format import read_samples, unigram_log_prior
+from bert_recipe.pretraining.validation import SpecialIds, heldout_most_frequent
+from tokenization import load_vocab, vocab_fits_config
 
 
 def fit_config(source: Path, vocab: Path, target: Path) -> dict:
@@ -100,8 +100,9 @@ def learned_lines(learned: tuple, targets: int, train_unigram: float) -> list[st
 
 def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Path, max_eval: int) -> list[str]:
     """The summary's lines (also printed). The baselines are counted as the evaluation counts: the first `max_eval`
-    held-out samples, the masked slots with a position > 0."""
-    arrays = su.read_shards(heldout, max_eval, ("masked_lm_positions", "masked_lm_ids"))
+    held-out samples, the masked slots with a position > 0 (the most frequent word: the [MASK]ed ones,
+    validation.heldout_most_frequent)."""
+    arrays = read_samples([heldout], max_eval, ("input_ids", "masked_lm_positions", "masked_lm_ids"))
     targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
     with open(vocab, encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
@@ -111,13 +112,13 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
     train_unigram = float(-unigram_log_prior(train_shard, vocab_size)[targets].mean())
     lines = [
         f"baseline: always guessing the most frequent masked token scores "
-        f"{su.heldout_baseline(heldout, max_eval):.3f} on the held-out set"
+        f"{heldout_most_frequent(arrays, SpecialIds.from_vocab(load_vocab(vocab))):.3f} on the held-out set"
     ]
     learned = None
     for phase in (1, 2):
         path = run_dir / f"{job}.phase{phase}.json"
         if path.is_file():
-            line, found = phase_line(phase, su.read_log(path))
+            line, found = phase_line(phase, read_json_lines(path))
             lines.append(line)
             learned = found or learned
     if learned:

@@ -28,11 +28,11 @@ import documented_commands as docs
 import h5py
 import numpy as np
 import pytest
+from dask_processes import DaskProcesses
 from slurm_cluster import free_port
 from test_text_formatting import NS, PAGES, _xml_escape, corpus_text, write_dump
 
 from bench.bench_prep_engines import projection
-from bench.dask_processes import DaskProcesses
 from bert_recipe.io.processes import pid_alive
 from bert_recipe.prep import text_formatting as tf
 from data import bertPrep

@@ -17,8 +17,10 @@ import torch
 
 import run_glue
 from bench import nan_probe
-from bert_recipe.finetuning import predict, recipe
-from bert_recipe.finetuning.tasks.glue import (
+from bert_recipe.finetuning import recipe
+from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.prediction import predict
+from bert_recipe.tasks.glue import (
     TASKS,
     EncodedExamples,
     GlueDataError,
@@ -31,7 +33,6 @@ from bert_recipe.finetuning.tasks.glue import (
     read_examples,
     truncate_seq_pair,
 )
-from bert_recipe.io.checkpoint_io import from_pretrained
 from modeling import BertForSequenceClassification
 from tokenization import BertTokenizer
 

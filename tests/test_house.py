@@ -296,6 +296,21 @@ def test_bench_stays_within_its_size():
     assert python <= 4755 and shell <= 388, (python, shell)
 
 
+def test_nothing_but_the_notebook_and_its_tests_imports_bench():
+    """bench/ (studies, GPU calls, results) depends on the library, never the reverse: no module of bert_recipe/, no
+    top-level module, nothing in scripts/, data/ or triton/, and none of the tests' shared modules (helpers.py,
+    conftest.py, fixtures) imports it, at the head or in a function. A test of a study imports its study itself."""
+    shared_tests = [p for p in (REPO / "tests").glob("*.py") if not p.name.startswith("test_")]
+    files = [REPO / rel for rel in library_sources() if not rel.startswith("bench/")] + shared_tests
+    hits = sorted(
+        f"{p.relative_to(REPO)}:{node.lineno} -> {target}"
+        for p in files
+        for target, node in project_imports(ast.parse(p.read_text(encoding="utf-8")))
+        if target.split(".")[0] == "bench"
+    )
+    assert hits == []
+
+
 def test_project_modules_are_imported_at_the_head():
     """At most 117 imports of the project's modules inside functions (tests included): a file's head lists its
     neighbours; a local import is kept only for a reason its comment gives."""
@@ -310,7 +325,7 @@ def test_project_modules_are_imported_at_the_head():
 def test_the_packages_folders_import_only_downward():
     """README.md's order of bert_recipe's folders is the order of their floors: a folder imports only from folders
     listed before it (and from the interface modules at the top)."""
-    floors = ["io", "training", "pretraining", "finetuning", "prep"]
+    floors = ["io", "training", "pretraining", "tasks", "prediction", "finetuning", "prep"]
     upward = []
     for rel, tree in library_sources().items():
         parts = rel.split("/")

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from bert_recipe.finetuning.predict import Runtime, answer_questions
-from bert_recipe.finetuning.tasks import items
-from bert_recipe.finetuning.tasks.squad import QASettings
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.triton_scripts import load_triton_script as load_script
+from bert_recipe.prediction import items
+from bert_recipe.prediction.predict import Runtime, answer_questions
+from bert_recipe.tasks.squad_answers import QASettings
 from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
 
@@ -852,7 +852,7 @@ def test_stop_leaves_no_process(server):
 
 def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
     """qa_text_model._limits without a server (a stand-in for triton_python_backend_utils): $BERT_TRITON_MAX_*
-    wins over the config.pbtxt parameter, which wins over finetuning/tasks/items.py's defaults; bad values are refused."""
+    wins over the config.pbtxt parameter, which wins over prediction/items.py's defaults; bad values are refused."""
     import importlib.util
     import types
 

@@ -1,5 +1,5 @@
 """Answer questions through a Triton server: tokenize here, send batches of windows over HTTP or gRPC, turn the
-logits into answers exactly as inference.py does (the same finetuning/tasks/squad.py functions), print JSON.
+logits into answers exactly as inference.py does (the same tasks/squad.py and tasks/squad_answers.py functions), print JSON.
 
     PYTHONPATH=. .venv/bin/python triton/client.py --url 127.0.0.1:8000 --protocol http --export_dir DIR \
         --question "Where do the Normans live?" --context "The Normans ... in Normandy, a region in France."
@@ -25,12 +25,13 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from bert_recipe.finetuning.tasks.items import read_items
-
-# answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
-from bert_recipe.finetuning.tasks.squad import QASettings, examples_from_qa_pairs
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.prediction.items import read_items
+
+# answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
+from bert_recipe.tasks.squad import examples_from_qa_pairs
+from bert_recipe.tasks.squad_answers import QASettings
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}

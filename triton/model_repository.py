@@ -37,10 +37,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from bert_recipe.finetuning.tasks.items import SERVER_LIMITS
-from bert_recipe.finetuning.tasks.squad import QASettings
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_json, atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.prediction.items import SERVER_LIMITS
+from bert_recipe.tasks.squad_answers import QASettings
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent

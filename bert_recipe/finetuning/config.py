@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from bert_recipe.finetuning.tasks.squad import QASettings
+from bert_recipe.tasks.squad_answers import QASettings
 from bert_recipe.training import precision_policy
 from bert_recipe.training.flags import Config, flag
 
@@ -288,7 +288,7 @@ class SquadRuntime(FinetuneRuntime):
 
 @dataclass(frozen=True)
 class SquadWindows:
-    """How questions are cut into windows and answers read back (squad.QASettings, whose defaults these are)."""
+    """How questions are cut into windows and answers read back (squad_answers.QASettings, whose defaults these are)."""
 
     doc_stride: int = QASettings.doc_stride
     """tokens between the starts of consecutive windows"""

@@ -2,7 +2,7 @@
 small `Task` (its flags, examples, encoding, batches, head and metrics); everything else is here, once.
 
 Read top to bottom (every script's flags and their rules are finetuning/config.py's; the model files, the padding of
-a batch and the forward pass of prediction are finetuning/predict.py's, which the commands that only read a model
+a batch and the forward pass of prediction are prediction/predict.py's, which the commands that only read a model
 share):
 1. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
    `token_type_ids`, `attention_mask` [B, S] (multiple choice: [B, C, S]) and the head's labels (`labels`, or
@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from bert_recipe.finetuning.config import FinetuneConfig
-from bert_recipe.finetuning.predict import check_model_fits, forward_batches, length_sorted_batches, resolve_model_files
 from bert_recipe.io import atomic_io, cli
 from bert_recipe.io.checkpoint_io import export_state_dict, load_pretrained, save_hf_directory
+from bert_recipe.prediction.predict import check_model_fits, forward_batches, length_sorted_batches, resolve_model_files
 from bert_recipe.training import dist_env, parallelize, precision_policy, train_step
 from bert_recipe.training.meter import Meter, RunLogger
 from modeling import BertConfig

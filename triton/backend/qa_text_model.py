@@ -5,9 +5,9 @@ settings.json (tensor model name, input dtype, lower-casing, window and answer l
 triton/client.py, for its batching and answer records) beside it.
 
 Per request row: question [1] and context [1] (BYTES, UTF-8). The model tokenizes and cuts windows with
-finetuning/tasks/squad.py's convert_examples_to_features, sends the windows to the tensor model (settings.json
+tasks/squad.py's convert_examples_to_features, sends the windows to the tensor model (settings.json
 "tensor_model", e.g. bert_qa) through Triton's business-logic scripting (BLS) in batches of at most its
-max_batch_size, and turns the logits into answers with get_predictions, exactly as triton/client.py and
+max_batch_size, and turns the logits into answers with squad_answers.get_predictions, exactly as triton/client.py and
 inference.py do.
 Outputs per row: answer [1] (BYTES), probability [1] (FP32), nbest_json [1] (BYTES: the n-best list as JSON).
 
@@ -17,7 +17,7 @@ a question over max_question_chars or a context over max_context_chars character
 more than max_windows windows together. The limits come from $BERT_TRITON_MAX_CONTEXT_CHARS /
 $BERT_TRITON_MAX_QUESTION_CHARS / $BERT_TRITON_MAX_WINDOWS at server start, else from this model's config.pbtxt
 parameters (model_repository.py --max_context_chars / --max_question_chars / --max_windows), else the defaults in
-finetuning/tasks/items.py; 0 turns a limit off.
+prediction/items.py; 0 turns a limit off.
 """
 
 import dataclasses
@@ -50,9 +50,10 @@ _extend_sys_path()
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from bert_recipe.finetuning.tasks import items
-from bert_recipe.finetuning.tasks.items import check_qa_text, check_windows, decode_utf8
-from bert_recipe.finetuning.tasks.squad import answers_from_logits, convert_examples_to_features, examples_from_qa_pairs
+from bert_recipe.prediction import items
+from bert_recipe.prediction.items import check_qa_text, check_windows, decode_utf8
+from bert_recipe.tasks.squad import convert_examples_to_features, examples_from_qa_pairs
+from bert_recipe.tasks.squad_answers import answers_from_logits
 from tokenization import BertTokenizer
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")

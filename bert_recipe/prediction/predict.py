@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bert_recipe.finetuning.tasks import squad
-from bert_recipe.finetuning.tasks.glue import truncate_seq_pair
-from bert_recipe.finetuning.tasks.items import check_windows
 from bert_recipe.io import cli
 from bert_recipe.io.checkpoint_io import load_pt, read_state_dict
+from bert_recipe.prediction.items import check_windows
+from bert_recipe.tasks import squad, squad_answers
+from bert_recipe.tasks.glue import truncate_seq_pair
 from bert_recipe.training import precision_policy, train_step
 from tokenization import BertTokenizer
 
@@ -234,7 +234,7 @@ def answer_questions(
     model,
     tokenizer: BertTokenizer,
     items: Sequence[Mapping[str, Any]],
-    settings: squad.QASettings = squad.QASettings(),
+    settings: squad_answers.QASettings = squad_answers.QASettings(),
     runtime: Runtime = Runtime(),
     *,
     max_windows: int = 0,
@@ -272,7 +272,7 @@ def answer_questions(
         runtime,
         "windows",
     )
-    results = {f.unique_id: squad.RawResult(f.unique_id, out[0], out[1]) for f, out in zip(features, logits)}
+    results = {f.unique_id: squad_answers.RawResult(f.unique_id, out[0], out[1]) for f, out in zip(features, logits)}
     return settings.answers(examples, features, results, tokenizer.do_lower_case)
 
 

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bert_recipe.finetuning.tasks.squad import squad_articles
+from bert_recipe.tasks.squad import squad_articles
 from bert_recipe.training.flags import field_docs
 
 
