@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import GlueConfig
-from bert_recipe.io import cli
+from bert_recipe.io import cli, flags
 from bert_recipe.prediction import predict
 from bert_recipe.tasks.glue import (
     compute_metrics,
@@ -60,7 +60,7 @@ from bert_recipe.tasks.glue import (
     get_test_examples,
     get_train_examples,
 )
-from bert_recipe.training import dist_env, flags
+from bert_recipe.training import dist_env
 from modeling import BertForSequenceClassification
 
 # ----------------------------------------------------------------------------------------------------------------

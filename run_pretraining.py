@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from bert_recipe.io import cli
+from bert_recipe.io import cli, flags
 from bert_recipe.io.checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
 from bert_recipe.io.cli import InputError, describe_error
 from bert_recipe.pretraining.config import PretrainConfig
@@ -72,7 +72,7 @@ from bert_recipe.pretraining.trainer import (
     validate_and_describe,
 )
 from bert_recipe.pretraining.validation import SpecialIds, Validator
-from bert_recipe.training import dist_env, flags
+from bert_recipe.training import dist_env
 from bert_recipe.training.meter import RunLogger
 from bert_recipe.training.parallelize import apply_parallelism_and_precision, compiled
 from bert_recipe.training.precision_policy import Precision

@@ -62,10 +62,10 @@ import torch
 
 from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import SquadConfig
-from bert_recipe.io import atomic_io, cli
+from bert_recipe.io import atomic_io, cli, flags
 from bert_recipe.prediction import predict
 from bert_recipe.tasks import squad, squad_answers, squad_cache, squad_metrics
-from bert_recipe.training import dist_env, flags, meter
+from bert_recipe.training import dist_env, meter
 from modeling import BertForQuestionAnswering
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def build_features(
         progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
     if sync and not env.is_main:
         dist_env.barrier(env)  # wait for process 0 to write the cache, then read it
-    settings = squad_answers.QASettings.from_args(cfg.flags())
+    settings = squad_answers.QASettings.from_flags(cfg.flags())
     features, how = squad_cache.load_or_build_features(
         input_file, examples, tokenizer, settings, is_training, cache_dir, write_cache=env.is_main, progress=progress
     )

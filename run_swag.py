@@ -37,10 +37,10 @@ import torch.nn.functional as F
 
 from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import SwagConfig
-from bert_recipe.io import cli
+from bert_recipe.io import cli, flags
 from bert_recipe.prediction import predict
 from bert_recipe.tasks.swag import accuracy, encode_examples, get_examples
-from bert_recipe.training import dist_env, flags
+from bert_recipe.training import dist_env
 from modeling import BertForMultipleChoice
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -31,11 +31,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ClassVar, Iterable, Iterator
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.prep.text_formatting import is_wikiextractor, iter_wikiextractor_docs, open_text
 from bert_recipe.prep.vocab import list_input_files
 
@@ -133,6 +136,42 @@ def write_documents(
     return len(train), len(test)
 
 
+@dataclass(frozen=True)
+class DocumentFlags:
+    """What to read, what to write, and the held-out part."""
+
+    input: list[str] = flag(required=True)
+    """text files or folders of them (WikiText, WikiExtractor output, or documents separated by blank lines; .gz
+    read as gzip)"""
+    output: str = flag(required=True)
+    """the output file"""
+    sentences: bool = False
+    """one sentence per line, a blank line between documents (create_pretraining_data.py's input)"""
+    test_fraction: float = 0.0
+    """put the last this fraction of the documents (at least one) in --test_output"""
+    test_output: str | None = None
+    """where the --test_fraction documents go"""
+
+
+@dataclass(frozen=True)
+class DocumentsConfig(flags.Config):
+    """Every flag of text_to_documents.py."""
+
+    documents: DocumentFlags = field(default_factory=DocumentFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("documents",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
+
+    def rules(self) -> list[tuple[bool, str]]:
+        d = self.documents
+        return [
+            (not 0.0 <= d.test_fraction < 1.0, f"--test_fraction must be in [0, 1), got {d.test_fraction}"),
+            (bool(d.test_fraction) and not d.test_output, "--test_fraction needs --test_output"),
+        ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """0 when the documents are written; bad input: one line on stderr ("text_to_documents: error: ..."), exit 1."""
     with script_errors("text_to_documents", argv):
@@ -140,32 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--input",
-        nargs="+",
-        required=True,
-        help="text files or folders of them (WikiText, WikiExtractor output, or documents separated by "
-        "blank lines; .gz read as gzip)",
-    )
-    p.add_argument("--output", required=True, help="the output file")
-    p.add_argument(
-        "--sentences",
-        action="store_true",
-        help="one sentence per line, a blank line between documents (create_pretraining_data.py's input)",
-    )
-    p.add_argument(
-        "--test_fraction",
-        type=float,
-        default=0.0,
-        help="put the last this fraction of the documents (at least one) in --test_output",
-    )
-    p.add_argument("--test_output", help="where the --test_fraction documents go")
-    args = p.parse_args(argv)
-    if not 0.0 <= args.test_fraction < 1.0:
-        raise InputError(f"--test_fraction must be in [0, 1), got {args.test_fraction}")
-    if args.test_fraction and not args.test_output:
-        raise InputError("--test_fraction needs --test_output")
+    args = flags.parse(DocumentsConfig, "text_to_documents.py", __doc__, argv).documents
     n_train, n_test = write_documents(args.input, args.output, args.sentences, args.test_fraction, args.test_output)
     if n_train == 0:
         raise InputError(f"no text found in {' '.join(args.input)}: give text files or folders of them")

@@ -311,6 +311,31 @@ def test_nothing_but_the_notebook_and_its_tests_imports_bench():
     assert hits == []
 
 
+PARSER_CALLS = {
+    "ArgumentParser",
+    "add_argument",
+    "add_argument_group",
+    "add_mutually_exclusive_group",
+    "add_subparsers",
+}
+PARSER_FILES = {"bert_recipe/io/flags.py", "bert_recipe/io/cli.py"}  # the converter, and the --debug flag it adds
+
+
+def test_every_command_declares_its_flags_one_way():
+    """Every command outside bench/ (entry scripts, data/, the prep commands, triton/, scripts/) declares its flags
+    as a flags.Config of frozen sections and parses them with flags.parse or flags.parse_command: no other file
+    makes an argparse parser or adds an argument to one (issue 58; bench's studies keep their own)."""
+    hand_built = sorted(
+        f"{rel}:{node.lineno} {node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id}"
+        for rel, tree in library_sources().items()
+        if not rel.startswith("bench/") and rel not in PARSER_FILES
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)) in PARSER_CALLS
+    )
+    assert hand_built == []
+
+
 def test_project_modules_are_imported_at_the_head():
     """At most 117 imports of the project's modules inside functions (tests included): a file's head lists its
     neighbours; a local import is kept only for a reason its comment gives."""

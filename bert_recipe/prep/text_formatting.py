@@ -36,11 +36,14 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter, deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ClassVar, Iterable, Iterator, Literal
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.prep.engine import local_engine
 from bert_recipe.prep.manifest import Manifest, sha256_file
 
@@ -742,36 +745,41 @@ def format_parquet_files(
 # CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--input",
-        nargs="+",
-        required=True,
-        help="a pages-articles .xml.bz2 dump, or text/WikiExtractor files and folders",
-    )
-    p.add_argument("--output", required=True, help="the one-document-per-line output file")
-    p.add_argument(
-        "--doc_boundary",
-        choices=("file", "blank_line", "line"),
-        default="file",
-        help="for plain text: a document per file, per blank-line-separated block, or per line",
-    )
-    p.add_argument(
-        "--input_pattern",
-        default=None,
-        help="file pattern inside input folders (default *.txt; *.parquet with --input_format parquet)",
-    )
-    p.add_argument(
-        "--input_format",
-        choices=("text", "parquet"),
-        default="text",
-        help="parquet: files with a text column (--text_column), a document per row",
-    )
-    p.add_argument("--text_column", default="text", help="the text column of Parquet input")
-    p.add_argument("--num_workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    return p
+@dataclass(frozen=True)
+class FormatFlags:
+    """What to read, where the documents go, how the text is cut into documents."""
+
+    input: list[str] = flag(required=True)
+    """a pages-articles .xml.bz2 dump, or text/WikiExtractor files and folders"""
+    output: str = flag(required=True)
+    """the one-document-per-line output file"""
+    doc_boundary: Literal["file", "blank_line", "line"] = "file"
+    """for plain text: a document per file, per blank-line-separated block, or per line"""
+    input_pattern: str | None = None
+    """file pattern inside input folders (default *.txt; *.parquet with --input_format parquet)"""
+    input_format: Literal["text", "parquet"] = "text"
+    """parquet: files with a text column (--text_column), a document per row"""
+    text_column: str = "text"
+    """the text column of Parquet input"""
+    num_workers: int = flag(factory=lambda: os.cpu_count() or 1)
+    """worker processes (default: the CPUs of this machine)"""
+    no_progress: bool = False
+    """no progress bar"""
+
+
+@dataclass(frozen=True)
+class FormatConfig(flags.Config):
+    """Every flag of text_formatting.py."""
+
+    format: FormatFlags = field(default_factory=FormatFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("format",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [(self.format.num_workers < 1, "--num_workers must be >= 1")]
 
 
 def main(argv=None) -> int:
@@ -781,9 +789,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.num_workers < 1:
-        raise InputError("--num_workers must be >= 1")
+    args = flags.parse(FormatConfig, "text_formatting.py", __doc__, argv).format
     first = Path(args.input[0])
     if args.input_format == "parquet":
         files = list_text_files(args.input, args.input_pattern or "*.parquet")

@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from bert_recipe.tasks.squad import InputFeatures, SquadExample, convert_examples_to_features
-from bert_recipe.training.flags import field_docs
 from tokenization import BasicTokenizer
 
 RawResult = collections.namedtuple("RawResult", ["unique_id", "start_logits", "end_logits"])
@@ -230,8 +229,9 @@ def answers_from_logits(
 @dataclass(frozen=True)
 class QASettings:
     """How questions are cut into windows and answers read back from the windows' logits, under the names of the
-    flags of run_squad.py, inference.py and triton/client.py. Each group of fields stands beside the method that
-    reads it."""
+    flags of run_squad.py, inference.py and triton/client.py: a section of the configurations of the commands that
+    answer (each derives from it to give max_seq_length its own default, or leaves it out). Each group of fields
+    stands beside the method that reads it."""
 
     # The windows: max_seq_length tokens (S) each, one starting every doc_stride document tokens, after the question
     # cut to max_query_length tokens.
@@ -275,25 +275,10 @@ class QASettings:
         )
 
     @classmethod
-    def add_arguments(cls, parser, prefix: str = "") -> None:
-        """Every field but max_seq_length (whose default is each command's) as a flag of the commands that answer
-        questions (inference.py, triton/client.py, triton/model_repository.py's text model): these defaults, the
-        field docstrings as help, after `prefix`."""
-        docs = field_docs(cls)
-        for f in dataclasses.fields(cls):
-            if f.name == "max_seq_length":
-                continue
-            if isinstance(f.default, bool):
-                parser.add_argument(f"--{f.name}", action="store_true", help=prefix + docs[f.name])
-            else:
-                parser.add_argument(f"--{f.name}", type=type(f.default), default=f.default, help=prefix + docs[f.name])
-
-    @classmethod
-    def from_args(cls, args, **overrides) -> QASettings:
-        """The settings from a script's flags of the same names (a parsed namespace, or a configuration's flat
-        {flag: value}), `overrides` (e.g. a resolved max_seq_length) taking the place of some."""
-        flags = args if isinstance(args, dict) else vars(args)
-        return cls(**{**{f.name: flags[f.name] for f in dataclasses.fields(cls)}, **overrides})
+    def from_flags(cls, flags: dict[str, Any]) -> QASettings:
+        """The settings from a configuration's flat {flag: value} (cfg.flags(): run_squad.py keeps these flags in
+        several sections). A command whose section derives from QASettings has its settings in that section."""
+        return cls(**{f.name: flags[f.name] for f in dataclasses.fields(cls)})
 
 
 def _example_nbest(
