@@ -81,7 +81,6 @@ def resolve_inputs(spec: str) -> list[str]:
 
 def _check_text(path: str) -> None:
     """Refuse a corpus file that is not text (bert_recipe.prep.text_formatting.check_text_file), naming --input_file."""
-
     check_text_file(path, what="--input_file", expected=", one sentence per line")
 
 

@@ -42,8 +42,8 @@ import torch
 
 from bert_recipe.io import atomic_io, cli, flags
 from bert_recipe.io.checkpoint_io import load_pretrained
-from bert_recipe.prediction import predict
 from bert_recipe.io.flags import flag
+from bert_recipe.prediction import predict
 from bert_recipe.prediction.items import InputLimits, check_text, read_items
 from bert_recipe.tasks import squad_answers
 from bert_recipe.training import precision_policy
@@ -173,7 +173,8 @@ def load_model(cfg: InferenceConfig, log):
     if report.fresh_head(f"{head}."):
         task = "run_squad.py" if cfg.task.mode == "qa" else "run_glue.py"
         raise cli.InputError(
-            f"{cfg.model.init_checkpoint} has no {head} head (it would answer at random): fine-tune it with {task} first"
+            f"{cfg.model.init_checkpoint} has no {head} head (it would answer at random): "
+            f"fine-tune it with {task} first"
         )
     return model
 
@@ -268,7 +269,8 @@ def run(cfg: InferenceConfig) -> list[dict]:
     if cfg.task.mode == "qa":
         if max_seq_length < cfg.windows.max_query_length + 4:
             raise cli.InputError(
-                f"--max_seq_length {max_seq_length} must be at least --max_query_length {cfg.windows.max_query_length} + 4"
+                f"--max_seq_length {max_seq_length} must be at least --max_query_length "
+                f"{cfg.windows.max_query_length} + 4"
             )
         out = predict.answer_questions(
             model,

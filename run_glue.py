@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> GlueConfig:
 
 def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, S_max] (padded to the longest sequence of the batch), and
-    labels [B] (int64 classes or float32 scores) when the examples have labels; items: finetuning.EncodedDataset's
+    labels [B] (int64 classes or float32 scores) when the examples have labels; items: recipe.EncodedDataset's
     ((input_ids [L], token_type_ids [L]), label or None)."""
     batch = predict.pad_sequences([sequence for sequence, _ in items], (len(items),))
     if items[0][1] is not None:
@@ -195,7 +195,7 @@ def eval_loss(regression: bool, logits: np.ndarray, labels: np.ndarray) -> float
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """The results, also in results.json; bad input is one line on stderr (finetuning.main)."""
+    """The results, also in results.json; bad input is one line on stderr (recipe.main)."""
     return recipe.main(GlueTask, parse_args, argv)
 
 

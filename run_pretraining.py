@@ -103,7 +103,6 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     """BertForPreTraining from --config_file, with its starting weights: random (seeded identically on every
     rank), or --init_checkpoint / phase 1's checkpoint when not resuming (the resume checkpoint's weights are
     loaded later, with the rest of its state)."""
-
     m, d = cfg.model, cfg.data
     try:
         config = BertConfig.from_json_file(m.config_file)
@@ -161,7 +160,6 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
 
 def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: dist_env.DistEnv):
     """The optimizer (--optimizer, decay on weight matrices only) and its learning-rate schedule."""
-
     o = cfg.optimizer
     optimizer = make_optimizer(
         o.optimizer,
@@ -209,7 +207,6 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
 def make_validator(cfg: PretrainConfig, precision: Precision, env: dist_env.DistEnv):
     """The held-out set's validator (None without --eval_dir); the special ids from --vocab_file, or read off
     the held-out shards."""
-
     e = cfg.evaluation
     if not e.eval_dir:
         return None

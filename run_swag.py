@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> SwagConfig:
 
 def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, C, S_max] (S_max: the batch's longest choice), and labels [B]
-    when the examples have labels; items: finetuning.EncodedDataset's ([(input_ids [L_j], token_type_ids [L_j]) per
+    when the examples have labels; items: recipe.EncodedDataset's ([(input_ids [L_j], token_type_ids [L_j]) per
     choice j], label or None)."""
     choices = len(items[0][0])
     batch = predict.pad_sequences([choice for example, _ in items for choice in example], (len(items), choices))
@@ -144,7 +144,7 @@ class SwagTask(recipe.Task):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """The results, also in results.json; bad input is one line on stderr (finetuning.main)."""
+    """The results, also in results.json; bad input is one line on stderr (recipe.main)."""
     return recipe.main(SwagTask, parse_args, argv)
 
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.adaptive_study --out results/studies/adaptive [--config configs/bert-small-cpu.json] \\
         [--wiki_steps 4000] [--task_steps 4000] [--task_dupe_factor 10] [--doc_sentences 8] \\
-        [--seeds 1,2,3,4,5] [--small_lr 1e-4,3e-4,1e-3,3e-3] [--sst2_max_train_examples 10000] [--sst2_epochs 1] [--parallel 2]
+        [--seeds 1,2,3,4,5] [--small_lr 1e-4,3e-4,1e-3,3e-3] [--sst2_max_train_examples 10000] [--sst2_epochs 1] \\
+        [--parallel 2]
 
 The CPU studies' pre-trained models fine-tune on SST-2 no better than random initialisation, and a linear probe
 finds no sentiment in their features: is it the text (Wikipedia has few opinions about films) or the amount of it?

@@ -144,7 +144,7 @@ def run_pipeline(work: Path, args, engine: list[str], cluster: DaskCluster | Non
     log = [json.loads(line) for line in (work / "bertPrep_log.jsonl").read_text().splitlines()]
     done_records = [r["data"] for r in log if r["step"] == "action_done"]
     engine_at = [r["timestamp"] for r in log if r["step"] == "engine"]  # logged once the engine is ready
-    for (name, stage), record, ready in zip(stages.items(), done_records, engine_at):
+    for stage, record, ready in zip(stages.values(), done_records, engine_at):
         stage.update(
             action_s=record["elapsed_s"],
             peak_rss_mib=record["peak_rss_mib"],

@@ -3,8 +3,9 @@
 Run from the repository root (5-10 minutes on 2 idle CPU cores before the ours+packed row, which adds a fourth
 model to every case; a loaded machine stretches it):
 
-    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_unpad] [--no_packed] [--out results/bench_pretraining.json]
-    .venv/bin/python -m bench.bench_pretraining --configs base --precisions fp32   # the padded / unpadded / packed BERT-base rows
+    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_unpad] [--no_packed] \\
+        [--out results/bench_pretraining.json]
+    .venv/bin/python -m bench.bench_pretraining --configs base --precisions fp32   # BERT-base: padded, unpadded, packed
 
 What is timed: one optimizer step = forward (masked-LM + next-sentence loss) + backward + NVLAMB step + zero_grad,
 wall clock, per model, in train mode (dropout 0.1 on, as in pre-training). The models get

@@ -557,7 +557,10 @@ def markdown(folder: Path) -> str:
             continue
         prof = r.get("profile") or {}
         parts = prof.get("parts") or {}
-        share = lambda k: fmt((parts.get(k) or {}).get("share"), ".0f", 100, "%")  # noqa: E731
+
+        def share(k: str, parts: dict = parts) -> str:
+            return fmt((parts.get(k) or {}).get("share"), ".0f", 100, "%")
+
         cells = [
             fmt(r["rows_per_s"], ",.0f"),
             fmt(r["sequences_per_s"], ",.0f"),

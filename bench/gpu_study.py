@@ -463,7 +463,7 @@ def curves(log: Path) -> dict:
 def markdown(studies: list[tuple[Path, dict]], heading: str = "##", image: str | None = None) -> str:
     """The results page's section: every run of every `run` call (each a gpu_study.json, its logs beside it)."""
     lines = [f"{heading} Pre-training on one GPU (bench.gpu_study)", ""]
-    for path, report in studies[:1]:
+    for _path, report in studies[:1]:
         env, st = report["environment"], report["settings"]
         lines += [
             f"{env.get('device')} ({env.get('gpu_memory_gib')} GiB), torch {env.get('torch')}, CUDA "

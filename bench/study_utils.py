@@ -40,8 +40,8 @@ SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # a GLUE task's sco
 
 
 def cpu_description() -> tuple[str, list[str]]:
-    """The CPU's model name and which native-bf16 flags it has (precision_policy.py's `auto` rests on them), for a report
-    to record beside its numbers."""
+    """The CPU's model name and which native-bf16 flags it has (precision_policy.py's `auto` rests on them), for a
+    report to record beside its numbers."""
     flags = cpu_flags() or set()
     return cpu_model(), [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
 

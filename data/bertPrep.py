@@ -54,8 +54,8 @@ except ModuleNotFoundError as e:
     ) from None
 from bert_recipe.io.atomic_io import JsonLogger, atomic_write_json, atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
-from bert_recipe.io.flags import flag
 from bert_recipe.io.downloads import DownloadError, download, fetch_text, parse_checksum_file
+from bert_recipe.io.flags import flag
 from bert_recipe.prep import text_formatting as tf
 from bert_recipe.prep.engine import EngineConfig, open_engine
 from bert_recipe.prep.manifest import Manifest, sha256_file
@@ -302,7 +302,6 @@ def formatted_file(dirs: dict[str, Path], dataset: str) -> Path:
 
 def formatted_inputs(dirs: dict[str, Path], dataset: str) -> list[Path]:
     """The files of the formatted corpora of `dataset` (both, for books_wiki_en_corpus), in order."""
-
     files = []
     for part in _parts(dataset):
         path = formatted_file(dirs, part)
@@ -326,7 +325,6 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
     'latest' is resolved to a dated dump through latest/'s checksum listing (its entries carry the real date), so
     the file we fetch and the checksum we check always belong to the same dump.
     """
-
     base_url = base_url.rstrip("/")
     stem = "pages-articles-multistream" if kind == "multistream" else "pages-articles"
     listing = None
@@ -395,7 +393,6 @@ def download_wikipedia(cfg: PrepConfig, dest_dir: Path, logger) -> Path:
 
 def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
     """Each line of `url_list`: a URL, optionally followed by a checksum ('sha256:<hex>')."""
-
     if not url_list.is_file():
         raise InputError(f"URL list {url_list} does not exist")
     paths = []
@@ -409,7 +406,7 @@ def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
                 download(url, dest_dir / f"{i:06d}_{name}", checksum=rest[0] if rest else None, progress=progress)
             )
         except (DownloadError, ValueError) as e:
-            raise InputError(f"{url_list} line {i + 1}: {e}")
+            raise InputError(f"{url_list} line {i + 1}: {e}") from e
     return paths
 
 
@@ -543,7 +540,6 @@ def action_create_vocab(cfg: PrepConfig, dirs, logger, engine) -> None:
     --vocab_file (default <working_dir>/vocab.txt) for create_hdf5_files. It runs before sharding because it
     needs only the formatted text, and learns from all of it: the test shards are held out from pre-training, not
     from the vocabulary (as with Google's)."""
-
     if cfg.job.dataset == "google_pretrained_weights":
         raise InputError("google_pretrained_weights has no text to learn a vocabulary from")
     if cfg.vocab.vocab_size is None:
@@ -665,7 +661,6 @@ def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str |
     """Task: create_pretraining_data.py on one text shard, in a process of its own (this interpreter and this
     checkout's script, wherever the task runs), its output to a log file beside the HDF5 files. Returns (exit
     status, its one-line JSON summary, the output's sha256 when it succeeded)."""
-
     shard, output, arguments, log_path = job
     with open(log_path, "w") as log:
         rc = subprocess.run(
@@ -685,7 +680,6 @@ def _check_same_vocabulary(cfg: PrepConfig, out_dir: Path, existing: list[Path])
     """Finished HDF5 files are kept on a rerun: refuse to mix them with files of another vocabulary (a rerun with
     another VOCAB_SIZE relearns vocab.txt; the folder's name does not say which vocabulary made it). The folder
     records the sha256 of the vocab.txt its files were made with; --overwrite removes the old files first."""
-
     digest = hashlib.sha256(Path(cfg.hdf5.vocab_file).read_bytes()).hexdigest()
     stamp = out_dir / "vocab.sha256"
     before = (stamp.read_text().split() or [None])[0] if stamp.is_file() else None
@@ -709,7 +703,6 @@ def action_create_hdf5_files(cfg: PrepConfig, dirs, logger, engine) -> None:
     every finished file (instances, sha256) with the settings that made it: a rerun computes only the files it
     does not list (or whose sha256 changed); --overwrite redoes them all.
     """
-
     if not (REPO_ROOT / "create_pretraining_data.py").is_file():
         raise InputError(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
     if not cfg.hdf5.vocab_file or not Path(cfg.hdf5.vocab_file).is_file():

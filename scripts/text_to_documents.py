@@ -1,5 +1,5 @@
-"""WikiText (or any plain text) -> documents: one per line (for `python -m bert_recipe.prep.sharding`), or one sentence per
-line with a blank line between documents (`--sentences`, the input of create_pretraining_data.py).
+"""WikiText (or any plain text) -> documents: one per line (for `python -m bert_recipe.prep.sharding`), or one sentence
+per line with a blank line between documents (`--sentences`, the input of create_pretraining_data.py).
 
 The CPU demo (scripts/run_cpu_demo.sh) pre-trains on ../shared/data/wikitext-2, whose files look like
 
@@ -13,12 +13,12 @@ The conversion, which is all this file does:
     tokenizer would cut it into "<", "un", "##k", ">", four tokens of noise);
   * every paragraph of an article goes, space-joined, onto the article's one line.
 WikiExtractor output (`<doc ...>` ... `</doc>`, gzip-compressed or not: ../shared/data/wikipedia-en-slice, or the
-output of an older recipe's WikiExtractor step) is read with bert_recipe/prep/text_formatting.py's reader: one document per
-`<doc>`, its paragraphs as they are, the repeated title line dropped.
+output of an older recipe's WikiExtractor step) is read with bert_recipe/prep/text_formatting.py's reader: one document
+per `<doc>`, its paragraphs as they are, the repeated title line dropped.
 Any other text file (no WikiText headings found) is read as documents separated by blank lines.
 A folder stands for every *.txt, *.gz and wiki_* file under it (sorted; data/create_vocab.py's rule).
-With --sentences each paragraph is split into sentences by bert_recipe/prep/sentence_segmentation.py (blingfire) when it is
-importable, else at " . ", " ? ", " ! " (right for WikiText's pre-tokenized text, rough for other text).
+With --sentences each paragraph is split into sentences by bert_recipe/prep/sentence_segmentation.py (blingfire) when it
+is importable, else at " . ", " ? ", " ! " (right for WikiText's pre-tokenized text, rough for other text).
 --test_fraction F writes the last F of the documents (at least one) to a second file, for held-out evaluation.
 
     python -m scripts.text_to_documents --input ../shared/data/wikitext-2/valid.txt --output docs.txt
@@ -59,7 +59,6 @@ def is_wikitext(lines: list[str]) -> bool:
 
 def iter_documents(path: str | Path) -> Iterator[list[str]]:
     """Yield each document of a text file as a list of paragraphs (non-empty, cleaned for WikiText)."""
-
     if is_wikiextractor(path):
         yield from (paragraphs for _, paragraphs in iter_wikiextractor_docs(path) if paragraphs)
         return
@@ -88,7 +87,8 @@ def iter_documents(path: str | Path) -> Iterator[list[str]]:
 
 
 def sentence_splitter() -> Callable[[str], list[str]]:
-    """bert_recipe/prep/sentence_segmentation.py's blingfire splitter when importable, else a split at WikiText's " . "."""
+    """bert_recipe/prep/sentence_segmentation.py's blingfire splitter when importable, else a split at WikiText's
+    " . "."""
     try:
         from bert_recipe.prep.sentence_segmentation import get_segmenter
 
@@ -121,7 +121,6 @@ def write_documents(
 ) -> tuple[int, int]:
     """Write the documents of every input to `output`, the last `test_fraction` of them (at least one when > 0) to
     `test_output`, atomically. Returns (training documents, test documents)."""
-
     docs = [doc for path in list_input_files(list(inputs)) for doc in iter_documents(path)]
     test_documents = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0
     if test_documents and len(docs) <= test_documents:

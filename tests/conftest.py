@@ -107,8 +107,8 @@ def cpu_bf16(request, monkeypatch) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """--precision auto on a CPU follows the CPU's flags, or $BERT_CPU_BF16 when it is set (precision_policy.py). So that
-    every CPU runs the same tests the same way, the suite decides as a CPU without native bf16 would
+    """--precision auto on a CPU follows the CPU's flags, or $BERT_CPU_BF16 when it is set (precision_policy.py). So
+    that every CPU runs the same tests the same way, the suite decides as a CPU without native bf16 would
     (BERT_CPU_BF16=0) unless the user set the variable for the run (`BERT_CPU_BF16=1 bash scripts/test.sh` runs it
     all as an AMX or AVX512-BF16 CPU decides); tests whose outcome depends on the decision take `cpu_bf16` and run
     under both. Set for the whole process, so that module fixtures and the processes they start decide the same way.

@@ -128,7 +128,6 @@ def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: i
 
 def bert_config(**fields):
     """A small modeling.BertConfig for tests: 2 layers, 4 heads, no dropout (exact comparisons), then `fields`."""
-
     return BertConfig(
         **{
             "num_hidden_layers": 2,
@@ -184,7 +183,6 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def shard_stream(folder: Path, micro: int, rank: int = 0, world: int = 1, state: dict | None = None, **options):
     """The pretraining_data stream over `folder`'s shards of 40 rows each, of rank `rank` of `world`, continued from
     `state` (a state_dict()) when given; `options` go to PretrainingData (seed: 7 unless given)."""
-
     unmasked = options.get("masker") is not None  # dynamic masking reads shards written unmasked
     shards = [ShardInfo(p, 40, unmasked) for p in sorted(folder.glob("*.hdf5"))]
     data = PretrainingData(shards, options.pop("seed", 7), micro, DistEnv(rank, world), **options)

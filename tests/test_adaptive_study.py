@@ -171,7 +171,6 @@ def test_four_starts_are_fine_tuned_and_probed(tiny_adaptive):
 def test_second_call_reuses_everything(tiny_adaptive, monkeypatch):
     """The same command again trains nothing and probes nothing: the pre-trainings, fine-tunings and the probe
     are read back, and the report's numbers are the first call's."""
-
     root, first = tiny_adaptive
     no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     monkeypatch.setattr(linear_probe, "main", lambda *a, **k: pytest.fail(f"the probe ran again: {a}"))

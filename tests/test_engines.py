@@ -1,5 +1,5 @@
-"""The data pipeline on every engine (bert_recipe/prep/engine.py): the same HDF5 arrays from one process, two processes, a
-local Dask cluster, and a Dask scheduler with two workers started apart through a scheduler file (as srun starts
+"""The data pipeline on every engine (bert_recipe/prep/engine.py): the same HDF5 arrays from one process, two processes,
+a local Dask cluster, and a Dask scheduler with two workers started apart through a scheduler file (as srun starts
 them); a worker killed -9 mid-stage changes nothing; a rerun after a killed run computes only what its manifest
 does not list; `sbatch data/prep.sub` on the real one-machine Slurm gives the same arrays and leaves no process;
 Parquet input; dump pieces (a multistream dump with its index, numbered part files) format like the whole dump;

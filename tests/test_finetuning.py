@@ -299,7 +299,6 @@ def test_one_batch_vocabulary():
 def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path, do_train):
     """load_model reads the LoadReport of the checkpoint (not its log lines): a pre-training checkpoint has no
     classifier, so evaluating it without --do_train warns that the head is random; with --do_train it does not."""
-
     config = BertConfig(
         vocab_size=64,
         hidden_size=16,

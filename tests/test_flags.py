@@ -183,7 +183,6 @@ def test_fine_tuning_configurations_are_frozen_and_typed(tmp_path):
     """Each fine-tuning script parses a typical command line into its frozen configuration: the shared sections
     with the script's own defaults (GLUE's seed, SQuAD's windows and log_freq, SWAG's batch and learning rate),
     the script's own flags in their sections, --do_eval implying --do_predict for SQuAD."""
-
     squad_file = tmp_path / "dev.json"
     squad_file.write_text("{}")
     squad = run_squad.parse_args(

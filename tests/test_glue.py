@@ -811,7 +811,6 @@ def test_nan_probe_finds_the_first_non_finite_micro_batch(tmp_path, minilm_dir, 
     of about lr = 1e30 per weight makes micro-batch 2 overflow, in fp32 as well, which the replays must show; the
     saved batch and weights load with weights_only=True and hold those enormous weights. A healthy run reports
     first_bad null after all its micro-batches."""
-
     glue = [
         "--task_name",
         "sst-2",

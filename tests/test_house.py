@@ -5,12 +5,15 @@ shrink: a new function over the limits fails here, and one that is shortened mus
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 # Functions of more than 8 parameters (issue 45: 6 at most, optimization.py's fused kernels aside): the one ordered
@@ -94,7 +97,8 @@ spreads a long call over one line an argument). 60 statements is about what 80 h
 
 
 def statements(node: ast.FunctionDef) -> int:
-    """The lines on which a statement of `node` starts (the def, its docstring and nested functions' bodies included)."""
+    """The lines on which a statement of `node` starts (the def, its docstring and nested functions' bodies
+    included)."""
     return len({n.lineno for n in ast.walk(node) if isinstance(n, ast.stmt)})
 
 
@@ -361,3 +365,91 @@ def test_the_packages_folders_import_only_downward():
             if names[0] == "bert_recipe" and len(names) > 1 and floors.index(names[1]) > floors.index(parts[1]):
                 upward.append(f"{rel}:{node.lineno} -> {target}")
     assert upward == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names in docstrings and comments (issue 58): a module path or a file named there exists
+
+
+NAME_ROOTS = ("bert_recipe", "bench", "scripts", "data", "triton", "tests")
+SUBPACKAGES = ("training", "pretraining", "tasks", "prediction", "finetuning", "prep")  # io left out: the stdlib's
+DOTTED_NAME = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(NAME_ROOTS + SUBPACKAGES))
+FILE_NAME = re.compile(r"(?<![\w./<>{}*$-])((?:[\w-]+/)+[\w-]+\.(?:py|sh|md|sub|toml))\b")
+FILE_SUFFIXES = ("py", "sh", "md", "json", "jsonl", "txt", "sub", "toml", "csv", "tsv", "hdf5", "pt", "log")
+
+
+def comments_and_docstrings(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, text) of every comment and every string that stands as a statement (docstrings, attribute docs)."""
+    source = path.read_text(encoding="utf-8")
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            yield node.lineno, node.value.value
+
+
+def top_level_names(path: Path) -> set[str]:
+    """What a module defines or imports at its top level (inside if/try blocks too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def dotted_name_resolves(dotted: str) -> bool:
+    """`bert_recipe.tasks.squad`, `bench.gpu_speed`, `prep.engine.open_engine` (bert_recipe's folders may be named
+    without it): the longest prefix that is a module or a folder exists, and the first name after it, if any, is
+    defined in that module."""
+    parts = dotted.split(".")
+    if parts[0] in SUBPACKAGES:
+        parts = ["bert_recipe", *parts]
+    for cut in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:cut])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        rest = parts[cut:]
+        if module.is_file():
+            return not rest or rest[0] in top_level_names(module)
+        if base.is_dir():
+            return not rest
+    return False
+
+
+def project_files() -> set[str]:
+    """Every file of the checkout and every folder path, relative (the environment and git's folder left out)."""
+    out = set()
+    for top in REPO.iterdir():
+        if top.name.startswith(".") or top.name == "results":
+            continue
+        for path in [top, *top.rglob("*")] if top.is_dir() else [top]:
+            if "__pycache__" not in path.parts:
+                out.add(path.relative_to(REPO).as_posix())
+    return out
+
+
+def test_every_module_and_file_named_in_docstrings_and_comments_exists():
+    """A dotted path of the project's modules (bert_recipe.finetuning.recipe, bench.gpu_speed, prep.engine) and a
+    file path of its code (prediction/predict.py, scripts/run_squad.sh) in any docstring or comment names something
+    that exists: after a move, the old names fail here. A file path may start anywhere below the checkout's root."""
+    files = project_files()
+    paths = [REPO / rel for rel in library_sources() if not rel.startswith("bench/results")]
+    paths += sorted((REPO / "tests").glob("*.py"))
+    stale = []
+    for path in paths:
+        for line, text in comments_and_docstrings(path):
+            where = f"{path.relative_to(REPO)}:{line}"
+            for name in DOTTED_NAME.findall(text):
+                if name.rsplit(".", 1)[1] not in FILE_SUFFIXES and not dotted_name_resolves(name):
+                    stale.append(f"{where}: {name}")
+            for name in FILE_NAME.findall(text):
+                if name.split("/")[0] in (*NAME_ROOTS, *SUBPACKAGES, "io", "configs", "backend") and not any(
+                    f == name or f.endswith("/" + name) for f in files
+                ):
+                    stale.append(f"{where}: {name}")
+    assert stale == []

@@ -108,7 +108,7 @@ class OnlyPrecision(flags.Config):
 
 
 def help_text(script: str) -> str:
-    """`python <script> --help`'s text, whitespace collapsed (conftest.help_of)."""
+    """`python <script> --help`'s text, whitespace collapsed (helpers.help_of)."""
     return " ".join(help_of(importlib.import_module(script.removesuffix(".py")).main).split())
 
 

@@ -244,7 +244,6 @@ def test_scripts_have_help_and_do_nothing_on_import():
 def test_studies_refuse_to_start_without_matplotlib(tmp_path, monkeypatch):
     """The plots come last; a study without matplotlib must say so in one line before its first minute of work (a
     one-hour pre-training study once lost its report to the missing import at the very end)."""
-
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
     missing = tmp_path / "missing"
     calls = {
@@ -693,7 +692,6 @@ def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
     """Runs A (1 process) and C (2 gloo processes, lr x sqrt 2) for 2 steps on shards the study builds from the
     tiny study's corpus; the fine-tuning is a stand-in that checks each checkpoint exists and returns scores chosen
     here."""
-
     root, _, _ = tiny_study
     scores = {"run_A": [0.70, 0.72], "run_C": [0.7005, 0.7205]}
 

@@ -1,5 +1,6 @@
 """Answer questions through a Triton server: tokenize here, send batches of windows over HTTP or gRPC, turn the
-logits into answers exactly as inference.py does (the same tasks/squad.py and tasks/squad_answers.py functions), print JSON.
+logits into answers exactly as inference.py does (the same tasks/squad.py and tasks/squad_answers.py functions), print
+JSON.
 
     PYTHONPATH=. .venv/bin/python triton/client.py --url 127.0.0.1:8000 --protocol http --export_dir DIR \
         --question "Where do the Normans live?" --context "The Normans ... in Normandy, a region in France."
@@ -239,7 +240,6 @@ def answer_with_triton(
 ) -> list[dict[str, Any]]:
     """predict.answer_questions with the model on the server: the same windows, batches and post-processing
     (`settings`: the windows and answers, as inference.py's), `batch_size` windows per request."""
-
     examples = examples_from_qa_pairs(items)
     features = settings.features(examples, tokenizer)
     return settings.answers(examples, features, connection.logits(features, batch_size), tokenizer.do_lower_case)

@@ -251,7 +251,8 @@ def _main(argv) -> int:
         raise
     except Exception as e:  # the client's own errors (connection refused, an unknown model)
         raise InputError(
-            f"--url {cfg.server.url} ({cfg.server.protocol}): cannot read model {cfg.server.model_name!r}: {str(e).splitlines()[0]}"
+            f"--url {cfg.server.url} ({cfg.server.protocol}): cannot read model {cfg.server.model_name!r}: "
+            f"{str(e).splitlines()[0]}"
         ) from None
     rows = []
     for batch in cfg.load.batch_sizes:

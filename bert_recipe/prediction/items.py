@@ -68,7 +68,6 @@ def _json_lines(text: str, path) -> list:
 
 def _squad_items(file: Path) -> list[dict]:
     """{"id", "question", "context"} per question of a SQuAD file (tasks.squad reads its layouts)."""
-
     items = []
     for i, article in enumerate(squad_articles(file)):
         for j, paragraph in enumerate(article["paragraphs"]):

@@ -85,7 +85,6 @@ def _segment_chunk(job: tuple[str, int, int, str, str]) -> tuple[int, str]:
     """Task: split each document (line) of one byte range into sentences; write them to `seg_path` as
     'sentence\\n...sentence\\n\\n' per document, and each document's size in bytes there to `seg_path`.npy (both
     atomically). Returns (documents, the segmented file's sha256)."""
-
     path, start, end, seg_path, segmenter = job
     split = _SEGMENTER_CACHE.get(segmenter) or _SEGMENTER_CACHE.setdefault(segmenter, get_segmenter(segmenter))
     sizes = []
@@ -146,7 +145,6 @@ def assign_shards(sizes: np.ndarray, cfg: ShardingConfig) -> np.ndarray:
 def _write_shard(job: tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray]) -> tuple[str, int, int, str]:
     """Task: copy the given documents (in corpus order) from the segmented files into one shard, atomically.
     Returns (the shard's path, documents, bytes, sha256)."""
-
     out_path, seg_paths, chunk, offset, size = job
     current, f = -1, None
     try:
@@ -176,13 +174,13 @@ def shard_corpus(
     logger=None,
     engine=None,
 ) -> dict:
-    """Run the three passes on `engine` (bert_recipe.prep.engine; None: `cfg.num_workers` processes here); returns the manifest
-    (also written to `<output_prefix>_manifest.json`: the settings, and every shard's documents, bytes and sha256).
+    """Run the three passes on `engine` (bert_recipe.prep.engine; None: `cfg.num_workers` processes here); returns the
+    manifest (also written to `<output_prefix>_manifest.json`: the settings, and every shard's documents, bytes and
+    sha256).
 
     A rerun with the same inputs and settings reuses every shard the manifest lists whose sha256 still matches, and
     every segmented range of pass 1 still on disk (in `.<name>_segmented/` beside the shards, removed once every
     shard is written): after a crash it computes only what is missing."""
-
     files = [Path(f) for f in input_files]
     for f in files:
         if not f.is_file():
@@ -274,7 +272,6 @@ def _segment(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """Pass 1 on the engine, reusing the ranges a crashed run segmented already. Returns every document's size,
     segmented file (index) and byte offset there, and the segmented files."""
-
     seg_dir.mkdir(parents=True, exist_ok=True)
     chunks = plan_chunks(files, cfg.chunk_bytes)
     ledger = Manifest.open(seg_dir / "segmented.json", {**settings, "chunk_bytes": cfg.chunk_bytes})

@@ -10,11 +10,12 @@ Three sources:
     line (`--doc_boundary`). Files that start with `<doc ` are read as WikiExtractor output.
 
 Article titles are not written (the original recipe dropped them too). The work is cut into pieces (runs of
-files, Parquet row groups, pieces of a multistream dump), each a task (bert_recipe/prep/engine.py) writing a part atomically;
-`format_pieces` says how the parts become the output (a folder of parts for the pipeline, one file for this
+files, Parquet row groups, pieces of a multistream dump), each a task (bert_recipe/prep/engine.py) writing a part
+atomically; `format_pieces` says how the parts become the output (a folder of parts for the pipeline, one file for this
 command) and how a rerun reuses them.
 
-    python -m bert_recipe.prep.text_formatting --input enwiki-20240101-pages-articles.xml.bz2 --output wiki_one_article_per_line.txt
+    python -m bert_recipe.prep.text_formatting --input enwiki-20240101-pages-articles.xml.bz2 \\
+        --output wiki_one_article_per_line.txt
     python -m bert_recipe.prep.text_formatting --input my_corpus_dir/ --output mine.txt --doc_boundary blank_line
 """
 
@@ -251,8 +252,8 @@ def format_wiki_dump(
     kind (article, redirect, disambiguation, ...).
 
     How it is read depends on what the dump is (dump_pieces): a multistream dump beside its index, or a folder of
-    the numbered part files, is cut into pieces that are tasks on `engine` (bert_recipe.prep.engine: worker processes here, or
-    a Dask cluster across nodes), each formatting its own pages into a part file; the parts are then joined in
+    the numbered part files, is cut into pieces that are tasks on `engine` (bert_recipe.prep.engine: worker processes
+    here, or a Dask cluster across nodes), each formatting its own pages into a part file; the parts are then joined in
     order. A single-stream .xml.bz2 cannot be cut: one process reads it and `num_workers` local processes parse its
     pages (whatever the engine)."""
     dump = Path(dump)
@@ -364,7 +365,6 @@ def _pages_of(stream) -> Iterator[tuple[int, str, bool, str]]:
 def _format_dump_piece(job: tuple[str, int, int, str]) -> tuple[dict, str]:
     """Task: one piece of a dump (a byte range of a multistream dump, or a whole part file) -> a part file of one
     article per line, written atomically. Returns (counts per page kind, the part's sha256)."""
-
     path, start, end, part = job
     counts: Counter = Counter()
     whole = start == 0 and end == Path(path).stat().st_size and multistream_index(Path(path)) is None
@@ -381,7 +381,6 @@ def _format_dump_piece(job: tuple[str, int, int, str]) -> tuple[dict, str]:
 def _single_stream_part(dump: Path, folder: Path, num_workers: int, progress: bool, logger) -> Counter:
     """A single-stream dump into a folder of one part (00000000.txt), listed in the folder's manifest.json as
     format_pieces lists its parts (reused by a rerun when the dump is the same)."""
-
     if folder.is_file():  # an older run's single file under the folder's name
         folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
@@ -445,7 +444,6 @@ def format_pieces(
     `.<output name>.parts/` until then, are joined in order into the file `output`, atomically, and
     `<output>.manifest.json` records it. Either way nothing is done twice: a rerun with the same settings reuses
     every listed output (or part) whose sha256 still matches."""
-
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = {**settings, "pieces": json.loads(json.dumps(pieces))}
@@ -484,7 +482,6 @@ def format_pieces(
 
 def _join_parts(parts: list[Path], output: Path, final, total: Counter) -> None:
     """The parts, in order, into `output` (atomically), hashed while written; recorded in `final`."""
-
     digest = hashlib.sha256()
     with atomic_open(output, "wb") as out:
         for part in parts:
@@ -542,7 +539,6 @@ def is_wikiextractor(path: str | os.PathLike) -> bool:
 def _format_text_files(job: tuple[tuple[str, ...], str, str]) -> tuple[dict, str]:
     """Task: a run of input files -> one part file of one document per line, in file order (atomically). Returns
     (counts, sha256)."""
-
     paths, doc_boundary, part = job
     docs, largest = 0, 0
     with atomic_open(part, "w", encoding="utf-8") as out:

@@ -464,14 +464,14 @@ def _count_characters(chunk: str, counts: dict[str, int], exact: bool) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The counting pass, in pieces: each piece of the corpus (a line-aligned byte range of a plain file, or a whole gzip
-# file) is a task on the engine (bert_recipe/prep/engine.py) that counts its characters and pre-splits its words into a part file.
+# file) is a task on the engine (bert_recipe/prep/engine.py) that counts its characters and pre-splits its words into a
+# part file.
 
 PIECE_BYTES = 32 << 20
 
 
 def plan_pieces(files: Sequence[Path], piece_bytes: int = PIECE_BYTES) -> list[tuple[str, int, int]]:
     """(file, first byte, end byte) pieces in corpus order; a gzip file is one piece (end -1: to its end)."""
-
     pieces = []
     for path in files:
         with open(path, "rb") as f:
@@ -510,7 +510,6 @@ def _presplit_piece(job: tuple[str, int, int, bool, bool, str]) -> tuple[dict, i
     """Task: one piece -> its characters' counts (exact, or 1 each) and a part file of its pre-split words, one
     chunk of about CHUNK_CHARS characters a line, written atomically. Returns (counts, words, words over 100
     characters left out, chunks, the part's sha256)."""
-
     path, start, end, do_lower_case, exact, part = job
     splitter = _SPLITTERS.get(do_lower_case) or _SPLITTERS.setdefault(do_lower_case, PreSplitter(do_lower_case))
     counts: dict[str, int] = collections.Counter()
@@ -565,7 +564,6 @@ def count_pieces(
 ) -> Counted:
     """The counting pass on `engine` (None: one process here), part files in `work_dir` (reused on a rerun: its
     parts.json lists each with its sha256 and the settings)."""
-
     engine = engine or ProcessEngine(EngineConfig("processes", 1, progress=progress))
     work_dir.mkdir(parents=True, exist_ok=True)
     pieces = plan_pieces(files)
@@ -687,9 +685,9 @@ def learn_vocab(
 ) -> VocabResult:
     """Learn a WordPiece vocabulary of exactly `settings.vocab_size` entries (Google's layout, see the module
     docstring) from `files` (checked text: list_input_files). `settings.limit_alphabet`: keep only that many
-    characters, the most frequent (default: every one). The counting pass runs on `engine` (bert_recipe.prep.engine; None:
-    here), its part files in `work_dir` (None: a temporary folder). Raises InputError for a corpus without words or
-    a size too small for its alphabet (both after the counting pass), or a corpus too small for the size (after
+    characters, the most frequent (default: every one). The counting pass runs on `engine` (bert_recipe.prep.engine;
+    None: here), its part files in `work_dir` (None: a temporary folder). Raises InputError for a corpus without words
+    or a size too small for its alphabet (both after the counting pass), or a corpus too small for the size (after
     learning)."""
     import tempfile
 
@@ -745,7 +743,6 @@ def learn_vocab(
 
 def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
     """vocab.txt: one token a line, UTF-8, "\\n" line ends, written atomically."""
-
     atomic_write_text(path, "".join(f"{t}\n" for t in tokens))
 
 
@@ -761,7 +758,6 @@ def create_vocab(
     """Check the flags, the output and the inputs, learn, write `output_file`. The library entry (bertPrep's
     create_vocab action, which names its output flag `output_flag`); InputError for anything the user can fix,
     before the learning pass wherever it can be known there."""
-
     check_sizes(settings)
     check_output_path(output_file, output_flag)
     files = list_input_files(inputs)

@@ -311,7 +311,7 @@ def _example_nbest(
 
     entries: list[dict] = []
     seen: set[str] = set()
-    for score, order, s, e, sl, el in candidates:
+    for _score, order, s, e, sl, el in candidates:
         if len(entries) >= n_best_size:
             break
         text = "" if order < 0 else _span_text(example, features[order], s, e, words)

@@ -66,7 +66,6 @@ def feature_cache_path(
 
 def save_features(path: str | os.PathLike, features: Sequence[InputFeatures]) -> None:
     """Write features as flat integer arrays; the per-window maps are concatenated with offsets."""
-
     if not features:
         raise ValueError("no features to cache")
     doc_offset = [min(f.token_to_orig_map, default=len(f.tokens) - 1) for f in features]

@@ -45,16 +45,16 @@ def _extend_sys_path() -> None:
             sys.path.append(path)
 
 
-_extend_sys_path()
+_extend_sys_path()  # before the imports below: they come from the paths it adds (E402 on each)
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from bert_recipe.prediction import items
-from bert_recipe.prediction.items import check_qa_text, check_windows, decode_utf8
-from bert_recipe.tasks.squad import convert_examples_to_features, examples_from_qa_pairs
-from bert_recipe.tasks.squad_answers import answers_from_logits
-from tokenization import BertTokenizer
+from bert_recipe.prediction import items  # noqa: E402
+from bert_recipe.prediction.items import check_qa_text, check_windows, decode_utf8  # noqa: E402
+from bert_recipe.tasks.squad import convert_examples_to_features, examples_from_qa_pairs  # noqa: E402
+from bert_recipe.tasks.squad_answers import answers_from_logits  # noqa: E402
+from tokenization import BertTokenizer  # noqa: E402
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 
@@ -69,7 +69,6 @@ LIMITS = ("max_context_chars", "max_question_chars", "max_windows")
 
 def _strings(request, name: str) -> list[str]:
     """The rows of a BYTES input as text; ValueError naming the input, the row and the byte that is not UTF-8."""
-
     array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # [B, 1] object (bytes)
     return [
         decode_utf8(v, f"input '{name}' row {row}") if isinstance(v, bytes) else str(v)
@@ -79,7 +78,6 @@ def _strings(request, name: str) -> list[str]:
 
 def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
     """({limit: value}, {limit: where it came from}): environment, else config.pbtxt parameters, else default."""
-
     defaults = dataclasses.asdict(items.SERVER_LIMITS)
     values, sources = {}, {}
     for name in LIMITS:
