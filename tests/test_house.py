@@ -5,6 +5,7 @@ shrink: a new function over the limits fails here, and one that is shortened mus
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import json
 import os
@@ -31,8 +32,10 @@ FUSED_KERNELS = {
 }
 
 
+@functools.cache
 def library_sources() -> dict[str, ast.Module]:
-    """Every Python file of the project outside tests/ (and the virtual environment), parsed."""
+    """Every Python file of the project outside tests/ (and the virtual environment), parsed; once a session (the
+    tests only read the trees)."""
     out = {}
     for path in sorted(REPO.rglob("*.py")):
         rel = path.relative_to(REPO)
@@ -117,12 +120,13 @@ def test_no_new_function_with_more_than_8_parameters():
 
 
 def test_the_readme_is_for_users():
-    """At most 350 lines, and no commit hashes or CI counts: dated measurements live in bench/STUDIES.md and
-    bench/RESULTS.md, CI reports itself."""
-    import re
-
+    """At most 300 lines, table rows a terminal shows whole (120 characters at most: the detail lives in the linked
+    documents), and no commit hashes or CI counts: dated measurements live in bench/STUDIES.md and bench/RESULTS.md,
+    CI reports itself."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 350
+    assert len(text.splitlines()) <= 300
+    wide = [line[:60] for line in text.splitlines() if line.startswith("|") and len(line) > 120]
+    assert wide == [], wide
     hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", w) and re.search(r"\d", w)]
     assert hashes == [], hashes
     assert not re.search(r"\b\d[\d,]* tests passed\b", text)
@@ -389,6 +393,7 @@ def comments_and_docstrings(path: Path) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.value.value
 
 
+@functools.cache
 def top_level_names(path: Path) -> set[str]:
     """What a module defines or imports at its top level (inside if/try blocks too)."""
     names = set()
@@ -453,3 +458,49 @@ def test_every_module_and_file_named_in_docstrings_and_comments_exists():
                 ):
                     stale.append(f"{where}: {name}")
     assert stale == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Test tiers (issue 58): the unit floor and the integration tier, declared in tests/conftest.py
+
+
+def test_every_test_file_is_in_one_tier():
+    """Each test_*.py is in exactly one of conftest.py's INTEGRATION_FILES and UNIT_FILES, the lists name no other
+    file, and each of INTEGRATION_TESTS is a test function of a unit file (a new file or test is classified when it
+    is added, a removed one leaves the lists)."""
+    import conftest
+
+    files = {p.name for p in (REPO / "tests").glob("test_*.py")}
+    both = conftest.INTEGRATION_FILES & conftest.UNIT_FILES
+    assert both == set() and conftest.INTEGRATION_FILES | conftest.UNIT_FILES == files, (
+        both,
+        sorted(files - conftest.INTEGRATION_FILES - conftest.UNIT_FILES),
+        sorted((conftest.INTEGRATION_FILES | conftest.UNIT_FILES) - files),
+    )
+    for name in sorted(conftest.INTEGRATION_TESTS):
+        file, function = name.split("::")
+        assert file in conftest.UNIT_FILES, name
+        tree = ast.parse((REPO / "tests" / file).read_text(encoding="utf-8"))
+        assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, name
+
+
+def test_the_unit_floor_leaves_out_the_integration_tier():
+    """`-m "not integration"` (README, Tests) collects the unit files' tests but those INTEGRATION_TESTS names, and
+    nothing of an integration file; a plain run collects both tiers."""
+    import conftest
+
+    def collected(*marks: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *marks, "tests"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return [line for line in done.stdout.splitlines() if "::" in line]
+
+    every, unit = collected(), collected("-m", "not integration")
+    files = {line.split("::")[0].removeprefix("tests/") for line in unit}
+    functions = {f"{n.split('::')[0].removeprefix('tests/')}::{n.split('::')[1].split('[')[0]}" for n in unit}
+    assert files <= conftest.UNIT_FILES and not functions & conftest.INTEGRATION_TESTS
+    assert 0 < len(unit) < len(every), (len(unit), len(every))
