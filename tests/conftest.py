@@ -172,13 +172,17 @@ UNIT_FILES = frozenset(
 
 
 # The tests of a unit file that still belong to the integration tier: torch.compile runs, real training runs,
-# process groups and subprocess pipelines, a whole-corpus reference comparison. file::function, every
+# process groups, subprocess pipelines (the bash launchers), full ONNX/TorchScript exports, a whole-corpus
+# reference comparison. file::function, every
 # parametrization of it.
 INTEGRATION_TESTS = frozenset(
     {
+        "test_bad_inputs.py::test_launcher_bad_input_is_one_line",
         "test_bind.py::test_installed_torchrun_option_is_detected",
         "test_bit_mask_dropout.py::test_a_bert_with_bit_masks_equals_torchs_in_eval_and_learns_in_training",
         "test_create_pretraining_data.py::test_same_seed_same_arrays_for_any_worker_count",
+        "test_export.py::test_qa_from_hf_directory_int64",
+        "test_export.py::test_qa_from_project_checkpoint_int32",
         "test_finetuning.py::test_glue_recipe_equals_a_hand_written_loop",
         "test_house.py::test_the_unit_floor_leaves_out_the_integration_tier",
         "test_inference.py::test_cli_errors_are_one_line_and_debug_shows_the_traceback",
