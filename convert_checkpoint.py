@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import modeling
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_torch_save
 from bert_recipe.io.checkpoint_io import from_pretrained, nvidia_state_dict, save_hf_directory
-from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, script_errors
+from bert_recipe.io.cli import check_output_path, script_errors
+from bert_recipe.io.flags import flag
 
 MODELS = {
     "pretraining": modeling.BertForPreTraining,
@@ -28,40 +32,58 @@ MODELS = {
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="convert_checkpoint.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--input", required=True, help="checkpoint: HF directory, .pt, .bin or .safetensors")
-    p.add_argument("--output", required=True, help="output directory (--format hf) or .pt file (--format nvidia)")
-    p.add_argument("--format", choices=("hf", "nvidia"), default="hf", help="what to write (default: hf)")
-    p.add_argument(
-        "--model",
-        choices=sorted(MODELS),
-        default="pretraining",
-        help="which model the checkpoint holds (default: pretraining)",
-    )
-    p.add_argument("--num_labels", type=int, default=2, help="classifier outputs, with --model classification")
-    p.add_argument("--config_file", default=None, help="bert_config.json, when none sits in or beside the input")
-    p.add_argument("--vocab_file", default=None, help="vocab.txt to copy into a Hugging Face directory")
-    add_debug_argument(p)
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class Conversion:
+    """What to read, what to write."""
+
+    input: str | None = flag(None, required=True)
+    """checkpoint: HF directory, .pt, .bin or .safetensors"""
+    output: str | None = flag(None, required=True)
+    """output directory (--format hf) or .pt file (--format nvidia)"""
+    format: Literal["hf", "nvidia"] = "hf"
+    """what to write (default: hf)"""
+    model: str = flag("pretraining", choices=sorted(MODELS))
+    """which model the checkpoint holds (default: pretraining)"""
+    num_labels: int = 2
+    """classifier outputs, with --model classification"""
+    config_file: str | None = None
+    """bert_config.json, when none sits in or beside the input"""
+    vocab_file: str | None = None
+    """vocab.txt to copy into a Hugging Face directory"""
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Every input and the output checked before the checkpoint is read (one-line InputError each)."""
-    if not Path(args.input).exists():
-        raise InputError(
-            f"--input {args.input} not found: give a checkpoint (.pt, .bin, .safetensors or a Hugging Face folder)"
-        )
-    for flag, value in (("--config_file", args.config_file), ("--vocab_file", args.vocab_file)):
-        if value is not None and not Path(value).is_file():
-            raise InputError(f"{flag} {value} {'is a folder' if Path(value).is_dir() else 'not found'}: name the file")
-    if args.vocab_file is not None and args.format != "hf":
-        raise InputError("--vocab_file is copied into a Hugging Face folder only: use it with --format hf")
-    if args.model == "classification" and args.num_labels < 1:
-        raise InputError(f"--num_labels must be at least 1, got {args.num_labels}")
-    check_output_path(args.output, "--output", folder=args.format == "hf")
+@dataclass(frozen=True)
+class ConvertConfig(flags.Config):
+    """Every flag of convert_checkpoint.py."""
+
+    conversion: Conversion = field(default_factory=Conversion)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("conversion",)
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
+
+    def rules(self) -> list[tuple[bool, str]]:
+        """Every input checked before the checkpoint is read (the output after them, by check_output_path)."""
+        c = self.conversion
+        files = {"--config_file": c.config_file, "--vocab_file": c.vocab_file}
+        return [
+            (
+                not Path(c.input).exists(),
+                f"--input {c.input} not found: give a checkpoint (.pt, .bin, .safetensors or a Hugging Face folder)",
+            ),
+            *[
+                (
+                    value is not None and not Path(value).is_file(),
+                    f"{name} {value} {'is a folder' if Path(value or '').is_dir() else 'not found'}: name the file",
+                )
+                for name, value in files.items()
+            ],
+            (
+                c.vocab_file is not None and c.format != "hf",
+                "--vocab_file is copied into a Hugging Face folder only: use it with --format hf",
+            ),
+            (c.model == "classification" and c.num_labels < 1, f"--num_labels must be at least 1, got {c.num_labels}"),
+        ]
 
 
 def main(argv=None) -> int:
@@ -72,8 +94,8 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = parse_args(argv)
-    check_args(args)
+    args = flags.parse(ConvertConfig, "convert_checkpoint.py", __doc__, argv).conversion
+    check_output_path(args.output, "--output", folder=args.format == "hf")  # before the checkpoint is read
     cls = MODELS[args.model]
     kwargs = {"num_labels": args.num_labels} if args.model == "classification" else {}
     model = from_pretrained(cls, args.input, config=args.config_file, **kwargs)

@@ -39,12 +39,15 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Literal, Sequence
 
 import numpy as np
 
-from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
+from bert_recipe.io import flags
+from bert_recipe.io.cli import InputError, check_output_path, describe_error, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.prep.text_formatting import check_text_file
 from bert_recipe.pretraining import shard_writer as writer
 from tokenization import load_vocab
@@ -78,109 +81,109 @@ def resolve_inputs(spec: str) -> list[str]:
 
 def _check_text(path: str) -> None:
     """Refuse a corpus file that is not text (bert_recipe.prep.text_formatting.check_text_file), naming --input_file."""
-
     check_text_file(path, what="--input_file", expected=", one sentence per line")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="create_pretraining_data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--input_file",
-        required=True,
-        help="a text file, a folder of .txt files, or a comma-separated list (one sentence per line, "
-        "blank line between documents)",
-    )
-    out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("--output_file", help="one HDF5 file from all inputs together")
-    out.add_argument("--output_dir", help="one <stem>.hdf5 per input file, shard i with seed random_seed + i")
-    p.add_argument("--vocab_file", required=True, help="BERT vocab.txt")
-    p.add_argument(
-        "--do_lower_case",
+@dataclass(frozen=True)
+class Files:
+    """The corpus, where the shards go, the vocabulary."""
+
+    input_file: str | None = flag(None, required=True)
+    """a text file, a folder of .txt files, or a comma-separated list (one sentence per line, blank line between
+    documents)"""
+    output_file: str | None = flag(None, exclusive="output")
+    """one HDF5 file from all inputs together"""
+    output_dir: str | None = flag(None, exclusive="output")
+    """one <stem>.hdf5 per input file, shard i with seed random_seed + i"""
+    vocab_file: str | None = flag(None, required=True)
+    """BERT vocab.txt"""
+    do_lower_case: bool = flag(
+        True,
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="lower-case and strip accents (uncased vocabularies; the default, as in Google's and "
-        "NVIDIA's scripts); --no-do_lower_case / --no_do_lower_case for cased ones",
+        switches=[flags.Switch(("--no_do_lower_case",), False, argparse.SUPPRESS, default=True)],
     )
-    p.add_argument("--no_do_lower_case", dest="do_lower_case", action="store_false", help=argparse.SUPPRESS)
-    p.add_argument("--max_seq_length", type=int, default=128)
-    p.add_argument("--max_predictions_per_seq", type=int, default=20)
-    p.add_argument("--masked_lm_prob", type=float, default=0.15)
-    p.add_argument("--short_seq_prob", type=float, default=0.1)
-    p.add_argument("--dupe_factor", type=int, default=10, help="passes over the data, each with new masks/pairs")
-    p.add_argument(
-        "--random_seed",
-        type=int,
-        default=12345,
-        help="master seed: the same seed gives identical arrays for any --num_workers",
-    )
-    p.add_argument(
-        "--num_workers",
-        type=int,
-        default=len(os.sched_getaffinity(0)),
-        help="worker processes (default: the CPUs available); 1 runs in this process",
-    )
-    p.add_argument("--do_whole_word_mask", action="store_true", help="mask whole words (all their ## pieces)")
-    p.add_argument(
-        "--no_static_masking",
-        action="store_true",
-        help="write unmasked input_ids and all-zero masked_lm_positions/ids (attribute masking="
-        "'dynamic') for a loader that masks per epoch with dynamic_mask()",
-    )
-    p.add_argument(
-        "--pack_sequences",
-        type=int,
-        default=0,
-        metavar="K",
-        help="sequence packing: put up to K (>= 2) instances into each row of max_seq_length, first-fit-"
-        "decreasing over windows of 8,192 shuffled instances; adds next_sentence_positions [N,K] "
-        "int32, makes next_sentence_labels [N,K] int8 (-1: unused slot) and masked_lm_* [N,P_row] "
-        "(P_row = min(K*P, floor(S*masked_lm_prob) + K)); run_pretraining.py detects packed shards "
-        "(default 0: one instance a row)",
-    )
-    p.add_argument("--compression", choices=("gzip", "none"), default="gzip", help="HDF5 compression (NVIDIA: gzip)")
-    p.add_argument(
-        "--gzip_level",
-        type=int,
-        default=1,
-        choices=range(1, 10),
-        metavar="{1..9}",
-        help="zlib level (default 1: with the shuffle filter, smaller than NVIDIA's level-4 files and "
-        "twice as fast to write)",
-    )
-    p.add_argument(
-        "--mp_start_method",
-        choices=("auto", "spawn", "forkserver", "fork"),
-        default="auto",
-        help="how worker processes start; auto: fork on Linux when this process runs no other thread "
-        "(cheap), else spawn (safe everywhere)",
-    )
-    p.add_argument("--no_progress", action="store_true", help="no tqdm progress bars")
-    add_debug_argument(p)
-    return p
+    """lower-case and strip accents (uncased vocabularies; the default, as in Google's and NVIDIA's scripts);
+    --no-do_lower_case / --no_do_lower_case for cased ones"""
 
 
-def _check_args(args) -> None:
-    s, p = args.max_seq_length, args.max_predictions_per_seq
-    problems = [
-        (s < 5, f"--max_seq_length {s} must be at least 5 ([CLS] A [SEP] B [SEP])"),
-        (p < 1 or p > s, f"--max_predictions_per_seq {p} must be in [1, max_seq_length={s}]"),
-        (not 0.0 < args.masked_lm_prob <= 1.0, f"--masked_lm_prob {args.masked_lm_prob} must be in (0, 1]"),
-        (not 0.0 <= args.short_seq_prob <= 1.0, f"--short_seq_prob {args.short_seq_prob} must be in [0, 1]"),
-        (args.dupe_factor < 1, f"--dupe_factor {args.dupe_factor} must be at least 1"),
-        (args.random_seed < 0, f"--random_seed {args.random_seed} must be a non-negative integer"),
-        (args.num_workers < 1, f"--num_workers {args.num_workers} must be at least 1"),
-        (
-            args.pack_sequences == 1 or args.pack_sequences < 0,
-            f"--pack_sequences {args.pack_sequences} must be 0 (no packing) or at least 2 (sequences a row)",
-        ),
-        (os.path.isdir(args.vocab_file), f"--vocab_file {args.vocab_file} is a folder: name the vocab.txt in it"),
-        (not os.path.exists(args.vocab_file), f"--vocab_file {args.vocab_file} does not exist: give a BERT vocab.txt"),
-    ]
-    for bad, message in problems:
-        if bad:
-            raise InputError(message)
+@dataclass(frozen=True)
+class Instances:
+    """Google's instances, their masks and packing (writer.InstanceConfig's flags and defaults), and the workers
+    that make them."""
+
+    max_seq_length: int = writer.InstanceConfig.max_seq_length
+    """tokens per instance: [CLS] A [SEP] B [SEP], zero-padded"""
+    max_predictions_per_seq: int = writer.InstanceConfig.max_predictions_per_seq
+    """masked positions per instance, at most"""
+    masked_lm_prob: float = writer.InstanceConfig.masked_lm_prob
+    """the share of the tokens masked"""
+    short_seq_prob: float = writer.InstanceConfig.short_seq_prob
+    """the share of instances cut shorter than max_seq_length on purpose"""
+    dupe_factor: int = writer.InstanceConfig.dupe_factor
+    """passes over the data, each with new masks/pairs"""
+    random_seed: int = writer.InstanceConfig.random_seed
+    """master seed: the same seed gives identical arrays for any --num_workers"""
+    num_workers: int = flag(factory=lambda: len(os.sched_getaffinity(0)))
+    """worker processes (default: the CPUs available); 1 runs in this process"""
+    do_whole_word_mask: bool = writer.InstanceConfig.do_whole_word_mask
+    """mask whole words (all their ## pieces)"""
+    no_static_masking: bool = False
+    """write unmasked input_ids and all-zero masked_lm_positions/ids (attribute masking='dynamic') for a loader that
+    masks per epoch with dynamic_mask()"""
+    pack_sequences: int = flag(writer.InstanceConfig.pack_sequences, metavar="K")
+    """sequence packing: put up to K (>= 2) instances into each row of max_seq_length, first-fit-decreasing over
+    windows of 8,192 shuffled instances; adds next_sentence_positions [N,K] int32, makes next_sentence_labels [N,K]
+    int8 (-1: unused slot) and masked_lm_* [N,P_row] (P_row = min(K*P, floor(S*masked_lm_prob) + K));
+    run_pretraining.py detects packed shards (default 0: one instance a row)"""
+
+
+@dataclass(frozen=True)
+class Writing:
+    """How the HDF5 file is stored and the workers start (writer.ShardWriting's defaults): none changes the arrays."""
+
+    compression: Literal["gzip", "none"] = "gzip"
+    """HDF5 compression (NVIDIA: gzip)"""
+    gzip_level: int = flag(writer.ShardWriting.gzip_level, choices=range(1, 10), metavar="{1..9}")
+    """zlib level (default 1: with the shuffle filter, smaller than NVIDIA's level-4 files and twice as fast to
+    write)"""
+    mp_start_method: Literal["auto", "spawn", "forkserver", "fork"] = "auto"
+    """how worker processes start; auto: fork on Linux when this process runs no other thread (cheap), else spawn
+    (safe everywhere)"""
+    no_progress: bool = False
+    """no tqdm progress bars"""
+
+
+@dataclass(frozen=True)
+class CreateConfig(flags.Config):
+    """Every flag of create_pretraining_data.py."""
+
+    files: Files = field(default_factory=Files)
+    instances: Instances = field(default_factory=Instances)
+    writing: Writing = field(default_factory=Writing)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("files", "instances", "writing")
+    required_groups: ClassVar[tuple[str, ...]] = ("output",)
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
+
+    def rules(self) -> list[tuple[bool, str]]:
+        i, vocab_file = self.instances, self.files.vocab_file
+        s, p = i.max_seq_length, i.max_predictions_per_seq
+        return [
+            (s < 5, f"--max_seq_length {s} must be at least 5 ([CLS] A [SEP] B [SEP])"),
+            (p < 1 or p > s, f"--max_predictions_per_seq {p} must be in [1, max_seq_length={s}]"),
+            (not 0.0 < i.masked_lm_prob <= 1.0, f"--masked_lm_prob {i.masked_lm_prob} must be in (0, 1]"),
+            (not 0.0 <= i.short_seq_prob <= 1.0, f"--short_seq_prob {i.short_seq_prob} must be in [0, 1]"),
+            (i.dupe_factor < 1, f"--dupe_factor {i.dupe_factor} must be at least 1"),
+            (i.random_seed < 0, f"--random_seed {i.random_seed} must be a non-negative integer"),
+            (i.num_workers < 1, f"--num_workers {i.num_workers} must be at least 1"),
+            (
+                i.pack_sequences == 1 or i.pack_sequences < 0,
+                f"--pack_sequences {i.pack_sequences} must be 0 (no packing) or at least 2 (sequences a row)",
+            ),
+            (os.path.isdir(vocab_file), f"--vocab_file {vocab_file} is a folder: name the vocab.txt in it"),
+            (not os.path.exists(vocab_file), f"--vocab_file {vocab_file} does not exist: give a BERT vocab.txt"),
+        ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -191,60 +194,61 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    _check_args(args)
-    files = resolve_inputs(args.input_file)
+    cfg = flags.parse(CreateConfig, "create_pretraining_data.py", __doc__, argv)
+    files = resolve_inputs(cfg.files.input_file)
 
     try:
-        vocab = load_vocab(args.vocab_file)
+        vocab = load_vocab(cfg.files.vocab_file)
     except (ValueError, OSError) as e:
-        raise InputError(f"--vocab_file {args.vocab_file}: {describe_error(e)}") from e
+        raise InputError(f"--vocab_file {cfg.files.vocab_file}: {describe_error(e)}") from e
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
     if missing:
-        raise InputError(f"--vocab_file {args.vocab_file} lacks {missing}: is it a BERT vocab.txt?")
+        raise InputError(f"--vocab_file {cfg.files.vocab_file} lacks {missing}: is it a BERT vocab.txt?")
     vocab_size = max(vocab.values()) + 1  # ids are line numbers of the vocabulary file
-    cfg = writer.InstanceConfig(
-        max_seq_length=args.max_seq_length,
-        max_predictions_per_seq=args.max_predictions_per_seq,
-        masked_lm_prob=args.masked_lm_prob,
-        short_seq_prob=args.short_seq_prob,
-        dupe_factor=args.dupe_factor,
-        random_seed=args.random_seed,
-        do_whole_word_mask=args.do_whole_word_mask,
-        static_masking=not args.no_static_masking,
-        pack_sequences=args.pack_sequences,
+    instance = writer.InstanceConfig(
+        max_seq_length=cfg.instances.max_seq_length,
+        max_predictions_per_seq=cfg.instances.max_predictions_per_seq,
+        masked_lm_prob=cfg.instances.masked_lm_prob,
+        short_seq_prob=cfg.instances.short_seq_prob,
+        dupe_factor=cfg.instances.dupe_factor,
+        random_seed=cfg.instances.random_seed,
+        do_whole_word_mask=cfg.instances.do_whole_word_mask,
+        static_masking=not cfg.instances.no_static_masking,
+        pack_sequences=cfg.instances.pack_sequences,
         vocab_size=vocab_size,
         cls_id=vocab["[CLS]"],
         sep_id=vocab["[SEP]"],
         mask_id=vocab["[MASK]"],
     )
     is_subword = None  # "##" pieces by id, for whole-word masking
-    if args.do_whole_word_mask:
+    if cfg.instances.do_whole_word_mask:
         is_subword = np.zeros(vocab_size, dtype=bool)
         is_subword[[i for t, i in vocab.items() if t.startswith("##")]] = True
-    if args.output_file:
-        jobs = [(files, Path(args.output_file), cfg)]
+    if cfg.files.output_file:
+        jobs = [(files, Path(cfg.files.output_file), instance)]
     else:
         jobs = [
             (
                 [f],
-                Path(args.output_dir) / f"{Path(f).stem}.hdf5",
-                dataclasses.replace(cfg, random_seed=cfg.random_seed + i),
+                Path(cfg.files.output_dir) / f"{Path(f).stem}.hdf5",
+                dataclasses.replace(instance, random_seed=instance.random_seed + i),
             )
             for i, f in enumerate(files)
         ]
-    if args.output_dir and os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
-        raise InputError(f"--output_dir {args.output_dir} is a file: name a folder for the shards")
+    if cfg.files.output_dir and os.path.exists(cfg.files.output_dir) and not os.path.isdir(cfg.files.output_dir):
+        raise InputError(f"--output_dir {cfg.files.output_dir} is a file: name a folder for the shards")
     for _, output, _ in jobs:  # before the work, not at the final rename
-        check_output_path(output, "--output_file" if args.output_file else "--output_dir")
+        check_output_path(output, "--output_file" if cfg.files.output_file else "--output_dir")
     writing = writer.ShardWriting(
-        compression=None if args.compression == "none" else args.compression,
-        gzip_level=args.gzip_level,
-        threads=args.num_workers,
+        compression=None if cfg.writing.compression == "none" else cfg.writing.compression,
+        gzip_level=cfg.writing.gzip_level,
+        threads=cfg.instances.num_workers,
     )
     start = time.time()
     summaries = []
-    with writer.worker_pool(args.num_workers, args.vocab_file, args.do_lower_case, args.mp_start_method) as pool:
+    with writer.worker_pool(
+        cfg.instances.num_workers, cfg.files.vocab_file, cfg.files.do_lower_case, cfg.writing.mp_start_method
+    ) as pool:
         for k, (inputs, output, job_cfg) in enumerate(jobs):
             summaries.append(
                 writer.process_corpus(
@@ -252,7 +256,7 @@ def _main(argv: Sequence[str] | None) -> int:
                     output,
                     job_cfg,
                     pool,
-                    not args.no_progress,
+                    not cfg.writing.no_progress,
                     f"[{k + 1}/{len(jobs)}] {output.name}",
                     is_subword,
                     writing,
@@ -263,10 +267,10 @@ def _main(argv: Sequence[str] | None) -> int:
         "tokens": sum(s["tokens"] for s in summaries),
         "documents": sum(s["documents"] for s in summaries),
         "outputs": len(summaries),
-        "num_workers": args.num_workers,
+        "num_workers": cfg.instances.num_workers,
         "seconds": round(time.time() - start, 3),
     }
-    if args.pack_sequences:
+    if cfg.instances.pack_sequences:
         total["packed_rows"] = sum(s["packed_rows"] for s in summaries)
     if len(summaries) == 1:
         total.update({k: summaries[0][k] for k in ("output", "tokenize_s", "instances_s", "write_s")})

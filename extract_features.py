@@ -31,16 +31,17 @@ import io
 import json
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import numpy as np
 import torch
 
-from bert_recipe.finetuning import predict
-from bert_recipe.finetuning.recipe import check_model_fits, resolve_model_files
-from bert_recipe.io import atomic_io, cli
+from bert_recipe.io import atomic_io, cli, flags
 from bert_recipe.io.checkpoint_io import CheckpointError, from_pretrained
+from bert_recipe.io.flags import flag
+from bert_recipe.prediction import predict
 from bert_recipe.training import precision_policy
 from modeling import BertModel
 from tokenization import BertTokenizer, vocab_is_uncased
@@ -52,49 +53,65 @@ _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
 # Arguments
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="extract_features.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    g = p.add_argument_group("input and output")
-    g.add_argument("--input_file", required=True, help="one text a line; 'A ||| B' for a pair")
-    g.add_argument("--output_file", required=True, help="features.jsonl, features.npz or features.h5")
-    g.add_argument(
-        "--format", choices=("auto", "jsonl", "npz", "hdf5"), default="auto", help="auto: from the --output_file suffix"
-    )
-    g.add_argument(
-        "--layers",
-        default="-1,-2,-3,-4",
-        help="comma-separated layer indices (Google's: -1 is the last encoder layer, 0 the first)",
-    )
-    g.add_argument("--decimals", type=int, default=6, help="jsonl: round values to N decimals (-1: no rounding)")
-    g.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="npz/hdf5: the features' type")
+@dataclass(frozen=True)
+class Files:
+    """What to read and where the features go."""
 
-    g = p.add_argument_group("model")
-    g.add_argument(
-        "--init_checkpoint",
-        required=True,
-        help="ckpt_<step>.pt, an NVIDIA .pt, a fine-tuned model.pt, or a Hugging Face directory",
-    )
-    g.add_argument(
-        "--config_file",
-        "--bert_config_file",
-        default=None,
-        help="bert_config.json; default: the config inside or beside --init_checkpoint",
-    )
-    g.add_argument("--vocab_file", default=None, help="vocab.txt; default: vocab.txt in or beside the checkpoint")
-    g.add_argument(
-        "--do_lower_case",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="lower-case the input; default: yes when the vocabulary has no capital letters",
-    )
-    g.add_argument("--max_seq_length", type=int, default=128, help="tokens per line, [CLS] and [SEP] included")
+    input_file: str | None = flag(None, required=True)
+    """one text a line; 'A ||| B' for a pair"""
+    output_file: str | None = flag(None, required=True)
+    """features.jsonl, features.npz or features.h5"""
+    format: Literal["auto", "jsonl", "npz", "hdf5"] = "auto"
+    """auto: from the --output_file suffix"""
+    layers: str = "-1,-2,-3,-4"
+    """comma-separated layer indices (Google's: -1 is the last encoder layer, 0 the first)"""
+    decimals: int = 6
+    """jsonl: round values to N decimals (-1: no rounding)"""
+    dtype: Literal["float32", "float16"] = "float32"
+    """npz/hdf5: the features' type"""
 
-    predict.add_runtime_arguments(p, 32, "lines per forward pass", "no tqdm bar")
-    return p
+
+@dataclass(frozen=True)
+class Model:
+    """The encoder and its vocabulary."""
+
+    init_checkpoint: str | None = flag(None, required=True)
+    """ckpt_<step>.pt, an NVIDIA .pt, a fine-tuned model.pt, or a Hugging Face directory"""
+    config_file: str | None = flag(None, "--bert_config_file")
+    """bert_config.json; default: the config inside or beside --init_checkpoint"""
+    vocab_file: str | None = None
+    """vocab.txt; default: vocab.txt in or beside the checkpoint"""
+    do_lower_case: bool | None = flag(None, action=argparse.BooleanOptionalAction)
+    """lower-case the input; default: yes when the vocabulary has no capital letters"""
+    max_seq_length: int = 128
+    """tokens per line, [CLS] and [SEP] included"""
+
+
+@dataclass(frozen=True)
+class ExtractRuntime(predict.ReadRuntime):
+    """The runtime flags with this command's batch."""
+
+    batch_size: int = 32
+    """lines per forward pass"""
+    disable_progress_bar: bool = False
+    """no tqdm bar"""
+
+
+@dataclass(frozen=True)
+class ExtractConfig(flags.Config):
+    """Every flag of extract_features.py."""
+
+    files: Files = field(default_factory=Files)
+    """input and output"""
+    model: Model = field(default_factory=Model)
+    """model"""
+    runtime: ExtractRuntime = field(default_factory=ExtractRuntime)
+    """runtime"""
+
+    def rules(self) -> list[tuple[bool, str]]:
+        """Sizes that must be positive."""
+        sizes = {"batch_size": self.runtime.batch_size, "max_seq_length": self.model.max_seq_length}
+        return [(value < 1, f"--{name} must be positive, got {value}") for name, value in sizes.items()]
 
 
 def parse_layers(text: str, num_layers: int) -> list[int]:
@@ -126,13 +143,13 @@ def _attach_layers(argv: list[str]) -> list[str]:
     return out
 
 
-def output_format(args) -> str:
-    if args.format != "auto":
-        return args.format
-    suffix = Path(args.output_file).suffix.lower()
+def output_format(files: Files) -> str:
+    if files.format != "auto":
+        return files.format
+    suffix = Path(files.output_file).suffix.lower()
     if suffix not in FORMATS:
         raise cli.InputError(
-            f"--output_file {args.output_file}: cannot tell the format from "
+            f"--output_file {files.output_file}: cannot tell the format from "
             f"{suffix or 'no suffix'!r}; use {', '.join(FORMATS)} or --format"
         )
     return FORMATS[suffix]
@@ -265,7 +282,7 @@ class Hdf5Writer:
 
 
 @contextlib.contextmanager
-def open_writer(path: str | Path, fmt: str, layers: list[int], args, hidden_size: int) -> Iterator:
+def open_writer(path: str | Path, fmt: str, layers: list[int], files: Files, hidden_size: int) -> Iterator:
     """A writer on a temporary file beside `path`, renamed onto it when the block ends without an error."""
     if fmt == "hdf5":
         try:
@@ -275,11 +292,11 @@ def open_writer(path: str | Path, fmt: str, layers: list[int], args, hidden_size
     mode = "w" if fmt == "jsonl" else "w+b"
     with atomic_io.atomic_open(path, mode, **({"encoding": "utf-8"} if fmt == "jsonl" else {})) as f:
         if fmt == "jsonl":
-            writer = JsonlWriter(f, layers, args.decimals)
+            writer = JsonlWriter(f, layers, files.decimals)
         elif fmt == "npz":
-            writer = ArrayWriter(f, layers, args.dtype)
+            writer = ArrayWriter(f, layers, files.dtype)
         else:
-            writer = Hdf5Writer(f, layers, args.dtype, hidden_size)
+            writer = Hdf5Writer(f, layers, files.dtype, hidden_size)
         yield writer
         writer.close()
 
@@ -327,50 +344,51 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main(argv: list[str] | None) -> dict:
-
-    args = build_parser().parse_args(_attach_layers(sys.argv[1:] if argv is None else list(argv)))
-    for name in ("batch_size", "max_seq_length"):
-        if getattr(args, name) < 1:
-            raise cli.InputError(f"--{name} must be positive, got {getattr(args, name)}")
-    fmt = output_format(args)
-    vocab_file = resolve_model_files(args)
-    cli.check_output_path(args.output_file, "--output_file")  # before the work, not at the final rename
-    items = read_lines(args.input_file)
+    argv = _attach_layers(sys.argv[1:] if argv is None else list(argv))
+    cfg = flags.parse(ExtractConfig, "extract_features.py", __doc__, argv)
+    fmt = output_format(cfg.files)
+    vocab_file = predict.resolve_model_files(cfg.model)
+    cli.check_output_path(cfg.files.output_file, "--output_file")  # before the work, not at the final rename
+    items = read_lines(cfg.files.input_file)
     if not items:
-        raise cli.InputError(f"--input_file {args.input_file} is empty: give one text a line")
+        raise cli.InputError(f"--input_file {cfg.files.input_file} is empty: give one text a line")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.no_cuda else "cpu")
-    precision = precision_policy.setup(args.precision, device, "extract_features.py", precision_policy.READ).name
+    device = torch.device("cuda" if torch.cuda.is_available() and not cfg.runtime.no_cuda else "cpu")
+    precision = precision_policy.setup(cfg.runtime.precision, device, "extract_features.py", precision_policy.READ).name
     tokenizer = BertTokenizer(vocab_file, do_lower_case=True)
-    do_lower_case = vocab_is_uncased(tokenizer.vocab) if args.do_lower_case is None else args.do_lower_case
+    do_lower_case = vocab_is_uncased(tokenizer.vocab) if cfg.model.do_lower_case is None else cfg.model.do_lower_case
     tokenizer = BertTokenizer(vocab_file, do_lower_case=do_lower_case)
     try:
         model = from_pretrained(
-            BertModel, args.init_checkpoint, config=args.config_file, log=log, add_pooling_layer=False
+            BertModel, cfg.model.init_checkpoint, config=cfg.model.config_file, log=log, add_pooling_layer=False
         )
     except (CheckpointError, FileNotFoundError, ValueError) as e:
-        raise cli.InputError(f"--init_checkpoint {args.init_checkpoint}: {cli.describe_error(e)}") from e
+        raise cli.InputError(f"--init_checkpoint {cfg.model.init_checkpoint}: {cli.describe_error(e)}") from e
     config = model.config
-    check_model_fits(config, len(tokenizer.vocab), vocab_file, args.max_seq_length)
-    if args.max_seq_length < 3:
-        raise cli.InputError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {args.max_seq_length}")
-    layers = parse_layers(args.layers, config.num_hidden_layers)
+    predict.check_model_fits(config, len(tokenizer.vocab), vocab_file, cfg.model.max_seq_length)
+    if cfg.model.max_seq_length < 3:
+        raise cli.InputError(f"--max_seq_length must be at least 3 ([CLS] A [SEP]), got {cfg.model.max_seq_length}")
+    layers = parse_layers(cfg.files.layers, config.num_hidden_layers)
     model.to(device)
-    with open_writer(args.output_file, fmt, layers, args, config.hidden_size) as writer:
-        runtime = predict.Runtime(args.batch_size, device, precision, progress=not args.disable_progress_bar)
-        tokens = extract(model, tokenizer, items, layers, writer, max_seq_length=args.max_seq_length, runtime=runtime)
+    with open_writer(cfg.files.output_file, fmt, layers, cfg.files, config.hidden_size) as writer:
+        runtime = predict.Runtime(
+            cfg.runtime.batch_size, device, precision, progress=not cfg.runtime.disable_progress_bar
+        )
+        tokens = extract(
+            model, tokenizer, items, layers, writer, max_seq_length=cfg.model.max_seq_length, runtime=runtime
+        )
     summary = {
         "lines": len(items),
         "tokens": tokens,
         "layers": layers,
         "hidden_size": config.hidden_size,
         "format": fmt,
-        "output_file": args.output_file,
+        "output_file": cfg.files.output_file,
         "precision": precision,
     }
     log(
         f"extract_features.py: {len(items)} lines, {tokens} tokens x {len(layers)} layers x {config.hidden_size} "
-        f"-> {args.output_file} ({fmt})"
+        f"-> {cfg.files.output_file} ({fmt})"
     )
     return summary
 

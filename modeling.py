@@ -290,6 +290,8 @@ class BertOutput(nn.Module):
 
 
 class BertLayer(nn.Module):
+    """Attention then feed-forward. Every op but attention is row-wise, so it runs on [T, H] unpadded."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.attention = BertAttention(config)
@@ -780,8 +782,8 @@ def count_parameters(model: nn.Module) -> int:
 def flops_per_sequence(config: BertConfig, seq_len: int, masked_positions: int, training: bool = True) -> float:
     """Model FLOPs of one sequence (matmuls only; 2 per multiply-add, x3 for forward + backward when training):
     the encoder over seq_len tokens plus the MLM head over masked_positions, as used for MFU."""
-    H, I, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    per_token_layer = 2 * (4 * H * H + 2 * H * I) + 2 * 2 * seq_len * H  # projections + QK^T and PV
+    H, F, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers  # F: the feed-forward width
+    per_token_layer = 2 * (4 * H * H + 2 * H * F) + 2 * 2 * seq_len * H  # projections + QK^T and PV
     encoder = L * seq_len * per_token_layer
     head = masked_positions * 2 * (H * H + H * config.padded_vocab_size) + 2 * 2 * H * H  # MLM + pooler/NSP
     return (encoder + head) * (3 if training else 1)

@@ -48,9 +48,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import GlueConfig
-from bert_recipe.finetuning.tasks.glue import (
+from bert_recipe.io import cli, flags
+from bert_recipe.prediction import predict
+from bert_recipe.tasks.glue import (
     compute_metrics,
     encode_examples,
     get_dev_examples,
@@ -58,8 +60,7 @@ from bert_recipe.finetuning.tasks.glue import (
     get_test_examples,
     get_train_examples,
 )
-from bert_recipe.io import cli
-from bert_recipe.training import dist_env, flags
+from bert_recipe.training import dist_env
 from modeling import BertForSequenceClassification
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> GlueConfig:
 
 def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, S_max] (padded to the longest sequence of the batch), and
-    labels [B] (int64 classes or float32 scores) when the examples have labels; items: finetuning.EncodedDataset's
+    labels [B] (int64 classes or float32 scores) when the examples have labels; items: recipe.EncodedDataset's
     ((input_ids [L], token_type_ids [L]), label or None)."""
     batch = predict.pad_sequences([sequence for sequence, _ in items], (len(items),))
     if items[0][1] is not None:
@@ -194,7 +195,7 @@ def eval_loss(regression: bool, logits: np.ndarray, labels: np.ndarray) -> float
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """The results, also in results.json; bad input is one line on stderr (finetuning.main)."""
+    """The results, also in results.json; bad input is one line on stderr (recipe.main)."""
     return recipe.main(GlueTask, parse_args, argv)
 
 

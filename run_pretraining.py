@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from bert_recipe.io import cli
+from bert_recipe.io import cli, flags
 from bert_recipe.io.checkpoint_io import CheckpointError, load_checkpoint_state, read_state_dict
 from bert_recipe.io.cli import InputError, describe_error
 from bert_recipe.pretraining.config import PretrainConfig
@@ -73,7 +73,7 @@ from bert_recipe.pretraining.trainer import (
     validate_and_describe,
 )
 from bert_recipe.pretraining.validation import SpecialIds, Validator
-from bert_recipe.training import dist_env, flags
+from bert_recipe.training import dist_env
 from bert_recipe.training.meter import RunLogger
 from bert_recipe.training.parallelize import apply_parallelism_and_precision, compiled
 from bert_recipe.training.precision_policy import Precision
@@ -104,7 +104,6 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
     """BertForPreTraining from --config_file, with its starting weights: random (seeded identically on every
     rank), or --init_checkpoint / phase 1's checkpoint when not resuming (the resume checkpoint's weights are
     loaded later, with the rest of its state)."""
-
     m, d = cfg.model, cfg.data
     try:
         config = BertConfig.from_json_file(m.config_file)
@@ -168,7 +167,6 @@ def build_model(cfg: PretrainConfig, resume: dict[str, Any] | None, log):
 
 def build_optimizer(cfg: PretrainConfig, raw_model: torch.nn.Module, env: dist_env.DistEnv):
     """The optimizer (--optimizer, decay on weight matrices only) and its learning-rate schedule."""
-
     o = cfg.optimizer
     optimizer = make_optimizer(
         o.optimizer,
@@ -216,7 +214,6 @@ def _masked_slots(cfg: PretrainConfig, packed: int) -> int:
 def make_validator(cfg: PretrainConfig, precision: Precision, env: dist_env.DistEnv):
     """The held-out set's validator (None without --eval_dir); the special ids from --vocab_file, or read off
     the held-out shards."""
-
     e = cfg.evaluation
     if not e.eval_dir:
         return None

@@ -60,11 +60,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import SquadConfig
-from bert_recipe.finetuning.tasks import squad
-from bert_recipe.io import atomic_io, cli
-from bert_recipe.training import dist_env, flags, meter
+from bert_recipe.io import atomic_io, cli, flags
+from bert_recipe.prediction import predict
+from bert_recipe.tasks import squad, squad_answers, squad_cache, squad_metrics
+from bert_recipe.training import dist_env, meter
 from modeling import BertForQuestionAnswering
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -109,8 +110,8 @@ def build_features(
         progress = lambda it: tqdm(it, total=len(examples), desc="features", unit="question", mininterval=2)  # noqa: E731
     if sync and not env.is_main:
         dist_env.barrier(env)  # wait for process 0 to write the cache, then read it
-    settings = squad.QASettings.from_args(cfg.flags())
-    features, how = squad.load_or_build_features(
+    settings = squad_answers.QASettings.from_flags(cfg.flags())
+    features, how = squad_cache.load_or_build_features(
         input_file, examples, tokenizer, settings, is_training, cache_dir, write_cache=env.is_main, progress=progress
     )
     if sync and env.is_main:
@@ -250,8 +251,8 @@ class SquadTask(recipe.Task):
         cfg, version_2 = self.cfg, self.cfg.data.version_2_with_negative
         results = {}
         for f, n, out in zip(dataset.features, dataset.lengths.tolist(), outputs):
-            results[f.unique_id] = squad.RawResult(f.unique_id, out[0, :n], out[1, :n])
-        predictions, nbest, null_odds = squad.get_predictions(
+            results[f.unique_id] = squad_answers.RawResult(f.unique_id, out[0, :n], out[1, :n])
+        predictions, nbest, null_odds = squad_answers.get_predictions(
             eval_set.examples,
             dataset.features,
             results,
@@ -266,7 +267,9 @@ class SquadTask(recipe.Task):
             files["null_odds.json"] = null_odds
         if not cfg.run.do_eval:
             return None, files
-        return squad.score_predictions(eval_set.gold, predictions, version_2, null_odds if version_2 else None), files
+        return squad_metrics.score_predictions(
+            eval_set.gold, predictions, version_2, null_odds if version_2 else None
+        ), files
 
     def after_predictions(self, output_dir: Path, results: dict, logger: meter.RunLogger) -> None:
         """eval_results.json (--do_eval): the scores, and the --eval_script's own output on the written files."""

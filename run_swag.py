@@ -5,7 +5,7 @@
     torchrun --nproc_per_node=8 run_swag.py ...        (DistributedDataParallel, one process per GPU)
 
 --data_dir holds SWAG's train.csv and val.csv (and test.csv for `--do_predict --predict_split test`) as released
-in github.com/rowanz/swagaf (finetuning/tasks/swag.py reads them). --init_checkpoint takes what run_glue.py takes: a
+in github.com/rowanz/swagaf (tasks/swag.py reads them). --init_checkpoint takes what run_glue.py takes: a
 ckpt_<step>.pt, an NVIDIA checkpoint, a Hugging Face directory (then --config_file and --vocab_file default to
 the ones inside it), or the model.pt / hf_model/ this script wrote.
 
@@ -35,11 +35,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import SwagConfig
-from bert_recipe.finetuning.tasks.swag import accuracy, encode_examples, get_examples
-from bert_recipe.io import cli
-from bert_recipe.training import dist_env, flags
+from bert_recipe.io import cli, flags
+from bert_recipe.prediction import predict
+from bert_recipe.tasks.swag import accuracy, encode_examples, get_examples
+from bert_recipe.training import dist_env
 from modeling import BertForMultipleChoice
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> SwagConfig:
 
 def collate(items) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask [B, C, S_max] (S_max: the batch's longest choice), and labels [B]
-    when the examples have labels; items: finetuning.EncodedDataset's ([(input_ids [L_j], token_type_ids [L_j]) per
+    when the examples have labels; items: recipe.EncodedDataset's ([(input_ids [L_j], token_type_ids [L_j]) per
     choice j], label or None)."""
     choices = len(items[0][0])
     batch = predict.pad_sequences([choice for example, _ in items for choice in example], (len(items), choices))
@@ -143,7 +144,7 @@ class SwagTask(recipe.Task):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """The results, also in results.json; bad input is one line on stderr (finetuning.main)."""
+    """The results, also in results.json; bad input is one line on stderr (recipe.main)."""
     return recipe.main(SwagTask, parse_args, argv)
 
 

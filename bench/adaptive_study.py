@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.adaptive_study --out results/studies/adaptive [--config configs/bert-small-cpu.json] \\
         [--wiki_steps 4000] [--task_steps 4000] [--task_dupe_factor 10] [--doc_sentences 8] \\
-        [--seeds 1,2,3,4,5] [--small_lr 1e-4,3e-4,1e-3,3e-3] [--sst2_max_train_examples 10000] [--sst2_epochs 1] [--parallel 2]
+        [--seeds 1,2,3,4,5] [--small_lr 1e-4,3e-4,1e-3,3e-3] [--sst2_max_train_examples 10000] [--sst2_epochs 1] \\
+        [--parallel 2]
 
 The CPU studies' pre-trained models fine-tune on SST-2 no better than random initialisation, and a linear probe
 finds no sentiment in their features: is it the text (Wikipedia has few opinions about films) or the amount of it?
@@ -46,9 +47,9 @@ from pathlib import Path
 
 from bench import pretrain_study
 from bench import study_utils as su
-from bert_recipe.finetuning.tasks.glue import get_task, get_train_examples
 from bert_recipe.io.atomic_io import atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.tasks.glue import get_task, get_train_examples
 
 REPO = su.REPO
 ARMS = ("random", "wikipedia", "sst2-text", "wikipedia+sst2-text")

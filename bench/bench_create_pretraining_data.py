@@ -1,7 +1,8 @@
 """create_pretraining_data.py against a straightforward single-process implementation of the same algorithm.
 
 Peers, each run as its own process on the shared WikiText-2 (valid + test, ~2.4 MB, made one sentence a line and
-one article a document by scripts/text_to_documents.py, as the CPU demo makes it), dupe_factor 5, max_seq_length 128, 20 predictions, in rounds with the order alternating:
+one article a document by scripts/text_to_documents.py, as the CPU demo makes it), dupe_factor 5, max_seq_length 128, 20
+predictions, in rounds with the order alternating:
   * ours         create_pretraining_data.py --num_workers 2 (and once more with 1 worker, for the scaling);
   * base_fast    bench/baseline_create_pretraining_data.py: Google's pipeline in plain Python lists, one line at a
                  time through the same Rust tokenizer (so the comparison is about the pipeline);

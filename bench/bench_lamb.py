@@ -220,7 +220,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     except ImportError:
         raise SystemExit(
             "bench_lamb: torch-optimizer is missing; pip install torch-optimizer==0.3.0 (requirements-test.txt)"
-        )
+        ) from None
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

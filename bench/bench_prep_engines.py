@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 
 from bench import study_utils as su
-from bench.dask_processes import DaskProcesses
 from bert_recipe.prep.manifest import sha256_file
+from tests.dask_processes import DaskProcesses
 
 REPO, SHARED = su.REPO, su.DATA
 SLICE_WORDS = 32_469_939  # wc -w of the slice, <doc> lines removed (its PROVENANCE.txt)
@@ -66,7 +66,7 @@ TASK_PREFIX = {
 
 
 class DaskCluster(DaskProcesses):
-    """bench.dask_processes' scheduler and workers, with a client of the bench's own: the task stream, the
+    """tests/dask_processes.py's scheduler and workers, with a client of the bench's own: the task stream, the
     workers' peak memory, the scheduler's cost per task."""
 
     def __init__(self, folder: Path, workers: int):
@@ -144,7 +144,7 @@ def run_pipeline(work: Path, args, engine: list[str], cluster: DaskCluster | Non
     log = [json.loads(line) for line in (work / "bertPrep_log.jsonl").read_text().splitlines()]
     done_records = [r["data"] for r in log if r["step"] == "action_done"]
     engine_at = [r["timestamp"] for r in log if r["step"] == "engine"]  # logged once the engine is ready
-    for (name, stage), record, ready in zip(stages.items(), done_records, engine_at):
+    for stage, record, ready in zip(stages.values(), done_records, engine_at):
         stage.update(
             action_s=record["elapsed_s"],
             peak_rss_mib=record["peak_rss_mib"],

@@ -3,8 +3,9 @@
 Run from the repository root (5-10 minutes on 2 idle CPU cores before the ours+packed row, which adds a fourth
 model to every case; a loaded machine stretches it):
 
-    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_unpad] [--no_packed] [--out results/bench_pretraining.json]
-    .venv/bin/python -m bench.bench_pretraining --configs base --precisions fp32   # the padded / unpadded / packed BERT-base rows
+    .venv/bin/python -m bench.bench_pretraining [--compile] [--profile] [--no_unpad] [--no_packed] \\
+        [--out results/bench_pretraining.json]
+    .venv/bin/python -m bench.bench_pretraining --configs base --precisions fp32   # BERT-base: padded, unpadded, packed
 
 What is timed: one optimizer step = forward (masked-LM + next-sentence loss) + backward + NVLAMB step + zero_grad,
 wall clock, per model, in train mode (dropout 0.1 on, as in pre-training). The models get
@@ -27,11 +28,12 @@ parallel op whenever the OS deschedules one of them: measured here, a mini step 
 (bimodal, NVLAMB alone 0.05 or 1.05 s) and a steady 1.8 s with one. One thread measures the models' work; on an
 idle machine pass --threads 0 for torch's default.
 
-"ours" is modeling.py with unpad "never" (modeling.set_execution) (every op on the padded [B, S, H] batch); "ours+unpad" is the same
-model and weights with unpad "always", measured in the same alternation (--no_unpad leaves it out): the
-encoder's embeddings, Linear layers, LayerNorm, GELU and dropout run on the real tokens only, [T, H] with T = real
-tokens, and attention goes through bert_attention.varlen_attention (on CPU: padded around one SDPA call). Its step-0
-loss equals ours to rounding. run_pretraining.py gets the unpadded path by default (unpad "auto").
+"ours" is modeling.py with unpad "never" (modeling.set_execution: every op on the padded [B, S, H] batch);
+"ours+unpad" is the same model and weights with unpad "always", measured in the same alternation (--no_unpad
+leaves it out): the encoder's embeddings, Linear layers, LayerNorm, GELU and dropout run on the real tokens only,
+[T, H] with T = real tokens, and attention goes through bert_attention.varlen_attention (on CPU: padded around
+one SDPA call). Its step-0 loss equals ours to rounding. run_pretraining.py gets the unpadded path by default
+(unpad "auto").
 
 "ours+packed" (--no_packed leaves it out) is the same model and weights again, unpadded, on packed rows: the first
 --pack_pool sequences of the shard packed first-fit-decreasing, at most --pack_k a row, by pretraining_format's

@@ -37,11 +37,11 @@ import transformers
 from transformers.models.bert.modeling_bert import BertForQuestionAnswering as HFBertForQuestionAnswering
 
 from bench import study_utils as su
-from bert_recipe.finetuning.tasks.squad import convert_examples_to_features, read_squad_examples
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.io.triton_scripts import load_triton_script
+from bert_recipe.tasks.squad import convert_examples_to_features, read_squad_examples
 from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
 
@@ -168,7 +168,7 @@ def _main(argv=None) -> int:
         latency = {name: [] for name in runners}
         batch_time = {name: [] for name in runners}
         load_before = os.getloadavg()
-        for name, fn in runners.items():  # warm-up: allocator, ONNX Runtime's first-run work
+        for fn in runners.values():  # warm-up: allocator, ONNX Runtime's first-run work
             fn(one)
             fn(one)
         for r in range(args.rounds):
@@ -200,7 +200,7 @@ def _main(argv=None) -> int:
             ),
         }
     hf = results["hf_transformers_eager"]
-    for name, r in results.items():
+    for r in results.values():
         r["batch1_speedup_vs_hf"] = round(hf["batch1_latency_ms_median"] / r["batch1_latency_ms_median"], 2)
         r[f"batch{args.batch_size}_speedup_vs_hf"] = round(
             r[f"batch{args.batch_size}_throughput_seq_per_s"] / hf[f"batch{args.batch_size}_throughput_seq_per_s"], 2

@@ -184,7 +184,7 @@ def _main(argv=None) -> int:
                 print(f"round {r + 1}: {json.dumps(runs[name][-1])}", file=sys.stderr, flush=True)
         model_mib = round(onnx.stat().st_size / 2**20)
     results = []
-    for name, rounds in runs.items():
+    for rounds in runs.values():
         seconds = [s for one in rounds for s in one["big_batch_seconds"]]
         trims = [one["malloc_trim_ms_max"] for one in rounds if one["malloc_trim_ms_max"] is not None]
         results.append(

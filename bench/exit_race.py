@@ -41,7 +41,7 @@ def worker(way: str, numel: int) -> None:
     import torch  # only the workers need it: the launching process stays light
 
     env = dist_env.init_distributed(no_cuda=True)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    _model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))  # held to the end, as a run holds it
     last = torch.ones(numel)
     torch.distributed.all_reduce(last)
     assert env.world_size == 2 and float(last[0]) == 2.0

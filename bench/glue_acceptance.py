@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from bench import study_utils as su
-from bert_recipe.finetuning import predict
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.cli import script_errors
+from bert_recipe.prediction import predict
+from bert_recipe.tasks.glue import encode_examples, get_dev_examples, get_task
 from bert_recipe.training.precision_policy import resolve
 from tokenization import BertTokenizer
 

@@ -36,6 +36,7 @@ torch, transformers and the modules that load torch are imported in the function
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -48,7 +49,7 @@ import numpy as np
 
 from bench import study_utils as su
 from bench.study_utils import fmt
-from bert_recipe.io.atomic_io import JsonLogger
+from bert_recipe.io.atomic_io import JsonLogger, read_json_lines
 from create_pretraining_data import main as create_pretraining_data
 from scripts.text_to_documents import main as text_to_documents
 
@@ -349,13 +350,18 @@ def dropout_probe(args) -> dict:
         "sdpa_as_torch_routes": lambda: F.scaled_dot_product_attention(q, q, v, attn_mask=mask, dropout_p=p),
         "sdpa_as_the_recipe_runs": lambda: ba.sdpa(q, q, v, mask, p),
     }
-    for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
 
-        def alone(backend=getattr(SDPBackend, backend)):
-            with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, q, v, dropout_p=p)
+    def alone(backend):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, q, v, dropout_p=p)
 
-        paths[f"sdpa_{backend.lower()}"] = alone
+    for backend in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.MATH,
+    ):
+        paths[f"sdpa_{backend.name.lower()}"] = functools.partial(alone, backend)
     for kernel in ("flash_varlen", "flash_attn"):
         if ba.choose_kernel(device.type, dtype, p, kernel).name == kernel:
             paths[f"varlen_{kernel}"] = lambda kernel=kernel: ba.varlen_attention(qkv, info, p, kernel)
@@ -399,7 +405,7 @@ def summarize(folder: Path, out: Path | None = None) -> list[dict]:
     listing = folder / "rows.txt"
     for line in listing.read_text().splitlines() if listing.is_file() else []:
         name, phase, layout, mode, wall, status, micro = line.split()
-        records = su.read_log(folder / "logs" / f"{name}.json")  # a line cut by a killed row is skipped
+        records = read_json_lines(folder / "logs" / f"{name}.json")  # a line cut by a killed row is skipped
         final = next((r["data"] for r in records if r.get("step") == "FINAL"), None)
         profile = next((r["data"] for r in records if r.get("step") == "PROFILE"), None)
         profile_file = folder / "logs" / f"{name}.profile.json"
@@ -532,7 +538,10 @@ def markdown(folder: Path) -> str:
             continue
         prof = r.get("profile") or {}
         parts = prof.get("parts") or {}
-        share = lambda k: fmt((parts.get(k) or {}).get("share"), ".0f", 100, "%")  # noqa: E731
+
+        def share(k: str, parts: dict = parts) -> str:
+            return fmt((parts.get(k) or {}).get("share"), ".0f", 100, "%")
+
         cells = [
             fmt(r["rows_per_s"], ",.0f"),
             fmt(r["sequences_per_s"], ",.0f"),

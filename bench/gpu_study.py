@@ -80,7 +80,7 @@ def last_record(log: Path, step=None, key: str | None = None) -> dict:
     return next(
         (
             r.get("data", {})
-            for r in reversed(su.read_log(log))
+            for r in reversed(atomic_io.read_json_lines(log))
             if (step is None or r.get("step") == step) and (key is None or key in r.get("data", {}))
         ),
         {},
@@ -463,7 +463,7 @@ def curves(log: Path) -> dict:
 def markdown(studies: list[tuple[Path, dict]], heading: str = "##", image: str | None = None) -> str:
     """The results page's section: every run of every `run` call (each a gpu_study.json, its logs beside it)."""
     lines = [f"{heading} Pre-training on one GPU (bench.gpu_study)", ""]
-    for path, report in studies[:1]:
+    for _path, report in studies[:1]:
         env, st = report["environment"], report["settings"]
         lines += [
             f"{env.get('device')} ({env.get('gpu_memory_gib')} GiB), torch {env.get('torch')}, CUDA "

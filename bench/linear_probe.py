@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from bench.study_utils import DATA, REPO
-from bert_recipe.finetuning.predict import length_sorted_batches, pad_sequences
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_dev_examples, get_task, get_train_examples
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.checkpoint_io import from_pretrained
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.prediction.predict import length_sorted_batches, pad_sequences
+from bert_recipe.tasks.glue import encode_examples, get_dev_examples, get_task, get_train_examples
 from modeling import BertModel
 from tokenization import BertTokenizer
 

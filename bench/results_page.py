@@ -386,9 +386,8 @@ def main(argv: list[str] | None = None) -> str:
     )
     text = "\n".join(lines).rstrip() + "\n"
     atomic_write_text(args.out, text)
-    print(
-        f"results_page: {args.out} ({sum(v is not None for v in found.values())} of {len(found)} studies; plots in {plots})"
-    )
+    studies = sum(v is not None for v in found.values())
+    print(f"results_page: {args.out} ({studies} of {len(found)} studies; plots in {plots})")
     return text
 
 

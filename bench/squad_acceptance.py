@@ -18,22 +18,39 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
 import run_squad
 from bench import study_utils as su
-from bert_recipe.finetuning.tasks import squad
 from bert_recipe.io import atomic_io, cli
 from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.tasks import squad, squad_metrics
 from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
 
 REPO = su.REPO
+
+
+def first_sentence_baseline(path_or_json: str | os.PathLike | Mapping) -> dict[str, str]:
+    """qas_id -> the first sentence of its context (up to the first '.', '!' or '?' followed by whitespace): a
+    floor that any trained model must beat by far."""
+    predictions = {}
+    for article in squad.squad_articles(path_or_json):
+        for paragraph in article["paragraphs"]:
+            context = paragraph.get("context", "")
+            match = re.search(r"[.!?](\s|$)", context)
+            first = context[: match.start() + 1] if match else context
+            for qa in paragraph.get("qas", []):
+                predictions[str(qa["id"])] = first.strip()
+    return predictions
 
 
 def split_dev(dev_file: Path, out_dir: Path, n_train_articles: int) -> tuple[Path, Path]:
@@ -148,7 +165,7 @@ def _main(argv: list[str] | None = None) -> dict:
     wall = time.time() - started
 
     gold = squad.read_gold_answers(eval_file)
-    baseline = squad.evaluate_v1(gold, squad.first_sentence_baseline(eval_file))
+    baseline = squad_metrics.evaluate_v1(gold, first_sentence_baseline(eval_file))
     official = json.loads((out_dir / "run" / "eval_results.json").read_text())["eval_script"]
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bert_recipe.finetuning.tasks.glue import compute_metrics, get_dev_examples, get_task, label_ids
-from bert_recipe.io.atomic_io import atomic_write_text
+from bert_recipe.io.atomic_io import atomic_write_text, read_json_lines
 from bert_recipe.io.cli import InputError
 from bert_recipe.pretraining.shard_format import SHARD_KEYS, read_samples
+from bert_recipe.tasks.glue import compute_metrics, get_dev_examples, get_task, label_ids
 from bert_recipe.training.precision_policy import autocast, cpu_flags, cpu_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,8 +40,8 @@ SCORE = {"mrpc": "f1", "cola": "mcc", "sts-b": "spearmanr"}  # a GLUE task's sco
 
 
 def cpu_description() -> tuple[str, list[str]]:
-    """The CPU's model name and which native-bf16 flags it has (precision_policy.py's `auto` rests on them), for a report
-    to record beside its numbers."""
+    """The CPU's model name and which native-bf16 flags it has (precision_policy.py's `auto` rests on them), for a
+    report to record beside its numbers."""
     flags = cpu_flags() or set()
     return cpu_model(), [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
 
@@ -80,25 +80,11 @@ def timed_step(model, batch: dict, optimizer, precision: str, device) -> float:
     return time.perf_counter() - start
 
 
-def read_log(path: str | os.PathLike) -> list[dict]:
-    """The records of a JSON-lines log; a line that does not parse (one being written) is skipped."""
-    records = []
-    path = Path(path)
-    if not path.is_file():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
-
-
 def run_log(path: str | os.PathLike) -> dict[str, Any]:
     """A run_pretraining.py JSON log's parts, in log order: the last PARAMETER record's data ({} if none), the last
     FINAL record's (None while it runs), the masked-LM loss curve [[step, loss]] and every held-out evaluation
     {"step", "eval_...": value}."""
-    records = read_log(path)
+    records = read_json_lines(path)
     steps = [r for r in records if isinstance(r.get("step"), int)]
     return {
         "params": next((r["data"] for r in reversed(records) if r.get("step") == "PARAMETER"), {}),
@@ -117,7 +103,7 @@ def phase_summary(path: str | os.PathLike) -> dict[str, Any]:
     record after the last PARAMETER, not stopped by a signal, at phase step == max_steps), the masked-LM loss
     curve [[step, loss]] and the held-out evaluations [[step, accuracy, loss]] (a step logged twice, as after a
     resume, keeps its last value)."""
-    records = read_log(path)
+    records = read_json_lines(path)
     last_param = max((i for i, r in enumerate(records) if r.get("step") == "PARAMETER"), default=None)
     params = records[last_param]["data"] if last_param is not None else {}
     final = next((r["data"] for r in reversed(records[(last_param or 0) :]) if r.get("step") == "FINAL"), None)
@@ -177,12 +163,13 @@ def read_shards(folder: str | os.PathLike, max_samples: int = 0, keys: tuple[str
 
 
 def heldout_baseline(folder: str | os.PathLike, max_samples: int) -> float:
-    """Accuracy of always guessing the most frequent masked token of the held-out set, counted as
-    run_pretraining.py's evaluation counts (every .hdf5 in the folder in sorted order, the first `max_samples`
-    samples, 0: all; the masked slots with a position > 0); scripts/run_cpu_demo.sh's summary computes the same."""
-    arrays = read_shards(folder, max_samples, ("masked_lm_positions", "masked_lm_ids"))
-    targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
-    return float(np.bincount(targets).max() / len(targets))
+    """validation.heldout_most_frequent (the one held-out baseline: always the commonest target of the [MASK]ed
+    slots) of the held-out set as run_pretraining.py's evaluation reads it (every .hdf5 in the folder in sorted
+    order, the first `max_samples` samples, 0: all), its special ids read off the shards."""
+    from bert_recipe.pretraining.validation import SpecialIds, heldout_most_frequent  # torch: not at a study's import
+
+    arrays = read_shards(folder, max_samples, ("input_ids", "input_mask", "masked_lm_positions", "masked_lm_ids"))
+    return heldout_most_frequent(arrays, SpecialIds.from_shards(arrays))
 
 
 def glue_majority_metrics(task: str, data_dir: str | os.PathLike, max_eval_examples: int | None = None) -> dict:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -40,17 +41,21 @@ import subprocess
 import sys
 import time
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Literal
 
 try:  # a checkout that was never installed: one line instead of a traceback
-    from bert_recipe.io.cli import InputError, add_debug_argument, script_errors
+    from bert_recipe.io import flags
 except ModuleNotFoundError as e:
     raise SystemExit(
         f"bertPrep.py: error: {e}: install the project (pip install -e . in the checkout, as "
         "scripts/setup_cpu.sh does) or run `python -m data.bertPrep ...` from the checkout"
     ) from None
 from bert_recipe.io.atomic_io import JsonLogger, atomic_write_json, atomic_write_text
+from bert_recipe.io.cli import InputError, script_errors
 from bert_recipe.io.downloads import DownloadError, download, fetch_text, parse_checksum_file
+from bert_recipe.io.flags import flag
 from bert_recipe.prep import text_formatting as tf
 from bert_recipe.prep.engine import EngineConfig, open_engine
 from bert_recipe.prep.manifest import Manifest, sha256_file
@@ -71,20 +76,208 @@ WIKI_BASE_URL = "https://dumps.wikimedia.org"
 GOOGLE_WEIGHTS_URL = "https://storage.googleapis.com/bert_models/2018_10_18/uncased_L-24_H-1024_A-16.zip"
 
 
-def directories(args) -> dict[str, Path]:
-    work = Path(args.working_dir)
+# ----------------------------------------------------------------------------------------------------------------
+# The flags: a section per stage, as --help groups them
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to do, to which dataset, where."""
+
+    action: str = flag(required=True, choices=ACTIONS)
+    """the stage to run"""
+    dataset: str = flag(required=True, choices=DATASETS)
+    """the corpus (see the datasets above)"""
+    working_dir: str | None = flag(
+        factory=lambda: os.environ.get("BERT_PREP_WORKING_DIR") or os.environ.get("DATA_DIR")
+    )
+    """root of every stage's folder (default: $BERT_PREP_WORKING_DIR, else $DATA_DIR)"""
+
+
+@dataclass(frozen=True)
+class Download:
+    """Where each dataset comes from."""
+
+    dump_date: str = "latest"
+    """Wikipedia dump date YYYYMMDD, or 'latest'"""
+    base_url: str = WIKI_BASE_URL
+    """Wikipedia dump mirror"""
+    wiki_dump_kind: Literal["multistream", "single"] = "multistream"
+    """multistream (default): the dump in bz2 streams of 100 pages and its index, which text_formatting cuts into
+    pieces for the engine's workers; single: one bz2 stream, read by one process"""
+    books_dir: str | None = None
+    """bookscorpus: a folder of plain-text books (used in place)"""
+    books_url_list: str | None = None
+    """bookscorpus: a file with one URL per line (optional checksum after it)"""
+    input_dir: str | None = None
+    """custom: your folder of text files"""
+    weights_url: str = GOOGLE_WEIGHTS_URL
+    """google_pretrained_weights: the zip to fetch"""
+
+
+@dataclass(frozen=True)
+class Formatting:
+    """How the downloaded text becomes one document a line."""
+
+    wiki_dump: str | None = None
+    """a pages-articles .xml.bz2 to format (default: the downloaded one); a multistream dump beside its index, or a
+    folder of the numbered part files, is formatted in pieces, as tasks of the engine"""
+    wikiextractor_dir: str | None = None
+    """format existing WikiExtractor output (wiki_* files) instead"""
+    doc_boundary: Literal["file", "blank_line", "line"] = "file"
+    """plain text: a document per file (default), per blank-line-separated block, or per line"""
+    input_pattern: str | None = None
+    """custom/books: which files in the folder (default *.txt, or *.parquet with --input_format parquet)"""
+    input_format: Literal["text", "parquet"] = "text"
+    """custom: text files, or Parquet files with a text column (read by row group, a document per row)"""
+    text_column: str = "text"
+    """custom Parquet input: the column that holds the text"""
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Your own WordPiece vocabulary (bert_recipe/prep/vocab.py's learner)."""
+
+    vocab_size: int | None = None
+    """create_vocab: lines of the vocab.txt to learn (specials included)"""
+    unused_slots: int | None = None
+    """create_vocab: [unused] entries (default 99: [UNK] [CLS] [SEP] [MASK] at Google's ids 100-103, or 0 when the
+    size is too small)"""
+    limit_alphabet: int | None = None
+    """create_vocab: keep the N most frequent characters (default: all)"""
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How the documents are cut into shards."""
+
+    input_files: str | None = None
+    """comma-separated one-document-per-line files (default: the formatted ones; create_vocab reads them too)"""
+    n_training_shards: int = 256
+    """training shards to write"""
+    n_test_shards: int = 256
+    """test (held-out) shards to write"""
+    fraction_test_set: float = 0.2
+    """fraction of the bytes held out for test"""
+    segmentation_method: Literal["blingfire", "pysbd"] = "blingfire"
+    """how documents are split into sentences"""
+
+
+@dataclass(frozen=True)
+class Hdf5:
+    """The HDF5 shards: create_pretraining_data.py's flags, with NVIDIA's phase presets and defaults."""
+
+    phase: Literal[1, 2] = 1
+    """preset: 1 = seq 128 / 20 predictions, 2 = seq 512 / 80 predictions"""
+    max_seq_length: int | None = None
+    """overrides the phase preset"""
+    max_predictions_per_seq: int | None = None
+    """overrides the phase preset"""
+    masked_lm_prob: float = 0.15
+    """create_pretraining_data.py --masked_lm_prob"""
+    short_seq_prob: float = 0.1
+    """create_pretraining_data.py --short_seq_prob"""
+    dupe_factor: int = 5
+    """create_pretraining_data.py --dupe_factor (NVIDIA's 5; that script's own default is 10)"""
+    do_lower_case: Literal[0, 1] = 1
+    """1 = uncased (default), 0 = cased"""
+    vocab_file: str | None = None
+    """WordPiece vocab.txt: read by create_hdf5_files, written by create_vocab (default there:
+    <working_dir>/vocab.txt)"""
+    overwrite: bool = False
+    """redo HDF5 files that already exist"""
+
+
+@dataclass(frozen=True)
+class Workers:
+    """Seeds and processes."""
+
+    random_seed: int = 12345
+    """the shards' seed (create_hdf5_files: shard i gets seed + i) and the sharding's"""
+    n_processes: int = flag(factory=lambda: os.cpu_count() or 1)
+    """parallel worker processes (--engine processes), or the local Dask cluster's workers"""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where the stages run their tasks."""
+
+    engine: Literal["processes", "dask"] = "processes"
+    """processes: worker processes here (default); dask: a Dask cluster, local (--n_processes workers, started and
+    stopped here) or the one --dask_scheduler_file names"""
+    dask_scheduler_file: str | None = None
+    """--engine dask: join the cluster of this scheduler file (dask scheduler --scheduler-file FILE; data/prep.sub
+    starts one)"""
+    dask_timeout: float = 30.0
+    """--engine dask: seconds to wait for the scheduler file, the scheduler and a worker"""
+
+
+@dataclass(frozen=True)
+class Display:
+    """Progress."""
+
+    no_progress: bool = False
+    """no progress bars"""
+
+
+@dataclass(frozen=True)
+class PrepConfig(flags.Config):
+    """Every flag of bertPrep.py. Sections in the order of the usage line; the untitled ones are listed under
+    argparse's own heading."""
+
+    job: Job = field(default_factory=Job)
+    download: Download = field(default_factory=Download)
+    """download"""
+    formatting: Formatting = field(default_factory=Formatting)
+    """text_formatting"""
+    vocab: Vocab = field(default_factory=Vocab)
+    """create_vocab (data/create_vocab.py: your own WordPiece vocabulary, Google's layout)"""
+    sharding: Sharding = field(default_factory=Sharding)
+    """sharding"""
+    hdf5: Hdf5 = field(default_factory=Hdf5)
+    """create_hdf5_files"""
+    workers: Workers = field(default_factory=Workers)
+    engine: Engine = field(default_factory=Engine)
+    """engine (bert_recipe/prep/engine.py): where text_formatting, create_vocab, sharding and create_hdf5_files run
+    their tasks; the outputs are the same on every engine"""
+    display: Display = field(default_factory=Display)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("job", "workers", "display")
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
+
+    def rules(self) -> list[tuple[bool, str]]:
+        work = self.job.working_dir
+        return [
+            (not work, "set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment"),
+            (self.workers.n_processes < 1, "--n_processes must be >= 1"),
+            (
+                bool(work) and Path(work).exists() and not Path(work).is_dir(),
+                f"--working_dir {work} is a file: name a folder",
+            ),
+        ]
+
+    def with_phase_preset(self) -> PrepConfig:
+        """The configuration with --max_seq_length and --max_predictions_per_seq from the --phase preset where they
+        were not given."""
+        preset = {k: v for k, v in PHASES[self.hdf5.phase].items() if getattr(self.hdf5, k) is None}
+        return dataclasses.replace(self, hdf5=dataclasses.replace(self.hdf5, **preset))
+
+
+def directories(cfg: PrepConfig) -> dict[str, Path]:
+    work = Path(cfg.job.working_dir)
     suffix = (
-        f"_lower_case_{int(bool(args.do_lower_case))}_seq_len_{args.max_seq_length}"
-        f"_max_pred_{args.max_predictions_per_seq}_masked_lm_prob_{args.masked_lm_prob}"
-        f"_random_seed_{args.random_seed}_dupe_factor_{args.dupe_factor}"
+        f"_lower_case_{int(bool(cfg.hdf5.do_lower_case))}_seq_len_{cfg.hdf5.max_seq_length}"
+        f"_max_pred_{cfg.hdf5.max_predictions_per_seq}_masked_lm_prob_{cfg.hdf5.masked_lm_prob}"
+        f"_random_seed_{cfg.workers.random_seed}_dupe_factor_{cfg.hdf5.dupe_factor}"
     )
     return {
         "download": work / "download",
         "formatted": work / "formatted_one_article_per_line",
         "sharded": work
         / (
-            f"sharded_training_shards_{args.n_training_shards}_test_shards_{args.n_test_shards}"
-            f"_fraction_{args.fraction_test_set}"
+            f"sharded_training_shards_{cfg.sharding.n_training_shards}_test_shards_{cfg.sharding.n_test_shards}"
+            f"_fraction_{cfg.sharding.fraction_test_set}"
         ),
         "hdf5": work / f"hdf5{suffix}",
     }
@@ -109,7 +302,6 @@ def formatted_file(dirs: dict[str, Path], dataset: str) -> Path:
 
 def formatted_inputs(dirs: dict[str, Path], dataset: str) -> list[Path]:
     """The files of the formatted corpora of `dataset` (both, for books_wiki_en_corpus), in order."""
-
     files = []
     for part in _parts(dataset):
         path = formatted_file(dirs, part)
@@ -133,7 +325,6 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
     'latest' is resolved to a dated dump through latest/'s checksum listing (its entries carry the real date), so
     the file we fetch and the checksum we check always belong to the same dump.
     """
-
     base_url = base_url.rstrip("/")
     stem = "pages-articles-multistream" if kind == "multistream" else "pages-articles"
     listing = None
@@ -171,12 +362,12 @@ def resolve_wiki_dump(base_url: str, dump_date: str, wiki: str = "enwiki", kind:
     return dump
 
 
-def download_wikipedia(args, dest_dir: Path, logger) -> Path:
+def download_wikipedia(cfg: PrepConfig, dest_dir: Path, logger) -> Path:
 
-    if args.dump_date != "latest" and not re.fullmatch(r"\d{8}", args.dump_date):
-        raise InputError(f"--dump_date must be 'latest' or YYYYMMDD, got {args.dump_date!r}")
+    if cfg.download.dump_date != "latest" and not re.fullmatch(r"\d{8}", cfg.download.dump_date):
+        raise InputError(f"--dump_date must be 'latest' or YYYYMMDD, got {cfg.download.dump_date!r}")
     try:
-        dump = resolve_wiki_dump(args.base_url, args.dump_date, kind=args.wiki_dump_kind)
+        dump = resolve_wiki_dump(cfg.download.base_url, cfg.download.dump_date, kind=cfg.download.wiki_dump_kind)
     except DownloadError as e:
         raise InputError(str(e)) from e
     files = [dump] + ([dump["index"]] if "index" in dump else [])
@@ -189,7 +380,10 @@ def download_wikipedia(args, dest_dir: Path, logger) -> Path:
     try:
         for item in files[::-1]:  # the small index first: a wrong date fails before gigabytes
             path = download(
-                item["url"], dest_dir / item["filename"], checksum=item["checksum"], progress=not args.no_progress
+                item["url"],
+                dest_dir / item["filename"],
+                checksum=item["checksum"],
+                progress=not cfg.display.no_progress,
             )
     except DownloadError as e:
         raise InputError(str(e)) from e
@@ -199,7 +393,6 @@ def download_wikipedia(args, dest_dir: Path, logger) -> Path:
 
 def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
     """Each line of `url_list`: a URL, optionally followed by a checksum ('sha256:<hex>')."""
-
     if not url_list.is_file():
         raise InputError(f"URL list {url_list} does not exist")
     paths = []
@@ -213,7 +406,7 @@ def download_urls(url_list: Path, dest_dir: Path, progress: bool) -> list[Path]:
                 download(url, dest_dir / f"{i:06d}_{name}", checksum=rest[0] if rest else None, progress=progress)
             )
         except (DownloadError, ValueError) as e:
-            raise InputError(f"{url_list} line {i + 1}: {e}")
+            raise InputError(f"{url_list} line {i + 1}: {e}") from e
     return paths
 
 
@@ -227,29 +420,35 @@ def extract_zip(archive: Path, dest_dir: Path) -> None:
         zf.extractall(root)
 
 
-def action_download(args, dirs, logger) -> None:
+def action_download(cfg: PrepConfig, dirs, logger) -> None:
 
-    for dataset in _parts(args.dataset):
+    for dataset in _parts(cfg.job.dataset):
         dest = dirs["download"] / dataset
         dest.mkdir(parents=True, exist_ok=True)
         if dataset == "wikicorpus_en":
-            download_wikipedia(args, dest, logger)
+            download_wikipedia(cfg, dest, logger)
         elif dataset == "bookscorpus":
-            if args.books_url_list:
-                paths = download_urls(Path(args.books_url_list), dest, not args.no_progress)
+            if cfg.download.books_url_list:
+                paths = download_urls(Path(cfg.download.books_url_list), dest, not cfg.display.no_progress)
                 logger.log("download", {"dataset": dataset, "files": len(paths)})
-            elif args.books_dir:
-                _require_dir(args.books_dir, "--books_dir")  # used in place by text_formatting, nothing to fetch
+            elif cfg.download.books_dir:
+                _require_dir(
+                    cfg.download.books_dir, "--books_dir"
+                )  # used in place by text_formatting, nothing to fetch
             else:
                 raise InputError(
                     "bookscorpus has no public download: give --books_dir (a folder of .txt "
                     "books) or --books_url_list (a file of URLs)"
                 )
         elif dataset == "custom":
-            _require_dir(args.input_dir, "--input_dir")
+            _require_dir(cfg.download.input_dir, "--input_dir")
         elif dataset == "google_pretrained_weights":
             try:
-                archive = download(args.weights_url, dest / Path(args.weights_url).name, progress=not args.no_progress)
+                archive = download(
+                    cfg.download.weights_url,
+                    dest / Path(cfg.download.weights_url).name,
+                    progress=not cfg.display.no_progress,
+                )
             except DownloadError as e:
                 raise InputError(str(e)) from e
             extract_zip(archive, dest)
@@ -283,35 +482,43 @@ def find_wiki_dump(download_dir: Path) -> Path:
     return dumps[0]
 
 
-def action_text_formatting(args, dirs, logger, engine) -> None:
+def action_text_formatting(cfg: PrepConfig, dirs, logger, engine) -> None:
 
-    if args.dataset == "google_pretrained_weights":
+    if cfg.job.dataset == "google_pretrained_weights":
         raise InputError("google_pretrained_weights has no text to format")
-    progress = not args.no_progress
-    for dataset in _parts(args.dataset):
+    progress = not cfg.display.no_progress
+    for dataset in _parts(cfg.job.dataset):
         output = dirs["formatted"] / formatted_name(dataset)  # a folder of parts
         start = time.time()
-        if dataset == "wikicorpus_en" and args.wikiextractor_dir:
-            files = tf.list_text_files([_require_dir(args.wikiextractor_dir, "--wikiextractor_dir")], "wiki_*")
-            counts = tf.format_text_files(files, output, "file", args.n_processes, progress, engine, join=False)
+        if dataset == "wikicorpus_en" and cfg.formatting.wikiextractor_dir:
+            files = tf.list_text_files(
+                [_require_dir(cfg.formatting.wikiextractor_dir, "--wikiextractor_dir")], "wiki_*"
+            )
+            counts = tf.format_text_files(files, output, "file", cfg.workers.n_processes, progress, engine, join=False)
         elif dataset == "wikicorpus_en":
-            dump = Path(args.wiki_dump) if args.wiki_dump else find_wiki_dump(dirs["download"] / dataset)
-            counts = tf.format_wiki_dump(dump, output, args.n_processes, progress, logger, engine=engine, join=False)
+            dump = (
+                Path(cfg.formatting.wiki_dump)
+                if cfg.formatting.wiki_dump
+                else find_wiki_dump(dirs["download"] / dataset)
+            )
+            counts = tf.format_wiki_dump(
+                dump, output, cfg.workers.n_processes, progress, logger, engine=engine, join=False
+            )
         else:
             if dataset == "bookscorpus":
-                folder = Path(args.books_dir) if args.books_dir else dirs["download"] / dataset
+                folder = Path(cfg.download.books_dir) if cfg.download.books_dir else dirs["download"] / dataset
                 folder = _require_dir(str(folder), "--books_dir")
             else:
-                folder = _require_dir(args.input_dir, "--input_dir")
-            if args.input_format == "parquet":
-                files = tf.list_text_files([folder], args.input_pattern or "*.parquet")
+                folder = _require_dir(cfg.download.input_dir, "--input_dir")
+            if cfg.formatting.input_format == "parquet":
+                files = tf.list_text_files([folder], cfg.formatting.input_pattern or "*.parquet")
                 counts = tf.format_parquet_files(
-                    files, output, args.text_column, args.n_processes, progress, engine, join=False
+                    files, output, cfg.formatting.text_column, cfg.workers.n_processes, progress, engine, join=False
                 )
             else:
-                files = tf.list_text_files([folder], args.input_pattern or "*.txt")
+                files = tf.list_text_files([folder], cfg.formatting.input_pattern or "*.txt")
                 counts = tf.format_text_files(
-                    files, output, args.doc_boundary, args.n_processes, progress, engine, join=False
+                    files, output, cfg.formatting.doc_boundary, cfg.workers.n_processes, progress, engine, join=False
                 )
         logger.log(
             "text_formatting",
@@ -324,37 +531,40 @@ def action_text_formatting(args, dirs, logger, engine) -> None:
 # create_vocab
 
 
-def vocab_output(args) -> Path:
-    return Path(args.vocab_file) if args.vocab_file else Path(args.working_dir) / "vocab.txt"
+def vocab_output(cfg: PrepConfig) -> Path:
+    return Path(cfg.hdf5.vocab_file) if cfg.hdf5.vocab_file else Path(cfg.job.working_dir) / "vocab.txt"
 
 
-def action_create_vocab(args, dirs, logger, engine) -> None:
+def action_create_vocab(cfg: PrepConfig, dirs, logger, engine) -> None:
     """A WordPiece vocabulary learned from the formatted text (data/create_vocab.py), in Google's layout, written to
     --vocab_file (default <working_dir>/vocab.txt) for create_hdf5_files. It runs before sharding because it
     needs only the formatted text, and learns from all of it: the test shards are held out from pre-training, not
     from the vocabulary (as with Google's)."""
-
-    if args.dataset == "google_pretrained_weights":
+    if cfg.job.dataset == "google_pretrained_weights":
         raise InputError("google_pretrained_weights has no text to learn a vocabulary from")
-    if args.vocab_size is None:
+    if cfg.vocab.vocab_size is None:
         raise InputError(
             "--action create_vocab needs --vocab_size (8000-16000 for a small model, 30522 as bert-base-uncased)"
         )
-    inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
+    inputs = (
+        cfg.sharding.input_files.split(",") if cfg.sharding.input_files else formatted_inputs(dirs, cfg.job.dataset)
+    )
     for path in inputs:
         if not Path(path).is_file():
             raise InputError(
-                f"{path} does not exist: run --action text_formatting --dataset {args.dataset} "
+                f"{path} does not exist: run --action text_formatting --dataset {cfg.job.dataset} "
                 "first (or pass --input_files)"
             )
-    output = vocab_output(args)
+    output = vocab_output(cfg)
     start = time.time()
-    settings = VocabSettings(args.vocab_size, bool(args.do_lower_case), args.unused_slots, args.limit_alphabet)
+    settings = VocabSettings(
+        cfg.vocab.vocab_size, bool(cfg.hdf5.do_lower_case), cfg.vocab.unused_slots, cfg.vocab.limit_alphabet
+    )
     result = create_vocab(
         inputs,
         output,
         settings,
-        progress=not args.no_progress,
+        progress=not cfg.display.no_progress,
         output_flag="--vocab_file",
         log=lambda message: print(f"create_vocab: {message}", flush=True),
         engine=engine,
@@ -362,7 +572,7 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
     logger.log(
         "create_vocab",
         {
-            "dataset": args.dataset,
+            "dataset": cfg.job.dataset,
             "output": str(output),
             **result.summary(),
             "elapsed_s": round(time.time() - start, 1),
@@ -374,23 +584,26 @@ def action_create_vocab(args, dirs, logger, engine) -> None:
 # sharding
 
 
-def action_sharding(args, dirs, logger, engine) -> None:
-
-    if args.dataset == "google_pretrained_weights":
+def action_sharding(cfg: PrepConfig, dirs, logger, engine) -> None:
+    if cfg.job.dataset == "google_pretrained_weights":
         raise InputError("google_pretrained_weights has no text to shard")
-    inputs = args.input_files.split(",") if args.input_files else formatted_inputs(dirs, args.dataset)
-    cfg = ShardingConfig(
-        n_training_shards=args.n_training_shards,
-        n_test_shards=args.n_test_shards,
-        fraction_test_set=args.fraction_test_set,
-        segmenter=args.segmentation_method,
-        seed=args.random_seed,
-        num_workers=args.n_processes,
+    inputs = (
+        cfg.sharding.input_files.split(",") if cfg.sharding.input_files else formatted_inputs(dirs, cfg.job.dataset)
     )
-    prefix = dirs["sharded"] / args.dataset / args.dataset
-    manifest = shard_corpus(inputs, prefix, cfg, progress=not args.no_progress, logger=logger, engine=engine)
+    sharding = ShardingConfig(
+        n_training_shards=cfg.sharding.n_training_shards,
+        n_test_shards=cfg.sharding.n_test_shards,
+        fraction_test_set=cfg.sharding.fraction_test_set,
+        segmenter=cfg.sharding.segmentation_method,
+        seed=cfg.workers.random_seed,
+        num_workers=cfg.workers.n_processes,
+    )
+    prefix = dirs["sharded"] / cfg.job.dataset / cfg.job.dataset
+    manifest = shard_corpus(
+        inputs, prefix, sharding, progress=not cfg.display.no_progress, logger=logger, engine=engine
+    )
     print(
-        f"{args.dataset}: {manifest['documents']} documents -> {len(manifest['training'])} training + "
+        f"{cfg.job.dataset}: {manifest['documents']} documents -> {len(manifest['training'])} training + "
         f"{len(manifest['test'])} test shards in {prefix.parent}"
     )
 
@@ -416,7 +629,7 @@ def hdf5_split(shard: Path) -> str:
     return "test" if "_test_" in shard.name else "training"
 
 
-def cpd_arguments(args, shard: Path, output: Path, seed: int, num_workers: int) -> list[str]:
+def cpd_arguments(cfg: PrepConfig, shard: Path, output: Path, seed: int, num_workers: int) -> list[str]:
     """create_pretraining_data.py's arguments for one shard (the interpreter and script are the worker's own)."""
     return [
         "--input_file",
@@ -424,18 +637,18 @@ def cpd_arguments(args, shard: Path, output: Path, seed: int, num_workers: int) 
         "--output_file",
         str(output),
         "--vocab_file",
-        str(args.vocab_file),
-        "--do_lower_case" if args.do_lower_case else "--no-do_lower_case",
+        str(cfg.hdf5.vocab_file),
+        "--do_lower_case" if cfg.hdf5.do_lower_case else "--no-do_lower_case",
         "--max_seq_length",
-        str(args.max_seq_length),
+        str(cfg.hdf5.max_seq_length),
         "--max_predictions_per_seq",
-        str(args.max_predictions_per_seq),
+        str(cfg.hdf5.max_predictions_per_seq),
         "--masked_lm_prob",
-        str(args.masked_lm_prob),
+        str(cfg.hdf5.masked_lm_prob),
         "--short_seq_prob",
-        str(args.short_seq_prob),
+        str(cfg.hdf5.short_seq_prob),
         "--dupe_factor",
-        str(args.dupe_factor),
+        str(cfg.hdf5.dupe_factor),
         "--random_seed",
         str(seed),
         "--num_workers",
@@ -448,7 +661,6 @@ def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str |
     """Task: create_pretraining_data.py on one text shard, in a process of its own (this interpreter and this
     checkout's script, wherever the task runs), its output to a log file beside the HDF5 files. Returns (exit
     status, its one-line JSON summary, the output's sha256 when it succeeded)."""
-
     shard, output, arguments, log_path = job
     with open(log_path, "w") as log:
         rc = subprocess.run(
@@ -464,26 +676,25 @@ def run_cpd_task(job: tuple[str, str, list[str], str]) -> tuple[int, dict, str |
     return rc, summary, sha256_file(output) if rc == 0 else None
 
 
-def _check_same_vocabulary(args, out_dir: Path, existing: list[Path]) -> None:
+def _check_same_vocabulary(cfg: PrepConfig, out_dir: Path, existing: list[Path]) -> None:
     """Finished HDF5 files are kept on a rerun: refuse to mix them with files of another vocabulary (a rerun with
     another VOCAB_SIZE relearns vocab.txt; the folder's name does not say which vocabulary made it). The folder
     records the sha256 of the vocab.txt its files were made with; --overwrite removes the old files first."""
-
-    digest = hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest()
+    digest = hashlib.sha256(Path(cfg.hdf5.vocab_file).read_bytes()).hexdigest()
     stamp = out_dir / "vocab.sha256"
     before = (stamp.read_text().split() or [None])[0] if stamp.is_file() else None
     if existing and before not in (None, digest):
-        if not args.overwrite:
+        if not cfg.hdf5.overwrite:
             raise InputError(
                 f"{out_dir} holds {len(existing)} HDF5 file(s) made with another vocabulary than "
-                f"--vocab_file {args.vocab_file}: pass --overwrite to redo them, or remove the folder"
+                f"--vocab_file {cfg.hdf5.vocab_file}: pass --overwrite to redo them, or remove the folder"
             )
         for path in existing:  # before the new stamp: an interrupted rerun must not keep them as the new vocab's
             path.unlink()
-    atomic_write_text(stamp, f"{digest}  {args.vocab_file}\n")
+    atomic_write_text(stamp, f"{digest}  {cfg.hdf5.vocab_file}\n")
 
 
-def action_create_hdf5_files(args, dirs, logger, engine) -> None:
+def action_create_hdf5_files(cfg: PrepConfig, dirs, logger, engine) -> None:
     """create_pretraining_data.py over every shard, each a task on the engine (in a process of its own).
 
     Shard i (its index among the shards' paths in sorted order) gets --random_seed random_seed + i, so shards do not
@@ -492,19 +703,18 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     every finished file (instances, sha256) with the settings that made it: a rerun computes only the files it
     does not list (or whose sha256 changed); --overwrite redoes them all.
     """
-
     if not (REPO_ROOT / "create_pretraining_data.py").is_file():
         raise InputError(f"{REPO_ROOT / 'create_pretraining_data.py'} is missing")
-    if not args.vocab_file or not Path(args.vocab_file).is_file():
+    if not cfg.hdf5.vocab_file or not Path(cfg.hdf5.vocab_file).is_file():
         raise InputError(
-            f"--vocab_file {args.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
+            f"--vocab_file {cfg.hdf5.vocab_file} does not exist (BERT's uncased vocab.txt: e.g. "
             f"--action download --dataset google_pretrained_weights)"
         )
-    shard_dir = dirs["sharded"] / args.dataset
-    shards = list_shards(shard_dir, args.dataset)
+    shard_dir = dirs["sharded"] / cfg.job.dataset
+    shards = list_shards(shard_dir, cfg.job.dataset)
     if not shards:
         raise InputError(f"no shards in {shard_dir}: run --action sharding with the same shard flags first")
-    out_dir = dirs["hdf5"] / args.dataset
+    out_dir = dirs["hdf5"] / cfg.job.dataset
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     seed_index = {path: i for i, path in enumerate(sorted(str(s) for s in shards))}
     # Training and held-out (test) shards go to folders of their own: run_pretraining.py trains on every *.hdf5
@@ -512,22 +722,22 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
     todo = [(seed_index[str(s)], s, out_dir / hdf5_split(s) / f"{s.stem}.hdf5") for s in shards]
     for split in {hdf5_split(s) for s in shards}:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
-    _check_same_vocabulary(args, out_dir, [t[2] for t in todo if t[2].exists()])
+    _check_same_vocabulary(cfg, out_dir, [t[2] for t in todo if t[2].exists()])
     settings = {
-        "arguments": cpd_arguments(args, Path("SHARD"), Path("OUTPUT"), args.random_seed, 1),
-        "vocab_sha256": hashlib.sha256(Path(args.vocab_file).read_bytes()).hexdigest(),
+        "arguments": cpd_arguments(cfg, Path("SHARD"), Path("OUTPUT"), cfg.workers.random_seed, 1),
+        "vocab_sha256": hashlib.sha256(Path(cfg.hdf5.vocab_file).read_bytes()).hexdigest(),
         "shards": [[s.name, s.stat().st_size] for s in shards],
     }
     manifest = Manifest.open(out_dir / "manifest.json", settings)
-    todo = [t for t in todo if args.overwrite or not manifest.reusable(str(t[2].relative_to(out_dir)))]
+    todo = [t for t in todo if cfg.hdf5.overwrite or not manifest.reusable(str(t[2].relative_to(out_dir)))]
     # Processes here: a few shards at a time, each with the rest of the cores; Dask: one shard a worker.
-    concurrency = max(1, min(args.n_processes, len(todo))) if engine.name == "processes" else 1
-    workers_each = max(1, args.n_processes // concurrency) if engine.name == "processes" else 1
+    concurrency = max(1, min(cfg.workers.n_processes, len(todo))) if engine.name == "processes" else 1
+    workers_each = max(1, cfg.workers.n_processes // concurrency) if engine.name == "processes" else 1
     jobs = [
         (
             str(shard),
             str(output),
-            cpd_arguments(args, shard, output, args.random_seed + i, workers_each),
+            cpd_arguments(cfg, shard, output, cfg.workers.random_seed + i, workers_each),
             str(out_dir / "logs" / f"{shard.stem}.log"),
         )
         for i, shard, output in todo
@@ -560,7 +770,7 @@ def action_create_hdf5_files(args, dirs, logger, engine) -> None:
         )
     manifest.save()
     manifest.report("create_hdf5_files")
-    print(f"{args.dataset}: {len(todo)} HDF5 files written ({len(shards) - len(todo)} reused) in {out_dir}")
+    print(f"{cfg.job.dataset}: {len(todo)} HDF5 files written ({len(shards) - len(todo)} reused) in {out_dir}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -580,132 +790,6 @@ def resources(start: float) -> dict[str, float]:
     }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bertPrep.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--action", required=True, choices=ACTIONS)
-    p.add_argument("--dataset", required=True, choices=DATASETS)
-    p.add_argument(
-        "--working_dir",
-        default=os.environ.get("BERT_PREP_WORKING_DIR") or os.environ.get("DATA_DIR"),
-        help="root of every stage's folder (default: $BERT_PREP_WORKING_DIR, else $DATA_DIR)",
-    )
-    g = p.add_argument_group("download")
-    g.add_argument("--dump_date", default="latest", help="Wikipedia dump date YYYYMMDD, or 'latest'")
-    g.add_argument("--base_url", default=WIKI_BASE_URL, help="Wikipedia dump mirror")
-    g.add_argument(
-        "--wiki_dump_kind",
-        choices=("multistream", "single"),
-        default="multistream",
-        help="multistream (default): the dump in bz2 streams of 100 pages and its index, which "
-        "text_formatting cuts into pieces for the engine's workers; single: one bz2 stream, read by "
-        "one process",
-    )
-    g.add_argument("--books_dir", help="bookscorpus: a folder of plain-text books (used in place)")
-    g.add_argument("--books_url_list", help="bookscorpus: a file with one URL per line (optional checksum after it)")
-    g.add_argument("--input_dir", help="custom: your folder of text files")
-    g.add_argument("--weights_url", default=GOOGLE_WEIGHTS_URL, help="google_pretrained_weights: the zip to fetch")
-    g = p.add_argument_group("text_formatting")
-    g.add_argument(
-        "--wiki_dump",
-        help="a pages-articles .xml.bz2 to format (default: the downloaded one); a "
-        "multistream dump beside its index, or a folder of the numbered part files, "
-        "is formatted in pieces, as tasks of the engine",
-    )
-    g.add_argument("--wikiextractor_dir", help="format existing WikiExtractor output (wiki_* files) instead")
-    g.add_argument(
-        "--doc_boundary",
-        choices=("file", "blank_line", "line"),
-        default="file",
-        help="plain text: a document per file (default), per blank-line-separated block, or per line",
-    )
-    g.add_argument(
-        "--input_pattern",
-        help="custom/books: which files in the folder (default *.txt, or *.parquet with --input_format parquet)",
-    )
-    g.add_argument(
-        "--input_format",
-        choices=("text", "parquet"),
-        default="text",
-        help="custom: text files, or Parquet files with a text column (read by row group, a document per row)",
-    )
-    g.add_argument("--text_column", default="text", help="custom Parquet input: the column that holds the text")
-    g = p.add_argument_group("create_vocab (data/create_vocab.py: your own WordPiece vocabulary, Google's layout)")
-    g.add_argument("--vocab_size", type=int, help="create_vocab: lines of the vocab.txt to learn (specials included)")
-    g.add_argument(
-        "--unused_slots",
-        type=int,
-        help="create_vocab: [unused] entries (default 99: [UNK] [CLS] [SEP] "
-        "[MASK] at Google's ids 100-103, or 0 when the size is too small)",
-    )
-    g.add_argument(
-        "--limit_alphabet", type=int, help="create_vocab: keep the N most frequent characters (default: all)"
-    )
-    g = p.add_argument_group("sharding")
-    g.add_argument(
-        "--input_files",
-        help="comma-separated one-document-per-line files (default: the formatted ones; create_vocab reads them too)",
-    )
-    g.add_argument("--n_training_shards", type=int, default=256)
-    g.add_argument("--n_test_shards", type=int, default=256)
-    g.add_argument("--fraction_test_set", type=float, default=0.2, help="fraction of the bytes held out for test")
-    g.add_argument("--segmentation_method", choices=("blingfire", "pysbd"), default="blingfire")
-    g = p.add_argument_group("create_hdf5_files")
-    g.add_argument(
-        "--phase",
-        type=int,
-        choices=(1, 2),
-        default=1,
-        help="preset: 1 = seq 128 / 20 predictions, 2 = seq 512 / 80 predictions",
-    )
-    g.add_argument("--max_seq_length", type=int, help="overrides the phase preset")
-    g.add_argument("--max_predictions_per_seq", type=int, help="overrides the phase preset")
-    g.add_argument("--masked_lm_prob", type=float, default=0.15)
-    g.add_argument("--short_seq_prob", type=float, default=0.1)
-    g.add_argument("--dupe_factor", type=int, default=5)
-    g.add_argument("--do_lower_case", type=int, choices=(0, 1), default=1, help="1 = uncased (default), 0 = cased")
-    g.add_argument(
-        "--vocab_file",
-        help="WordPiece vocab.txt: read by create_hdf5_files, written by create_vocab "
-        "(default there: <working_dir>/vocab.txt)",
-    )
-    g.add_argument("--overwrite", action="store_true", help="redo HDF5 files that already exist")
-    p.add_argument("--random_seed", type=int, default=12345)
-    p.add_argument(
-        "--n_processes",
-        type=int,
-        default=os.cpu_count() or 1,
-        help="parallel worker processes (--engine processes), or the local Dask cluster's workers",
-    )
-    g = p.add_argument_group(
-        "engine (bert_recipe/prep/engine.py): where text_formatting, create_vocab, sharding and "
-        "create_hdf5_files run their tasks; the outputs are the same on every engine"
-    )
-    g.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="processes",
-        help="processes: worker processes here (default); dask: a Dask cluster, local (--n_processes "
-        "workers, started and stopped here) or the one --dask_scheduler_file names",
-    )
-    g.add_argument(
-        "--dask_scheduler_file",
-        help="--engine dask: join the cluster of this scheduler file (dask "
-        "scheduler --scheduler-file FILE; data/prep.sub starts one)",
-    )
-    g.add_argument(
-        "--dask_timeout",
-        type=float,
-        default=30.0,
-        help="--engine dask: seconds to wait for the scheduler file, the scheduler and a worker",
-    )
-    p.add_argument("--no_progress", action="store_true", help="no progress bars")
-
-    add_debug_argument(p)
-    return p
-
-
 def main(argv=None) -> int:
     """0 when the action finished; bad input, a failed download or a full disk: one line on stderr and exit
     status 1 (--debug: the traceback)."""
@@ -714,40 +798,33 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if not args.working_dir:
-        raise InputError("set --working_dir, or BERT_PREP_WORKING_DIR / DATA_DIR in the environment")
-    if args.n_processes < 1:
-        raise InputError("--n_processes must be >= 1")
-    if Path(args.working_dir).exists() and not Path(args.working_dir).is_dir():
-        raise InputError(f"--working_dir {args.working_dir} is a file: name a folder")
-    for key, value in PHASES[args.phase].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-
-    dirs = directories(args)
-    Path(args.working_dir).mkdir(parents=True, exist_ok=True)
-    logger = JsonLogger(Path(args.working_dir) / "bertPrep_log.jsonl")
-    logger.log("PARAMETER", {k: v for k, v in vars(args).items()})
+    cfg = flags.parse(PrepConfig, "bertPrep.py", __doc__, argv).with_phase_preset()
+    dirs = directories(cfg)
+    Path(cfg.job.working_dir).mkdir(parents=True, exist_ok=True)
+    logger = JsonLogger(Path(cfg.job.working_dir) / "bertPrep_log.jsonl")
+    logger.log("PARAMETER", cfg.flags())
     start = time.time()
     try:
-        if args.action == "download":
-            action_download(args, dirs, logger)
+        if cfg.job.action == "download":
+            action_download(cfg, dirs, logger)
         else:
-            run_on_engine(args, dirs, logger)
-        logger.log("action_done", {"action": args.action, "dataset": args.dataset, **resources(start)})
+            run_on_engine(cfg, dirs, logger)
+        logger.log("action_done", {"action": cfg.job.action, "dataset": cfg.job.dataset, **resources(start)})
     finally:
         logger.close()
     return 0
 
 
-def run_on_engine(args, dirs, logger) -> None:
+def run_on_engine(cfg: PrepConfig, dirs, logger) -> None:
     """A computing action on the engine --engine names (started here, stopped when the action ends)."""
-
     config = EngineConfig(
-        args.engine, args.n_processes, args.dask_scheduler_file, args.dask_timeout, progress=not args.no_progress
+        cfg.engine.engine,
+        cfg.workers.n_processes,
+        cfg.engine.dask_scheduler_file,
+        cfg.engine.dask_timeout,
+        progress=not cfg.display.no_progress,
     )
-    if args.dask_scheduler_file and args.engine != "dask":
+    if cfg.engine.dask_scheduler_file and cfg.engine.engine != "dask":
         raise InputError("--dask_scheduler_file is for --engine dask: add it, or leave the file out")
     with open_engine(config, log_fn=lambda message: print(f"bertPrep.py: {message}", flush=True)) as engine:
         logger.log("engine", engine.describe())
@@ -756,7 +833,7 @@ def run_on_engine(args, dirs, logger) -> None:
             "create_vocab": action_create_vocab,
             "sharding": action_sharding,
             "create_hdf5_files": action_create_hdf5_files,
-        }[args.action](args, dirs, logger, engine)
+        }[cfg.job.action](cfg, dirs, logger, engine)
 
 
 if __name__ == "__main__":

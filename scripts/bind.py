@@ -41,8 +41,12 @@ import argparse
 import os
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from bert_recipe.io import flags
+from bert_recipe.io.flags import flag
 
 MODES = ("node", "exclusive", "socket", "core-complex")
 OWN_MODES = ("node", "exclusive")  # what the numactl fallback here computes itself
@@ -291,46 +295,37 @@ def run_bound(command: list[str], mode: str, nproc: int, topology: Topology, loc
     os.execv(sys.executable, argv)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bind",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--mode", default="node", help=f"{', '.join(MODES)} (1 and true mean node)")
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="local ranks (default: LOCAL_WORLD_SIZE, else the GPUs found, else the NUMA nodes)",
-    )
-    p.add_argument(
-        "--sysfs",
-        default=os.environ.get("BIND_SYSFS", "/sys"),
-        help="the sysfs root to read (env BIND_SYSFS; a made-up tree for tests)",
-    )
-    what = p.add_mutually_exclusive_group()
-    what.add_argument(
-        "--launcher",
-        action="store_true",
-        help="print the launcher words after -- with binding added, one per line (for the launchers)",
-    )
-    what.add_argument(
-        "--run",
-        action="store_true",
-        help="exec python with the words after -- bound to LOCAL_RANK's node (what each rank runs)",
-    )
-    p.add_argument(
-        "rest",
-        nargs=argparse.REMAINDER,
-        help="-- then the launcher words (--launcher) or the script and its arguments (--run)",
-    )
-    return p
+@dataclass(frozen=True)
+class BindFlags:
+    """How to bind, for how many ranks, from which topology, and what to do with the words after --."""
+
+    mode: str = flag("node", help=f"{', '.join(MODES)} (1 and true mean node)")
+    nproc: int | None = None
+    """local ranks (default: LOCAL_WORLD_SIZE, else the GPUs found, else the NUMA nodes)"""
+    sysfs: str = flag(factory=lambda: os.environ.get("BIND_SYSFS", "/sys"))
+    """the sysfs root to read (env BIND_SYSFS; a made-up tree for tests)"""
+    launcher: bool = flag(False, exclusive="what")
+    """print the launcher words after -- with binding added, one per line (for the launchers)"""
+    run: bool = flag(False, exclusive="what")
+    """exec python with the words after -- bound to LOCAL_RANK's node (what each rank runs)"""
+    rest: list[str] | None = flag(None, positional=True, nargs=argparse.REMAINDER)
+    """-- then the launcher words (--launcher) or the script and its arguments (--run)"""
+
+
+@dataclass(frozen=True)
+class BindConfig(flags.Config):
+    """Every flag of scripts/bind.py."""
+
+    bind: BindFlags = field(default_factory=BindFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("bind",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "split"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = flags.parse(BindConfig, "python -m scripts.bind", __doc__, argv).bind
     mode = {"1": "node", "true": "node", "yes": "node"}.get(args.mode.lower(), args.mode.lower())
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     topology = read_topology(args.sysfs)

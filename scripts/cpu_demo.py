@@ -14,14 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from bench import study_utils as su
-from bert_recipe.io.atomic_io import atomic_write_json
+from bert_recipe.io import flags
+from bert_recipe.io.atomic_io import atomic_write_json, read_json_lines
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.prep.vocab import config_vocab_size
-from bert_recipe.pretraining.shard_format import unigram_log_prior
-from tokenization import vocab_fits_config
+from bert_recipe.pretraining.shard_format import read_samples, unigram_log_prior
+from bert_recipe.pretraining.validation import SpecialIds, heldout_most_frequent
+from tokenization import load_vocab, vocab_fits_config
 
 
 def fit_config(source: Path, vocab: Path, target: Path) -> dict:
@@ -100,8 +104,9 @@ def learned_lines(learned: tuple, targets: int, train_unigram: float) -> list[st
 
 def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Path, max_eval: int) -> list[str]:
     """The summary's lines (also printed). The baselines are counted as the evaluation counts: the first `max_eval`
-    held-out samples, the masked slots with a position > 0."""
-    arrays = su.read_shards(heldout, max_eval, ("masked_lm_positions", "masked_lm_ids"))
+    held-out samples, the masked slots with a position > 0 (the most frequent word: the [MASK]ed ones,
+    validation.heldout_most_frequent)."""
+    arrays = read_samples([heldout], max_eval, ("input_ids", "masked_lm_positions", "masked_lm_ids"))
     targets = arrays["masked_lm_ids"][arrays["masked_lm_positions"] > 0]
     with open(vocab, encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
@@ -111,13 +116,13 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
     train_unigram = float(-unigram_log_prior(train_shard, vocab_size)[targets].mean())
     lines = [
         f"baseline: always guessing the most frequent masked token scores "
-        f"{su.heldout_baseline(heldout, max_eval):.3f} on the held-out set"
+        f"{heldout_most_frequent(arrays, SpecialIds.from_vocab(load_vocab(vocab))):.3f} on the held-out set"
     ]
     learned = None
     for phase in (1, 2):
         path = run_dir / f"{job}.phase{phase}.json"
         if path.is_file():
-            line, found = phase_line(phase, su.read_log(path))
+            line, found = phase_line(phase, read_json_lines(path))
             lines.append(line)
             learned = found or learned
     if learned:
@@ -126,33 +131,87 @@ def summary(run_dir: Path, job: str, heldout: Path, train_shard: Path, vocab: Pa
     return lines
 
 
+@dataclass(frozen=True)
+class DemoFlags:
+    """How the errors read."""
+
+    prog: str = "scripts.cpu_demo"
+    """the name its one-line errors start with (the launcher that runs it: run_cpu_demo.sh)"""
+
+
+@dataclass(frozen=True)
+class ConfigFlags:
+    """The config to start from, the vocabulary, the config to write."""
+
+    source: Path = flag(positional=True)
+    """a BERT config JSON (configs/bert-small-cpu.json)"""
+    vocab: Path = flag(positional=True)
+    """the vocab.txt the model will read"""
+    target: Path = flag(positional=True)
+    """the config to write"""
+
+
+@dataclass(frozen=True)
+class SummaryFlags:
+    """The run and the shards it read."""
+
+    run_dir: Path = flag(positional=True)
+    """the run's folder (its JSON-lines logs)"""
+    job: str = flag(required=True)
+    """the run's job name (its logs are <job>.phase<N>.json)"""
+    heldout: Path = flag(required=True)
+    """the held-out HDF5 shard the run evaluated on"""
+    train_shard: Path = flag(required=True)
+    """the phase 1 training shard"""
+    vocab: Path = flag(required=True)
+    """the run's vocab.txt"""
+    max_eval: int = 2000
+    """the run's --max_eval_samples"""
+
+
+@dataclass(frozen=True)
+class ConfigCommand(flags.Config):
+    """a model config whose vocab_size fits the vocabulary"""
+
+    config: ConfigFlags = field(default_factory=ConfigFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("config",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.HelpFormatter
+
+
+@dataclass(frozen=True)
+class SummaryCommand(flags.Config):
+    """what the demo's run learned"""
+
+    summary: SummaryFlags = field(default_factory=SummaryFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("summary",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.HelpFormatter
+
+
+@dataclass(frozen=True)
+class DemoConfig(flags.Config):
+    """--prog, then one of the two programs."""
+
+    demo: DemoFlags = field(default_factory=DemoFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("demo",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
+    commands: ClassVar[dict[str, type[flags.Config]]] = {"config": ConfigCommand, "summary": SummaryCommand}
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.cpu_demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--prog",
-        default="scripts.cpu_demo",
-        help="the name its one-line errors start with (the launcher that runs it: run_cpu_demo.sh)",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("config", help="a model config whose vocab_size fits the vocabulary")
-    c.add_argument("source", type=Path)
-    c.add_argument("vocab", type=Path)
-    c.add_argument("target", type=Path)
-    s = sub.add_parser("summary", help="what the demo's run learned")
-    s.add_argument("run_dir", type=Path)
-    s.add_argument("--job", required=True, help="the run's job name (its logs are <job>.phase<N>.json)")
-    s.add_argument("--heldout", type=Path, required=True, help="the held-out HDF5 shard the run evaluated on")
-    s.add_argument("--train_shard", type=Path, required=True, help="the phase 1 training shard")
-    s.add_argument("--vocab", type=Path, required=True)
-    s.add_argument("--max_eval", type=int, default=2000, help="the run's --max_eval_samples")
-    args = p.parse_args(argv)
-    with script_errors(args.prog, argv):
-        if args.command == "config":
-            fit_config(args.source, args.vocab, args.target)
+    top, command, cfg = flags.parse_command(DemoConfig, "python -m scripts.cpu_demo", __doc__, argv)
+    with script_errors(top.demo.prog, argv):
+        if command == "config":
+            fit_config(cfg.config.source, cfg.config.vocab, cfg.config.target)
         else:
-            summary(args.run_dir, args.job, args.heldout, args.train_shard, args.vocab, args.max_eval)
+            s = cfg.summary
+            summary(s.run_dir, s.job, s.heldout, s.train_shard, s.vocab, s.max_eval)
     return 0
 
 

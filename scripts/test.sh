@@ -16,8 +16,10 @@ if ! command -v xz > /dev/null && [[ "$(id -u)" == 0 ]] && command -v apt-get > 
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xz-utils; } > /dev/null \
     || echo "test.sh: xz is not installed: the GPU call scripts' dry runs will fail" >&2
 fi
-# The code's layout is ruff's (pyproject.toml [tool.ruff]): a file it would reformat fails the run before any test.
+# The code's layout and lint are ruff's (pyproject.toml [tool.ruff]): a file it would reformat, or a finding of its
+# checks (pyflakes, pycodestyle, import order, bugbear), fails the run before any test.
 .venv/bin/ruff format --check --quiet . || { echo "test.sh: run .venv/bin/ruff format . (the files above)" >&2; exit 1; }
+.venv/bin/ruff check --quiet . || { echo "test.sh: ruff check found the problems above (--fix mends some)" >&2; exit 1; }
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # One worker per core, up to 4 (pytest-xdist; TEST_WORKERS=1 runs in this process): a test file runs whole on one
 # worker (--dist loadfile), so its module fixtures are made once; the files go out in tests/file_times.py's order,

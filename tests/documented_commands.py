@@ -279,7 +279,7 @@ def word(old: str) -> str:
 def _replace_present(command: Command, replace: dict[str, str]) -> str:
     text = command.text
     for old, new in replace.items():
-        text = re.sub(word(old), lambda _: new, text)
+        text = re.sub(word(old), lambda _, new=new: new, text)  # the replacement as it is, no escapes read
     return text
 
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from bench import pretrain_study, scaling_study, stability
 from bert_recipe.pretraining.data_stream import PretrainingData, ShardInfo
 from bert_recipe.training.dist_env import DistEnv
 from modeling import BertConfig
@@ -129,7 +128,6 @@ def write_config(path: Path, dropout: float = 0.1, vocab: int = VOCAB, hidden: i
 
 def bert_config(**fields):
     """A small modeling.BertConfig for tests: 2 layers, 4 heads, no dropout (exact comparisons), then `fields`."""
-
     return BertConfig(
         **{
             "num_hidden_layers": 2,
@@ -185,7 +183,6 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def shard_stream(folder: Path, micro: int, rank: int = 0, world: int = 1, state: dict | None = None, **options):
     """The pretraining_data stream over `folder`'s shards of 40 rows each, of rank `rank` of `world`, continued from
     `state` (a state_dict()) when given; `options` go to PretrainingData (seed: 7 unless given)."""
-
     unmasked = options.get("masker") is not None  # dynamic masking reads shards written unmasked
     shards = [ShardInfo(p, 40, unmasked) for p in sorted(folder.glob("*.hdf5"))]
     data = PretrainingData(shards, options.pop("seed", 7), micro, DistEnv(rank, world), **options)
@@ -251,14 +248,16 @@ def disk_full_for_large_writes(monkeypatch, limit: int = 4096) -> None:
     monkeypatch.setattr(os, "fdopen", fdopen)
 
 
-def no_training(monkeypatch):
-    """Any attempt to train in the bench studies (their launcher subprocesses, bench.stability's seeds) fails the
-    test: for checking that a second call reuses every finished run."""
+def no_training(monkeypatch, launchers, seeds) -> None:
+    """Any attempt to train in the bench studies fails the test: the `launchers` modules' subprocesses (the
+    studies that start run_cpu_demo.sh and its kin) and the `seeds` module's run_seeds (bench.stability). For
+    checking that a second call reuses every finished run; the tests of the studies pass the modules (this file
+    imports no study)."""
     import types
 
     def refuse(*a, **k):
         raise AssertionError(f"nothing should run here: {a} {k}")
 
-    for module in (pretrain_study, scaling_study):
+    for module in launchers:
         monkeypatch.setattr(module, "subprocess", types.SimpleNamespace(run=refuse, Popen=refuse))
-    monkeypatch.setattr(stability, "run_seeds", refuse)
+    monkeypatch.setattr(seeds, "run_seeds", refuse)

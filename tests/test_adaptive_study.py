@@ -10,7 +10,7 @@ import statistics
 import pytest
 from helpers import no_training
 
-from bench import adaptive_study, linear_probe, results_page
+from bench import adaptive_study, linear_probe, pretrain_study, results_page, scaling_study, stability
 
 TINY_CONFIG = {
     "vocab_size": 30522,
@@ -171,9 +171,8 @@ def test_four_starts_are_fine_tuned_and_probed(tiny_adaptive):
 def test_second_call_reuses_everything(tiny_adaptive, monkeypatch):
     """The same command again trains nothing and probes nothing: the pre-trainings, fine-tunings and the probe
     are read back, and the report's numbers are the first call's."""
-
     root, first = tiny_adaptive
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     monkeypatch.setattr(linear_probe, "main", lambda *a, **k: pytest.fail(f"the probe ran again: {a}"))
     again = adaptive_study.main(json.loads((root / "argv.json").read_text()))
     for arm in adaptive_study.ARMS:

@@ -1,6 +1,7 @@
-"""bit_dropout.BitMaskDropout (run_pretraining.py --bit_dropout_masks, bit_dropout.convert) against the written-out formula of dropout and against
-torch's own dropout: the same outputs and gradients for the mask it draws, an eighth of the bytes saved for the
-backward, the configured keep rate, and a model that trains the same way in eval and learns in training."""
+"""bit_dropout.BitMaskDropout (run_pretraining.py --bit_dropout_masks, bit_dropout.convert) against the written-out
+formula of dropout and against torch's own dropout: the same outputs and gradients for the mask it draws, an eighth
+of the bytes saved for the backward, the configured keep rate, and a model that trains the same way in eval and
+learns in training."""
 
 from __future__ import annotations
 

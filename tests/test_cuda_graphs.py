@@ -35,16 +35,13 @@ def test_stable_gradient_buffers_accumulate_the_same_gradients_in_the_same_memor
         model = tiny_model(dropout=0.1).train()
         rule = rule_for(model, stable)
         steps = []
+
+        def record(model=model, steps=steps):
+            steps.append({n: (p.grad.clone(), p.grad.data_ptr()) for n, p in model.named_parameters()})
+
         for step in range(2):
             torch.manual_seed(10 + step)  # the same dropout draws for both rules
-            rule(
-                iter(batches),
-                accum=4,
-                number=step + 1,
-                before_update=lambda: steps.append(
-                    {n: (p.grad.clone(), p.grad.data_ptr()) for n, p in model.named_parameters()}
-                ),
-            )
+            rule(iter(batches), accum=4, number=step + 1, before_update=record)
         seen[stable] = steps
         if stable:  # zeroed in place after the step, never freed
             assert all(p.grad is not None and not p.grad.any() for p in model.parameters())

@@ -171,7 +171,7 @@ def test_dry_runs(session, tmp_path):
         nodes = re.search(r"sbatch .*-N (\d+)", c.text)
         if nodes:
             assert f"--nodes={nodes.group(1)} " in output, output
-    for c in docker:
+    if docker:
         printed = [shlex.split(line) for line in done.stdout.splitlines() if line.startswith("docker ")]
         assert printed, done.stdout
         inner = printed[-1][printed[-1].index("-c") + 1] if "-c" in printed[-1] else None
@@ -317,7 +317,7 @@ def test_extract_features_command(tmp_path, minilm_dir, shared_data):
     """Each WordPiece token's hidden states of the last four layers, JSON lines, from a Hugging Face folder."""
     command = docs.only_command_for("test_extract_features_command")
     lines = (shared_data / "bert-sample-text" / "sample_text.txt").read_text(encoding="utf-8").splitlines()
-    (tmp_path / "in.txt").write_text("\n".join(l for l in lines[:3] if l.strip()) + "\n", encoding="utf-8")
+    (tmp_path / "in.txt").write_text("\n".join(line for line in lines[:3] if line.strip()) + "\n", encoding="utf-8")
     docs.run(
         command,
         cwd=REPO,

@@ -1,4 +1,4 @@
-"""file_utils.download and bertPrep's Wikipedia download against an HTTP server started here on 127.0.0.1.
+"""downloads.download and bertPrep's Wikipedia download against an HTTP server started here on 127.0.0.1.
 
 The server honours Range (206 + Content-Range) unless told to ignore it, and can drop the connection after N bytes
 of a response, so resuming, restarting and verification are exercised for real, over sockets. The expected bytes
@@ -229,7 +229,6 @@ def _serve_dump(server, date="20240101", listing_digest=None):
 def test_bertprep_downloads_wikipedia_and_verifies_published_sha1(server, tmp_path, dump_date, kind):
     """The multistream dump (the default) comes with its index, which text_formatting needs to cut it into
     pieces; both files are checked against the published sha1 and resumed after a dropped connection."""
-
     names = _serve_dump(server)
     name = names[kind]
     server.drop_after[f"/enwiki/20240101/{name}"] = [40_000]

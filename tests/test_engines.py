@@ -1,5 +1,5 @@
-"""The data pipeline on every engine (bert_recipe/prep/engine.py): the same HDF5 arrays from one process, two processes, a
-local Dask cluster, and a Dask scheduler with two workers started apart through a scheduler file (as srun starts
+"""The data pipeline on every engine (bert_recipe/prep/engine.py): the same HDF5 arrays from one process, two processes,
+a local Dask cluster, and a Dask scheduler with two workers started apart through a scheduler file (as srun starts
 them); a worker killed -9 mid-stage changes nothing; a rerun after a killed run computes only what its manifest
 does not list; `sbatch data/prep.sub` on the real one-machine Slurm gives the same arrays and leaves no process;
 Parquet input; dump pieces (a multistream dump with its index, numbered part files) format like the whole dump;
@@ -28,11 +28,11 @@ import documented_commands as docs
 import h5py
 import numpy as np
 import pytest
+from dask_processes import DaskProcesses
 from slurm_cluster import free_port
 from test_text_formatting import NS, PAGES, _xml_escape, corpus_text, write_dump
 
 from bench.bench_prep_engines import projection
-from bench.dask_processes import DaskProcesses
 from bert_recipe.io.processes import pid_alive
 from bert_recipe.prep import text_formatting as tf
 from data import bertPrep

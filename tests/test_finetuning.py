@@ -19,17 +19,12 @@ import torch
 
 import run_glue
 import run_squad
-from bert_recipe.finetuning import predict, recipe
+from bert_recipe.finetuning import recipe
 from bert_recipe.finetuning.config import FinetuneConfig, FinetuneModel, FinetuneRun
-from bert_recipe.finetuning.tasks import squad
-from bert_recipe.finetuning.tasks.glue import (
-    compute_metrics,
-    encode_examples,
-    get_dev_examples,
-    get_task,
-    get_train_examples,
-)
 from bert_recipe.io.checkpoint_io import export_state_dict, from_pretrained
+from bert_recipe.prediction import predict
+from bert_recipe.tasks import squad, squad_answers, squad_metrics
+from bert_recipe.tasks.glue import compute_metrics, encode_examples, get_dev_examples, get_task, get_train_examples
 from bert_recipe.training import dist_env
 from modeling import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from optimization import BertAdam, param_groups_for_bert
@@ -264,15 +259,15 @@ def test_squad_recipe_equals_a_hand_written_loop(tmp_path, shared_data, uncased_
             index = order[lo : lo + 16]
             out_batch = model(**window_batch([features[i] for i in index]))
             for row, i in enumerate(index):
-                results[features[i].unique_id] = squad.RawResult(
+                results[features[i].unique_id] = squad_answers.RawResult(
                     features[i].unique_id,
                     out_batch.start_logits[row, : lengths[i]].numpy(),
                     out_batch.end_logits[row, : lengths[i]].numpy(),
                 )
-    predictions, nbest, _ = squad.get_predictions(examples, features, results, 20, 30, True, False, 0.0)
+    predictions, nbest, _ = squad_answers.get_predictions(examples, features, results, 20, 30, True, False, 0.0)
     assert json.loads((out / "predictions.json").read_text()) == predictions
     assert json.loads((out / "nbest_predictions.json").read_text()) == json.loads(json.dumps(nbest))
-    scores = squad.score_predictions(squad.read_gold_answers(subset), predictions, False, None)
+    scores = squad_metrics.score_predictions(squad.read_gold_answers(subset), predictions, False, None)
     assert json.loads((out / "eval_results.json").read_text())["eval"] == scores
     assert (summary["exact_match"], summary["F1"], summary["global_step"]) == (
         scores["exact_match"],
@@ -304,7 +299,6 @@ def test_one_batch_vocabulary():
 def test_a_fresh_task_head_is_warned_about_only_when_nothing_trains_it(tmp_path, do_train):
     """load_model reads the LoadReport of the checkpoint (not its log lines): a pre-training checkpoint has no
     classifier, so evaluating it without --do_train warns that the head is random; with --do_train it does not."""
-
     config = BertConfig(
         vocab_size=64,
         hidden_size=16,

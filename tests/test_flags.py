@@ -5,18 +5,18 @@ frozen."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 
 import run_glue
 import run_squad
 import run_swag
-from bert_recipe.io import cli
-from bert_recipe.training import flags
-from bert_recipe.training.flags import flag
+from bert_recipe.io import cli, flags
+from bert_recipe.io.flags import flag
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,6 @@ def test_fine_tuning_configurations_are_frozen_and_typed(tmp_path):
     """Each fine-tuning script parses a typical command line into its frozen configuration: the shared sections
     with the script's own defaults (GLUE's seed, SQuAD's windows and log_freq, SWAG's batch and learning rate),
     the script's own flags in their sections, --do_eval implying --do_predict for SQuAD."""
-
     squad_file = tmp_path / "dev.json"
     squad_file.write_text("{}")
     squad = run_squad.parse_args(
@@ -265,3 +264,180 @@ def test_fine_tuning_configurations_are_frozen_and_typed(tmp_path):
             cfg.run = cfg.run
     with pytest.raises(cli.InputError, match="^nothing to do: pass at least one of --do_train, --do_eval, "):
         run_glue.parse_args(["--task_name", "mrpc", "--data_dir", "d", "--init_checkpoint", "c", "--output_dir", "o"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What the other commands need: positionals, lists, switches, exclusive groups, defaults made when the parser is
+# built, sections under argparse's own heading, omitted fields, help prefixes, sub-commands
+
+
+@dataclass(frozen=True)
+class Job:
+    """A section of the rarer kinds of field."""
+
+    source: str = flag(positional=True)
+    """what to read"""
+    files: list[str] = flag(required=True)
+    """one or more files"""
+    sizes: list[int] | None = flag(None, nargs="*")
+    """zero or more sizes"""
+    extra: list[str] = flag(None, action="append", metavar="X")
+    """repeatable"""
+    level: int = flag(3, choices=range(1, 10), metavar="{1..9}")
+    """a level"""
+    phase: Literal[1, 2] = 1
+    """an integer choice"""
+    lower: bool = flag(
+        True, action=argparse.BooleanOptionalAction, switches=[flags.Switch(("--cased",), False, "keep case")]
+    )
+    """lower-case"""
+    workers: int = flag(factory=lambda: WORKERS["now"])
+    """made when the parser is built"""
+    to_file: str | None = flag(None, exclusive="output")
+    """one file"""
+    to_dir: str | None = flag(None, exclusive="output")
+    """one folder"""
+
+
+WORKERS = {"now": 4}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A section with a help prefix and a field left out of the command line."""
+
+    width: int = 10
+    """the width"""
+    height: int = 20
+    """the height"""
+
+    omitted: ClassVar[tuple[str, ...]] = ("height",)
+    help_prefix: ClassVar[str] = "box: "
+
+
+@dataclass(frozen=True)
+class Rare(flags.Config):
+    """The rarer kinds, all under argparse's own heading."""
+
+    job: Job = field(default_factory=Job)
+    limits: Limits = field(default_factory=Limits)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("job", "limits")
+    required_groups: ClassVar[tuple[str, ...]] = ("output",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "split"
+
+
+def rare(*argv: str) -> Rare:
+    return flags.parse(Rare, "rare.py", "A rare command.\n\nMore about it,\n  kept as written.", list(argv))
+
+
+def test_the_rarer_kinds_of_field_parse_to_their_values(monkeypatch):
+    cfg = rare("in.txt", "--files", "a", "b", "--to_dir", "out", "--extra", "x", "--extra", "y", "--cased")
+    assert cfg.job == Job(
+        source="in.txt", files=["a", "b"], extra=["x", "y"], lower=False, workers=4, to_dir="out", to_file=None
+    )
+    assert (cfg.job.sizes, cfg.job.level, cfg.job.phase, cfg.limits) == (None, 3, 1, Limits(10, 20))
+    cfg = rare("i", "--files", "a", "--to_file", "f", "--sizes", "--level", "9", "--phase", "2", "--width", "5")
+    assert (cfg.job.sizes, cfg.job.level, cfg.job.phase, cfg.job.lower, cfg.limits.width) == ([], 9, 2, True, 5)
+    assert rare("i", "--files", "a", "--to_file", "f", "--no-lower").job.lower is False
+    monkeypatch.setitem(WORKERS, "now", 7)  # a default made when the parser is built, not at import
+    assert rare("i", "--files", "a", "--to_file", "f").job.workers == 7
+    assert "height" not in rare("i", "--files", "a", "--to_file", "f").flags()
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["i", "--files", "a"], ("one of the arguments --to_file --to_dir is required",)),
+        (["i", "--files", "a", "--to_file", "f", "--to_dir", "d"], ("--to_dir: not allowed with argument --to_file",)),
+        (["i", "--files", "a", "--to_file", "f", "--level", "10"], ("--level", "invalid choice: 10")),
+        (["i", "--files", "a", "--to_file", "f", "--phase", "3"], ("--phase", "invalid choice: 3")),
+        (["i", "--files", "a", "--to_file", "f", "--height", "3"], ("unrecognized arguments: --height 3",)),
+        (["i", "--files", "a", "--to_file", "f", "--debug"], ("unrecognized arguments: --debug",)),
+        (["--files", "a", "--to_file", "f"], ("the following arguments are required: source",)),
+    ],
+)
+def test_the_rarer_kinds_refuse_in_one_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        rare(*argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("rare.py: error: "), err
+    for word in words:
+        assert word in err, err
+
+
+def test_help_of_the_rarer_kinds(capsys):
+    with pytest.raises(SystemExit):
+        rare("--help")
+    out = capsys.readouterr().out
+    usage = " ".join(out.split("\n\n")[0].split())
+    assert usage == (
+        "usage: rare.py [-h] --files FILES [FILES ...] [--sizes [SIZES ...]] [--extra X] [--level {1..9}] "
+        "[--phase {1,2}] [--lower | --no-lower] [--cased] [--workers WORKERS] (--to_file TO_FILE | --to_dir TO_DIR) "
+        "[--width WIDTH] source"
+    )
+    assert "\nA rare command.\n\npositional arguments:\n  source " in out  # the first paragraph
+    assert out.rstrip().endswith("More about it,\n  kept as written.")  # the rest of the docstring, as written
+    text = " ".join(out.split())
+    assert "--width WIDTH box: the width" in text and "--cased keep case" in text
+    assert "(default:" not in text.replace("(default: True)", "")  # BooleanOptionalAction adds its own only
+
+
+@dataclass(frozen=True)
+class StartFlags:
+    """The start command's flags."""
+
+    port: int = 80
+    """the port"""
+
+
+@dataclass(frozen=True)
+class Start(flags.Config):
+    """start it"""
+
+    start: StartFlags = field(default_factory=StartFlags)
+
+    has_debug: ClassVar[bool] = False
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [(self.start.port < 1, f"--port {self.start.port} must be positive")]
+
+
+@dataclass(frozen=True)
+class Stop(flags.Config):
+    """stop it"""
+
+    has_debug: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class Service(flags.Config):
+    """--name, then start or stop."""
+
+    job: Limits = field(default_factory=Limits)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("job",)
+    commands: ClassVar[dict[str, type[flags.Config]]] = {"start": Start, "stop": Stop}
+
+
+def test_sub_commands_parse_to_their_configurations(capsys):
+    top, name, cfg = flags.parse_command(Service, "svc.py", "A service.", ["--width", "3", "start", "--port", "8"])
+    assert (top.job, name, cfg) == (Limits(3, 20), "start", Start(StartFlags(8)))
+    assert flags.parse_command(Service, "svc.py", "A service.", ["stop"])[1:] == ("stop", Stop())
+    with pytest.raises(cli.InputError, match=r"^--port 0 must be positive$"):
+        flags.parse_command(Service, "svc.py", "A service.", ["start", "--port", "0"])
+    with pytest.raises(SystemExit) as e:
+        flags.parse_command(Service, "svc.py", "A service.", ["stop", "--port", "8"])
+    assert e.value.code == 2 and "unrecognized arguments: --port 8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        flags.parse_command(Service, "svc.py", "A service.", ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{start,stop} start start it stop stop it" in text and "--debug" in text
+
+
+def test_flag_passes_on_only_what_argparse_needs():
+    with pytest.raises(TypeError, match="not \\['dest'\\]"):
+        flag(1, dest="other")

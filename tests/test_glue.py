@@ -17,8 +17,10 @@ import torch
 
 import run_glue
 from bench import nan_probe
-from bert_recipe.finetuning import predict, recipe
-from bert_recipe.finetuning.tasks.glue import (
+from bert_recipe.finetuning import recipe
+from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.prediction import predict
+from bert_recipe.tasks.glue import (
     TASKS,
     EncodedExamples,
     GlueDataError,
@@ -31,7 +33,6 @@ from bert_recipe.finetuning.tasks.glue import (
     read_examples,
     truncate_seq_pair,
 )
-from bert_recipe.io.checkpoint_io import from_pretrained
 from modeling import BertForSequenceClassification
 from tokenization import BertTokenizer
 
@@ -810,7 +811,6 @@ def test_nan_probe_finds_the_first_non_finite_micro_batch(tmp_path, minilm_dir, 
     of about lr = 1e30 per weight makes micro-batch 2 overflow, in fp32 as well, which the replays must show; the
     saved batch and weights load with weights_only=True and hold those enormous weights. A healthy run reports
     first_bad null after all its micro-batches."""
-
     glue = [
         "--task_name",
         "sst-2",

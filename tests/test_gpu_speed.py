@@ -428,7 +428,8 @@ def test_a_gpu_profile_says_what_the_host_did_while_the_gpu_waited():
         # ATen's sum over the tokens for a bias gradient, whose name holds a "lambda" (it was filed under "optimizer")
         (
             "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-            "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>>>",
+            "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::"
+            "{lambda(float, float)#1}>>>",
             "element-wise (eager)",
         ),
     ],

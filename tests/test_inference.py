@@ -18,11 +18,11 @@ from helpers import help_of
 from torch import nn
 
 import inference
-from bert_recipe.finetuning import predict
-from bert_recipe.finetuning.tasks import squad
-from bert_recipe.finetuning.tasks.items import read_items
 from bert_recipe.io.checkpoint_io import export_state_dict, save_hf_directory
 from bert_recipe.io.triton_scripts import load_triton_script
+from bert_recipe.prediction import predict
+from bert_recipe.prediction.items import read_items
+from bert_recipe.tasks import squad, squad_answers
 from modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from tokenization import BertTokenizer
 
@@ -75,7 +75,7 @@ def test_long_context_is_covered_by_windows_and_answer_in_last_window_found(toke
     target = tokenizer.vocab["madagascar"]
     model = PointingModel(target)
     items = [{"id": "q1", "question": "Where does the river go?", "context": context}]
-    settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16, n_best_size=5)
+    settings = squad_answers.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16, n_best_size=5)
     out = predict.answer_questions(model, tokenizer, items, settings, predict.Runtime(batch_size=4))
     assert out[0]["id"] == "q1" and out[0]["answer"] == "Madagascar"
     assert out[0]["probability"] > 0.99 and out[0]["nbest"][0]["text"] == "Madagascar"
@@ -100,7 +100,9 @@ def test_null_answer_for_v2_models(tokenizer, long_context):
     context = long_context(50, "Madagascar")
     model = PointingModel(tokenizer.vocab["madagascar"], null=20.0)  # [CLS] beats every span: no answer
     item = [{"question": "Where?", "context": context}]
-    settings = squad.QASettings(max_seq_length=48, doc_stride=16, max_query_length=8, version_2_with_negative=True)
+    settings = squad_answers.QASettings(
+        max_seq_length=48, doc_stride=16, max_query_length=8, version_2_with_negative=True
+    )
     out = predict.answer_questions(model, tokenizer, item, settings)
     assert out[0]["answer"] == "" and out[0]["null_score_diff"] > 0 and out[0]["id"] == "0"
     out = predict.answer_questions(model, tokenizer, item, dataclasses.replace(settings, version_2_with_negative=False))
@@ -117,7 +119,7 @@ def test_windows_match_the_feature_builder(tokenizer, long_context):
         covered.update(orig for pos, orig in f.token_to_orig_map.items())
     assert covered == set(range(len(examples[0].doc_tokens)))
     model = PointingModel(tokenizer.vocab["lagos"])
-    settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
+    settings = squad_answers.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
     predict.answer_questions(model, tokenizer, items, settings)
     assert [ids[: sum(1 for t in ids if t)] for ids, _ in model.windows] == [
         f.input_ids[: len(f.tokens)] for f in features
@@ -429,7 +431,7 @@ def test_max_windows_refuses_before_any_forward_pass(tokenizer, long_context, qa
         {"id": "short", "question": "Who?", "context": "Bob."},
         {"id": "long", "question": "Where does the river go?", "context": context},
     ]
-    settings = squad.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
+    settings = squad_answers.QASettings(max_seq_length=64, doc_stride=24, max_query_length=16)
     with pytest.raises(
         ValueError,
         match=r"item 1 \(id 'long', context of 2,\d{3} characters at max_seq_length 64, "
@@ -521,7 +523,7 @@ def test_cli_errors_are_one_line_and_debug_shows_the_traceback(qa_dir, repo_root
 
 
 def test_input_file_layouts_and_strict_errors_shared_with_the_triton_client(tmp_path, shared_data):
-    """inference.py and triton/client.py read --input_file with one function (tasks.items.read_items): the
+    """inference.py and triton/client.py read --input_file with one function (prediction.items.read_items): the
     same layouts accepted, the same one-line errors for what is not an item."""
     client = load_triton_script("client")
     item = {"id": "a", "question": "Who?", "context": "Bob."}

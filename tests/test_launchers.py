@@ -83,7 +83,6 @@ def bash(script: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> su
 @pytest.fixture(scope="module")
 def help_text() -> str:
     """run_pretraining.py --help (its parser names its prog), from its own main in this process."""
-
     return help_of(run_pretraining.main)
 
 
@@ -116,7 +115,6 @@ def run_pretraining_commands(stdout: str) -> list[list[str]]:
 
 def check_flags_against_run_pretraining(flags: list[str], help_text: str):
     """Every flag is documented in --help, and run_pretraining.py's own parser accepts the command line."""
-
     for flag in flags:
         name = flag.split("=", 1)[0]
         assert re.search(rf"(^|[\s,\[]){re.escape(name)}([\s,=\]]|$)", help_text, re.M), f"{name} not in --help"
@@ -965,7 +963,6 @@ def test_demo_config_takes_the_vocabularys_size_or_refuses_a_bad_config(tmp_path
     """scripts.cpu_demo config (the demo's step between the vocabulary and the shards): bert-base-uncased's 30,522
     lines keep a config of 30522 (run_pretraining.py accepts it), a 1,234-line vocabulary gets 1240 (the next multiple
     of 8); a config without vocab_size is one line and exit 1, and nothing is written."""
-
     source = tmp_path / "c.json"
     source.write_text('{"vocab_size": 30522, "hidden_size": 32}')
     assert demo.main(["config", str(source), str(uncased_vocab), str(tmp_path / "a.json")]) == 0

@@ -9,8 +9,8 @@ import json
 import torch
 
 from bench import linear_probe
-from bert_recipe.finetuning.tasks.glue import encode_examples, get_task, get_train_examples
 from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.tasks.glue import encode_examples, get_task, get_train_examples
 from modeling import BertModel
 from tokenization import BertTokenizer
 

@@ -265,7 +265,10 @@ def _adam_grads(step: int, params) -> list[torch.Tensor]:
 @pytest.mark.parametrize("fused", [None, False])
 def test_bert_adam_matches_torch_adamw_with_global_clip(fused):
     ours, ref = _adam_params(), _adam_params()
-    groups = lambda ps: [{"params": ps[:1], "weight_decay": 0.01}, {"params": ps[1:], "weight_decay": 0.0}]
+
+    def groups(ps):
+        return [{"params": ps[:1], "weight_decay": 0.01}, {"params": ps[1:], "weight_decay": 0.0}]
+
     opt = BertAdam(groups(ours), lr=1e-2, eps=1e-6, max_grad_norm=1.0, fused=fused)
     ref_opt = torch.optim.AdamW(groups(ref), lr=1e-2, eps=1e-6, foreach=False)
     for step in range(1, 13):
@@ -390,7 +393,6 @@ def test_bf16_params_stay_finite_and_close(fused):
 def test_small_batch_learning_rate_rule_gives_the_written_out_numbers():
     """1e-2 at 32 sequences a step, times the square root of the batch ratio: 64 -> 1e-2 * sqrt(2) = 0.014142,
     128 -> 2e-2, 256 -> 1e-2 * sqrt(8) = 0.028284, 8 -> 5e-3."""
-
     for batch, lr in ((32, 0.01), (64, 0.0141421356), (128, 0.02), (256, 0.0282842712), (8, 0.005)):
         assert small_batch_learning_rate(batch) == pytest.approx(lr, rel=1e-8), batch
     with pytest.raises(ValueError, match="at least 1"):

@@ -225,8 +225,8 @@ def host_layout(batch, granule: int, sizes: int = cuda_graphs.MAX_SIZES):
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_fixed_rows_change_no_loss_and_no_gradient(wiki_batch, layout, granule):
     """cuda_graphs.fixed_rows (the static-shape layout for CUDA graphs, made on the host outside the model): T rounded
-    up to a multiple of the granule (at least the 8th size below the largest), the offsets padded to B (or B*K) + 1 by repeating the last, max_seqlen S. The
-    losses and gradients are the padded encoder's."""
+    up to a multiple of the granule (at least the 8th size below the largest), the offsets padded to B (or B*K) + 1
+    by repeating the last, max_seqlen S. The losses and gradients are the padded encoder's."""
     padded, unpadded = twin_models()
     batch = fixed(wiki_batch)
     if layout == "packed":

@@ -9,12 +9,14 @@ import json
 import math
 import platform
 import sys
+from dataclasses import dataclass, field
 
 import pytest
 import torch
 from helpers import help_of
 
 import run_pretraining as rp
+from bert_recipe.io import flags
 from bert_recipe.training import precision_policy
 
 AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c"}  # an AMD EPYC / laptop CPU without native bf16
@@ -77,15 +79,36 @@ def test_explicit_choices_are_kept():
     [([], "auto"), (["--precision", "tf32"], "tf32"), (["--fp16"], "fp16"), (["--amp"], "fp16"), (["--bf16"], "bf16")],
 )
 def test_aliases_set_the_one_precision(argv, expected):
-    import argparse
+    assert flags.parse(OnlyPrecision, "prog", "A command.", argv).precision.precision == expected
 
-    parser = argparse.ArgumentParser()
-    precision_policy.add_arguments(parser)
-    assert parser.parse_args(argv).precision == expected
+
+def test_two_precision_flags_are_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        flags.parse(OnlyPrecision, "prog", "A command.", ["--fp16", "--bf16"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "prog: error: argument --bf16: not allowed with argument --fp16/--amp (see --help)"
+    ]
+
+
+@dataclass(frozen=True)
+class PrecisionSection:
+    """A section holding the precision field alone."""
+
+    precision: str = precision_policy.flag()
+    """the format"""
+
+
+@dataclass(frozen=True)
+class OnlyPrecision(flags.Config):
+    """A configuration of the precision flag alone."""
+
+    precision: PrecisionSection = field(default_factory=PrecisionSection)
+    """precision"""
 
 
 def help_text(script: str) -> str:
-    """`python <script> --help`'s text, whitespace collapsed (conftest.help_of)."""
+    """`python <script> --help`'s text, whitespace collapsed (helpers.help_of)."""
     return " ".join(help_of(importlib.import_module(script.removesuffix(".py")).main).split())
 
 

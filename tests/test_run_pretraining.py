@@ -544,7 +544,7 @@ def test_optimizers_import_dynamo_only_when_a_run_compiles(monkeypatch):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]
-    import torch._dynamo  # noqa: F401  (a compiled run has imported it)
+    import torch._dynamo  # a compiled run has imported it
 
     for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
         monkeypatch.delattr(getattr(torch.optim.Optimizer, name).__wrapped__, "__dynamo_disable", raising=False)

@@ -1,4 +1,5 @@
-"""bert_recipe/prep/sharding.py on real text: WikiText-2 valid (../shared/data), one article per line -> sentence-per-line shards.
+"""bert_recipe/prep/sharding.py on real text: WikiText-2 valid (../shared/data), one article per line ->
+sentence-per-line shards.
 
 References are independent of the code under test: the input articles themselves (every one must come back exactly
 once, whole), blingfire called directly for the sentence boundaries, the LPT bound written out (any two shards

@@ -1,6 +1,6 @@
 """SQuAD: features, post-processing, evaluation and run_squad.py end to end.
 
-References, all independent of finetuning/tasks/squad.py's own output:
+References, all independent of tasks/squad.py's own output:
 - the gold answers of real SQuAD files (Hugging Face's v2.0 fixtures, the v1.1 dev set): "oracle" logits placed at
   the gold tokens must come back as the gold text (EM 100) and impossible questions as "";
 - the definition of max-context windows, written out here as a brute-force loop;
@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import run_squad
-from bert_recipe.finetuning.tasks import squad
 from bert_recipe.io.checkpoint_io import from_pretrained
+from bert_recipe.tasks import squad, squad_answers, squad_cache, squad_metrics
 from bert_recipe.training import dist_env
 from modeling import BertConfig, BertForQuestionAnswering
 from tokenization import BertTokenizer
@@ -90,7 +90,7 @@ def test_oracle_logits_round_trip_gold_answers(
             assert f.tokens[f.start_position : f.end_position + 1] == tokenizer.tokenize(example.orig_answer_text)
         else:
             assert f.end_position == 0
-    predictions, nbest, null_odds = squad.get_predictions(
+    predictions, nbest, null_odds = squad_answers.get_predictions(
         examples,
         features,
         oracle_results(features),
@@ -104,7 +104,7 @@ def test_oracle_logits_round_trip_gold_answers(
         assert predictions[e.qas_id] == ("" if e.is_impossible else e.orig_answer_text), e.qas_id
         assert (null_odds[e.qas_id] > 0) == e.is_impossible  # each example's own null score decides
         assert abs(sum(x["probability"] for x in nbest[e.qas_id]) - 1) < 1e-9
-    scores = squad.evaluate_v2(squad.read_gold_answers(shared_data / path), predictions, null_odds)
+    scores = squad_metrics.evaluate_v2(squad.read_gold_answers(shared_data / path), predictions, null_odds)
     assert scores["exact"] == scores["f1"] == 100.0 and scores["total"] == 14
 
     if max_seq_length < 384:  # the small windows really split the documents and their answers
@@ -123,7 +123,7 @@ def test_v1_dev_oracle_round_trip(shared_data, tokenizer, dev_v1):
     examples = squad.read_squad_examples(data, is_training=True, version_2_with_negative=False)
     assert len(examples) == sum(len(p["qas"]) for a in data["data"] for p in a["paragraphs"])
     features = squad.convert_examples_to_features(examples, tokenizer, 128, 32, 32, is_training=True)
-    predictions, nbest, null_odds = squad.get_predictions(
+    predictions, nbest, null_odds = squad_answers.get_predictions(
         examples, features, oracle_results(features), 20, 30, True, False, 0.0
     )
     assert null_odds == {}
@@ -137,7 +137,7 @@ def test_v1_dev_oracle_round_trip(shared_data, tokenizer, dev_v1):
     }
     assert len(expressible) > 0.9 * len(examples)
     gold = {e.qas_id: [e.orig_answer_text] for e in examples if e.qas_id in expressible}
-    assert squad.evaluate_v1(gold, predictions)["exact_match"] == 100.0
+    assert squad_metrics.evaluate_v1(gold, predictions)["exact_match"] == 100.0
 
 
 def brute_force_windows(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
@@ -197,32 +197,34 @@ def test_feature_max_context_flags_match_brute_force(shared_data, tokenizer):
 def test_feature_cache_round_trip_and_invalidation(shared_data, tokenizer, tmp_path):
     path = shared_data / DEV_V2
     examples = squad.read_squad_examples(path, is_training=True, version_2_with_negative=True)
-    settings = squad.QASettings(max_seq_length=64, doc_stride=16, max_query_length=16, version_2_with_negative=True)
+    settings = squad_answers.QASettings(
+        max_seq_length=64, doc_stride=16, max_query_length=16, version_2_with_negative=True
+    )
     args = (path, examples, tokenizer, settings, True, tmp_path)
-    built, how = squad.load_or_build_features(*args)
+    built, how = squad_cache.load_or_build_features(*args)
     assert how.startswith("built, cached in")
-    cached, how = squad.load_or_build_features(*args)
+    cached, how = squad_cache.load_or_build_features(*args)
     assert how.startswith("cache ")
     assert [vars(f) for f in cached] == [vars(f) for f in built]
     cache_file = Path(how.split(" ", 1)[1])
     with np.load(cache_file, allow_pickle=False) as z:  # plain arrays only
         assert all(z[k].dtype != object for k in z.files)
     # Another stride is another cache file; a damaged file is rebuilt, not trusted.
-    _, how = squad.load_or_build_features(
+    _, how = squad_cache.load_or_build_features(
         path, examples, tokenizer, dataclasses.replace(settings, doc_stride=8), True, tmp_path
     )
     assert how.startswith("built, cached in") and Path(how.split(" in ", 1)[1]) != cache_file
     cache_file.write_bytes(b"not a zip file")
-    rebuilt, how = squad.load_or_build_features(*args)
+    rebuilt, how = squad_cache.load_or_build_features(*args)
     assert how.startswith("built") and [vars(f) for f in rebuilt] == [vars(f) for f in built]
 
 
 def test_get_final_text_projects_onto_original_characters():
     # WordPiece normalises (lower case, accents, split punctuation); the answer must come back as written.
-    assert squad.get_final_text("steve smith", "Steve Smith's", True) == "Steve Smith"
-    assert squad.get_final_text("1895", "(1895-1943).", True) == "1895"
-    assert squad.get_final_text("cafe", "Café,", True) == "Café"
-    assert squad.get_final_text("missing", "Steve Smith", True) == "Steve Smith"  # cannot align: the whole span
+    assert squad_answers.get_final_text("steve smith", "Steve Smith's", True) == "Steve Smith"
+    assert squad_answers.get_final_text("1895", "(1895-1943).", True) == "1895"
+    assert squad_answers.get_final_text("cafe", "Café,", True) == "Café"
+    assert squad_answers.get_final_text("missing", "Steve Smith", True) == "Steve Smith"  # cannot align: the whole span
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -264,18 +266,18 @@ def test_v1_evaluation_equals_official_script(shared_data, dev_v1, tmp_path, tok
     predictions = perturb(gold, seed=1)
     del predictions[next(iter(predictions))]  # a missing prediction scores 0
     (tmp_path / "pred.json").write_text(json.dumps(predictions), encoding="utf-8")
-    ours = squad.evaluate_v1(gold, predictions)
+    ours = squad_metrics.evaluate_v1(gold, predictions)
     assert ours == run_official(script, data_file, tmp_path / "pred.json")
     assert 20 < ours["exact_match"] < 80 and ours["f1"] > ours["exact_match"]
 
     # Predictions from noisy logits through the whole post-processing.
     examples = squad.read_squad_examples(data_file, is_training=True, version_2_with_negative=False)
     features = squad.convert_examples_to_features(examples, tokenizer, 128, 48, 32, is_training=True)
-    predictions, _, _ = squad.get_predictions(
+    predictions, _, _ = squad_answers.get_predictions(
         examples, features, oracle_results(features, 3.0, 1.5), 20, 30, True, False, 0.0
     )
     (tmp_path / "pred.json").write_text(json.dumps(predictions), encoding="utf-8")
-    ours = squad.evaluate_v1(gold, predictions)
+    ours = squad_metrics.evaluate_v1(gold, predictions)
     assert ours == run_official(script, data_file, tmp_path / "pred.json")
     assert 10 < ours["exact_match"] < 95
 
@@ -292,31 +294,21 @@ def test_v2_evaluation_equals_official_script(shared_data, tmp_path, tokenizer):
         (tmp_path / "pred.json").write_text(json.dumps(predictions), encoding="utf-8")
         (tmp_path / "na.json").write_text(json.dumps(null_odds), encoding="utf-8")
         official = run_official(script, data_file, tmp_path / "pred.json", "--na-prob-file", tmp_path / "na.json")
-        assert squad.evaluate_v2(gold, predictions, null_odds) == official
+        assert squad_metrics.evaluate_v2(gold, predictions, null_odds) == official
         assert set(official) >= {"HasAns_exact", "NoAns_f1", "best_exact_thresh", "best_f1"}
         official = run_official(script, data_file, tmp_path / "pred.json")
-        assert squad.evaluate_v2(gold, predictions) == official
+        assert squad_metrics.evaluate_v2(gold, predictions) == official
 
     examples = squad.read_squad_examples(data_file, is_training=True, version_2_with_negative=True)
     features = squad.convert_examples_to_features(examples, tokenizer, 96, 32, 32, is_training=True)
-    predictions, _, null_odds = squad.get_predictions(
+    predictions, _, null_odds = squad_answers.get_predictions(
         examples, features, oracle_results(features, 3.0, 2.0, seed=5), 20, 30, True, True, 0.0
     )
     (tmp_path / "pred.json").write_text(json.dumps(predictions), encoding="utf-8")
     (tmp_path / "na.json").write_text(json.dumps(null_odds), encoding="utf-8")
-    ours = squad.evaluate_v2(gold, predictions, null_odds)
+    ours = squad_metrics.evaluate_v2(gold, predictions, null_odds)
     assert ours == run_official(script, data_file, tmp_path / "pred.json", "--na-prob-file", tmp_path / "na.json")
     assert 0 < ours["exact"] < 100
-
-
-def test_first_sentence_baseline_is_scored_like_any_prediction(dev_v1):
-    data = {"version": "1.1", "data": dev_v1["data"][:1]}
-    predictions = squad.first_sentence_baseline(data)
-    context = data["data"][0]["paragraphs"][0]["context"]
-    first_qid = data["data"][0]["paragraphs"][0]["qas"][0]["id"]
-    assert context.startswith(predictions[first_qid]) and predictions[first_qid].endswith(".")
-    scores = squad.evaluate_v1(squad.read_gold_answers(data), predictions)
-    assert scores["exact_match"] < 5 and scores["f1"] < 30
 
 
 # --------------------------------------------------------------------------------------------------------------

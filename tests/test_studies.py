@@ -27,6 +27,7 @@ from bench import (
     pretrain_vs_transformers,
     results_page,
     scaling_study,
+    squad_acceptance,
     stability,
     study_utils,
 )
@@ -34,6 +35,7 @@ from bench import pretrain_sweep as ps
 from bench import pretrain_vs_transformers as vs
 from bert_recipe.io.checkpoint_io import from_pretrained
 from bert_recipe.pretraining.validation import SpecialIds
+from bert_recipe.tasks import squad, squad_metrics
 from bert_recipe.training.dist_env import set_seed
 from modeling import BertConfig, BertForPreTraining, BertForSequenceClassification
 
@@ -74,14 +76,23 @@ def log_lines(path, params: dict, losses: dict, evals: dict, final: dict | None)
 
 
 def heldout_shard(path):
-    """4 samples; the masked slots with a position > 0 hold tokens 7, 7, 9, 7, 11 and 7: the most frequent token,
-    7, is 4 of 6 targets. The 5th sample (beyond max_eval_samples 4) would change that if it were counted."""
+    """4 samples of 8 tokens ([CLS] 101 first, [SEP] 102 last of the 7 real ones); the prediction slots with a
+    position > 0 hold targets 7, 7, 9, 7, 11 and 7, all [MASK] (103) in the input but the second, which kept its 7:
+    the commonest target of the [MASK]ed slots, 7, is 3 of their 5 (every slot counted, it would be 4 of 6). The
+    5th sample (beyond max_eval_samples 4) would change that if it were counted."""
     path.parent.mkdir(parents=True, exist_ok=True)
     positions = np.array([[1, 2, 0], [3, 0, 0], [1, 4, 5], [2, 0, 0], [1, 2, 3]], dtype=np.int32)
     ids = np.array([[7, 7, 0], [9, 0, 0], [7, 11, 7], [0, 0, 0], [9, 9, 9]], dtype=np.int32)
     positions[3, 0] = 0  # a sample with no masked slot at all
+    input_ids = np.full((5, 8), 5, dtype=np.int32)
+    input_ids[:, 0], input_ids[:, 6], input_ids[:, 7] = 101, 102, 0
+    rows, slots = np.nonzero(positions > 0)
+    input_ids[rows, positions[rows, slots]] = 103
+    input_ids[0, 2] = 7  # the kept slot
+    input_mask = (np.arange(8) < 7).astype(np.int8)[None].repeat(5, 0)
     with h5py.File(path, "w") as f:
         f["masked_lm_positions"], f["masked_lm_ids"] = positions, ids
+        f["input_ids"], f["input_mask"] = input_ids, input_mask
 
 
 def fake_ckpt(path, config: dict, step: int):
@@ -233,7 +244,6 @@ def test_scripts_have_help_and_do_nothing_on_import():
 def test_studies_refuse_to_start_without_matplotlib(tmp_path, monkeypatch):
     """The plots come last; a study without matplotlib must say so in one line before its first minute of work (a
     one-hour pre-training study once lost its report to the missing import at the very end)."""
-
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
     missing = tmp_path / "missing"
     calls = {
@@ -255,7 +265,7 @@ def test_studies_refuse_to_start_without_matplotlib(tmp_path, monkeypatch):
 
 
 def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypatch, capsys):
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     pretrain_out = tmp_path / "pretrain_mini"
     fake_pretrain_run(pretrain_out)
     flags = []
@@ -295,7 +305,7 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     ]
     assert pre["checkpoint"] == str(pretrain_out / "run_260101_000000" / "checkpoints" / "ckpt_22.pt")
     assert pre["heldout"]["accuracy"] == 0.25 and pre["heldout"]["step"] == 20
-    assert pre["heldout"]["baseline"] == pytest.approx(4 / 6)
+    assert pre["heldout"]["baseline"] == pytest.approx(3 / 5)
     assert pre["phase1"]["first_mlm_loss"] == 9.0 and pre["phase1"]["final_mlm_loss"] == 7.5
     assert pre["phase2"]["batch"] == 8 and pre["phase2"]["final_mlm_loss"] == 7.0
     assert pre["curves"] == {"phase1": [[10, 9.0], [20, 7.5]], "phase2": [[21, 7.2], [22, 7.0]]}
@@ -333,7 +343,7 @@ def test_pretrain_study_aggregates_given_outputs(tmp_path, shared_data, monkeypa
     md = (study / "pretrain_study.md").read_text()
     assert "| mrpc (f1) | 0.8122 | 0.8400 ± 0.0200 [0.8200, 0.8600] (3 seeds)" in md
     assert "- sst-2: pre-trained does NOT beat random initialisation" in md
-    assert "**0.2500**" in md and "0.6667" in md
+    assert "**0.2500**" in md and "0.6000" in md
     for png in ("pretrain_loss.png", "pretrain_seeds.png"):
         assert (study / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -357,7 +367,7 @@ def test_reused_run_config_is_compared_by_content_not_by_name(tmp_path):
 
 
 def test_given_json_with_other_settings_is_used_with_warnings(tmp_path, shared_data, monkeypatch):
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     given = fake_stability(tmp_path / "m" / "stability_mrpc.json", "mrpc", [0.9, 0.8], seeds=[1, 2], lr=3e-5)
     report = pretrain_study.main(
         [
@@ -380,7 +390,7 @@ def test_given_json_with_other_settings_is_used_with_warnings(tmp_path, shared_d
 
 
 def test_unfinished_pretraining_is_refused(tmp_path, shared_data, monkeypatch):  # the default --vocab is shared
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     fake_pretrain_run(tmp_path / "pre", finished=False)
     with pytest.raises(
         SystemExit,
@@ -487,7 +497,7 @@ def test_pretrain_study_runs_end_to_end(tiny_study):
 
 def test_pretrain_study_second_call_reuses_everything(tiny_study, monkeypatch):
     root, argv, first = tiny_study
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     again = pretrain_study.main(argv)
     assert again["pretraining_reused"] is True and again["pretraining"] == first["pretraining"]
     assert again["finetuning"]["results"] == first["finetuning"]["results"]
@@ -620,7 +630,7 @@ def fake_scaling(out, config, shards):
 
 
 def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypatch):
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     config = tmp_path / "small.json"
     config.write_text(json.dumps(TINY_CONFIG))
     fake_scaling(tmp_path / "out", config, tmp_path / "shards")
@@ -644,7 +654,7 @@ def test_scaling_study_aggregates_existing_runs(tmp_path, shared_data, monkeypat
     assert [runs[k]["final_mlm_loss"] for k in "ABC"] == pytest.approx([6.9, 6.6, 6.6])
     assert [runs[k]["wall_seconds"] for k in "ABC"] == [11.0, 44.0, 44.0]
     assert [runs[k]["epochs"] for k in "ABC"] == [0.5, 2.0, 2.0]  # 20 steps x 32 or 128 over 1280 sequences
-    assert report["heldout_baseline"] == pytest.approx(4 / 6)
+    assert report["heldout_baseline"] == pytest.approx(3 / 5)
     assert report["majority_baseline"] == pytest.approx(SST2_MAJORITY_ACC)
     assert runs["B"]["downstream"]["mean"] == pytest.approx(0.815)
     assert runs["B"]["downstream"]["std"] == pytest.approx(0.01)
@@ -682,7 +692,6 @@ def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
     """Runs A (1 process) and C (2 gloo processes, lr x sqrt 2) for 2 steps on shards the study builds from the
     tiny study's corpus; the fine-tuning is a stand-in that checks each checkpoint exists and returns scores chosen
     here."""
-
     root, _, _ = tiny_study
     scores = {"run_A": [0.70, 0.72], "run_C": [0.7005, 0.7205]}
 
@@ -740,7 +749,7 @@ def test_scaling_study_runs_for_real(tiny_study, monkeypatch):
     assert cmp["difference"] == pytest.approx(0.0005) and cmp["within_0.1_point"] and cmp["within_seed_spread"]
     assert cmp["spread"] == pytest.approx(statistics.stdev([0.70, 0.72]))
     # again: both runs and both fine-tunings are reused
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     again = scaling_study.main(argv)
     assert all(r["reused"] for r in again["runs"].values()) and again["comparisons"] == report["comparisons"]
     assert again["runs"]["C"]["wall_seconds"] == c["wall_seconds"]
@@ -798,7 +807,7 @@ def test_results_page_renders_linear_probes(tmp_path):
 
 
 def test_results_page_renders_the_studies(tmp_path, shared_data, monkeypatch):
-    no_training(monkeypatch)
+    no_training(monkeypatch, (pretrain_study, scaling_study), stability)
     studies = tmp_path / "studies"
     fake_stability(
         studies / "minilm_mrpc" / "stability_mrpc.json", "mrpc", [0.88, 0.90, 0.89], seeds=[1, 2, 3], lr=1e-4
@@ -1099,3 +1108,16 @@ def test_ours_and_transformers_start_equal_and_are_compared_step_by_step(tmp_pat
         ]
     )
     assert "## Ours against transformers" in text and "| 0 |" in text and "](results/vs_transformers.png)" in text
+
+
+def test_squad_acceptances_first_sentence_baseline_is_scored_like_any_prediction(shared_data):
+    """bench.squad_acceptance's floor (the first sentence of each context) is scored by the official metric, far
+    below a model."""
+    with open(shared_data / "squad-v1.1-dev" / "dev-v1.1.json", encoding="utf-8") as f:
+        data = {"version": "1.1", "data": json.load(f)["data"][:1]}
+    predictions = squad_acceptance.first_sentence_baseline(data)
+    context = data["data"][0]["paragraphs"][0]["context"]
+    first_qid = data["data"][0]["paragraphs"][0]["qas"][0]["id"]
+    assert context.startswith(predictions[first_qid]) and predictions[first_qid].endswith(".")
+    scores = squad_metrics.evaluate_v1(squad.read_gold_answers(data), predictions)
+    assert scores["exact_match"] < 5 and scores["f1"] < 30

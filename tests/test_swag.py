@@ -21,14 +21,8 @@ import torch
 
 import run_swag
 from bert_recipe.finetuning import recipe
-from bert_recipe.finetuning.tasks.swag import (
-    SwagDataError,
-    SwagExample,
-    encode_examples,
-    get_examples,
-    read_swag_examples,
-)
 from bert_recipe.io.checkpoint_io import from_pretrained, load_checkpoint_state
+from bert_recipe.tasks.swag import SwagDataError, SwagExample, encode_examples, get_examples, read_swag_examples
 from modeling import BertForMultipleChoice
 from tokenization import BertTokenizer
 

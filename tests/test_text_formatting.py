@@ -1,5 +1,5 @@
-"""bert_recipe/prep/text_formatting.py: a Wikipedia dump built here (bz2 XML, the real export schema) -> exact prose; the
-WikiExtractor fixture ../shared/data/hf-test-fixtures/wiki_text/wiki_00; plain-text folders.
+"""bert_recipe/prep/text_formatting.py: a Wikipedia dump built here (bz2 XML, the real export schema) -> exact prose;
+the WikiExtractor fixture ../shared/data/hf-test-fixtures/wiki_text/wiki_00; plain-text folders.
 
 The expected prose is written out by hand from the wikitext below (what a reader of the rendered article sees,
 minus lists, tables, captions, references and headings), not captured from the code.

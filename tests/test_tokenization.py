@@ -177,7 +177,6 @@ def test_bad_vocabulary_files(tmp_path):
 def test_casing_is_read_from_the_vocabulary(uncased_vocab, cased_vocab):
     """One rule for every script: the real uncased vocabulary (which keeps a few non-ASCII capitals) is uncased,
     the cased one is not, and only uncased-without-lower-casing warns."""
-
     uncased, cased = load_vocab(uncased_vocab), load_vocab(cased_vocab)
     assert any(c.isupper() for token in uncased for c in token if not token.startswith("["))  # why ASCII only
     assert vocab_is_uncased(uncased) and not vocab_is_uncased(cased)

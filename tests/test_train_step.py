@@ -1,5 +1,5 @@
 """The shared training core (parallelize.py, train_step.py, meter.py, checkpoint_io.CheckpointManager,
-finetuning.fit): gradients are the same with activation checkpointing and under torch.compile as
+recipe.fit): gradients are the same with activation checkpointing and under torch.compile as
 in plain eager mode; micro-batch accumulation equals one big batch; the checkpoint manager keeps the newest N, never
 deletes the file it just wrote, and falls back past a damaged newest file; the fine-tuning loop learns and logs."""
 

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from bert_recipe.finetuning.predict import Runtime, answer_questions
-from bert_recipe.finetuning.tasks import items
-from bert_recipe.finetuning.tasks.squad import QASettings
 from bert_recipe.io.checkpoint_io import from_pretrained, save_hf_directory
 from bert_recipe.io.triton_scripts import load_triton_script as load_script
+from bert_recipe.prediction import items
+from bert_recipe.prediction.predict import Runtime, answer_questions
+from bert_recipe.tasks.squad_answers import QASettings
 from modeling import BertForQuestionAnswering
 from tokenization import BertTokenizer
 
@@ -196,7 +196,6 @@ def assert_answers_equal(got: list[dict], expected: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def reference_answers(deployment, qa_items, minilm_dir):
     """inference.py's answers with the PyTorch model: the independent reference."""
-
     tokenizer = BertTokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
     return answer_questions(
         deployment[0],
@@ -568,7 +567,6 @@ SOAK_SHAPES = [(1, 16), (2, 128), (4, 48), (8, 32), (MAX_BATCH, MAX_SEQ), (1, MA
 def soak_items(qa_items, deployment, minilm_dir) -> tuple[list[dict], list[dict]]:
     """(items, inference.py's answers) for the soak's text requests: qa_items with their contexts cut after the
     first sentence that ends past 150 characters (one window each, so the soak stays short), plus "tiny"."""
-
     items = []
     for item in qa_items:
         end = item["context"].find(". ", 150)
@@ -722,7 +720,7 @@ def test_soak_mixed_clients_with_malformed_requests(server, deployment, qa_items
                     failures.append(
                         (index, n, spec, f"refused with {error_status(e)}, not {BAD_REQUEST[protocol]}: {e}")
                     )
-            except Exception as e:  # noqa: BLE001  (a client-side surprise is a failure of the soak too)
+            except Exception as e:  # any: a client-side surprise is a failure of the soak too
                 failures.append((index, n, kind, f"{type(e).__name__}: {e}"))
             records.append((kind, time.perf_counter() - started))
         connection.close()
@@ -846,13 +844,13 @@ def test_stop_leaves_no_process(server):
     assert json.loads(proc.stdout)["stopped"] == server["pid"]
     assert group_members(server["pid"]) == []
     assert not Path(server["state_dir"], "server.json").exists()
-    with pytest.raises(Exception):
+    with pytest.raises(ConnectionError):  # refused: nothing listens there any more
         httpclient.InferenceServerClient(server["http_url"], connection_timeout=2).is_server_live()
 
 
 def test_text_model_limits_come_from_env_then_config_then_defaults(monkeypatch):
     """qa_text_model._limits without a server (a stand-in for triton_python_backend_utils): $BERT_TRITON_MAX_*
-    wins over the config.pbtxt parameter, which wins over finetuning/tasks/items.py's defaults; bad values are refused."""
+    wins over the config.pbtxt parameter, which wins over prediction/items.py's defaults; bad values are refused."""
     import importlib.util
     import types
 

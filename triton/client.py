@@ -1,5 +1,6 @@
 """Answer questions through a Triton server: tokenize here, send batches of windows over HTTP or gRPC, turn the
-logits into answers exactly as inference.py does (the same finetuning/tasks/squad.py functions), print JSON.
+logits into answers exactly as inference.py does (the same tasks/squad.py and tasks/squad_answers.py functions), print
+JSON.
 
     PYTHONPATH=. .venv/bin/python triton/client.py --url 127.0.0.1:8000 --protocol http --export_dir DIR \
         --question "Where do the Normans live?" --context "The Normans ... in Normandy, a region in France."
@@ -18,19 +19,24 @@ format), to stdout and to --output when given.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Literal, Sequence
 
 import numpy as np
 
-from bert_recipe.finetuning.tasks.items import read_items
-
-# answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
-from bert_recipe.finetuning.tasks.squad import QASettings, examples_from_qa_pairs
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
+from bert_recipe.prediction.items import read_items
+
+# answers_from_logits stays importable from here: backend/qa_text_model.py calls it through its copy of this file.
+from bert_recipe.tasks.squad import examples_from_qa_pairs
+from bert_recipe.tasks.squad_answers import QASettings
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}
@@ -40,12 +46,18 @@ NP_DTYPES = {"INT64": np.int64, "INT32": np.int32}
 # Connecting: shared with perf.py (which loads this file with utils.load_triton_script).
 
 
-def add_server_arguments(p: argparse.ArgumentParser, timeout: float) -> None:
-    """--url, --protocol, --model_name, --timeout: which server and model, as client.py and perf.py take them."""
-    p.add_argument("--url", required=True, help="host:port of the server's HTTP (--protocol http) or gRPC endpoint")
-    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    p.add_argument("--model_name", default="bert_qa")
-    p.add_argument("--timeout", type=float, default=timeout, help="seconds one request may take")
+@dataclass(frozen=True)
+class Server:
+    """Which server and model: a section of client.py's and perf.py's configurations."""
+
+    url: str | None = flag(None, required=True)
+    """host:port of the server's HTTP (--protocol http) or gRPC endpoint"""
+    protocol: Literal["http", "grpc"] = "http"
+    """how to talk to the server"""
+    model_name: str = "bert_qa"
+    """the tensor model to send the windows to"""
+    timeout: float = 120.0
+    """seconds one request may take"""
 
 
 def client_module(protocol: str):
@@ -71,52 +83,87 @@ def input_datatypes(client, model_name: str, protocol: str) -> dict[str, str]:
 # The client
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    add_server_arguments(p, timeout=120.0)
-    p.add_argument("--export_dir", default=None, help="export_model.py output: vocab.txt and export.json")
-    p.add_argument("--vocab_file", default=None)
-    p.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--question", default=None)
-    p.add_argument("--context", default=None)
-    p.add_argument(
-        "--input_file", default=None, help="JSON list / JSON lines of {id?, question, context}, or a SQuAD file"
-    )
-    p.add_argument("--batch_size", type=int, default=8, help="windows per request (<= the model's max_batch_size)")
-    p.add_argument("--max_seq_length", type=int, default=None, help="default: export.json's, else 384")
-    QASettings.add_arguments(p)
-    p.add_argument("--text_model", action="store_true", help="send raw strings to <model_name>_text")
-    p.add_argument("--output", default=None, help="also write the answers here (JSON)")
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class Inputs:
+    """The questions and what tokenizes them."""
+
+    export_dir: str | None = None
+    """export_model.py output: vocab.txt and export.json"""
+    vocab_file: str | None = None
+    """vocab.txt; default: the one in --export_dir"""
+    do_lower_case: bool | None = flag(None, action=argparse.BooleanOptionalAction)
+    """lower-case the input; default: --export_dir's export.json says"""
+    question: str | None = None
+    """the question"""
+    context: str | None = None
+    """the text that holds the answer (any length)"""
+    input_file: str | None = None
+    """JSON list / JSON lines of {id?, question, context}, or a SQuAD file"""
+    batch_size: int = 8
+    """windows per request (<= the model's max_batch_size)"""
 
 
-def items_from_args(args: argparse.Namespace) -> list[dict]:
+@dataclass(frozen=True)
+class Windows(QASettings):
+    """QASettings, with the export's max_seq_length by default."""
+
+    max_seq_length: int | None = None
+    """default: export.json's, else 384"""
+
+
+@dataclass(frozen=True)
+class Output:
+    """Which model answers, and where the answers go besides stdout."""
+
+    text_model: bool = False
+    """send raw strings to <model_name>_text"""
+    output: str | None = None
+    """also write the answers here (JSON)"""
+
+
+@dataclass(frozen=True)
+class ClientConfig(flags.Config):
+    """Every flag of client.py."""
+
+    server: Server = field(default_factory=Server)
+    inputs: Inputs = field(default_factory=Inputs)
+    windows: Windows = field(default_factory=Windows)
+    output: Output = field(default_factory=Output)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("server", "inputs", "windows", "output")
+    has_debug: ClassVar[bool] = False
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [(self.inputs.batch_size < 1, f"--batch_size {self.inputs.batch_size} must be >= 1")]
+
+
+def items_from_args(inputs: Inputs) -> list[dict]:
     """The questions as [{"id"?, "question", "context"}]: --input_file read as inference.py reads it."""
-    if args.input_file:
+    if inputs.input_file:
         try:
-            return read_items(args.input_file)
+            return read_items(inputs.input_file)
         except (OSError, ValueError) as e:
             raise InputError(f"--input_file: {e}") from None
-    if args.question is None or args.context is None:
+    if inputs.question is None or inputs.context is None:
         raise InputError("give --question and --context, or --input_file")
-    return [{"id": "0", "question": args.question, "context": args.context}]
+    return [{"id": "0", "question": inputs.question, "context": inputs.context}]
 
 
-def tokenizer_settings(args: argparse.Namespace) -> tuple[str, bool, int]:
+def tokenizer_settings(cfg: ClientConfig) -> tuple[str, bool, int]:
     """(vocab file, do_lower_case, max_seq_length) from the flags, else from --export_dir's export.json."""
     info = {}
-    if args.export_dir:
-        path = Path(args.export_dir) / "export.json"
+    if cfg.inputs.export_dir:
+        path = Path(cfg.inputs.export_dir) / "export.json"
         if not path.is_file():
-            raise InputError(f"--export_dir {args.export_dir} has no export.json: run triton/export_model.py")
+            raise InputError(f"--export_dir {cfg.inputs.export_dir} has no export.json: run triton/export_model.py")
         info = json.loads(path.read_text(encoding="utf-8"))
-    vocab = args.vocab_file or (str(Path(args.export_dir) / info["vocab_file"]) if info.get("vocab_file") else None)
+    vocab = cfg.inputs.vocab_file or (
+        str(Path(cfg.inputs.export_dir) / info["vocab_file"]) if info.get("vocab_file") else None
+    )
     if vocab is None:
         raise InputError("no vocabulary: pass --vocab_file, or --export_dir of an export with a vocab.txt")
-    lower = args.do_lower_case if args.do_lower_case is not None else info.get("do_lower_case", True)
-    return vocab, lower, args.max_seq_length or info.get("max_seq_length", 384)
+    lower = cfg.inputs.do_lower_case if cfg.inputs.do_lower_case is not None else info.get("do_lower_case", True)
+    return vocab, lower, cfg.windows.max_seq_length or info.get("max_seq_length", 384)
 
 
 class TritonQA:
@@ -193,7 +240,6 @@ def answer_with_triton(
 ) -> list[dict[str, Any]]:
     """predict.answer_questions with the model on the server: the same windows, batches and post-processing
     (`settings`: the windows and answers, as inference.py's), `batch_size` windows per request."""
-
     examples = examples_from_qa_pairs(items)
     features = settings.features(examples, tokenizer)
     return settings.answers(examples, features, connection.logits(features, batch_size), tokenizer.do_lower_case)
@@ -229,44 +275,44 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = parse_args(argv)
-    items = items_from_args(args)
-    if args.batch_size < 1:
-        raise InputError(f"--batch_size {args.batch_size} must be >= 1")
+    cfg = flags.parse(ClientConfig, "client.py", __doc__, argv)
+    items = items_from_args(cfg.inputs)
     from tritonclient.utils import InferenceServerException
 
     connection = None
     try:
-        if args.text_model:
+        if cfg.output.text_model:
             connection = TritonQA(
-                args.url,
-                args.protocol,
-                f"{args.model_name}_text",
-                args.timeout,
+                cfg.server.url,
+                cfg.server.protocol,
+                f"{cfg.server.model_name}_text",
+                cfg.server.timeout,
                 expected_inputs=("question", "context"),
             )
-            answers = answer_with_text_model(connection, items, args.batch_size)
+            answers = answer_with_text_model(connection, items, cfg.inputs.batch_size)
         else:
             from tokenization import BertTokenizer
 
-            vocab, lower, max_seq_length = tokenizer_settings(args)
-            connection = TritonQA(args.url, args.protocol, args.model_name, args.timeout)
+            vocab, lower, max_seq_length = tokenizer_settings(cfg)
+            connection = TritonQA(cfg.server.url, cfg.server.protocol, cfg.server.model_name, cfg.server.timeout)
             answers = answer_with_triton(
                 connection,
                 BertTokenizer(vocab, do_lower_case=lower),
                 items,
-                QASettings.from_args(args, max_seq_length=max_seq_length),
-                args.batch_size,
+                dataclasses.replace(cfg.windows, max_seq_length=max_seq_length),
+                cfg.inputs.batch_size,
             )
     except InferenceServerException as e:
-        raise InputError(f"--url {args.url} ({args.protocol}): server error: {str(e).splitlines()[0]}") from None
+        raise InputError(
+            f"--url {cfg.server.url} ({cfg.server.protocol}): server error: {str(e).splitlines()[0]}"
+        ) from None
     except ValueError as e:  # a bad item in --input_file
         raise InputError(f"bad input: {e}") from None
     finally:
         if connection is not None:
             connection.close()
-    if args.output:
-        atomic_write_json(args.output, answers)
+    if cfg.output.output:
+        atomic_write_json(cfg.output.output, answers)
     json.dump(answers, sys.stdout, indent=2, ensure_ascii=False)
     print()
     return 0

@@ -27,15 +27,19 @@ import argparse
 import sys
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_json
 from bert_recipe.io.checkpoint_io import canonical_state_dict, load_pretrained, read_state_dict
-from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, describe_error, script_errors
+from bert_recipe.io.cli import InputError, check_output_path, describe_error, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.training.dist_env import set_seed
 from modeling import BertForQuestionAnswering, BertForSequenceClassification
 
@@ -63,55 +67,64 @@ class ExportWrapper(nn.Module):
         return (out.logits,)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="export_model.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument(
-        "--checkpoint", required=True, help="Hugging Face directory, ckpt_<step>.pt, NVIDIA .pt, or a state-dict file"
-    )
-    p.add_argument("--task", choices=("qa", "classification"), default="qa")
-    p.add_argument(
-        "--num_labels",
-        type=int,
-        default=None,
-        help="classification only; default: read from the checkpoint's classifier weight",
-    )
-    p.add_argument("--config_file", default=None, help="bert_config.json when none is inside/beside the checkpoint")
-    p.add_argument(
-        "--vocab_file",
-        default=None,
-        help="copied into the export for the client; default: vocab.txt beside the checkpoint, if any",
-    )
-    p.add_argument(
-        "--do_lower_case",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="recorded in export.json for the client's tokenizer",
-    )
-    p.add_argument("--output_dir", required=True)
-    p.add_argument("--format", nargs="+", choices=("onnx", "torchscript"), default=["onnx", "torchscript"])
-    p.add_argument("--input_dtype", choices=tuple(INPUT_DTYPES), default="int64")
-    p.add_argument("--opset", type=int, default=17, help="ONNX opset (>= 17: LayerNormalization is one op)")
-    p.add_argument(
-        "--max_seq_length",
-        type=int,
-        default=384,
-        help="longest sequence the server accepts (recorded; the graph itself is dynamic)",
-    )
-    p.add_argument(
-        "--allow_fresh_head",
-        action="store_true",
-        help="export even if the task head is not in the checkpoint (initialised randomly with --seed); "
-        "only for tests and benchmarks",
-    )
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest |export - PyTorch| the parity check allows")
-    p.add_argument("--no_verify", action="store_true", help="skip the parity check after export")
-    add_debug_argument(p)
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class Model:
+    """The fine-tuned checkpoint and what to load it as."""
+
+    checkpoint: str | None = flag(None, required=True)
+    """Hugging Face directory, ckpt_<step>.pt, NVIDIA .pt, or a state-dict file"""
+    task: Literal["qa", "classification"] = "qa"
+    """the head: qa (start/end logits) or classification (logits)"""
+    num_labels: int | None = None
+    """classification only; default: read from the checkpoint's classifier weight"""
+    config_file: str | None = None
+    """bert_config.json when none is inside/beside the checkpoint"""
+    vocab_file: str | None = None
+    """copied into the export for the client; default: vocab.txt beside the checkpoint, if any"""
+    do_lower_case: bool = flag(True, action=argparse.BooleanOptionalAction)
+    """recorded in export.json for the client's tokenizer"""
+
+
+@dataclass(frozen=True)
+class Export:
+    """What to write, and the parity check after it."""
+
+    output_dir: str | None = flag(None, required=True)
+    """where model.onnx, model.pt, vocab.txt and export.json go"""
+    format: list[Literal["onnx", "torchscript"]] = flag(factory=lambda: ["onnx", "torchscript"])
+    """the formats to write"""
+    input_dtype: str = flag("int64", choices=tuple(INPUT_DTYPES))
+    """the inputs' integer type on the wire (int32 is cast to int64 inside the graph)"""
+    opset: int = 17
+    """ONNX opset (>= 17: LayerNormalization is one op)"""
+    max_seq_length: int = 384
+    """longest sequence the server accepts (recorded; the graph itself is dynamic)"""
+    allow_fresh_head: bool = False
+    """export even if the task head is not in the checkpoint (initialised randomly with --seed); only for tests and
+    benchmarks"""
+    seed: int = 42
+    """seeds a fresh head (--allow_fresh_head) and the parity check's inputs"""
+    tolerance: float = 1e-4
+    """largest |export - PyTorch| the parity check allows"""
+    no_verify: bool = False
+    """skip the parity check after export"""
+
+
+@dataclass(frozen=True)
+class ExportConfig(flags.Config):
+    """Every flag of export_model.py."""
+
+    model: Model = field(default_factory=Model)
+    export: Export = field(default_factory=Export)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("model", "export")
+
+    def rules(self) -> list[tuple[bool, str]]:
+        opset, num_labels = self.export.opset, self.model.num_labels
+        return [
+            (opset < 17, f"--opset {opset}: use 17 or later (LayerNormalization as one op)"),
+            (num_labels is not None and num_labels < 1, f"--num_labels must be at least 1, got {num_labels}"),
+        ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -128,34 +141,34 @@ def _num_labels_in(checkpoint: str) -> int | None:
     return config.get("num_labels") if config else None
 
 
-def load_model(args: argparse.Namespace) -> nn.Module:
+def load_model(cfg: ExportConfig) -> nn.Module:
     """The checkpoint in the task's class, eval mode, float32. A head the checkpoint lacks is an error unless
     --allow_fresh_head: serving a randomly initialised head is almost always a mistake."""
-    set_seed(args.seed)  # a fresh head (tests, benchmarks) is then reproducible
+    set_seed(cfg.export.seed)  # a fresh head (tests, benchmarks) is then reproducible
     kwargs = {}
     cls = BertForQuestionAnswering
-    if args.task == "classification":
+    if cfg.model.task == "classification":
         cls = BertForSequenceClassification
         try:
-            kwargs["num_labels"] = args.num_labels or _num_labels_in(args.checkpoint)
+            kwargs["num_labels"] = cfg.model.num_labels or _num_labels_in(cfg.model.checkpoint)
         except (FileNotFoundError, ValueError) as e:
-            raise InputError(f"--checkpoint {args.checkpoint}: {describe_error(e)}") from e
+            raise InputError(f"--checkpoint {cfg.model.checkpoint}: {describe_error(e)}") from e
         if not kwargs["num_labels"]:
-            raise InputError(f"--checkpoint {args.checkpoint} has no classifier: pass --num_labels")
+            raise InputError(f"--checkpoint {cfg.model.checkpoint} has no classifier: pass --num_labels")
     try:
-        model, report = load_pretrained(cls, args.checkpoint, config=args.config_file, **kwargs)
+        model, report = load_pretrained(cls, cfg.model.checkpoint, config=cfg.model.config_file, **kwargs)
     except (FileNotFoundError, ValueError) as e:
-        raise InputError(f"--checkpoint {args.checkpoint}: {describe_error(e)}") from e
-    head_keys = ("qa_outputs.",) if args.task == "qa" else ("classifier.", "bert.pooler.")
+        raise InputError(f"--checkpoint {cfg.model.checkpoint}: {describe_error(e)}") from e
+    head_keys = ("qa_outputs.",) if cfg.model.task == "qa" else ("classifier.", "bert.pooler.")
     head_missing = report.fresh_head(*head_keys)
-    if head_missing and not args.allow_fresh_head:
+    if head_missing and not cfg.export.allow_fresh_head:
         raise InputError(
-            f"--checkpoint {args.checkpoint} has no {args.task} head (initialised fresh: "
+            f"--checkpoint {cfg.model.checkpoint} has no {cfg.model.task} head (initialised fresh: "
             f"{', '.join(head_missing)}); export a fine-tuned checkpoint, or pass --allow_fresh_head "
             "for a test model"
         )
     for line in report.lines():
-        print(f"from_pretrained({cls.__name__}, {args.checkpoint}): {line}", file=sys.stderr)
+        print(f"from_pretrained({cls.__name__}, {cfg.model.checkpoint}): {line}", file=sys.stderr)
     return model.float().eval()
 
 
@@ -261,12 +274,12 @@ def verify(
     return diffs
 
 
-def find_vocab(args: argparse.Namespace) -> Path | None:
-    if args.vocab_file:
-        if not Path(args.vocab_file).is_file():
-            raise InputError(f"--vocab_file {args.vocab_file} not found")
-        return Path(args.vocab_file)
-    checkpoint = Path(args.checkpoint)
+def find_vocab(cfg: ExportConfig) -> Path | None:
+    if cfg.model.vocab_file:
+        if not Path(cfg.model.vocab_file).is_file():
+            raise InputError(f"--vocab_file {cfg.model.vocab_file} not found")
+        return Path(cfg.model.vocab_file)
+    checkpoint = Path(cfg.model.checkpoint)
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     return folder / "vocab.txt" if (folder / "vocab.txt").is_file() else None
 
@@ -279,41 +292,37 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = parse_args(argv)
-    if args.opset < 17:
-        raise InputError(f"--opset {args.opset}: use 17 or later (LayerNormalization as one op)")
-    if args.num_labels is not None and args.num_labels < 1:
-        raise InputError(f"--num_labels must be at least 1, got {args.num_labels}")
-    if not Path(args.checkpoint).exists():
+    cfg = flags.parse(ExportConfig, "export_model.py", __doc__, argv)
+    if not Path(cfg.model.checkpoint).exists():
         raise InputError(
-            f"--checkpoint {args.checkpoint} not found: give a fine-tuned checkpoint (.pt, .bin, "
+            f"--checkpoint {cfg.model.checkpoint} not found: give a fine-tuned checkpoint (.pt, .bin, "
             ".safetensors or a Hugging Face folder)"
         )
-    if args.config_file is not None and not Path(args.config_file).is_file():
-        raise InputError(f"--config_file {args.config_file} not found")
-    vocab = find_vocab(args)  # before the export, not after it
-    check_output_path(args.output_dir, "--output_dir", folder=True)
-    model = load_model(args)
+    if cfg.model.config_file is not None and not Path(cfg.model.config_file).is_file():
+        raise InputError(f"--config_file {cfg.model.config_file} not found")
+    vocab = find_vocab(cfg)  # before the export, not after it
+    check_output_path(cfg.export.output_dir, "--output_dir", folder=True)
+    model = load_model(cfg)
     config = model.config
-    if not 1 <= args.max_seq_length <= config.max_position_embeddings:
+    if not 1 <= cfg.export.max_seq_length <= config.max_position_embeddings:
         raise InputError(
-            f"--max_seq_length {args.max_seq_length} must be in [1, {config.max_position_embeddings}] "
+            f"--max_seq_length {cfg.export.max_seq_length} must be in [1, {config.max_position_embeddings}] "
             f"(the model's max_position_embeddings)"
         )
-    out = Path(args.output_dir)
+    out = Path(cfg.export.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dtype = INPUT_DTYPES[args.input_dtype]
-    wrapper = ExportWrapper(model, args.task).eval()  # eval on the wrapper too: the exporter traces its mode
+    dtype = INPUT_DTYPES[cfg.export.input_dtype]
+    wrapper = ExportWrapper(model, cfg.model.task).eval()  # eval on the wrapper too: the exporter traces its mode
     # Trace with a padded batch of 2 and a short sequence: the axes are dynamic, a small trace is fast.
-    trace_inputs = example_inputs(2, min(16, args.max_seq_length), config.vocab_size, dtype)
+    trace_inputs = example_inputs(2, min(16, cfg.export.max_seq_length), config.vocab_size, dtype)
 
     files: dict[str, Path] = {}
     timings = {}
-    for fmt in args.format:
+    for fmt in cfg.export.format:
         start = time.perf_counter()
         if fmt == "onnx":
             files[fmt] = out / "model.onnx"
-            export_onnx(wrapper, trace_inputs, files[fmt], args.opset)
+            export_onnx(wrapper, trace_inputs, files[fmt], cfg.export.opset)
         else:
             files[fmt] = out / "model.pt"
             export_torchscript(wrapper, trace_inputs, files[fmt])
@@ -321,31 +330,31 @@ def _main(argv) -> int:
         print(f"exported {fmt}: {files[fmt]} ({timings[fmt]} s)", file=sys.stderr)
 
     diffs = {}
-    if not args.no_verify:
-        diffs = verify(wrapper, files, dtype, config.vocab_size, min(64, args.max_seq_length))
+    if not cfg.export.no_verify:
+        diffs = verify(wrapper, files, dtype, config.vocab_size, min(64, cfg.export.max_seq_length))
         print(f"parity (max |export - PyTorch|): {diffs}", file=sys.stderr)
-        bad = {k: v for k, v in diffs.items() if not v <= args.tolerance}
+        bad = {k: v for k, v in diffs.items() if not v <= cfg.export.tolerance}
         if bad:
-            raise InputError(f"export parity failed: {bad} > --tolerance {args.tolerance}")
+            raise InputError(f"export parity failed: {bad} > --tolerance {cfg.export.tolerance}")
 
     if vocab is not None:
         with atomic_open(out / "vocab.txt", "wb") as f:
             f.write(vocab.read_bytes())
     info = {
-        "task": args.task,
-        "checkpoint": str(args.checkpoint),
+        "task": cfg.model.task,
+        "checkpoint": str(cfg.model.checkpoint),
         "files": {fmt: path.name for fmt, path in files.items()},
         "input_names": list(INPUT_NAMES),
-        "input_dtype": args.input_dtype,
-        "output_names": list(OUTPUT_NAMES[args.task]),
+        "input_dtype": cfg.export.input_dtype,
+        "output_names": list(OUTPUT_NAMES[cfg.model.task]),
         "num_labels": getattr(model, "num_labels", None),
         "vocab_size": config.vocab_size,
         "type_vocab_size": config.type_vocab_size,
         "max_position_embeddings": config.max_position_embeddings,
-        "max_seq_length": args.max_seq_length,
+        "max_seq_length": cfg.export.max_seq_length,
         "vocab_file": "vocab.txt" if vocab is not None else None,
-        "do_lower_case": args.do_lower_case,
-        "opset": args.opset,
+        "do_lower_case": cfg.model.do_lower_case,
+        "opset": cfg.export.opset,
         "parity_max_abs_diff": diffs,
         "export_seconds": timings,
         "torch_version": torch.__version__,

@@ -29,101 +29,122 @@ Layout written:
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import shutil
 import site
 import sys
 import sysconfig
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Literal
 
-from bert_recipe.finetuning.tasks.items import SERVER_LIMITS
-from bert_recipe.finetuning.tasks.squad import QASettings
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_json, atomic_write_text
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
+from bert_recipe.prediction.items import ServerLimits
+from bert_recipe.tasks.squad_answers import QASettings
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent
 TRITON_DTYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32"}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--export_dir", required=True, help="output_dir of export_model.py (export.json, model.onnx)")
-    p.add_argument("--repository", required=True, help="model repository folder to write (created if absent)")
-    p.add_argument("--model_name", default=None, help="default: bert_qa or bert_classifier by task")
-    p.add_argument("--backend", choices=("onnxruntime", "python"), default="onnxruntime")
-    p.add_argument("--max_batch_size", type=int, default=32)
-    p.add_argument(
-        "--preferred_batch_sizes",
-        type=int,
-        nargs="*",
-        default=None,
-        help="dynamic batcher's preferred sizes; default: powers of two up to max_batch_size from 4",
-    )
-    p.add_argument(
-        "--max_queue_delay_us",
-        type=int,
-        default=2000,
-        help="how long the dynamic batcher may hold a request to form a bigger batch",
-    )
-    batching = p.add_mutually_exclusive_group()
-    batching.add_argument(
-        "--dynamic_batching",
-        action="store_true",
-        help="give the tensor model Triton's dynamic batcher (default for --backend onnxruntime)",
-    )
-    batching.add_argument(
-        "--no_dynamic_batching",
-        action="store_true",
-        help="no dynamic batcher (default for --backend python: on this CPU, Triton 2.51's batcher "
-        "thread spins while requests wait for the busy instance; see README.md)",
-    )
-    p.add_argument("--instance_count", type=int, default=1)
-    p.add_argument(
-        "--instance_kind",
-        choices=("cpu", "gpu"),
-        default=None,
-        help="default: gpu for onnxruntime (NGC container), cpu for python",
-    )
-    p.add_argument(
-        "--intra_op_num_threads",
-        type=int,
-        default=0,
-        help="python backend: ONNX Runtime threads per instance (0 = all cores)",
-    )
-    p.add_argument(
-        "--no_arena_shrinkage",
-        action="store_true",
-        help="python backend: let ONNX Runtime's CPU arena keep what the largest batch ever served grew "
-        "it to (by default it shrinks back after every run)",
-    )
-    p.add_argument(
-        "--no_malloc_trim",
-        action="store_true",
-        help="python backend: do not hand glibc's free pages back to the system after each batch",
-    )
-    p.add_argument(
-        "--no_cpu_mem_arena",
-        action="store_true",
-        help="python backend: run ONNX Runtime without its CPU arena (big batches were 1.4-2.2x slower)",
-    )
-    p.add_argument(
-        "--tensorrt_fp16",
-        action="store_true",
-        help="onnxruntime backend on GPU: run through ONNX Runtime's TensorRT accelerator in FP16",
-    )
-    p.add_argument(
-        "--text_model",
-        action="store_true",
-        help="also write <model_name>_text: raw question/context strings in, answers out (qa only)",
-    )
-    QASettings.add_arguments(p, prefix="text model: ")
-    SERVER_LIMITS.add_arguments(p, prefix="text model (a 400; 0: no limit): ")
-    p.add_argument("--link", action="store_true", help="symlink model.onnx instead of copying it")
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class Repository:
+    """What to serve and where the repository goes."""
+
+    export_dir: str | None = flag(None, required=True)
+    """output_dir of export_model.py (export.json, model.onnx)"""
+    repository: str | None = flag(None, required=True)
+    """model repository folder to write (created if absent)"""
+    model_name: str | None = None
+    """default: bert_qa or bert_classifier by task"""
+    backend: Literal["onnxruntime", "python"] = "onnxruntime"
+    """onnxruntime: Triton's native ONNX backend (an NGC container); python: ONNX Runtime in a Python-backend model"""
+
+
+@dataclass(frozen=True)
+class TensorModel:
+    """How the tensor model is served: batches, instances, ONNX Runtime's memory."""
+
+    max_batch_size: int = 32
+    """the most sequences one request (or one dynamic batch) may hold"""
+    preferred_batch_sizes: list[int] | None = flag(None, nargs="*")
+    """dynamic batcher's preferred sizes; default: powers of two up to max_batch_size from 4"""
+    max_queue_delay_us: int = 2000
+    """how long the dynamic batcher may hold a request to form a bigger batch"""
+    dynamic_batching: bool = flag(False, exclusive="batching")
+    """give the tensor model Triton's dynamic batcher (default for --backend onnxruntime)"""
+    no_dynamic_batching: bool = flag(False, exclusive="batching")
+    """no dynamic batcher (default for --backend python: on this CPU, Triton 2.51's batcher thread spins while
+    requests wait for the busy instance; see README.md)"""
+    instance_count: int = 1
+    """model instances Triton runs side by side"""
+    instance_kind: Literal["cpu", "gpu"] | None = None
+    """default: gpu for onnxruntime (NGC container), cpu for python"""
+    intra_op_num_threads: int = 0
+    """python backend: ONNX Runtime threads per instance (0 = all cores)"""
+    no_arena_shrinkage: bool = False
+    """python backend: let ONNX Runtime's CPU arena keep what the largest batch ever served grew it to (by default
+    it shrinks back after every run)"""
+    no_malloc_trim: bool = False
+    """python backend: do not hand glibc's free pages back to the system after each batch"""
+    no_cpu_mem_arena: bool = False
+    """python backend: run ONNX Runtime without its CPU arena (big batches were 1.4-2.2x slower)"""
+    tensorrt_fp16: bool = False
+    """onnxruntime backend on GPU: run through ONNX Runtime's TensorRT accelerator in FP16"""
+    text_model: bool = False
+    """also write <model_name>_text: raw question/context strings in, answers out (qa only)"""
+
+
+@dataclass(frozen=True)
+class TextModelWindows(QASettings):
+    """The text model's windows and answers (its max_seq_length is the export's)."""
+
+    omitted: ClassVar[tuple[str, ...]] = ("max_seq_length",)
+    help_prefix: ClassVar[str] = "text model: "
+
+
+@dataclass(frozen=True)
+class TextModelLimits(ServerLimits):
+    """The text model's refusals."""
+
+    help_prefix: ClassVar[str] = "text model (a 400; 0: no limit): "
+
+
+@dataclass(frozen=True)
+class Files:
+    """How the model file gets into the repository."""
+
+    link: bool = False
+    """symlink model.onnx instead of copying it"""
+
+
+@dataclass(frozen=True)
+class RepositoryConfig(flags.Config):
+    """Every flag of model_repository.py."""
+
+    repository: Repository = field(default_factory=Repository)
+    tensor_model: TensorModel = field(default_factory=TensorModel)
+    windows: TextModelWindows = field(default_factory=TextModelWindows)
+    limits: TextModelLimits = field(default_factory=TextModelLimits)
+    files: Files = field(default_factory=Files)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("repository", "tensor_model", "windows", "limits", "files")
+    has_debug: ClassVar[bool] = False
+
+    def rules(self) -> list[tuple[bool, str]]:
+        """A batch of at least one, limits that are not negative (0 turns one off)."""
+        batch = self.tensor_model.max_batch_size
+        return [
+            (batch < 1, f"--max_batch_size {batch} must be >= 1"),
+            *[
+                (value < 0, f"--{name} {value} must be >= 0 (0: no limit)")
+                for name, value in dataclasses.asdict(self.limits).items()
+            ],
+        ]
 
 
 def read_export(export_dir: str | Path) -> dict:
@@ -148,36 +169,40 @@ def _parameters(params: dict[str, object]) -> str:
     return "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in params.items())
 
 
-def _dynamic_batching(args: argparse.Namespace) -> str:
+def _dynamic_batching(cfg: RepositoryConfig) -> str:
     """The dynamic_batching block, or "" where there is none: --no_dynamic_batching, or --backend python without
     --dynamic_batching. Measured on the 2-core CPU (triton/README.md, "Serving soak"): with the batcher, Triton 2.51's
     batcher thread busy-waits while requests queue for the one busy Python-backend instance, taking CPU from the
     model itself: in the soak the server process used 3 CPU-seconds at load 4.6 and 25 to 57 at load 7 to 9,
     against 0.1 without the batcher, and back-to-back soaks took 1.4 times as long with it."""
-    if args.no_dynamic_batching or (args.backend == "python" and not args.dynamic_batching):
+    if cfg.tensor_model.no_dynamic_batching or (
+        cfg.repository.backend == "python" and not cfg.tensor_model.dynamic_batching
+    ):
         return ""
-    sizes = args.preferred_batch_sizes
+    sizes = cfg.tensor_model.preferred_batch_sizes
     if sizes is None:
-        sizes = [b for b in (4, 8, 16, 32, 64, 128, 256) if b <= args.max_batch_size] or [args.max_batch_size]
+        sizes = [b for b in (4, 8, 16, 32, 64, 128, 256) if b <= cfg.tensor_model.max_batch_size] or [
+            cfg.tensor_model.max_batch_size
+        ]
     return (
         f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, sizes))} ]\n"
-        f"  max_queue_delay_microseconds: {args.max_queue_delay_us}\n}}\n"
+        f"  max_queue_delay_microseconds: {cfg.tensor_model.max_queue_delay_us}\n}}\n"
     )
 
 
-def model_config(info: dict, args: argparse.Namespace, name: str) -> str:
+def model_config(info: dict, cfg: RepositoryConfig, name: str) -> str:
     """The config.pbtxt of the tensor model: same inputs/outputs for both backends."""
     dtype = TRITON_DTYPES[info["input_dtype"]]
     out_dims = [-1] if info["task"] == "qa" else [info["num_labels"]]
-    kind = args.instance_kind or ("gpu" if args.backend == "onnxruntime" else "cpu")
+    kind = cfg.tensor_model.instance_kind or ("gpu" if cfg.repository.backend == "onnxruntime" else "cpu")
     lines = [f'name: "{name}"']
-    lines.append('platform: "onnxruntime_onnx"' if args.backend == "onnxruntime" else 'backend: "python"')
-    lines.append(f"max_batch_size: {args.max_batch_size}")
+    lines.append('platform: "onnxruntime_onnx"' if cfg.repository.backend == "onnxruntime" else 'backend: "python"')
+    lines.append(f"max_batch_size: {cfg.tensor_model.max_batch_size}")
     lines.append("input [\n" + ",\n".join(_tensor(n, dtype, [-1]) for n in info["input_names"]) + "\n]")
     lines.append("output [\n" + ",\n".join(_tensor(n, "TYPE_FP32", out_dims) for n in info["output_names"]) + "\n]")
-    text = "\n".join(lines) + "\n" + _dynamic_batching(args)
-    text += f"instance_group [ {{ count: {args.instance_count} kind: KIND_{kind.upper()} }} ]\n"
-    if args.backend == "onnxruntime" and args.tensorrt_fp16:
+    text = "\n".join(lines) + "\n" + _dynamic_batching(cfg)
+    text += f"instance_group [ {{ count: {cfg.tensor_model.instance_count} kind: KIND_{kind.upper()} }} ]\n"
+    if cfg.repository.backend == "onnxruntime" and cfg.tensor_model.tensorrt_fp16:
         text += (
             'optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
             'parameters { key: "precision_mode" value: "FP16" } } ] } }\n'
@@ -188,20 +213,20 @@ def model_config(info: dict, args: argparse.Namespace, name: str) -> str:
             "max_seq_length": info["max_seq_length"],
             "vocab_size": info["vocab_size"],
             "type_vocab_size": info["type_vocab_size"],
-            "intra_op_num_threads": args.intra_op_num_threads,
-            "cpu_mem_arena": str(not args.no_cpu_mem_arena).lower(),
-            "arena_shrinkage": str(not args.no_arena_shrinkage).lower(),
-            "malloc_trim": str(not args.no_malloc_trim).lower(),
+            "intra_op_num_threads": cfg.tensor_model.intra_op_num_threads,
+            "cpu_mem_arena": str(not cfg.tensor_model.no_cpu_mem_arena).lower(),
+            "arena_shrinkage": str(not cfg.tensor_model.no_arena_shrinkage).lower(),
+            "malloc_trim": str(not cfg.tensor_model.no_malloc_trim).lower(),
         }
     )
     return text
 
 
-def text_model_config(name: str, args: argparse.Namespace) -> str:
+def text_model_config(name: str, cfg: RepositoryConfig) -> str:
     """Strings in, strings out: question and context [1] per request row; answer, probability, nbest (JSON)."""
-    kind = args.instance_kind if args.instance_kind == "gpu" else "cpu"
+    kind = cfg.tensor_model.instance_kind if cfg.tensor_model.instance_kind == "gpu" else "cpu"
     return (
-        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {args.max_batch_size}\n'
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {cfg.tensor_model.max_batch_size}\n'
         "input [\n"
         + _tensor("question", "TYPE_STRING", [1])
         + ",\n"
@@ -216,9 +241,9 @@ def text_model_config(name: str, args: argparse.Namespace) -> str:
         + f"instance_group [ {{ count: 1 kind: KIND_{kind.upper()} }} ]\n"
         + _parameters(
             {
-                "max_context_chars": args.max_context_chars,
-                "max_question_chars": args.max_question_chars,
-                "max_windows": args.max_windows,
+                "max_context_chars": cfg.limits.max_context_chars,
+                "max_question_chars": cfg.limits.max_question_chars,
+                "max_windows": cfg.limits.max_windows,
             }
         )
     )
@@ -260,35 +285,30 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = parse_args(argv)
-    info = read_export(args.export_dir)
-    export_dir = Path(args.export_dir)
-    if args.max_batch_size < 1:
-        raise InputError(f"--max_batch_size {args.max_batch_size} must be >= 1")
-    for name in ("max_context_chars", "max_question_chars", "max_windows"):
-        if getattr(args, name) < 0:
-            raise InputError(f"--{name} {getattr(args, name)} must be >= 0 (0: no limit)")
-    if args.text_model and info["task"] != "qa":
+    cfg = flags.parse(RepositoryConfig, "model_repository.py", __doc__, argv)
+    info = read_export(cfg.repository.export_dir)
+    export_dir = Path(cfg.repository.export_dir)
+    if cfg.tensor_model.text_model and info["task"] != "qa":
         raise InputError(
             "--text_model serves question answering only; the export is a classification model: "
             "export a question-answering model"
         )
-    if args.text_model and not info.get("vocab_file"):
+    if cfg.tensor_model.text_model and not info.get("vocab_file"):
         raise InputError(f"--text_model needs a vocabulary: re-export with --vocab_file ({export_dir} has none)")
-    name = args.model_name or ("bert_qa" if info["task"] == "qa" else "bert_classifier")
-    repository = Path(args.repository)
+    name = cfg.repository.model_name or ("bert_qa" if info["task"] == "qa" else "bert_classifier")
+    repository = Path(cfg.repository.repository)
     version = repository / name / "1"
     version.mkdir(parents=True, exist_ok=True)
-    copy_file(export_dir / info["files"]["onnx"], version / "model.onnx", link=args.link)
-    if args.backend == "python":
+    copy_file(export_dir / info["files"]["onnx"], version / "model.onnx", link=cfg.files.link)
+    if cfg.repository.backend == "python":
         write_python_model(version, HERE / "backend" / "onnx_model.py")
     else:  # a leftover Python wrapper would not be loaded, but would confuse a reader
         for stale in ("model.py", "sys_path.json"):
             (version / stale).unlink(missing_ok=True)
-    atomic_write_text(repository / name / "config.pbtxt", model_config(info, args, name))
+    atomic_write_text(repository / name / "config.pbtxt", model_config(info, cfg, name))
     written = [name]
 
-    if args.text_model:
+    if cfg.tensor_model.text_model:
         text_name = f"{name}_text"
         text_version = repository / text_name / "1"
         text_version.mkdir(parents=True, exist_ok=True)
@@ -302,18 +322,18 @@ def _main(argv) -> int:
                 "input_dtype": info["input_dtype"],
                 "do_lower_case": info["do_lower_case"],
                 "max_seq_length": info["max_seq_length"],
-                "doc_stride": args.doc_stride,
-                "max_query_length": args.max_query_length,
-                "n_best_size": args.n_best_size,
-                "max_answer_length": args.max_answer_length,
-                "batch_size": args.max_batch_size,
-                "version_2_with_negative": args.version_2_with_negative,
-                "null_score_diff_threshold": args.null_score_diff_threshold,
+                "doc_stride": cfg.windows.doc_stride,
+                "max_query_length": cfg.windows.max_query_length,
+                "n_best_size": cfg.windows.n_best_size,
+                "max_answer_length": cfg.windows.max_answer_length,
+                "batch_size": cfg.tensor_model.max_batch_size,
+                "version_2_with_negative": cfg.windows.version_2_with_negative,
+                "null_score_diff_threshold": cfg.windows.null_score_diff_threshold,
             },
         )
-        atomic_write_text(repository / text_name / "config.pbtxt", text_model_config(text_name, args))
+        atomic_write_text(repository / text_name / "config.pbtxt", text_model_config(text_name, cfg))
         written.append(text_name)
-    print(json.dumps({"repository": str(repository), "models": written, "backend": args.backend}))
+    print(json.dumps({"repository": str(repository), "models": written, "backend": cfg.repository.backend}))
     return 0
 
 

@@ -15,44 +15,84 @@ from the server's model metadata. Writes JSON (--output), a table on stdout, and
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_json
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.io.triton_scripts import load_triton_script
 
 client_script = load_triton_script("client")  # its connection helpers (triton/ is not a package: loaded by path)
 INPUT_NAMES = client_script.INPUT_NAMES
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    client_script.add_server_arguments(p, timeout=300.0)
-    p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--seq_length", type=int, default=384)
-    p.add_argument("--seconds", type=float, default=10.0, help="measurement window per configuration")
-    p.add_argument(
-        "--min_requests",
-        type=int,
-        default=5,
-        help="per configuration: keep measuring past --seconds until this many requests answered",
-    )
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests per thread before each window")
-    p.add_argument("--vocab_size", type=int, default=30522, help="ids are drawn below this")
-    p.add_argument("--output", default="results/triton_perf.json")
-    p.add_argument("--plot", default=None, help="PNG path; default: --output with .png")
-    p.add_argument("--no_plot", action="store_true")
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class PerfServer(client_script.Server):
+    """client.py's server flags, with room for the biggest batches."""
+
+    timeout: float = 300.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """The requests: their batch sizes, how many are in flight, their length, how long each pair is measured."""
+
+    batch_sizes: list[int] = flag(factory=lambda: [1, 8, 32])
+    """sequences per request, one measurement each"""
+    concurrency: list[int] = flag(factory=lambda: [1, 2, 4])
+    """threads sending requests back to back, one measurement each"""
+    seq_length: int = 384
+    """tokens per sequence"""
+    seconds: float = 10.0
+    """measurement window per configuration"""
+    min_requests: int = 5
+    """per configuration: keep measuring past --seconds until this many requests answered"""
+    warmup: int = 2
+    """unmeasured requests per thread before each window"""
+    vocab_size: int = 30522
+    """ids are drawn below this"""
+
+
+@dataclass(frozen=True)
+class Report:
+    """Where the numbers go."""
+
+    output: str = "results/triton_perf.json"
+    """the JSON report"""
+    plot: str | None = None
+    """PNG path; default: --output with .png"""
+    no_plot: bool = False
+    """write no plot"""
+
+
+@dataclass(frozen=True)
+class PerfConfig(flags.Config):
+    """Every flag of perf.py."""
+
+    server: PerfServer = field(default_factory=PerfServer)
+    load: Load = field(default_factory=Load)
+    report: Report = field(default_factory=Report)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("server", "load", "report")
+    has_debug: ClassVar[bool] = False
+
+    def rules(self) -> list[tuple[bool, str]]:
+        load = self.load
+        return [
+            (
+                any(b < 1 for b in load.batch_sizes) or any(c < 1 for c in load.concurrency) or load.seq_length < 1,
+                "--batch_sizes, --concurrency and --seq_length must be positive",
+            )
+        ]
 
 
 def input_dtype(module, url: str, model: str, protocol: str) -> str:
@@ -85,7 +125,7 @@ def make_inputs(module, batch: int, seq_len: int, dtype: str, vocab_size: int, s
     return inputs
 
 
-def measure(module, args: argparse.Namespace, batch: int, concurrency: int, dtype: str) -> dict:
+def measure(module, cfg: PerfConfig, batch: int, concurrency: int, dtype: str) -> dict:
     """One closed-loop window at this batch size and concurrency."""
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
@@ -94,12 +134,12 @@ def measure(module, args: argparse.Namespace, batch: int, concurrency: int, dtyp
     stop = threading.Event()
 
     def worker(k: int) -> None:
-        kwargs = {"network_timeout": args.timeout} if args.protocol == "http" else {}
-        client = module.InferenceServerClient(args.url, **kwargs)
-        inputs = make_inputs(module, batch, args.seq_length, dtype, args.vocab_size, seed=k)
+        kwargs = {"network_timeout": cfg.server.timeout} if cfg.server.protocol == "http" else {}
+        client = module.InferenceServerClient(cfg.server.url, **kwargs)
+        inputs = make_inputs(module, batch, cfg.load.seq_length, dtype, cfg.load.vocab_size, seed=k)
         try:
-            for _ in range(args.warmup):
-                client.infer(args.model_name, inputs)
+            for _ in range(cfg.load.warmup):
+                client.infer(cfg.server.model_name, inputs)
             go.wait()
         except Exception as e:  # warm-up failed (or another thread's did): no window for this configuration
             if not isinstance(e, threading.BrokenBarrierError):
@@ -112,7 +152,7 @@ def measure(module, args: argparse.Namespace, batch: int, concurrency: int, dtyp
             while not stop.is_set():
                 t0 = time.perf_counter()
                 try:
-                    client.infer(args.model_name, inputs)
+                    client.infer(cfg.server.model_name, inputs)
                 except Exception as e:  # counted and reported; the window goes on
                     errors[k] += 1
                     first_error.append(str(e).splitlines()[0])
@@ -126,7 +166,7 @@ def measure(module, args: argparse.Namespace, batch: int, concurrency: int, dtyp
         t.start()
     start = time.perf_counter()
     try:
-        go.wait(timeout=args.timeout * (args.warmup + 1))
+        go.wait(timeout=cfg.server.timeout * (cfg.load.warmup + 1))
     except threading.BrokenBarrierError:
         stop.set()
     start = time.perf_counter()
@@ -134,17 +174,17 @@ def measure(module, args: argparse.Namespace, batch: int, concurrency: int, dtyp
         time.sleep(0.05)
         done = sum(len(x) for x in latencies)
         elapsed = time.perf_counter() - start
-        if elapsed >= args.seconds and (done >= args.min_requests or elapsed >= args.timeout):
+        if elapsed >= cfg.load.seconds and (done >= cfg.load.min_requests or elapsed >= cfg.server.timeout):
             break
     stop.set()
     for t in threads:
-        t.join(timeout=args.timeout)
+        t.join(timeout=cfg.server.timeout)
     wall = time.perf_counter() - start  # includes the last in-flight requests, which are counted too
     flat = np.array([x for per_thread in latencies for x in per_thread]) * 1e3
     result = {
         "batch_size": batch,
         "concurrency": concurrency,
-        "seq_length": args.seq_length,
+        "seq_length": cfg.load.seq_length,
         "requests": int(flat.size),
         "errors": int(sum(errors)),
         "wall_s": round(wall, 3),
@@ -203,38 +243,37 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = parse_args(argv)
-    if any(b < 1 for b in args.batch_sizes) or any(c < 1 for c in args.concurrency) or args.seq_length < 1:
-        raise InputError("--batch_sizes, --concurrency and --seq_length must be positive")
-    module = client_script.client_module(args.protocol)
+    cfg = flags.parse(PerfConfig, "perf.py", __doc__, argv)
+    module = client_script.client_module(cfg.server.protocol)
     try:
-        dtype = input_dtype(module, args.url, args.model_name, args.protocol)
+        dtype = input_dtype(module, cfg.server.url, cfg.server.model_name, cfg.server.protocol)
     except InputError:
         raise
     except Exception as e:  # the client's own errors (connection refused, an unknown model)
         raise InputError(
-            f"--url {args.url} ({args.protocol}): cannot read model {args.model_name!r}: {str(e).splitlines()[0]}"
+            f"--url {cfg.server.url} ({cfg.server.protocol}): cannot read model {cfg.server.model_name!r}: "
+            f"{str(e).splitlines()[0]}"
         ) from None
     rows = []
-    for batch in args.batch_sizes:
-        for concurrency in args.concurrency:
-            rows.append(measure(module, args, batch, concurrency, dtype))
+    for batch in cfg.load.batch_sizes:
+        for concurrency in cfg.load.concurrency:
+            rows.append(measure(module, cfg, batch, concurrency, dtype))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     report = {
-        "url": args.url,
-        "protocol": args.protocol,
-        "model": args.model_name,
+        "url": cfg.server.url,
+        "protocol": cfg.server.protocol,
+        "model": cfg.server.model_name,
         "input_dtype": dtype,
-        "seq_length": args.seq_length,
-        "seconds_per_config": args.seconds,
+        "seq_length": cfg.load.seq_length,
+        "seconds_per_config": cfg.load.seconds,
         "results": rows,
     }
-    atomic_write_json(args.output, report)
+    atomic_write_json(cfg.report.output, report)
     print(table(rows))
-    if not args.no_plot:
-        path = Path(args.plot) if args.plot else Path(args.output).with_suffix(".png")
-        plot(rows, path, f"{args.model_name} on Triton ({args.protocol}), sequence {args.seq_length}")
-        print(f"wrote {args.output} and {path}", file=sys.stderr)
+    if not cfg.report.no_plot:
+        path = Path(cfg.report.plot) if cfg.report.plot else Path(cfg.report.output).with_suffix(".png")
+        plot(rows, path, f"{cfg.server.model_name} on Triton ({cfg.server.protocol}), sequence {cfg.load.seq_length}")
+        print(f"wrote {cfg.report.output} and {path}", file=sys.stderr)
     return 1 if any(r["errors"] for r in rows) else 0
 
 

@@ -31,11 +31,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_write_json
 from bert_recipe.io.cli import InputError
+from bert_recipe.io.flags import flag
 from bert_recipe.io.processes import pid_alive
 
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
@@ -261,39 +264,76 @@ def stop(state_dir: str | Path, timeout: float = 30.0) -> dict:
     return {"stopped": pid, "forced": killed}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("start", help="start the server in the background and wait until the models are ready")
-    s.add_argument("--repository", required=True)
-    s.add_argument("--models", nargs="+", required=True, help="models that must be ready")
-    s.add_argument("--state_dir", required=True, help="where server.json, server.log and backends/ go")
-    s.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
-    s.add_argument("--tritonserver", default=None, help="path of the server binary")
-    s.add_argument("--log_verbose", type=int, default=0)
-    t = sub.add_parser("stop", help="stop the server started with --state_dir")
-    t.add_argument("--state_dir", required=True)
-    t.add_argument("--timeout", type=float, default=30.0, help="seconds before SIGKILL")
-    return p.parse_args(argv)
+@dataclass(frozen=True)
+class StartFlags:
+    """Which repository and models, where the server's files go, how long to wait."""
+
+    repository: str | None = flag(None, required=True)
+    """the model repository to serve (model_repository.py's output)"""
+    models: list[str] | None = flag(None, required=True)
+    """models that must be ready"""
+    state_dir: str | None = flag(None, required=True)
+    """where server.json, server.log and backends/ go"""
+    timeout: float = 180.0
+    """seconds to wait for readiness"""
+    tritonserver: str | None = None
+    """path of the server binary"""
+    log_verbose: int = 0
+    """the server's --log-verbose level (0: quiet)"""
+
+
+@dataclass(frozen=True)
+class StopFlags:
+    """Which server, and how long it may take to stop."""
+
+    state_dir: str | None = flag(None, required=True)
+    """the --state_dir it was started with"""
+    timeout: float = 30.0
+    """seconds before SIGKILL"""
+
+
+@dataclass(frozen=True)
+class StartConfig(flags.Config):
+    """start the server in the background and wait until the models are ready"""
+
+    start: StartFlags = field(default_factory=StartFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("start",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.HelpFormatter
+
+
+@dataclass(frozen=True)
+class StopConfig(flags.Config):
+    """stop the server started with --state_dir"""
+
+    stop: StopFlags = field(default_factory=StopFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("stop",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.HelpFormatter
+
+
+@dataclass(frozen=True)
+class ServerConfig(flags.Config):
+    """The two sub-commands, start and stop; no flag of their own."""
+
+    commands: ClassVar[dict[str, type[flags.Config]]] = {"start": StartConfig, "stop": StopConfig}
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.HelpFormatter
 
 
 def main(argv=None) -> int:
     """0 when the server is up (or stopped); bad input or a server that does not start: its message on stderr
     (a failed start with its log's last lines) and exit status 1."""
-    args = parse_args(argv)
+    _, command, cfg = flags.parse_command(ServerConfig, "server.py", __doc__, argv)
     try:
-        if args.command == "start":
-            info = start(
-                args.repository,
-                args.models,
-                args.state_dir,
-                args.timeout,
-                args.tritonserver,
-                log_verbose=args.log_verbose,
-            )
+        if command == "start":
+            a = cfg.start
+            info = start(a.repository, a.models, a.state_dir, a.timeout, a.tritonserver, log_verbose=a.log_verbose)
             print(json.dumps({**asdict(info), "http_url": info.http_url, "grpc_url": info.grpc_url}), flush=True)
         else:
-            print(json.dumps(stop(args.state_dir, args.timeout)), flush=True)
+            print(json.dumps(stop(cfg.stop.state_dir, cfg.stop.timeout)), flush=True)
     except (InputError, ServerError) as e:
         raise SystemExit(f"server.py: error: {e}") from None
     return 0

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from bert_recipe.finetuning.tasks.squad import QASettings
+from bert_recipe.io.flags import Config, flag
+from bert_recipe.tasks.squad_answers import QASettings
 from bert_recipe.training import precision_policy
-from bert_recipe.training.flags import Config, flag
 
 # ----------------------------------------------------------------------------------------------------------------
 # The shared sections
@@ -90,9 +90,7 @@ class FinetuneTraining:
     """micro-batches per optimizer step"""
     seed: int = 42
     """random seed (the new head, dropout, shuffling)"""
-    precision: str = flag(
-        "auto", help=precision_policy.HELP_FINETUNING
-    )  # the rule for auto is precision_policy.py's text
+    precision: str = precision_policy.flag(precision_policy.HELP_FINETUNING)  # the --help is the rule for auto
     loss_scale: float = 0.0
     """fp16 loss scale: 0 = dynamic (starts at 2**16, halves on overflow), > 0 = this static scale"""
 
@@ -288,7 +286,7 @@ class SquadRuntime(FinetuneRuntime):
 
 @dataclass(frozen=True)
 class SquadWindows:
-    """How questions are cut into windows and answers read back (squad.QASettings, whose defaults these are)."""
+    """How questions are cut into windows and answers read back (squad_answers.QASettings, whose defaults these are)."""
 
     doc_stride: int = QASettings.doc_stride
     """tokens between the starts of consecutive windows"""

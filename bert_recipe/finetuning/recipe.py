@@ -2,7 +2,7 @@
 small `Task` (its flags, examples, encoding, batches, head and metrics); everything else is here, once.
 
 Read top to bottom (every script's flags and their rules are finetuning/config.py's; the model files, the padding of
-a batch and the forward pass of prediction are finetuning/predict.py's, which the commands that only read a model
+a batch and the forward pass of prediction are prediction/predict.py's, which the commands that only read a model
 share):
 1. the batch vocabulary: every task's batch is a dict under the model's own argument names, `input_ids`,
    `token_type_ids`, `attention_mask` [B, S] (multiple choice: [B, C, S]) and the head's labels (`labels`, or
@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from bert_recipe.finetuning.config import FinetuneConfig
-from bert_recipe.finetuning.predict import check_model_fits, forward_batches, length_sorted_batches, resolve_model_files
 from bert_recipe.io import atomic_io, cli
 from bert_recipe.io.checkpoint_io import export_state_dict, load_pretrained, save_hf_directory
+from bert_recipe.prediction.predict import check_model_fits, forward_batches, length_sorted_batches, resolve_model_files
 from bert_recipe.training import dist_env, parallelize, precision_policy, train_step
 from bert_recipe.training.meter import Meter, RunLogger
 from modeling import BertConfig
@@ -212,7 +212,6 @@ def train(
     """Fine-tune `model` (bare: parallelism and precision `precision_name`, resolved, are applied here) on
     `dataset` with the shared flags: the task's micro-batches, BertAdam (AdamW without bias correction, as BERT)
     over the no-decay groups, the linear warm-up schedule, fit."""
-
     t = task.cfg.training
     micro_batch = t.train_batch_size // t.gradient_accumulation_steps
     epoch_batches, per_epoch = task.epoch_batches(dataset, micro_batch, env)
@@ -419,7 +418,6 @@ def predict_and_score(
 def load_model(task: Task, log: Callable[[str], None]) -> torch.nn.Module:
     """The task's model from --init_checkpoint (a head the checkpoint lacks starts fresh, and says so), or from
     random weights and --config_file where the script allows it."""
-
     m = task.cfg.model
     if m.init_checkpoint is None:
         log("no --init_checkpoint: starting from random weights")
@@ -439,7 +437,6 @@ def save_model(model: torch.nn.Module, task: Task, output_dir: Path, fields: dic
     """model.pt ({"model": tensors under Hugging Face names, "config", and the task's `fields`}; loads with
     torch.load(weights_only=True) and checkpoint_io.from_pretrained) and hf_model/, the same model as a
     transformers directory (config.json, model.safetensors, `vocab_file` as vocab.txt)."""
-
     atomic_io.atomic_torch_save(
         {"model": export_state_dict(model), "config": model.config.to_dict(), **fields}, output_dir / "model.pt"
     )
@@ -469,7 +466,6 @@ def run(task: Task) -> tuple[dict, dict]:
     rank 0; the FINAL record, logged and printed on stdout by rank 0). Bad input raises cli.InputError (or a
     checkpoint's, a data file's own error) before any training or prediction. The flags are read, never changed:
     what is resolved from them (the vocabulary file, the precision) is resolved once, here."""
-
     cfg = task.cfg
     m, r, t, rt = cfg.model, cfg.run, cfg.training, cfg.runtime
     # 1. The model files first: a missing checkpoint or vocabulary is a one-line error, not a traceback later.

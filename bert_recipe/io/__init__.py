@@ -1,1 +1,2 @@
-"""Input and output: the one-line error contract, flags, atomic writes, checkpoints, downloads."""
+"""Input and output: the one-line error contract, every command's flags (flags.py), atomic writes, checkpoints,
+downloads."""

@@ -1,5 +1,6 @@
 """Files that are either whole or absent: atomic writes (a temporary file in the destination folder, fsync, then
-rename) for text, JSON and torch.save, and the JSON-lines log with dllogger's keys. torch is imported inside the
+rename) for text, JSON and torch.save, and the JSON-lines log with dllogger's keys (written by JsonLogger, read back by
+read_json_lines). torch is imported inside the
 functions that need it, so the data scripts that only write files start fast.
 """
 
@@ -172,6 +173,19 @@ class JsonLogger:
         if self._file:
             self._file.close()
             self._file = None
+
+
+def read_json_lines(path: str | os.PathLike) -> list[dict]:
+    """The records of a JSON-lines log that JsonLogger wrote, in file order (none when the file is absent); a line
+    that does not parse, such as the last one of a run still writing or one that was killed, is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(line))
+    return records
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

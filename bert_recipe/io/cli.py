@@ -27,8 +27,8 @@ class InputError(Exception):
 #
 #     def main(argv=None):
 #         with cli.script_errors("run_glue.py", argv):
-#             args = parse_args(argv)          # the parser has cli.add_debug_argument(parser)
-#             return run(args)
+#             cfg = flags.parse(GlueConfig, "run_glue.py", __doc__, argv)   # flags adds --debug
+#             return run(cfg)
 #
 # Inside the block, an expected error (EXPECTED_ERRORS: InputError and its subclasses, OSError: a missing,
 # unreadable or full-disk file, ValueError: CheckpointError, a JSON or UTF-8 decoding error, a malformed file)

@@ -155,7 +155,9 @@ def _s3_client():
     try:
         import boto3
     except ImportError:
-        raise DownloadError("s3:// URLs need boto3: pip install boto3 (and AWS credentials, or AWS_ENDPOINT_URL)")
+        raise DownloadError(
+            "s3:// URLs need boto3: pip install boto3 (and AWS credentials, or AWS_ENDPOINT_URL)"
+        ) from None
     return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
 
 

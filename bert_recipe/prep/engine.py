@@ -61,7 +61,7 @@ def _call(fn: Callable, job: Any) -> Any:
     pickle it by reference."""
     try:
         return fn(job)
-    except Exception as e:  # noqa: BLE001  (re-raised with the job named: the client prints one line)
+    except Exception as e:  # any: re-raised with the job named, so the client prints one line
         raise TaskError(f"{describe_job(job)}: {type(e).__name__}: {e}") from None
 
 
@@ -188,7 +188,7 @@ class DaskEngine:
         try:
             # the builtin exec imports it there: a function of ours would fail to unpickle, unnamed
             self.client.submit(exec, f"import {module}", pure=False).result(timeout=self.config.connect_timeout)
-        except Exception as e:  # noqa: BLE001  (a ModuleNotFoundError on a worker, or the scheduler's own)
+        except Exception as e:  # any: a ModuleNotFoundError on a worker, or the scheduler's own
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise InputError(
                 f"the Dask workers cannot run the pipeline's tasks ({type(e).__name__}: {first}): start "

@@ -25,14 +25,16 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 import numpy as np
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.prep.engine import EngineConfig, ProcessEngine
 from bert_recipe.prep.manifest import Manifest, sha256_file
 from bert_recipe.prep.sentence_segmentation import SEGMENTERS, get_segmenter
@@ -83,7 +85,6 @@ def _segment_chunk(job: tuple[str, int, int, str, str]) -> tuple[int, str]:
     """Task: split each document (line) of one byte range into sentences; write them to `seg_path` as
     'sentence\\n...sentence\\n\\n' per document, and each document's size in bytes there to `seg_path`.npy (both
     atomically). Returns (documents, the segmented file's sha256)."""
-
     path, start, end, seg_path, segmenter = job
     split = _SEGMENTER_CACHE.get(segmenter) or _SEGMENTER_CACHE.setdefault(segmenter, get_segmenter(segmenter))
     sizes = []
@@ -144,7 +145,6 @@ def assign_shards(sizes: np.ndarray, cfg: ShardingConfig) -> np.ndarray:
 def _write_shard(job: tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray]) -> tuple[str, int, int, str]:
     """Task: copy the given documents (in corpus order) from the segmented files into one shard, atomically.
     Returns (the shard's path, documents, bytes, sha256)."""
-
     out_path, seg_paths, chunk, offset, size = job
     current, f = -1, None
     try:
@@ -174,13 +174,13 @@ def shard_corpus(
     logger=None,
     engine=None,
 ) -> dict:
-    """Run the three passes on `engine` (bert_recipe.prep.engine; None: `cfg.num_workers` processes here); returns the manifest
-    (also written to `<output_prefix>_manifest.json`: the settings, and every shard's documents, bytes and sha256).
+    """Run the three passes on `engine` (bert_recipe.prep.engine; None: `cfg.num_workers` processes here); returns the
+    manifest (also written to `<output_prefix>_manifest.json`: the settings, and every shard's documents, bytes and
+    sha256).
 
     A rerun with the same inputs and settings reuses every shard the manifest lists whose sha256 still matches, and
     every segmented range of pass 1 still on disk (in `.<name>_segmented/` beside the shards, removed once every
     shard is written): after a crash it computes only what is missing."""
-
     files = [Path(f) for f in input_files]
     for f in files:
         if not f.is_file():
@@ -272,7 +272,6 @@ def _segment(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """Pass 1 on the engine, reusing the ranges a crashed run segmented already. Returns every document's size,
     segmented file (index) and byte offset there, and the segmented files."""
-
     seg_dir.mkdir(parents=True, exist_ok=True)
     chunks = plan_chunks(files, cfg.chunk_bytes)
     ledger = Manifest.open(seg_dir / "segmented.json", {**settings, "chunk_bytes": cfg.chunk_bytes})
@@ -309,41 +308,61 @@ def _segment(
 # CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    d = ShardingConfig()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input_files", nargs="+", required=True, help="one-document-per-line text files")
-    p.add_argument("--output_prefix", required=True, help="shards are <prefix>_training_<i>.txt, <prefix>_test_<i>.txt")
-    p.add_argument("--n_training_shards", type=int, default=d.n_training_shards)
-    p.add_argument("--n_test_shards", type=int, default=d.n_test_shards)
-    p.add_argument("--fraction_test_set", type=float, default=d.fraction_test_set)
-    p.add_argument("--segmenter", choices=SEGMENTERS, default=d.segmenter)
-    p.add_argument("--random_seed", type=int, default=d.seed)
-    p.add_argument("--num_workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument(
-        "--chunk_mb",
-        type=float,
-        default=d.chunk_bytes / (1 << 20),
-        help="segmentation work unit in MiB (the shards do not depend on it)",
-    )
-    p.add_argument("--no_progress", action="store_true")
-    return p
+@dataclass(frozen=True)
+class ShardFlags:
+    """The documents, the shards to write and how they are cut (ShardingConfig's defaults)."""
+
+    input_files: list[str] = flag(required=True)
+    """one-document-per-line text files"""
+    output_prefix: str = flag(required=True)
+    """shards are <prefix>_training_<i>.txt, <prefix>_test_<i>.txt"""
+    n_training_shards: int = ShardingConfig.n_training_shards
+    """training shards to write"""
+    n_test_shards: int = ShardingConfig.n_test_shards
+    """test (held-out) shards to write"""
+    fraction_test_set: float = ShardingConfig.fraction_test_set
+    """the share of the bytes held out for the test shards"""
+    segmenter: str = flag(ShardingConfig.segmenter, choices=SEGMENTERS)
+    """how documents are split into sentences"""
+    random_seed: int = ShardingConfig.seed
+    """picks the test documents"""
+    num_workers: int = flag(factory=lambda: os.cpu_count() or 1)
+    """worker processes (default: the CPUs of this machine)"""
+    chunk_mb: float = ShardingConfig.chunk_bytes / (1 << 20)
+    """segmentation work unit in MiB (the shards do not depend on it)"""
+    no_progress: bool = False
+    """no progress bars"""
+
+    def sharding(self) -> ShardingConfig:
+        """The library's settings from these flags."""
+        return ShardingConfig(
+            n_training_shards=self.n_training_shards,
+            n_test_shards=self.n_test_shards,
+            fraction_test_set=self.fraction_test_set,
+            segmenter=self.segmenter,
+            seed=self.random_seed,
+            num_workers=self.num_workers,
+            chunk_bytes=int(self.chunk_mb * (1 << 20)),
+        )
+
+
+@dataclass(frozen=True)
+class ShardCommandConfig(flags.Config):
+    """Every flag of sharding.py."""
+
+    shard: ShardFlags = field(default_factory=ShardFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("shard",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
 
 
 def main(argv=None) -> int:
     """0 when the shards are written; bad input: one line on stderr, exit status 1."""
     with script_errors("sharding.py", argv):
-        args = build_parser().parse_args(argv)
-        cfg = ShardingConfig(
-            n_training_shards=args.n_training_shards,
-            n_test_shards=args.n_test_shards,
-            fraction_test_set=args.fraction_test_set,
-            segmenter=args.segmenter,
-            seed=args.random_seed,
-            num_workers=args.num_workers,
-            chunk_bytes=int(args.chunk_mb * (1 << 20)),
-        )
-        manifest = shard_corpus(args.input_files, args.output_prefix, cfg, progress=not args.no_progress)
+        args = flags.parse(ShardCommandConfig, "sharding.py", __doc__, argv).shard
+        manifest = shard_corpus(args.input_files, args.output_prefix, args.sharding(), progress=not args.no_progress)
     print(
         f"wrote {len(manifest['training'])} training + {len(manifest['test'])} test shards of "
         f"{manifest['documents']} documents to {Path(args.output_prefix).parent}"

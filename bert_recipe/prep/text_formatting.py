@@ -10,11 +10,12 @@ Three sources:
     line (`--doc_boundary`). Files that start with `<doc ` are read as WikiExtractor output.
 
 Article titles are not written (the original recipe dropped them too). The work is cut into pieces (runs of
-files, Parquet row groups, pieces of a multistream dump), each a task (bert_recipe/prep/engine.py) writing a part atomically;
-`format_pieces` says how the parts become the output (a folder of parts for the pipeline, one file for this
+files, Parquet row groups, pieces of a multistream dump), each a task (bert_recipe/prep/engine.py) writing a part
+atomically; `format_pieces` says how the parts become the output (a folder of parts for the pipeline, one file for this
 command) and how a rerun reuses them.
 
-    python -m bert_recipe.prep.text_formatting --input enwiki-20240101-pages-articles.xml.bz2 --output wiki_one_article_per_line.txt
+    python -m bert_recipe.prep.text_formatting --input enwiki-20240101-pages-articles.xml.bz2 \\
+        --output wiki_one_article_per_line.txt
     python -m bert_recipe.prep.text_formatting --input my_corpus_dir/ --output mine.txt --doc_boundary blank_line
 """
 
@@ -36,11 +37,14 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter, deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ClassVar, Iterable, Iterator, Literal
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open
 from bert_recipe.io.cli import InputError, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.prep.engine import local_engine
 from bert_recipe.prep.manifest import Manifest, sha256_file
 
@@ -248,8 +252,8 @@ def format_wiki_dump(
     kind (article, redirect, disambiguation, ...).
 
     How it is read depends on what the dump is (dump_pieces): a multistream dump beside its index, or a folder of
-    the numbered part files, is cut into pieces that are tasks on `engine` (bert_recipe.prep.engine: worker processes here, or
-    a Dask cluster across nodes), each formatting its own pages into a part file; the parts are then joined in
+    the numbered part files, is cut into pieces that are tasks on `engine` (bert_recipe.prep.engine: worker processes
+    here, or a Dask cluster across nodes), each formatting its own pages into a part file; the parts are then joined in
     order. A single-stream .xml.bz2 cannot be cut: one process reads it and `num_workers` local processes parse its
     pages (whatever the engine)."""
     dump = Path(dump)
@@ -361,7 +365,6 @@ def _pages_of(stream) -> Iterator[tuple[int, str, bool, str]]:
 def _format_dump_piece(job: tuple[str, int, int, str]) -> tuple[dict, str]:
     """Task: one piece of a dump (a byte range of a multistream dump, or a whole part file) -> a part file of one
     article per line, written atomically. Returns (counts per page kind, the part's sha256)."""
-
     path, start, end, part = job
     counts: Counter = Counter()
     whole = start == 0 and end == Path(path).stat().st_size and multistream_index(Path(path)) is None
@@ -378,7 +381,6 @@ def _format_dump_piece(job: tuple[str, int, int, str]) -> tuple[dict, str]:
 def _single_stream_part(dump: Path, folder: Path, num_workers: int, progress: bool, logger) -> Counter:
     """A single-stream dump into a folder of one part (00000000.txt), listed in the folder's manifest.json as
     format_pieces lists its parts (reused by a rerun when the dump is the same)."""
-
     if folder.is_file():  # an older run's single file under the folder's name
         folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
@@ -442,7 +444,6 @@ def format_pieces(
     `.<output name>.parts/` until then, are joined in order into the file `output`, atomically, and
     `<output>.manifest.json` records it. Either way nothing is done twice: a rerun with the same settings reuses
     every listed output (or part) whose sha256 still matches."""
-
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     settings = {**settings, "pieces": json.loads(json.dumps(pieces))}
@@ -481,7 +482,6 @@ def format_pieces(
 
 def _join_parts(parts: list[Path], output: Path, final, total: Counter) -> None:
     """The parts, in order, into `output` (atomically), hashed while written; recorded in `final`."""
-
     digest = hashlib.sha256()
     with atomic_open(output, "wb") as out:
         for part in parts:
@@ -539,7 +539,6 @@ def is_wikiextractor(path: str | os.PathLike) -> bool:
 def _format_text_files(job: tuple[tuple[str, ...], str, str]) -> tuple[dict, str]:
     """Task: a run of input files -> one part file of one document per line, in file order (atomically). Returns
     (counts, sha256)."""
-
     paths, doc_boundary, part = job
     docs, largest = 0, 0
     with atomic_open(part, "w", encoding="utf-8") as out:
@@ -742,36 +741,41 @@ def format_parquet_files(
 # CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--input",
-        nargs="+",
-        required=True,
-        help="a pages-articles .xml.bz2 dump, or text/WikiExtractor files and folders",
-    )
-    p.add_argument("--output", required=True, help="the one-document-per-line output file")
-    p.add_argument(
-        "--doc_boundary",
-        choices=("file", "blank_line", "line"),
-        default="file",
-        help="for plain text: a document per file, per blank-line-separated block, or per line",
-    )
-    p.add_argument(
-        "--input_pattern",
-        default=None,
-        help="file pattern inside input folders (default *.txt; *.parquet with --input_format parquet)",
-    )
-    p.add_argument(
-        "--input_format",
-        choices=("text", "parquet"),
-        default="text",
-        help="parquet: files with a text column (--text_column), a document per row",
-    )
-    p.add_argument("--text_column", default="text", help="the text column of Parquet input")
-    p.add_argument("--num_workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--no_progress", action="store_true", help="no progress bar")
-    return p
+@dataclass(frozen=True)
+class FormatFlags:
+    """What to read, where the documents go, how the text is cut into documents."""
+
+    input: list[str] = flag(required=True)
+    """a pages-articles .xml.bz2 dump, or text/WikiExtractor files and folders"""
+    output: str = flag(required=True)
+    """the one-document-per-line output file"""
+    doc_boundary: Literal["file", "blank_line", "line"] = "file"
+    """for plain text: a document per file, per blank-line-separated block, or per line"""
+    input_pattern: str | None = None
+    """file pattern inside input folders (default *.txt; *.parquet with --input_format parquet)"""
+    input_format: Literal["text", "parquet"] = "text"
+    """parquet: files with a text column (--text_column), a document per row"""
+    text_column: str = "text"
+    """the text column of Parquet input"""
+    num_workers: int = flag(factory=lambda: os.cpu_count() or 1)
+    """worker processes (default: the CPUs of this machine)"""
+    no_progress: bool = False
+    """no progress bar"""
+
+
+@dataclass(frozen=True)
+class FormatConfig(flags.Config):
+    """Every flag of text_formatting.py."""
+
+    format: FormatFlags = field(default_factory=FormatFlags)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("format",)
+    has_debug: ClassVar[bool] = False
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [(self.format.num_workers < 1, "--num_workers must be >= 1")]
 
 
 def main(argv=None) -> int:
@@ -781,9 +785,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.num_workers < 1:
-        raise InputError("--num_workers must be >= 1")
+    args = flags.parse(FormatConfig, "text_formatting.py", __doc__, argv).format
     first = Path(args.input[0])
     if args.input_format == "parquet":
         files = list_text_files(args.input, args.input_pattern or "*.parquet")

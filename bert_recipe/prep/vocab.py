@@ -59,10 +59,12 @@ import shutil
 import time
 import unicodedata
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, ClassVar, Iterator, Sequence
 
+from bert_recipe.io import flags
 from bert_recipe.io.atomic_io import atomic_open, atomic_write_text
-from bert_recipe.io.cli import InputError, add_debug_argument, check_output_path, script_errors
+from bert_recipe.io.cli import InputError, check_output_path, script_errors
+from bert_recipe.io.flags import flag
 from bert_recipe.prep.engine import EngineConfig, ProcessEngine
 from bert_recipe.prep.manifest import Manifest, sha256_file
 from bert_recipe.prep.sharding import plan_chunks
@@ -362,12 +364,32 @@ def google_layout(learned: Sequence[str], unused_slots: int) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class VocabSettings:
-    """The vocabulary asked for: the flags --vocab_size, --do_lower_case / --cased, --unused_slots, --limit_alphabet."""
+    """The vocabulary asked for: the flags --vocab_size, --do_lower_case / --cased, --unused_slots, --limit_alphabet,
+    a section of create_vocab.py's configuration."""
 
-    vocab_size: int  # lines of vocab.txt
-    do_lower_case: bool = True
-    unused_slots: int | None = None  # None: 99 when there is room for them (Google's ids 100-103), else 0
-    limit_alphabet: int | None = None  # None: every character of the text
+    vocab_size: int = flag(required=True)
+    """lines of vocab.txt, specials and [unused] slots included (8000-16000 for a small model, 30522 as
+    bert-base-uncased)"""
+    do_lower_case: bool = flag(
+        True,
+        exclusive="case",
+        switches=[
+            flags.Switch(
+                ("--cased",),
+                False,
+                "keep case and accents (a cased vocabulary: use --no-do_lower_case downstream)",
+                default=True,
+            )
+        ],
+    )
+    """lower-case and strip accents (an uncased vocabulary; the default)"""
+    unused_slots: int | None = None
+    """[unused] entries to reserve (default: 99, which puts [UNK] [CLS] [SEP] [MASK] at Google's ids 100-103, or 0
+    when --vocab_size has no room for them; 994 gives bert-base's exact layout)"""
+    limit_alphabet: int | None = flag(None, metavar="N")
+    """keep only the N most frequent characters (default: every character of the text, so no word made of them
+    becomes [UNK]; bert-base-uncased has about 1,000). A word holding a character left out becomes [UNK]; left-out
+    characters are skipped while learning"""
 
 
 @dataclasses.dataclass
@@ -442,14 +464,14 @@ def _count_characters(chunk: str, counts: dict[str, int], exact: bool) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The counting pass, in pieces: each piece of the corpus (a line-aligned byte range of a plain file, or a whole gzip
-# file) is a task on the engine (bert_recipe/prep/engine.py) that counts its characters and pre-splits its words into a part file.
+# file) is a task on the engine (bert_recipe/prep/engine.py) that counts its characters and pre-splits its words into a
+# part file.
 
 PIECE_BYTES = 32 << 20
 
 
 def plan_pieces(files: Sequence[Path], piece_bytes: int = PIECE_BYTES) -> list[tuple[str, int, int]]:
     """(file, first byte, end byte) pieces in corpus order; a gzip file is one piece (end -1: to its end)."""
-
     pieces = []
     for path in files:
         with open(path, "rb") as f:
@@ -488,7 +510,6 @@ def _presplit_piece(job: tuple[str, int, int, bool, bool, str]) -> tuple[dict, i
     """Task: one piece -> its characters' counts (exact, or 1 each) and a part file of its pre-split words, one
     chunk of about CHUNK_CHARS characters a line, written atomically. Returns (counts, words, words over 100
     characters left out, chunks, the part's sha256)."""
-
     path, start, end, do_lower_case, exact, part = job
     splitter = _SPLITTERS.get(do_lower_case) or _SPLITTERS.setdefault(do_lower_case, PreSplitter(do_lower_case))
     counts: dict[str, int] = collections.Counter()
@@ -543,7 +564,6 @@ def count_pieces(
 ) -> Counted:
     """The counting pass on `engine` (None: one process here), part files in `work_dir` (reused on a rerun: its
     parts.json lists each with its sha256 and the settings)."""
-
     engine = engine or ProcessEngine(EngineConfig("processes", 1, progress=progress))
     work_dir.mkdir(parents=True, exist_ok=True)
     pieces = plan_pieces(files)
@@ -665,9 +685,9 @@ def learn_vocab(
 ) -> VocabResult:
     """Learn a WordPiece vocabulary of exactly `settings.vocab_size` entries (Google's layout, see the module
     docstring) from `files` (checked text: list_input_files). `settings.limit_alphabet`: keep only that many
-    characters, the most frequent (default: every one). The counting pass runs on `engine` (bert_recipe.prep.engine; None:
-    here), its part files in `work_dir` (None: a temporary folder). Raises InputError for a corpus without words or
-    a size too small for its alphabet (both after the counting pass), or a corpus too small for the size (after
+    characters, the most frequent (default: every one). The counting pass runs on `engine` (bert_recipe.prep.engine;
+    None: here), its part files in `work_dir` (None: a temporary folder). Raises InputError for a corpus without words
+    or a size too small for its alphabet (both after the counting pass), or a corpus too small for the size (after
     learning)."""
     import tempfile
 
@@ -723,7 +743,6 @@ def learn_vocab(
 
 def write_vocab(path: str | os.PathLike, tokens: Sequence[str]) -> None:
     """vocab.txt: one token a line, UTF-8, "\\n" line ends, written atomically."""
-
     atomic_write_text(path, "".join(f"{t}\n" for t in tokens))
 
 
@@ -739,7 +758,6 @@ def create_vocab(
     """Check the flags, the output and the inputs, learn, write `output_file`. The library entry (bertPrep's
     create_vocab action, which names its output flag `output_flag`); InputError for anything the user can fix,
     before the learning pass wherever it can be known there."""
-
     check_sizes(settings)
     check_output_path(output_file, output_flag)
     files = list_input_files(inputs)
@@ -765,73 +783,48 @@ def create_vocab(
 # CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
+@dataclasses.dataclass(frozen=True)
+class VocabFiles:
+    """The text to learn from and the vocab.txt to write."""
 
-    p = argparse.ArgumentParser(
-        prog="create_vocab.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--input",
-        action="append",
-        required=True,
-        metavar="FILE_OR_FOLDER",
-        help="text to learn from, repeatable: files (.txt, .gz, WikiExtractor output) or folders of them",
-    )
-    p.add_argument("--output_file", required=True, help="the vocab.txt to write")
-    p.add_argument(
-        "--vocab_size",
-        type=int,
-        required=True,
-        help="lines of vocab.txt, specials and [unused] slots included (8000-16000 for a small model, "
-        "30522 as bert-base-uncased)",
-    )
-    case = p.add_mutually_exclusive_group()
-    case.add_argument(
-        "--do_lower_case",
-        dest="do_lower_case",
-        action="store_true",
-        default=True,
-        help="lower-case and strip accents (an uncased vocabulary; the default)",
-    )
-    case.add_argument(
-        "--cased",
-        dest="do_lower_case",
-        action="store_false",
-        help="keep case and accents (a cased vocabulary: use --no-do_lower_case downstream)",
-    )
-    p.add_argument(
-        "--unused_slots",
-        type=int,
-        default=None,
-        help="[unused] entries to reserve (default: 99, which puts [UNK] [CLS] [SEP] [MASK] at Google's ids "
-        "100-103, or 0 when --vocab_size has no room for them; 994 gives bert-base's exact layout)",
-    )
-    p.add_argument(
-        "--limit_alphabet",
-        type=int,
-        default=None,
-        metavar="N",
-        help="keep only the N most frequent characters (default: every character of the text, so no word "
-        "made of them becomes [UNK]; bert-base-uncased has about 1,000). A word holding a character "
-        "left out becomes [UNK]; left-out characters are skipped while learning",
-    )
-    p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    add_debug_argument(p)
-    return p
+    input: list[str] = flag(required=True, action="append", metavar="FILE_OR_FOLDER")
+    """text to learn from, repeatable: files (.txt, .gz, WikiExtractor output) or folders of them"""
+    output_file: str = flag(required=True)
+    """the vocab.txt to write"""
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabRun:
+    """How the command shows its work."""
+
+    no_progress: bool = False
+    """no progress bars"""
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabConfig(flags.Config):
+    """Every flag of create_vocab.py."""
+
+    files: VocabFiles = dataclasses.field(default_factory=VocabFiles)
+    settings: VocabSettings = dataclasses.field(default_factory=VocabSettings)
+    run: VocabRun = dataclasses.field(default_factory=VocabRun)
+
+    ungrouped: ClassVar[tuple[str, ...]] = ("files", "settings", "run")
+    formatter: ClassVar[type[argparse.HelpFormatter]] = argparse.RawDescriptionHelpFormatter
+    doc_layout: ClassVar[str] = "whole"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """0 when vocab.txt was written (a JSON summary on stdout's last line); bad input: one line on stderr, exit 1
     (--debug: the traceback)."""
     with script_errors("create_vocab.py", argv):
-        args = build_parser().parse_args(argv)
-        settings = VocabSettings(args.vocab_size, args.do_lower_case, args.unused_slots, args.limit_alphabet)
+        cfg = flags.parse(VocabConfig, "create_vocab.py", __doc__, argv)
         result = create_vocab(
-            args.input,
-            args.output_file,
-            settings,
-            progress=not args.no_progress,
+            cfg.files.input,
+            cfg.files.output_file,
+            cfg.settings,
+            progress=not cfg.run.no_progress,
             log=lambda m: print(f"create_vocab.py: {m}", flush=True),
         )
-        print(json.dumps({"output": str(args.output_file), **result.summary()}), flush=True)
+        print(json.dumps({"output": str(cfg.files.output_file), **result.summary()}), flush=True)
     return 0

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from bert_recipe.io.flags import Config, flag
 from bert_recipe.pretraining.data_stream import ShardSpec
-from bert_recipe.training.flags import Config, flag
+from bert_recipe.training import precision_policy
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class OptimizerConfig:
 class PrecisionConfig:
     """How the maths runs (precision_policy.py)."""
 
-    precision: str = "auto"
+    precision: str = precision_policy.flag()
     """fp16: autocast float16 and a GradScaler (overflow steps are skipped); bf16: autocast bfloat16, no loss
     scaling. The old --fp16/--amp/--bf16 switches are aliases"""
     loss_scale: float = 0.0

@@ -587,7 +587,6 @@ def _ignore_stop_signals(worker_id: int) -> None:
     torch's worker loop installs a SIGTERM handler that dies of any SIGTERM not sent by the parent, and a new
     DataLoader starts at every shard, so a preemption landing in that window crashed the run (exit 1, not 75).
     A signal that arrived meanwhile is pending; SIG_IGN discards it, then the worker unblocks."""
-
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -597,7 +596,6 @@ def _ignore_stop_signals(worker_id: int) -> None:
 def _stop_signals_blocked() -> Iterator[None]:
     """Block the stop signals in this thread while DataLoader workers fork (they inherit the mask); a signal that
     arrives meanwhile is delivered on leaving (or to another thread at once), so the training process still stops."""
-
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield

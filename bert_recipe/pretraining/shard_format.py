@@ -1,6 +1,6 @@
 """The pre-training shard format, and the masking and packing that make its rows: the one library module that the
-writer (create_pretraining_data.py, through pretraining/shard_writer.py) and the loader (pretraining/data_stream.py) both
-import, so that a shard is written and read by the same rule.
+writer (create_pretraining_data.py, through pretraining/shard_writer.py) and the loader (pretraining/data_stream.py)
+both import, so that a shard is written and read by the same rule.
 
 Read top to bottom: the layout -> masking -> packing -> the unigram prior of a shard's targets.
 

@@ -4,7 +4,8 @@ Read top to bottom: `InstanceConfig` -> stage 1, tokenization (text -> a memory-
 stage 2, instances (Google's pairs, truncation and static masks, in seeded work units) -> stage 3, the shuffle
 (instances spilled to disk in random buckets) -> stage 4, the HDF5 file (NVIDIA's layout, optionally packed) ->
 `process_corpus`, the stages in order for one corpus, and `worker_pool`, the processes they run in. The layout,
-the masking rule and the packer are pretraining/shard_format.py's: the loader (pretraining/data_stream.py) reads by the same.
+the masking rule and the packer are pretraining/shard_format.py's: the loader (pretraining/data_stream.py) reads by the
+same.
 
 Google's algorithm (create_pretraining_data.py of google-research/bert, re-implemented on token ids):
   * documents are shuffled; `dupe_factor` passes are made over them;
@@ -721,7 +722,6 @@ def write_file_image(path: Path, image: bytes) -> None:
     checking that the folder has room for them: a full disk is one line (an OSError naming the file and the free
     space), before anything is written, and a disk that fills during the write still leaves no partial file and
     no file under the final name."""
-
     path.parent.mkdir(parents=True, exist_ok=True)
     check_free_space(path, len(image))
     with atomic_open(path, "wb") as f:

@@ -93,7 +93,6 @@ def pretraining_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], n
 def batch_flops(config, batch: dict[str, torch.Tensor]) -> float:
     """Model FLOPs of one micro-batch of this rank, counting only real (non-padding) tokens (for MFU). Packed rows
     count per sequence (attention is within each one): the same FLOPs as those sequences unpacked."""
-
     masked = (batch["masked_lm_positions"] > 0).sum(1).double()  # [B]
     if "next_sentence_positions" not in batch:
         lengths = batch["attention_mask"].sum(1).double()  # [B]
@@ -463,7 +462,6 @@ class Trainer:
     def state_dict(self) -> dict[str, Any] | None:
         """The checkpoint payload on rank 0 (the writer), None on the other ranks. A collective: every rank's RNG
         states go into it, so every rank calls it; only rank 0 copies the tensors."""
-
         rngs = gather_objects(dist_env.rng_state(), self.env)
         if not self.env.is_main:
             return None
@@ -493,7 +491,6 @@ class Trainer:
         """Continue from a checkpoint of this phase: it is checked against this run first (ResumeError), then the
         weights, optimizer, schedule, grad scaler, step counters and data position are loaded, and last each rank's
         RNG states: call it after everything that draws from the global RNGs."""
-
         self.check_fits(ckpt)
         load_checkpoint_state(self.raw_model, ckpt["model"], source=f"ckpt_{ckpt['step']}.pt")
         # The checkpoint gives the optimizer's state (moments, step counts) and the schedule's step; the

@@ -109,6 +109,19 @@ def mask_slots(arrays: dict[str, np.ndarray], special: SpecialIds) -> np.ndarray
     return slots
 
 
+def most_frequent_share(counts: np.ndarray) -> float:
+    """The accuracy of always guessing the commonest target, from how often each target occurs (`counts`): the
+    context-free floor eval_mask_accuracy_most_frequent reports for the [MASK]ed slots."""
+    return float(counts.max(initial=0) / max(counts.sum(), 1))
+
+
+def heldout_most_frequent(arrays: dict[str, np.ndarray], special: SpecialIds) -> float:
+    """eval_mask_accuracy_most_frequent of a whole held-out set read in one process (`arrays`: input_ids,
+    masked_lm_positions, masked_lm_ids, as data_stream.load_eval_set reads them): always guessing the commonest
+    target of the [MASK]ed slots (mask_slots). What the CPU demo's summary and bench's studies print as the baseline."""
+    return most_frequent_share(np.bincount(arrays["masked_lm_ids"][mask_slots(arrays, special)].astype(np.int64)))
+
+
 class Validator:
     """Evaluates a BertForPreTraining on a held-out set (this rank's rows of it): see the module docstring.
 
@@ -129,8 +142,7 @@ class Validator:
         # Both context-free references are of the whole held-out set: every rank's counts added up once.
         targets = eval_set["masked_lm_ids"][eval_set["masked_lm_positions"] > 0]  # every prediction slot's
         self.entropy = entropy_of_counts(self._counts(targets))
-        slot_counts = self._counts(eval_set["masked_lm_ids"][self.slots])
-        self.most_frequent = float(slot_counts.max() / max(slot_counts.sum(), 1))
+        self.most_frequent = most_frequent_share(self._counts(eval_set["masked_lm_ids"][self.slots]))
 
     def _counts(self, targets: np.ndarray) -> np.ndarray:
         """How often each id occurs among `targets`, summed over the ranks."""

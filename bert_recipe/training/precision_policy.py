@@ -5,8 +5,8 @@ Read top to bottom:
                     `BERT_CPU_BF16=1|0` in the environment overrides the answer (CI runs the precision-dependent
                     tests under both; a user can force the choice).
   2. the rule       `resolve(requested, device, purpose)`: `--precision auto|fp32|tf32|fp16|bf16` -> what runs.
-  3. the front door `setup(...)`: resolve, set TF32, print the choice and its reason once; `add_arguments`: the
-                    same flag (and the old --fp16/--amp/--bf16 aliases) in every entry script.
+  3. the front door `setup(...)`: resolve, set TF32, print the choice and its reason once; `flag`: the
+                    same flag (and the old --fp16/--amp/--bf16 aliases) in every entry script's configuration.
   4. running        `autocast(name, device)`; `Precision`: autocast plus the GradScaler that fp16 training needs.
 
 The rule for `auto` depends on what the command does:
@@ -22,14 +22,15 @@ An explicit choice is always kept, with a one-line warning when the hardware onl
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from bert_recipe.io import flags
 
 if TYPE_CHECKING:  # torch is imported inside the functions: the data scripts that import this start fast
     import torch
@@ -206,31 +207,18 @@ HELP_FINETUNING = (
 )
 
 
-def add_arguments(group, help_prefix: str = "", help_text: str = HELP[TRAIN]) -> None:
-    """--precision {auto,fp32,tf32,fp16,bf16} (default auto), and the old switches --fp16/--amp and --bf16 as its
-    aliases (all set `precision`; argparse refuses two of them in one command line). `help_text` states the rule
-    for auto that the command follows (HELP[TRAIN], HELP[READ] or HELP_FINETUNING)."""
-    one = group.add_mutually_exclusive_group()
-    one.add_argument(
-        "--precision", choices=CHOICES, default="auto", help=f"{help_prefix}. {help_text}" if help_prefix else help_text
-    )
-    one.add_argument(
-        "--fp16",
-        "--amp",
-        dest="precision",
-        action="store_const",
-        const="fp16",
-        default=argparse.SUPPRESS,
-        help="alias of --precision fp16",
-    )
-    one.add_argument(
-        "--bf16",
-        dest="precision",
-        action="store_const",
-        const="bf16",
-        default=argparse.SUPPRESS,
-        help="alias of --precision bf16",
-    )
+ALIASES = (
+    flags.Switch(("--fp16", "--amp"), "fp16", "alias of --precision fp16"),
+    flags.Switch(("--bf16",), "bf16", "alias of --precision bf16"),
+)
+
+
+def flag(rule: str = HELP[TRAIN]) -> Any:
+    """The `precision` field of a command's configuration: --precision {auto,fp32,tf32,fp16,bf16} (default auto),
+    and the old switches --fp16/--amp and --bf16 as its aliases (all set `precision`; argparse refuses two of them
+    in one command line). Its --help is the docstring under the field, if any, then `rule`: the rule for auto that
+    the command follows (HELP[TRAIN], HELP[READ] or HELP_FINETUNING)."""
+    return flags.flag("auto", choices=CHOICES, exclusive="precision", switches=ALIASES, help_after=rule)
 
 
 def purpose_of(args) -> str:

@@ -1,4 +1,4 @@
-"""One optimizer step, the same in pre-training (trainer.Trainer) and fine-tuning (finetuning.fit).
+"""One optimizer step, the same in pre-training (trainer.Trainer) and fine-tuning (recipe.fit).
 
 Read top to bottom: `grad_sync` (DDP's no_sync during accumulation), `forward_backward` over one micro-batch,
 `optimizer_step` with the one fp16-overflow rule (unscale; a non-finite gradient skips the step), the

@@ -5,9 +5,9 @@ settings.json (tensor model name, input dtype, lower-casing, window and answer l
 triton/client.py, for its batching and answer records) beside it.
 
 Per request row: question [1] and context [1] (BYTES, UTF-8). The model tokenizes and cuts windows with
-finetuning/tasks/squad.py's convert_examples_to_features, sends the windows to the tensor model (settings.json
+tasks/squad.py's convert_examples_to_features, sends the windows to the tensor model (settings.json
 "tensor_model", e.g. bert_qa) through Triton's business-logic scripting (BLS) in batches of at most its
-max_batch_size, and turns the logits into answers with get_predictions, exactly as triton/client.py and
+max_batch_size, and turns the logits into answers with squad_answers.get_predictions, exactly as triton/client.py and
 inference.py do.
 Outputs per row: answer [1] (BYTES), probability [1] (FP32), nbest_json [1] (BYTES: the n-best list as JSON).
 
@@ -17,7 +17,7 @@ a question over max_question_chars or a context over max_context_chars character
 more than max_windows windows together. The limits come from $BERT_TRITON_MAX_CONTEXT_CHARS /
 $BERT_TRITON_MAX_QUESTION_CHARS / $BERT_TRITON_MAX_WINDOWS at server start, else from this model's config.pbtxt
 parameters (model_repository.py --max_context_chars / --max_question_chars / --max_windows), else the defaults in
-finetuning/tasks/items.py; 0 turns a limit off.
+prediction/items.py; 0 turns a limit off.
 """
 
 import dataclasses
@@ -45,15 +45,16 @@ def _extend_sys_path() -> None:
             sys.path.append(path)
 
 
-_extend_sys_path()
+_extend_sys_path()  # before the imports below: they come from the paths it adds (E402 on each)
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from bert_recipe.finetuning.tasks import items
-from bert_recipe.finetuning.tasks.items import check_qa_text, check_windows, decode_utf8
-from bert_recipe.finetuning.tasks.squad import answers_from_logits, convert_examples_to_features, examples_from_qa_pairs
-from tokenization import BertTokenizer
+from bert_recipe.prediction import items  # noqa: E402
+from bert_recipe.prediction.items import check_qa_text, check_windows, decode_utf8  # noqa: E402
+from bert_recipe.tasks.squad import convert_examples_to_features, examples_from_qa_pairs  # noqa: E402
+from bert_recipe.tasks.squad_answers import answers_from_logits  # noqa: E402
+from tokenization import BertTokenizer  # noqa: E402
 
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 
@@ -68,7 +69,6 @@ LIMITS = ("max_context_chars", "max_question_chars", "max_windows")
 
 def _strings(request, name: str) -> list[str]:
     """The rows of a BYTES input as text; ValueError naming the input, the row and the byte that is not UTF-8."""
-
     array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()  # [B, 1] object (bytes)
     return [
         decode_utf8(v, f"input '{name}' row {row}") if isinstance(v, bytes) else str(v)
@@ -78,7 +78,6 @@ def _strings(request, name: str) -> list[str]:
 
 def _limits(config: dict) -> tuple[dict[str, int], dict[str, str]]:
     """({limit: value}, {limit: where it came from}): environment, else config.pbtxt parameters, else default."""
-
     defaults = dataclasses.asdict(items.SERVER_LIMITS)
     values, sources = {}, {}
     for name in LIMITS:

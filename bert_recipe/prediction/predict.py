@@ -5,7 +5,7 @@ bottom:
    `check_model_fits`, `checkpoint_labels`;
 2. batches: `pad_sequences` (unpadded sequences -> the model's inputs, padded to the longest),
    `length_sorted_batches`, `forward_batches` (the forward pass of every prediction);
-3. the runtime of a command that only reads a model (`Runtime`, `add_runtime_arguments`) and its in-order loop;
+3. the runtime of a command that only reads a model (`Runtime`, its flags `ReadRuntime`) and its in-order loop;
 4. the two tasks as functions: `answer_questions` (windows over any context, QASettings' rules) and `classify`
    (`encode_pairs`: [CLS] A [SEP] B [SEP]), which return JSON-ready lists.
 Library code: bad input raises (ValueError, cli.InputError); a script's main() turns it into one line.
@@ -13,7 +13,6 @@ Library code: bad input raises (ValueError, cli.InputError); a script's main() t
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -24,11 +23,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bert_recipe.finetuning.tasks import squad
-from bert_recipe.finetuning.tasks.glue import truncate_seq_pair
-from bert_recipe.finetuning.tasks.items import check_windows
 from bert_recipe.io import cli
 from bert_recipe.io.checkpoint_io import load_pt, read_state_dict
+from bert_recipe.prediction.items import check_windows
+from bert_recipe.tasks import squad, squad_answers
+from bert_recipe.tasks.glue import truncate_seq_pair
 from bert_recipe.training import precision_policy, train_step
 from tokenization import BertTokenizer
 
@@ -178,18 +177,19 @@ class Runtime:
     progress: bool = False
 
 
-def add_runtime_arguments(
-    parser: argparse.ArgumentParser, batch_size: int, batch_help: str, progress_help: str
-) -> None:
-    """The "runtime" flags of the commands that only read a model (this script, extract_features.py): what a
-    Runtime is made of, plus --no_cuda and --debug. Precision defaults to fp32 there (precision_policy.READ): the same
-    command gives the same outputs on every machine."""
-    g = parser.add_argument_group("runtime")
-    g.add_argument("--batch_size", type=int, default=batch_size, help=batch_help)
-    precision_policy.add_arguments(g, help_text=precision_policy.HELP[precision_policy.READ])
-    g.add_argument("--no_cuda", action="store_true", help="run on the CPU even when a GPU is present")
-    g.add_argument("--disable_progress_bar", action="store_true", help=progress_help)
-    cli.add_debug_argument(g)
+@dataclass(frozen=True)
+class ReadRuntime:
+    """The "runtime" section of the commands that only read a model (inference.py, extract_features.py): what a
+    Runtime is made of, plus --no_cuda. Precision defaults to fp32 there (precision_policy.READ): the same command
+    gives the same outputs on every machine. A command's section derives from it for its own batch size and help."""
+
+    batch_size: int = 8
+    """windows (or sentences) per forward pass"""
+    precision: str = precision_policy.flag(precision_policy.HELP[precision_policy.READ])
+    no_cuda: bool = False
+    """run on the CPU even when a GPU is present"""
+    disable_progress_bar: bool = False
+    """no progress bar for long inputs"""
 
 
 def _predict(
@@ -234,7 +234,7 @@ def answer_questions(
     model,
     tokenizer: BertTokenizer,
     items: Sequence[Mapping[str, Any]],
-    settings: squad.QASettings = squad.QASettings(),
+    settings: squad_answers.QASettings = squad_answers.QASettings(),
     runtime: Runtime = Runtime(),
     *,
     max_windows: int = 0,
@@ -272,7 +272,7 @@ def answer_questions(
         runtime,
         "windows",
     )
-    results = {f.unique_id: squad.RawResult(f.unique_id, out[0], out[1]) for f, out in zip(features, logits)}
+    results = {f.unique_id: squad_answers.RawResult(f.unique_id, out[0], out[1]) for f, out in zip(features, logits)}
     return settings.answers(examples, features, results, tokenizer.do_lower_case)
 
 

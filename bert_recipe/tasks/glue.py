@@ -468,8 +468,3 @@ def pearson_and_spearman(preds: np.ndarray, labels: np.ndarray) -> dict[str, flo
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     x, y = x - x.mean(), y - y.mean()
     return float((x @ y) / np.sqrt((x @ x) * (y @ y)))
-
-
-def primary_metric(task: GlueTaskSpec) -> str:
-    """The headline number of a task in GLUE's leaderboard order (F1 for MRPC/QQP, Pearson for STS-B)."""
-    return {"mcc": "mcc", "acc": "acc", "acc_f1": "f1", "pearson_spearman": "pearson"}[task.metric]

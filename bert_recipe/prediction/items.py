@@ -12,14 +12,12 @@ predict.classify). No torch here: the Triton client imports this.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bert_recipe.finetuning.tasks.squad import squad_articles
-from bert_recipe.training.flags import field_docs
+from bert_recipe.tasks.squad import squad_articles
 
 
 def read_items(path: str | os.PathLike) -> list[dict]:
@@ -70,7 +68,6 @@ def _json_lines(text: str, path) -> list:
 
 def _squad_items(file: Path) -> list[dict]:
     """{"id", "question", "context"} per question of a SQuAD file (tasks.squad reads its layouts)."""
-
     items = []
     for i, article in enumerate(squad_articles(file)):
         for j, paragraph in enumerate(article["paragraphs"]):
@@ -101,25 +98,26 @@ def _squad_items(file: Path) -> list[dict]:
 
 @dataclass(frozen=True)
 class InputLimits:
-    """How much text a command takes before any model work; each one flag of the commands that answer (0: no
-    limit)."""
+    """How much text a command takes before any model work, with inference.py's defaults; each field is one flag of
+    the commands that answer, a section of their configurations (0: no limit)."""
 
-    max_context_chars: int
+    max_context_chars: int = 100_000
     """refuse a context (or a sentence to classify) longer than this many characters"""
-    max_question_chars: int
+    max_question_chars: int = 2_000
     """refuse a question longer than this many characters"""
-    max_windows: int
+    max_windows: int = 512
     """refuse a question (the server: a request, all rows together) whose context needs more windows than this"""
 
-    def add_arguments(self, parser, prefix: str = "") -> None:
-        """The three flags with these defaults, the field docstrings as help after `prefix`."""
-        docs = field_docs(type(self))
-        for f in dataclasses.fields(self):
-            parser.add_argument(f"--{f.name}", type=int, default=getattr(self, f.name), help=prefix + docs[f.name])
+
+@dataclass(frozen=True)
+class ServerLimits(InputLimits):
+    """The Triton text model's limits: lower, so that one request cannot hold the others for long."""
+
+    max_context_chars: int = 20_000
+    max_windows: int = 64
 
 
-SERVER_LIMITS = InputLimits(max_context_chars=20_000, max_question_chars=2_000, max_windows=64)
-CLI_LIMITS = InputLimits(max_context_chars=100_000, max_question_chars=2_000, max_windows=512)
+SERVER_LIMITS = ServerLimits()
 
 
 def utf8_error(data: bytes) -> str | None:

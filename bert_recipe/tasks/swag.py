@@ -24,8 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from bert_recipe.finetuning.tasks.glue import EncodedExamples, truncate_seq_pair
 from bert_recipe.io.cli import InputError
+from bert_recipe.tasks.glue import EncodedExamples, truncate_seq_pair
 
 SPLIT_FILES = {"train": "train.csv", "val": "val.csv", "test": "test.csv"}
 _ENDING = re.compile(r"^ending(\d+)$")

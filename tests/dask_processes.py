@@ -1,5 +1,6 @@
 """A Dask scheduler and workers started as separate processes on 127.0.0.1 through a scheduler file, each in a
-session of its own, as `srun` starts them on the nodes of a job (tests/test_engines.py, bench.bench_prep_engines).
+session of its own, as `srun` starts them on the nodes of a job: a test fixture (tests/test_engines.py), which
+bench/bench_prep_engines.py borrows.
 
     cluster = DaskProcesses(folder, workers=2)      # folder/scheduler.json, folder/<name>.log
     ... --engine dask --dask_scheduler_file cluster.scheduler_file ...
@@ -17,8 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.study_utils import REPO
 from bert_recipe.io.processes import pid_alive
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class DaskProcesses:

@@ -1,1 +1,0 @@
-"""Task readers for fine-tuning: GLUE (tasks.glue) and SQuAD (tasks.squad)."""
