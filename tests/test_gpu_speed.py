@@ -97,23 +97,30 @@ def test_prepare_writes_both_phases_plain_and_packed_and_every_config(speed_data
     assert smoke == {**configs["base"], "num_hidden_layers": min(2, configs["base"]["num_hidden_layers"])}
 
 
-def test_the_default_call_times_every_row_it_lists(speed_data, tmp_path):
-    """The call as it will run on the GPU (its default ROWS, probe, smoke and deadline), small and compiled with
-    aot_eager on the CPU: the probe writes dropout.json, every path's smoke accumulates two micro-batches over three
-    steps and passes, and every listed row is timed within the 9-minute deadline, in order. The graph rows replay
-    (stable gradients, evaluation and summary under their rules) and train the same model as the packed rows."""
-    out = tmp_path / "out"
-    env = {**os.environ, **SMALL, "OUT": str(out), "PYTHON": sys.executable, "COMPILE_BACKEND": "aot_eager"}
-    env.update(WARMUP="1", PROFILE="1", TIMED="2")
-    started = time.monotonic()
+def run_call(data: Path, out: Path, **settings: str) -> subprocess.CompletedProcess:
+    """bench/gpu_pretraining.sh over `data` at SMALL's sizes (one warm-up, profiled and two timed steps unless
+    `settings` say otherwise), its files in `out`; it must exit 0."""
+    env = {**os.environ, **SMALL, "OUT": str(out), "PYTHON": sys.executable, "WARMUP": "1", "PROFILE": "1"}
+    env.update(TIMED="2", **settings)
     done = subprocess.run(
-        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)],
+        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(data)],
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+def test_the_default_call_times_every_row_it_lists(speed_data, tmp_path):
+    """The call as it will run on the GPU (its default ROWS, probe, smoke and deadline), small and compiled with
+    aot_eager on the CPU: the probe writes dropout.json, every path's smoke accumulates two micro-batches over three
+    steps and passes, and every listed row is timed within the 9-minute deadline, in order. The graph rows replay
+    (stable gradients, evaluation and summary under their rules) and train the same model as the packed rows."""
+    out = tmp_path / "out"
+    started = time.monotonic()
+    done = run_call(speed_data, out, COMPILE_BACKEND="aot_eager")
     assert time.monotonic() - started < 540, done.stdout[-2000:]
     listed = json.loads((out / "call.json").read_text())["settings"]["rows"].split()
     assert listed == [
@@ -141,16 +148,7 @@ def test_the_default_call_times_every_row_it_lists(speed_data, tmp_path):
 
 def test_call_script_runs_every_path_and_summarises(speed_data, tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, **SMALL, "OUT": str(out), "PYTHON": sys.executable, "ROWS": ROWS}
-    env.update(WARMUP="1", PROFILE="1", TIMED="2", SMOKE="0", PROBE="0")  # the smoke and the probe: the test above
-    done = subprocess.run(
-        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = run_call(speed_data, out, ROWS=ROWS, SMOKE="0", PROBE="0")  # the smoke and the probe: the test above
     assert sorted(p.name for p in out.iterdir()) == [
         "call.json",
         "call.log",
@@ -203,32 +201,16 @@ def test_the_smoke_runs_each_path_once_first_and_a_failed_path_is_not_timed(spee
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('this torchao is broken')\n")
     out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "OUT": str(out),
-        "PYTHON": sys.executable,
-        "ROWS": "p1_padded_eager p1_fp8_eager p2_padded_eager",
-        "BATCH1": "8",
-        "ACC1": "2",
-        "BATCH2": "4",
-        "ACC2": "2",
-        "WARMUP": "1",
-        "PROFILE": "0",
-        "TIMED": "1",
-        "PRECISION": "fp32",
-        "USER_PATHS": "0",
-        "WORKERS": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    done = subprocess.run(
-        ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(speed_data)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    pythonpath = str(stub.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    done = run_call(
+        speed_data,
+        out,
+        ROWS="p1_padded_eager p1_fp8_eager p2_padded_eager",
+        PROBE="0",
+        PROFILE="0",
+        TIMED="1",
+        PYTHONPATH=pythonpath,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     smoke = (out / "smoke.txt").read_text().splitlines()
     assert [line.split()[:2] for line in smoke] == [["p1_padded_eager", "pass"], ["p1_fp8_eager", "fail:"]], smoke
     assert "torchao" in smoke[1]
