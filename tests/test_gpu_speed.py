@@ -101,7 +101,7 @@ def run_call(data: Path, out: Path, **settings: str) -> subprocess.CompletedProc
     """bench/gpu_pretraining.sh over `data` at SMALL's sizes (one warm-up, profiled and two timed steps unless
     `settings` say otherwise), its files in `out`; it must exit 0."""
     env = {**os.environ, **SMALL, "OUT": str(out), "PYTHON": sys.executable, "WARMUP": "1", "PROFILE": "1"}
-    env.update(TIMED="2", **settings)
+    env.update({"TIMED": "2", **settings})
     done = subprocess.run(
         ["bash", str(REPO / "bench" / "gpu_pretraining.sh"), str(data)],
         env=env,
